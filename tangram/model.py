@@ -1,0 +1,258 @@
+"""Values of the action model (paper section 4.1).
+
+Every value is a frozen, slotted dataclass validated at construction: a bad
+field raises ``ValueError`` naming the field, so a malformed action never
+reaches the scheduler.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+#: Resources every cluster knows. API quotas and other counted resources are
+#: named ``quota:<key>`` (e.g. ``quota:google``) and configured per cluster.
+BASE_RESOURCES = frozenset({"cpu", "mem_gb", "gpu", "gpu_mem_gb", "net_mbps"})
+QUOTA_PREFIX = "quota:"
+
+
+def check_resource_name(name: str, where: str = "cost") -> None:
+    if name in BASE_RESOURCES:
+        return
+    if name.startswith(QUOTA_PREFIX) and len(name) > len(QUOTA_PREFIX):
+        return
+    raise ValueError(
+        f"{where}: unknown resource {name!r} (expected one of {sorted(BASE_RESOURCES)} "
+        f"or '{QUOTA_PREFIX}<key>')"
+    )
+
+
+def _finite_nonneg(value: float, name: str) -> None:
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        raise ValueError(f"{name}: expected a number, got {value!r}")
+    if math.isnan(value) or math.isinf(value) or value < 0:
+        raise ValueError(f"{name}: must be a finite number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True, slots=True)
+class Demand:
+    """The feasible amounts of one resource, sorted ascending.
+
+    Build with :meth:`fixed`, :meth:`range` or :meth:`discrete`.
+    """
+
+    choices: tuple[float, ...]
+
+    def __post_init__(self) -> None:
+        if not self.choices:
+            raise ValueError("demand.choices: empty feasible set")
+        for c in self.choices:
+            _finite_nonneg(c, "demand.choices")
+        if list(self.choices) != sorted(set(self.choices)):
+            raise ValueError(f"demand.choices: must be strictly increasing, got {self.choices}")
+
+    @classmethod
+    def fixed(cls, amount: float) -> Demand:
+        return cls((amount,))
+
+    @classmethod
+    def range(cls, lo: int, hi: int, step: int = 1) -> Demand:
+        if lo > hi:
+            raise ValueError(f"demand.min: min {lo} > max {hi}")
+        if step <= 0:
+            raise ValueError(f"demand.step: must be > 0, got {step}")
+        vals = list(range(lo, hi + 1, step))
+        if vals and vals[-1] != hi:
+            vals.append(hi)
+        return cls(tuple(vals))
+
+    @classmethod
+    def discrete(cls, values: Iterable[float]) -> Demand:
+        return cls(tuple(sorted(set(values))))
+
+    @property
+    def min(self) -> float:
+        return self.choices[0]
+
+    @property
+    def max(self) -> float:
+        return self.choices[-1]
+
+    @property
+    def elastic(self) -> bool:
+        return len(self.choices) > 1
+
+
+@dataclass(frozen=True, slots=True)
+class Elasticity:
+    """E(m): parallel efficiency on ``m`` units, ``0 < E(m) <= 1``.
+
+    Either a table ``{m: E(m)}`` (for a unit count missing from the table the
+    nearest smaller entry is used — efficiency does not rise with m) or an
+    Amdahl parallel fraction ``p``: speedup(m) = 1 / ((1 - p) + p / m).
+    """
+
+    table: tuple[tuple[int, float], ...] = ()
+    parallel_fraction: float | None = None
+
+    def __post_init__(self) -> None:
+        if bool(self.table) == (self.parallel_fraction is not None):
+            raise ValueError("elasticity: give exactly one of table or parallel_fraction")
+        if self.parallel_fraction is not None:
+            p = self.parallel_fraction
+            if not isinstance(p, int | float) or math.isnan(p) or not 0.0 <= p <= 1.0:
+                raise ValueError(f"elasticity.parallel_fraction: must be in [0, 1], got {p!r}")
+        for m, e in self.table:
+            if not isinstance(m, int) or m < 1:
+                raise ValueError(f"elasticity.table: unit count must be an int >= 1, got {m!r}")
+            if not isinstance(e, int | float) or math.isnan(e) or not 0.0 < e <= 1.0:
+                raise ValueError(f"elasticity.table: E({m}) must be in (0, 1], got {e!r}")
+        if self.table and [m for m, _ in self.table] != sorted({m for m, _ in self.table}):
+            raise ValueError("elasticity.table: unit counts must be strictly increasing")
+
+    @classmethod
+    def amdahl(cls, parallel_fraction: float) -> Elasticity:
+        return cls(parallel_fraction=parallel_fraction)
+
+    @classmethod
+    def from_table(cls, table: Mapping[int, float]) -> Elasticity:
+        return cls(table=tuple(sorted((int(m), float(e)) for m, e in table.items())))
+
+    def efficiency(self, m: float) -> float:
+        if m <= 1:
+            return 1.0
+        if self.parallel_fraction is not None:
+            p = self.parallel_fraction
+            return 1.0 / (m * ((1.0 - p) + p / m))
+        best = self.table[0][1]
+        for units, e in self.table:
+            if units > m:
+                break
+            best = e
+        return best
+
+
+@dataclass(frozen=True, slots=True)
+class Action:
+    """One atomic call on external resources (a tool call, a test run, a reward request).
+
+    ``cost`` maps resource names to their feasible amounts; ``elastic`` names
+    the key elastic resource whose amount changes the duration
+    ``dur(m) = t1_s / (E(m) * m)``. ``payload`` is opaque to the core: the
+    backends read it (the command to run, the request to send).
+    """
+
+    id: str
+    task: str
+    trajectory: str
+    kind: str
+    cost: Mapping[str, Demand] = field(default_factory=dict)
+    elastic: str | None = None
+    t1_s: float | None = None
+    elasticity: Elasticity | None = None
+    service: str | None = None
+    payload: Any = None
+
+    def __post_init__(self) -> None:
+        for name in ("id", "task", "trajectory", "kind"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise ValueError(f"action.{name}: must be a non-empty string, got {value!r}")
+        if not isinstance(self.cost, Mapping):
+            raise ValueError("action.cost: must map resource names to Demand")
+        for res, demand in self.cost.items():
+            check_resource_name(res, "action.cost")
+            if not isinstance(demand, Demand):
+                raise ValueError(f"action.cost[{res!r}]: must be a Demand, got {demand!r}")
+        if self.t1_s is not None:
+            _finite_nonneg(self.t1_s, "action.t1_s")
+        if self.elastic is not None:
+            check_resource_name(self.elastic, "action.elastic")
+            if self.elastic not in self.cost:
+                raise ValueError(
+                    f"action.elastic: key resource {self.elastic!r} has no entry in cost"
+                )
+            if self.cost[self.elastic].min < 1:
+                raise ValueError(f"action.elastic: {self.elastic!r} minimum must be >= 1 unit")
+        if self.elasticity is not None and not isinstance(self.elasticity, Elasticity):
+            raise ValueError("action.elasticity: must be an Elasticity")
+        if "gpu" in self.cost and self.cost["gpu"].max > 0 and not self.service:
+            raise ValueError("action.service: a GPU action must name the service it calls")
+
+    def min(self, resource: str) -> float:
+        demand = self.cost.get(resource)
+        return demand.min if demand is not None else 0
+
+    @property
+    def schedulable_elastic(self) -> bool:
+        """True when the scheduler may give more than the minimum: the key
+        resource has several feasible amounts and both T1 and E(m) are known."""
+        return (
+            self.elastic is not None
+            and self.t1_s is not None
+            and self.elasticity is not None
+            and self.cost[self.elastic].elastic
+        )
+
+    def duration(self, units: float) -> float | None:
+        """Modelled execution time on ``units`` of the key resource."""
+        if self.t1_s is None:
+            return None
+        if self.elasticity is None or units <= 1:
+            return self.t1_s
+        return self.t1_s / (self.elasticity.efficiency(units) * units)
+
+
+@dataclass(frozen=True, slots=True)
+class Lease:
+    """What one dispatched action holds. Parts are the managers' own leases."""
+
+    action_id: str
+    units: int
+    parts: tuple[Any, ...] = ()
+    node: str | None = None
+    cores: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+    restore_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class Dispatch:
+    """The scheduler's decision: start ``action`` now on ``lease``."""
+
+    action: Action
+    lease: Lease
+    submit_s: float
+    start_s: float
+    #: scheduler's estimate of the execution time (None when unknown)
+    expected_s: float | None
+    #: scheduling decision time attributed to this dispatch (seconds of CPU)
+    decision_s: float = 0.0
+
+    @property
+    def units(self) -> int:
+        return self.lease.units
+
+
+@dataclass(frozen=True, slots=True)
+class Outcome:
+    """How an action ended, as reported by a backend."""
+
+    action_id: str
+    status: str = "ok"  # ok | failed | timeout | cancelled
+    exit_code: int | None = 0
+    output: str = ""
+    error: str = ""
+    #: overheads the backend paid before the command started (container update, restore)
+    overhead_s: float = 0.0
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.status not in ("ok", "failed", "timeout", "cancelled"):
+            raise ValueError(f"outcome.status: unknown status {self.status!r}")
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
