@@ -1,0 +1,329 @@
+"""Tangram: the clock-free core. No clock, no I/O, no threads.
+
+Drivers call ``submit`` / ``finish`` / ``poll`` with the current time and get
+back the dispatches to start. The same object is driven by the SimPy clock
+(sim/) and by the asyncio loop (executor/).
+
+Routing: an action that needs GPUs waits in the GPU pool; one that needs
+cores waits in its trajectory's node pool (a trajectory not yet bound waits in
+the binding queue first); anything else (API calls) waits in the API pool.
+Counted resources (``quota:*``, ``net_mbps``) are checked inside every pool's
+candidate prefix and reserved with the action, all or nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from tangram.cluster import ClusterSpec
+from tangram.managers.cpu import CpuManager
+from tangram.managers.gpu import GpuManager
+from tangram.managers.quota import QuotaManager
+from tangram.model import QUOTA_PREFIX, Action, Dispatch, Lease, Outcome
+from tangram.pools import CpuNodePool, GpuPool, Pending, Pool
+from tangram.scheduler import ElasticScheduler
+
+API_POOL = "api"
+GPU_POOL = "gpu"
+
+
+@dataclass(slots=True)
+class TrajectoryState:
+    task: str
+    mem_gb: float | None
+    in_flight: set[str] = field(default_factory=set)
+
+
+@dataclass(slots=True)
+class Running:
+    dispatch: Dispatch
+    pool: Pool
+    pending: Pending
+
+
+class Tangram:
+    """The action-level resource manager's state machine."""
+
+    def __init__(self, cluster: ClusterSpec, scheduler: ElasticScheduler | None = None,
+                 default_duration_s: float = 1.0) -> None:
+        self.cluster = cluster
+        self.scheduler = scheduler or ElasticScheduler()
+        self.default_duration_s = default_duration_s
+        self.cpu = CpuManager(cluster.cpu_nodes)
+        self.gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
+        self.quota = QuotaManager(cluster.quotas)
+        self.pools: dict[str, Pool] = {}
+        for name in self.cpu.nodes:
+            self.pools[f"cpu:{name}"] = CpuNodePool(f"cpu:{name}", name, self.cpu)
+        self.pools[GPU_POOL] = GpuPool(GPU_POOL, self.gpu)
+        self.pools[API_POOL] = Pool(API_POOL)
+        self.unbound: deque[Pending] = deque()
+        self.trajectories: dict[str, TrajectoryState] = {}
+        self.queued: dict[str, Pending] = {}
+        self.running: dict[str, Running] = {}
+        self._mean: dict[tuple[str, str], tuple[int, float]] = {}
+        self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
+        self._max_domain = max((n.cores // n.numa for n in cluster.cpu_nodes), default=0)
+        self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
+        #: wall seconds spent in scheduling passes, one entry per pass that planned
+        self.pass_times: list[float] = []
+
+    # -- trajectories ------------------------------------------------------------------
+    def open_trajectory(self, trajectory: str, task: str = "default",
+                        mem_gb: float | None = None) -> None:
+        """Register a trajectory. ``mem_gb`` is reserved on its node for its whole
+        life (None: the memory demand of its first CPU action)."""
+        if not trajectory:
+            raise ValueError("trajectory: must be a non-empty string")
+        if trajectory in self.trajectories:
+            raise ValueError(f"trajectory: {trajectory!r} is already open")
+        if mem_gb is not None and (mem_gb != mem_gb or mem_gb < 0):
+            raise ValueError(f"mem_gb: must be >= 0, got {mem_gb!r}")
+        if mem_gb is not None and self.cluster.cpu_nodes and mem_gb > self._max_node_mem:
+            raise ValueError(f"mem_gb: {mem_gb} GB exceeds the largest node ({self._max_node_mem})")
+        self.trajectories[trajectory] = TrajectoryState(task, mem_gb)
+
+    def close_trajectory(self, trajectory: str, now: float) -> list[Dispatch]:
+        """Release the trajectory's memory. Refused while actions are in flight."""
+        state = self.trajectories.get(trajectory)
+        if state is None:
+            raise KeyError(f"trajectory: unknown trajectory {trajectory!r}")
+        if state.in_flight:
+            raise ValueError(
+                f"trajectory: {trajectory!r} still has {len(state.in_flight)} action(s) in flight"
+            )
+        del self.trajectories[trajectory]
+        if self.cpu.node_of(trajectory) is None:
+            return []
+        self.cpu.unbind(trajectory)
+        return self._schedule(now, self.pools.values())
+
+    # -- actions -----------------------------------------------------------------------
+    def validate(self, action: Action) -> None:
+        """Raise ValueError naming the field when ``action`` can never run here."""
+        if not isinstance(action, Action):
+            raise ValueError(f"action: expected an Action, got {type(action).__name__}")
+        if action.id in self.queued or action.id in self.running:
+            raise ValueError(f"action.id: duplicate id {action.id!r}")
+        if action.trajectory not in self.trajectories:
+            raise KeyError(f"action.trajectory: unknown trajectory {action.trajectory!r} "
+                           "(open it first)")
+        for res, demand in action.cost.items():
+            if res.startswith(QUOTA_PREFIX) or res == "net_mbps":
+                if demand.min > 0:
+                    spec = self.quota.check(res)
+                    if demand.min > spec.limit:
+                        raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
+                                         f"limit {spec.limit}")
+        if action.min("gpu") > 0:
+            for u in action.cost["gpu"].choices:
+                why = self.gpu.check(action.service or "", int(u))
+                if why and u == action.min("gpu"):
+                    raise ValueError(why)
+        elif action.min("cpu") > 0:
+            need = action.min("cpu")
+            if need != int(need):
+                raise ValueError(f"cost['cpu']: cores must be whole, got {need}")
+            limit = self._max_domain if action.elastic == "cpu" else self._max_node_cores
+            if need > limit:
+                raise ValueError(f"cost['cpu']: minimum {need} cores can never fit "
+                                 f"(largest {'NUMA domain' if action.elastic else 'node'}: "
+                                 f"{limit})")
+            mem = self._trajectory_mem(action)
+            if mem > self._max_node_mem:
+                raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
+                                 f"({self._max_node_mem} GB)")
+
+    def submit(self, action: Action, now: float) -> list[Dispatch]:
+        """Queue ``action`` and return what can start now."""
+        self.validate(action)
+        pending = self._pending(action, now)
+        self.queued[action.id] = pending
+        self.trajectories[action.trajectory].in_flight.add(action.id)
+        if action.min("gpu") > 0:
+            self.pools[GPU_POOL].queue.append(pending)
+            return self._schedule(now, [self.pools[GPU_POOL]])
+        if action.min("cpu") > 0:
+            node = self.cpu.node_of(action.trajectory)
+            if node is None:
+                self.unbound.append(pending)
+                return self._schedule(now, ())
+            pool = self.pools[f"cpu:{node}"]
+            pool.queue.append(pending)
+            return self._schedule(now, [pool])
+        self.pools[API_POOL].queue.append(pending)
+        return self._schedule(now, [self.pools[API_POOL]])
+
+    def finish(self, action_id: str, now: float, outcome: Outcome | None = None) -> list[Dispatch]:
+        """Release what ``action_id`` held and return what can start now."""
+        run = self.running.pop(action_id, None)
+        if run is None:
+            raise KeyError(f"action_id: {action_id!r} is not running")
+        action = run.dispatch.action
+        run.pool.running.pop(action_id, None)
+        self._release(run.pool, run.dispatch.lease)
+        self.trajectories.get(action.trajectory, TrajectoryState("", None)).in_flight.discard(
+            action_id)
+        if outcome is None or outcome.ok:
+            elapsed = now - run.dispatch.start_s - run.dispatch.lease.restore_s
+            self._learn(action, run.dispatch.units, max(elapsed, 0.0))
+        touched: Iterable[Pool] = [run.pool]
+        if run.pending.quotas:  # freed quota may unblock any pool's head
+            touched = self.pools.values()
+        return self._schedule(now, touched)
+
+    def cancel(self, action_id: str) -> bool:
+        """Drop a queued action (True) — running ones must be finished by their backend."""
+        pending = self.queued.pop(action_id, None)
+        if pending is None:
+            return False
+        for q in [self.unbound, *(p.queue for p in self.pools.values())]:
+            if pending in q:
+                q.remove(pending)
+                break
+        state = self.trajectories.get(pending.action.trajectory)
+        if state:
+            state.in_flight.discard(action_id)
+        return True
+
+    def poll(self, now: float) -> list[Dispatch]:
+        """Re-run every pool (window quotas regain room as time passes)."""
+        return self._schedule(now, self.pools.values())
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When a time-based quota frees up while something waits (else None)."""
+        if not self.queued:
+            return None
+        return self.quota.next_expiry(now)
+
+    # -- estimates ---------------------------------------------------------------------
+    def estimate(self, p: Pending) -> float:
+        """Expected duration at the minimum: profiled T1, else the running mean."""
+        d = p.action.duration(p.key_min) if p.action.t1_s is not None else None
+        if d is not None:
+            return d
+        mean = self._mean.get((p.action.task, p.action.kind))
+        return mean[1] if mean else self.default_duration_s
+
+    def _learn(self, action: Action, units: int, elapsed: float) -> None:
+        key = (action.task, action.kind)
+        n, mean = self._mean.get(key, (0, 0.0))
+        self._mean[key] = (n + 1, mean + (elapsed - mean) / (n + 1))
+
+    # -- internals ---------------------------------------------------------------------
+    def _trajectory_mem(self, action: Action) -> float:
+        state = self.trajectories[action.trajectory]
+        return state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
+
+    def _pending(self, action: Action, now: float) -> Pending:
+        quotas = {k: d.min for k, d in action.cost.items()
+                  if (k.startswith(QUOTA_PREFIX) or k == "net_mbps") and d.min > 0}
+        if action.min("gpu") > 0:
+            pool: Pool = self.pools[GPU_POOL]
+        elif action.min("cpu") > 0:
+            pool = next(p for p in self.pools.values() if isinstance(p, CpuNodePool))
+        else:
+            return Pending(action, now, 0, quotas)
+        choices = pool.unit_choices(action) if action.elastic == pool.key else ()
+        if not choices:
+            return Pending(action, now, int(action.min(pool.key)), quotas)
+        elastic = action.schedulable_elastic and self.scheduler.elastic_enabled
+        return Pending(action, now, self.scheduler.min_units(choices), quotas,
+                       elastic=elastic and len(choices) > 1, choices=choices)
+
+    def _bind_waiting(self, touched: set[str]) -> None:
+        """Bind queued first actions to nodes, in FCFS order (paper 5.2)."""
+        while self.unbound:
+            p = self.unbound[0]
+            mem = self._trajectory_mem(p.action)
+            node = self.cpu.bind(p.action.trajectory, mem, p.key_min)
+            if node is None:
+                return
+            self.unbound.popleft()
+            pool = self.pools[f"cpu:{node}"]
+            pool.queue.append(p)
+            touched.add(pool.name)
+
+    def _schedule(self, now: float, pools: Iterable[Pool]) -> list[Dispatch]:
+        names = {p.name for p in pools}
+        self._bind_waiting(names)
+        out: list[Dispatch] = []
+        for name in list(names):
+            out.extend(self._pass(self.pools[name], now))
+        return out
+
+    def _pass(self, pool: Pool, now: float) -> list[Dispatch]:
+        if not pool.queue:
+            return []
+        t0 = time.perf_counter()
+        decisions = self.scheduler.plan(pool, self._quota_free(now), now, self.estimate)
+        if not decisions:
+            return []
+        # Largest grants first: NUMA placement is easiest while domains are whole.
+        decisions.sort(key=lambda d: -d[1])
+        granted: list[tuple[Pending, Lease]] = []
+        for p, units in decisions:
+            lease = self._reserve(pool, p, units, now)
+            if lease is not None:
+                granted.append((p, lease))
+        started = {p.action.id for p, _ in granted}
+        pool.queue = type(pool.queue)(p for p in pool.queue if p.action.id not in started)
+        decision_s = (time.perf_counter() - t0) / max(len(granted), 1)
+        self.pass_times.append(time.perf_counter() - t0)
+        out = []
+        for p, lease in granted:
+            del self.queued[p.action.id]
+            expected = (p.action.duration(lease.units) if p.action.t1_s is not None
+                        else self.estimate(p))
+            d = Dispatch(p.action, lease, p.submit_s, now, expected, decision_s)
+            self.running[p.action.id] = Running(d, pool, p)
+            pool.running[p.action.id] = (now + lease.restore_s + (expected or 0.0), lease.units)
+            out.append(d)
+        return out
+
+    def _quota_free(self, now: float):
+        return lambda: {k: self.quota.available(k, now) for k in self.quota.specs}
+
+    def _reserve(self, pool: Pool, p: Pending, units: int, now: float) -> Lease | None:
+        """Pool units then quotas, all or nothing. NUMA placement may refuse the
+        planned count: fall back to smaller feasible counts down to the minimum."""
+        tries = [units] + [u for u in reversed(p.choices) if p.key_min <= u < units]
+        for u in tries:
+            grant = pool.reserve(p, u, now)
+            if grant is None:
+                continue
+            qlease = None
+            if p.quotas:
+                qlease = self.quota.reserve(p.action.id, p.quotas, now)
+                if qlease is None:
+                    pool.release(grant.part)
+                    return None
+            return Lease(p.action.id, u, (grant.part, qlease), grant.node, grant.cores,
+                         grant.gpus, grant.restore_s)
+        return None
+
+    def _release(self, pool: Pool, lease: Lease) -> None:
+        part, qlease = lease.parts
+        if qlease is not None:
+            self.quota.release(qlease)
+        if part is not None:
+            pool.release(part)
+
+    # -- introspection -----------------------------------------------------------------
+    def usage(self) -> dict[str, float]:
+        """Units in use per resource (for utilisation sampling)."""
+        out = {"cpu": float(sum(self.cpu.in_use(n) for n in self.cpu.nodes)),
+               "gpu": float(self.gpu.busy_gpus()),
+               "mem_gb": sum(n.mem_reserved for n in self.cpu.nodes.values())}
+        out.update(self.quota.snapshot())
+        return out
+
+    def capacity(self) -> dict[str, float]:
+        out = {"cpu": float(sum(n.cores for n in self.cluster.cpu_nodes)),
+               "gpu": float(sum(n.gpus for n in self.cluster.gpu_nodes)),
+               "mem_gb": float(sum(n.mem_gb for n in self.cluster.cpu_nodes))}
+        out.update({q.key: q.limit for q in self.cluster.quotas})
+        return out

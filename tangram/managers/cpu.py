@@ -1,0 +1,141 @@
+"""CPU manager (paper 5.2, allocate-on-execution).
+
+Nodes x NUMA domains x cores. Cores are exclusive and granted per action;
+an elastic action's cores come from one NUMA domain (parallel efficiency
+depends on core distance). A trajectory is bound at its first action to a
+node with enough free cores for that action and memory for the whole
+trajectory, chosen by memory balance; its memory stays reserved until it is
+closed (its container keeps its state between actions).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from tangram.cluster import CpuNodeSpec
+
+
+@dataclass(frozen=True, slots=True)
+class CpuLease:
+    action_id: str
+    node: str
+    cores: tuple[int, ...]
+
+
+class CpuNode:
+    __slots__ = ("name", "spec", "domains", "mem_reserved", "domain_size")
+
+    def __init__(self, spec: CpuNodeSpec) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self.domain_size = spec.cores // spec.numa
+        self.domains: list[list[int]] = [
+            list(range(d * self.domain_size, (d + 1) * self.domain_size)) for d in range(spec.numa)
+        ]
+        self.mem_reserved = 0.0
+
+    @property
+    def free_cores(self) -> int:
+        return sum(len(d) for d in self.domains)
+
+    @property
+    def mem_free(self) -> float:
+        return self.spec.mem_gb - self.mem_reserved
+
+    def free_per_domain(self) -> list[int]:
+        return [len(d) for d in self.domains]
+
+
+def pick_domains(free: list[int], n: int, numa_local: bool) -> list[tuple[int, int]] | None:
+    """Which domains give ``n`` cores: [(domain, count)], or None.
+
+    NUMA-local requests take the best-fitting single domain (least free that
+    still fits), keeping large domains whole for later elastic actions; others
+    take from the fullest domains first.
+    """
+    if numa_local or n <= 0:
+        best = -1
+        for d, f in enumerate(free):
+            if f >= n and (best < 0 or f < free[best]):
+                best = d
+        return None if best < 0 else [(best, n)]
+    if sum(free) < n:
+        return None
+    out = []
+    for d in sorted(range(len(free)), key=lambda d: -free[d]):
+        take = min(free[d], n)
+        if take:
+            out.append((d, take))
+            n -= take
+        if n == 0:
+            break
+    return out
+
+
+class CpuManager:
+    def __init__(self, specs: Iterable[CpuNodeSpec]) -> None:
+        self.nodes = {s.name: CpuNode(s) for s in specs}
+        self._binding: dict[str, tuple[str, float]] = {}
+        self._live: dict[str, CpuLease] = {}
+
+    # -- trajectories -------------------------------------------------------------
+    def node_of(self, trajectory: str) -> str | None:
+        bound = self._binding.get(trajectory)
+        return bound[0] if bound else None
+
+    def bind(self, trajectory: str, mem_gb: float, min_cores: int) -> str | None:
+        """Bind a trajectory to the least memory-loaded node that fits it."""
+        if trajectory in self._binding:
+            return self._binding[trajectory][0]
+        best: CpuNode | None = None
+        for node in self.nodes.values():
+            if node.mem_free < mem_gb or node.free_cores < min_cores:
+                continue
+            if best is None or (node.mem_reserved / node.spec.mem_gb
+                                < best.mem_reserved / best.spec.mem_gb):
+                best = node
+        if best is None:
+            return None
+        best.mem_reserved += mem_gb
+        self._binding[trajectory] = (best.name, mem_gb)
+        return best.name
+
+    def unbind(self, trajectory: str) -> None:
+        """Release a closed trajectory's memory (idempotent)."""
+        bound = self._binding.pop(trajectory, None)
+        if bound:
+            self.nodes[bound[0]].mem_reserved -= bound[1]
+
+    # -- cores ---------------------------------------------------------------------
+    def reserve(self, action_id: str, node: str, n: int, numa_local: bool) -> CpuLease | None:
+        if action_id in self._live:
+            raise ValueError(f"action_id: {action_id!r} already holds a lease")
+        host = self.nodes[node]
+        plan = pick_domains(host.free_per_domain(), n, numa_local)
+        if plan is None:
+            return None
+        cores: list[int] = []
+        for d, count in plan:
+            dom = host.domains[d]
+            cores.extend(dom[:count])
+            del dom[:count]
+        lease = CpuLease(action_id, node, tuple(sorted(cores)))
+        self._live[action_id] = lease
+        return lease
+
+    def release(self, lease: CpuLease) -> None:
+        """Idempotent: a second release of the same lease does nothing."""
+        if self._live.get(lease.action_id) is not lease:
+            return
+        del self._live[lease.action_id]
+        host = self.nodes[lease.node]
+        size = host.domain_size
+        for core in lease.cores:
+            host.domains[core // size].append(core)
+        for dom in host.domains:
+            dom.sort()
+
+    def in_use(self, node: str) -> int:
+        host = self.nodes[node]
+        return host.spec.cores - host.free_cores

@@ -1,0 +1,156 @@
+"""Pools: the units a scheduling pass runs on (paper 5.2: one pass per CPU node).
+
+A pool owns a FIFO wait queue and knows, for its key resource, how to check
+that a prefix of minimums fits the free resources *and their topology*, what
+capacity the elastic group shares, which DP operator describes that topology,
+and how to reserve and release the real units through its manager.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from tangram.arrange import CHUNK_SIZES, ChunkOperator, DPOperator, LinearOperator, take_chunk
+from tangram.managers.cpu import CpuManager, pick_domains
+from tangram.managers.gpu import GpuManager
+from tangram.model import Action
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A queued action with what the scheduler reads of it on every pass."""
+
+    action: Action
+    submit_s: float
+    key_min: int  # minimum units of the pool's key resource
+    quotas: dict[str, float] = field(default_factory=dict)
+    elastic: bool = False  # schedulable elastic on this pool's key resource
+    choices: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    part: Any
+    node: str | None
+    cores: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+    restore_s: float = 0.0
+
+
+class Pool:
+    """Base: a pool with no key resource (API-only actions)."""
+
+    key: str | None = None
+    operator: DPOperator = LinearOperator()
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.queue: deque[Pending] = deque()
+        #: action id -> (expected end, units of the key resource)
+        self.running: dict[str, tuple[float, int]] = {}
+
+    def unit_choices(self, action: Action) -> tuple[int, ...]:
+        return ()
+
+    def new_scratch(self) -> Any:
+        return None
+
+    def fits_min(self, scratch: Any, p: Pending) -> bool:
+        return True
+
+    def elastic_capacity(self, nonelastic: list[Pending]) -> Any:
+        return 0
+
+    def free_units(self) -> int:
+        return 1 << 30
+
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
+        return Grant(None, None)
+
+    def release(self, part: Any) -> None:
+        return None
+
+
+class CpuNodePool(Pool):
+    key = "cpu"
+    operator = LinearOperator()
+
+    def __init__(self, name: str, node: str, manager: CpuManager) -> None:
+        super().__init__(name)
+        self.node = node
+        self.manager = manager
+        self.host = manager.nodes[node]
+
+    def unit_choices(self, action: Action) -> tuple[int, ...]:
+        # elastic actions stay inside one NUMA domain
+        cap = self.host.domain_size
+        return tuple(int(c) for c in action.cost["cpu"].choices if c <= cap)
+
+    def new_scratch(self) -> list[int]:
+        return self.host.free_per_domain()
+
+    def fits_min(self, scratch: list[int], p: Pending) -> bool:
+        plan = pick_domains(scratch, p.key_min, p.elastic)
+        if plan is None:
+            return False
+        for d, count in plan:
+            scratch[d] -= count
+        return True
+
+    def elastic_capacity(self, nonelastic: list[Pending]) -> int:
+        return self.host.free_cores - sum(p.key_min for p in nonelastic)
+
+    def free_units(self) -> int:
+        return self.host.free_cores
+
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
+        lease = self.manager.reserve(p.action.id, self.node, units, p.elastic)
+        if lease is None:
+            return None
+        return Grant(lease, self.node, cores=lease.cores)
+
+    def release(self, part: Any) -> None:
+        self.manager.release(part)
+
+
+class GpuPool(Pool):
+    key = "gpu"
+    operator = ChunkOperator()
+
+    def __init__(self, name: str, manager: GpuManager) -> None:
+        super().__init__(name)
+        self.manager = manager
+
+    def unit_choices(self, action: Action) -> tuple[int, ...]:
+        return tuple(int(c) for c in action.cost["gpu"].choices
+                     if c in CHUNK_SIZES and self.manager.check(action.service, int(c)) is None)
+
+    def new_scratch(self) -> list[tuple[int, int, int, int]]:
+        return [self.manager.chunk_counts()]
+
+    def fits_min(self, scratch: list, p: Pending) -> bool:
+        nxt = take_chunk(scratch[0], p.key_min)
+        if nxt is None:
+            return False
+        scratch[0] = nxt
+        return True
+
+    def elastic_capacity(self, nonelastic: list[Pending]) -> tuple[int, int, int, int]:
+        state = self.manager.chunk_counts()
+        for p in sorted(nonelastic, key=lambda p: -p.key_min):
+            state = take_chunk(state, p.key_min) or state
+        return state
+
+    def free_units(self) -> int:
+        return self.manager.free_gpus()
+
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
+        lease = self.manager.reserve(p.action.id, p.action.service or "", units)
+        if lease is None:
+            return None
+        return Grant(lease, lease.node, gpus=lease.gpus, restore_s=lease.restore_s)
+
+    def release(self, part: Any) -> None:
+        self.manager.release(part)

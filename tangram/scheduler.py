@@ -1,0 +1,243 @@
+"""ElasticScheduler: paper Alg. 1 (greedy eviction) with Alg. 2 (ACT approximation).
+
+One pass over one pool:
+
+1. candidates = the longest prefix of the ordered wait queue whose minimums
+   fit the free resources and their topology (and the free quotas);
+2. non-elastic candidates, and elastic ones whose duration or elasticity is
+   unknown, get their minimum;
+3. the elastic ones share what is left: one DPArrange pass gives the optimum
+   of every prefix ``E[:t]``; starting from the full prefix, drop the last
+   candidate while the approximate objective improves.
+
+Departure from the paper's text: the paper starts greedy eviction from "all
+candidates at their minimum" and only then evicts. With a short queue that
+start would leave free cores idle (evicting the single candidate dispatches
+nothing), so here the minimum allocation and the DP allocation of the full
+prefix are both evaluated as starting points, and eviction proceeds from the
+DP one.
+
+The objective (Alg. 2) sums, over candidates and the remaining queue, the
+estimated completion time: candidates' durations are exact from the DP; each
+remaining action gets its minimum and is inserted, in order, into a heap of
+running completions to estimate its start. The first ``depth`` remaining
+elastic actions also try the widest count free when they can start, keeping
+whichever gives the least total over the rest of the queue. Only the
+first ``lookahead`` remaining actions are simulated: those behind them shift
+by about the same amount in every alternative, and the cap bounds a pass.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterable, Sequence
+from itertools import islice
+from typing import Protocol
+
+from tangram.arrange import arrange
+from tangram.pools import Pending, Pool
+
+
+class Ordering(Protocol):
+    """Order in which the wait queue is considered."""
+
+    name: str
+
+    def order(self, queue: Sequence[Pending], now: float) -> Iterable[Pending]: ...
+
+
+class FCFS:
+    name = "fcfs"
+
+    def order(self, queue: Sequence[Pending], now: float) -> Iterable[Pending]:
+        return queue
+
+
+class ShortestExpectedFirst:
+    """Shortest expected duration first, with an aging bound: an action that
+    has waited ``max_wait_s`` jumps ahead of every younger one (no starvation)."""
+
+    name = "sef"
+
+    def __init__(self, estimate: Callable[[Pending], float], max_wait_s: float = 30.0) -> None:
+        self.estimate = estimate
+        self.max_wait_s = max_wait_s
+
+    def order(self, queue: Sequence[Pending], now: float) -> Iterable[Pending]:
+        def key(p: Pending) -> tuple[int, float]:
+            aged = now - p.submit_s >= self.max_wait_s
+            return (0, p.submit_s) if aged else (1, self.estimate(p))
+
+        return sorted(queue, key=key)
+
+
+Decision = tuple[Pending, int]
+Estimator = Callable[[Pending], float]
+
+
+class ElasticScheduler:
+    name = "tangram"
+    #: whether elastic actions may get more than the units ``min_units`` gives
+    elastic_enabled = True
+
+    def __init__(self, depth: int = 2, lookahead: int = 64,
+                 ordering: Ordering | None = None) -> None:
+        if depth < 0:
+            raise ValueError(f"depth: must be >= 0, got {depth}")
+        if lookahead < 1:
+            raise ValueError(f"lookahead: must be >= 1, got {lookahead}")
+        self.depth = depth
+        self.lookahead = lookahead
+        self.ordering: Ordering = ordering or FCFS()
+
+    def min_units(self, choices: tuple[int, ...]) -> int:
+        """Units an elastic action needs at least (its smallest feasible amount)."""
+        return choices[0]
+
+    # -- Alg. 1 ------------------------------------------------------------------------
+    def plan(self, pool: Pool, quota_free: Callable[[], dict[str, float]], now: float,
+             estimate: Estimator) -> list[Decision]:
+        """Which queued actions of ``pool`` start now, and on how many units."""
+        if not pool.queue:
+            return []
+        it = iter(self.ordering.order(pool.queue, now))
+        scratch = pool.new_scratch()
+        quotas: dict[str, float] | None = None
+        cands: list[Pending] = []
+        blocked: Pending | None = None
+        for p in it:
+            if p.quotas:
+                if quotas is None:
+                    quotas = quota_free()
+                if any(quotas[k] < v for k, v in p.quotas.items()):
+                    blocked = p
+                    break
+            if not pool.fits_min(scratch, p):
+                blocked = p
+                break
+            if p.quotas:
+                for k, v in p.quotas.items():
+                    quotas[k] -= v  # type: ignore[index]
+            cands.append(p)
+        if not cands:
+            return []
+        fixed = [p for p in cands if not p.elastic]
+        elastic = [p for p in cands if p.elastic]
+        decisions: list[Decision] = [(p, p.key_min) for p in fixed]
+        if elastic:
+            rest = [] if blocked is None else [blocked]
+            rest.extend(islice(it, self.lookahead - len(rest)))
+            decisions.extend(self.allocate(pool, fixed, elastic, rest, now, estimate))
+        return decisions
+
+    def allocate(self, pool: Pool, fixed: list[Pending], elastic: list[Pending],
+                 rest: list[Pending], now: float, estimate: Estimator) -> list[Decision]:
+        """Greedy eviction over the elastic group (Alg. 1, lines 5-14)."""
+        options = [{u: p.action.duration(u) for u in p.choices} for p in elastic]
+        table = arrange(options, pool.operator.space(pool.elastic_capacity(fixed)))
+        running = list(pool.running.values())
+        running.extend((now + estimate(p), p.key_min) for p in fixed)
+        free0 = pool.free_units() - sum(p.key_min for p in fixed)
+
+        def objective(units: Sequence[int]) -> float:
+            t = len(units)
+            heap = running.copy()
+            total = 0.0
+            for i, u in enumerate(units):
+                d = options[i][u]
+                total += d
+                heap.append((now + d, u))
+            remaining = elastic[t:] + rest
+            return total + self._queue_cost(heap, free0 - sum(units), remaining[: self.lookahead],
+                                            now, estimate)
+
+        n = len(elastic)
+        minimum = [p.key_min for p in elastic]
+        best_units, best_obj = minimum, objective(minimum)
+        full = table.best(n)
+        if full is None:  # cannot happen: the minimums were checked to fit
+            return list(zip(elastic, minimum, strict=True))
+        prev_obj = objective(full[1])
+        if prev_obj < best_obj:
+            best_units, best_obj = full[1], prev_obj
+        for t in range(n - 1, 0, -1):
+            cand = table.best(t)
+            if cand is None:
+                break
+            obj = objective(cand[1])
+            if obj >= prev_obj:
+                break  # evicting one more stopped improving
+            prev_obj = obj
+            if obj < best_obj:
+                best_units, best_obj = cand[1], obj
+        return list(zip(elastic, best_units, strict=False))
+
+    # -- Alg. 2 ------------------------------------------------------------------------
+    def _queue_cost(self, heap: list[tuple[float, int]], free: int, remaining: list[Pending],
+                    now: float, estimate: Estimator) -> float:
+        """Sum of estimated completion times (from ``now``) of the remaining queue."""
+        heapq.heapify(heap)
+        return self._walk(heap, free, now, remaining, now, estimate, self.depth)
+
+    def _walk(self, heap: list[tuple[float, int]], free: int, clock: float,
+              remaining: list[Pending], now: float, estimate: Estimator, depth: int) -> float:
+        total = 0.0
+        for idx, p in enumerate(remaining):
+            if depth > 0:
+                depth -= 1
+                if p.elastic and len(p.choices) > 1:
+                    # explore: at its minimum, or as wide as is free when it can start;
+                    # keep whichever gives the least total over the rest of the queue
+                    best = float("inf")
+                    for u in self._options(heap, free, clock, p):
+                        h = heap.copy()
+                        cost, f, clk = _place(h, free, clock, u, p.action.duration(u), now)
+                        cost += self._walk(h, f, clk, remaining[idx + 1:], now, estimate, depth)
+                        best = min(best, cost)
+                    return total + best
+            cost, free, clock = _place(heap, free, clock, p.key_min, estimate(p), now)
+            total += cost
+        return total
+
+    @staticmethod
+    def _options(heap: list[tuple[float, int]], free: int, clock: float,
+                 p: Pending) -> tuple[int, ...]:
+        avail = free
+        if avail < p.key_min:
+            for _end, units in sorted(heap):
+                avail += units
+                if avail >= p.key_min:
+                    break
+        wide = max((u for u in p.choices if u <= avail), default=p.key_min)
+        return (p.key_min,) if wide == p.key_min else (p.key_min, wide)
+
+
+def _place(heap: list[tuple[float, int]], free: int, clock: float, need: int, dur: float,
+           now: float) -> tuple[float, int, float]:
+    """Start an action of ``need`` units once they are free; (cost, free, clock) after."""
+    while free < need and heap:
+        end, units = heapq.heappop(heap)
+        free += units
+        if end > clock:
+            clock = end
+    heapq.heappush(heap, (clock + dur, need))
+    return clock - now + dur, free - need, clock
+
+
+class FixedDopScheduler(ElasticScheduler):
+    """Baseline: elasticity off; every elastic action runs on exactly ``units``
+    of its key resource (clamped to its feasible set) and waits until they are
+    free, like a test command hard-coded to ``pytest -n units``."""
+
+    def __init__(self, units: int, **kw) -> None:
+        super().__init__(**kw)
+        if units < 1:
+            raise ValueError(f"fixed-dop: units must be >= 1, got {units}")
+        self.units = units
+        self.name = f"fixed-dop:{units}"
+
+    elastic_enabled = False
+
+    def min_units(self, choices: tuple[int, ...]) -> int:
+        fit = [u for u in choices if u <= self.units]
+        return fit[-1] if fit else choices[0]

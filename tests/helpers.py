@@ -1,0 +1,73 @@
+"""Small builders shared by the tests."""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+
+from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, QuotaSpec, ServiceSpec
+from tangram.core import Tangram
+from tangram.model import Action, Demand, Elasticity
+
+_ids = itertools.count()
+
+
+def cluster(cores=8, numa=1, nodes=1, mem_gb=64.0, gpu_nodes=0, quotas=(), services=()):
+    return ClusterSpec(
+        cpu_nodes=tuple(CpuNodeSpec(f"n{i}", cores, numa, mem_gb) for i in range(nodes)),
+        gpu_nodes=tuple(GpuNodeSpec(f"g{i}", 8, 80.0) for i in range(gpu_nodes)),
+        services=tuple(ServiceSpec(n, s) for n, s in services),
+        quotas=tuple(QuotaSpec(*q) for q in quotas),
+    )
+
+
+def shell(traj, t1=None, cores=1, task="t", kind="shell", aid=None, **cost):
+    c = {"cpu": Demand.fixed(cores)}
+    c.update({k: Demand.fixed(v) for k, v in cost.items()})
+    return Action(aid or f"a{next(_ids)}", task, traj, kind, c, t1_s=t1)
+
+
+def test_run(traj, t1, lo=1, hi=8, p=1.0, aid=None, task="t"):
+    return Action(aid or f"a{next(_ids)}", task, traj, "test_run",
+                  {"cpu": Demand.range(lo, hi)}, elastic="cpu", t1_s=t1,
+                  elasticity=Elasticity.amdahl(p))
+
+
+test_run.__test__ = False  # not a pytest test
+
+
+def gpu_call(traj, service, t1=1.0, choices=(1, 2, 4, 8), p=0.9, aid=None):
+    return Action(aid or f"a{next(_ids)}", "t", traj, "reward_judge",
+                  {"gpu": Demand.discrete(choices)}, elastic="gpu", t1_s=t1,
+                  elasticity=Elasticity.amdahl(p), service=service)
+
+
+class EventLoop:
+    """A minimal virtual-time driver for core tests: finishes each dispatch after
+    its modelled duration, checking invariants at every event."""
+
+    def __init__(self, core: Tangram, check=None):
+        self.core = core
+        self.heap: list[tuple[float, int, str]] = []
+        self.seq = itertools.count()
+        self.now = 0.0
+        self.dispatches = []
+        self.check = check
+
+    def feed(self, dispatches):
+        for d in dispatches:
+            self.dispatches.append(d)
+            dur = d.action.duration(d.units) or 0.5
+            heapq.heappush(self.heap, (self.now + dur + d.lease.restore_s, next(self.seq),
+                                       d.action.id))
+        if self.check:
+            self.check(self.core)
+
+    def submit(self, action):
+        self.feed(self.core.submit(action, self.now))
+
+    def run(self):
+        while self.heap:
+            t, _, aid = heapq.heappop(self.heap)
+            self.now = t
+            self.feed(self.core.finish(aid, t))
