@@ -55,11 +55,7 @@ class Tangram:
         self.cpu = CpuManager(cluster.cpu_nodes)
         self.gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
         self.quota = QuotaManager(cluster.quotas)
-        self.pools: dict[str, Pool] = {}
-        for name in self.cpu.nodes:
-            self.pools[f"cpu:{name}"] = CpuNodePool(f"cpu:{name}", name, self.cpu)
-        self.pools[GPU_POOL] = GpuPool(GPU_POOL, self.gpu)
-        self.pools[API_POOL] = Pool(API_POOL)
+        self.pools: dict[str, Pool] = {p.name: p for p in self._build_pools()}
         self.unbound: deque[Pending] = deque()
         self.trajectories: dict[str, TrajectoryState] = {}
         self.queued: dict[str, Pending] = {}
@@ -70,6 +66,13 @@ class Tangram:
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
         #: wall seconds spent in scheduling passes, one entry per pass that planned
         self.pass_times: list[float] = []
+
+    def _build_pools(self) -> list[Pool]:
+        """One pool per CPU node (paper 5.2), one for the GPU cluster, one for APIs."""
+        pools: list[Pool] = [CpuNodePool(f"cpu:{n}", n, self.cpu) for n in self.cpu.nodes]
+        pools.append(GpuPool(GPU_POOL, self.gpu))
+        pools.append(Pool(API_POOL))
+        return pools
 
     # -- trajectories ------------------------------------------------------------------
     def open_trajectory(self, trajectory: str, task: str = "default",
@@ -140,22 +143,26 @@ class Tangram:
     def submit(self, action: Action, now: float) -> list[Dispatch]:
         """Queue ``action`` and return what can start now."""
         self.validate(action)
-        pending = self._pending(action, now)
-        self.queued[action.id] = pending
+        pool = self._route(action)
         self.trajectories[action.trajectory].in_flight.add(action.id)
+        if pool is None:  # first CPU action of a trajectory: bind it to a node first
+            pending = Pending(action, now, int(action.min("cpu")))
+            self.queued[action.id] = pending
+            self.unbound.append(pending)
+            return self._schedule(now, ())
+        pending = self._pending(action, now, pool)
+        self.queued[action.id] = pending
+        pool.queue.append(pending)
+        return self._schedule(now, [pool])
+
+    def _route(self, action: Action) -> Pool | None:
+        """The pool whose queue ``action`` waits in (None: not bound to a node yet)."""
         if action.min("gpu") > 0:
-            self.pools[GPU_POOL].queue.append(pending)
-            return self._schedule(now, [self.pools[GPU_POOL]])
+            return self.pools[GPU_POOL]
         if action.min("cpu") > 0:
             node = self.cpu.node_of(action.trajectory)
-            if node is None:
-                self.unbound.append(pending)
-                return self._schedule(now, ())
-            pool = self.pools[f"cpu:{node}"]
-            pool.queue.append(pending)
-            return self._schedule(now, [pool])
-        self.pools[API_POOL].queue.append(pending)
-        return self._schedule(now, [self.pools[API_POOL]])
+            return None if node is None else self.pools[f"cpu:{node}"]
+        return self.pools[API_POOL]
 
     def finish(self, action_id: str, now: float, outcome: Outcome | None = None) -> list[Dispatch]:
         """Release what ``action_id`` held and return what can start now."""
@@ -218,21 +225,19 @@ class Tangram:
         state = self.trajectories[action.trajectory]
         return state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
 
-    def _pending(self, action: Action, now: float) -> Pending:
+    def _pending(self, action: Action, now: float, pool: Pool) -> Pending:
         quotas = {k: d.min for k, d in action.cost.items()
                   if (k.startswith(QUOTA_PREFIX) or k == "net_mbps") and d.min > 0}
-        if action.min("gpu") > 0:
-            pool: Pool = self.pools[GPU_POOL]
-        elif action.min("cpu") > 0:
-            pool = next(p for p in self.pools.values() if isinstance(p, CpuNodePool))
-        else:
+        if pool.key is None:
             return Pending(action, now, 0, quotas)
+        sched = pool.scheduler or self.scheduler
         choices = pool.unit_choices(action) if action.elastic == pool.key else ()
         if not choices:
             return Pending(action, now, int(action.min(pool.key)), quotas)
-        elastic = action.schedulable_elastic and self.scheduler.elastic_enabled
-        return Pending(action, now, self.scheduler.min_units(choices), quotas,
-                       elastic=elastic and len(choices) > 1, choices=choices)
+        elastic = action.schedulable_elastic and sched.elastic_enabled and len(choices) > 1
+        durations = {u: action.duration(u) for u in choices} if elastic else {}
+        return Pending(action, now, sched.min_units(choices), quotas,
+                       elastic=elastic, choices=choices, durations=durations)
 
     def _bind_waiting(self, touched: set[str]) -> None:
         """Bind queued first actions to nodes, in FCFS order (paper 5.2)."""
@@ -243,8 +248,10 @@ class Tangram:
             if node is None:
                 return
             self.unbound.popleft()
-            pool = self.pools[f"cpu:{node}"]
-            pool.queue.append(p)
+            pool = self._route(p.action)
+            pending = self._pending(p.action, p.submit_s, pool)
+            self.queued[p.action.id] = pending
+            pool.queue.append(pending)
             touched.add(pool.name)
 
     def _schedule(self, now: float, pools: Iterable[Pool]) -> list[Dispatch]:
@@ -259,7 +266,8 @@ class Tangram:
         if not pool.queue:
             return []
         t0 = time.perf_counter()
-        decisions = self.scheduler.plan(pool, self._quota_free(now), now, self.estimate)
+        sched = pool.scheduler or self.scheduler
+        decisions = sched.plan(pool, self._quota_free(now), now, self.estimate)
         if not decisions:
             return []
         # Largest grants first: NUMA placement is easiest while domains are whole.
@@ -269,8 +277,12 @@ class Tangram:
             lease = self._reserve(pool, p, units, now)
             if lease is not None:
                 granted.append((p, lease))
-        started = {p.action.id for p, _ in granted}
-        pool.queue = type(pool.queue)(p for p in pool.queue if p.action.id not in started)
+        started = {id(p) for p, _ in granted}
+        queue = pool.queue
+        while queue and id(queue[0]) in started:  # dispatches are mostly a queue prefix
+            started.discard(id(queue.popleft()))
+        for p in [p for p, _ in granted if id(p) in started]:
+            queue.remove(p)
         decision_s = (time.perf_counter() - t0) / max(len(granted), 1)
         self.pass_times.append(time.perf_counter() - t0)
         out = []

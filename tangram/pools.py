@@ -28,6 +28,8 @@ class Pending:
     quotas: dict[str, float] = field(default_factory=dict)
     elastic: bool = False  # schedulable elastic on this pool's key resource
     choices: tuple[int, ...] = ()
+    #: modelled duration per feasible unit count (elastic actions only)
+    durations: dict[int, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,6 +46,8 @@ class Pool:
 
     key: str | None = None
     operator: DPOperator = LinearOperator()
+    #: a pool-specific scheduler (baselines); None: the core's
+    scheduler: Any = None
 
     def __init__(self, name: str) -> None:
         self.name = name

@@ -80,7 +80,7 @@ class ElasticScheduler:
     #: whether elastic actions may get more than the units ``min_units`` gives
     elastic_enabled = True
 
-    def __init__(self, depth: int = 2, lookahead: int = 64,
+    def __init__(self, depth: int = 2, lookahead: int = 32,
                  ordering: Ordering | None = None) -> None:
         if depth < 0:
             raise ValueError(f"depth: must be >= 0, got {depth}")
@@ -133,11 +133,20 @@ class ElasticScheduler:
     def allocate(self, pool: Pool, fixed: list[Pending], elastic: list[Pending],
                  rest: list[Pending], now: float, estimate: Estimator) -> list[Decision]:
         """Greedy eviction over the elastic group (Alg. 1, lines 5-14)."""
-        options = [{u: p.action.duration(u) for u in p.choices} for p in elastic]
+        options = [p.durations for p in elastic]
         table = arrange(options, pool.operator.space(pool.elastic_capacity(fixed)))
+        n = len(elastic)
+        minimum = [p.key_min for p in elastic]
+        full = table.best(n)
+        if full is None:  # cannot happen: the minimums were checked to fit
+            return list(zip(elastic, minimum, strict=True))
+        if n == 1 and full[1] == minimum:
+            return [(elastic[0], minimum[0])]  # no room to grow, nothing to evict for
         running = list(pool.running.values())
         running.extend((now + estimate(p), p.key_min) for p in fixed)
         free0 = pool.free_units() - sum(p.key_min for p in fixed)
+        # (units, estimated duration, pending) of every action the alternatives may leave queued
+        queued = [(p.key_min, estimate(p), p) for p in elastic + rest]
 
         def objective(units: Sequence[int]) -> float:
             t = len(units)
@@ -147,17 +156,12 @@ class ElasticScheduler:
                 d = options[i][u]
                 total += d
                 heap.append((now + d, u))
-            remaining = elastic[t:] + rest
-            return total + self._queue_cost(heap, free0 - sum(units), remaining[: self.lookahead],
-                                            now, estimate)
+            heapq.heapify(heap)
+            return total + self._walk(heap, free0 - sum(units), now,
+                                      queued[t: t + self.lookahead], now, self.depth)
 
-        n = len(elastic)
-        minimum = [p.key_min for p in elastic]
         best_units, best_obj = minimum, objective(minimum)
-        full = table.best(n)
-        if full is None:  # cannot happen: the minimums were checked to fit
-            return list(zip(elastic, minimum, strict=True))
-        prev_obj = objective(full[1])
+        prev_obj = best_obj if full[1] == minimum else objective(full[1])
         if prev_obj < best_obj:
             best_units, best_obj = full[1], prev_obj
         for t in range(n - 1, 0, -1):
@@ -173,35 +177,39 @@ class ElasticScheduler:
         return list(zip(elastic, best_units, strict=False))
 
     # -- Alg. 2 ------------------------------------------------------------------------
-    def _queue_cost(self, heap: list[tuple[float, int]], free: int, remaining: list[Pending],
-                    now: float, estimate: Estimator) -> float:
-        """Sum of estimated completion times (from ``now``) of the remaining queue."""
-        heapq.heapify(heap)
-        return self._walk(heap, free, now, remaining, now, estimate, self.depth)
-
     def _walk(self, heap: list[tuple[float, int]], free: int, clock: float,
-              remaining: list[Pending], now: float, estimate: Estimator, depth: int) -> float:
+              queued: list[tuple[int, float, Pending]], now: float, depth: int) -> float:
+        """Sum of estimated completion times (from ``now``) of the queued actions,
+        each started in order once its units are free."""
         total = 0.0
-        for idx, p in enumerate(remaining):
+        pop, push = heapq.heappop, heapq.heappush
+        for idx, (need, dur, p) in enumerate(queued):
             if depth > 0:
                 depth -= 1
-                if p.elastic and len(p.choices) > 1:
+                opts = self._options(heap, free, p) if p.elastic else ()
+                if len(opts) > 1:
                     # explore: at its minimum, or as wide as is free when it can start;
                     # keep whichever gives the least total over the rest of the queue
                     best = float("inf")
-                    for u in self._options(heap, free, clock, p):
+                    for u in opts:
                         h = heap.copy()
-                        cost, f, clk = _place(h, free, clock, u, p.action.duration(u), now)
-                        cost += self._walk(h, f, clk, remaining[idx + 1:], now, estimate, depth)
+                        d = p.durations[u]
+                        cost, f, clk = _place(h, free, clock, u, d, now)
+                        cost += self._walk(h, f, clk, queued[idx + 1:], now, depth)
                         best = min(best, cost)
                     return total + best
-            cost, free, clock = _place(heap, free, clock, p.key_min, estimate(p), now)
-            total += cost
+            while free < need and heap:
+                end, units = pop(heap)
+                free += units
+                if end > clock:
+                    clock = end
+            push(heap, (clock + dur, need))
+            free -= need
+            total += clock - now + dur
         return total
 
     @staticmethod
-    def _options(heap: list[tuple[float, int]], free: int, clock: float,
-                 p: Pending) -> tuple[int, ...]:
+    def _options(heap: list[tuple[float, int]], free: int, p: Pending) -> tuple[int, ...]:
         avail = free
         if avail < p.key_min:
             for _end, units in sorted(heap):

@@ -142,7 +142,7 @@ def test_elastic_gets_minimum_when_queue_is_long():
         a = test_run(j, 32.0, 1, 8, p=0.5)
         core.trajectories[j].in_flight.add(a.id)
         core.cpu.bind(j, 0, 1)
-        p = core._pending(a, 0)
+        p = core._pending(a, 0, pool)
         core.queued[a.id] = p
         pool.queue.append(p)
         pendings.append(p)
@@ -154,8 +154,8 @@ def _golden(depth):
     core = Tangram(cluster(cores=8, numa=1), ElasticScheduler(depth=depth))
     core.open_trajectory("j")
     pool: CpuNodePool = core.pools["cpu:n0"]
-    a = core._pending(test_run("j", 8.0, 1, 8, aid="A"), 0)
-    b = core._pending(test_run("j", 4.0, 1, 8, aid="B"), 0)
+    a = core._pending(test_run("j", 8.0, 1, 8, aid="A"), 0, pool)
+    b = core._pending(test_run("j", 4.0, 1, 8, aid="B"), 0, pool)
     pool.queue.extend([a, b])
     plan = core.scheduler.plan(pool, core._quota_free(0), 0.0, core.estimate)
     return [(p.action.id, u) for p, u in plan]

@@ -58,9 +58,17 @@ class GpuManager:
         self._live: dict[str, GpuLease] = {}
         self.restores = 0
         self.hits = 0
+        self._counts: tuple[int, int, int, int] | None = None
+        self._checks: dict[tuple[str, int], str | None] = {}
 
     def check(self, service: str, units: int) -> str | None:
         """Why ``units`` GPUs can never serve ``service`` (None when they can)."""
+        key = (service, units)
+        if key not in self._checks:
+            self._checks[key] = self._check(service, units)
+        return self._checks[key]
+
+    def _check(self, service: str, units: int) -> str | None:
         spec = self.services.get(service)
         if spec is None:
             return f"service: unknown service {service!r} (known: {sorted(self.services)})"
@@ -75,15 +83,18 @@ class GpuManager:
         return None
 
     def chunk_counts(self) -> tuple[int, int, int, int]:
+        """Free chunks of each size over all nodes (cached until the next change)."""
+        if self._counts is not None:
+            return self._counts
         counts = [0, 0, 0, 0]
         for node in self.nodes.values():
             for i, size in enumerate(CHUNK_SIZES):
                 counts[i] += len(node.free[size])
-        return tuple(counts)  # type: ignore[return-value]
+        self._counts = tuple(counts)  # type: ignore[assignment]
+        return self._counts  # type: ignore[return-value]
 
     def free_gpus(self) -> int:
-        return sum(size * len(node.free[size]) for node in self.nodes.values()
-                   for size in CHUNK_SIZES)
+        return sum(n * size for n, size in zip(self.chunk_counts(), CHUNK_SIZES, strict=True))
 
     # -- allocation ----------------------------------------------------------------
     def reserve(self, action_id: str, service: str, k: int) -> GpuLease | None:
@@ -128,6 +139,7 @@ class GpuManager:
         return lease
 
     def _carve(self, node: GpuNode, start: int, size: int, sub: int, k: int) -> None:
+        self._counts = None
         node.free[size].discard(start)
         while size > k:  # split, keeping the half that holds ``sub``
             size //= 2
@@ -170,6 +182,7 @@ class GpuManager:
         if self._live.get(lease.action_id) is not lease:
             return
         del self._live[lease.action_id]
+        self._counts = None
         node = self.nodes[lease.node]
         start, size = lease.start, lease.size
         while size < 8:

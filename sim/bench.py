@@ -1,0 +1,107 @@
+"""Benchmarks (not timed tests): ``tangram bench scheduler`` and ``tangram bench simulate``.
+
+The scheduler benchmark queues 2,048 actions at once and drives the core in
+virtual time until every one has run, timing every core call (each call is one
+scheduling pass plus its bookkeeping) with ``perf_counter``.
+"""
+
+from __future__ import annotations
+
+import heapq
+import os
+import time
+from collections.abc import Iterator
+
+import numpy as np
+
+from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ServiceSpec
+from tangram.core import Tangram
+from tangram.model import Action, Demand, Elasticity
+
+
+def pin_one_core() -> int | None:
+    """Run on one core, as the targets are stated for one core."""
+    try:
+        core = min(os.sched_getaffinity(0))
+        os.sched_setaffinity(0, {core})
+        return core
+    except (AttributeError, OSError):
+        return None
+
+
+def cpu_scenario(n: int, rng: np.random.Generator) -> tuple[ClusterSpec, list[Action]]:
+    cluster = ClusterSpec(cpu_nodes=(CpuNodeSpec("cpu0", 256, 2, 2400.0),))
+    actions = []
+    for i in range(n):
+        if rng.random() < 0.2:
+            hi = int(rng.integers(1, 33))
+            actions.append(Action(
+                f"a{i}", "coding", f"j{i}", "test_run", {"cpu": Demand.range(1, hi)},
+                elastic="cpu", t1_s=float(rng.uniform(5, 120)),
+                elasticity=Elasticity.amdahl(float(rng.uniform(0.8, 0.98)))))
+        else:
+            actions.append(Action(f"a{i}", "coding", f"j{i}", "shell", {"cpu": Demand.fixed(1)},
+                                  t1_s=float(10 ** rng.uniform(-3, np.log10(2)))))
+    return cluster, actions
+
+
+def gpu_scenario(n: int, rng: np.random.Generator) -> tuple[ClusterSpec, list[Action]]:
+    services = tuple(ServiceSpec(f"svc{k}", float(rng.choice([16, 30, 60, 120]))) for k in range(12))
+    cluster = ClusterSpec(gpu_nodes=tuple(GpuNodeSpec(f"gpu{k}", 8, 141.0) for k in range(5)),
+                          services=services, restore_gbps=25.0)
+    actions = []
+    for i in range(n):
+        svc = services[int(rng.integers(0, 12))]
+        choices = [c for c in (1, 2, 4, 8) if svc.size_gb / c <= 141.0 * 0.8]
+        actions.append(Action(
+            f"a{i}", "mopd", f"j{i}", "teacher_logprob", {"gpu": Demand.discrete(choices)},
+            elastic="gpu", t1_s=float(rng.uniform(0.5, 20)),
+            elasticity=Elasticity.amdahl(float(rng.uniform(0.7, 0.95))), service=svc.name))
+    return cluster, actions
+
+
+def run_scheduler_scenario(name: str, cluster: ClusterSpec, actions: list[Action]) -> dict:
+    core = Tangram(cluster)
+    for a in actions:
+        core.open_trajectory(a.trajectory, a.task, mem_gb=1.0)
+    call_us: list[float] = []
+    heap: list[tuple[float, int, str]] = []
+    seq = 0
+    dispatched = 0
+
+    def timed(fn, *args) -> None:
+        nonlocal seq, dispatched
+        t0 = time.perf_counter()
+        out = fn(*args)
+        call_us.append((time.perf_counter() - t0) * 1e6)
+        dispatched += len(out)
+        for d in out:
+            seq += 1
+            dur = (d.action.duration(d.units) or 0.0) + d.lease.restore_s
+            heapq.heappush(heap, (d.start_s + dur, seq, d.action.id))
+
+    for a in actions:
+        timed(core.submit, a, 0.0)
+    while heap:
+        t, _, aid = heapq.heappop(heap)
+        timed(core.finish, aid, t)
+    arr = np.asarray(call_us)
+    return {
+        "scenario": name,
+        "actions": len(actions),
+        "dispatched": dispatched,
+        "calls": len(call_us),
+        "pass_p50_us": round(float(np.percentile(arr, 50)), 1),
+        "pass_p99_us": round(float(np.percentile(arr, 99)), 1),
+        "pass_max_us": round(float(arr.max()), 1),
+        "dispatch_per_s": round(dispatched / (arr.sum() / 1e6), 1),
+    }
+
+
+def scheduler_bench(n: int = 2048, seed: int = 0) -> Iterator[dict]:
+    core = pin_one_core()
+    for name, build in (("cpu-node-256c", cpu_scenario), ("gpu-5x8-12svc", gpu_scenario)):
+        cluster, actions = build(n, np.random.default_rng(seed))
+        out = run_scheduler_scenario(name, cluster, actions)
+        out["pinned_core"] = core
+        yield out

@@ -1,0 +1,339 @@
+"""The trace format: one row per action, closed loop (schema_version 1).
+
+A trajectory is its rows in ``seq`` order: think (LLM generation) for
+``think_s``, submit the action, wait for it, think again, ... Units are in the
+column names. Feasible sets are strings: ``"4"`` (fixed), ``"1-32"`` (range),
+``"1,2,4,8"`` (discrete), ``""`` (not needed).
+
+Files carry a header with the schema version: Parquet as key-value metadata
+``tangram.schema_version``; CSV as a first line ``# tangram-trace
+schema_version=1``; JSONL as a first object ``{"tangram_trace": true,
+"schema_version": 1}``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from tangram.model import Action, Demand, Elasticity
+
+SCHEMA_VERSION = 1
+
+#: column -> (kind, required, default, meaning)
+COLUMNS: dict[str, tuple[str, bool, Any, str]] = {
+    "task": ("str", True, None, "RL job the trajectory belongs to"),
+    "trajectory": ("str", True, None, "rollout id, unique across the trace"),
+    "seq": ("int", True, None, "order of the action within its trajectory (0, 1, ...)"),
+    "kind": ("str", True, None, "shell, file_edit, test_run, search, fetch_page, reward_judge, ..."),
+    "think_s": ("float", True, None, "LLM generation before this action (s)"),
+    "t1_s": ("float", True, None, "execution time on one unit of the key resource (s)"),
+    "cpu_cores": ("set", False, "", "feasible core counts ('' for none)"),
+    "mem_gb": ("float", False, 0.0, "memory of the trajectory's environment (GB)"),
+    "gpus": ("set", False, "", "feasible GPU counts, powers of two ('' for none)"),
+    "elastic": ("str", False, "", "key elastic resource: '', 'cpu' or 'gpu'"),
+    "parallel_fraction": ("float", False, math.nan, "Amdahl parallel fraction of E(m) (NaN: none)"),
+    "profiled": ("bool", False, False, "whether the scheduler is told t1_s and E(m) in advance"),
+    "service": ("str", False, "", "GPU service (model) the action calls"),
+    "quota_key": ("str", False, "", "API quota the action consumes ('' for none)"),
+    "quota_units": ("float", False, 1.0, "units of quota_key per call"),
+    "setup_s": ("float", False, 0.0, "fixed setup time paid before the action runs (s)"),
+    "timeout_s": ("float", False, 0.0, "kill after this long (0: no timeout) (s)"),
+    "command": ("str", False, "", "command line for live replay (tangram run)"),
+}
+
+
+class TraceError(ValueError):
+    """A trace is malformed; ``problems`` lists every problem found."""
+
+    def __init__(self, problems: list[str]) -> None:
+        self.problems = problems
+        shown = problems[:50]
+        more = f"\n  ... and {len(problems) - 50} more" if len(problems) > 50 else ""
+        super().__init__(f"invalid trace ({len(problems)} problem(s)):\n  " + "\n  ".join(shown) + more)
+
+
+def parse_set(spec: Any) -> Demand | None:
+    """``"4"``, ``"1-32"``, ``"1,2,4,8"`` or ``""`` -> Demand (None for empty)."""
+    if spec is None or (isinstance(spec, float) and math.isnan(spec)):
+        return None
+    text = str(spec).strip()
+    if not text:
+        return None
+    if isinstance(spec, int | float) and not isinstance(spec, bool):
+        return Demand.fixed(float(spec) if spec != int(spec) else int(spec))
+    if "-" in text and "," not in text:
+        lo, hi = text.split("-", 1)
+        return Demand.range(int(lo), int(hi))
+    vals = [float(v) if "." in v else int(v) for v in text.split(",")]
+    return Demand.discrete(vals)
+
+
+def format_set(demand: Demand | None) -> str:
+    if demand is None:
+        return ""
+    ch = demand.choices
+    if len(ch) > 2 and list(ch) == list(range(int(ch[0]), int(ch[-1]) + 1)):
+        return f"{int(ch[0])}-{int(ch[-1])}"
+    return ",".join(str(int(c)) if c == int(c) else str(c) for c in ch)
+
+
+# -- reading / writing ---------------------------------------------------------------------
+def _fmt(path: Path) -> str:
+    suffix = "".join(path.suffixes[-1:]).lower()
+    if suffix in (".parquet", ".pq"):
+        return "parquet"
+    if suffix == ".csv":
+        return "csv"
+    if suffix in (".jsonl", ".ndjson"):
+        return "jsonl"
+    raise TraceError([f"{path}: unknown trace format {suffix!r} (use .parquet, .csv or .jsonl)"])
+
+
+def read_raw(path: str | Path) -> tuple[pd.DataFrame, int | None]:
+    """The rows and the declared schema version, with no validation."""
+    path = Path(path)
+    if not path.exists():
+        raise TraceError([f"{path}: no such file"])
+    fmt = _fmt(path)
+    try:
+        if fmt == "parquet":
+            table = pq.read_table(path)
+            meta = table.schema.metadata or {}
+            raw = meta.get(b"tangram.schema_version")
+            return table.to_pandas(), int(raw) if raw is not None else None
+        if fmt == "csv":
+            with path.open() as f:
+                first = f.readline()
+            version = None
+            skip = 0
+            if first.startswith("#"):
+                skip = 1
+                for token in first[1:].split():
+                    if token.startswith("schema_version="):
+                        version = int(token.split("=", 1)[1])
+            df = pd.read_csv(path, skiprows=skip, dtype=str, keep_default_na=False)
+            return df, version
+        rows = []
+        version = None
+        with path.open() as f:
+            for lineno, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    obj = json.loads(line)
+                except json.JSONDecodeError as e:
+                    raise TraceError([f"{path}: line {lineno}: not JSON ({e.msg})"]) from None
+                if lineno == 1 and isinstance(obj, dict) and obj.get("tangram_trace"):
+                    version = obj.get("schema_version")
+                    continue
+                rows.append(obj)
+        return pd.DataFrame(rows), version
+    except TraceError:
+        raise
+    except Exception as e:  # a corrupt file: say which and why, no traceback
+        raise TraceError([f"{path}: cannot read as {fmt}: {e}"]) from None
+
+
+def write(df: pd.DataFrame, path: str | Path) -> Path:
+    """Write rows with the schema header, format from the extension."""
+    path = Path(path)
+    fmt = _fmt(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    df = df[list(COLUMNS)]
+    if fmt == "parquet":
+        table = pa.Table.from_pandas(df, preserve_index=False)
+        meta = dict(table.schema.metadata or {})
+        meta[b"tangram.schema_version"] = str(SCHEMA_VERSION).encode()
+        pq.write_table(table.replace_schema_metadata(meta), path, compression="zstd")
+    elif fmt == "csv":
+        with path.open("w") as f:
+            f.write(f"# tangram-trace schema_version={SCHEMA_VERSION}\n")
+            df.to_csv(f, index=False)
+    else:
+        with path.open("w") as f:
+            f.write(json.dumps({"tangram_trace": True, "schema_version": SCHEMA_VERSION}) + "\n")
+            for rec in df.to_dict(orient="records"):
+                f.write(json.dumps({k: (None if isinstance(v, float) and math.isnan(v) else v)
+                                    for k, v in rec.items()}) + "\n")
+    return path
+
+
+# -- validation ----------------------------------------------------------------------------
+def _coerce(df: pd.DataFrame, problems: list[str]) -> pd.DataFrame:
+    out = pd.DataFrame(index=df.index)
+    for col, (kind, required, default, _) in COLUMNS.items():
+        if col not in df.columns:
+            if required:
+                problems.append(f"column {col!r}: missing (required)")
+                continue
+            out[col] = default
+            continue
+        series = df[col]
+        if kind in ("float", "int"):
+            blank = series.astype(str).str.strip().isin(["", "None", "nan", "NaN"])
+            num = pd.to_numeric(series.where(~blank, np.nan), errors="coerce")
+            bad = num.isna() & ~blank
+            for row in series.index[bad][:20]:
+                problems.append(f"row {row + 1}, column {col!r}, value {series[row]!r}: "
+                                f"not a number")
+            if required or kind == "int":
+                for row in series.index[blank][:20]:
+                    problems.append(f"row {row + 1}, column {col!r}: empty")
+            else:
+                num = num.where(~blank, default)
+            if kind == "int":
+                frac = num.notna() & (num != num.round())
+                for row in series.index[frac][:20]:
+                    problems.append(f"row {row + 1}, column {col!r}, value {series[row]!r}: "
+                                    "not an integer")
+            out[col] = num
+        elif kind == "bool":
+            text = series.astype(str).str.strip().str.lower()
+            ok = text.isin(["true", "false", "1", "0", "", "1.0", "0.0"])
+            for row in series.index[~ok][:20]:
+                problems.append(f"row {row + 1}, column {col!r}, value {series[row]!r}: "
+                                "not a boolean")
+            out[col] = text.isin(["true", "1", "1.0"])
+        else:
+            out[col] = series.fillna("").astype(str).str.strip()
+            if col in ("cpu_cores", "gpus"):
+                out[col] = out[col].str.replace(r"\.0\b", "", regex=True)
+    return out
+
+
+def validate(df: pd.DataFrame, version: int | None = SCHEMA_VERSION) -> pd.DataFrame:
+    """Typed, checked rows sorted by trajectory and seq; TraceError lists every problem."""
+    problems: list[str] = []
+    if version is not None and version != SCHEMA_VERSION:
+        problems.append(f"schema_version: {version} is not supported (expected {SCHEMA_VERSION})")
+    if df.empty:
+        raise TraceError(problems + ["trace: has no rows"])
+    df = df.reset_index(drop=True)
+    out = _coerce(df, problems)
+    if any(p.startswith("column") for p in problems):
+        raise TraceError(problems)
+
+    def bad(mask: pd.Series, col: str, why: str) -> None:
+        for row in out.index[mask.fillna(False).astype(bool)][:20]:
+            problems.append(f"row {row + 1}, column {col!r}, value {df[col][row]!r}: {why}")
+
+    for col in ("task", "trajectory", "kind"):
+        bad(out[col] == "", col, "empty")
+    for col in ("think_s", "t1_s", "mem_gb", "setup_s", "timeout_s", "quota_units"):
+        bad(out[col] < 0, col, "negative")
+    bad(out["seq"] < 0, "seq", "negative")
+    pf = out["parallel_fraction"]
+    bad(pf.notna() & ((pf < 0) | (pf > 1)), "parallel_fraction", "must be in [0, 1]")
+    bad(~out["elastic"].isin(["", "cpu", "gpu"]), "elastic", "must be '', 'cpu' or 'gpu'")
+    for col in ("cpu_cores", "gpus"):
+        for row, spec in out[col].items():
+            try:
+                d = parse_set(spec)
+            except ValueError as e:
+                problems.append(f"row {row + 1}, column {col!r}, value {spec!r}: {e}")
+                continue
+            if d is not None and col == "gpus" and any(c not in (1, 2, 4, 8) for c in d.choices):
+                problems.append(f"row {row + 1}, column 'gpus', value {spec!r}: "
+                                "GPU counts must be 1, 2, 4 or 8")
+    bad((out["elastic"] == "cpu") & (out["cpu_cores"] == ""), "elastic",
+        "elastic on cpu but cpu_cores is empty")
+    bad((out["elastic"] == "gpu") & (out["gpus"] == ""), "elastic",
+        "elastic on gpu but gpus is empty")
+    bad((out["gpus"] != "") & (out["service"] == ""), "service", "a GPU action must name a service")
+    bad((out["elastic"] != "") & out["parallel_fraction"].isna(), "parallel_fraction",
+        "an elastic action needs its parallel fraction")
+    dup = out.duplicated(["trajectory", "seq"], keep="first")
+    bad(dup, "seq", "duplicated within its trajectory")
+    tasks = out.groupby("trajectory")["task"].nunique()
+    for traj in tasks.index[tasks > 1][:20]:
+        problems.append(f"trajectory {traj!r}: rows name more than one task")
+    if problems:
+        raise TraceError(problems)
+    out["seq"] = out["seq"].astype(int)
+    return out.sort_values(["trajectory", "seq"], kind="stable").reset_index(drop=True)
+
+
+def load(path: str | Path) -> pd.DataFrame:
+    df, version = read_raw(path)
+    try:
+        return validate(df, version)
+    except TraceError as e:
+        raise TraceError([f"{path}: {p}" for p in e.problems]) from None
+
+
+# -- to actions ----------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Step:
+    """One action of a trajectory as a driver replays it."""
+
+    think_s: float
+    action: Action
+
+
+@dataclass(frozen=True, slots=True)
+class TrajectorySpec:
+    id: str
+    task: str
+    mem_gb: float
+    steps: tuple[Step, ...]
+
+
+def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]:
+    """Turn validated rows into the actions the core schedules.
+
+    The scheduler sees ``t1_s`` and E(m) only for profiled rows (paper: only
+    reward computations are profiled); the true values always travel in the
+    payload, which the simulated backend reads to model execution.
+    """
+    cols = {c: df[c].to_numpy() for c in COLUMNS}
+    n = len(df)
+    start = 0
+    while start < n:
+        traj = cols["trajectory"][start]
+        end = start
+        while end < n and cols["trajectory"][end] == traj:
+            end += 1
+        steps = []
+        for i in range(start, end):
+            cost: dict[str, Demand] = {}
+            cpu = parse_set(cols["cpu_cores"][i])
+            gpu = parse_set(cols["gpus"][i])
+            if gpu is not None:
+                cost["gpu"] = gpu
+            elif cpu is not None:
+                cost["cpu"] = cpu
+            if cols["quota_key"][i]:
+                key = cols["quota_key"][i]
+                key = key if key.startswith("quota:") or key == "net_mbps" else f"quota:{key}"
+                cost[key] = Demand.fixed(float(cols["quota_units"][i]))
+            elastic = cols["elastic"][i] or None
+            pf = float(cols["parallel_fraction"][i])
+            true_e = Elasticity.amdahl(pf) if not math.isnan(pf) else None
+            profiled = bool(cols["profiled"][i])
+            payload = {
+                "t1_s": float(cols["t1_s"][i]),
+                "parallel_fraction": None if math.isnan(pf) else pf,
+                "setup_s": float(cols["setup_s"][i]),
+                "timeout_s": float(cols["timeout_s"][i]),
+                "command": cols["command"][i],
+            }
+            aid = f"{prefix}{traj}#{int(cols['seq'][i])}"
+            steps.append(Step(float(cols["think_s"][i]), Action(
+                aid, str(cols["task"][i]), f"{prefix}{traj}", str(cols["kind"][i]), cost,
+                elastic=elastic,
+                t1_s=float(cols["t1_s"][i]) if profiled else None,
+                elasticity=true_e if profiled else None,
+                service=cols["service"][i] or None, payload=payload)))
+        mem = float(np.max(cols["mem_gb"][start:end])) if end > start else 0.0
+        yield TrajectorySpec(f"{prefix}{traj}", str(cols["task"][start]), mem, tuple(steps))
+        start = end
