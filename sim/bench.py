@@ -105,3 +105,30 @@ def scheduler_bench(n: int = 2048, seed: int = 0) -> Iterator[dict]:
         out = run_scheduler_scenario(name, cluster, actions)
         out["pinned_core"] = core
         yield out
+
+
+def simulate_bench(trajectories_n: int = 2048, seed: int = 0) -> dict:
+    """One paper-scale AI-coding RL step on the paper's CPU cluster, timed end to end."""
+    from sim.cluster import load_cluster
+    from sim.driver import SimConfig, simulate
+    from traces.generate import generate
+    from traces.schema import validate
+
+    core_id = pin_one_core()
+    t0 = time.perf_counter()
+    df = validate(generate("coding", trajectories_n, seed))
+    gen_s = time.perf_counter() - t0
+    result = simulate(df, load_cluster("paper"), SimConfig(policy="tangram", seed=seed))
+    n = result.summary["actions"]
+    core_s = result.summary["core_s"]
+    return {
+        "scenario": f"coding-{trajectories_n}x~30-paper-cluster",
+        "actions": n,
+        "generate_s": round(gen_s, 2),
+        "sim_wall_s": round(result.wall_s, 2),
+        "core_s": round(core_s, 2),
+        "sim_us_per_action_excl_scheduler": round((result.wall_s - core_s) / n * 1e6, 1),
+        "core_us_per_action": round(core_s / n * 1e6, 1),
+        "act_mean_s": round(result.summary["act_mean_s"], 3),
+        "pinned_core": core_id,
+    }

@@ -61,6 +61,7 @@ class Tangram:
         self.queued: dict[str, Pending] = {}
         self.running: dict[str, Running] = {}
         self._mean: dict[tuple[str, str], tuple[int, float]] = {}
+        self._t1_mean: dict[tuple[str, str], tuple[int, float]] = {}
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cluster.cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
@@ -122,10 +123,10 @@ class Tangram:
                         raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
                                          f"limit {spec.limit}")
         if action.min("gpu") > 0:
-            for u in action.cost["gpu"].choices:
-                why = self.gpu.check(action.service or "", int(u))
-                if why and u == action.min("gpu"):
-                    raise ValueError(why)
+            reasons = [self.gpu.check(action.service or "", int(u))
+                       for u in action.cost["gpu"].choices]
+            if all(reasons):  # no feasible GPU count can serve it
+                raise ValueError(reasons[-1])
         elif action.min("cpu") > 0:
             need = action.min("cpu")
             if need != int(need):
@@ -209,9 +210,10 @@ class Tangram:
     # -- estimates ---------------------------------------------------------------------
     def estimate(self, p: Pending) -> float:
         """Expected duration at the minimum: profiled T1, else the running mean."""
-        d = p.action.duration(p.key_min) if p.action.t1_s is not None else None
-        if d is not None:
-            return d
+        if p.durations:
+            return p.durations[p.key_min]
+        if p.action.t1_s is not None:
+            return p.action.duration(p.key_min)  # type: ignore[return-value]
         mean = self._mean.get((p.action.task, p.action.kind))
         return mean[1] if mean else self.default_duration_s
 
@@ -219,6 +221,10 @@ class Tangram:
         key = (action.task, action.kind)
         n, mean = self._mean.get(key, (0, 0.0))
         self._mean[key] = (n + 1, mean + (elapsed - mean) / (n + 1))
+        if action.elasticity is not None and action.elastic:
+            t1 = elapsed * action.elasticity.efficiency(units) * units  # back to one unit
+            n, mean = self._t1_mean.get(key, (0, 0.0))
+            self._t1_mean[key] = (n + 1, mean + (t1 - mean) / (n + 1))
 
     # -- internals ---------------------------------------------------------------------
     def _trajectory_mem(self, action: Action) -> float:
@@ -231,11 +237,20 @@ class Tangram:
         if pool.key is None:
             return Pending(action, now, 0, quotas)
         sched = pool.scheduler or self.scheduler
-        choices = pool.unit_choices(action) if action.elastic == pool.key else ()
-        if not choices:
-            return Pending(action, now, int(action.min(pool.key)), quotas)
-        elastic = action.schedulable_elastic and sched.elastic_enabled and len(choices) > 1
-        durations = {u: action.duration(u) for u in choices} if elastic else {}
+        choices = pool.unit_choices(action)
+        if action.elastic != pool.key or not choices:
+            return Pending(action, now, int(choices[0] if choices else action.min(pool.key)),
+                           quotas)
+        t1 = action.t1_s
+        if t1 is None and action.elasticity is not None:
+            # Beyond the paper: an unprofiled elastic action whose E(m) is known gets
+            # T1 from the running mean of its (task, kind), once one has completed.
+            learned = self._t1_mean.get((action.task, action.kind))
+            t1 = learned[1] if learned else None
+        elastic = (t1 is not None and action.elasticity is not None and len(choices) > 1
+                   and sched.elastic_enabled)
+        durations = ({u: t1 / (action.elasticity.efficiency(u) * u) for u in choices}
+                     if elastic else {})
         return Pending(action, now, sched.min_units(choices), quotas,
                        elastic=elastic, choices=choices, durations=durations)
 
@@ -288,8 +303,8 @@ class Tangram:
         out = []
         for p, lease in granted:
             del self.queued[p.action.id]
-            expected = (p.action.duration(lease.units) if p.action.t1_s is not None
-                        else self.estimate(p))
+            expected = p.durations.get(lease.units) or (
+                p.action.duration(lease.units) if p.action.t1_s is not None else self.estimate(p))
             d = Dispatch(p.action, lease, p.submit_s, now, expected, decision_s)
             self.running[p.action.id] = Running(d, pool, p)
             pool.running[p.action.id] = (now + lease.restore_s + (expected or 0.0), lease.units)

@@ -8,6 +8,7 @@ back into the core. Completed actions are kept as :class:`Record` rows (the
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
@@ -73,6 +74,8 @@ class Runtime:
         self._callbacks: dict[str, ResultCallback] = {}
         self._wakeup: Timer | None = None
         self._wakeup_at: float | None = None
+        #: wall seconds spent inside the core (submit / finish / poll / close)
+        self.core_s = 0.0
 
     def open_trajectory(self, trajectory: str, task: str = "default",
                         mem_gb: float | None = None) -> None:
@@ -83,7 +86,11 @@ class Runtime:
 
     def submit(self, action: Action, on_result: ResultCallback | None = None) -> None:
         """Queue ``action``; ``on_result`` is called once when it ends."""
-        dispatches = self.core.submit(action, self.clock.now())
+        t0 = time.perf_counter()
+        try:
+            dispatches = self.core.submit(action, self.clock.now())
+        finally:
+            self.core_s += time.perf_counter() - t0
         if on_result is not None:
             self._callbacks[action.id] = on_result
         self._launch(dispatches)
@@ -127,7 +134,9 @@ class Runtime:
                 outcome.exit_code, d.expected_s,
             )
             self.records.append(rec)
+            t0 = time.perf_counter()
             next_dispatches = self.core.finish(d.action.id, now, outcome)
+            self.core_s += time.perf_counter() - t0
             cb = self._callbacks.pop(d.action.id, None)
             if cb:
                 cb(rec, outcome)

@@ -180,7 +180,7 @@ def _coerce(df: pd.DataFrame, problems: list[str]) -> pd.DataFrame:
             continue
         series = df[col]
         if kind in ("float", "int"):
-            blank = series.astype(str).str.strip().isin(["", "None", "nan", "NaN"])
+            blank = series.isna() | series.astype(str).str.strip().isin(["", "None", "nan", "NaN"])
             num = pd.to_numeric(series.where(~blank, np.nan), errors="coerce")
             bad = num.isna() & ~blank
             for row in series.index[bad][:20]:
@@ -198,7 +198,7 @@ def _coerce(df: pd.DataFrame, problems: list[str]) -> pd.DataFrame:
                                     "not an integer")
             out[col] = num
         elif kind == "bool":
-            text = series.astype(str).str.strip().str.lower()
+            text = series.fillna("").astype(str).str.strip().str.lower()
             ok = text.isin(["true", "false", "1", "0", "", "1.0", "0.0"])
             for row in series.index[~ok][:20]:
                 problems.append(f"row {row + 1}, column {col!r}, value {series[row]!r}: "
@@ -291,9 +291,10 @@ class TrajectorySpec:
 def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]:
     """Turn validated rows into the actions the core schedules.
 
-    The scheduler sees ``t1_s`` and E(m) only for profiled rows (paper: only
-    reward computations are profiled); the true values always travel in the
-    payload, which the simulated backend reads to model execution.
+    The scheduler sees ``t1_s`` only for profiled rows (paper: only reward
+    computations are profiled); E(m) is a property of the action's kind
+    (pytest-xdist scales the same way for every suite) and is always given.
+    The true values travel in the payload, which the simulated backend reads.
     """
     cols = {c: df[c].to_numpy() for c in COLUMNS}
     n = len(df)
@@ -332,7 +333,7 @@ def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]
                 aid, str(cols["task"][i]), f"{prefix}{traj}", str(cols["kind"][i]), cost,
                 elastic=elastic,
                 t1_s=float(cols["t1_s"][i]) if profiled else None,
-                elasticity=true_e if profiled else None,
+                elasticity=true_e,
                 service=cols["service"][i] or None, payload=payload)))
         mem = float(np.max(cols["mem_gb"][start:end])) if end > start else 0.0
         yield TrajectorySpec(f"{prefix}{traj}", str(cols["task"][start]), mem, tuple(steps))

@@ -1,0 +1,161 @@
+"""Run outputs shared by `tangram simulate` and `tangram run`.
+
+* ``summary.json``: headline metrics (ACT, queueing, execution, step time,
+  utilisation per resource, per-kind and per-category breakdowns)
+* ``actions.parquet``: one row per action
+* ``trace.json``: Chrome trace format (open in Perfetto / chrome://tracing)
+* ``utilisation.parquet``: allocated units per resource over time
+* ``config.json``: the resolved configuration of the run
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from tangram.runtime import Record
+
+REWARD_KINDS = ("reward", "teacher")
+SEARCH_KINDS = ("search", "fetch_page")
+
+
+def category(kind: str) -> str:
+    """Coarse time-breakdown bucket of an action kind (paper Fig. 7)."""
+    if kind.startswith(REWARD_KINDS):
+        return "reward"
+    if kind in SEARCH_KINDS:
+        return "search"
+    return "env"
+
+
+def records_frame(records: Iterable[Record]) -> pd.DataFrame:
+    df = pd.DataFrame([asdict(r) for r in records])
+    if df.empty:
+        df = pd.DataFrame(columns=list(Record.__dataclass_fields__))
+    df["queue_s"] = df["start_s"] - df["submit_s"]
+    df["exec_s"] = df["end_s"] - df["start_s"]
+    df["act_s"] = df["end_s"] - df["submit_s"]
+    df["category"] = df["kind"].map(category)
+    return df
+
+
+def _stats(s: pd.Series) -> dict[str, float]:
+    if s.empty:
+        return {"mean": 0.0, "p50": 0.0, "p99": 0.0}
+    return {"mean": float(s.mean()), "p50": float(s.quantile(0.5)), "p99": float(s.quantile(0.99))}
+
+
+def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
+              utilisation: pd.DataFrame | None, steps: list[dict[str, float]],
+              extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    act, queue, exe = _stats(df["act_s"]), _stats(df["queue_s"]), _stats(df["exec_s"])
+    makespan = float(df["end_s"].max() - min(df["submit_s"].min(), 0.0)) if len(df) else 0.0
+    out: dict[str, Any] = {
+        "policy": policy,
+        "actions": int(len(df)),
+        "trajectories": int(df["trajectory"].nunique()) if len(df) else 0,
+        "act_mean_s": act["mean"], "act_p50_s": act["p50"], "act_p99_s": act["p99"],
+        "queue_mean_s": queue["mean"], "queue_p99_s": queue["p99"],
+        "exec_mean_s": exe["mean"],
+        "restore_mean_s": float(df["restore_s"].mean()) if len(df) else 0.0,
+        "overhead_mean_s": float(df["overhead_s"].mean()) if len(df) else 0.0,
+        "decision_mean_us": float(df["decision_us"].mean()) if len(df) else 0.0,
+        "failed": int((df["status"] != "ok").sum()) if len(df) else 0,
+        "timeouts": int((df["status"] == "timeout").sum()) if len(df) else 0,
+        "makespan_s": makespan,
+        "step_time_s": float(np.mean([s["step_s"] for s in steps])) if steps else makespan,
+        "rollout_s": float(np.mean([s["rollout_s"] for s in steps])) if steps else makespan,
+        "steps": steps,
+    }
+    util: dict[str, dict[str, float]] = {}
+    busy_units = (df["units"] * (df["exec_s"] - df["restore_s"])).where(df["status"] == "ok", 0)
+    for res, cap in capacity.items():
+        if not cap or math.isinf(cap):
+            continue
+        entry: dict[str, float] = {"capacity": float(cap)}
+        if utilisation is not None and res in utilisation and len(utilisation) > 1:
+            t = utilisation["t_s"].to_numpy()
+            u = utilisation[res].to_numpy()
+            span = t[-1] - t[0]
+            entry["allocated"] = float(np.sum(u[:-1] * np.diff(t)) / (cap * span)) if span else 0.0
+        if res in ("cpu", "gpu") and makespan:
+            mask = df["cores"].astype(bool) if res == "cpu" else df["gpus"].astype(bool)
+            entry["busy"] = float(busy_units[mask].sum() / (cap * makespan))
+        util[res] = entry
+    out["utilisation"] = util
+    out["per_kind"] = {
+        kind: {"count": int(len(g)), "act_mean_s": float(g["act_s"].mean()),
+               "queue_mean_s": float(g["queue_s"].mean()), "exec_mean_s": float(g["exec_s"].mean()),
+               "units_mean": float(g["units"].mean())}
+        for kind, g in df.groupby("kind")
+    }
+    out["per_category"] = {
+        cat: {"count": int(len(g)), "act_mean_s": float(g["act_s"].mean()),
+              "act_sum_s": float(g["act_s"].sum()),
+              "per_trajectory_s": float(g.groupby("trajectory")["act_s"].sum().mean())}
+        for cat, g in df.groupby("category")
+    }
+    if extra:
+        out.update(extra)
+    return out
+
+
+def chrome_trace(df: pd.DataFrame) -> dict[str, Any]:
+    """Execution slices: one process per node (or 'api'), one thread per first unit."""
+    events: list[dict[str, Any]] = []
+    lanes: dict[str, list[float]] = {}
+    for r in df.sort_values("start_s").itertuples(index=False):
+        pid = r.node or "api"
+        if r.cores:
+            tid = f"core {str(r.cores).split(',')[0]}"
+        elif r.gpus:
+            tid = f"gpu {str(r.gpus).split(',')[0]}"
+        else:  # first free lane
+            ends = lanes.setdefault(pid, [])
+            lane = next((i for i, e in enumerate(ends) if e <= r.start_s), len(ends))
+            if lane == len(ends):
+                ends.append(r.end_s)
+            else:
+                ends[lane] = r.end_s
+            tid = f"lane {lane}"
+        events.append({
+            "name": r.kind, "cat": r.category, "ph": "X", "pid": pid, "tid": tid,
+            "ts": round(r.start_s * 1e6, 1), "dur": round(max(r.end_s - r.start_s, 0) * 1e6, 1),
+            "args": {"action": r.action_id, "trajectory": r.trajectory, "units": int(r.units),
+                     "queue_s": round(r.queue_s, 6), "restore_s": round(r.restore_s, 6),
+                     "status": r.status},
+        })
+    return {"traceEvents": events, "displayTimeUnit": "ms"}
+
+
+def write_run(out: str | Path, df: pd.DataFrame, summary: Mapping[str, Any],
+              config: Mapping[str, Any], utilisation: pd.DataFrame | None = None) -> Path:
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    df.to_parquet(out / "actions.parquet", index=False)
+    if utilisation is not None:
+        utilisation.to_parquet(out / "utilisation.parquet", index=False)
+    with (out / "trace.json").open("w") as f:
+        json.dump(chrome_trace(df), f, separators=(",", ":"))
+    return out
+
+
+def load_run(run_dir: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
+    """summary.json and actions.parquet of one run directory."""
+    run_dir = Path(run_dir)
+    summary_path = run_dir / "summary.json"
+    if not summary_path.exists():
+        raise FileNotFoundError(f"{run_dir}: no summary.json (not a tangram run directory)")
+    summary = json.loads(summary_path.read_text())
+    actions = run_dir / "actions.parquet"
+    df = pd.read_parquet(actions) if actions.exists() else pd.DataFrame()
+    return summary, df

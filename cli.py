@@ -1,0 +1,214 @@
+"""The `tangram` command."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(
+    help="Tangram: action-level scheduling of the external resources of agentic RL "
+         "(CPU sandboxes, GPU reward/teacher models, rate-limited APIs).",
+    no_args_is_help=True, add_completion=False, pretty_exceptions_enable=False)
+trace_app = typer.Typer(help="Validate and generate workload traces.", no_args_is_help=True)
+bench_app = typer.Typer(help="Benchmarks that print their figures as JSON lines.",
+                        no_args_is_help=True)
+image_app = typer.Typer(help="The local Docker image the docker backend runs in.",
+                        no_args_is_help=True)
+app.add_typer(trace_app, name="trace")
+app.add_typer(bench_app, name="bench")
+app.add_typer(image_app, name="image")
+
+out_console = Console()
+err = Console(stderr=True)
+
+SAMPLES = Path(__file__).parent / "traces" / "samples"
+
+
+def fail(message: str, code: int = 2) -> None:
+    """Report a user error without a traceback."""
+    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    raise typer.Exit(code)
+
+
+def _default_trace() -> Path:
+    return SAMPLES / "coding.parquet"
+
+
+@app.command()
+def simulate(
+    trace: Annotated[Path | None, typer.Option(
+        help="Trace (.parquet/.csv/.jsonl). Default: the shipped AI-coding sample.")] = None,
+    cluster: Annotated[str | None, typer.Option(
+        help="Cluster YAML, or a built-in name (default, paper).")] = None,
+    policy: Annotated[str, typer.Option(help="Scheduling policy; see `tangram policies`.")] = "tangram",
+    out: Annotated[Path | None, typer.Option(help="Output directory (default runs/<trace>-<policy>).")] = None,
+    seed: Annotated[int, typer.Option(help="Seed of the modelled overheads.")] = 0,
+    steps: Annotated[int, typer.Option(min=1, help="RL steps: the trace's batch replayed N times.")] = 1,
+    train_s: Annotated[float, typer.Option(min=0, help="Training time per RL step (s).")] = 0.0,
+    asynchronous: Annotated[bool, typer.Option("--async", help="Overlap training with the next rollout.")] = False,
+    depth: Annotated[int, typer.Option(min=0, help="Alg. 1 depth (remaining actions that explore).")] = 2,
+    pod_cores: Annotated[int, typer.Option(min=1, help="k8s/baseline: cores per trajectory pod.")] = 4,
+    gpu_dop: Annotated[int | None, typer.Option(help="static/serverless: GPUs per instance.")] = None,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table.")] = False,
+) -> None:
+    """Simulate a trace on a cluster under one policy (virtual time, same scheduler as live).
+
+    Writes summary.json, actions.parquet, trace.json (Chrome/Perfetto), utilisation.parquet
+    and config.json to --out.
+    """
+    from analysis.outputs import write_run
+    from sim.cluster import load_cluster
+    from sim.driver import SimConfig
+    from sim.driver import simulate as run_sim
+    from tangram.cluster import ClusterError
+    from traces.schema import TraceError, load
+
+    trace = trace or _default_trace()
+    try:
+        spec = load_cluster(cluster)
+        df = load(trace)
+    except (TraceError, ClusterError) as e:
+        fail(str(e))
+    options = {"pod_cores": pod_cores}
+    if gpu_dop:
+        options["gpu_dop"] = gpu_dop
+    cfg = SimConfig(policy=policy, seed=seed, steps=steps, train_s=train_s,
+                    asynchronous=asynchronous, depth=depth, options=options)
+    out = out or Path("runs") / f"{trace.stem}-{policy.replace(':', '')}"
+    try:
+        result = _with_progress(lambda cb: run_sim(df, spec, cfg, progress=cb), quiet,
+                                f"simulating {trace.name} under {policy}")
+    except ValueError as e:
+        fail(str(e))
+    config = {"trace": str(trace), "cluster": spec.to_dict(), "sim": {
+        "policy": policy, "seed": seed, "steps": steps, "train_s": train_s,
+        "asynchronous": asynchronous, "depth": depth, "options": options}}
+    result.summary["sim_wall_s"] = result.wall_s
+    write_run(out, result.frame, result.summary, config, result.utilisation)
+    if not quiet:
+        _print_summary(result.summary)
+    out_console.print(f"wrote {out}/ (summary.json, actions.parquet, trace.json)")
+
+
+def _with_progress(work, quiet: bool, label: str):
+    if quiet:
+        return work(None)
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+
+    with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
+                  TimeElapsedColumn(), console=err, transient=True) as bar:
+        task = bar.add_task(label, total=None)
+
+        def cb(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return work(cb)
+
+
+def _print_summary(s: dict) -> None:
+    table = Table(title=f"policy {s['policy']}: {s['actions']} actions, "
+                        f"{s['trajectories']} trajectories")
+    table.add_column("metric")
+    table.add_column("value", justify="right")
+    for key in ("act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s", "exec_mean_s",
+                "step_time_s", "restore_mean_s", "failed"):
+        v = s[key]
+        table.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
+    for res, u in s["utilisation"].items():
+        busy = f" busy {u['busy']:.1%}" if "busy" in u else ""
+        table.add_row(f"utilisation {res}", f"alloc {u.get('allocated', 0):.1%}{busy}")
+    out_console.print(table)
+
+
+@app.command()
+def policies() -> None:
+    """List the scheduling policies `simulate --policy` accepts."""
+    from sim.baselines import POLICIES
+
+    table = Table()
+    table.add_column("policy")
+    table.add_column("what it models")
+    for name, (what, _) in POLICIES.items():
+        table.add_row(name, what)
+    out_console.print(table)
+
+
+@trace_app.command("validate")
+def trace_validate(path: Path, cluster: Annotated[str | None, typer.Option(
+        help="Also check that every action fits this cluster (YAML or built-in name).")] = None) -> None:
+    """Exit 0 when PATH is a valid trace; else exit 2 listing every problem."""
+    from sim.baselines import make_core
+    from sim.cluster import load_cluster
+    from sim.driver import check_trace
+    from tangram.cluster import ClusterError
+    from traces.schema import TraceError, load, trajectories
+
+    try:
+        df = load(path)
+        if cluster:
+            spec = load_cluster(cluster)
+            problems = check_trace(make_core("tangram", spec), list(trajectories(df)))
+            if problems:
+                raise TraceError(problems)
+    except (TraceError, ClusterError) as e:
+        fail(str(e))
+    out_console.print(f"{path}: valid ({len(df)} actions, {df['trajectory'].nunique()} trajectories)")
+
+
+@trace_app.command("generate")
+def trace_generate(
+    workload: Annotated[str, typer.Option(help="coding | deepsearch | mopd | mixed")],
+    out: Annotated[Path, typer.Option(help="Output file; format from the extension.")],
+    trajectories: Annotated[int, typer.Option(min=1, help="Trajectories in the batch.")] = 256,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+) -> None:
+    """Generate a calibrated synthetic trace (sources in traces/README.md)."""
+    from traces.generate import generate
+    from traces.schema import TraceError, write
+
+    try:
+        df = generate(workload, trajectories, seed)
+        write(df, out)
+    except (ValueError, TraceError) as e:
+        fail(str(e))
+    out_console.print(f"wrote {out} ({len(df)} actions, {trajectories} trajectories)")
+
+
+@bench_app.command("scheduler")
+def bench_scheduler(
+    actions: Annotated[int, typer.Option(help="Queued actions per scenario.")] = 2048,
+    seed: int = 0,
+) -> None:
+    """Scheduling pass latency and dispatch throughput on one core (JSON lines)."""
+    from sim.bench import scheduler_bench
+
+    for row in scheduler_bench(actions, seed):
+        print(json.dumps(row), flush=True)
+
+
+@bench_app.command("simulate")
+def bench_simulate(
+    trajectories: Annotated[int, typer.Option(help="Trajectories in the AI-coding batch.")] = 2048,
+    seed: int = 0,
+) -> None:
+    """Wall time of one paper-scale AI-coding step on the paper's CPU cluster (JSON)."""
+    from sim.bench import simulate_bench
+
+    print(json.dumps(simulate_bench(trajectories, seed)), flush=True)
+
+
+def main() -> None:
+    try:
+        app()
+    except KeyboardInterrupt:
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()
