@@ -1,0 +1,28 @@
+# The two quick-start commands (README): `make simulate` and `make test`.
+# Both create .venv and install Tangram into it on first use.
+VENV ?= .venv
+PYTHON ?= python3
+STAMP := $(VENV)/.installed
+
+.PHONY: simulate test lint bench
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
+		{ echo "Tangram needs Python >= 3.11 (found $$($(PYTHON) --version 2>&1))" >&2; exit 1; }
+	$(PYTHON) -m venv $(VENV)
+	$(VENV)/bin/pip install --quiet --upgrade pip
+	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	@touch $(STAMP)
+
+simulate: $(STAMP)  ## simulate the shipped AI-coding sample on the default cluster
+	$(VENV)/bin/tangram simulate
+
+test: $(STAMP)  ## the whole test suite (what CI runs)
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+
+bench: $(STAMP)
+	$(VENV)/bin/tangram bench scheduler
+	$(VENV)/bin/tangram bench simulate
