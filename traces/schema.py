@@ -168,6 +168,13 @@ def write(df: pd.DataFrame, path: str | Path) -> Path:
     return path
 
 
+def _show(value: Any) -> str:
+    """A cell as the user wrote it (numpy scalars as plain numbers)."""
+    if isinstance(value, np.generic):
+        value = value.item()
+    return repr(value)
+
+
 # -- validation ----------------------------------------------------------------------------
 def _coerce(df: pd.DataFrame, problems: list[str]) -> pd.DataFrame:
     out = pd.DataFrame(index=df.index)
@@ -184,7 +191,7 @@ def _coerce(df: pd.DataFrame, problems: list[str]) -> pd.DataFrame:
             num = pd.to_numeric(series.where(~blank, np.nan), errors="coerce")
             bad = num.isna() & ~blank
             for row in series.index[bad][:20]:
-                problems.append(f"row {row + 1}, column {col!r}, value {series[row]!r}: "
+                problems.append(f"row {row + 1}, column {col!r}, value {_show(series[row])}: "
                                 f"not a number")
             if required or kind == "int":
                 for row in series.index[blank][:20]:
@@ -194,14 +201,14 @@ def _coerce(df: pd.DataFrame, problems: list[str]) -> pd.DataFrame:
             if kind == "int":
                 frac = num.notna() & (num != num.round())
                 for row in series.index[frac][:20]:
-                    problems.append(f"row {row + 1}, column {col!r}, value {series[row]!r}: "
+                    problems.append(f"row {row + 1}, column {col!r}, value {_show(series[row])}: "
                                     "not an integer")
             out[col] = num
         elif kind == "bool":
             text = series.fillna("").astype(str).str.strip().str.lower()
             ok = text.isin(["true", "false", "1", "0", "", "1.0", "0.0"])
             for row in series.index[~ok][:20]:
-                problems.append(f"row {row + 1}, column {col!r}, value {series[row]!r}: "
+                problems.append(f"row {row + 1}, column {col!r}, value {_show(series[row])}: "
                                 "not a boolean")
             out[col] = text.isin(["true", "1", "1.0"])
         else:
@@ -225,7 +232,7 @@ def validate(df: pd.DataFrame, version: int | None = SCHEMA_VERSION) -> pd.DataF
 
     def bad(mask: pd.Series, col: str, why: str) -> None:
         for row in out.index[mask.fillna(False).astype(bool)][:20]:
-            problems.append(f"row {row + 1}, column {col!r}, value {df[col][row]!r}: {why}")
+            problems.append(f"row {row + 1}, column {col!r}, value {_show(df[col][row])}: {why}")
 
     for col in ("task", "trajectory", "kind"):
         bad(out[col] == "", col, "empty")

@@ -1,0 +1,119 @@
+"""The simulator: golden run, conservation, capacity, determinism, baselines."""
+
+import json
+import os
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from sim.cluster import load_cluster
+from sim.driver import SimConfig, simulate
+from tangram.cluster import ClusterSpec, CpuNodeSpec
+from traces.generate import generate
+from traces.schema import COLUMNS, load, validate
+
+SAMPLES = Path(__file__).parent.parent / "traces" / "samples"
+GOLDEN = Path(__file__).parent / "golden" / "tiny_sim.json"
+
+
+def tiny_trace() -> pd.DataFrame:
+    rows = []
+    base = {k: v[2] for k, v in COLUMNS.items()}
+    for j, (think, t1, elastic) in enumerate([(0.0, 2.0, False), (0.5, 8.0, True),
+                                              (1.0, 1.0, False)]):
+        for seq in range(2):
+            rows.append({**base, "task": "t", "trajectory": f"j{j}", "seq": seq, "kind":
+                         "test_run" if elastic else "shell", "think_s": think, "t1_s": t1,
+                         "cpu_cores": "1-4" if elastic else "1", "mem_gb": 1.0,
+                         "elastic": "cpu" if elastic else "", "profiled": elastic,
+                         "parallel_fraction": 1.0 if elastic else float("nan")})
+    return validate(pd.DataFrame(rows))
+
+
+TINY = ClusterSpec(cpu_nodes=(CpuNodeSpec("n0", 4, 1, 16.0),))
+
+
+def headline(summary: dict) -> dict:
+    keys = ("policy", "actions", "trajectories", "act_mean_s", "act_p50_s", "act_p99_s",
+            "queue_mean_s", "exec_mean_s", "step_time_s", "failed")
+    return {k: round(v, 6) if isinstance(v, float) else v for k, v in
+            ((k, summary[k]) for k in keys)}
+
+
+def test_tiny_golden_simulation():
+    result = simulate(tiny_trace(), TINY, SimConfig(seed=0))
+    rows = result.frame.sort_values("action_id")[["action_id", "start_s", "end_s", "units"]]
+    got = {"summary": headline(result.summary),
+           "actions": json.loads(rows.round(6).to_json(orient="records"))}
+    if os.environ.get("TANGRAM_REGEN_GOLDEN"):  # review the diff before committing
+        GOLDEN.write_text(json.dumps(got, indent=2) + "\n")
+    assert got == json.loads(GOLDEN.read_text())
+
+
+@pytest.fixture(scope="module")
+def coding_runs():
+    df = load(SAMPLES / "coding.parquet")
+    return df, {p: simulate(df, load_cluster(), SimConfig(policy=p)) for p in ("tangram", "k8s")}
+
+
+def test_every_action_completes_exactly_once(coding_runs):
+    df, runs = coding_runs
+    for result in runs.values():
+        assert len(result.frame) == len(df)
+        assert result.frame["action_id"].is_unique
+        assert (result.frame["status"] == "ok").all()
+
+
+def test_never_more_allocated_than_exists(coding_runs):
+    _, runs = coding_runs
+    cluster = load_cluster()
+    cores = {n.name: n.cores for n in cluster.cpu_nodes}
+    frame = runs["tangram"].frame
+    events = []
+    for r in frame.itertuples():
+        if r.cores:
+            events.append((r.start_s, 1, r.node, r.cores))
+            events.append((r.end_s, 0, r.node, r.cores))
+    held: dict[str, set[int]] = {n: set() for n in cores}
+    for _, kind, node, spec in sorted(events):
+        ids = {int(c) for c in spec.split(",")}
+        if kind:
+            assert not ids & held[node], "a core was granted to two actions at once"
+            held[node] |= ids
+            assert len(held[node]) <= cores[node]
+        else:
+            held[node] -= ids
+    util = runs["tangram"].utilisation
+    assert (util["cpu"] <= sum(cores.values())).all()
+    assert (util["mem_gb"] <= sum(n.mem_gb for n in cluster.cpu_nodes)).all()
+
+
+def test_tangram_beats_k8s_on_shipped_coding_sample(coding_runs):
+    _, runs = coding_runs
+    assert runs["tangram"].summary["act_mean_s"] < runs["k8s"].summary["act_mean_s"]
+
+
+def test_same_seed_same_summary():
+    df = validate(generate("mixed", 24, 3))
+    a = simulate(df, load_cluster(), SimConfig(policy="baseline", seed=5)).summary
+    b = simulate(df, load_cluster(), SimConfig(policy="baseline", seed=5)).summary
+    drop = ("core_s", "scheduler_pass_mean_us", "decision_mean_us")
+    assert {k: v for k, v in a.items() if k not in drop} == \
+        {k: v for k, v in b.items() if k not in drop}
+
+
+@pytest.mark.parametrize("policy", ["static", "serverless", "fixed-dop:8", "per-trajectory-api",
+                                    "baseline"])
+def test_every_policy_completes_the_mixed_workload(policy):
+    df = validate(generate("mixed", 16, 1))
+    result = simulate(df, load_cluster(), SimConfig(policy=policy))
+    assert len(result.frame) == len(df) and result.summary["failed"] == 0
+
+
+def test_trace_that_cannot_fit_is_refused_before_running():
+    df = tiny_trace()
+    df.loc[0, "cpu_cores"] = "64"
+    df.loc[1, "service"] = "nope"
+    with pytest.raises(ValueError, match="can never fit"):
+        simulate(df, TINY, SimConfig())
