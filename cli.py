@@ -121,8 +121,8 @@ def _print_summary(s: dict) -> None:
         v = s[key]
         table.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
     for res, u in s["utilisation"].items():
-        busy = f" busy {u['busy']:.1%}" if "busy" in u else ""
-        table.add_row(f"utilisation {res}", f"alloc {u.get('allocated', 0):.1%}{busy}")
+        parts = [f"{k} {u[k]:.1%}" for k in ("allocated", "busy") if k in u]
+        table.add_row(f"utilisation {res}", " ".join(parts) or "-")
     out_console.print(table)
 
 
@@ -201,6 +201,106 @@ def bench_simulate(
     from sim.bench import simulate_bench
 
     print(json.dumps(simulate_bench(trajectories, seed)), flush=True)
+
+
+def _quota_specs(items: list[str]):
+    from tangram.cluster import QuotaSpec
+
+    out = []
+    for item in items:
+        try:
+            key, spec = item.split("=", 1)
+            parts = spec.split(":")
+            mode, limit = parts[0], float(parts[1])
+            window = float(parts[2]) if len(parts) > 2 else 1.0
+            if mode not in ("concurrency", "window") or limit <= 0 or window <= 0:
+                raise ValueError
+        except (ValueError, IndexError):
+            fail(f"--quota {item!r}: expected KEY=concurrency:LIMIT or KEY=window:LIMIT:WINDOW_S")
+        out.append(QuotaSpec(key if key.startswith("quota:") else f"quota:{key}", mode, limit,
+                             window))
+    return tuple(out)
+
+
+@app.command()
+def run(
+    trace: Annotated[Path, typer.Option(help="Trace whose actions' commands are run for real.")],
+    out: Annotated[Path, typer.Option(help="Output directory (same files as simulate).")],
+    backend: Annotated[str, typer.Option(help="process (working dir per trajectory) or docker.")] = "process",
+    limit: Annotated[int | None, typer.Option(min=1, help="Replay only the first N trajectories.")] = None,
+    think_scale: Annotated[float, typer.Option(min=0, help="Multiply think times (0: none).")] = 1.0,
+    quota: Annotated[list[str], typer.Option(help="KEY=concurrency:N or KEY=window:N:SECONDS.")] = [],  # noqa: B006
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Replay a trace on this machine's real cores (process or docker backend).
+
+    Writes summary.json, actions.parquet and trace.json, so a live run and its simulation
+    are compared with the same analysis.
+    """
+    import asyncio
+
+    from executor.replay import replay
+    from traces.schema import TraceError, load
+
+    try:
+        df = load(trace)
+    except TraceError as e:
+        fail(str(e))
+    specs = _quota_specs(quota)
+    try:
+        summary = _with_progress(lambda cb: asyncio.run(replay(
+            df, backend, out, limit=limit, think_scale=think_scale, quotas=specs, progress=cb)),
+            quiet, f"running {trace.name} on {backend}")
+    except (ValueError, KeyError) as e:
+        fail(str(e.args[0]) if e.args else str(e))
+    if not quiet:
+        _print_summary(summary)
+    out_console.print(f"wrote {out}/ (summary.json, actions.parquet, trace.json)")
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    backend: Annotated[str, typer.Option(help="process or docker.")] = "process",
+    state_dir: Annotated[Path, typer.Option(help="Journal and working directories.")] = Path(".tangram"),
+    quota: Annotated[list[str], typer.Option(help="KEY=concurrency:N or KEY=window:N:SECONDS.")] = [],  # noqa: B006
+) -> None:
+    """Serve the live executor over HTTP (OpenAPI at /docs).
+
+    The bearer token is read from TANGRAM_TOKEN, or generated and printed.
+    """
+    import os
+    import secrets
+
+    import uvicorn
+
+    from executor.local import local_cluster
+    from executor.replay import make_backend
+    from executor.server import create_app
+    from tangram.core import Tangram
+
+    if backend not in ("process", "docker"):
+        fail(f"--backend: unknown backend {backend!r} (process or docker)")
+    specs = _quota_specs(quota)
+    token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
+    if not os.environ.get("TANGRAM_TOKEN"):
+        err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)
+    app_ = create_app(lambda: make_backend(backend, state_dir / "work"),
+                      lambda: Tangram(local_cluster(specs)), token, state_dir)
+    uvicorn.run(app_, host=host, port=port, log_level="info")
+
+
+@image_app.command("build")
+def image_build(tag: Annotated[str, typer.Option(help="Image tag.")] = "tangram-sandbox:1") -> None:
+    """Build the docker backend's sandbox image locally (no registry needed)."""
+    from executor.docker_backend import build_image
+
+    try:
+        build_image(tag=tag)
+    except Exception as e:  # docker missing or refused: say so plainly
+        fail(f"cannot build {tag}: {e}", code=1)
+    out_console.print(f"built {tag}")
 
 
 def main() -> None:

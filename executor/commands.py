@@ -1,0 +1,61 @@
+"""Turning an action's payload into the argv a backend executes.
+
+Commands never pass through a shell: a string is split with ``shlex`` and run
+as argv (a user who wants a shell writes ``sh -c '...'`` themselves). The one
+rewrite is the paper's elastic test run (section 5.2): a ``pytest`` command
+granted ``k >= 2`` cores gets ``-n k`` (pytest-xdist), inserted right after
+``pytest``; ``-n 1`` would only add a worker process, so one core runs it as
+written. Any other command is never rewritten.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+
+class CommandError(ValueError):
+    pass
+
+
+def argv_of(payload: Mapping[str, Any] | None) -> list[str]:
+    """The argv of a payload: ``{"argv": [...]}`` or ``{"command": "..."}``."""
+    if not payload:
+        raise CommandError("payload: no command (give 'argv' or 'command')")
+    argv = payload.get("argv")
+    if argv is not None:
+        if not isinstance(argv, Sequence) or isinstance(argv, str) or not argv or \
+                not all(isinstance(a, str) for a in argv):
+            raise CommandError("payload.argv: must be a non-empty list of strings")
+        return list(argv)
+    command = payload.get("command")
+    if not isinstance(command, str) or not command.strip():
+        raise CommandError("payload: no command (give 'argv' or 'command')")
+    try:
+        return shlex.split(command)
+    except ValueError as e:
+        raise CommandError(f"payload.command: cannot split {command!r}: {e}") from None
+
+
+def pytest_position(argv: Sequence[str]) -> int | None:
+    """Index right after ``pytest`` in ``pytest ...`` or ``python -m pytest ...``."""
+    if not argv:
+        return None
+    if os.path.basename(argv[0]) in ("pytest", "py.test"):
+        return 1
+    if os.path.basename(argv[0]).startswith("python") and list(argv[1:3]) == ["-m", "pytest"]:
+        return 3
+    return None
+
+
+def elastic_argv(argv: list[str], units: int, elastic: bool) -> list[str]:
+    """Insert ``-n units`` into an elastic pytest run (unless it already chose)."""
+    pos = pytest_position(argv)
+    if not elastic or pos is None or units < 2:
+        return argv
+    if any(a == "-n" or a.startswith("-n") and a[2:].isdigit() or a.startswith("--numprocesses")
+           for a in argv[pos:]):
+        return argv
+    return argv[:pos] + ["-n", str(units)] + argv[pos:]

@@ -1,0 +1,278 @@
+"""Docker backend: allocate-on-execution (paper section 5.2).
+
+A container per trajectory, created at its first action with the trajectory's
+memory limit, keeps its files between actions. Before each exec the
+container's cgroup is updated to exactly the granted cores (``cpuset``) and a
+matching CPU quota; after the exec the quota is reclaimed (1% of a core) so an
+idle container holds nothing. The container is removed when the trajectory
+closes, after an idle TTL if it is abandoned, and on shutdown; every container
+carries this executor's label so none can leak past a crash of one action.
+
+No image can be pulled on an offline machine, so the sandbox image is built
+locally: ``tangram image build`` imports an empty root filesystem and the
+host's system directories are bind-mounted read-only at run time.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import tarfile
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+
+import docker
+import docker.errors
+
+from executor.commands import CommandError, argv_of, elastic_argv
+from executor.local import allowed_cpus
+from executor.process import outcome_of
+from tangram.model import Dispatch, Outcome
+
+IMAGE = "tangram-sandbox:1"
+LABEL = "tangram.executor"
+HOST_MOUNTS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc/alternatives")
+PERIOD_US = 100_000
+IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
+
+
+def build_image(client: docker.DockerClient | None = None, tag: str = IMAGE) -> str:
+    """Import a minimal root filesystem (directories only) as ``tag``; no registry."""
+    client = client or docker.from_env()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, mode in (("tmp", 0o1777), ("work", 0o777), ("proc", 0o555), ("sys", 0o555),
+                           ("dev", 0o755), ("etc", 0o755), ("root", 0o700)):
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.DIRTYPE
+            info.mode = mode
+            tar.addfile(info)
+        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"),
+                           ("etc/group", "root:x:0:\n")):
+            data = text.encode()
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tar.addfile(info, io.BytesIO(data))
+    resp = client.api.import_image_from_data(buf.getvalue(), repository=tag.split(":")[0],
+                                             tag=tag.split(":")[1], changes=["WORKDIR /work"])
+    del resp
+    return tag
+
+
+def ensure_image(client: docker.DockerClient, tag: str = IMAGE) -> str:
+    try:
+        client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        build_image(client, tag)
+    return tag
+
+
+@dataclass(slots=True)
+class Sandbox:
+    container_id: str
+    last_used: float
+    busy: bool = False
+
+
+class DockerBackend:
+    name = "docker"
+
+    def __init__(self, image: str = IMAGE, cpu_map: list[int] | None = None,
+                 idle_ttl_s: float = 600.0, workers: int = 16,
+                 client: docker.DockerClient | None = None) -> None:
+        self.client = client or docker.from_env()
+        self.image = ensure_image(self.client, image)
+        self.cpu_map = cpu_map or allowed_cpus()
+        self.idle_ttl_s = idle_ttl_s
+        self.run_id = uuid.uuid4().hex[:12]
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tangram-docker")
+        self._lock = threading.Lock()
+        self._boxes: dict[str, Sandbox] = {}
+        self._mem: dict[str, float] = {}
+        self._lost: set[str] = set()  # trajectories whose container died: report at next action
+        self._running: dict[str, str] = {}  # action id -> container id
+        self._closed = False
+        self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
+        self._reaper.start()
+
+    # -- Backend protocol ----------------------------------------------------------------
+    def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        import asyncio
+
+        loop = asyncio.get_running_loop()
+
+        def work() -> None:
+            try:
+                outcome = self._run(d)
+            except Exception as e:  # never leave an action unanswered
+                outcome = Outcome(d.action.id, "failed", None, error=f"docker: {e}")
+            loop.call_soon_threadsafe(on_done, outcome)
+
+        self._pool.submit(work)
+
+    def cancel(self, action_id: str) -> None:
+        cid = self._running.get(action_id)
+        if cid:  # killing the exec'd tree: restart is the only portable way in Docker
+            try:
+                self.client.api.kill(cid)
+            except docker.errors.APIError:
+                pass
+
+    def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
+        """Remember the memory limit its container gets at its first action."""
+        self._mem[trajectory] = mem_gb or 0.0
+
+    def close_trajectory(self, trajectory: str) -> None:
+        with self._lock:
+            box = self._boxes.pop(trajectory, None)
+            self._lost.discard(trajectory)
+            self._mem.pop(trajectory, None)
+        if box:
+            self._remove(box.container_id)
+
+    def shutdown(self) -> None:
+        self._closed = True
+        with self._lock:
+            boxes = list(self._boxes.values())
+            self._boxes.clear()
+        for box in boxes:
+            self._remove(box.container_id)
+        self.remove_all()
+        self._pool.shutdown(wait=False, cancel_futures=True)
+
+    def remove_all(self) -> int:
+        """Remove every container this executor created (by label)."""
+        n = 0
+        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.run_id}"}):
+            self._remove(c.id)
+            n += 1
+        return n
+
+    # -- internals -----------------------------------------------------------------------
+    def _create(self, trajectory: str) -> str:
+        mem = self._mem.get(trajectory, 0.0)
+        mounts = {p: {"bind": p, "mode": "ro"} for p in HOST_MOUNTS if _exists(p)}
+        c = self.client.containers.create(
+            self.image, ["sleep", "infinity"], detach=True, labels={
+                LABEL: self.run_id, "tangram.trajectory": trajectory[:200]},
+            volumes=mounts, working_dir="/work", network_mode="none",
+            mem_limit=f"{int(mem * 1024)}m" if mem >= 0.01 else None,
+            cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
+            cpu_quota=IDLE_QUOTA_US, environment={"HOME": "/root", "PATH": "/usr/bin:/bin"})
+        c.start()
+        return c.id
+
+    def _sandbox(self, trajectory: str) -> tuple[Sandbox, bool]:
+        """The trajectory's running container (created now if needed); True if state was lost."""
+        with self._lock:
+            box = self._boxes.get(trajectory)
+            lost = trajectory in self._lost
+        if box is not None:
+            try:
+                state = self.client.api.inspect_container(box.container_id)["State"]
+                alive = state.get("Running", False)
+            except docker.errors.NotFound:
+                alive = False
+            if alive:
+                return box, False
+            lost = True
+            self._remove(box.container_id)
+        box = Sandbox(self._create(trajectory), time.monotonic())
+        with self._lock:
+            self._boxes[trajectory] = box
+            self._lost.discard(trajectory)
+        return box, lost
+
+    def _run(self, d: Dispatch) -> Outcome:
+        t_start = time.time()
+        payload = d.action.payload or {}
+        try:
+            argv = elastic_argv(argv_of(payload), d.units, d.action.elastic == "cpu")
+        except CommandError as e:
+            return Outcome(d.action.id, "failed", None, error=str(e))
+        box, lost = self._sandbox(d.action.trajectory)
+        box.busy = True
+        cores = sorted(self.cpu_map[c] for c in d.lease.cores) or self.cpu_map
+        t_update = time.time()
+        self.client.api.update_container(box.container_id,
+                                         cpuset_cpus=",".join(map(str, cores)),
+                                         cpu_period=PERIOD_US, cpu_quota=len(cores) * PERIOD_US)
+        update_s = time.time() - t_update
+        timeout = float(payload.get("timeout_s") or 0)
+        full = (["timeout", "-s", "KILL", f"{timeout:g}"] if timeout else []) + argv
+        env = {k: str(v) for k, v in (payload.get("env") or {}).items()}
+        env["TANGRAM_CORES"] = ",".join(map(str, cores))
+        self._running[d.action.id] = box.container_id
+        try:
+            exec_id = self.client.api.exec_create(box.container_id, full, workdir="/work",
+                                                  environment=env)["Id"]
+            t_exec = time.time()
+            output = self.client.api.exec_start(exec_id)
+            t_exited = time.time()
+            code = self.client.api.exec_inspect(exec_id).get("ExitCode")
+        except docker.errors.APIError as e:
+            return self._died(d, box, f"docker exec failed: {e.explanation or e}")
+        finally:
+            self._running.pop(d.action.id, None)
+        if not self._alive(box.container_id):
+            return self._died(d, box, "the trajectory's container died during the action")
+        self._reclaim(box)
+        extra = {"argv": argv, "cores": cores, "update_s": update_s, "t_spawned": t_exec,
+                 "t_exited": t_exited, "state_lost": lost, "container": box.container_id[:12]}
+        timed_out = bool(timeout) and code == 137 and t_exited - t_exec >= timeout * 0.99
+        return outcome_of(d, code, output or b"", timed_out, timeout, extra,
+                          overhead_s=t_exec - t_start)
+
+    def _died(self, d: Dispatch, box: Sandbox, why: str) -> Outcome:
+        with self._lock:
+            if self._boxes.get(d.action.trajectory) is box:
+                del self._boxes[d.action.trajectory]
+            self._lost.add(d.action.trajectory)
+        self._remove(box.container_id)
+        return Outcome(d.action.id, "failed", None, error=why + "; it will be recreated, "
+                       "without its files, at the trajectory's next action",
+                       extra={"state_lost": True})
+
+    def _reclaim(self, box: Sandbox) -> None:
+        try:
+            self.client.api.update_container(box.container_id, cpu_period=PERIOD_US,
+                                             cpu_quota=IDLE_QUOTA_US)
+        except docker.errors.APIError:
+            pass
+        box.busy = False
+        box.last_used = time.monotonic()
+
+    def _alive(self, cid: str) -> bool:
+        try:
+            return bool(self.client.api.inspect_container(cid)["State"].get("Running"))
+        except docker.errors.NotFound:
+            return False
+
+    def _remove(self, cid: str) -> None:
+        try:
+            self.client.api.remove_container(cid, force=True)
+        except docker.errors.NotFound:
+            pass
+        except docker.errors.APIError:
+            pass
+
+    def _reap_loop(self) -> None:
+        """Remove containers of abandoned trajectories after the idle TTL."""
+        while not self._closed:
+            time.sleep(min(5.0, max(self.idle_ttl_s / 4, 0.2)))
+            now = time.monotonic()
+            with self._lock:
+                stale = [(t, b) for t, b in self._boxes.items()
+                         if not b.busy and now - b.last_used > self.idle_ttl_s]
+                for t, _ in stale:
+                    del self._boxes[t]
+            for _, box in stale:
+                self._remove(box.container_id)
+
+
+def _exists(path: str) -> bool:
+    return os.path.exists(path)

@@ -1,0 +1,85 @@
+"""The asyncio driver: the shared runtime on an asyncio clock, with live backends.
+
+Every core call happens on the loop thread. Backends that block (docker) run
+in worker threads and hand completions back with ``loop.call_soon_threadsafe``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import Protocol
+
+from tangram.core import Tangram
+from tangram.model import Action, Dispatch, Outcome
+from tangram.runtime import Record, Runtime
+
+
+class AsyncioClock:
+    """The Clock protocol on an asyncio loop (seconds since the executor started)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self.t0 = loop.time()
+
+    def now(self) -> float:
+        return self.loop.time() - self.t0
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> asyncio.TimerHandle:
+        return self.loop.call_later(max(delay, 0.0), fn)
+
+
+class LiveBackend(Protocol):
+    """A Backend that also owns per-trajectory environments."""
+
+    def start(self, dispatch: Dispatch, on_done: Callable[[Outcome], None]) -> None: ...
+
+    def cancel(self, action_id: str) -> None: ...
+
+    def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None: ...
+
+    def close_trajectory(self, trajectory: str) -> None: ...
+
+    def shutdown(self) -> None: ...
+
+
+class LiveExecutor:
+    """Core + runtime + backend on the running loop."""
+
+    def __init__(self, core: Tangram, backend: LiveBackend,
+                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+        self.loop = loop or asyncio.get_running_loop()
+        self.core = core
+        self.backend = backend
+        self.clock = AsyncioClock(self.loop)
+        self.runtime = Runtime(core, self.clock, backend)
+
+    def open_trajectory(self, trajectory: str, task: str = "default",
+                        mem_gb: float | None = None) -> None:
+        self.runtime.open_trajectory(trajectory, task, mem_gb)
+        self.backend.open_trajectory(trajectory, mem_gb)
+
+    def close_trajectory(self, trajectory: str) -> None:
+        self.runtime.close_trajectory(trajectory)
+        self.backend.close_trajectory(trajectory)
+
+    def submit(self, action: Action,
+               on_result: Callable[[Record, Outcome], None] | None = None
+               ) -> asyncio.Future[tuple[Record, Outcome]]:
+        """Queue ``action``; the future resolves with its record and outcome."""
+        fut: asyncio.Future[tuple[Record, Outcome]] = self.loop.create_future()
+
+        def done(rec: Record, out: Outcome) -> None:
+            if on_result:
+                on_result(rec, out)
+            if not fut.done():
+                fut.set_result((rec, out))
+
+        self.runtime.submit(action, done)
+        return fut
+
+    async def run(self, action: Action) -> tuple[Record, Outcome]:
+        return await self.submit(action)
+
+    def shutdown(self) -> None:
+        self.backend.shutdown()

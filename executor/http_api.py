@@ -1,0 +1,148 @@
+"""HTTP backend: outbound API calls. Admission (concurrency or per-window
+quotas) is the core's quota manager; this backend sends the request and, on a
+429, a 5xx or a timeout, backs off exponentially and retries, so a call is
+never lost: it ends with the provider's answer or with a failed outcome that
+says how many attempts were made."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import time
+from collections.abc import Callable
+
+import httpx
+
+from tangram.model import Dispatch, Outcome
+
+RETRY_STATUS = {429, 500, 502, 503, 504}
+
+
+class HttpBackend:
+    name = "http"
+
+    def __init__(self, attempts: int = 6, backoff_s: float = 0.2, backoff_cap_s: float = 5.0,
+                 timeout_s: float = 30.0) -> None:
+        self.attempts = attempts
+        self.backoff_s = backoff_s
+        self.backoff_cap_s = backoff_cap_s
+        self.timeout_s = timeout_s
+        self._client: httpx.AsyncClient | None = None
+        self._tasks: dict[str, asyncio.Task] = {}
+
+    def _http(self) -> httpx.AsyncClient:
+        if self._client is None:
+            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+        return self._client
+
+    def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        task = asyncio.get_running_loop().create_task(self._call(d, on_done))
+        self._tasks[d.action.id] = task
+        task.add_done_callback(lambda _t: self._tasks.pop(d.action.id, None))
+
+    async def _call(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        req = dict((d.action.payload or {}).get("request") or {})
+        if not req.get("url"):
+            on_done(Outcome(d.action.id, "failed", None, error="payload.request.url: missing"))
+            return
+        method = str(req.get("method", "GET")).upper()
+        timeout = float((d.action.payload or {}).get("timeout_s") or self.timeout_s)
+        last = ""
+        t0 = time.time()
+        for attempt in range(self.attempts):
+            try:
+                resp = await self._http().request(
+                    method, req["url"], headers=req.get("headers"), params=req.get("params"),
+                    json=req.get("json"), content=req.get("body"), timeout=timeout)
+                if resp.status_code not in RETRY_STATUS:
+                    on_done(Outcome(d.action.id, "ok", resp.status_code, resp.text,
+                                    extra={"retries": attempt, "http_status": resp.status_code,
+                                           "elapsed_s": time.time() - t0}))
+                    return
+                last = f"HTTP {resp.status_code}"
+                delay = _retry_after(resp)
+            except httpx.TimeoutException:
+                last, delay = f"timed out after {timeout:g} s", None
+            except httpx.HTTPError as e:
+                last, delay = f"{type(e).__name__}: {e}", None
+            except asyncio.CancelledError:
+                on_done(Outcome(d.action.id, "cancelled", None, error="cancelled"))
+                raise
+            wait = delay if delay is not None else min(self.backoff_s * 2 ** attempt,
+                                                       self.backoff_cap_s)
+            await asyncio.sleep(wait * (0.5 + random.random()))
+        on_done(Outcome(d.action.id, "failed", None,
+                        error=f"gave up after {self.attempts} attempts (last: {last})",
+                        extra={"retries": self.attempts - 1}))
+
+    def cancel(self, action_id: str) -> None:
+        task = self._tasks.get(action_id)
+        if task:
+            task.cancel()
+
+    def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
+        pass
+
+    def close_trajectory(self, trajectory: str) -> None:
+        pass
+
+    def shutdown(self) -> None:
+        for task in list(self._tasks.values()):
+            task.cancel()
+        if self._client is not None:
+            client, self._client = self._client, None
+            try:
+                asyncio.get_running_loop().create_task(client.aclose())
+            except RuntimeError:
+                pass
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    try:
+        return min(float(value), 30.0) if value else None
+    except ValueError:
+        return None
+
+
+class RouterBackend:
+    """Sends API calls (payload with ``request``) to the HTTP backend and every
+    command to the environment backend (process or docker)."""
+
+    def __init__(self, env_backend, http: HttpBackend | None = None) -> None:
+        self.env = env_backend
+        self.http = http or HttpBackend()
+        self.name = env_backend.name
+        self._where: dict[str, object] = {}
+
+    def _pick(self, d: Dispatch):
+        return self.http if (d.action.payload or {}).get("request") else self.env
+
+    def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        backend = self._pick(d)
+        self._where[d.action.id] = backend
+
+        def done(outcome: Outcome) -> None:
+            self._where.pop(d.action.id, None)
+            on_done(outcome)
+
+        backend.start(d, done)
+
+    def cancel(self, action_id: str) -> None:
+        backend = self._where.get(action_id)
+        if backend is not None:
+            backend.cancel(action_id)  # type: ignore[attr-defined]
+
+    def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
+        self.env.open_trajectory(trajectory, mem_gb)
+
+    def close_trajectory(self, trajectory: str) -> None:
+        self.env.close_trajectory(trajectory)
+
+    def shutdown(self) -> None:
+        self.http.shutdown()
+        self.env.shutdown()
+
+
+__all__ = ["HttpBackend", "RouterBackend", "json"]

@@ -1,0 +1,92 @@
+"""`tangram run`: replay a trace for real and write the same outputs as `tangram simulate`."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+from analysis.outputs import records_frame, summarise, write_run
+from executor.driver import LiveBackend, LiveExecutor
+from executor.local import local_cluster
+from tangram.cluster import ClusterSpec, QuotaSpec
+from tangram.core import Tangram
+from traces.schema import TrajectorySpec, trajectories
+
+
+def make_backend(name: str, workdir: Path) -> LiveBackend:
+    from executor.http_api import RouterBackend
+
+    if name == "process":
+        from executor.process import ProcessBackend
+
+        return RouterBackend(ProcessBackend(workdir))
+    if name == "docker":
+        from executor.docker_backend import DockerBackend
+
+        return RouterBackend(DockerBackend())
+    raise ValueError(f"backend: unknown backend {name!r} (process or docker)")
+
+
+def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSpec:
+    """This machine, plus every quota the trace uses (defaults: 16 concurrent calls)."""
+    keys = {k if k.startswith("quota:") else f"quota:{k}" for k in df["quota_key"] if k}
+    given = {q.key for q in quotas}
+    extra = tuple(QuotaSpec(k, "concurrency", 16) for k in sorted(keys - given))
+    mem = float(df.groupby("trajectory")["mem_gb"].max().sum()) or None
+    return local_cluster(quotas + extra, mem_gb=None if mem is None else max(mem, 1.0) * 1.01)
+
+
+async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None = None,
+                 think_scale: float = 1.0, quotas: tuple[QuotaSpec, ...] = (),
+                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    specs: list[TrajectorySpec] = list(trajectories(df))[: limit or None]
+    if limit:
+        df = df[df["trajectory"].isin({s.id for s in specs})]
+    cluster = replay_cluster(df, quotas)
+    core = Tangram(cluster)
+    for spec in specs:  # refuse the whole run before starting if any action cannot run here
+        core.open_trajectory(spec.id, spec.task, spec.mem_gb)
+        for step in spec.steps:
+            core.validate(step.action)
+        core.close_trajectory(spec.id, 0.0)
+    executor = LiveExecutor(Tangram(cluster), make_backend(backend, out / "work"))
+    total = sum(len(s.steps) for s in specs)
+    done = 0
+    wall0 = time.perf_counter()
+
+    async def one(spec: TrajectorySpec) -> None:
+        nonlocal done
+        executor.open_trajectory(spec.id, spec.task, spec.mem_gb)
+        try:
+            for step in spec.steps:
+                if step.think_s * think_scale > 0:
+                    await asyncio.sleep(step.think_s * think_scale)
+                await executor.run(step.action)
+                done += 1
+                if progress:
+                    progress(done, total)
+        finally:
+            executor.close_trajectory(spec.id)
+
+    t0 = executor.clock.now()
+    try:
+        await asyncio.gather(*(one(s) for s in specs))
+    finally:
+        executor.shutdown()
+    rollout = executor.clock.now() - t0
+    frame = records_frame(executor.runtime.records)
+    summary = summarise(frame, policy="tangram", capacity=executor.core.capacity(),
+                        utilisation=None, steps=[{"step": 0, "rollout_s": rollout,
+                                                  "step_s": rollout}],
+                        extra={"backend": backend, "live": True,
+                               "wall_s": time.perf_counter() - wall0,
+                               "think_scale": think_scale})
+    config = {"backend": backend, "cluster": cluster.to_dict(), "limit": limit,
+              "think_scale": think_scale}
+    write_run(out, frame, summary, config)
+    return summary
