@@ -35,6 +35,7 @@ from tangram.model import Dispatch, Outcome
 
 IMAGE = "tangram-sandbox:1"
 LABEL = "tangram.executor"
+OWNER = "tangram.owner"
 HOST_MOUNTS = ("/usr", "/lib", "/lib64", "/bin", "/sbin", "/etc/alternatives")
 PERIOD_US = 100_000
 IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
@@ -83,12 +84,17 @@ class DockerBackend:
 
     def __init__(self, image: str = IMAGE, cpu_map: list[int] | None = None,
                  idle_ttl_s: float = 600.0, workers: int = 16,
-                 client: docker.DockerClient | None = None) -> None:
+                 client: docker.DockerClient | None = None, owner: str | None = None) -> None:
         self.client = client or docker.from_env()
         self.image = ensure_image(self.client, image)
         self.cpu_map = cpu_map or allowed_cpus()
         self.idle_ttl_s = idle_ttl_s
         self.run_id = uuid.uuid4().hex[:12]
+        #: who this executor is across restarts (e.g. its state directory): containers a
+        #: crashed predecessor left behind are removed at start
+        self.owner = owner or self.run_id
+        for c in self.client.containers.list(all=True, filters={"label": f"{OWNER}={self.owner}"}):
+            self._remove(c.id)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tangram-docker")
         self._lock = threading.Lock()
         self._boxes: dict[str, Sandbox] = {}
@@ -158,7 +164,7 @@ class DockerBackend:
         mounts = {p: {"bind": p, "mode": "ro"} for p in HOST_MOUNTS if _exists(p)}
         c = self.client.containers.create(
             self.image, ["sleep", "infinity"], detach=True, labels={
-                LABEL: self.run_id, "tangram.trajectory": trajectory[:200]},
+                LABEL: self.run_id, OWNER: self.owner, "tangram.trajectory": trajectory[:200]},
             volumes=mounts, working_dir="/work", network_mode="none",
             mem_limit=f"{int(mem * 1024)}m" if mem >= 0.01 else None,
             cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
@@ -218,7 +224,7 @@ class DockerBackend:
             return self._died(d, box, f"docker exec failed: {e.explanation or e}")
         finally:
             self._running.pop(d.action.id, None)
-        if not self._alive(box.container_id):
+        if not self._alive(box.container_id, settle_s=1.0 if code is None or code >= 128 else 0):
             return self._died(d, box, "the trajectory's container died during the action")
         self._reclaim(box)
         extra = {"argv": argv, "cores": cores, "update_s": update_s, "t_spawned": t_exec,
@@ -246,11 +252,20 @@ class DockerBackend:
         box.busy = False
         box.last_used = time.monotonic()
 
-    def _alive(self, cid: str) -> bool:
-        try:
-            return bool(self.client.api.inspect_container(cid)["State"].get("Running"))
-        except docker.errors.NotFound:
-            return False
+    def _alive(self, cid: str, settle_s: float = 0.0) -> bool:
+        """Whether the container still runs; a signal-killed exec may be the first sign
+        of a dying container, whose state the engine reports a moment later."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            try:
+                state = self.client.api.inspect_container(cid)["State"]
+            except docker.errors.NotFound:
+                return False
+            if not state.get("Running") or state.get("Restarting"):
+                return False
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.05)
 
     def _remove(self, cid: str) -> None:
         try:

@@ -26,9 +26,12 @@ def make_backend(name: str, workdir: Path) -> LiveBackend:
 
         return RouterBackend(ProcessBackend(workdir))
     if name == "docker":
+        import hashlib
+
         from executor.docker_backend import DockerBackend
 
-        return RouterBackend(DockerBackend())
+        owner = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
+        return RouterBackend(DockerBackend(owner=owner))
     raise ValueError(f"backend: unknown backend {name!r} (process or docker)")
 
 

@@ -101,6 +101,7 @@ class ActionOut(BaseModel):
     exec_s: float | None = None
     state_lost: bool = False
     retries: int = 0
+    argv: list[str] = Field(default_factory=list, description="What was executed (after -n).")
 
 
 class Journal:
@@ -159,7 +160,8 @@ def result_of(rec: Record, out: Outcome) -> ActionOut:
         output=out.output, error=out.error, units=rec.units,
         cores=[int(c) for c in extra.get("cores", [])],
         queue_s=rec.start_s - rec.submit_s, exec_s=rec.end_s - rec.start_s,
-        state_lost=bool(extra.get("state_lost")), retries=int(extra.get("retries", 0)))
+        state_lost=bool(extra.get("state_lost")), retries=int(extra.get("retries", 0)),
+        argv=list(extra.get("argv", [])))
 
 
 class Service:

@@ -1,0 +1,85 @@
+"""Shared fixtures: a real `tangram serve` subprocess on 127.0.0.1."""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+ROOT = Path(__file__).parent.parent
+sys.path.insert(0, str(Path(__file__).parent))
+
+TOKEN = "test-token-123"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class Server:
+    url: str
+    state_dir: Path
+    backend: str
+    proc: subprocess.Popen
+    log: Path
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+
+
+def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, ...] = ()) -> Server:
+    port = free_port()
+    log = state_dir / f"server-{port}.log"
+    state_dir.mkdir(parents=True, exist_ok=True)
+    args = [sys.executable, str(ROOT / "cli.py"), "serve", "--port", str(port), "--backend",
+            backend, "--state-dir", str(state_dir)]
+    for q in quotas:
+        args += ["--quota", q]
+    env = {**os.environ, "TANGRAM_TOKEN": TOKEN}
+    proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
+                            cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited: {log.read_text()}")
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return Server(url, state_dir, backend, proc, log)
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise RuntimeError(f"server did not start: {log.read_text()}")
+
+
+@pytest.fixture(scope="module")
+def process_server(tmp_path_factory) -> Iterator[Server]:
+    server = start_server(tmp_path_factory.mktemp("serve-process"), "process",
+                          quotas=("api=concurrency:2",))
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def docker_server(tmp_path_factory) -> Iterator[Server]:
+    server = start_server(tmp_path_factory.mktemp("serve-docker"), "docker")
+    yield server
+    server.stop()

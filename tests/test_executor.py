@@ -1,0 +1,289 @@
+"""The live executor end to end: real server, real processes, real containers."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import docker
+import httpx
+import pytest
+import uvicorn
+from conftest import TOKEN, free_port, start_server
+from fastapi import FastAPI, Response
+
+from executor.commands import elastic_argv
+from executor.local import allowed_cpus
+from tangram.client import GymEnv, TangramClient, TangramError, VerlTool
+
+PY = sys.executable
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def cpus_of(output: str) -> set[int]:
+    """Parse 'Cpus_allowed_list: 0-1,3' into {0, 1, 3}."""
+    spec = re.search(r"Cpus_allowed_list:\s*(\S+)", output).group(1)
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out
+
+
+# -- pure pieces ----------------------------------------------------------------------------
+def test_pytest_rewrite_only_for_elastic_pytest():
+    assert elastic_argv(["pytest", "-q"], 4, True) == ["pytest", "-n", "4", "-q"]
+    assert elastic_argv([PY, "-m", "pytest", "t.py"], 2, True)[:5] == [PY, "-m", "pytest", "-n", "2"]
+    assert elastic_argv(["pytest", "-q"], 1, True) == ["pytest", "-q"]
+    assert elastic_argv(["pytest", "-n", "3"], 4, True) == ["pytest", "-n", "3"]
+    assert elastic_argv(["make", "test"], 4, True) == ["make", "test"]
+    assert elastic_argv(["pytest"], 4, False) == ["pytest"]
+
+
+# -- process backend through HTTP -----------------------------------------------------------
+def test_requests_without_token_get_401(process_server):
+    r = httpx.post(process_server.url + "/v1/trajectories", json={})
+    assert r.status_code == 401
+    r = httpx.get(process_server.url + "/metrics", headers={"Authorization": "Bearer wrong"})
+    assert r.status_code == 401
+    assert httpx.get(process_server.url + "/openapi.json").status_code == 200
+
+
+async def _state_and_cores(url: str) -> None:
+    async with TangramClient(url, TOKEN) as tg:
+        async def one(i: int) -> None:
+            tid = await tg.open_trajectory(f"state-{i}", task="t", mem_gb=0.1)
+            res = await tg.run(tid, command=f"sh -c 'echo hello-{i} > note.txt'")
+            assert res["status"] == "ok" and res["exit_code"] == 0
+            res = await tg.run(tid, command="cat note.txt")
+            assert res["output"].strip() == f"hello-{i}"
+            res = await tg.run(tid, command="grep Cpus_allowed_list /proc/self/status")
+            granted = set(res["cores"])
+            assert cpus_of(res["output"]) == granted and granted <= set(allowed_cpus())
+            assert len(granted) == 1
+            await tg.close_trajectory(tid)
+
+        await asyncio.gather(*(one(i) for i in range(6)))
+
+
+def test_concurrent_trajectories_keep_state_and_see_only_granted_cores(process_server):
+    run(_state_and_cores(process_server.url))
+
+
+async def _elastic_pytest(url: str) -> None:
+    async with TangramClient(url, TOKEN) as tg:
+        tid = await tg.open_trajectory(task="t")
+        test = "def test_a():\\n    assert 1\\n\\ndef test_b():\\n    assert 2\\n"
+        await tg.run(tid, argv=[PY, "-c", f"open('test_x.py', 'w').write('{test}')"])
+        res = await tg.run(tid, kind="test_run", argv=[PY, "-m", "pytest", "-q", "-p",
+                                                       "no:cacheprovider", "test_x.py"],
+                           cpu=f"1-{len(allowed_cpus())}", elastic=True, t1_s=20.0,
+                           parallel_fraction=0.9)
+        k = len(allowed_cpus())
+        assert res["units"] == k and len(res["cores"]) == k
+        assert res["exit_code"] == 0, res["output"]
+        if k >= 2:
+            assert res["argv"][3:5] == ["-n", str(k)]
+            assert "bringing up nodes" in res["output"], res["output"]
+        await tg.close_trajectory(tid)
+
+
+def test_elastic_pytest_gets_n_workers(process_server):
+    run(_elastic_pytest(process_server.url))
+
+
+async def _faults(url: str) -> None:
+    async with TangramClient(url, TOKEN) as tg:
+        tid = await tg.open_trajectory(task="t")
+        res = await tg.run(tid, command="sh -c 'echo boom; exit 3'")
+        assert res["status"] == "ok" and res["exit_code"] == 3 and "boom" in res["output"]
+        marker = f"{31 + time.time() % 1:.4f}"
+        res = await tg.run(tid, command=f"sh -c 'sleep {marker} & sleep {marker}'", timeout_s=0.5)
+        assert res["status"] == "timeout" and "timeout" in res["error"]
+        time.sleep(0.2)
+        left = subprocess.run(["pgrep", "-f", f"sleep {marker}"], capture_output=True, text=True)
+        assert left.stdout.strip() == "", "the timed-out process group survived"
+        with pytest.raises(TangramError) as e:
+            await tg.submit(tid, command="true", cpu="abc")
+        assert e.value.status == 422 and "cpu" in str(e.value.detail)
+        with pytest.raises(TangramError) as e:
+            await tg.submit(tid, command="true", t1_s=-1)
+        assert e.value.status == 422 and "t1_s" in str(e.value.detail)
+        with pytest.raises(TangramError) as e:
+            await tg.submit(tid, command="true", cpu="512")
+        assert e.value.status == 422 and "never fit" in str(e.value.detail)
+        with pytest.raises(TangramError) as e:
+            await tg.submit("no-such-trajectory", command="true")
+        assert e.value.status == 404
+        # idempotent by client id: the second submit does not run it again
+        a = await tg.submit(tid, action_id=f"{tid}-once", command="sh -c 'echo x >> once.txt'")
+        await tg.wait(a["id"])
+        await tg.submit(tid, action_id=f"{tid}-once", command="sh -c 'echo x >> once.txt'")
+        res = await tg.run(tid, command="cat once.txt")
+        assert res["output"].count("x") == 1
+        metrics = await tg.metrics()
+        assert 'tangram_actions_total{status="ok"}' in metrics
+        assert "tangram_resource_capacity" in metrics
+        await tg.close_trajectory(tid)
+
+
+def test_faults_and_bad_input(process_server):
+    run(_faults(process_server.url))
+
+
+async def _adapters(url: str) -> None:
+    async with TangramClient(url, TOKEN) as tg:
+        tool = VerlTool(tg, task="coding", reward_command="sh -c 'test -f solution.txt'")
+        iid = await tool.create()
+        out, _, info = await tool.execute(iid, {"command": "sh -c 'echo 42 > solution.txt'"})
+        assert info["exit_code"] == 0
+        out, _, _ = await tool.execute(iid, {"command": "cat solution.txt"})
+        assert out.strip() == "42"
+        assert await tool.calc_reward(iid) == 1.0
+        await tool.release(iid)
+
+        env = GymEnv(tg, task="coding", reward_command="sh -c 'grep -q done log.txt'")
+        obs, info = await env.reset()
+        obs, reward, terminated, truncated, _ = await env.step("sh -c 'echo done >> log.txt'")
+        assert not terminated and reward == 0.0
+        obs, reward, terminated, truncated, _ = await env.step("submit")
+        assert terminated and reward == 1.0
+        await env.close()
+
+
+def test_verl_and_gym_adapters_drive_a_trajectory(process_server):
+    run(_adapters(process_server.url))
+
+
+def test_http_api_calls_retry_429_without_losing_the_call(process_server):
+    app = FastAPI()
+    hits = {"n": 0}
+
+    @app.get("/search")
+    def search() -> Response:
+        hits["n"] += 1
+        if hits["n"] <= 2:
+            return Response("slow down", status_code=429, headers={"Retry-After": "0.05"})
+        return Response('{"hits": 3}', media_type="application/json")
+
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="error"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    while not server.started:
+        time.sleep(0.05)
+    try:
+        async def call() -> dict:
+            async with TangramClient(process_server.url, TOKEN) as tg:
+                tid = await tg.open_trajectory(task="ds")
+                res = await tg.run(tid, kind="search", quota={"api": 1},
+                                   request={"method": "GET", "url": f"http://127.0.0.1:{port}/search"})
+                await tg.close_trajectory(tid)
+                return res
+
+        res = run(call())
+        assert res["status"] == "ok" and res["exit_code"] == 200 and res["retries"] == 2
+        assert '"hits": 3' in res["output"]
+    finally:
+        server.should_exit = True
+        thread.join(10)
+
+
+def test_restart_reports_unfinished_actions_failed(tmp_path):
+    server = start_server(tmp_path / "state")
+
+    async def submit() -> str:
+        async with TangramClient(server.url, TOKEN) as tg:
+            tid = await tg.open_trajectory(task="t")
+            return (await tg.submit(tid, command="sleep 30"))["id"]
+
+    aid = run(submit())
+    server.stop(signal.SIGKILL)
+    again = start_server(tmp_path / "state")
+    try:
+        async def check() -> dict:
+            async with TangramClient(again.url, TOKEN) as tg:
+                return await tg.wait(aid, timeout_s=5)
+
+        res = run(check())
+        assert res["status"] == "failed" and "restarted" in res["error"]
+    finally:
+        again.stop()
+        subprocess.run(["pkill", "-f", "sleep 30"], check=False)
+
+
+# -- docker backend -------------------------------------------------------------------------
+def _containers(server) -> list:
+    import hashlib
+
+    owner = hashlib.sha1(str((server.state_dir / "work").resolve()).encode()).hexdigest()[:16]
+    return docker.from_env().containers.list(all=True, filters={"label": f"tangram.owner={owner}"})
+
+
+async def _docker_flow(server) -> None:
+    async with TangramClient(server.url, TOKEN) as tg:
+        async def one(i: int) -> None:
+            tid = await tg.open_trajectory(f"d-{i}", task="t", mem_gb=0.25)
+            res = await tg.run(tid, command=f"sh -c 'echo dock-{i} > f.txt'")
+            assert res["status"] == "ok", res
+            res = await tg.run(tid, command="cat f.txt")
+            assert res["output"].strip() == f"dock-{i}"
+            res = await tg.run(tid, command="grep Cpus_allowed_list /proc/self/status")
+            assert cpus_of(res["output"]) == set(res["cores"])
+            await tg.close_trajectory(tid)
+
+        await asyncio.gather(*(one(i) for i in range(3)))
+        assert _containers(server) == []  # removed on close
+
+        # a container killed mid-action: that action fails clearly, the next one gets a
+        # fresh container and is told its state was lost; another trajectory is untouched
+        victim = await tg.open_trajectory("victim", task="t")
+        other = await tg.open_trajectory("other", task="t")
+        await tg.run(victim, command="sh -c 'echo v > keep.txt'")
+        await tg.run(other, command="sh -c 'echo o > keep.txt'")
+        pending = await tg.submit(victim, command="sleep 20")
+        for _ in range(100):
+            boxes = [c for c in _containers(server) if c.labels["tangram.trajectory"] == "victim"]
+            if boxes and (await tg.wait(pending["id"], 0.1))["status"] == "running":
+                break
+        time.sleep(0.5)
+        boxes[0].kill()
+        res = await tg.wait(pending["id"], 30)
+        assert res["status"] == "failed" and "container died" in res["error"]
+        res = await tg.run(victim, command="sh -c 'cat keep.txt || echo missing'")
+        assert res["state_lost"] and "missing" in res["output"]
+        res = await tg.run(other, command="cat keep.txt")
+        assert res["output"].strip() == "o" and not res["state_lost"]
+        await tg.close_trajectory(victim)
+        await tg.close_trajectory(other)
+
+
+def test_docker_backend_end_to_end(docker_server):
+    run(_docker_flow(docker_server))
+    assert _containers(docker_server) == []
+
+
+def test_docker_containers_do_not_outlive_a_server_crash(tmp_path):
+    server = start_server(tmp_path / "state", "docker")
+
+    async def open_some() -> None:
+        async with TangramClient(server.url, TOKEN) as tg:
+            tid = await tg.open_trajectory(task="t")
+            await tg.run(tid, command="true")
+
+    run(open_some())
+    assert len(_containers(server)) == 1
+    server.stop(signal.SIGKILL)  # no chance to clean up
+    again = start_server(tmp_path / "state", "docker")
+    try:
+        assert _containers(again) == []  # the successor removed the leftovers
+    finally:
+        again.stop()
