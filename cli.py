@@ -203,6 +203,18 @@ def bench_simulate(
     print(json.dumps(simulate_bench(trajectories, seed)), flush=True)
 
 
+@bench_app.command("executor")
+def bench_executor(
+    backend: Annotated[str, typer.Option(help="process, docker or all.")] = "all",
+    actions: Annotated[int, typer.Option(min=5, help="Short actions timed per backend.")] = 60,
+) -> None:
+    """Per-action overhead of the live backends: submit->start, end->result (JSON lines)."""
+    from sim.bench import executor_bench
+
+    for name in (("process", "docker") if backend == "all" else (backend,)):
+        print(json.dumps(executor_bench(name, actions)), flush=True)
+
+
 def _quota_specs(items: list[str]):
     from tangram.cluster import QuotaSpec
 

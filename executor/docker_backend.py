@@ -23,7 +23,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import docker
 import docker.errors
@@ -77,6 +77,10 @@ class Sandbox:
     container_id: str
     last_used: float
     busy: bool = False
+    #: grants so far; a reclaim only applies if no newer grant happened
+    grants: int = 0
+    #: serialises cgroup updates: a late reclaim must not undo the next action's grant
+    lock: threading.Lock = field(default_factory=threading.Lock)
 
 
 class DockerBackend:
@@ -112,11 +116,15 @@ class DockerBackend:
         loop = asyncio.get_running_loop()
 
         def work() -> None:
+            box, grant = None, 0
             try:
-                outcome = self._run(d)
+                outcome, box = self._run(d)
+                grant = box.grants if box is not None else 0
             except Exception as e:  # never leave an action unanswered
                 outcome = Outcome(d.action.id, "failed", None, error=f"docker: {e}")
             loop.call_soon_threadsafe(on_done, outcome)
+            if box is not None:  # after the answer: reclaiming is off the critical path
+                self._reclaim(box, grant)
 
         self._pool.submit(work)
 
@@ -173,41 +181,46 @@ class DockerBackend:
         return c.id
 
     def _sandbox(self, trajectory: str) -> tuple[Sandbox, bool]:
-        """The trajectory's running container (created now if needed); True if state was lost."""
+        """The trajectory's container (created now if it has none); True if state was lost."""
         with self._lock:
             box = self._boxes.get(trajectory)
             lost = trajectory in self._lost
         if box is not None:
-            try:
-                state = self.client.api.inspect_container(box.container_id)["State"]
-                alive = state.get("Running", False)
-            except docker.errors.NotFound:
-                alive = False
-            if alive:
-                return box, False
-            lost = True
-            self._remove(box.container_id)
+            return box, False
         box = Sandbox(self._create(trajectory), time.monotonic())
         with self._lock:
             self._boxes[trajectory] = box
             self._lost.discard(trajectory)
         return box, lost
 
-    def _run(self, d: Dispatch) -> Outcome:
+    def _grant(self, box: Sandbox, cores: list[int]) -> float:
+        """AOE: the container's cgroup gets exactly ``cores`` right before the exec."""
+        t0 = time.time()
+        with box.lock:
+            box.busy = True
+            box.grants += 1
+            self.client.api.update_container(box.container_id,
+                                             cpuset_cpus=",".join(map(str, cores)),
+                                             cpu_period=PERIOD_US,
+                                             cpu_quota=len(cores) * PERIOD_US)
+        return time.time() - t0
+
+    def _run(self, d: Dispatch) -> tuple[Outcome, Sandbox | None]:
         t_start = time.time()
         payload = d.action.payload or {}
         try:
             argv = elastic_argv(argv_of(payload), d.units, d.action.elastic == "cpu")
         except CommandError as e:
-            return Outcome(d.action.id, "failed", None, error=str(e))
-        box, lost = self._sandbox(d.action.trajectory)
-        box.busy = True
+            return Outcome(d.action.id, "failed", None, error=str(e)), None
         cores = sorted(self.cpu_map[c] for c in d.lease.cores) or self.cpu_map
-        t_update = time.time()
-        self.client.api.update_container(box.container_id,
-                                         cpuset_cpus=",".join(map(str, cores)),
-                                         cpu_period=PERIOD_US, cpu_quota=len(cores) * PERIOD_US)
-        update_s = time.time() - t_update
+        box, lost = self._sandbox(d.action.trajectory)
+        try:
+            update_s = self._grant(box, cores)
+        except docker.errors.APIError:  # it died while idle: a fresh one, state lost
+            self._forget(d.action.trajectory, box)
+            box, _ = self._sandbox(d.action.trajectory)
+            lost = True
+            update_s = self._grant(box, cores)
         timeout = float(payload.get("timeout_s") or 0)
         full = (["timeout", "-s", "KILL", f"{timeout:g}"] if timeout else []) + argv
         env = {k: str(v) for k, v in (payload.get("env") or {}).items()}
@@ -221,36 +234,42 @@ class DockerBackend:
             t_exited = time.time()
             code = self.client.api.exec_inspect(exec_id).get("ExitCode")
         except docker.errors.APIError as e:
-            return self._died(d, box, f"docker exec failed: {e.explanation or e}")
+            return self._died(d, box, f"docker exec failed: {e.explanation or e}"), None
         finally:
             self._running.pop(d.action.id, None)
         if not self._alive(box.container_id, settle_s=1.0 if code is None or code >= 128 else 0):
-            return self._died(d, box, "the trajectory's container died during the action")
-        self._reclaim(box)
+            return self._died(d, box, "the trajectory's container died during the action"), None
         extra = {"argv": argv, "cores": cores, "update_s": update_s, "t_spawned": t_exec,
                  "t_exited": t_exited, "state_lost": lost, "container": box.container_id[:12]}
         timed_out = bool(timeout) and code == 137 and t_exited - t_exec >= timeout * 0.99
         return outcome_of(d, code, output or b"", timed_out, timeout, extra,
-                          overhead_s=t_exec - t_start)
+                          overhead_s=t_exec - t_start), box
+
+    def _forget(self, trajectory: str, box: Sandbox) -> None:
+        with self._lock:
+            if self._boxes.get(trajectory) is box:
+                del self._boxes[trajectory]
+            self._lost.add(trajectory)
+        self._remove(box.container_id)
 
     def _died(self, d: Dispatch, box: Sandbox, why: str) -> Outcome:
-        with self._lock:
-            if self._boxes.get(d.action.trajectory) is box:
-                del self._boxes[d.action.trajectory]
-            self._lost.add(d.action.trajectory)
-        self._remove(box.container_id)
+        self._forget(d.action.trajectory, box)
         return Outcome(d.action.id, "failed", None, error=why + "; it will be recreated, "
                        "without its files, at the trajectory's next action",
                        extra={"state_lost": True})
 
-    def _reclaim(self, box: Sandbox) -> None:
-        try:
-            self.client.api.update_container(box.container_id, cpu_period=PERIOD_US,
-                                             cpu_quota=IDLE_QUOTA_US)
-        except docker.errors.APIError:
-            pass
-        box.busy = False
-        box.last_used = time.monotonic()
+    def _reclaim(self, box: Sandbox, grant: int) -> None:
+        """Take the cores back (1% of one core) unless the next action already has them."""
+        with box.lock:
+            if box.grants != grant:
+                return
+            box.busy = False
+            box.last_used = time.monotonic()
+            try:
+                self.client.api.update_container(box.container_id, cpu_period=PERIOD_US,
+                                                 cpu_quota=IDLE_QUOTA_US)
+            except docker.errors.APIError:
+                pass
 
     def _alive(self, cid: str, settle_s: float = 0.0) -> bool:
         """Whether the container still runs; a signal-killed exec may be the first sign
