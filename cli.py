@@ -203,6 +203,71 @@ def bench_simulate(
     print(json.dumps(simulate_bench(trajectories, seed)), flush=True)
 
 
+@app.command()
+def reproduce(
+    out: Annotated[Path, typer.Option(help="Output directory.")] = Path("runs/reproduce"),
+    quick: Annotated[bool, typer.Option("--quick", help="Small sizes (<= 5 min on 2 cores).")] = False,
+    only: Annotated[list[str], typer.Option(help="Run only these experiments (repeatable).")] = [],  # noqa: B006
+    workers: Annotated[int, typer.Option(min=1, help="Parallel simulations.")] = 2,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+) -> None:
+    """Reproduce the paper's studies (Figs. 6-9, Table 1) and ours beyond it.
+
+    Writes results.json (paper vs ours), report.md, report.html and figures/ to --out.
+    """
+    from analysis.reproduce import reproduce as run_all
+
+    try:
+        results = _with_progress(lambda cb: run_all(out, quick, only or None, workers, cb),
+                                 quiet, "reproducing")
+    except ValueError as e:
+        fail(str(e))
+    if not quiet:
+        table = Table(title="paper vs ours")
+        for col in ("figure", "paper", "ours", "unit"):
+            table.add_column(col)
+        for r in results:
+            table.add_row(r["name"], str(r["paper"] if r["paper"] is not None else "-"),
+                          "n/a" if r["ours"] is None else f"{r['ours']:.3g}", r["unit"])
+        out_console.print(table)
+    out_console.print(f"wrote {out}/ (results.json, report.md, report.html, figures/)")
+
+
+@app.command()
+def plot(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories (from simulate or run).")],
+    out: Annotated[Path | None, typer.Option(help="Where figures go (default: first run/figures).")] = None,
+) -> None:
+    """Draw the standard figures for a set of runs: ACT CDF, per-kind ACT, utilisation."""
+    import pandas as pd
+
+    from analysis import figures
+    from analysis.outputs import load_run
+
+    loaded = []
+    for run_dir in runs:
+        try:
+            summary, frame = load_run(run_dir)
+        except (FileNotFoundError, ValueError, OSError) as e:
+            fail(str(e))
+        loaded.append((run_dir.name, summary, frame))
+    out = out or runs[0] / "figures"
+    paths = [figures.act_cdf([(n, f) for n, _, f in loaded], out)]
+    kinds = pd.DataFrame([{"run": n, "kind": k, "act_mean_s": v["act_mean_s"]}
+                          for n, s, _ in loaded for k, v in s.get("per_kind", {}).items()])
+    if not kinds.empty:
+        paths.append(figures.bars(kinds, "kind", "run", "act_mean_s", "mean ACT per action kind",
+                                  "mean ACT (s)", out, "act_per_kind", log=True))
+    utils = [(run_dir.name, pd.read_parquet(run_dir / "utilisation.parquet")) for run_dir in runs
+             if (run_dir / "utilisation.parquet").exists()]
+    if utils:
+        cap = loaded[0][1].get("utilisation", {}).get("cpu", {}).get("capacity")
+        if cap:
+            paths.append(figures.utilisation(utils, "cpu", cap, out, "cpu_utilisation"))
+    for p in paths:
+        out_console.print(f"wrote {p}")
+
+
 @bench_app.command("executor")
 def bench_executor(
     backend: Annotated[str, typer.Option(help="process, docker or all.")] = "all",

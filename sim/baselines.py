@@ -26,7 +26,7 @@ from tangram.managers.cpu import CpuLease, CpuManager
 from tangram.managers.gpu import GpuManager, GpuNode
 from tangram.model import Action
 from tangram.pools import CpuNodePool, GpuPool, Grant, Pending, Pool
-from tangram.scheduler import ElasticScheduler, FixedDopScheduler
+from tangram.scheduler import ElasticScheduler, FixedDopScheduler, ShortestExpectedFirst
 
 
 # -- Kubernetes: a pod per trajectory -------------------------------------------------------
@@ -288,7 +288,13 @@ def make_core(policy: str, cluster: ClusterSpec, options: dict[str, Any] | None 
         cluster = replace(cluster, quotas=tuple(replace(q, mode="concurrency", limit=float("inf"))
                                                 for q in cluster.quotas))
     if policy in ("tangram", "per-trajectory-api"):
-        return Tangram(cluster, ElasticScheduler(depth=depth))
+        core = Tangram(cluster, ElasticScheduler(depth=depth))
+        if options.get("ordering") == "sef":  # shortest expected first, aging-bounded
+            core.scheduler.ordering = ShortestExpectedFirst(
+                core.estimate, float(options.get("max_wait_s", 30.0)))
+        elif options.get("ordering", "fcfs") != "fcfs":
+            raise ValueError(f"ordering: unknown {options['ordering']!r} (fcfs or sef)")
+        return core
     if policy.startswith("fixed-dop:"):
         try:
             units = int(policy.split(":", 1)[1])

@@ -211,6 +211,8 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     rng = np.random.default_rng(config.seed)
     provider = QuotaManager(cluster.quotas) if api_retries(config.policy) else None
     startup = POD_START if config.policy in ("k8s", "baseline") else CONTAINER_START
+    if "pod_start_s" in options and startup is POD_START:
+        startup = StartupModel("pod", float(options["pod_start_s"]), POD_START.sigma)
     backend = SimBackend(clock, rng, startup, provider)
     runtime = Runtime(core, clock, backend)
     total = sum(len(s.steps) for specs in steps_specs for s in specs)

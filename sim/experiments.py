@@ -1,0 +1,292 @@
+"""The paper's studies, and ours beyond it, as named, parameterised experiments.
+
+Each experiment expands into simulation *jobs* (workload, batch, cluster,
+policy, options); jobs are independent and run in a process pool. Nothing here
+is tuned toward the paper's numbers: traces come from traces/generate.py with
+its cited calibration, and every figure is what the simulator measured.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Callable, Iterable
+from concurrent.futures import ProcessPoolExecutor
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from sim.cluster import load_cluster
+from sim.driver import SimConfig, simulate
+from tangram.cluster import ClusterSpec
+from traces.generate import generate
+from traces.schema import validate
+
+#: problem sizes: --quick runs on the small default cluster, the full run on the paper's testbed
+SCALES: dict[str, dict[str, Any]] = {
+    "quick": {"base": "default", "coding": 96, "deepsearch": 24, "mopd": 128, "mixed": 48,
+              "cpu_batches": [32, 64, 128], "cpu_nodes": [1, 2, 4], "cpu_cap_batch": 96,
+              "gpu_batches": [64, 128, 256], "gpu_nodes": [1, 2], "abl_batches": [32, 64, 128],
+              "sens": 64, "optgap_instances": 24, "ablation_ref": 128},
+    "full": {"base": "paper", "coding": 1024, "deepsearch": 256, "mopd": 1024, "mixed": 512,
+             "cpu_batches": [256, 512, 1024, 2048], "cpu_nodes": [4, 8, 15],
+             "cpu_cap_batch": 1024, "gpu_batches": [256, 512, 1024, 2048],
+             "gpu_nodes": [1, 2, 3, 4, 5], "abl_batches": [256, 640, 1280], "sens": 512,
+             "optgap_instances": 80, "ablation_ref": 1280},
+}
+
+BASELINE_OF = {"coding": "k8s", "deepsearch": "baseline", "mopd": "static", "mixed": "baseline"}
+
+
+@dataclass(frozen=True)
+class Job:
+    experiment: str
+    workload: str
+    trajectories: int
+    policy: str
+    base: str
+    seed: int = 0
+    cpu_nodes: int | None = None
+    gpu_nodes: int | None = None
+    restore_gbps: float | None = None
+    think_scale: float = 1.0
+    test_scale: float = 1.0
+    options: tuple[tuple[str, Any], ...] = ()
+    tags: tuple[tuple[str, Any], ...] = ()
+
+
+def cluster_for(job: Job) -> ClusterSpec:
+    c = load_cluster(job.base)
+    if job.cpu_nodes is not None:
+        proto = c.cpu_nodes[0]
+        c = replace(c, cpu_nodes=tuple(replace(proto, name=f"cpu-{i}") for i in range(job.cpu_nodes)))
+    if job.gpu_nodes is not None:
+        proto = c.gpu_nodes[0]
+        c = replace(c, gpu_nodes=tuple(replace(proto, name=f"gpu-{i}") for i in range(job.gpu_nodes)))
+    if job.restore_gbps is not None:
+        c = replace(c, restore_gbps=job.restore_gbps)
+    return c
+
+
+def run_job(job: Job) -> dict[str, Any]:
+    df = generate(job.workload, job.trajectories, job.seed)
+    if job.think_scale != 1.0:
+        df["think_s"] = df["think_s"] * job.think_scale
+    if job.test_scale != 1.0:
+        tests = df["kind"].isin(["test_run", "reward_test"])
+        df.loc[tests, "t1_s"] = df.loc[tests, "t1_s"] * job.test_scale
+    df = validate(df)
+    tags = {"experiment": job.experiment, "workload": job.workload, "policy": job.policy,
+            "trajectories": job.trajectories, **dict(job.tags)}
+    try:
+        result = simulate(df, cluster_for(job), SimConfig(policy=job.policy, seed=job.seed,
+                                                          options=dict(job.options)))
+    except ValueError as e:  # e.g. static deployments that do not fit: a finding, not a crash
+        return {**tags, "error": str(e).splitlines()[0], "act_mean_s": float("nan")}
+    s = result.summary
+    keep = ("actions", "act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s", "queue_p99_s",
+            "exec_mean_s", "step_time_s", "restore_mean_s", "decision_mean_us", "failed",
+            "api_retries", "per_category", "utilisation", "gpu_restores")
+    out = {k: s[k] for k in keep}
+    out["queue_max_s"] = float(result.frame["queue_s"].max()) if len(result.frame) else 0.0
+    out.update({**tags, "cpu_nodes": len(cluster_for(job).cpu_nodes),
+                "gpu_nodes": len(cluster_for(job).gpu_nodes)})
+    return out
+
+
+# -- experiment definitions ---------------------------------------------------------------
+def fig6_fig7(sc: dict) -> list[Job]:
+    jobs = []
+    for wl in ("coding", "deepsearch", "mopd", "mixed"):
+        for policy in ("tangram", BASELINE_OF[wl]):
+            jobs.append(Job("fig6", wl, sc[wl], policy, sc["base"]))
+    return jobs
+
+
+def fig8(sc: dict) -> list[Job]:
+    jobs = [Job("fig8_cpu_batch", "coding", b, p, sc["base"], tags=(("x", b),))
+            for b in sc["cpu_batches"] for p in ("tangram", "k8s")]
+    jobs += [Job("fig8_cpu_capacity", "coding", sc["cpu_cap_batch"], p, sc["base"], cpu_nodes=n,
+                 tags=(("x", n),)) for n in sc["cpu_nodes"] for p in ("tangram", "k8s")]
+    jobs += [Job("fig8_gpu_batch", "mopd", b, p, sc["base"], tags=(("x", b),))
+             for b in sc["gpu_batches"] for p in ("tangram", "static", "serverless")]
+    top = sc["gpu_batches"][-1]
+    jobs += [Job("fig8_gpu_nodes", "mopd", top, "tangram", sc["base"], gpu_nodes=n,
+                 tags=(("x", n),)) for n in sc["gpu_nodes"]]
+    jobs.append(Job("fig8_gpu_nodes", "mopd", top, "static", sc["base"],
+                    gpu_nodes=sc["gpu_nodes"][-1], tags=(("x", sc["gpu_nodes"][-1]),)))
+    return jobs
+
+
+def fig9(sc: dict) -> list[Job]:
+    policies = ("tangram", "fixed-dop:1", "fixed-dop:4", "fixed-dop:8", "fixed-dop:16")
+    return [Job("fig9", "coding", b, p, sc["base"], tags=(("x", b),))
+            for b in sc["abl_batches"] for p in policies]
+
+
+def ordering(sc: dict) -> list[Job]:
+    n = sc["cpu_batches"][-1]
+    return [Job("ordering", "coding", n, "tangram", sc["base"], options=(("ordering", o),),
+                tags=(("ordering", o),)) for o in ("fcfs", "sef")]
+
+
+def sensitivity(sc: dict) -> list[Job]:
+    n = sc["sens"]
+    jobs = []
+    for value in (0.5, 1.0, 2.0):
+        for p in ("tangram", "k8s"):
+            jobs.append(Job("sensitivity", "coding", n, p, sc["base"], think_scale=value,
+                            tags=(("param", "think_scale"), ("x", value))))
+            jobs.append(Job("sensitivity", "coding", n, p, sc["base"], test_scale=value,
+                            tags=(("param", "test_scale"), ("x", value))))
+    for value in (1.0, 2.0, 5.0):
+        for p in ("tangram", "k8s"):
+            jobs.append(Job("sensitivity", "coding", n, p, sc["base"],
+                            options=(("pod_start_s", value),),
+                            tags=(("param", "pod_start_s"), ("x", value))))
+    for value in (5.0, 25.0, 64.0):
+        for p in ("tangram", "static"):
+            jobs.append(Job("sensitivity", "mopd", sc["mopd"], p, sc["base"], restore_gbps=value,
+                            tags=(("param", "restore_gbps"), ("x", value))))
+    return jobs
+
+
+EXPERIMENTS: dict[str, Callable[[dict], list[Job]]] = {
+    "fig6": fig6_fig7, "fig8": fig8, "fig9": fig9, "ordering": ordering,
+    "sensitivity": sensitivity,
+}
+#: experiments that are not simulation jobs
+EXTRA = ("optgap",)
+
+
+def run_jobs(jobs: list[Job], workers: int = 2,
+             progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    if workers <= 1:
+        for i, job in enumerate(jobs):
+            out.append(run_job(job))
+            if progress:
+                progress(i + 1, len(jobs))
+        return out
+    with ProcessPoolExecutor(max_workers=workers) as pool:
+        # largest first: the pool's tail is then short jobs
+        order = sorted(range(len(jobs)), key=lambda i: -jobs[i].trajectories)
+        futures = {i: pool.submit(run_job, jobs[i]) for i in order}
+        results: dict[int, dict[str, Any]] = {}
+        for done, i in enumerate(order, 1):
+            results[i] = futures[i].result()
+            if progress:
+                progress(done, len(jobs))
+        return [results[i] for i in range(len(jobs))]
+
+
+# -- beyond the paper (a): optimality gap on small instances --------------------------------
+@dataclass
+class GapInstance:
+    sizes: list[float]
+    p: float
+    cores: int
+    choices: list[int] = field(default_factory=list)
+
+    def dur(self, i: int, m: float) -> float:
+        return self.sizes[i] / m ** self.p  # speedup m^p: concave, heSRPT's model
+
+
+def fcfs_list_schedule(inst: GapInstance, units: Iterable[int]) -> float:
+    """Total completion time when job i runs on units[i] cores, started in order."""
+    free, clock, total = inst.cores, 0.0, 0.0
+    running: list[tuple[float, int]] = []
+    for i, u in enumerate(units):
+        running.sort()
+        while free < u:
+            end, k = running.pop(0)
+            free += k
+            clock = max(clock, end)
+        end = clock + inst.dur(i, u)
+        running.append((end, u))
+        free -= u
+        total += end
+    return total
+
+
+def exhaustive(inst: GapInstance) -> float:
+    return min(fcfs_list_schedule(inst, combo)
+               for combo in itertools.product(inst.choices, repeat=len(inst.sizes)))
+
+
+def hesrpt(inst: GapInstance) -> float:
+    """heSRPT (Berg et al., SIGMETRICS 2020): optimal for speedup k^p with preemption and
+    fractional cores; the fluid total completion time, a lower bound for the others."""
+    remaining = sorted(inst.sizes, reverse=True)
+    clock, total = 0.0, 0.0
+    c = 1.0 / (1.0 - inst.p) if inst.p < 1 else math.inf
+    while remaining:
+        m = len(remaining)
+        # jobs largest first: job i (1-based) of m gets (i/m)^c - ((i-1)/m)^c of the cores,
+        # so the smallest job gets the largest share
+        shares = [((i + 1) / m) ** c - (i / m) ** c for i in range(m)]
+        rates = [(s * inst.cores) ** inst.p if s > 0 else 0.0 for s in shares]
+        # remaining is in work units at one core: work left / rate
+        t = min(w / r for w, r in zip(remaining, rates, strict=True) if r > 0)
+        clock += t
+        remaining = [w - r * t for w, r in zip(remaining, rates, strict=True)]
+        done = [w for w in remaining if w <= 1e-9]
+        total += clock * len(done)
+        remaining = sorted((w for w in remaining if w > 1e-9), reverse=True)
+    return total
+
+
+def tangram_total(inst: GapInstance) -> float:
+    """Drive the real core on the instance (all submitted at t=0, FCFS order)."""
+    import heapq
+
+    from tangram.cluster import CpuNodeSpec
+    from tangram.core import Tangram
+    from tangram.model import Action, Demand, Elasticity
+
+    core = Tangram(ClusterSpec(cpu_nodes=(CpuNodeSpec("n", inst.cores, 1, 64.0),)))
+    table = {m: m ** inst.p / m for m in inst.choices}
+    heap: list[tuple[float, str]] = []
+    ends: dict[str, float] = {}
+
+    def feed(now: float, ds) -> None:
+        for d in ds:
+            i = int(d.action.id)
+            end = now + inst.dur(i, d.units)
+            ends[d.action.id] = end
+            heapq.heappush(heap, (end, d.action.id))
+
+    for i, size in enumerate(inst.sizes):
+        core.open_trajectory(f"j{i}", "gap", 0.0)
+        feed(0.0, core.submit(Action(str(i), "gap", f"j{i}", "test_run",
+                                     {"cpu": Demand.discrete(inst.choices)}, elastic="cpu",
+                                     t1_s=size, elasticity=Elasticity.from_table(table)), 0.0))
+    while heap:
+        t, aid = heapq.heappop(heap)
+        feed(t, core.finish(aid, t))
+    return sum(ends.values())
+
+
+def optgap(n_instances: int, seed: int = 0) -> list[dict[str, Any]]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for k in range(n_instances):
+        cores = int(rng.choice([4, 8]))
+        inst = GapInstance(sizes=list(rng.lognormal(np.log(20), 0.8, int(rng.integers(3, 6)))),
+                           p=float(rng.uniform(0.5, 0.95)), cores=cores,
+                           choices=[c for c in (1, 2, 4, 8) if c <= cores])
+        t, ex, he = tangram_total(inst), exhaustive(inst), hesrpt(inst)
+        rows.append({"experiment": "optgap", "instance": k, "jobs": len(inst.sizes),
+                     "cores": cores, "p": inst.p, "tangram": t, "exhaustive": ex, "hesrpt": he,
+                     "gap_vs_exhaustive": t / ex - 1, "gap_vs_hesrpt": t / he - 1})
+    return rows
+
+
+def jobs_for(names: Iterable[str], scale: str) -> list[Job]:
+    sc = SCALES[scale]
+    jobs: list[Job] = []
+    for name in names:
+        if name in EXPERIMENTS:
+            jobs += EXPERIMENTS[name](sc)
+    return jobs
