@@ -128,8 +128,9 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path) -> list[Path]
     paths: list[Path] = []
     f6 = rows[rows["experiment"] == "fig6"].copy()
     if not f6.empty:
-        f6["system"] = np.where(f6["policy"] == "tangram", "tangram", f6["policy"])
-        paths.append(figures.bars(f6, "workload", "policy", "act_mean_s",
+        f6["system"] = np.where(f6["policy"] == "tangram", "tangram", "baseline")
+        f6["label"] = [f"{w}\n(vs {BASELINE_OF[w]})" for w in f6["workload"]]
+        paths.append(figures.bars(f6, "label", "system", "act_mean_s",
                                   "Fig. 6: mean ACT per workload (labels: RL step time)",
                                   "mean ACT (s)", out, "fig6_act", annotate="step_time_s",
                                   log=True))
