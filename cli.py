@@ -47,11 +47,13 @@ def simulate(
     cluster: Annotated[str | None, typer.Option(
         help="Cluster YAML, or a built-in name (default, paper).")] = None,
     policy: Annotated[str, typer.Option(help="Scheduling policy; see `tangram policies`.")] = "tangram",
-    out: Annotated[Path | None, typer.Option(help="Output directory (default runs/<trace>-<policy>).")] = None,
+    out: Annotated[Path | None, typer.Option(
+        help="Output directory (default runs/<trace>-<policy>).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the modelled overheads.")] = 0,
     steps: Annotated[int, typer.Option(min=1, help="RL steps: the trace's batch replayed N times.")] = 1,
     train_s: Annotated[float, typer.Option(min=0, help="Training time per RL step (s).")] = 0.0,
-    asynchronous: Annotated[bool, typer.Option("--async", help="Overlap training with the next rollout.")] = False,
+    asynchronous: Annotated[bool, typer.Option(
+        "--async", help="Overlap training with the next rollout.")] = False,
     depth: Annotated[int, typer.Option(min=0, help="Alg. 1 depth (remaining actions that explore).")] = 2,
     pod_cores: Annotated[int, typer.Option(min=1, help="k8s/baseline: cores per trajectory pod.")] = 4,
     gpu_dop: Annotated[int | None, typer.Option(help="static/serverless: GPUs per instance.")] = None,

@@ -80,9 +80,8 @@ class PodPool(CpuNodePool):
         return 0
 
     def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
-        pod = self.pods.pods[p.action.trajectory]
-        units = min(len(pod.cores), max(units, p.key_min))
-        return Grant(None, self.node, cores=pod.cores)
+        # the lease records the DoP the scheduler chose; the pod's cores are all the action sees
+        return Grant(None, self.node, cores=self.pods.pods[p.action.trajectory].cores)
 
 
 class K8sCore(Tangram):

@@ -269,7 +269,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
         extra={"api_retries": backend.retries, "gpu_restores": core.gpu.restores,
                "gpu_restore_hits": core.gpu.hits, "seed": config.seed,
                "core_s": runtime.core_s,
-               "scheduler_pass_mean_us": float(np.mean(core.pass_times) * 1e6)
-               if core.pass_times else 0.0},
+               "scheduler_pass_mean_us": core.pass_s / core.passes * 1e6 if core.passes
+               else 0.0},
     )
     return SimResult(frame, summary, util, core, wall)

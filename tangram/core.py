@@ -65,8 +65,9 @@ class Tangram:
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cluster.cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
-        #: wall seconds spent in scheduling passes, one entry per pass that planned
-        self.pass_times: list[float] = []
+        #: scheduling passes that dispatched something, and their total wall seconds
+        self.passes = 0
+        self.pass_s = 0.0
 
     def _build_pools(self) -> list[Pool]:
         """One pool per CPU node (paper 5.2), one for the GPU cluster, one for APIs."""
@@ -173,8 +174,9 @@ class Tangram:
         action = run.dispatch.action
         run.pool.running.pop(action_id, None)
         self._release(run.pool, run.dispatch.lease)
-        self.trajectories.get(action.trajectory, TrajectoryState("", None)).in_flight.discard(
-            action_id)
+        state = self.trajectories.get(action.trajectory)
+        if state is not None:
+            state.in_flight.discard(action_id)
         if outcome is None or outcome.ok:
             elapsed = now - run.dispatch.start_s - run.dispatch.lease.restore_s
             self._learn(action, run.dispatch.units, max(elapsed, 0.0))
@@ -299,7 +301,8 @@ class Tangram:
         for p in [p for p, _ in granted if id(p) in started]:
             queue.remove(p)
         decision_s = (time.perf_counter() - t0) / max(len(granted), 1)
-        self.pass_times.append(time.perf_counter() - t0)
+        self.passes += 1
+        self.pass_s += time.perf_counter() - t0
         out = []
         for p, lease in granted:
             del self.queued[p.action.id]
