@@ -157,7 +157,7 @@ EXPERIMENTS: dict[str, Callable[[dict], list[Job]]] = {
     "sensitivity": sensitivity,
 }
 #: experiments that are not simulation jobs
-EXTRA = ("optgap",)
+EXTRA = ("optgap", "table1")
 
 
 def run_jobs(jobs: list[Job], workers: int = 2,

@@ -318,3 +318,54 @@ def test_docker_backend_direct(agent, tmp_path):
         assert backend.remove_all() == 0
 
     run(go())
+
+
+def test_abandoned_container_removed_after_idle_ttl(tmp_path):
+    from executor.docker_backend import DockerBackend
+    from executor.driver import LiveExecutor
+    from executor.local import local_cluster
+    from tangram.core import Tangram
+    from tangram.model import Action, Demand
+
+    async def go() -> None:
+        backend = DockerBackend(owner=f"ttl-{tmp_path.name}", idle_ttl_s=0.5)
+        ex = LiveExecutor(Tangram(local_cluster()), backend)
+        try:
+            ex.open_trajectory("abandoned", "t", 0.25)
+            await ex.run(Action("a", "t", "abandoned", "shell", {"cpu": Demand.fixed(1)},
+                                payload={"command": "true"}))
+            assert _count(backend) == 1
+            deadline = time.time() + 10
+            while _count(backend) and time.time() < deadline:  # never closed by its client
+                await asyncio.sleep(0.2)
+            assert _count(backend) == 0
+        finally:
+            ex.shutdown()
+
+    def _count(backend) -> int:
+        return len(docker.from_env().containers.list(
+            all=True, filters={"label": f"tangram.owner={backend.owner}"}))
+
+    run(go())
+
+
+def test_result_stream_sends_status_then_result(process_server):
+    async def go() -> list[str]:
+        async with TangramClient(process_server.url, TOKEN) as tg:
+            tid = await tg.open_trajectory(task="t")
+            a = await tg.submit(tid, command="sleep 0.3")
+            events = []
+            async with httpx.AsyncClient(base_url=process_server.url, timeout=30,
+                                         headers={"Authorization": f"Bearer {TOKEN}"}) as http:
+                async with http.stream("GET", f"/v1/actions/{a['id']}/events") as resp:
+                    assert resp.headers["content-type"].startswith("text/event-stream")
+                    async for line in resp.aiter_lines():
+                        if line.startswith("data: "):
+                            events.append(line[6:])
+            await tg.close_trajectory(tid)
+            return events
+
+    import json
+
+    events = [json.loads(e)["status"] for e in run(go())]
+    assert events[-1] == "ok" and events[0] in ("queued", "running")
