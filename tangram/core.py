@@ -35,6 +35,9 @@ class TrajectoryState:
     task: str
     mem_gb: float | None
     in_flight: set[str] = field(default_factory=set)
+    #: while it thinks (LLM generation): the pool of its last action and when that ended
+    thinking_in: Pool | None = None
+    last_end: float = 0.0
 
 
 @dataclass(slots=True)
@@ -62,6 +65,8 @@ class Tangram:
         self.running: dict[str, Running] = {}
         self._mean: dict[tuple[str, str], tuple[int, float]] = {}
         self._t1_mean: dict[tuple[str, str], tuple[int, float]] = {}
+        #: moving average of think time (LLM generation between actions), all trajectories
+        self._think_s = 5.0
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cluster.cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
@@ -101,6 +106,8 @@ class Tangram:
                 f"trajectory: {trajectory!r} still has {len(state.in_flight)} action(s) in flight"
             )
         del self.trajectories[trajectory]
+        if state.thinking_in is not None:
+            state.thinking_in.thinking -= 1
         if self.cpu.node_of(trajectory) is None:
             return []
         self.cpu.unbind(trajectory)
@@ -146,7 +153,12 @@ class Tangram:
         """Queue ``action`` and return what can start now."""
         self.validate(action)
         pool = self._route(action)
-        self.trajectories[action.trajectory].in_flight.add(action.id)
+        state = self.trajectories[action.trajectory]
+        if state.thinking_in is not None:  # it stopped thinking: learn how long that took
+            state.thinking_in.thinking -= 1
+            state.thinking_in = None
+            self._think_s += 0.05 * ((now - state.last_end) - self._think_s)
+        state.in_flight.add(action.id)
         if pool is None:  # first CPU action of a trajectory: bind it to a node first
             pending = Pending(action, now, int(action.min("cpu")))
             self.queued[action.id] = pending
@@ -177,9 +189,15 @@ class Tangram:
         state = self.trajectories.get(action.trajectory)
         if state is not None:
             state.in_flight.discard(action_id)
+            if not state.in_flight and run.pool.key is not None:
+                state.thinking_in = run.pool  # its next action will most likely come here
+                state.last_end = now
+                run.pool.thinking += 1
         if outcome is None or outcome.ok:
             elapsed = now - run.dispatch.start_s - run.dispatch.lease.restore_s
             self._learn(action, run.dispatch.units, max(elapsed, 0.0))
+            if not run.pending.elastic:
+                run.pool.short_s += 0.05 * (elapsed - run.pool.short_s)
         touched: Iterable[Pool] = [run.pool]
         if run.pending.quotas:  # freed quota may unblock any pool's head
             touched = self.pools.values()
@@ -218,6 +236,17 @@ class Tangram:
             return p.action.duration(p.key_min)  # type: ignore[return-value]
         mean = self._mean.get((p.action.task, p.action.kind))
         return mean[1] if mean else self.default_duration_s
+
+    def expected_arrivals(self, pool: Pool, now: float,
+                          limit: int) -> list[tuple[float, int, float]]:
+        """The next actions of the trajectories thinking on ``pool``: spread over one mean
+        think time (remaining think is about uniform), one unit each, the pool's mean
+        duration of non-elastic actions."""
+        n = pool.thinking
+        if n <= 0 or limit <= 0:
+            return []
+        step = self._think_s / n
+        return [(now + step * (k + 0.5), 1, pool.short_s) for k in range(min(n, limit))]
 
     def _learn(self, action: Action, units: int, elapsed: float) -> None:
         key = (action.task, action.kind)
@@ -284,7 +313,8 @@ class Tangram:
             return []
         t0 = time.perf_counter()
         sched = pool.scheduler or self.scheduler
-        decisions = sched.plan(pool, self._quota_free(now), now, self.estimate)
+        decisions = sched.plan(pool, self._quota_free(now), now, self.estimate,
+                               self.expected_arrivals)
         if not decisions:
             return []
         # Largest grants first: NUMA placement is easiest while domains are whole.
@@ -310,7 +340,8 @@ class Tangram:
                 p.action.duration(lease.units) if p.action.t1_s is not None else self.estimate(p))
             d = Dispatch(p.action, lease, p.submit_s, now, expected, decision_s)
             self.running[p.action.id] = Running(d, pool, p)
-            pool.running[p.action.id] = (now + lease.restore_s + (expected or 0.0), lease.units)
+            pool.running[p.action.id] = (now + lease.restore_s + (expected or 0.0), lease.units,
+                                         now)
             out.append(d)
         return out
 

@@ -52,8 +52,12 @@ class Pool:
     def __init__(self, name: str) -> None:
         self.name = name
         self.queue: deque[Pending] = deque()
-        #: action id -> (expected end, units of the key resource)
-        self.running: dict[str, tuple[float, int]] = {}
+        #: action id -> (expected end, units of the key resource, start)
+        self.running: dict[str, tuple[float, int, float]] = {}
+        #: trajectories whose last action ran here and that are now thinking
+        self.thinking = 0
+        #: moving average of non-elastic actions' execution time here (s)
+        self.short_s = 1.0
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
         return ()

@@ -73,6 +73,8 @@ class ShortestExpectedFirst:
 
 Decision = tuple[Pending, int]
 Estimator = Callable[[Pending], float]
+#: expected arrivals at a pool: (arrival time, units at minimum, expected duration)
+Arrivals = Callable[[Pool, float, int], list[tuple[float, int, float]]]
 
 
 class ElasticScheduler:
@@ -81,7 +83,7 @@ class ElasticScheduler:
     elastic_enabled = True
 
     def __init__(self, depth: int = 2, lookahead: int = 32,
-                 ordering: Ordering | None = None) -> None:
+                 ordering: Ordering | None = None, anticipate: bool = True) -> None:
         if depth < 0:
             raise ValueError(f"depth: must be >= 0, got {depth}")
         if lookahead < 1:
@@ -89,6 +91,10 @@ class ElasticScheduler:
         self.depth = depth
         self.lookahead = lookahead
         self.ordering: Ordering = ordering or FCFS()
+        #: Beyond the paper: also count the actions that trajectories now thinking
+        #: will submit soon (closed loop), so that one elastic action does not take
+        #: every free unit just before a wave of short commands arrives.
+        self.anticipate = anticipate
 
     def min_units(self, choices: tuple[int, ...]) -> int:
         """Units an elastic action needs at least (its smallest feasible amount)."""
@@ -96,7 +102,7 @@ class ElasticScheduler:
 
     # -- Alg. 1 ------------------------------------------------------------------------
     def plan(self, pool: Pool, quota_free: Callable[[], dict[str, float]], now: float,
-             estimate: Estimator) -> list[Decision]:
+             estimate: Estimator, arrivals: Arrivals | None = None) -> list[Decision]:
         """Which queued actions of ``pool`` start now, and on how many units."""
         if not pool.queue:
             return []
@@ -127,11 +133,14 @@ class ElasticScheduler:
         if elastic:
             rest = [] if blocked is None else [blocked]
             rest.extend(islice(it, self.lookahead - len(rest)))
-            decisions.extend(self.allocate(pool, fixed, elastic, rest, now, estimate))
+            expected = (arrivals(pool, now, self.lookahead - len(rest))
+                        if arrivals and self.anticipate and len(rest) < self.lookahead else [])
+            decisions.extend(self.allocate(pool, fixed, elastic, rest, now, estimate, expected))
         return decisions
 
     def allocate(self, pool: Pool, fixed: list[Pending], elastic: list[Pending],
-                 rest: list[Pending], now: float, estimate: Estimator) -> list[Decision]:
+                 rest: list[Pending], now: float, estimate: Estimator,
+                 expected: list[tuple[float, int, float]] = ()) -> list[Decision]:
         """Greedy eviction over the elastic group (Alg. 1, lines 5-14)."""
         options = [p.durations for p in elastic]
         table = arrange(options, pool.operator.space(pool.elastic_capacity(fixed)))
@@ -140,13 +149,28 @@ class ElasticScheduler:
         full = table.best(n)
         if full is None:  # cannot happen: the minimums were checked to fit
             return list(zip(elastic, minimum, strict=True))
-        if n == 1 and full[1] == minimum:
-            return [(elastic[0], minimum[0])]  # no room to grow, nothing to evict for
-        running = list(pool.running.values())
+        head = elastic[0]
+        # Beyond the paper: evicting down to nothing lets the head wait for more units
+        # when that finishes it sooner (its depth exploration weighs "now at the minimum"
+        # against "wider, later"). Bounded: it never waits longer than its own run at the
+        # minimum, so its ACT at most doubles and nothing starves.
+        # an action past its expected end is expected to run as long again as it has
+        # so far (heavy tails), not to finish this instant
+        running = [(end if end > now else now + (now - start), units)
+                   for end, units, start in pool.running.values()]
+        # (only with a short queue: behind a long one the units are contended anyway)
+        may_wait = (self.anticipate and len(rest) < self.lookahead // 2
+                    and now - head.submit_s < head.durations[head.key_min]
+                    and _earliest_finish(running, pool.free_units() - sum(
+                        p.key_min for p in fixed), now, head)[1] > now)
+        if n == 1 and full[1] == minimum and not may_wait:
+            return [(head, minimum[0])]  # no room to grow, nothing to evict for
         running.extend((now + estimate(p), p.key_min) for p in fixed)
         free0 = pool.free_units() - sum(p.key_min for p in fixed)
-        # (units, estimated duration, pending) of every action the alternatives may leave queued
-        queued = [(p.key_min, estimate(p), p) for p in elastic + rest]
+        # (units, estimated duration, pending, arrival) of every action the alternatives may
+        # leave waiting: the queue (already here), then the expected arrivals
+        queued = [(p.key_min, estimate(p), p, now) for p in elastic + rest]
+        queued += [(units, dur, None, at) for at, units, dur in expected]
 
         def objective(units: Sequence[int]) -> float:
             t = len(units)
@@ -164,7 +188,7 @@ class ElasticScheduler:
         prev_obj = best_obj if full[1] == minimum else objective(full[1])
         if prev_obj < best_obj:
             best_units, best_obj = full[1], prev_obj
-        for t in range(n - 1, 0, -1):
+        for t in range(n - 1, -1 if may_wait else 0, -1):
             cand = table.best(t)
             if cand is None:
                 break
@@ -178,15 +202,18 @@ class ElasticScheduler:
 
     # -- Alg. 2 ------------------------------------------------------------------------
     def _walk(self, heap: list[tuple[float, int]], free: int, clock: float,
-              queued: list[tuple[int, float, Pending]], now: float, depth: int) -> float:
-        """Sum of estimated completion times (from ``now``) of the queued actions,
-        each started in order once its units are free."""
+              queued: list[tuple[int, float, Pending | None, float]], now: float,
+              depth: int) -> float:
+        """Sum of estimated completion times (from arrival) of the queued actions, each
+        started in order once it has arrived and its units are free."""
         total = 0.0
         pop, push = heapq.heappop, heapq.heappush
-        for idx, (need, dur, p) in enumerate(queued):
-            if depth > 0:
+        for idx, (need, dur, p, arrival) in enumerate(queued):
+            if arrival > clock:
+                clock = arrival
+            if depth > 0 and p is not None:
                 depth -= 1
-                opts = self._options(heap, free, p) if p.elastic else ()
+                opts = self._options(heap, free, clock, p) if p.elastic else ()
                 if len(opts) > 1:
                     # explore: at its minimum, or as wide as is free when it can start;
                     # keep whichever gives the least total over the rest of the queue
@@ -194,7 +221,7 @@ class ElasticScheduler:
                     for u in opts:
                         h = heap.copy()
                         d = p.durations[u]
-                        cost, f, clk = _place(h, free, clock, u, d, now)
+                        cost, f, clk = _place(h, free, clock, u, d, arrival)
                         cost += self._walk(h, f, clk, queued[idx + 1:], now, depth)
                         best = min(best, cost)
                     return total + best
@@ -205,19 +232,37 @@ class ElasticScheduler:
                     clock = end
             push(heap, (clock + dur, need))
             free -= need
-            total += clock - now + dur
+            total += clock - arrival + dur
         return total
 
     @staticmethod
-    def _options(heap: list[tuple[float, int]], free: int, p: Pending) -> tuple[int, ...]:
-        avail = free
-        if avail < p.key_min:
-            for _end, units in sorted(heap):
-                avail += units
-                if avail >= p.key_min:
-                    break
-        wide = max((u for u in p.choices if u <= avail), default=p.key_min)
-        return (p.key_min,) if wide == p.key_min else (p.key_min, wide)
+    def _options(heap: list[tuple[float, int]], free: int, clock: float,
+                 p: Pending) -> tuple[int, ...]:
+        """Its minimum, and the unit count that would finish it first."""
+        best_u, _ = _earliest_finish(heap, free, clock, p)
+        return (p.key_min,) if best_u == p.key_min else (p.key_min, best_u)
+
+
+def _earliest_finish(heap: list[tuple[float, int]], free: int, clock: float,
+                     p: Pending) -> tuple[int, float]:
+    """The unit count that would finish ``p`` first given when the running actions free
+    their units (waiting for them if that pays), and when it would start."""
+    ordered = sorted(heap)
+    avail, t, i = free, clock, 0
+    best_u, best_finish, best_start = p.key_min, float("inf"), clock
+    for u in p.choices:
+        while avail < u and i < len(ordered):
+            end, units = ordered[i]
+            avail += units
+            if end > t:
+                t = end
+            i += 1
+        if avail < u:
+            break
+        finish = t + p.durations[u]
+        if finish < best_finish:
+            best_u, best_finish, best_start = u, finish, t
+    return best_u, best_start
 
 
 def _place(heap: list[tuple[float, int]], free: int, clock: float, need: int, dur: float,
