@@ -203,7 +203,11 @@ class DockerBackend:
             cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
             cpu_quota=len(self.cpu_map) * PERIOD_US,
             environment={"HOME": "/root", "PATH": "/usr/bin:/bin"})
-        c.start()
+        try:
+            c.start()
+        except docker.errors.APIError:
+            self._remove(c.id)  # a container that never started must not linger
+            raise
         box = Sandbox(c.id, time.monotonic())
         if agent_dir is not None:
             sock = os.path.join(agent_dir, "agent.sock")

@@ -120,7 +120,8 @@ def fig8(sc: dict) -> list[Job]:
 
 
 def fig9(sc: dict) -> list[Job]:
-    policies = ("tangram", "fixed-dop:1", "fixed-dop:4", "fixed-dop:8", "fixed-dop:16")
+    policies = ("tangram", "tangram-paper", "fixed-dop:1", "fixed-dop:4", "fixed-dop:8",
+                "fixed-dop:16")
     return [Job("fig9", "coding", b, p, sc["base"], tags=(("x", b),))
             for b in sc["abl_batches"] for p in policies]
 
