@@ -35,9 +35,12 @@ class TrajectoryState:
     task: str
     mem_gb: float | None
     in_flight: set[str] = field(default_factory=set)
-    #: while it thinks (LLM generation): the pool of its last action and when that ended
+    #: while it thinks (LLM generation): the pool of its last action, when and of what
+    #: (task, kind) that ended, and how likely it is to submit another action at all
     thinking_in: Pool | None = None
     last_end: float = 0.0
+    last_kind: tuple[str, str] = ("", "")
+    will_continue: float = 0.0
 
 
 @dataclass(slots=True)
@@ -67,6 +70,8 @@ class Tangram:
         self._t1_mean: dict[tuple[str, str], tuple[int, float]] = {}
         #: moving average of think time (LLM generation between actions), all trajectories
         self._think_s = 5.0
+        #: (task, kind) -> (times a trajectory submitted again after it, times observed)
+        self._follow: dict[tuple[str, str], tuple[int, int]] = {}
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cluster.cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
@@ -106,12 +111,14 @@ class Tangram:
                 f"trajectory: {trajectory!r} still has {len(state.in_flight)} action(s) in flight"
             )
         del self.trajectories[trajectory]
-        if state.thinking_in is not None:
-            state.thinking_in.thinking -= 1
+        if state.thinking_in is not None:  # it ended after that kind of action
+            state.thinking_in.thinking -= state.will_continue
+            self._followed(state.last_kind, False)
         if self.cpu.node_of(trajectory) is None:
             return []
         self.cpu.unbind(trajectory)
-        return self._schedule(now, self.pools.values())
+        # freed memory can only unblock binding; cores and quotas are unchanged
+        return self._schedule(now, ()) if self.unbound else []
 
     # -- actions -----------------------------------------------------------------------
     def validate(self, action: Action) -> None:
@@ -155,9 +162,10 @@ class Tangram:
         pool = self._route(action)
         state = self.trajectories[action.trajectory]
         if state.thinking_in is not None:  # it stopped thinking: learn how long that took
-            state.thinking_in.thinking -= 1
+            state.thinking_in.thinking -= state.will_continue
             state.thinking_in = None
             self._think_s += 0.05 * ((now - state.last_end) - self._think_s)
+            self._followed(state.last_kind, True)
         state.in_flight.add(action.id)
         if pool is None:  # first CPU action of a trajectory: bind it to a node first
             pending = Pending(action, now, int(action.min("cpu")))
@@ -192,7 +200,9 @@ class Tangram:
             if not state.in_flight and run.pool.key is not None:
                 state.thinking_in = run.pool  # its next action will most likely come here
                 state.last_end = now
-                run.pool.thinking += 1
+                state.last_kind = (action.task, action.kind)
+                state.will_continue = self._continue_p(state.last_kind)
+                run.pool.thinking += state.will_continue
         if outcome is None or outcome.ok:
             elapsed = now - run.dispatch.start_s - run.dispatch.lease.restore_s
             self._learn(action, run.dispatch.units, max(elapsed, 0.0))
@@ -242,11 +252,21 @@ class Tangram:
         """The next actions of the trajectories thinking on ``pool``: spread over one mean
         think time (remaining think is about uniform), one unit each, the pool's mean
         duration of non-elastic actions."""
-        n = pool.thinking
+        n = int(pool.thinking)  # expected number of trajectories that will come back
         if n <= 0 or limit <= 0:
             return []
         step = self._think_s / n
         return [(now + step * (k + 0.5), 1, pool.short_s) for k in range(min(n, limit))]
+
+    def _continue_p(self, key: tuple[str, str]) -> float:
+        """How often a trajectory submitted again after an action of this (task, kind)
+        (a reward is usually last); Laplace prior 1/2."""
+        cont, total = self._follow.get(key, (0, 0))
+        return (cont + 1) / (total + 2)
+
+    def _followed(self, key: tuple[str, str], continued: bool) -> None:
+        cont, total = self._follow.get(key, (0, 0))
+        self._follow[key] = (cont + continued, total + 1)
 
     def _learn(self, action: Action, units: int, elapsed: float) -> None:
         key = (action.task, action.kind)

@@ -54,8 +54,9 @@ class Pool:
         self.queue: deque[Pending] = deque()
         #: action id -> (expected end, units of the key resource, start)
         self.running: dict[str, tuple[float, int, float]] = {}
-        #: trajectories whose last action ran here and that are now thinking
-        self.thinking = 0
+        #: expected number of trajectories thinking after an action here that will submit
+        #: another (each counts with the learned probability that it continues)
+        self.thinking = 0.0
         #: moving average of non-elastic actions' execution time here (s)
         self.short_s = 1.0
 
