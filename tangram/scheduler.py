@@ -17,6 +17,12 @@ nothing), so here the minimum allocation and the DP allocation of the full
 prefix are both evaluated as starting points, and eviction proceeds from the
 DP one.
 
+Beyond the paper (``anticipate=True``, the default; ``anticipate=False`` is Alg. 1-2
+as published, the ``tangram-paper`` policy): the objective also counts the actions
+that trajectories now thinking will submit (closed loop: each weighted by how often
+its last kind of action was followed by another), and eviction may go down to the
+empty set so that the head waits, bounded by its own run time, for a wider grant.
+
 The objective (Alg. 2) sums, over candidates and the remaining queue, the
 estimated completion time: candidates' durations are exact from the DP; each
 remaining action gets its minimum and is inserted, in order, into a heap of
@@ -150,23 +156,22 @@ class ElasticScheduler:
         if full is None:  # cannot happen: the minimums were checked to fit
             return list(zip(elastic, minimum, strict=True))
         head = elastic[0]
-        # Beyond the paper: evicting down to nothing lets the head wait for more units
-        # when that finishes it sooner (its depth exploration weighs "now at the minimum"
-        # against "wider, later"). Bounded: it never waits longer than its own run at the
-        # minimum, so its ACT at most doubles and nothing starves.
-        # an action past its expected end is expected to run as long again as it has
-        # so far (heavy tails), not to finish this instant
+        # An action past its expected end is expected to run as long again as it has so
+        # far (heavy tails), not to finish this instant.
         running = [(end if end > now else now + (now - start), units)
                    for end, units, start in pool.running.values()]
-        # (only with a short queue: behind a long one the units are contended anyway)
-        may_wait = (self.anticipate and len(rest) < self.lookahead // 2
-                    and now - head.submit_s < head.durations[head.key_min]
-                    and _earliest_finish(running, pool.free_units() - sum(
-                        p.key_min for p in fixed), now, head)[1] > now)
-        if n == 1 and full[1] == minimum and not may_wait:
-            return [(head, minimum[0])]  # no room to grow, nothing to evict for
         running.extend((now + estimate(p), p.key_min) for p in fixed)
         free0 = pool.free_units() - sum(p.key_min for p in fixed)
+        # Beyond the paper: evicting down to nothing lets the head wait for more units
+        # when that would finish it sooner (its depth exploration weighs "now at the
+        # minimum" against "wider, later"). Only with a short queue (behind a long one the
+        # units are contended anyway), and bounded: it never waits longer than its own run
+        # at the minimum, so its ACT at most doubles and nothing starves.
+        may_wait = (self.anticipate and len(rest) < self.lookahead // 2
+                    and now - head.submit_s < head.durations[head.key_min]
+                    and _earliest_finish(running, free0, now, head)[1] > now)
+        if n == 1 and full[1] == minimum and not may_wait:
+            return [(head, minimum[0])]  # no room to grow, nothing to evict for
         # (units, estimated duration, pending, arrival) of every action the alternatives may
         # leave waiting: the queue (already here), then the expected arrivals
         queued = [(p.key_min, estimate(p), p, now) for p in elastic + rest]
