@@ -12,7 +12,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-COLORS = {"tangram": "#1b6ca8", "k8s": "#d1495b", "static": "#edae49", "serverless": "#66a182",
+COLORS = {"tangram": "#1b6ca8", "tangram-paper": "#7fb3d5", "k8s": "#d1495b", "static": "#edae49", "serverless": "#66a182",
           "baseline": "#8d6a9f", "fixed-dop:1": "#bbbbbb", "fixed-dop:4": "#999999",
           "fixed-dop:8": "#666666", "fixed-dop:16": "#333333"}
 
@@ -33,7 +33,7 @@ def bars(df: pd.DataFrame, group: str, series: str, value: str, title: str, ylab
     groups = list(dict.fromkeys(df[group]))
     names = list(dict.fromkeys(df[series]))
     width = 0.8 / len(names)
-    fig, ax = plt.subplots(figsize=(max(5, 1.6 * len(groups)), 3.6))
+    fig, ax = plt.subplots(figsize=(max(5, 1.9 * len(groups)), 3.8))
     for k, s in enumerate(names):
         sub = df[df[series] == s].set_index(group)
         xs = np.arange(len(groups)) + k * width - 0.4 + width / 2

@@ -168,9 +168,9 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path) -> list[Path]
         parts = []
         for r in f6.itertuples():
             for cat, v in r.per_category.items():
-                parts.append({"bucket": f"{r.workload}:{cat}", "policy": r.policy,
-                              "seconds": v["per_trajectory_s"]})
-        paths.append(figures.bars(pd.DataFrame(parts), "bucket", "policy", "seconds",
+                parts.append({"bucket": f"{r.workload}: {cat}\n(vs {BASELINE_OF[r.workload]})",
+                              "system": r.system, "seconds": v["per_trajectory_s"]})
+        paths.append(figures.bars(pd.DataFrame(parts), "bucket", "system", "seconds",
                                   "Fig. 7: time per trajectory by category",
                                   "ACT per trajectory (s)", out, "fig7_breakdown", log=True))
     for exp, x, title, xlabel in (
