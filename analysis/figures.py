@@ -12,7 +12,8 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 import pandas as pd  # noqa: E402
 
-COLORS = {"tangram": "#1b6ca8", "tangram-paper": "#7fb3d5", "k8s": "#d1495b", "static": "#edae49", "serverless": "#66a182",
+COLORS = {"tangram": "#1b6ca8", "tangram-paper": "#7fb3d5", "k8s": "#d1495b",
+          "static": "#edae49", "serverless": "#66a182",
           "baseline": "#8d6a9f", "fixed-dop:1": "#bbbbbb", "fixed-dop:4": "#999999",
           "fixed-dop:8": "#666666", "fixed-dop:16": "#333333"}
 
