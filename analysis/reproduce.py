@@ -362,5 +362,3 @@ def reproduce(out: Path, quick: bool, only: list[str] | None = None, workers: in
     report(results, paths, out, scale, time.perf_counter() - t0, overheads, live)
     return results
 
-
-__all__ = ["reproduce", "headline", "BASELINE_OF"]

@@ -7,7 +7,6 @@ says how many attempts were made."""
 from __future__ import annotations
 
 import asyncio
-import json
 import random
 import time
 from collections.abc import Callable
@@ -143,6 +142,3 @@ class RouterBackend:
     def shutdown(self) -> None:
         self.http.shutdown()
         self.env.shutdown()
-
-
-__all__ = ["HttpBackend", "RouterBackend", "json"]
