@@ -47,6 +47,11 @@ def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSp
 async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None = None,
                  think_scale: float = 1.0, quotas: tuple[QuotaSpec, ...] = (),
                  progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+    gpu_rows = df.index[df["gpus"] != ""]
+    if len(gpu_rows):
+        raise ValueError(f"{len(gpu_rows)} action(s) need GPUs (first: row {gpu_rows[0] + 1}, "
+                         f"kind {df['kind'][gpu_rows[0]]!r}); the live executor runs CPU and API "
+                         "actions only so far; study GPU workloads with `tangram simulate`")
     specs: list[TrajectorySpec] = list(trajectories(df))[: limit or None]
     if limit:
         df = df[df["trajectory"].isin({s.id for s in specs})]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import re
 
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, QuotaSpec, ServiceSpec
 from tangram.core import Tangram
@@ -71,3 +72,13 @@ class EventLoop:
             t, _, aid = heapq.heappop(self.heap)
             self.now = t
             self.feed(self.core.finish(aid, t))
+
+
+def cpus_of(output: str) -> set[int]:
+    """Parse 'Cpus_allowed_list: 0-1,3' (from /proc/self/status) into {0, 1, 3}."""
+    spec = re.search(r"Cpus_allowed_list:\s*(\S+)", output).group(1)
+    out: set[int] = set()
+    for part in spec.split(","):
+        lo, _, hi = part.partition("-")
+        out.update(range(int(lo), int(hi or lo) + 1))
+    return out

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import re
 import signal
 import subprocess
 import sys
@@ -16,6 +15,7 @@ import pytest
 import uvicorn
 from conftest import TOKEN, free_port, start_server
 from fastapi import FastAPI, Response
+from helpers import cpus_of
 
 from executor.commands import elastic_argv
 from executor.local import allowed_cpus
@@ -26,16 +26,6 @@ PY = sys.executable
 
 def run(coro):
     return asyncio.run(coro)
-
-
-def cpus_of(output: str) -> set[int]:
-    """Parse 'Cpus_allowed_list: 0-1,3' into {0, 1, 3}."""
-    spec = re.search(r"Cpus_allowed_list:\s*(\S+)", output).group(1)
-    out: set[int] = set()
-    for part in spec.split(","):
-        lo, _, hi = part.partition("-")
-        out.update(range(int(lo), int(hi or lo) + 1))
-    return out
 
 
 # -- pure pieces ----------------------------------------------------------------------------
@@ -287,37 +277,6 @@ def test_docker_containers_do_not_outlive_a_server_crash(tmp_path):
         assert _containers(again) == []  # the successor removed the leftovers
     finally:
         again.stop()
-
-
-@pytest.mark.parametrize("agent", [True, False], ids=["agent", "docker-exec"])
-def test_docker_backend_direct(agent, tmp_path):
-    """Both exec paths (in-sandbox agent, plain docker exec): cores, timeout, exit code."""
-    from executor.docker_backend import DockerBackend
-    from executor.driver import LiveExecutor
-    from executor.local import local_cluster
-    from tangram.core import Tangram
-    from tangram.model import Action, Demand
-
-    async def go() -> None:
-        backend = DockerBackend(owner=f"direct-{tmp_path.name}", agent=agent)
-        ex = LiveExecutor(Tangram(local_cluster()), backend)
-        try:
-            ex.open_trajectory("t", "t", 0.25)
-            cmd = "sh -c 'grep Cpus_allowed_list /proc/self/status; exit 4'"
-            rec, out = await ex.run(Action("a1", "t", "t", "shell", {"cpu": Demand.fixed(1)},
-                                           payload={"command": cmd}))
-            assert out.status == "ok" and out.exit_code == 4
-            assert cpus_of(out.output) == set(out.extra["cores"])
-            assert out.extra["via"] == ("agent" if agent else "docker exec")
-            rec, out = await ex.run(Action("a2", "t", "t", "shell", {"cpu": Demand.fixed(1)},
-                                           payload={"command": "sleep 5", "timeout_s": 0.5}))
-            assert out.status == "timeout"
-            ex.close_trajectory("t")
-        finally:
-            ex.shutdown()
-        assert backend.remove_all() == 0
-
-    run(go())
 
 
 def test_abandoned_container_removed_after_idle_ttl(tmp_path):

@@ -1,0 +1,105 @@
+"""One conformance suite run against every live backend (DESIGN: tests)."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from helpers import cpus_of
+
+from executor.driver import LiveExecutor
+from executor.local import allowed_cpus, local_cluster
+from tangram.core import Tangram
+from tangram.model import Action, Demand, Elasticity
+
+ROOT = Path(__file__).parent.parent
+
+
+def make(kind: str, tmp_path: Path):
+    if kind == "process":
+        from executor.process import ProcessBackend
+
+        return ProcessBackend(tmp_path / "work")
+    from executor.docker_backend import DockerBackend
+
+    return DockerBackend(owner=f"conformance-{tmp_path.name}", agent=kind == "docker-agent")
+
+
+def shell(aid: str, traj: str, command: str, cores: str = "1", **payload) -> Action:
+    lo, _, hi = cores.partition("-")
+    demand = Demand.range(int(lo), int(hi)) if hi else Demand.fixed(int(lo))
+    elastic = bool(hi)
+    return Action(aid, "t", traj, "test_run" if elastic else "shell", {"cpu": demand},
+                  elastic="cpu" if elastic else None, t1_s=10.0 if elastic else None,
+                  elasticity=Elasticity.amdahl(0.9) if elastic else None,
+                  payload={"command": command, **payload})
+
+
+@pytest.mark.parametrize("kind", ["process", "docker-agent", "docker-exec"])
+def test_backend_conformance(kind, tmp_path):
+    async def go() -> None:
+        backend = make(kind, tmp_path)
+        ex = LiveExecutor(Tangram(local_cluster()), backend)
+        try:
+            ex.open_trajectory("a", "t", 0.25)
+            ex.open_trajectory("b", "t", 0.25)
+            # state persists within a trajectory, and trajectories are isolated
+            runs = await asyncio.gather(
+                ex.run(shell("a1", "a", "sh -c 'echo A > f.txt'")),
+                ex.run(shell("b1", "b", "sh -c 'echo B > f.txt'")))
+            assert all(out.status == "ok" for _, out in runs)
+            (_, a), (_, b) = await asyncio.gather(ex.run(shell("a2", "a", "cat f.txt")),
+                                                  ex.run(shell("b2", "b", "cat f.txt")))
+            assert (a.output.strip(), b.output.strip()) == ("A", "B")
+            # the command sees exactly its granted cores
+            _, out = await ex.run(shell("a3", "a", "grep Cpus_allowed_list /proc/self/status"))
+            assert cpus_of(out.output) == set(out.extra["cores"])
+            k = len(allowed_cpus())
+            _, out = await ex.run(shell("a4", "a", "grep Cpus_allowed_list /proc/self/status",
+                                        cores=f"1-{k}"))
+            assert cpus_of(out.output) == set(out.extra["cores"]) and len(out.extra["cores"]) == k
+            # a non-zero exit is a normal result; a timeout kills and says so
+            _, out = await ex.run(shell("a5", "a", "sh -c 'echo no; exit 7'"))
+            assert (out.status, out.exit_code, out.output.strip()) == ("ok", 7, "no")
+            _, out = await ex.run(shell("a6", "a", "sleep 10", timeout_s=0.5))
+            assert out.status == "timeout" and "timeout" in out.error
+            # a command that does not exist is reported, not raised
+            _, out = await ex.run(shell("a7", "a", "no-such-command-xyz"))
+            assert out.status == "failed" or out.exit_code not in (0, None)
+            # an empty payload is a clear failure
+            _, out = await ex.run(Action("a8", "t", "a", "shell", {"cpu": Demand.fixed(1)},
+                                         payload={}))
+            assert out.status == "failed" and "payload" in out.error
+            ex.close_trajectory("a")
+            ex.close_trajectory("b")
+        finally:
+            ex.shutdown()
+        if kind != "process":
+            assert backend.remove_all() == 0  # nothing leaked
+
+    asyncio.run(go())
+
+
+def test_tangram_run_replays_a_trace_and_writes_simulate_outputs(tmp_path):
+    trace = tmp_path / "t.parquet"
+    cli = [sys.executable, str(ROOT / "cli.py")]
+    assert subprocess.run([*cli, "trace", "generate", "--workload", "coding", "--trajectories",
+                           "2", "--out", str(trace)], capture_output=True).returncode == 0
+    out = tmp_path / "live"
+    res = subprocess.run([*cli, "run", "--trace", str(trace), "--out", str(out), "--limit", "2",
+                          "--think-scale", "0", "--quiet"], capture_output=True, text=True,
+                         timeout=600)
+    assert res.returncode == 0, res.stderr
+    frame = pd.read_parquet(out / "actions.parquet")
+    df = pd.read_parquet(trace)
+    assert len(frame) == len(df) and frame["action_id"].is_unique
+    for name in ("summary.json", "trace.json", "config.json"):
+        assert (out / name).exists()
+    bad = subprocess.run([*cli, "run", "--trace", str(ROOT / "traces/samples/mopd.parquet"),
+                          "--out", str(tmp_path / "x"), "--quiet"], capture_output=True,
+                         text=True, timeout=120)
+    assert bad.returncode == 2 and "GPU" in bad.stderr and "Traceback" not in bad.stderr
