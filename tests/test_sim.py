@@ -117,3 +117,14 @@ def test_trace_that_cannot_fit_is_refused_before_running():
     df.loc[1, "service"] = "nope"
     with pytest.raises(ValueError, match="can never fit"):
         simulate(df, TINY, SimConfig())
+
+
+def test_rl_steps_sync_and_async():
+    df = tiny_trace()
+    sync = simulate(df, TINY, SimConfig(steps=2, train_s=5.0)).summary
+    assert sync["actions"] == 2 * len(df) and len(sync["steps"]) == 2
+    for s in sync["steps"]:
+        assert s["step_s"] == pytest.approx(s["rollout_s"] + 5.0)
+    asyn = simulate(df, TINY, SimConfig(steps=2, train_s=5.0, asynchronous=True)).summary
+    for s in asyn["steps"]:
+        assert s["step_s"] == pytest.approx(max(s["rollout_s"], 5.0))
