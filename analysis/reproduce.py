@@ -107,8 +107,8 @@ def headline(rows: pd.DataFrame, gaps: pd.DataFrame | None, scale: str) -> list[
         if p is not None:
             add(f"beyond: mean ACT paper's Alg. 1-2 / ours at batch {int(ref)}", None,
                 _ratio(p.act_mean_s, t.act_mean_s), "x",
-                "ours anticipates closed-loop arrivals and may hold an elastic action "
-                "(bounded) for a wider grant")
+                "ours anticipates closed-loop arrivals, may hold an elastic action "
+                "(bounded) for a wider grant, and prices GPU restores in the DP")
     if not f6.empty:
         t = _get(f6, workload="coding", policy="tangram")
         if t is not None:
@@ -256,9 +256,10 @@ def report(results: list[dict], paths: list[Path], out: Path, scale: str, wall_s
               "* The paper's greedy eviction sees only the queue and starts an elastic action "
               "on whatever is free; under moderate load that gives some test runs one core "
               "and others sixteen, and with concave speedups an even fixed DoP can do better. "
-              "`tangram` (ours) also counts the actions that thinking trajectories will submit "
-              "and may hold an elastic action, bounded by its own run time, for a wider "
-              "grant; `tangram-paper` is Alg. 1-2 exactly. Fig. 9 shows both.",
+              "`tangram` (ours) also counts the actions that thinking trajectories will submit, "
+              "may hold an elastic action, bounded by its own run time, for a wider grant, "
+              "and prices GPU restores in the DP; `tangram-paper` is Alg. 1-2 exactly. "
+              "Fig. 9 shows both.",
               ""]
     if overheads:
         lines += ["## Table 1: overhead breakdown (Tangram, mean per action)", "",

@@ -288,7 +288,7 @@ def make_core(policy: str, cluster: ClusterSpec, options: dict[str, Any] | None 
                                                 for q in cluster.quotas))
     if policy in ("tangram", "tangram-paper", "per-trajectory-api"):
         core = Tangram(cluster, ElasticScheduler(depth=depth,
-                                                 anticipate=policy != "tangram-paper"))
+                                                 paper_exact=policy == "tangram-paper"))
         if options.get("ordering") == "sef":  # shortest expected first, aging-bounded
             core.scheduler.ordering = ShortestExpectedFirst(
                 core.estimate, float(options.get("max_wait_s", 30.0)))
@@ -315,8 +315,8 @@ def make_core(policy: str, cluster: ClusterSpec, options: dict[str, Any] | None 
 
 #: name -> (what it models, whether API calls go straight to the provider with retries)
 POLICIES: dict[str, tuple[str, bool]] = {
-    "tangram": ("action-level elastic scheduling, anticipating closed-loop arrivals (default)",
-                False),
+    "tangram": ("action-level elastic scheduling with our extensions: closed-loop arrivals, "
+                "bounded waiting for a wider grant, restore-aware DP (default)", False),
     "tangram-paper": ("the paper's Alg. 1-2 exactly: the objective sees only the queue", False),
     "k8s": ("a Kubernetes pod per trajectory holding its cores and memory", False),
     "static": ("each GPU service on fixed dedicated GPUs with its own queue (SGLang-like)", False),

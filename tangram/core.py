@@ -158,7 +158,25 @@ class Tangram:
 
     def submit(self, action: Action, now: float) -> list[Dispatch]:
         """Queue ``action`` and return what can start now."""
-        self.validate(action)
+        return self.submit_many([action], now)
+
+    def submit_many(self, actions: Iterable[Action], now: float) -> list[Dispatch]:
+        """Queue a batch (e.g. a step's reward requests) with one scheduling pass per
+        pool touched. All or nothing: one invalid action queues none of them."""
+        actions = list(actions)
+        ids = [a.id for a in actions]
+        if len(set(ids)) != len(ids):
+            raise ValueError("action.id: duplicate ids in the batch")
+        for action in actions:
+            self.validate(action)
+        touched: dict[str, Pool] = {}
+        for action in actions:
+            pool = self._enqueue(action, now)
+            if pool is not None:
+                touched[pool.name] = pool
+        return self._schedule(now, touched.values())
+
+    def _enqueue(self, action: Action, now: float) -> Pool | None:
         pool = self._route(action)
         state = self.trajectories[action.trajectory]
         if state.thinking_in is not None:  # it stopped thinking: learn how long that took
@@ -171,11 +189,11 @@ class Tangram:
             pending = Pending(action, now, int(action.min("cpu")))
             self.queued[action.id] = pending
             self.unbound.append(pending)
-            return self._schedule(now, ())
+            return None
         pending = self._pending(action, now, pool)
         self.queued[action.id] = pending
         pool.queue.append(pending)
-        return self._schedule(now, [pool])
+        return pool
 
     def _route(self, action: Action) -> Pool | None:
         """The pool whose queue ``action`` waits in (None: not bound to a node yet)."""
@@ -329,8 +347,18 @@ class Tangram:
         return out
 
     def _pass(self, pool: Pool, now: float) -> list[Dispatch]:
-        if not pool.queue:
-            return []
+        """Scheduling passes until nothing more starts. Greedy eviction may leave units
+        free that an evicted action could have used (a DP prefix cannot always absorb
+        them: an action takes at most 8 GPUs); the next pass offers them again."""
+        out: list[Dispatch] = []
+        while pool.queue:
+            got = self._pass_once(pool, now)
+            out.extend(got)
+            if not got or pool.free_units() <= 0:
+                return out
+        return out
+
+    def _pass_once(self, pool: Pool, now: float) -> list[Dispatch]:
         t0 = time.perf_counter()
         sched = pool.scheduler or self.scheduler
         decisions = sched.plan(pool, self._quota_free(now), now, self.estimate,

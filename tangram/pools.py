@@ -66,6 +66,11 @@ class Pool:
     def new_scratch(self) -> Any:
         return None
 
+    def option_costs(self, p: Pending) -> dict[int, float]:
+        """What each feasible unit count would cost ``p`` now (its duration, plus any
+        state-dependent overhead the pool knows of)."""
+        return p.durations
+
     def fits_min(self, scratch: Any, p: Pending) -> bool:
         return True
 
@@ -138,6 +143,12 @@ class GpuPool(Pool):
 
     def new_scratch(self) -> list[tuple[int, int, int, int]]:
         return [self.manager.chunk_counts()]
+
+    def option_costs(self, p: Pending) -> dict[int, float]:
+        # Beyond the paper: each DoP of a service is its own variant (EOE), so a DoP
+        # whose variant is not resident on a free chunk also pays its restore.
+        service = p.action.service or ""
+        return {u: d + self.manager.restore_estimate(service, u) for u, d in p.durations.items()}
 
     def fits_min(self, scratch: list, p: Pending) -> bool:
         nxt = take_chunk(scratch[0], p.key_min)

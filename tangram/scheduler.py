@@ -17,11 +17,13 @@ nothing), so here the minimum allocation and the DP allocation of the full
 prefix are both evaluated as starting points, and eviction proceeds from the
 DP one.
 
-Beyond the paper (``anticipate=True``, the default; ``anticipate=False`` is Alg. 1-2
-as published, the ``tangram-paper`` policy): the objective also counts the actions
-that trajectories now thinking will submit (closed loop: each weighted by how often
-its last kind of action was followed by another), and eviction may go down to the
-empty set so that the head waits, bounded by its own run time, for a wider grant.
+Beyond the paper (the default; ``paper_exact=True`` is Alg. 1-2 as published, the
+``tangram-paper`` policy): the objective also counts the actions that trajectories
+now thinking will submit (closed loop: each weighted by how often its last kind of
+action was followed by another); eviction may go down to the empty set so that the
+head waits, bounded by its own run time, for a wider grant; and the DP prices each
+unit count with the pool's state-dependent overhead (a GPU variant that is not
+resident pays its restore).
 
 The objective (Alg. 2) sums, over candidates and the remaining queue, the
 estimated completion time: candidates' durations are exact from the DP; each
@@ -89,7 +91,7 @@ class ElasticScheduler:
     elastic_enabled = True
 
     def __init__(self, depth: int = 2, lookahead: int = 32,
-                 ordering: Ordering | None = None, anticipate: bool = True) -> None:
+                 ordering: Ordering | None = None, paper_exact: bool = False) -> None:
         if depth < 0:
             raise ValueError(f"depth: must be >= 0, got {depth}")
         if lookahead < 1:
@@ -97,10 +99,8 @@ class ElasticScheduler:
         self.depth = depth
         self.lookahead = lookahead
         self.ordering: Ordering = ordering or FCFS()
-        #: Beyond the paper: also count the actions that trajectories now thinking
-        #: will submit soon (closed loop), so that one elastic action does not take
-        #: every free unit just before a wave of short commands arrives.
-        self.anticipate = anticipate
+        #: False (default): our extensions (module docstring); True: Alg. 1-2 as published
+        self.paper_exact = paper_exact
 
     def min_units(self, choices: tuple[int, ...]) -> int:
         """Units an elastic action needs at least (its smallest feasible amount)."""
@@ -140,15 +140,20 @@ class ElasticScheduler:
             rest = [] if blocked is None else [blocked]
             rest.extend(islice(it, self.lookahead - len(rest)))
             expected = (arrivals(pool, now, self.lookahead - len(rest))
-                        if arrivals and self.anticipate and len(rest) < self.lookahead else [])
-            decisions.extend(self.allocate(pool, fixed, elastic, rest, now, estimate, expected))
+                        if arrivals and not self.paper_exact and len(rest) < self.lookahead else [])
+            # the queue behind the window: each of those starts no earlier than the
+            # window's last action, so it is delayed as much as that one is
+            tail = max(0, len(pool.queue) - len(cands) - len(rest))
+            decisions.extend(self.allocate(pool, fixed, elastic, rest, now, estimate, expected,
+                                           tail))
         return decisions
 
     def allocate(self, pool: Pool, fixed: list[Pending], elastic: list[Pending],
                  rest: list[Pending], now: float, estimate: Estimator,
-                 expected: list[tuple[float, int, float]] = ()) -> list[Decision]:
+                 expected: list[tuple[float, int, float]] = (), tail: int = 0
+                 ) -> list[Decision]:
         """Greedy eviction over the elastic group (Alg. 1, lines 5-14)."""
-        options = [p.durations for p in elastic]
+        options = [p.durations if self.paper_exact else pool.option_costs(p) for p in elastic]
         table = arrange(options, pool.operator.space(pool.elastic_capacity(fixed)))
         n = len(elastic)
         minimum = [p.key_min for p in elastic]
@@ -167,7 +172,7 @@ class ElasticScheduler:
         # minimum" against "wider, later"). Only with a short queue (behind a long one the
         # units are contended anyway), and bounded: it never waits longer than its own run
         # at the minimum, so its ACT at most doubles and nothing starves.
-        may_wait = (self.anticipate and len(rest) < self.lookahead // 2
+        may_wait = (not self.paper_exact and len(rest) < self.lookahead // 2
                     and now - head.submit_s < head.durations[head.key_min]
                     and _earliest_finish(running, free0, now, head)[1] > now)
         if n == 1 and full[1] == minimum and not may_wait:
@@ -187,7 +192,7 @@ class ElasticScheduler:
                 heap.append((now + d, u))
             heapq.heapify(heap)
             return total + self._walk(heap, free0 - sum(units), now,
-                                      queued[t: t + self.lookahead], now, self.depth)
+                                      queued[t: t + self.lookahead], now, self.depth, tail)
 
         best_units, best_obj = minimum, objective(minimum)
         prev_obj = best_obj if full[1] == minimum else objective(full[1])
@@ -208,7 +213,7 @@ class ElasticScheduler:
     # -- Alg. 2 ------------------------------------------------------------------------
     def _walk(self, heap: list[tuple[float, int]], free: int, clock: float,
               queued: list[tuple[int, float, Pending | None, float]], now: float,
-              depth: int) -> float:
+              depth: int, tail: int = 0) -> float:
         """Sum of estimated completion times (from arrival) of the queued actions, each
         started in order once it has arrived and its units are free."""
         total = 0.0
@@ -227,7 +232,7 @@ class ElasticScheduler:
                         h = heap.copy()
                         d = p.durations[u]
                         cost, f, clk = _place(h, free, clock, u, d, arrival)
-                        cost += self._walk(h, f, clk, queued[idx + 1:], now, depth)
+                        cost += self._walk(h, f, clk, queued[idx + 1:], now, depth, tail)
                         best = min(best, cost)
                     return total + best
             while free < need and heap:
@@ -238,7 +243,7 @@ class ElasticScheduler:
             push(heap, (clock + dur, need))
             free -= need
             total += clock - arrival + dur
-        return total
+        return total + tail * (clock - now)
 
     @staticmethod
     def _options(heap: list[tuple[float, int]], free: int, clock: float,

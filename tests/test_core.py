@@ -236,8 +236,8 @@ def test_running_mean_learned_for_unprofiled_actions():
     assert core.estimate(p) == pytest.approx(3.0)
 
 
-def _waiting_case(anticipate: bool):
-    core = Tangram(cluster(cores=4, numa=1), ElasticScheduler(anticipate=anticipate))
+def _waiting_case(paper_exact: bool):
+    core = Tangram(cluster(cores=4, numa=1), ElasticScheduler(paper_exact=paper_exact))
     for j in ("s", "a"):
         core.open_trajectory(j)
     [shell_d] = core.submit(shell("s", 0.5, cores=3), 0.0)
@@ -247,16 +247,16 @@ def _waiting_case(anticipate: bool):
 
 def test_elastic_head_waits_for_a_wider_grant_when_it_pays():
     # 1 core free now (finish at 8 s) vs 4 cores in 0.5 s (finish at 2.5 s)
-    core, shell_d, out = _waiting_case(anticipate=True)
+    core, shell_d, out = _waiting_case(paper_exact=False)
     assert out == []
     [d] = core.finish(shell_d.action.id, 0.5)
     assert (d.action.id, d.units) == ("A", 4)
-    _, _, out = _waiting_case(anticipate=False)  # the paper's Alg. 1 starts it at once
+    _, _, out = _waiting_case(paper_exact=True)  # the paper's Alg. 1 starts it at once
     assert [(d.action.id, d.units) for d in out] == [("A", 1)]
 
 
 def test_waiting_is_bounded_by_the_actions_own_run_at_minimum():
-    core, _, out = _waiting_case(anticipate=True)
+    core, _, out = _waiting_case(paper_exact=False)
     assert out == [] and core.poll(1.0) == []  # overrunning shell: expected done at 2.0
     # once waiting stops paying (the shell has overrun so long that it is expected to
     # run as long again), A starts on what is free
@@ -264,7 +264,7 @@ def test_waiting_is_bounded_by_the_actions_own_run_at_minimum():
     assert (d.action.id, d.units) == ("A", 1)
     # and however good waiting looks, an action that has waited as long as its own run
     # at the minimum starts now
-    core, _, _ = _waiting_case(anticipate=True)
+    core, _, _ = _waiting_case(paper_exact=False)
     core.queued["A"].submit_s = -8.5
     [d] = core.poll(0.2)
     assert (d.action.id, d.units) == ("A", 1)

@@ -93,6 +93,23 @@ class GpuManager:
         self._counts = tuple(counts)  # type: ignore[assignment]
         return self._counts  # type: ignore[return-value]
 
+    def restore_estimate(self, service: str, k: int) -> float:
+        """Restore time a grant of ``k`` GPUs for ``service`` would pay now: zero when a
+        free chunk (or part of one) already holds that variant, else a full restore."""
+        for node in self.nodes.values():
+            for svc, size, start in node.resident:
+                if svc == service and size == k and self._is_free(node, start, size):
+                    return 0.0
+        return self.services[service].size_gb / (self.restore_gbps * k)
+
+    @staticmethod
+    def _is_free(node: GpuNode, start: int, size: int) -> bool:
+        while size <= 8:
+            if start in node.free.get(size, ()):
+                return True
+            start, size = start - start % (size * 2), size * 2
+        return False
+
     def free_gpus(self) -> int:
         return sum(n * size for n, size in zip(self.chunk_counts(), CHUNK_SIZES, strict=True))
 
