@@ -268,3 +268,32 @@ def test_waiting_is_bounded_by_the_actions_own_run_at_minimum():
     core.queued["A"].submit_s = -8.5
     [d] = core.poll(0.2)
     assert (d.action.id, d.units) == ("A", 1)
+
+
+def test_dp_prices_gpu_restores_unless_paper_exact():
+    from dataclasses import replace
+
+    spec = replace(cluster(cores=0, nodes=0, gpu_nodes=1, services=[("rm", 40)]),
+                   restore_gbps=1.0)
+    picks = {}
+    for paper_exact in (False, True):
+        core = Tangram(spec, ElasticScheduler(paper_exact=paper_exact))
+        core.open_trajectory("j")
+        [first] = core.submit(gpu_call("j", "rm", t1=1.0, choices=(1,), aid="warm"), 0.0)
+        assert first.lease.restore_s == pytest.approx(40.0)  # rm now resident on 1 GPU
+        core.finish("warm", 41.0)
+        [d] = core.submit(gpu_call("j", "rm", t1=4.0, choices=(1, 2), p=1.0, aid="next"), 41.0)
+        picks[paper_exact] = (d.units, d.lease.restore_s)
+    assert picks[False] == (1, 0.0)  # 4 s on the resident variant beats 2 s + a 20 s restore
+    assert picks[True] == (2, pytest.approx(20.0))  # the paper's DP sees durations only
+
+
+def test_submit_many_is_all_or_nothing():
+    core = Tangram(cluster(cores=8))
+    core.open_trajectory("j")
+    good, bad = shell("j", 1.0), shell("j", 1.0, cores=64)
+    with pytest.raises(ValueError, match="can never fit"):
+        core.submit_many([good, bad], 0.0)
+    assert not core.queued and not core.running
+    out = core.submit_many([good, shell("j", 2.0)], 0.0)
+    assert len(out) == 2
