@@ -202,6 +202,10 @@ class ElasticScheduler:
             cand = table.best(t)
             if cand is None:
                 break
+            if t and free0 - sum(cand[1]) >= elastic[t].key_min:
+                # the DP cannot hand the evicted action's units to the others (an action
+                # takes at most its largest feasible count): evicting frees nothing
+                break
             obj = objective(cand[1])
             if obj >= prev_obj:
                 break  # evicting one more stopped improving

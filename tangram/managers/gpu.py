@@ -59,6 +59,8 @@ class GpuManager:
         self.restores = 0
         self.hits = 0
         self._counts: tuple[int, int, int, int] | None = None
+        #: restore estimates of the current state; cleared with _counts on any change
+        self._restore_est: dict[tuple[str, int], float] = {}
         self._checks: dict[tuple[str, int], str | None] = {}
 
     def check(self, service: str, units: int) -> str | None:
@@ -96,11 +98,17 @@ class GpuManager:
     def restore_estimate(self, service: str, k: int) -> float:
         """Restore time a grant of ``k`` GPUs for ``service`` would pay now: zero when a
         free chunk (or part of one) already holds that variant, else a full restore."""
-        for node in self.nodes.values():
-            for svc, size, start in node.resident:
-                if svc == service and size == k and self._is_free(node, start, size):
-                    return 0.0
-        return self.services[service].size_gb / (self.restore_gbps * k)
+        key = (service, k)
+        est = self._restore_est.get(key)
+        if est is None:
+            est = self.services[service].size_gb / (self.restore_gbps * k)
+            for node in self.nodes.values():
+                if any(svc == service and size == k and self._is_free(node, start, size)
+                       for svc, size, start in node.resident):
+                    est = 0.0
+                    break
+            self._restore_est[key] = est
+        return est
 
     @staticmethod
     def _is_free(node: GpuNode, start: int, size: int) -> bool:
@@ -125,6 +133,7 @@ class GpuManager:
         why = self.check(service, k)
         if why:
             raise ValueError(why)
+        self._restore_est.clear()
         best: tuple[int, bool, GpuNode, int, int] | None = None  # (level, resident, node, ...)
         for node in self.nodes.values():
             for size in CHUNK_SIZES:
@@ -200,6 +209,7 @@ class GpuManager:
             return
         del self._live[lease.action_id]
         self._counts = None
+        self._restore_est.clear()
         node = self.nodes[lease.node]
         start, size = lease.start, lease.size
         while size < 8:
