@@ -111,3 +111,21 @@ def test_tangram_run_replays_a_trace_and_writes_simulate_outputs(tmp_path):
                           "--out", str(tmp_path / "x"), "--quiet"], capture_output=True,
                          text=True, timeout=120)
     assert bad.returncode == 2 and "GPU" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_image_build_without_a_registry():
+    import docker
+
+    tag = "tangram-sandbox:test-build"
+    res = subprocess.run([sys.executable, str(ROOT / "cli.py"), "image", "build", "--tag", tag],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stderr
+    client = docker.from_env()
+    try:
+        out = client.containers.run(tag, ["/bin/sh", "-c", "echo ok"], remove=True,
+                                    volumes={p: {"bind": p, "mode": "ro"}
+                                             for p in ("/usr", "/lib", "/lib64", "/bin")
+                                             if Path(p).exists()})
+        assert out.strip() == b"ok"
+    finally:
+        client.images.remove(tag, force=True)
