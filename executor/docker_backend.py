@@ -113,7 +113,9 @@ class DockerBackend:
         #: who this executor is across restarts (e.g. its state directory): containers a
         #: crashed predecessor left behind are removed at start
         self.owner = owner or self.run_id
-        for c in self.client.containers.list(all=True, filters={"label": f"{OWNER}={self.owner}"}):
+        # sparse: no per-container inspect, which races with containers going away
+        for c in self.client.containers.list(all=True, sparse=True,
+                                             filters={"label": f"{OWNER}={self.owner}"}):
             self._remove(c.id)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tangram-docker")
         self._lock = threading.Lock()
@@ -178,7 +180,8 @@ class DockerBackend:
     def remove_all(self) -> int:
         """Remove every container this executor created (by label)."""
         n = 0
-        for c in self.client.containers.list(all=True, filters={"label": f"{LABEL}={self.run_id}"}):
+        for c in self.client.containers.list(all=True, sparse=True,
+                                             filters={"label": f"{LABEL}={self.run_id}"}):
             self._remove(c.id)
             n += 1
         return n

@@ -215,7 +215,8 @@ def _containers(server) -> list:
     import hashlib
 
     owner = hashlib.sha1(str((server.state_dir / "work").resolve()).encode()).hexdigest()[:16]
-    return docker.from_env().containers.list(all=True, filters={"label": f"tangram.owner={owner}"})
+    return docker.from_env().containers.list(all=True, sparse=True,
+                                             filters={"label": f"tangram.owner={owner}"})
 
 
 async def _docker_flow(server) -> None:
@@ -241,7 +242,7 @@ async def _docker_flow(server) -> None:
         await tg.run(other, command="sh -c 'echo o > keep.txt'")
         pending = await tg.submit(victim, command="sleep 20")
         for _ in range(100):
-            boxes = [c for c in _containers(server) if c.labels["tangram.trajectory"] == "victim"]
+            boxes = [c for c in _containers(server) if c.attrs["Labels"]["tangram.trajectory"] == "victim"]
             if boxes and (await tg.wait(pending["id"], 0.1))["status"] == "running":
                 break
         time.sleep(0.5)
@@ -303,7 +304,7 @@ def test_abandoned_container_removed_after_idle_ttl(tmp_path):
 
     def _count(backend) -> int:
         return len(docker.from_env().containers.list(
-            all=True, filters={"label": f"tangram.owner={backend.owner}"}))
+            all=True, sparse=True, filters={"label": f"tangram.owner={backend.owner}"}))
 
     run(go())
 
