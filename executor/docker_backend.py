@@ -279,24 +279,22 @@ class DockerBackend:
             lost = True
             update_s = self._grant(box, cores)
         timeout = float(payload.get("timeout_s") or 0)
-        full = (["timeout", "-s", "KILL", f"{timeout:g}"] if timeout else []) + argv  # docker exec
         env = {k: str(v) for k, v in (payload.get("env") or {}).items()}
         env["TANGRAM_CORES"] = ",".join(map(str, cores))
         self._running[d.action.id] = box.container_id
+        execute = self._agent_exec if box.socket else self._docker_exec
         try:
-            if box.socket:
-                code, output, t_exec, t_exited, timed_out = self._agent_exec(
-                    box, argv, env, timeout)
-            else:
-                code, output, t_exec, t_exited, timed_out = self._docker_exec(
-                    box, full, env, timeout)
+            code, output, t_exec, t_exited, timed_out = execute(box, argv, env, timeout)
         except (docker.errors.APIError, OSError, ValueError) as e:
             if self._alive(box.container_id, settle_s=1.0):
                 return Outcome(d.action.id, "failed", None, error=f"exec failed: {e}"), box
             return self._died(d, box, "the trajectory's container died during the action"), None
         finally:
             self._running.pop(d.action.id, None)
-        if not self._alive(box.container_id, settle_s=1.0 if code is None or code >= 128 else 0):
+        # An agent that answered was alive throughout (a dying one drops the connection);
+        # after `docker exec` only the engine can tell, and a signal-killed exec hints at it.
+        if not box.socket and not self._alive(
+                box.container_id, settle_s=1.0 if code is None or code >= 128 else 0):
             return self._died(d, box, "the trajectory's container died during the action"), None
         extra = {"argv": argv, "cores": cores, "update_s": update_s, "t_spawned": t_exec,
                  "t_exited": t_exited, "state_lost": lost, "container": box.container_id[:12],
@@ -320,8 +318,9 @@ class DockerBackend:
         return (ans["code"], ans["output"].encode(), ans["t_start"], ans["t_end"],
                 ans["timed_out"])
 
-    def _docker_exec(self, box: Sandbox, full: list[str], env: dict[str, str],
+    def _docker_exec(self, box: Sandbox, argv: list[str], env: dict[str, str],
                      timeout: float) -> tuple[int | None, bytes, float, float, bool]:
+        full = (["timeout", "-s", "KILL", f"{timeout:g}"] if timeout else []) + argv
         exec_id = self.client.api.exec_create(box.container_id, full, workdir="/work",
                                               environment=env)["Id"]
         t_exec = time.time()

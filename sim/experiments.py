@@ -79,8 +79,9 @@ def run_job(job: Job) -> dict[str, Any]:
     df = validate(df)
     tags = {"experiment": job.experiment, "workload": job.workload, "policy": job.policy,
             "trajectories": job.trajectories, **dict(job.tags)}
+    cluster = cluster_for(job)
     try:
-        result = simulate(df, cluster_for(job), SimConfig(policy=job.policy, seed=job.seed,
+        result = simulate(df, cluster, SimConfig(policy=job.policy, seed=job.seed,
                                                           options=dict(job.options)))
     except ValueError as e:  # e.g. static deployments that do not fit: a finding, not a crash
         return {**tags, "error": str(e).splitlines()[0], "act_mean_s": float("nan")}
@@ -90,8 +91,7 @@ def run_job(job: Job) -> dict[str, Any]:
             "api_retries", "per_category", "utilisation", "gpu_restores")
     out = {k: s[k] for k in keep}
     out["queue_max_s"] = float(result.frame["queue_s"].max()) if len(result.frame) else 0.0
-    out.update({**tags, "cpu_nodes": len(cluster_for(job).cpu_nodes),
-                "gpu_nodes": len(cluster_for(job).gpu_nodes)})
+    out.update({**tags, "cpu_nodes": len(cluster.cpu_nodes), "gpu_nodes": len(cluster.gpu_nodes)})
     return out
 
 
