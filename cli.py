@@ -286,7 +286,7 @@ def bench_executor(
     actions: Annotated[int, typer.Option(min=5, help="Short actions timed per backend.")] = 60,
 ) -> None:
     """Per-action overhead of the live backends: submit->start, end->result (JSON lines)."""
-    from sim.bench import executor_bench
+    from executor.bench import executor_bench
 
     for name in (("process", "docker") if backend == "all" else (backend,)):
         print(json.dumps(executor_bench(name, actions)), flush=True)
