@@ -416,6 +416,10 @@ def serve(
         fail(f"--backend: unknown backend {backend!r} (process or docker)")
     chosen = _policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
     specs = _quota_specs(quota)
+    try:  # refuse a policy that cannot hold this machine before serving anything
+        Tangram(local_cluster(specs), chosen)
+    except ValueError as e:
+        fail(str(e))
     token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
     if not os.environ.get("TANGRAM_TOKEN"):
         err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)

@@ -78,6 +78,10 @@ class Pods:
             raise ValueError(f"pod_cores: must be an integer >= 1, got {self.pod_cores!r}")
 
     def build(self, cluster: ClusterSpec) -> tuple[CpuManager, list[Pool]]:
+        largest = max((n.cores for n in cluster.cpu_nodes), default=0)
+        if cluster.cpu_nodes and self.pod_cores > largest:
+            raise ValueError(f"pod_cores: a pod of {self.pod_cores} cores fits on no node "
+                             f"(largest: {largest} cores)")
         cpu = PodManager(cluster.cpu_nodes, self.pod_cores)
         return cpu, [PodPool(f"cpu:{n}", n, cpu) for n in cpu.nodes]
 
