@@ -73,6 +73,10 @@ def simulate(
     out: Annotated[Path | None, typer.Option(
         help="Output directory (default runs/<trace>-<policy>).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the modelled overheads.")] = 0,
+    limit: Annotated[int | None, typer.Option(
+        min=1, help="Simulate only the first N trajectories (as `run --limit`).")] = None,
+    think_scale: Annotated[float, typer.Option(
+        min=0, help="Multiply think times (0: none), as `run --think-scale`.")] = 1.0,
     steps: Annotated[int, typer.Option(min=1, help="RL steps: the trace's batch replayed N times.")] = 1,
     train_s: Annotated[float, typer.Option(min=0, help="Training time per RL step (s).")] = 0.0,
     asynchronous: Annotated[bool, typer.Option(
@@ -96,11 +100,12 @@ def simulate(
     from sim.driver import simulate as run_sim
     from tangram.cluster import ClusterError
     from traces.schema import TraceError, load
+    from traces.select import head, scale_think
 
     trace = trace or _default_trace()
     try:
         spec = load_cluster(cluster)
-        df = load(trace)
+        df = scale_think(head(load(trace), limit), think_scale)
     except (TraceError, ClusterError) as e:
         fail(str(e))
     chosen = _policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
@@ -114,7 +119,8 @@ def simulate(
                                 f"simulating {trace.name} under {policy}")
     except ValueError as e:
         fail(str(e))
-    config = {"trace": str(trace), "cluster": spec.to_dict(), "policy": chosen.params(),
+    config = {"trace": str(trace), "cluster": spec.to_yaml(), "policy": chosen.params(),
+              "limit": limit, "think_scale": think_scale,
               "sim": {"seed": seed, "steps": steps, "train_s": train_s,
                       "asynchronous": asynchronous}}
     run_ = analyse(result)
@@ -305,6 +311,63 @@ def plot(
             paths.append(figures.utilisation(utils, "cpu", cap, out, "cpu_utilisation"))
     for p in paths:
         out_console.print(f"wrote {p}")
+
+
+@app.command(context_settings={"allow_interspersed_args": True})
+def burn(
+    t1: Annotated[float, typer.Option("--t1", min=0,
+                                      help="CPU seconds of the whole action on one core.")],
+    parallel_fraction: Annotated[float, typer.Option(
+        "--parallel-fraction", "-p", min=0, max=1, help="Amdahl parallel fraction.")] = 0.0,
+    numprocesses: Annotated[int, typer.Option(
+        "--numprocesses", "-n", min=1, help="Processes for the parallel part.")] = 1,
+    exit_code: Annotated[int, typer.Option(min=0, max=255,
+                                           help="Exit status after the work.")] = 0,
+) -> None:
+    """Burn CPU like a test suite: t1*(1-p) CPU seconds serially, then t1*p split over -n
+    processes (wall time on k free cores: t1*((1-p)+p/k)).
+
+    `tangram run` runs this for trace rows that name no command; the executor rewrites
+    an elastic action's command to `-n <granted cores>`, as it does `pytest`.
+    """
+    from executor.burn import burn as run_burn
+
+    code = run_burn(t1, parallel_fraction, numprocesses)
+    raise typer.Exit(code or exit_code)
+
+
+@app.command()
+def compare(
+    runs: Annotated[list[Path], typer.Argument(
+        help="Two or more run directories (from simulate or run); the first is the reference.")],
+    out: Annotated[Path | None, typer.Option(
+        help="Where compare.json and the figure go (default: FIRST/compare).")] = None,
+) -> None:
+    """Mean/p50/p99 ACT, queueing, execution and makespan of runs side by side, with the
+    % difference from the first run, and how many actions got the same units."""
+    from analysis.compare import compare as compare_runs
+    from analysis.compare import figure
+
+    if len(runs) < 2:
+        fail("compare: give at least two run directories")
+    try:
+        table = compare_runs(runs)
+    except (FileNotFoundError, ValueError, OSError) as e:
+        fail(str(e))
+    out = out or runs[0] / "compare"
+    out.mkdir(parents=True, exist_ok=True)
+    table.to_json(out / "compare.json", orient="records", indent=1)
+    shown = Table(title="compare (% vs " + table.columns[1] + ")")
+    for col in table.columns:
+        shown.add_column(str(col), justify="left" if col == "metric" else "right")
+    for row in table.itertuples(index=False):
+        shown.add_row(*("-" if isinstance(v, float) and v != v else
+                        f"{v:+.1f}%" if str(c).startswith("%") else
+                        f"{v:.4g}" if isinstance(v, float) else str(v)
+                        for c, v in zip(table.columns, row, strict=True)))
+    out_console.print(shown)
+    path = figure(runs, out)
+    out_console.print(f"wrote {out / 'compare.json'} and {path}")
 
 
 @bench_app.command("executor")

@@ -9,6 +9,8 @@
 * ``trace.json``: Chrome trace format (open in Perfetto / chrome://tracing)
 * ``utilisation.parquet``: allocated units per resource over time
 * ``config.json``: the resolved configuration of the run
+* ``cluster.yaml``: the cluster it ran on, in the shape ``--cluster`` reads
+* ``outputs.jsonl`` (live runs): each action's exit code and output tail
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import yaml
 
 from tangram.runtime import Record, RunResult
 
@@ -55,6 +58,22 @@ def _stats(s: pd.Series) -> dict[str, float]:
     return {"mean": float(s.mean()), "p50": float(s.quantile(0.5)), "p99": float(s.quantile(0.99))}
 
 
+def failed_mask(df: pd.DataFrame) -> pd.Series:
+    """Actions that did not succeed: a status other than ok, or a non-zero exit."""
+    code = pd.to_numeric(df["exit_code"], errors="coerce")
+    return (df["status"] != "ok") | (code.notna() & (code != 0))
+
+
+def exit_codes(df: pd.DataFrame) -> dict[str, int]:
+    """How many actions ended with each exit code ("none": no process exit, e.g. a
+    timeout or an action that never started)."""
+    if not len(df):
+        return {}
+    code = pd.to_numeric(df["exit_code"], errors="coerce")
+    keys = code.map(lambda c: "none" if pd.isna(c) else str(int(c)))
+    return {str(k): int(v) for k, v in keys.value_counts().sort_index().items()}
+
+
 def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
               utilisation: pd.DataFrame | None, steps: list[dict[str, float]],
               extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -69,7 +88,8 @@ def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
         "exec_mean_s": exe["mean"],
         "restore_mean_s": float(df["restore_s"].mean()) if len(df) else 0.0,
         "overhead_mean_s": float(df["overhead_s"].mean()) if len(df) else 0.0,
-        "failed": int((df["status"] != "ok").sum()) if len(df) else 0,
+        "failed": int(failed_mask(df).sum()) if len(df) else 0,
+        "exit_codes": exit_codes(df),
         "timeouts": int((df["status"] == "timeout").sum()) if len(df) else 0,
         "makespan_s": makespan,
         "step_time_s": float(np.mean([s["step_s"] for s in steps])) if steps else makespan,
@@ -172,6 +192,12 @@ def write_run(out: str | Path, run: Analysed, config: Mapping[str, Any]) -> Path
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(run.summary, indent=2, default=float) + "\n")
     (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
+    if isinstance(config.get("cluster"), Mapping):
+        # `tangram simulate --cluster RUN/cluster.yaml` runs on exactly this cluster
+        (out / "cluster.yaml").write_text(
+            "# the cluster this run used (tangram simulate --cluster accepts it as is)\n"
+            + yaml.safe_dump(json.loads(json.dumps(config["cluster"], default=str)),
+                             sort_keys=False))
     run.actions.to_parquet(out / "actions.parquet", index=False)
     run.timing.to_parquet(out / "timing.parquet", index=False)
     if run.utilisation is not None:

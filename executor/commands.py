@@ -5,7 +5,8 @@ as argv (a user who wants a shell writes ``sh -c '...'`` themselves). The one
 rewrite is the paper's elastic test run (section 5.2): a ``pytest`` command
 granted ``k >= 2`` cores gets ``-n k`` (pytest-xdist), inserted right after
 ``pytest``; ``-n 1`` would only add a worker process, so one core runs it as
-written. Any other command is never rewritten.
+written. ``tangram burn`` (the replay's CPU worker, executor/burn.py) takes the
+same ``-n`` and is rewritten the same way. Any other command is never rewritten.
 """
 
 from __future__ import annotations
@@ -50,9 +51,21 @@ def pytest_position(argv: Sequence[str]) -> int | None:
     return None
 
 
+def burn_position(argv: Sequence[str]) -> int | None:
+    """Index right after ``tangram burn`` or ``python -m executor.burn``."""
+    if len(argv) >= 2 and os.path.basename(argv[0]) == "tangram" and argv[1] == "burn":
+        return 2
+    if argv and os.path.basename(argv[0]).startswith("python") and \
+            list(argv[1:3]) == ["-m", "executor.burn"]:
+        return 3
+    return None
+
+
 def elastic_argv(argv: list[str], units: int, elastic: bool) -> list[str]:
-    """Insert ``-n units`` into an elastic pytest run (unless it already chose)."""
+    """Insert ``-n units`` into an elastic pytest or burn run (unless it already chose)."""
     pos = pytest_position(argv)
+    if pos is None:
+        pos = burn_position(argv)
     if not elastic or pos is None or units < 2:
         return argv
     if any(a == "-n" or a.startswith("-n") and a[2:].isdigit() or a.startswith("--numprocesses")

@@ -75,12 +75,17 @@ def policy_of(config: SimConfig) -> Policy:
     return make_policy(config.policy, config.options)
 
 
-def startup_of(policy: Policy, config: SimConfig) -> StartupModel:
-    if isinstance(policy.cpu, Pods):
-        if config.pod_start_s is not None:
-            return StartupModel("pod", config.pod_start_s, POD_START.sigma)
-        return POD_START
-    return CONTAINER_START
+def startup_of(policy: Policy, config: SimConfig,
+               cluster: ClusterSpec | None = None) -> StartupModel:
+    pods = isinstance(policy.cpu, Pods)
+    if pods and config.pod_start_s is not None:
+        return StartupModel("pod", config.pod_start_s, POD_START.sigma)
+    measured = (cluster.extra if cluster is not None else {}).get("env_start_s")
+    if measured is not None:
+        # the cluster file of a live run says what starting an environment cost there
+        # (0 for the process backend's working directories, pods included)
+        return StartupModel("measured", float(measured), 0.0)
+    return POD_START if pods else CONTAINER_START
 
 
 def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
@@ -102,7 +107,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
              if st.truth is not None}
     provider = QuotaManager(cluster.quotas) if policy.api_admission == "provider" else None
     backend = ModelledBackend(clock, np.random.default_rng(config.seed), truth,
-                              startup_of(policy, config), provider)
+                              startup_of(policy, config, cluster), provider)
     runtime = Runtime(core, clock, backend, stopwatch=time.perf_counter)
     total = sum(len(s.steps) for specs in steps_specs for s in specs)
     done = [0]

@@ -74,6 +74,14 @@ class ClusterSpec:
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    def to_yaml(self) -> dict[str, Any]:
+        """The cluster in the YAML shape ``from_dict`` reads back unchanged (one entry
+        per node, named): what `tangram run` writes for `tangram simulate --cluster`."""
+        data = asdict(self)
+        return {"cpu_nodes": list(data["cpu_nodes"]), "gpu_nodes": list(data["gpu_nodes"]),
+                "services": list(data["services"]), "quotas": list(data["quotas"]),
+                "restore_gbps": self.restore_gbps, "extra": dict(self.extra)}
+
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterSpec:
         problems: list[str] = []
@@ -112,10 +120,19 @@ class ClusterSpec:
                     problems.append(f"{where}: expected a mapping")
                     continue
                 for key in entry:
-                    if key not in fields and key not in ("count", "prefix"):
+                    if key not in fields and key not in ("count", "prefix", "name"):
                         problems.append(f"{where}.{key}: unknown field")
                 count = num(f"{where}.count", entry.get("count", 1), integer=True) or 0
                 prefix = str(entry.get("prefix", f"{name.split('_')[0]}{i}-"))
+                if "name" in entry:  # one node named as is (what to_yaml writes)
+                    if count != 1 or "prefix" in entry:
+                        problems.append(f"{where}.name: names one node (no count, no prefix)")
+                        continue
+                    vals = {key: num(f"{where}.{key}", entry.get(key, default), integer=integer)
+                            for key, (integer, default) in fields.items()}
+                    if None not in vals.values():
+                        out.append((str(entry["name"]), vals))
+                    continue
                 vals = {}
                 for key, (integer, default) in fields.items():
                     vals[key] = num(f"{where}.{key}", entry.get(key, default), integer=integer)
