@@ -67,6 +67,11 @@ class SimConfig:
     options: dict[str, Any] = field(default_factory=dict)
     #: pod start time of pod policies (None: the default model)
     pod_start_s: float | None = None
+    #: pod creations the control plane admits per second (None: the default model, 50/s)
+    pod_rate_per_s: float | None = None
+    #: a trajectory's environment is released when the trajectory ends ("trajectory") or
+    #: when the whole rollout ends ("rollout": frameworks that tear a step's pods down together)
+    env_hold: str = "trajectory"
     #: virtual seconds between utilisation samples
     sample_s: float = 1.0
 
@@ -78,8 +83,12 @@ def policy_of(config: SimConfig) -> Policy:
 def startup_of(policy: Policy, config: SimConfig,
                cluster: ClusterSpec | None = None) -> StartupModel:
     pods = isinstance(policy.cpu, Pods)
-    if pods and config.pod_start_s is not None:
-        return StartupModel("pod", config.pod_start_s, POD_START.sigma)
+    if pods and (config.pod_start_s is not None or config.pod_rate_per_s is not None):
+        return replace(POD_START,
+                       median_s=POD_START.median_s if config.pod_start_s is None
+                       else config.pod_start_s,
+                       rate_per_s=POD_START.rate_per_s if config.pod_rate_per_s is None
+                       else config.pod_rate_per_s)
     measured = (cluster.extra if cluster is not None else {}).get("env_start_s")
     if measured is not None:
         # the cluster file of a live run says what starting an environment cost there
@@ -114,8 +123,14 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     step_log: list[dict[str, float]] = []
     samples: list[dict[str, float]] = []
 
+    if config.env_hold not in ("trajectory", "rollout"):
+        raise ValueError(f"env_hold: 'trajectory' or 'rollout', got {config.env_hold!r}")
+    opens_env = policy.env_start == "open"
+
     def trajectory(spec: TrajectorySpec):
         runtime.open_trajectory(spec.id, spec.task, spec.mem_gb)
+        if opens_env:
+            backend.open_env(spec.id, core.cpu.node_of(spec.id) is not None)
         for step in spec.steps:
             if step.think_s:
                 yield env.timeout(step.think_s)
@@ -125,10 +140,14 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
             done[0] += 1
             if progress and done[0] % 500 == 0:
                 progress(done[0], total)
-        runtime.close_trajectory(spec.id)
+        if config.env_hold == "trajectory":
+            runtime.close_trajectory(spec.id)
 
     def rollout(specs: list[TrajectorySpec]):
         yield simpy.AllOf(env, [env.process(trajectory(s)) for s in specs])
+        if config.env_hold == "rollout":
+            for s in specs:
+                runtime.close_trajectory(s.id)
 
     running = [True]
 
@@ -155,7 +174,8 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     env.run(until=env.process(rl_loop()))
     if progress:
         progress(total, total)
-    counters = {"api_retries": backend.retries, "gpu_restores": core.gpu.restores,
+    counters = {"api_retries": backend.retries, "api_429s": backend.rejections,
+                "api_failed": backend.gave_up, "gpu_restores": core.gpu.restores,
                 "gpu_restore_hits": core.gpu.hits, "scheduler_passes": core.passes,
                 "seed": config.seed}
     return RunResult(policy.label, runtime.records, step_log, core.capacity(), counters,

@@ -26,26 +26,64 @@ from traces.schema import Truth
 
 @dataclass(frozen=True, slots=True)
 class StartupModel:
-    """Environment start at a trajectory's first CPU action: lognormal(median, sigma)."""
+    """Environment start: lognormal(median, sigma) once its creation is admitted.
+
+    ``rate_per_s`` / ``burst``: a control plane admits at most this many creations
+    per second (a token bucket, FIFO); None: unlimited."""
 
     name: str
     median_s: float
     sigma: float
+    rate_per_s: float | None = None
+    burst: int = 1
 
     def sample(self, rng: np.random.Generator) -> float:
         return float(rng.lognormal(math.log(self.median_s), self.sigma)) if self.median_s else 0.0
 
 
-#: docker create + start of a local image, no pull: ~0.5 s
+#: docker create + start of a local image, no pull: ~0.5 s (assumption; Tangram's
+#: containers are started by the node's own engine, no cluster-wide control plane)
 CONTAINER_START = StartupModel("container", 0.5, 0.3)
-#: Kubernetes pod start without image pull: ~2 s typical, p99 SLO 5 s
-POD_START = StartupModel("pod", 2.0, math.log(5.0 / 2.0) / 2.326)
+#: Kubernetes pod start without image pull: ~2 s typical, p99 5 s (the Kubernetes
+#: scalability SLO: pod startup latency p99 <= 5 s for stateless pods without image
+#: pulls); pods are bound by kube-scheduler at most 50 per second with bursts of 100
+#: (kube-scheduler --kube-api-qps 50 / --kube-api-burst 100 defaults; older releases
+#: named it --bind-pods-qps=50, "bindings per second the scheduler is allowed to
+#: continuously make")
+POD_START = StartupModel("pod", 2.0, math.log(5.0 / 2.0) / 2.326, rate_per_s=50.0, burst=100)
+
+
+class ControlPlane:
+    """FIFO token bucket: when each creation request is admitted."""
+
+    def __init__(self, rate_per_s: float | None, burst: int) -> None:
+        self.rate = rate_per_s
+        self.burst = float(max(burst, 1))
+        self.tokens = self.burst
+        self.last = 0.0
+        self.next_free = 0.0
+
+    def admit(self, now: float) -> float:
+        if self.rate is None:
+            return now
+        at = max(now, self.next_free)
+        self.tokens = min(self.burst, self.tokens + (at - self.last) * self.rate)
+        self.last = at
+        if self.tokens < 1.0:
+            at += (1.0 - self.tokens) / self.rate
+            self.tokens = 1.0
+            self.last = at
+        self.tokens -= 1.0
+        self.next_free = at
+        return at
 #: no environment start (core-level experiments and tests)
 NO_START = StartupModel("none", 0.0, 0.0)
 
 
 #: the round trip of a 429 answer itself, before the backoff starts
 RTT_429_S = 0.05
+#: attempts before a provider-admitted call gives up and fails (as executor/http_api.py)
+MAX_ATTEMPTS = 6
 
 
 def truth_of(d: Dispatch) -> Truth:
@@ -67,8 +105,24 @@ class ModelledBackend:
         self.provider = provider
         self.backoff = backoff
         self._started_envs: set[str] = set()
+        #: trajectory -> when its environment, created at open, is ready (None: its pod
+        #: waited for a node and starts only once bound: modelled at its first action)
+        self._ready: dict[str, float | None] = {}
+        self._plane = ControlPlane(startup.rate_per_s, startup.burst)
         self._cancelled: set[str] = set()
         self.retries = 0
+        #: provider answers: 429s sent, and calls that gave up after MAX_ATTEMPTS
+        self.rejections = 0
+        self.gave_up = 0
+
+    def open_env(self, trajectory: str, bound: bool) -> None:
+        """The trajectory's environment is requested at open (``env_start == "open"``):
+        created when the control plane admits it, ready a start time later."""
+        if bound:
+            self._ready[trajectory] = self._plane.admit(self.clock.now()) + \
+                self.startup.sample(self.rng)
+        else:
+            self._ready[trajectory] = None
 
     def cancel(self, action_id: str) -> None:
         self._cancelled.add(action_id)
@@ -86,7 +140,11 @@ class ModelledBackend:
         overhead = d.lease.restore_s + truth.setup_s
         if d.action.min("cpu") > 0 and d.action.trajectory not in self._started_envs:
             self._started_envs.add(d.action.trajectory)
-            overhead += self.startup.sample(self.rng)
+            now = self.clock.now()
+            ready = self._ready.pop(d.action.trajectory, None)
+            if ready is None:  # started now (first action, or a pod bound only now)
+                ready = self._plane.admit(now) + self.startup.sample(self.rng)
+            overhead += max(ready - now, 0.0)
         quotas = {k: v.min for k, v in d.action.cost.items() if counted(k) and v.min > 0}
         if self.provider is not None and quotas:
             self._attempt(d, truth, on_done, quotas, overhead, 0)
@@ -115,7 +173,12 @@ class ModelledBackend:
 
     def _attempt(self, d: Dispatch, truth: Truth, on_done: Callable[[Outcome], None],
                  quotas: dict[str, float], overhead: float, attempt: int) -> None:
-        """Provider-admitted API call: the provider enforces its quota with 429s."""
+        """Provider-admitted API call: the provider enforces its quota with 429s.
+
+        A 429 tells the caller when the quota resets (Brave's ``X-RateLimit-Reset``, whole
+        seconds; a 429 itself is not counted against the quota); the caller waits the
+        longer of that and its own backoff, and gives up after MAX_ATTEMPTS: the call
+        fails, and the trajectory goes on without its answer."""
         assert self.provider is not None
         now = self.clock.now()
         lease = self.provider.reserve(f"{d.action.id}/{attempt}", quotas, now)
@@ -123,7 +186,17 @@ class ModelledBackend:
             provider = self.provider
             self._run(d, truth, on_done, overhead, attempt, release=lambda: provider.release(lease))
             return
+        self.rejections += 1
+        if attempt + 1 >= MAX_ATTEMPTS:
+            self.gave_up += 1
+            self.clock.call_later(RTT_429_S, lambda: on_done(Outcome(
+                d.action.id, "failed", 429, error=f"HTTP 429 after {MAX_ATTEMPTS} attempts",
+                overhead_s=overhead, extra={"retries": attempt})))
+            return
         self.retries += 1
-        self.clock.call_later(RTT_429_S + self.backoff.delay(attempt, float(self.rng.random())),
+        expiry = self.provider.next_expiry(now)
+        reset = math.ceil(expiry - now) if expiry is not None else 0.0
+        delay = max(float(reset), self.backoff.delay(attempt, float(self.rng.random())))
+        self.clock.call_later(RTT_429_S + delay,
                               lambda: self._attempt(d, truth, on_done, quotas, overhead,
                                                     attempt + 1))

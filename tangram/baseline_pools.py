@@ -62,8 +62,10 @@ class PodManager(CpuManager):
 class PodPool(CpuNodePool):
     """Actions run on their trajectory's pod: nothing to allocate per action."""
 
-    def __init__(self, name: str, node: str, manager: PodManager) -> None:
-        super().__init__(name, node, manager, FixedDopScheduler(manager.pod_cores))
+    def __init__(self, name: str, node: str, manager: PodManager, dop: int | None = None) -> None:
+        # the DoP an elastic action runs at inside its pod (the lease's units; the
+        # executor's `-n`): the pod's cores stay the trajectory's either way
+        super().__init__(name, node, manager, FixedDopScheduler(dop or manager.pod_cores))
         self.pods = manager
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
@@ -133,11 +135,12 @@ class ServicePool(Pool):
         return {"gpu": float(sum(r.size for r in self.replicas if r not in self.idle))}
 
 
-def static_placement(cluster: ClusterSpec, services: list[str],
-                     dop: int | None) -> dict[str, list[Replica]]:
+def static_placement(cluster: ClusterSpec, services: list[str], dop: int | None,
+                     replicas: int | None = None) -> dict[str, list[Replica]]:
     """Replicas per service: each service at the smallest DoP its weights fit
     (at least ``dop``), one replica each first, then more round-robin while
-    aligned chunks remain — how a team sizes fixed SGLang deployments."""
+    aligned chunks remain (at most ``replicas`` each) — how a team sizes fixed
+    SGLang deployments."""
     if dop is not None and dop not in (1, 2, 4, 8):
         raise ValueError(f"static dop: must be 1, 2, 4 or 8, got {dop}")
     carve = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
@@ -153,6 +156,8 @@ def static_placement(cluster: ClusterSpec, services: list[str],
     while True:
         placed = False
         for s in order:
+            if replicas is not None and len(per[s]) >= replicas:
+                continue
             lease = carve.reserve(f"{s}/{round_no}", s, sizes[s])
             if lease is None:
                 if round_no == 0:

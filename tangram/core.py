@@ -59,6 +59,9 @@ class Tangram:
         self.cpu, self.gpu, self.quota, self.pools = res.cpu, res.gpu, res.quota, res.pools
         self._resources = res
         self.unbound: deque[Pending] = deque()
+        #: trajectories whose environment starts at open (policy.env_start == "open") and
+        #: that no node has had room for yet, in open order (an insertion-ordered set)
+        self.opening: dict[str, None] = {}
         self.trajectories: dict[str, TrajectoryState] = {}
         self.queued: dict[str, Pending] = {}
         self.running: dict[str, Running] = {}
@@ -82,6 +85,9 @@ class Tangram:
         if mem_gb is not None and self.cluster.cpu_nodes and mem_gb > self._max_node_mem:
             raise ValueError(f"mem_gb: {mem_gb} GB exceeds the largest node ({self._max_node_mem})")
         self.trajectories[trajectory] = TrajectoryState(task, mem_gb)
+        if self.policy.env_start == "open" and self.cluster.cpu_nodes:
+            self.opening[trajectory] = None
+            self._bind_opening()
 
     def close_trajectory(self, trajectory: str, now: float) -> list[Dispatch]:
         """Release the trajectory's memory. Refused while actions are in flight."""
@@ -93,6 +99,7 @@ class Tangram:
                 f"trajectory: {trajectory!r} still has {len(state.in_flight)} action(s) in flight"
             )
         del self.trajectories[trajectory]
+        self.opening.pop(trajectory, None)
         if state.thinking_in is not None:  # it ended after that kind of action
             self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
                                                      state.will_continue, continued=False)
@@ -100,7 +107,7 @@ class Tangram:
             return []
         self.cpu.unbind(trajectory)
         # freed memory can only unblock binding; cores and quotas are unchanged
-        return self._schedule(now, ()) if self.unbound else []
+        return self._schedule(now, ()) if self.unbound or self.opening else []
 
     # -- actions -----------------------------------------------------------------------
     def validate(self, action: Action) -> None:
@@ -261,20 +268,44 @@ class Tangram:
         return Pending(action, now, sched.min_units(choices), quotas,
                        elastic=elastic, choices=choices, durations=durations)
 
+    def _bind_opening(self) -> bool:
+        """Environments that start at open (a pod per trajectory): bind them in open
+        order, each holding its memory (and the pool's cores) until it closes. True
+        when one was bound."""
+        bound = False
+        while self.opening:
+            trajectory = next(iter(self.opening))
+            state = self.trajectories[trajectory]
+            if self.cpu.bind(trajectory, state.mem_gb or 0.0, 0) is None:
+                break
+            del self.opening[trajectory]
+            bound = True
+        return bound
+
     def _bind_waiting(self, touched: set[str]) -> None:
-        """Bind queued first actions to nodes, in FCFS order (paper 5.2)."""
+        """Bind queued first actions to nodes, in FCFS order (paper 5.2). A first
+        action whose environment still waits for a node in open order stays queued
+        without blocking the ones behind it (their environments may be bound)."""
+        newly = self._bind_opening()
+        if not self.unbound or (not newly and self.unbound[0].action.trajectory in self.opening):
+            return
+        waiting: deque[Pending] = deque()
         while self.unbound:
             p = self.unbound[0]
+            if p.action.trajectory in self.opening:
+                waiting.append(self.unbound.popleft())
+                continue
             mem = self._trajectory_mem(p.action)
             node = self.cpu.bind(p.action.trajectory, mem, p.key_min)
             if node is None:
-                return
+                break
             self.unbound.popleft()
             pool = self._route(p.action)
             pending = self._pending(p.action, p.submit_s, pool)
             self.queued[p.action.id] = pending
             pool.queue.append(pending)
             touched.add(pool.name)
+        self.unbound.extendleft(reversed(waiting))
 
     def _schedule(self, now: float, pools: Iterable[Pool]) -> list[Dispatch]:
         names = {p.name for p in pools}

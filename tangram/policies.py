@@ -13,7 +13,8 @@ simulate/run/serve --policy NAME``). It says
   once and the provider answers 429 past its quota, the caller retrying),
 * which scheduler runs each pool (a pool kind may bring its own: a pod or a
   static replica runs at a fixed DoP), and
-* when a trajectory's environment starts (``env_start``: at its first action).
+* when a trajectory's environment starts (``env_start``: at its first action, or
+  ``"open"``: when the trajectory opens, as a pod per trajectory is created).
 
 The core (tangram/core.py) calls only ``build`` and ``route``; the pools it gets
 implement the extension points listed in tangram/pools.py. Baselines never
@@ -69,13 +70,22 @@ class SharedCores:
 @dataclass(frozen=True)
 class Pods:
     """A Kubernetes pod per trajectory holding ``pod_cores`` cores and its memory from
-    binding until it closes; each action runs on the pod's cores."""
+    binding until it closes; each action runs on the pod's cores.
+
+    ``pod_dop``: processes an elastic test runs with inside its pod. The paper's
+    dataset runs its tests single-process (rewriting ``pytest`` to ``pytest -n`` is
+    Tangram's contribution, section 5.2), so 1 by default; ``pod_dop = pod_cores``
+    models a baseline that already runs ``pytest -n <pod cores>``."""
 
     pod_cores: int = 4
+    pod_dop: int = 1
 
     def __post_init__(self) -> None:
         if not isinstance(self.pod_cores, int) or self.pod_cores < 1:
             raise ValueError(f"pod_cores: must be an integer >= 1, got {self.pod_cores!r}")
+        if not isinstance(self.pod_dop, int) or not 1 <= self.pod_dop <= self.pod_cores:
+            raise ValueError(f"pod_dop: must be an integer in 1..pod_cores ({self.pod_cores}), "
+                             f"got {self.pod_dop!r}")
 
     def build(self, cluster: ClusterSpec) -> tuple[CpuManager, list[Pool]]:
         largest = max((n.cores for n in cluster.cpu_nodes), default=0)
@@ -83,7 +93,7 @@ class Pods:
             raise ValueError(f"pod_cores: a pod of {self.pod_cores} cores fits on no node "
                              f"(largest: {largest} cores)")
         cpu = PodManager(cluster.cpu_nodes, self.pod_cores)
-        return cpu, [PodPool(f"cpu:{n}", n, cpu) for n in cpu.nodes]
+        return cpu, [PodPool(f"cpu:{n}", n, cpu, self.pod_dop) for n in cpu.nodes]
 
 
 # -- the GPU side -------------------------------------------------------------------------
@@ -105,13 +115,20 @@ class StaticDeployments:
     each service at the smallest DoP its weights fit."""
 
     gpu_dop: int | None = None
+    #: replicas per service (None: as many as the GPUs hold, round-robin). The paper's
+    #: baselines: 9 teachers x 4 GPUs (MOPD), 5 judge replicas (DeepSearch).
+    replicas: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.replicas is not None and (not isinstance(self.replicas, int) or self.replicas < 1):
+            raise ValueError(f"replicas: must be an integer >= 1, got {self.replicas!r}")
 
     def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
         gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
         services = [s.name for s in cluster.services]
         if not services:
             return gpu, []
-        per = static_placement(cluster, services, self.gpu_dop)
+        per = static_placement(cluster, services, self.gpu_dop, self.replicas)
         return gpu, [ServicePool(s, r) for s, r in per.items()]
 
     def route(self, action: Action) -> str:
@@ -195,7 +212,8 @@ class Policy:
 
     def params(self) -> dict[str, Any]:
         """The policy's parameters (for config.json)."""
-        out: dict[str, Any] = {"name": self.label}
+        out: dict[str, Any] = {"name": self.label, "env_start": self.env_start,
+                               "api_admission": self.api_admission}
         for f in fields(self):
             v = getattr(self, f.name)
             out[f.name] = {"kind": type(v).__name__, **v.__dict__} if f.name in ("cpu", "gpu") else v
@@ -235,7 +253,12 @@ class FixedDopPolicy(Policy):
 @dataclass(frozen=True)
 class K8sPolicy(Policy):
     name: ClassVar[str] = "k8s"
-    description: ClassVar[str] = "a Kubernetes pod per trajectory holding its cores and memory"
+    description: ClassVar[str] = ("a Kubernetes pod per trajectory, created when the trajectory "
+                                  "opens and holding its cores and memory until it closes; "
+                                  "tests single-process")
+    #: the RL framework requests the pod when the rollout starts the trajectory (paper 2.2:
+    #: environments are created for the whole rollout, not at the first action)
+    env_start: ClassVar[str] = "open"
     cpu: Any = field(default_factory=Pods)
 
 
@@ -267,6 +290,7 @@ class BaselinePolicy(Policy):
     name: ClassVar[str] = "baseline"
     description: ClassVar[str] = "today's stack: k8s + static GPU services + per-trajectory API calls"
     api_admission: ClassVar[str] = "provider"
+    env_start: ClassVar[str] = "open"
     cpu: Any = field(default_factory=Pods)
     gpu: Any = field(default_factory=StaticDeployments)
 
@@ -279,7 +303,8 @@ REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (
 #: the parameters a user may set, and which part of a policy each belongs to
 PARAMS: dict[str, str] = {"depth": "scheduler", "lookahead": "scheduler",
                           "ordering": "scheduler", "max_wait_s": "scheduler",
-                          "pod_cores": "cpu", "gpu_dop": "gpu", "init_s": "gpu"}
+                          "pod_cores": "cpu", "pod_dop": "cpu", "gpu_dop": "gpu",
+                          "replicas": "gpu", "init_s": "gpu"}
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:

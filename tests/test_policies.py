@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import typer.main
+from helpers import EventLoop, cluster, gpu_call, shell, test_run
 
 import cli
-from helpers import EventLoop, cluster, gpu_call, shell, test_run
 from tangram.baseline_pools import PodPool, ServicePool
 from tangram.core import Tangram
 from tangram.policies import REGISTRY, K8sPolicy, Pods, make_policy
@@ -52,7 +52,10 @@ def test_policy_parameters_are_typed_fields_and_reach_the_pools():
     assert isinstance(p, K8sPolicy) and p.cpu == Pods(8) and p.depth == 3
     core = Tangram(cluster(cores=16), p)
     pool = core.pools["cpu:n0"]
-    assert isinstance(pool, PodPool) and pool.scheduler.units == 8
+    # the paper's tests run single-process in their pod; pod_dop widens them
+    assert isinstance(pool, PodPool) and pool.scheduler.units == 1
+    wide = Tangram(cluster(cores=16), make_policy("k8s", {"pod_cores": 8, "pod_dop": 8}))
+    assert wide.pools["cpu:n0"].scheduler.units == 8
     static = Tangram(cluster(cores=0, nodes=0, gpu_nodes=1, services=[("rm", 40), ("b", 40)]),
                      make_policy("static", {"gpu_dop": 4}))
     svc = [p for p in static.pools.values() if isinstance(p, ServicePool)]

@@ -1,0 +1,83 @@
+"""The paper's own experimental setups: pods from trajectory open to close, tests
+single-process in their pod, the control plane's pod creation rate, static GPU
+replicas, provider 429s that fail calls."""
+
+import numpy as np
+import pandas as pd
+from helpers import EventLoop, cluster, shell, test_run
+
+from sim.driver import SimConfig, simulate
+from sim.modelled import POD_START, ControlPlane
+from tangram.cluster import ClusterSpec, QuotaSpec
+from tangram.core import Tangram
+from tangram.policies import make_policy
+from traces.schema import COLUMNS, validate
+
+
+def test_k8s_pods_start_at_open_in_open_order_and_hold_until_close():
+    core = Tangram(cluster(cores=8), make_policy("k8s", {"pod_cores": 4}))
+    loop = EventLoop(core)
+    for t in ("a", "b", "c", "d"):
+        loop.runtime.open_trajectory(t, "t", 1.0)
+    # two pods fit: a and b hold their cores before submitting anything
+    assert core.cpu.node_of("a") and core.cpu.node_of("b")
+    assert list(core.opening) == ["c", "d"] and core.usage()["cpu"] == 8
+    assert core.cpu.nodes["n0"].free_cores == 0
+    # d submits first, but its pod waits behind c's (open order)
+    loop.submit(shell("d", t1=1.0, aid="d0"))
+    loop.submit(shell("a", t1=1.0, aid="a0"))
+    assert "a0" in core.running and "d0" in core.queued
+    loop.runtime.close_trajectory("c")  # closed while waiting: leaves the queue
+    assert list(core.opening) == ["d"]
+    loop.run()
+    loop.runtime.close_trajectory("a")
+    assert core.cpu.node_of("d") and not core.opening
+    loop.run()
+    assert {r.action_id for r in loop.records} == {"a0", "d0"}
+
+
+def test_tests_run_single_process_in_their_pod():
+    core = Tangram(cluster(cores=8), make_policy("k8s", {"pod_cores": 4}))
+    loop = EventLoop(core)
+    loop.runtime.open_trajectory("a", "t", 1.0)
+    loop.submit(test_run("a", t1=8.0, lo=1, hi=8, p=1.0, aid="t0"))
+    loop.run()
+    rec = loop.records[0]
+    assert rec.units == 1 and len(rec.cores.split(",")) == 4  # the pod's cores, one process
+    assert rec.end_s - rec.start_s == 8.0
+
+
+def test_control_plane_admits_pods_at_its_rate_after_a_burst():
+    plane = ControlPlane(POD_START.rate_per_s, POD_START.burst)
+    times = [plane.admit(0.0) for _ in range(300)]
+    assert times[:100] == [0.0] * 100  # the burst
+    assert np.allclose(np.diff(times[100:]), 1 / POD_START.rate_per_s)
+    assert abs(times[-1] - (300 - 100) / 50.0) < 1e-9
+
+
+def _api_trace(calls: int, trajectories: int) -> pd.DataFrame:
+    base = {k: v[2] for k, v in COLUMNS.items()}
+    rows = [{**base, "task": "ds", "trajectory": f"q{j}", "seq": i, "kind": "search",
+             "think_s": 0.0, "t1_s": 0.5, "quota_key": "search"}
+            for j in range(trajectories) for i in range(calls)]
+    return validate(pd.DataFrame(rows))
+
+
+def test_provider_429s_fail_calls_that_tangram_would_have_queued():
+    spec = ClusterSpec(quotas=(QuotaSpec("quota:search", "window", 2, 1.0),))
+    df = _api_trace(3, 40)
+    base = simulate(df, spec, SimConfig(policy="per-trajectory-api"))
+    ours = simulate(df, spec, SimConfig(policy="tangram"))
+    failed = [r for r in base.records if r.status == "failed"]
+    assert failed and all(r.exit_code == 429 for r in failed)
+    assert base.counters["api_failed"] == len(failed) and base.counters["api_429s"] > len(failed)
+    assert all(r.status == "ok" for r in ours.records)  # held until the quota had room
+
+
+def test_static_replicas_as_the_paper_deployed_them():
+    from sim.cluster import load_cluster
+
+    paper = load_cluster("paper")
+    core = Tangram(paper, make_policy("static", {"gpu_dop": 4, "replicas": 1}))
+    pools = {n: p for n, p in core.pools.items() if n.startswith("gpu:teacher")}
+    assert len(pools) == 9 and all(len(p.replicas) == 1 and p.dop == 4 for p in pools.values())
