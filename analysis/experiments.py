@@ -21,7 +21,7 @@ from analysis.outputs import analyse
 from sim.cluster import load_cluster
 from sim.driver import SimConfig, simulate
 from sim.modelled import ModelledBackend
-from tangram.cluster import ClusterSpec, CpuNodeSpec
+from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity
 from tangram.policies import make_policy
@@ -29,20 +29,43 @@ from tangram.runtime import ManualClock, Runtime
 from traces.generate import generate
 from traces.schema import Truth, validate
 
-#: problem sizes: --quick runs on the small default cluster, the full run on the paper's testbed
+#: problem sizes: --quick runs on the small default CPU cluster, the full run on the paper's
+#: testbed; both use the paper's GPU cluster (5 nodes x 8 GPUs: its static baselines need it)
 SCALES: dict[str, dict[str, Any]] = {
     "quick": {"base": "default", "coding": 96, "deepsearch": 24, "mopd": 128, "mixed": 48,
               "cpu_batches": [32, 64, 128], "cpu_nodes": [1, 2, 4], "cpu_cap_batch": 96,
-              "gpu_batches": [64, 128, 256], "gpu_nodes": [1, 2], "abl_batches": [32, 64, 128],
+              "gpu_batches": [64, 128, 256], "gpu_total": 40, "abl_batches": [32, 64, 128],
+              "abl_nodes": [1, 2], "pod_sizes": [2, 4, 8, 16],
               "sens": 64, "optgap_instances": 24, "ablation_ref": 128},
     "full": {"base": "paper", "coding": 1024, "deepsearch": 256, "mopd": 1024, "mixed": 512,
              "cpu_batches": [256, 512, 1024, 2048], "cpu_nodes": [4, 8, 15],
-             "cpu_cap_batch": 1024, "gpu_batches": [256, 512, 1024, 2048],
-             "gpu_nodes": [1, 2, 3, 4, 5], "abl_batches": [256, 640, 1280], "sens": 512,
-             "optgap_instances": 80, "ablation_ref": 1280},
+             "cpu_cap_batch": 1024, "gpu_batches": [256, 512, 1024, 2048], "gpu_total": 40,
+             "abl_batches": [256, 640, 1280], "abl_nodes": [1, 2, 4, 15],
+             "pod_sizes": [2, 4, 8, 16], "sens": 512, "optgap_instances": 80,
+             "ablation_ref": 1280},
 }
 
 BASELINE_OF = {"coding": "k8s", "deepsearch": "baseline", "mopd": "static", "mixed": "baseline"}
+
+#: The paper's baseline deployments (section 6), as policy parameters. k8s: the pod size
+#: is not stated (4 cores here; every study sweeps 2-16); tests single-process (pod_dop 1).
+#: Static GPU: 9 teachers x 4 GPUs (MOPD), 10 services x 4 GPUs (MOPD+Search), 5 judge
+#: replicas (DeepSearch; 4 GPUs each, as the MOPD+Search deployment states per model).
+PAPER_BASELINE: dict[str, dict[str, Any]] = {
+    "coding": {"pod_cores": 4, "pod_dop": 1},
+    "deepsearch": {"pod_cores": 4, "pod_dop": 1, "gpu_dop": 4, "replicas": 5},
+    "mopd": {"gpu_dop": 4, "replicas": 1},
+    "mixed": {"pod_cores": 4, "pod_dop": 1, "gpu_dop": 4, "replicas": 1},
+}
+
+#: Published search API limits (Brave Search API): the "Search" plan allows 50 requests/s,
+#: the free plan 1 request/s (api.search.brave.com pricing; X-RateLimit-Policy windows of
+#: 1 s, X-RateLimit-Reset in whole seconds, only successful requests counted).
+SEARCH_QUOTAS: dict[str, float] = {"brave-search": 50.0, "brave-free": 1.0}
+HEADLINE_QUOTA = "brave-search"
+
+#: options that set up the simulation rather than the policy
+SIM_OPTIONS = ("pod_start_s", "pod_rate_per_s", "env_hold", "aoe_s")
 
 
 @dataclass(frozen=True)
@@ -60,6 +83,31 @@ class Job:
     test_scale: float = 1.0
     options: tuple[tuple[str, Any], ...] = ()
     tags: tuple[tuple[str, Any], ...] = ()
+    #: GPUs in the cluster, in 1-GPU steps (full 8-GPU nodes plus one partial node of
+    #: each smaller power of two); overrides gpu_nodes
+    gpu_total: int | None = None
+    #: the search API's published limit (SEARCH_QUOTAS key); None: the cluster file's
+    search_quota: str | None = None
+
+    def setup(self) -> dict[str, Any]:
+        """The parameters of this run (results.json rows carry them)."""
+        out: dict[str, Any] = {"workload": self.workload, "trajectories": self.trajectories,
+                               "policy": self.policy, "cluster": self.base, "seed": self.seed}
+        for key in ("cpu_nodes", "gpu_nodes", "gpu_total", "restore_gbps", "search_quota"):
+            if getattr(self, key) is not None:
+                out[key] = getattr(self, key)
+        if self.think_scale != 1.0:
+            out["think_scale"] = self.think_scale
+        if self.test_scale != 1.0:
+            out["test_scale"] = self.test_scale
+        out.update(dict(self.options))
+        return out
+
+
+def gpu_nodes_for(total: int, proto: GpuNodeSpec) -> tuple[GpuNodeSpec, ...]:
+    """``total`` GPUs as full 8-GPU nodes plus partial nodes of 4, 2, 1."""
+    sizes = [8] * (total // 8) + [k for k in (4, 2, 1) if total % 8 & k]
+    return tuple(replace(proto, name=f"gpu-{i}", gpus=k) for i, k in enumerate(sizes))
 
 
 def cluster_for(job: Job) -> ClusterSpec:
@@ -67,11 +115,17 @@ def cluster_for(job: Job) -> ClusterSpec:
     if job.cpu_nodes is not None:
         proto = c.cpu_nodes[0]
         c = replace(c, cpu_nodes=tuple(replace(proto, name=f"cpu-{i}") for i in range(job.cpu_nodes)))
-    if job.gpu_nodes is not None:
+    if job.gpu_total is not None:
+        c = replace(c, gpu_nodes=gpu_nodes_for(job.gpu_total, c.gpu_nodes[0]))
+    elif job.gpu_nodes is not None:
         proto = c.gpu_nodes[0]
         c = replace(c, gpu_nodes=tuple(replace(proto, name=f"gpu-{i}") for i in range(job.gpu_nodes)))
     if job.restore_gbps is not None:
         c = replace(c, restore_gbps=job.restore_gbps)
+    if job.search_quota is not None:
+        limit = SEARCH_QUOTAS[job.search_quota]
+        quotas = tuple(q for q in c.quotas if q.key != "quota:search")
+        c = replace(c, quotas=(QuotaSpec("quota:search", "window", limit, 1.0), *quotas))
     return c
 
 
@@ -86,18 +140,24 @@ def run_job(job: Job) -> dict[str, Any]:
     tags = {"experiment": job.experiment, "workload": job.workload, "policy": job.policy,
             "trajectories": job.trajectories, **dict(job.tags)}
     cluster = cluster_for(job)
+    tags["setup"] = job.setup()
     try:
         options = dict(job.options)
-        pod_start = options.pop("pod_start_s", None)  # the driver's startup model, not the policy's
+        # the driver's startup, holding and overhead models, not the policy's
+        sim = {k: options.pop(k) for k in SIM_OPTIONS if k in options}
         run = analyse(simulate(df, cluster, SimConfig(policy=job.policy, seed=job.seed,
-                                                      options=options, pod_start_s=pod_start)))
+                                                      options=options, **sim)))
     except ValueError as e:  # e.g. static deployments that do not fit: a finding, not a crash
         return {**tags, "error": str(e).splitlines()[0], "act_mean_s": float("nan")}
     s = run.summary
     keep = ("actions", "act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s", "queue_p99_s",
-            "exec_mean_s", "step_time_s", "restore_mean_s", "failed",
-            "api_retries", "per_category", "utilisation", "gpu_restores")
-    out = {k: s[k] for k in keep}
+            "exec_mean_s", "step_time_s", "restore_mean_s", "overhead_mean_s", "failed",
+            "exit_codes", "api_retries", "api_429s", "api_failed", "per_category",
+            "utilisation", "gpu_restores")
+    out = {k: s.get(k) for k in keep}
+    out["pod_cores_total"] = float(dict(job.options).get("pod_cores", 0)) * job.trajectories
+    out["cpu_cores"] = float(sum(n.cores for n in cluster.cpu_nodes))
+    out["gpus"] = int(sum(n.gpus for n in cluster.gpu_nodes))
     out["decision_mean_us"] = s["timing"]["decision_mean_us"]
     out["queue_max_s"] = float(run.actions["queue_s"].max()) if len(run.actions) else 0.0
     out.update({**tags, "cpu_nodes": len(cluster.cpu_nodes), "gpu_nodes": len(cluster.gpu_nodes)})
@@ -105,33 +165,70 @@ def run_job(job: Job) -> dict[str, Any]:
 
 
 # -- experiment definitions ---------------------------------------------------------------
+def _opts(workload: str, policy: str, **extra: Any) -> tuple[tuple[str, Any], ...]:
+    """The paper's baseline deployment for ``policy`` (nothing for Tangram's own)."""
+    base = PAPER_BASELINE[workload] if policy in ("k8s", "static", "baseline") else {}
+    keep = {"k8s": ("pod_cores", "pod_dop"), "static": ("gpu_dop", "replicas"),
+            "baseline": ("pod_cores", "pod_dop", "gpu_dop", "replicas")}.get(policy, ())
+    return tuple(sorted({**{k: v for k, v in base.items() if k in keep}, **extra}.items()))
+
+
+GPU_WORKLOADS = ("deepsearch", "mopd", "mixed")
+
+
 def fig6_fig7(sc: dict) -> list[Job]:
     jobs = []
     for wl in ("coding", "deepsearch", "mopd", "mixed"):
-        for policy in ("tangram", BASELINE_OF[wl]):
-            jobs.append(Job("fig6", wl, sc[wl], policy, sc["base"]))
+        quotas = list(SEARCH_QUOTAS) if wl in ("deepsearch", "mixed") else [None]
+        gpus = sc["gpu_total"] if wl in GPU_WORKLOADS else None
+        for quota in quotas:
+            for policy in ("tangram", BASELINE_OF[wl]):
+                jobs.append(Job("fig6", wl, sc[wl], policy, sc["base"], gpu_total=gpus,
+                                search_quota=quota, options=_opts(wl, policy),
+                                tags=(("quota", quota or ""),)))
+    # where the paper is silent: the pod size, and pods held to the rollout's end
+    for pod in sc["pod_sizes"]:
+        jobs.append(Job("fig6_pods", "coding", sc["coding"], "k8s", sc["base"],
+                        options=_opts("coding", "k8s", pod_cores=pod), tags=(("x", pod),)))
+    # pods held to the rollout's end deadlock a batch whose pods do not all fit: run the
+    # variant on the largest batch that fits, beside Tangram on the same batch
+    fits = int(sum(n.cores for n in load_cluster(sc["base"]).cpu_nodes)
+               // PAPER_BASELINE["coding"]["pod_cores"])
+    for policy, extra in (("k8s", {"env_hold": "rollout"}), ("tangram", {})):
+        jobs.append(Job("fig6_pods", "coding", min(fits, sc["coding"]), policy, sc["base"],
+                        options=_opts("coding", policy, **extra),
+                        tags=(("x", 4), ("variant", "held to rollout end"))))
     return jobs
 
 
 def fig8(sc: dict) -> list[Job]:
-    jobs = [Job("fig8_cpu_batch", "coding", b, p, sc["base"], tags=(("x", b),))
-            for b in sc["cpu_batches"] for p in ("tangram", "k8s")]
+    # x: the batch; every pod size, so the figure can put oversubscription
+    # (pod-cores / cores) on its axis
+    jobs = [Job("fig8_cpu_batch", "coding", b, "tangram", sc["base"], tags=(("x", b),))
+            for b in sc["cpu_batches"]]
+    jobs += [Job("fig8_cpu_batch", "coding", b, "k8s", sc["base"],
+                 options=_opts("coding", "k8s", pod_cores=pod), tags=(("x", b), ("pod", pod)))
+             for b in sc["cpu_batches"] for pod in sc["pod_sizes"]]
     jobs += [Job("fig8_cpu_capacity", "coding", sc["cpu_cap_batch"], p, sc["base"], cpu_nodes=n,
-                 tags=(("x", n),)) for n in sc["cpu_nodes"] for p in ("tangram", "k8s")]
-    jobs += [Job("fig8_gpu_batch", "mopd", b, p, sc["base"], tags=(("x", b),))
+                 options=_opts("coding", p), tags=(("x", n),))
+             for n in sc["cpu_nodes"] for p in ("tangram", "k8s")]
+    jobs += [Job("fig8_gpu_batch", "mopd", b, p, sc["base"], gpu_total=sc["gpu_total"],
+                 options=_opts("mopd", p), tags=(("x", b),))
              for b in sc["gpu_batches"] for p in ("tangram", "static", "serverless")]
-    top = sc["gpu_batches"][-1]
-    # every system on every GPU count: how many GPUs each needs for static's ACT at full size
-    jobs += [Job("fig8_gpu_nodes", "mopd", top, p, sc["base"], gpu_nodes=n, tags=(("x", n),))
-             for n in sc["gpu_nodes"] for p in ("tangram", "static", "serverless")]
     return jobs
 
 
+ABLATION = ("tangram", "tangram-paper", "fixed-dop:1", "fixed-dop:4", "fixed-dop:8",
+            "fixed-dop:16")
+
+
 def fig9(sc: dict) -> list[Job]:
-    policies = ("tangram", "tangram-paper", "fixed-dop:1", "fixed-dop:4", "fixed-dop:8",
-                "fixed-dop:16")
-    return [Job("fig9", "coding", b, p, sc["base"], tags=(("x", b),))
-            for b in sc["abl_batches"] for p in policies]
+    jobs = [Job("fig9", "coding", b, p, sc["base"], tags=(("x", b),))
+            for b in sc["abl_batches"] for p in ABLATION]
+    # the capacity axis: the paper's 3.0x needs DoP 16 to saturate the cores
+    jobs += [Job("fig9_capacity", "coding", sc["ablation_ref"], p, sc["base"], cpu_nodes=n,
+                 tags=(("x", n),)) for n in sc["abl_nodes"] for p in ABLATION]
+    return jobs
 
 
 def ordering(sc: dict) -> list[Job]:
@@ -152,11 +249,12 @@ def sensitivity(sc: dict) -> list[Job]:
     for value in (1.0, 2.0, 5.0):
         for p in ("tangram", "k8s"):
             jobs.append(Job("sensitivity", "coding", n, p, sc["base"],
-                            options=(("pod_start_s", value),),
+                            options=_opts("coding", p, pod_start_s=value),
                             tags=(("param", "pod_start_s"), ("x", value))))
     for value in (5.0, 25.0, 64.0):
         for p in ("tangram", "static"):
             jobs.append(Job("sensitivity", "mopd", sc["mopd"], p, sc["base"], restore_gbps=value,
+                            gpu_total=sc["gpu_total"], options=_opts("mopd", p),
                             tags=(("param", "restore_gbps"), ("x", value))))
     return jobs
 
@@ -166,7 +264,7 @@ EXPERIMENTS: dict[str, Callable[[dict], list[Job]]] = {
     "sensitivity": sensitivity,
 }
 #: experiments that are not simulation jobs
-EXTRA = ("optgap", "table1")
+EXTRA = ("optgap", "table1", "gpu_savings")
 
 
 def run_jobs(jobs: list[Job], workers: int = 2,
@@ -282,6 +380,39 @@ def optgap(n_instances: int, seed: int = 0) -> list[dict[str, Any]]:
                      "exhaustive": ex, "hesrpt": he, "gap_vs_exhaustive": t / ex - 1,
                      "gap_vs_hesrpt": t / he - 1, "paper_gap_vs_exhaustive": tp / ex - 1})
     return rows
+
+
+# -- GPU savings in 1-GPU steps ------------------------------------------------------------
+def gpu_savings(scale: str, workers: int = 2,
+                progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    """GPUs Tangram needs for the static baseline's mean ACT at its full deployment
+    (9 teachers x 4 GPUs), found in 1-GPU steps: a 4-GPU grid, then every count in the
+    bracket. Serverless on the 8-GPU grid beside it."""
+    sc = SCALES[scale]
+    top, full = sc["gpu_batches"][-1], sc["gpu_total"]
+
+    def job(policy: str, gpus: int) -> Job:
+        return Job("gpu_savings", "mopd", top, policy, sc["base"], gpu_total=gpus,
+                   options=_opts("mopd", policy), tags=(("x", gpus),))
+
+    first = [job("static", full)] + [job("tangram", g) for g in range(4, full + 1, 4)]
+    first += [job("serverless", g) for g in range(8, full + 1, 8)]
+    rows = run_jobs(first, workers, progress)
+    target = rows[0]["act_mean_s"]
+    enough = sorted(r["x"] for r in rows if r["policy"] == "tangram"
+                    and r["act_mean_s"] <= target * 1.0001)
+    if enough and enough[0] > 4:
+        rows += run_jobs([job("tangram", g) for g in range(enough[0] - 3, enough[0])], workers)
+    elif enough:
+        rows += run_jobs([job("tangram", g) for g in range(1, 4)], workers)
+    return rows
+
+
+def table1_job(scale: str, aoe_s: float) -> Job:
+    """Tangram on the coding workload with the live-measured AOE cost per CPU action."""
+    sc = SCALES[scale]
+    return Job("table1", "coding", sc["coding"], "tangram", sc["base"],
+               options=(("aoe_s", round(aoe_s, 6)),))
 
 
 def jobs_for(names: Iterable[str], scale: str) -> list[Job]:

@@ -72,6 +72,8 @@ class SimConfig:
     #: a trajectory's environment is released when the trajectory ends ("trajectory") or
     #: when the whole rollout ends ("rollout": frameworks that tear a step's pods down together)
     env_hold: str = "trajectory"
+    #: allocate-on-execution cost per CPU action (s), e.g. measured by `tangram bench executor`
+    aoe_s: float = 0.0
     #: virtual seconds between utilisation samples
     sample_s: float = 1.0
 
@@ -116,7 +118,8 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
              if st.truth is not None}
     provider = QuotaManager(cluster.quotas) if policy.api_admission == "provider" else None
     backend = ModelledBackend(clock, np.random.default_rng(config.seed), truth,
-                              startup_of(policy, config, cluster), provider)
+                              startup_of(policy, config, cluster), provider,
+                              aoe_s=config.aoe_s)
     runtime = Runtime(core, clock, backend, stopwatch=time.perf_counter)
     total = sum(len(s.steps) for specs in steps_specs for s in specs)
     done = [0]
@@ -154,6 +157,14 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     def sampler():
         while running[0]:
             samples.append({"t_s": env.now, **core.usage()})
+            # nothing else will ever happen: trajectories wait for what is never released
+            # (e.g. pods held to the rollout's end on a cluster too small for the batch)
+            if not env._queue and not core.running:
+                waiting = len(core.opening) + len(core.unbound) + len(core.queued)
+                raise ValueError(
+                    f"deadlock at t={env.now:.1f}s: {waiting} environment(s)/action(s) wait "
+                    "for resources that nothing running will release (under env_hold="
+                    f"'{config.env_hold}', the batch's environments must fit the cluster)")
             yield env.timeout(config.sample_s)
 
     def rl_loop():

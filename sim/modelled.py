@@ -97,13 +97,17 @@ class ModelledBackend:
 
     def __init__(self, clock: Clock, rng: np.random.Generator,
                  truth: Mapping[str, Truth] | None = None, startup: StartupModel = NO_START,
-                 provider: QuotaManager | None = None, backoff: Backoff = Backoff()) -> None:
+                 provider: QuotaManager | None = None, backoff: Backoff = Backoff(),
+                 aoe_s: float = 0.0) -> None:
         self.clock = clock
         self.rng = rng
         self.truth = truth if truth is not None else {}
         self.startup = startup
         self.provider = provider
         self.backoff = backoff
+        #: allocate-on-execution cost every CPU action pays (a live-measured figure:
+        #: cgroup update + exec + result hand-back), 0 unless an experiment applies one
+        self.aoe_s = aoe_s
         self._started_envs: set[str] = set()
         #: trajectory -> when its environment, created at open, is ready (None: its pod
         #: waited for a node and starts only once bound: modelled at its first action)
@@ -138,6 +142,8 @@ class ModelledBackend:
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         truth = self.truth.get(d.action.id) or truth_of(d)
         overhead = d.lease.restore_s + truth.setup_s
+        if d.action.min("cpu") > 0:
+            overhead += self.aoe_s
         if d.action.min("cpu") > 0 and d.action.trajectory not in self._started_envs:
             self._started_envs.add(d.action.trajectory)
             now = self.clock.now()

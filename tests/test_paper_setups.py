@@ -81,3 +81,21 @@ def test_static_replicas_as_the_paper_deployed_them():
     core = Tangram(paper, make_policy("static", {"gpu_dop": 4, "replicas": 1}))
     pools = {n: p for n, p in core.pools.items() if n.startswith("gpu:teacher")}
     assert len(pools) == 9 and all(len(p.replicas) == 1 and p.dop == 4 for p in pools.values())
+
+
+def test_gpu_counts_in_one_gpu_steps_use_partial_nodes():
+    from analysis.experiments import gpu_nodes_for
+    from tangram.cluster import GpuNodeSpec, ServiceSpec
+    from tangram.managers.gpu import GpuManager
+
+    nodes = gpu_nodes_for(29, GpuNodeSpec("g", 8, 80.0))
+    assert [n.gpus for n in nodes] == [8, 8, 8, 4, 1] and len({n.name for n in nodes}) == 5
+    gpu = GpuManager(nodes[3:], [], 20.0)
+    assert gpu.free_gpus() == 5
+    gpu = GpuManager(nodes[3:4], [ServiceSpec("m", 10.0)], 20.0)
+    a = gpu.reserve("a", "m", 2)
+    b = gpu.reserve("b", "m", 2)
+    assert a and b and gpu.reserve("c", "m", 1) is None  # a 4-GPU node holds 4, no more
+    gpu.release(a)
+    gpu.release(b)
+    assert gpu.free_gpus() == 4 and gpu.reserve("d", "m", 4) is not None

@@ -23,13 +23,23 @@ def test_reproduce_quick_subset_writes_results_report_and_figures(tmp_path):
     names = {r["name"] for r in results}
     assert "coding: mean ACT, k8s / Tangram" in names
     for r in results:
-        assert set(r) == {"name", "paper", "ours", "unit", "note"}
+        assert set(r) == {"name", "paper", "ours", "unit", "note", "setup"}
     act = next(r for r in results if r["name"] == "coding: mean ACT, k8s / Tangram")
     assert act["paper"] == 4.3 and act["ours"] > 1.0  # measured, and Tangram wins here
+    # the paper's k8s deployment, and where the paper is silent a sweep with its point
+    base = act["setup"]["baseline"]
+    assert base["policy"] == "k8s" and base["pod_dop"] == 1
+    sweep = act["setup"]["sweep"]
+    assert sweep["param"] == "pod_cores" and sweep["point"] == base["pod_cores"]
+    assert set(sweep["values"]) == {"2", "4", "8", "16"}
+    assert sweep["values"][str(base["pod_cores"])] == act["ours"]
+    ds = next(r for r in results if r["name"] == "deepsearch: RL step time, baseline / Tangram")
+    assert ds["setup"]["baseline"]["replicas"] == 5 and ds["setup"]["baseline"]["gpu_dop"] == 4
     html = (tmp_path / "report.html").read_text()
     assert "data:image/png;base64" in html and "Trace parameters and sources" in html
     assert (tmp_path / "figures" / "fig6_act.png").exists()
     assert (tmp_path / "figures" / "fig6_act.svg").exists()
+    assert (tmp_path / "figures" / "sweep_pod_size.png").exists()
     bad = cli("reproduce", "--quick", "--only", "nope", "--out", str(tmp_path / "x"), "--quiet")
     assert bad.returncode == 2 and "unknown experiment" in bad.stderr
 

@@ -1,7 +1,10 @@
 """Synthetic workload generators, calibrated from public figures (see traces/README.md).
 
-Every constant below names its source in ``CALIBRATION``; nothing is tuned to
-make a scheduler look good. One row per action, closed loop.
+Every constant below names its source in ``CALIBRATION``, or says it is an
+assumption (and whether a reproduce study sweeps it); nothing is tuned to make a
+scheduler look good. One row per action, closed loop. Coding and DeepSearch rows
+name no command: `tangram run` burns a CPU row's ``t1_s`` with its parallel
+fraction (executor/burn.py) and waits an API row's ``t1_s``.
 """
 
 from __future__ import annotations
@@ -18,30 +21,54 @@ from traces.schema import COLUMNS
 
 #: every number a generator uses, with where it comes from (printed by the report)
 CALIBRATION: dict[str, tuple[float | str, str]] = {
-    "shell_mean_s": (0.7, "Codex CLI exec_command mean duration ~0.7 s (tool-call telemetry)"),
-    "shell_sigma": (1.4, "heavy tail: lognormal sigma chosen so p99 ~ 20 x median"),
-    "file_edit_median_s": (0.05, "in-place file write, tens of ms"),
-    "test_run_mean_s": (18.0, "long-running test processes ~18 s mean (agent tool telemetry)"),
-    "test_timeout_s": (90.0, "SWE-bench harness: 90 s per test instance"),
-    "suite_timeout_s": (900.0, "SWE-bench harness: 900 s per full evaluation suite"),
-    "reward_t1_range_s": ("5-120", "reward test suites 5-120 s on one core (issue spec)"),
-    "xdist_parallel_fraction": ("0.67-0.95", "pytest-xdist: 1.5x on 2 real cores measured here "
-                                             "(Amdahl p=0.67); suites up to p=0.95"),
-    "actions_per_trajectory": (30.0, "SWE-agent style rollouts, ~30 tool calls"),
-    "think_tokens_median": (250.0, "agent turn length ~100-1000 tokens"),
+    # -- AI coding ------------------------------------------------------------------------
+    "shell_mean_s": (0.7, "assumption: agent shell commands (ls, grep, cat, git) take "
+                          "well under a second on average; not swept"),
+    "shell_sigma": (1.4, "assumption: heavy tail, lognormal sigma with p99 ~ 20 x median; "
+                         "not swept"),
+    "file_edit_median_s": (0.05, "assumption: an in-place file write, tens of ms; not swept"),
+    "test_run_mean_s": (18.0, "assumption: agent-run test commands of tens of seconds; "
+                              "swept x0.5-x2 (reproduce: sensitivity test_scale)"),
+    "test_timeout_s": (90.0, "assumption: per-command timeout of the agent harness"),
+    "suite_timeout_s": (900.0, "assumption: timeout of the hidden test suite"),
+    "reward_t1_range_s": ("5-120", "assumption: hidden test suites of 5-120 s on one core "
+                                   "(lognormal, median 30 s); swept x0.5-x2 (test_scale)"),
+    "xdist_parallel_fraction": ("0.67-0.95", "measured: pytest-xdist gave 1.5x on 2 real "
+                                             "cores of this project's machine (Amdahl "
+                                             "p=0.67); suites up to p=0.95 assumed"),
+    "actions_per_trajectory": (30.0, "assumption: SWE-agent-style rollouts of ~30 tool calls "
+                                     "(normal, sd 8, clipped 8-60); not swept"),
+    "action_mix": ("55/30/15", "assumption: shell / file edit / agent test run shares of a "
+                               "coding trajectory's tool calls; not swept"),
+    "think_tokens_median": (250.0, "assumption: agent turn length ~100-1000 tokens (MOPD "
+                                   "generations use it x4)"),
     "coding_think_tokens_median": (150.0, "calibrated: the paper's fig. 3(c) says a coding "
                                           "trajectory's actions take 47% of its time on "
                                           "average; 150 tokens at 40 tok/s gives 47% with "
-                                          "actions at one core (tests/test_generate.py)"),
-    "decode_tok_per_s": (40.0, "decode speed of a 32B policy model, 30-60 tok/s"),
-    "search_calls_short": ("1-3", "Search-R1: 1-3 search calls per question"),
-    "search_calls_deep_median": (45.0, "deep research (BrowseComp-style): 35-65 calls, tail past 100"),
-    "search_latency_p50_s": (0.64, "search API latency p50 ~0.64 s"),
-    "search_latency_p95_s": (1.35, "search API latency p95 ~1.35 s"),
-    "fetch_latency_median_s": (1.2, "page fetch + parse, ~1-2 s"),
-    "judge_prefill_tok_per_s": (8000.0, "LLM judge prefill on one H100-class GPU"),
-    "judge_decode_tok_per_s": (60.0, "LLM judge decode on one GPU"),
-    "teacher_prefill_tok_per_s": (6000.0, "teacher log-prob (prefill only) on one GPU"),
+                                          "actions at one core (tests/test_replay.py); "
+                                          "swept x0.5-x2 (sensitivity think_scale)"),
+    "decode_tok_per_s": (40.0, "assumption: decode speed of a 32B policy model, 30-60 tok/s; "
+                               "enters only through think time (swept by think_scale)"),
+    # -- DeepSearch -----------------------------------------------------------------------
+    "deepsearch_short_share": (0.4, "assumption: share of questions answered in 1-3 searches "
+                                    "(Search-R1-style); not swept"),
+    "search_calls_short": ("1-3", "assumption: Search-R1-style questions, 1-3 search calls"),
+    "search_calls_deep_median": (45.0, "assumption: BrowseComp-style deep research, median 45 "
+                                       "calls (lognormal sigma 0.35, 4-150)"),
+    "deepsearch_think_median_s": (3.0, "assumption: generation between two searches, "
+                                       "lognormal sigma 0.5; not swept"),
+    "fetch_share": (0.3, "assumption: share of searches followed by a page fetch"),
+    "search_latency_p50_s": (0.64, "assumption: search API latency p50 (lognormal)"),
+    "search_latency_p95_s": (1.35, "assumption: search API latency p95"),
+    "fetch_latency_median_s": (1.2, "assumption: page fetch + parse, ~1-2 s"),
+    "search_quota_rps": ("1 / 50", "Brave Search API published limits: 1 request/s (free), "
+                                   "50 requests/s (Search plan); 429 with X-RateLimit-Reset "
+                                   "(whole seconds), only successful requests counted; "
+                                   "reproduce runs both"),
+    "judge_prefill_tok_per_s": (8000.0, "assumption: LLM judge prefill on one H100-class GPU"),
+    "judge_decode_tok_per_s": (60.0, "assumption: LLM judge decode on one GPU"),
+    "teacher_prefill_tok_per_s": (6000.0, "assumption: teacher log-prob (prefill only) on one "
+                                          "GPU"),
     "llm_requests": ("azure", "prompt / output sizes and arrivals: Azure LLM inference trace 2023 "
                               "(CC BY 4.0)"),
 }
@@ -122,18 +149,18 @@ def deepsearch(n: int, rng: np.random.Generator, task: str = "deepsearch") -> li
     sigma = np.log(c("search_latency_p95_s") / c("search_latency_p50_s")) / 1.645
     for j in range(n):
         traj = f"{task}-{j:05d}"
-        if rng.random() < 0.4:
+        if rng.random() < c("deepsearch_short_share"):
             calls = int(rng.integers(1, 4))
         else:
             calls = int(np.clip(rng.lognormal(np.log(c("search_calls_deep_median")), 0.35), 4, 150))
-        think = rng.lognormal(np.log(3.0), 0.5, calls + 1)
+        think = rng.lognormal(np.log(c("deepsearch_think_median_s")), 0.5, calls + 1)
         seq = 0
         for i in range(calls):
             t1 = float(rng.lognormal(np.log(c("search_latency_p50_s")), sigma))
             rows.append(_row(task=task, trajectory=traj, seq=seq, kind="search", think_s=think[i],
                              t1_s=t1, quota_key="search", mem_gb=0.5, timeout_s=30.0))
             seq += 1
-            if rng.random() < 0.3:
+            if rng.random() < c("fetch_share"):
                 t1 = float(rng.lognormal(np.log(c("fetch_latency_median_s")), 0.6))
                 rows.append(_row(task=task, trajectory=traj, seq=seq, kind="fetch_page",
                                  think_s=0.2, t1_s=t1, quota_key="fetch", mem_gb=0.5,

@@ -43,7 +43,7 @@ class GpuNode:
         self.name = spec.name
         self.spec = spec
         self.free: dict[int, set[int]] = {s: set() for s in CHUNK_SIZES}
-        self.free[8].add(0)
+        self.free[spec.gpus].add(0)  # 8, or a smaller power of two (a partial node)
         # (service, size, start) -> None, in LRU order (oldest first)
         self.resident: OrderedDict[tuple[str, int, int], None] = OrderedDict()
         self.mem_used = [0.0] * spec.gpus
