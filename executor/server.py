@@ -28,6 +28,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, field_validator
 
 from executor.driver import LiveBackend, LiveExecutor
+from executor.status import status_router
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity, Outcome, quota_resource
 from tangram.runtime import Record
@@ -226,6 +227,8 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     @app.exception_handler(ValueError)
     async def value_error(_request: Request, exc: ValueError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    app.include_router(status_router(auth))  # the live status page at / (executor/status.py)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> dict[str, Any]:
