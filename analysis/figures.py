@@ -35,6 +35,18 @@ COLORS = {"tangram": "#1b6ca8", "tangram-paper": "#7fb3d5", "k8s": "#d1495b",
           "fixed-dop:8": "#666666", "fixed-dop:16": "#333333"}
 
 
+def colors(names: Sequence[str]) -> dict[str, str]:
+    """A distinct colour per name: the policy's own colour when it has one, else the next
+    unused colour of matplotlib's cycle (two runs never share a colour)."""
+    out = {n: COLORS[n] for n in names if n in COLORS}
+    spare = (c for c in plt.rcParams["axes.prop_cycle"].by_key()["color"] + list(COLORS.values())
+             if c not in out.values())
+    for n in names:
+        if n not in out:
+            out[n] = next(spare, "#444444")
+    return out
+
+
 def _ax(ax: Axes | None, size: tuple[float, float] = (5.2, 3.6)) -> Axes:
     if ax is None:
         _, ax = plt.subplots(figsize=size)
@@ -59,12 +71,13 @@ def bars(df: pd.DataFrame, group: str, series: str, value: str, *, title: str, y
     groups = list(dict.fromkeys(df[group]))
     names = list(dict.fromkeys(df[series]))
     width = 0.8 / max(len(names), 1)
+    palette = colors([str(n) for n in names])
     ax = _ax(ax, (max(5, 1.9 * len(groups)), 3.8))
     for k, s in enumerate(names):
         sub = df[df[series] == s].set_index(group)
         xs = np.arange(len(groups)) + k * width - 0.4 + width / 2
         ys = [sub[value].get(g, np.nan) for g in groups]
-        rects = ax.bar(xs, ys, width, label=s, color=COLORS.get(str(s)))
+        rects = ax.bar(xs, ys, width, label=s, color=palette[str(s)])
         if annotate:
             labels = [f"{sub[annotate].get(g, np.nan):.0f}s" for g in groups]
             ax.bar_label(rects, labels=labels, fontsize=7, padding=2)
@@ -82,9 +95,10 @@ def lines(df: pd.DataFrame, x: str, series: str, value: str, *, title: str, xlab
           ylabel: str, log: bool = True, ax: Axes | None = None) -> Axes:
     """One line per ``series`` value of ``value`` against ``x``."""
     ax = _ax(ax)
+    palette = colors([str(s) for s in dict.fromkeys(df[series])])
     for s, sub in df.groupby(series, sort=False):
         sub = sub.sort_values(x)
-        ax.plot(sub[x], sub[value], marker="o", label=s, color=COLORS.get(str(s)))
+        ax.plot(sub[x], sub[value], marker="o", label=s, color=palette[str(s)])
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
@@ -98,11 +112,12 @@ def lines(df: pd.DataFrame, x: str, series: str, value: str, *, title: str, xlab
 def act_cdf(runs: Sequence[Run], ax: Axes | None = None) -> Axes:
     """Distribution of action completion times, one line per run (log x)."""
     ax = _ax(ax)
+    palette = colors([r.name for r in runs])
     for run in runs:
         v = np.sort(run.actions["act_s"].to_numpy())
         if len(v):
             ax.plot(np.maximum(v, 1e-4), np.arange(1, len(v) + 1) / len(v), label=run.name,
-                    color=COLORS.get(run.name))
+                    color=palette[run.name])
     ax.set_xscale("log")
     ax.set_xlabel("action completion time (s)")
     ax.set_ylabel("fraction of actions")
@@ -140,11 +155,12 @@ def time_breakdown(runs: Sequence[Run], ax: Axes | None = None) -> Axes:
 def utilisation(runs: Sequence[Run], resource: str = "cpu", ax: Axes | None = None) -> Axes:
     """Share of ``resource`` allocated over time, one step line per run."""
     ax = _ax(ax, (5.2, 3.2))
+    palette = colors([r.name for r in runs])
     for run in runs:
         a = allocation(run, resource)
         if len(a):
             ax.step(a["t_s"], a["allocated"] * 100, where="post", label=run.name,
-                    color=COLORS.get(run.name))
+                    color=palette[run.name])
     ax.set_xlabel("time (s)")
     ax.set_ylabel(f"{resource} allocated (%)")
     ax.set_ylim(0, 105)
@@ -160,8 +176,38 @@ def standard(runs: Sequence[Run], out: Path) -> list[Path]:
     if any(len(r.actions) for r in runs):
         paths.append(save(act_per_kind(runs).figure, out, "act_per_kind")[0])
         paths.append(save(time_breakdown(runs).figure, out, "time_breakdown")[0])
-    for resource in ("cpu", "gpu"):
-        if any(len(allocation(r, resource)) for r in runs):
+    for resource in ("cpu", "gpu"):  # only resources some run allocated
+        if any(allocation(r, resource)["allocated"].max() > 0 for r in runs
+               if len(allocation(r, resource))):
             paths.append(save(utilisation(runs, resource).figure, out,
                               f"{resource}_utilisation")[0])
     return paths
+
+
+def gpu_timeline(actions: pd.DataFrame, by: str = "service", ax: Axes | None = None) -> Axes:
+    """What each GPU ran over time: one lane per GPU, a bar per action coloured by ``by``
+    (e.g. ``service`` from :func:`analysis.runs.with_trace`), its restore in black."""
+    gpu_rows = actions[actions["gpus"].astype(str) != ""]
+    lanes = sorted({(str(r.node), int(g)) for r in gpu_rows.itertuples()
+                    for g in str(r.gpus).split(",")})
+    ax = _ax(ax, (8, max(2.0, 0.32 * len(lanes) + 1)))
+    keys = list(dict.fromkeys(gpu_rows[by])) if by in gpu_rows else []
+    cmap = plt.get_cmap("tab10" if len(keys) <= 10 else "tab20")
+    color = {k: cmap(i % cmap.N) for i, k in enumerate(keys)}
+    y = {lane: i for i, lane in enumerate(lanes)}
+    for r in gpu_rows.itertuples():
+        c = color.get(getattr(r, by, None), "#1b6ca8")
+        for g in str(r.gpus).split(","):
+            lane = y[(str(r.node), int(g))]
+            if r.restore_s > 0:
+                ax.broken_barh([(r.start_s, r.restore_s)], (lane - 0.4, 0.8), color="#111111")
+            ax.broken_barh([(r.start_s + r.restore_s, r.end_s - r.start_s - r.restore_s)],
+                           (lane - 0.4, 0.8), color=c)
+    ax.set_yticks(range(len(lanes)), [f"{n} gpu {g}" for n, g in lanes], fontsize=7)
+    ax.set_xlabel("time (s)")
+    ax.set_title("what each GPU ran (black: restoring a model)", fontsize=10)
+    handles = [plt.Rectangle((0, 0), 1, 1, color=color[k]) for k in keys]
+    if handles:
+        ax.legend(handles, keys, fontsize=7, frameon=False, ncol=min(len(keys), 5),
+                  loc="upper center", bbox_to_anchor=(0.5, -0.18))
+    return ax

@@ -220,3 +220,14 @@ def allocation(run: Run, resource: str = "cpu") -> pd.DataFrame:
     if u is None or not cap or resource not in u:
         return pd.DataFrame({"t_s": [], "allocated": []})
     return pd.DataFrame({"t_s": u["t_s"], "allocated": u[resource] / cap})
+
+
+def with_trace(actions: pd.DataFrame, trace: pd.DataFrame,
+               columns: Sequence[str] = ("service", "t1_s", "parallel_fraction", "think_s")
+               ) -> pd.DataFrame:
+    """``actions`` with the trace's ``columns`` beside each row (matched by action id,
+    ``<trajectory>#<seq>``; a column the actions already have gets the suffix ``_trace``)."""
+    ids = trace["trajectory"].astype(str) + "#" + trace["seq"].astype(int).astype(str)
+    extra = trace[list(columns)].set_axis(ids.to_numpy()).rename(
+        columns={c: f"{c}_trace" for c in columns if c in actions})
+    return actions.join(extra, on="action_id")

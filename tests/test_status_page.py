@@ -132,11 +132,17 @@ def status_of(server: Server, aid: str) -> str:
     return httpx.get(f"{server.url}/v1/actions/{aid}", headers=AUTH).json()["status"]
 
 
-def test_status_page_in_a_browser(server, tmp_path):
+@pytest.fixture(scope="module")
+def browser():
+    b = chrome()
+    yield b
+    b.quit()
+
+
+def test_status_page_in_a_browser(server, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    browser = chrome()
     wait = WebDriverWait(browser, 20, poll_frequency=0.1)
 
     def cells(action: str) -> list:
@@ -212,4 +218,29 @@ def test_status_page_in_a_browser(server, tmp_path):
         wait.until(lambda b: b.find_element(By.ID, "login").is_displayed())
         assert browser.execute_script("return sessionStorage.length") == 0
     finally:
-        browser.quit()
+        for flag in flags.values() if "flags" in locals() else ():
+            flag.touch()
+
+
+def test_status_page_draws_gpu_chunks_and_quotas(server, browser):
+    """The live server here has no GPUs: draw a snapshot of a core that has some."""
+    from selenium.webdriver.common.by import By
+
+    core = Tangram(cluster(cores=4, gpu_nodes=1, services=(("judge", 40),),
+                           quotas=(("quota:api", "concurrency", 4, 1.0),)))
+    loop = EventLoop(core)
+    loop.runtime.open_trajectory("tg", "t", 1.0)
+    loop.runtime.submit(gpu_call("tg", "judge", t1=2.0, choices=(2,), aid="judge-1"))
+    snap = snapshot(core, loop.runtime.records, 0.1)
+    snap["quotas"][0]["used"] = 3.0
+    browser.get(server.url + "/")
+    browser.execute_script("document.getElementById('view').hidden = false; show(arguments[0])",
+                           snap)
+    chunk = browser.find_element(By.CSS_SELECTOR, '.chunk.busy[data-action="judge-1"]')
+    assert "judge" in chunk.text and chunk.get_attribute("data-size") == "2"
+    assert len(browser.find_elements(By.CSS_SELECTOR, ".chunk.free")) == 2  # GPUs 2-3, 4-7
+    node = browser.find_element(By.CSS_SELECTOR, '.gpu-node[data-node="g0"]').text
+    assert "resident: judge \u00d72 on GPU 0-1" in node
+    quota = browser.find_element(By.CSS_SELECTOR, '.quota[data-key="api"]')
+    assert "3 / 4 in flight" in quota.text
+    assert quota.find_element(By.CSS_SELECTOR, ".bar > span").value_of_css_property("width") != "0px"
