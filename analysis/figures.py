@@ -12,7 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import matplotlib
 
@@ -195,14 +195,18 @@ def gpu_timeline(actions: pd.DataFrame, by: str = "service", ax: Axes | None = N
     cmap = plt.get_cmap("tab10" if len(keys) <= 10 else "tab20")
     color = {k: cmap(i % cmap.N) for i, k in enumerate(keys)}
     y = {lane: i for i, lane in enumerate(lanes)}
+    # one collection per (lane, colour): thousands of actions stay one draw call each
+    bars_of: dict[tuple[int, Any], list[tuple[float, float]]] = {}
     for r in gpu_rows.itertuples():
         c = color.get(getattr(r, by, None), "#1b6ca8")
         for g in str(r.gpus).split(","):
             lane = y[(str(r.node), int(g))]
             if r.restore_s > 0:
-                ax.broken_barh([(r.start_s, r.restore_s)], (lane - 0.4, 0.8), color="#111111")
-            ax.broken_barh([(r.start_s + r.restore_s, r.end_s - r.start_s - r.restore_s)],
-                           (lane - 0.4, 0.8), color=c)
+                bars_of.setdefault((lane, "#111111"), []).append((r.start_s, r.restore_s))
+            bars_of.setdefault((lane, c), []).append(
+                (r.start_s + r.restore_s, r.end_s - r.start_s - r.restore_s))
+    for (lane, c), spans in bars_of.items():
+        ax.broken_barh(spans, (lane - 0.4, 0.8), color=c)
     ax.set_yticks(range(len(lanes)), [f"{n} gpu {g}" for n, g in lanes], fontsize=7)
     ax.set_xlabel("time (s)")
     ax.set_title("what each GPU ran (black: restoring a model)", fontsize=10)
