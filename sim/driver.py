@@ -83,6 +83,12 @@ def startup_of(policy: Policy, config: SimConfig) -> StartupModel:
     return CONTAINER_START
 
 
+def busy_of(core: Tangram) -> Callable[[str], float]:
+    """Fraction of a node's cores held exclusively (what a light-lane action shares)."""
+    cores = {n.name: n.cores for n in core.cluster.cpu_nodes}
+    return lambda node: core.cpu.in_use(node) / cores[node] if cores.get(node) else 0.0
+
+
 def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
              progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Run a validated trace (traces.schema.load) through one policy."""
@@ -102,7 +108,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
              if st.truth is not None}
     provider = QuotaManager(cluster.quotas) if policy.api_admission == "provider" else None
     backend = ModelledBackend(clock, np.random.default_rng(config.seed), truth,
-                              startup_of(policy, config), provider)
+                              startup_of(policy, config), provider, busy=busy_of(core))
     runtime = Runtime(core, clock, backend, stopwatch=time.perf_counter)
     total = sum(len(s.steps) for specs in steps_specs for s in specs)
     done = [0]
