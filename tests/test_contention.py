@@ -6,10 +6,13 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from analysis.outputs import analyse
 from sim.driver import SimConfig, simulate
 from tangram.cluster import ClusterSpec, CpuNodeSpec
+from tangram.estimates import DurationModel, SpeedupCurve
 from traces.schema import COLUMNS, validate
 
 NODE = ClusterSpec(cpu_nodes=(CpuNodeSpec("n0", 2, 1, 64.0),))
@@ -66,3 +69,40 @@ def test_unprofiled_rows_reach_the_scheduler_without_their_truth():
             assert step.action.t1_s is None and step.action.elasticity is None
             assert step.truth is not None and step.truth.t1_s > 0
             assert "t1_s" not in step.action.payload and "parallel_fraction" not in step.action.payload
+
+
+# -- elasticity learnt online ----------------------------------------------------------------
+
+@settings(max_examples=60, deadline=None)
+@given(st.floats(0.0, 20.0), st.floats(0.1, 50.0), st.floats(0.0, 3.0),
+       st.lists(st.sampled_from([1, 2, 4, 8]), min_size=6, max_size=30))
+def test_curve_recovers_a_noiseless_curve(a, b, c, units):
+    """Whatever the serial, parallel and per-unit parts (a slowdown included), exact
+    observations at three or more unit counts give back the curve."""
+    units = [*units, 1, 2, 8]
+    curve = SpeedupCurve()
+    for m in units:
+        curve.observe(m, a + b / m + c * (m - 1))
+    for m in (1, 2, 4, 8):
+        assert curve.duration(m) == pytest.approx(a + b / m + c * (m - 1), rel=1e-6, abs=1e-6)
+
+
+def test_exploration_is_bounded_and_a_learnt_slowdown_keeps_the_minimum():
+    from tangram.core import Tangram
+    from tangram.model import Action, Demand
+
+    model = DurationModel()
+    key, choices = ("t", "test_run"), (1, 2, 4)
+    assert model.learnt_table(key, choices) is not None  # the prior: explore
+    act = Action("x", "t", "j", "test_run", {"cpu": Demand.range(1, 4)}, elastic="cpu")
+    for _ in range(DurationModel.EXPLORE_RUNS):  # only ever ran on one core
+        model.observe(act, 1, 5.0, "cpu:n0", elastic=True)
+    assert model.learnt_table(key, choices) is None  # stop exploring: run at the minimum
+    # a kind whose workers cost more than they bring: -n 2 slower than -n 1
+    core = Tangram(ClusterSpec(cpu_nodes=(CpuNodeSpec("n0", 4, 1, 16.0),)))
+    for m in (1, 2, 4, 1, 2, 4):
+        core.estimates.durations.observe(act, m, 4.0 + 1.0 / m + 2.0 * (m - 1), "cpu:n0", True)
+    core.open_trajectory("j")
+    [d] = core.submit(Action("y", "t", "j", "test_run", {"cpu": Demand.range(1, 4)},
+                             elastic="cpu"), 0.0)
+    assert d.units == 1 and d.expected_s == pytest.approx(5.0)
