@@ -174,7 +174,7 @@ class Tangram:
             return None
         pending = self._pending(action, now, pool)
         self.queued[action.id] = pending
-        pool.queue.append(pending)
+        pool.admit(pending)
         return pool
 
     def _route(self, action: Action) -> Pool | None:
@@ -212,7 +212,7 @@ class Tangram:
         pending = self.queued.pop(action_id, None)
         if pending is None:
             return False
-        for q in [self.unbound, *(p.queue for p in self.pools.values())]:
+        for q in [self.unbound, *(q for p in self.pools.values() for q in p.queues())]:
             if pending in q:
                 q.remove(pending)
                 break
@@ -279,7 +279,7 @@ class Tangram:
             pool = self._route(p.action)
             pending = self._pending(p.action, p.submit_s, pool)
             self.queued[p.action.id] = pending
-            pool.queue.append(pending)
+            pool.admit(pending)
             touched.add(pool.name)
 
     def _schedule(self, now: float, pools: Iterable[Pool]) -> list[Dispatch]:
@@ -294,7 +294,7 @@ class Tangram:
         """Scheduling passes until nothing more starts. Greedy eviction may leave units
         free that an evicted action could have used (a DP prefix cannot always absorb
         them: an action takes at most 8 GPUs); the next pass offers them again."""
-        out: list[Dispatch] = self._lane(pool, now) if isinstance(pool, CpuNodePool) else []
+        out = self._lane(pool, now) if isinstance(pool, CpuNodePool) and pool.light else []
         while pool.queue:
             got = self._pass_once(pool, now)
             out.extend(got)
@@ -334,23 +334,24 @@ class Tangram:
         return out
 
     def _lane(self, pool: CpuNodePool, now: float) -> list[Dispatch]:
-        """Start queued light actions on the node's lane, in queue order, while it has
-        room (they take no exclusive core: see CpuNodePool)."""
-        if not pool.lane_slots or not any(p.light for p in pool.queue):
-            return []
+        """Start waiting light actions, in order, on the node's lane while it has room,
+        then on idle exclusive cores (see CpuNodePool)."""
         out: list[Dispatch] = []
-        for p in [p for p in pool.queue if p.light]:
-            grant = pool.lane_reserve(p)
+        light = pool.light
+        while light:
+            p = light[0]
+            grant = pool.lane_reserve(p) or pool.reserve(p, 1, now)
             if grant is None:
                 break
-            pool.queue.remove(p)
+            light.popleft()
             del self.queued[p.action.id]
-            lease = Lease(p.action.id, 0, (grant.part, None), grant.node, grant.cores,
-                          lane=True)
+            units = 0 if grant.lane else 1
+            lease = Lease(p.action.id, units, (grant.part, None), grant.node, grant.cores,
+                          lane=grant.lane)
             expected = self.estimates.estimate(p)
             d = Dispatch(p.action, lease, p.submit_s, now, expected)
             self.running[p.action.id] = Running(d, pool, p)
-            pool.running[p.action.id] = (now + expected, 0, now)
+            pool.running[p.action.id] = (now + expected, units, now)
             out.append(d)
         return out
 

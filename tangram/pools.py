@@ -81,6 +81,14 @@ class Pool:
         #: action id -> (expected end, units of the key resource, start)
         self.running: dict[str, tuple[float, int, float]] = {}
 
+    def admit(self, p: Pending) -> None:
+        """Queue ``p`` (a pool may keep some actions in a queue of their own)."""
+        self.queue.append(p)
+
+    def queues(self) -> tuple[deque[Pending], ...]:
+        """Every queue an action of this pool may wait in."""
+        return (self.queue,)
+
     def unit_choices(self, action: Action) -> tuple[int, ...]:
         return ()
 
@@ -142,6 +150,14 @@ class CpuNodePool(Pool):
         self.lane_slots = lane_slots if light_s > 0 else 0
         self._lane: set[str] = set()
         self._all_cores = tuple(range(self.host.spec.cores))
+        #: light actions wait here, for the lane (or an idle core), never behind the queue
+        self.light: deque[Pending] = deque()
+
+    def admit(self, p: Pending) -> None:
+        (self.light if p.light and self.lane_slots else self.queue).append(p)
+
+    def queues(self) -> tuple[deque[Pending], ...]:
+        return (self.queue, self.light)
 
     def lane_reserve(self, p: Pending) -> Grant | None:
         """A lane place for ``p`` (None: the lane is full)."""
