@@ -21,19 +21,9 @@ from tangram.cluster import ClusterSpec
 from tangram.core import Tangram
 from tangram.managers.quota import QuotaManager
 from tangram.policies import Pods, Policy, make_policy
-from tangram.runtime import RunResult, Runtime
+from tangram.runtime import ManualTimer, RunResult, Runtime
 from traces.fit import check_fits
 from traces.schema import TrajectorySpec, trajectories
-
-
-class SimTimer:
-    __slots__ = ("cancelled",)
-
-    def __init__(self) -> None:
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 class SimClock:
@@ -45,8 +35,8 @@ class SimClock:
     def now(self) -> float:
         return self.env.now
 
-    def call_later(self, delay: float, fn: Callable[[], None]) -> SimTimer:
-        timer = SimTimer()
+    def call_later(self, delay: float, fn: Callable[[], None]) -> ManualTimer:
+        timer = ManualTimer()
 
         def fire(_event: Any) -> None:
             if not timer.cancelled:

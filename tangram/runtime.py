@@ -232,6 +232,8 @@ class Runtime:
 
 
 class ManualTimer:
+    """A timer that is cancelled by marking it (the clock skips it when it comes up)."""
+
     __slots__ = ("cancelled",)
 
     def __init__(self) -> None:
