@@ -45,13 +45,20 @@ def _holder(rec: Any, now: float) -> dict[str, Any]:
 
 
 def _nodes(core: Tangram, now: float) -> list[dict[str, Any]]:
-    """Per CPU node: who holds each core (a running action, or an idle pod), memory."""
+    """Per CPU node: who holds each core (a running action, or an idle pod), the light
+    actions running on its shared lane, memory."""
     holders: dict[tuple[str, int], dict[str, Any]] = {}
+    lanes: dict[str, list[dict[str, Any]]] = {}
     for run in core.running.values():
         lease = run.dispatch.lease
-        if lease.node is not None and lease.cores:
-            for c in lease.cores:
-                holders[(lease.node, c)] = _holder(run, now)
+        if lease.node is None or not lease.cores:
+            continue
+        if getattr(lease, "lane", False):  # shares the node's cores: no core of its own
+            lanes.setdefault(lease.node, []).append(_holder(run, now))
+            continue
+        for c in lease.cores:
+            holders[(lease.node, c)] = _holder(run, now)
+    slots = {getattr(p, "node", None): getattr(p, "lane_slots", 0) for p in core.pools.values()}
     # pod policies (k8s): a pod holds its cores between its trajectory's actions too
     pods = getattr(core.cpu, "pods", {})
     bound: dict[str, list[str]] = {}
@@ -73,14 +80,20 @@ def _nodes(core: Tangram, now: float) -> list[dict[str, Any]]:
         out.append({"name": name, "cores": cores, "numa": node.spec.numa,
                     "domain_size": node.domain_size, "mem_gb": node.spec.mem_gb,
                     "mem_reserved_gb": round(node.mem_reserved, 3),
-                    "trajectories": sorted(bound.get(name, []))})
+                    "trajectories": sorted(bound.get(name, [])),
+                    "lane": sorted(lanes.get(name, []), key=lambda h: h["action"]),
+                    "lane_slots": slots.get(name, 0)})
     return out
 
 
 def _queues(core: Tangram, now: float) -> list[dict[str, Any]]:
     """Each pool's wait queue in order (plus trajectories waiting to be bound to a node)."""
     queues = [("binding", "binding", list(core.unbound))]
-    queues += [(name, pool.key or "api", list(pool.queue)) for name, pool in core.pools.items()]
+    for name, pool in core.pools.items():
+        queues.append((name, pool.key or "api", list(pool.queue)))
+        light = getattr(pool, "light", None)  # a CPU node's light actions wait apart
+        if light is not None:
+            queues.append((f"{name} light", "light lane", list(light)))
     out = []
     for name, key, pending in queues:
         out.append({"pool": name, "resource": key, "length": len(pending), "waiting": [

@@ -31,9 +31,13 @@ def test_snapshot_shows_holders_queues_gpus_and_quotas():
     for t in ("ta", "tb", "tc"):
         loop.runtime.open_trajectory(t, "t", 1.0)
     loop.runtime.submit(shell("ta", t1=5.0, cores=3, aid="big"))
+    loop.runtime.open_trajectory("td", "t", 1.0)
+    loop.runtime.submit(shell("td", t1=0.01, aid="ls"))  # light: on the lane, no core of its own
     loop.runtime.submit(shell("tb", t1=1.0, cores=2, aid="waits"))  # 1 core left: queued
     loop.runtime.submit(gpu_call("tc", "judge", t1=2.0, choices=(2,), aid="judge-1"))
     snap = snapshot(core, loop.runtime.records, 0.5, {"ok": 0})
+    assert [h["action"] for h in snap["nodes"][0]["lane"]] == ["ls"]
+    assert snap["nodes"][0]["lane_slots"] >= 1
 
     cores = snap["nodes"][0]["cores"]
     assert [c["action"] if c else None for c in cores].count("big") == 3
@@ -231,6 +235,8 @@ def test_status_page_draws_gpu_chunks_and_quotas(server, browser):
     loop = EventLoop(core)
     loop.runtime.open_trajectory("tg", "t", 1.0)
     loop.runtime.submit(gpu_call("tg", "judge", t1=2.0, choices=(2,), aid="judge-1"))
+    loop.runtime.open_trajectory("tl", "t", 1.0)
+    loop.runtime.submit(shell("tl", t1=0.01, aid="light-ls"))
     snap = snapshot(core, loop.runtime.records, 0.1)
     snap["quotas"][0]["used"] = 3.0
     browser.get(server.url + "/")
@@ -241,6 +247,10 @@ def test_status_page_draws_gpu_chunks_and_quotas(server, browser):
     assert len(browser.find_elements(By.CSS_SELECTOR, ".chunk.free")) == 2  # GPUs 2-3, 4-7
     node = browser.find_element(By.CSS_SELECTOR, '.gpu-node[data-node="g0"]').text
     assert "resident: judge \u00d72 on GPU 0-1" in node
+    lane = browser.find_element(By.CSS_SELECTOR, '.lane[data-node="n0"]')
+    assert "light lane (shared cores): 1/" in lane.text
+    assert lane.find_element(By.CSS_SELECTOR, '.chip[data-action="light-ls"]').is_displayed()
+    assert not browser.find_elements(By.CSS_SELECTOR, ".core.busy")  # it holds no core
     quota = browser.find_element(By.CSS_SELECTOR, '.quota[data-key="api"]')
     assert "3 / 4 in flight" in quota.text
     assert quota.find_element(By.CSS_SELECTOR, ".bar > span").value_of_css_property("width") != "0px"

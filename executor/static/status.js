@@ -137,7 +137,7 @@ function drawNodes(nodes) {
       for (let c = d * n.domain_size; c < (d + 1) * n.domain_size; c++) dom.append(coreCell(c, n.cores[c]));
       grid.append(dom);
     }
-    card.append(grid, runningList(n));
+    card.append(grid, laneList(n), runningList(n));
     box.append(card);
   }
 }
@@ -154,6 +154,19 @@ function coreCell(c, held) {
     data: { core: c, action: held.action, trajectory: held.trajectory },
     title: `core ${c}: ${held.kind} ${held.action} of ${held.trajectory}`,
   }, c, el("span", { class: "who" }, held.kind));
+}
+
+// Light actions share the node's cores on a bounded lane instead of taking one of their own.
+function laneList(n) {
+  if (!n.lane_slots) return el("span");
+  const row = el("p", { class: "lane", data: { node: n.name } },
+    `light lane (shared cores): ${n.lane.length}/${n.lane_slots} `);
+  for (const h of n.lane) {
+    row.append(el("span", { class: "chip", style: { background: hue(h.trajectory) },
+      data: { action: h.action, trajectory: h.trajectory },
+      title: `${h.kind} ${h.action} of ${h.trajectory}` }, h.action));
+  }
+  return row;
 }
 
 function runningList(n) {
