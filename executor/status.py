@@ -60,7 +60,8 @@ def _nodes(core: Tangram, now: float) -> list[dict[str, Any]]:
             holders[(lease.node, c)] = _holder(run, now)
     slots = {getattr(p, "node", None): getattr(p, "lane_slots", 0) for p in core.pools.values()}
     # pod policies (k8s): a pod holds its cores between its trajectory's actions too
-    pods = getattr(core.cpu, "pods", {})
+    pods = {(lease.node, c): trajectory
+            for trajectory, lease in getattr(core.cpu, "pods", {}).items() for c in lease.cores}
     bound: dict[str, list[str]] = {}
     for trajectory in core.trajectories:
         node = core.cpu.node_of(trajectory)
@@ -73,8 +74,7 @@ def _nodes(core: Tangram, now: float) -> list[dict[str, Any]]:
         for c in range(node.spec.cores):
             held = holders.get((name, c))
             if held is None and c not in free:
-                pod = next((t for t, lease in pods.items()
-                            if lease.node == name and c in lease.cores), None)
+                pod = pods.get((name, c))
                 held = {"action": None, "trajectory": pod, "kind": "pod" if pod else "reserved"}
             cores.append(held)
         out.append({"name": name, "cores": cores, "numa": node.spec.numa,

@@ -22,12 +22,13 @@ function el(tag, attrs = {}, ...children) {
   return e;
 }
 
-// One stable colour per trajectory: its id hashed (FNV-1a), spread by the golden angle so
-// ids that differ in one character still get far-apart hues.
-function hue(text) {
-  let h = 0x811c9dc5;
-  for (const ch of String(text)) h = Math.imul(h ^ ch.codePointAt(0), 0x01000193) >>> 0;
-  return `hsl(${Math.round((h % 1000) * 137.508) % 360}, 55%, 40%)`;
+// One colour per trajectory, given in order of first sight and spread by the golden angle,
+// so trajectories seen one after the other always get far-apart hues (stable for the page).
+const hues = new Map();
+function hue(trajectory) {
+  const key = String(trajectory);
+  if (!hues.has(key)) hues.set(key, Math.round((hues.size * 137.508 + 210) % 360));
+  return `hsl(${hues.get(key)}, 60%, 38%)`;
 }
 
 const secs = (s) => (s == null ? "" : s < 10 ? s.toFixed(2) : s.toFixed(1));
