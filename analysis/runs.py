@@ -57,6 +57,10 @@ class Run:
     def policy(self) -> str:
         return str(self.summary.get("policy", ""))
 
+    def __repr__(self) -> str:  # a notebook cell showing a run should not print its frames
+        where = f", path={str(self.path)!r}" if self.path else ""
+        return f"Run({self.name!r}, policy={self.policy!r}, actions={len(self.actions)}{where})"
+
     def capacity(self, resource: str) -> float | None:
         """Units of ``resource`` the run's cluster had (None when it had none)."""
         cap = self.summary.get("utilisation", {}).get(resource, {}).get("capacity")

@@ -48,6 +48,7 @@ def test_load_run_reads_what_simulate_wrote(runs):
     assert run.utilisation is not None and "cpu" in run.utilisation
     assert run.timing is not None and len(run.timing) == len(run.actions)
     assert run.capacity("cpu") == 128.0 and run.capacity("tpu") is None
+    assert repr(run) == f"Run('k8s', policy='k8s', actions={len(run.actions)}, path='{tmp / 'k8s'}')"
 
 
 def test_in_memory_simulation_equals_the_cli_run(runs):
