@@ -16,9 +16,9 @@ from __future__ import annotations
 import time
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from tangram.cluster import ClusterSpec
+from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.managers.cpu import CpuManager
 from tangram.managers.gpu import GpuManager
 from tangram.managers.quota import QuotaManager
@@ -436,3 +436,43 @@ class Tangram:
                "mem_gb": float(sum(n.mem_gb for n in self.cluster.cpu_nodes))}
         out.update({q.key: q.limit for q in self.cluster.quotas})
         return out
+
+    # -- membership (multi-node executors, e.g. Ray: a node joins or leaves) -----------
+    def add_node(self, spec: CpuNodeSpec, now: float) -> list[Dispatch]:
+        """A CPU node joined: add its capacity and pool; return what can start now
+        (trajectories waiting to be bound may fit on it)."""
+        self.cpu.add_node(spec)
+        name = f"cpu:{spec.name}"
+        # built the way the constructor builds pools, so a policy's pool settings apply
+        self.pools[name] = next(p for p in self._build_pools() if p.name == name)
+        self._cpu_nodes_changed((*self.cluster.cpu_nodes, spec))
+        return self._schedule(now, ())
+
+    def remove_node(self, node: str, now: float) -> list[Dispatch]:
+        """A CPU node left (its machine or its agent died). Idempotent.
+
+        Its capacity goes; trajectories bound there are unbound (their state is gone)
+        and their queued actions go back to the binding queue in submit order, so
+        they are re-bound elsewhere. Actions *running* there stay running until the
+        executor reports each one (failed): it reports them, exactly once, through
+        ``finish``, which then releases nothing. Returns what can start now."""
+        name = f"cpu:{node}"
+        pool = self.pools.get(name)
+        if pool is None or node not in self.cpu.nodes:
+            return []
+        self.cpu.remove_node(node)
+        # The pool stays registered, empty, until its running actions are finished
+        # (finish reschedules the pool it ran on); add_node of the same name replaces it.
+        requeued = [Pending(p.action, p.submit_s, int(p.action.min("cpu"))) for p in pool.queue]
+        pool.queue.clear()
+        for p in requeued:
+            self.queued[p.action.id] = p
+        self.unbound = deque(sorted([*self.unbound, *requeued], key=lambda p: p.submit_s))
+        self._cpu_nodes_changed(tuple(n for n in self.cluster.cpu_nodes if n.name != node))
+        return self._schedule(now, ())
+
+    def _cpu_nodes_changed(self, cpu_nodes: tuple[CpuNodeSpec, ...]) -> None:
+        self.cluster = replace(self.cluster, cpu_nodes=cpu_nodes)
+        self._max_node_cores = max((n.cores for n in cpu_nodes), default=0)
+        self._max_domain = max((n.cores // n.numa for n in cpu_nodes), default=0)
+        self._max_node_mem = max((n.mem_gb for n in cpu_nodes), default=0.0)
