@@ -32,7 +32,9 @@ SAMPLES = Path(__file__).parent / "traces" / "samples"
 
 def fail(message: str, code: int = 2) -> None:
     """Report a user error without a traceback."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -284,12 +286,63 @@ def plot(
 def bench_executor(
     backend: Annotated[str, typer.Option(help="process, docker or all.")] = "all",
     actions: Annotated[int, typer.Option(min=5, help="Short actions timed per backend.")] = 60,
+    ray: Annotated[str | None, typer.Option(help=RAY_HELP + " Compares local vs via agents.")] = None,
 ) -> None:
-    """Per-action overhead of the live backends: submit->start, end->result (JSON lines)."""
+    """Per-action overhead of the live backends: submit->start, end->result (JSON lines).
+
+    With --ray: the same figures on this machine's executor and through Ray node agents
+    (p50/p99), plus dispatch throughput across the nodes.
+    """
     from executor.bench import executor_bench
 
+    if ray is not None:
+        from executor.bench import ray_executor_bench
+
+        name = "process" if backend == "all" else backend
+        _ray_spec(ray)
+        try:
+            rows = ray_executor_bench(ray, name, actions)
+        except (ConnectionError, RuntimeError) as e:
+            fail(str(e))
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        return
     for name in (("process", "docker") if backend == "all" else (backend,)):
         print(json.dumps(executor_bench(name, actions)), flush=True)
+
+
+RAY_HELP = ("Run on a Ray cluster, one agent per node: auto (the cluster this machine "
+            "joined with `ray start`), a Ray address (HOST:PORT or ray://HOST:PORT), or "
+            "local:N (start N nodes on this machine, splitting its cores). Needs the ray extra.")
+
+
+def _ray_spec(text: str):
+    """Check --ray before anything starts: exit 2 without Ray or with a bad value."""
+    from executor.ray_cluster import RaySpec, RayUnavailable, require_ray
+
+    try:
+        spec = RaySpec.parse(text)
+        require_ray()
+    except (ValueError, RayUnavailable) as e:
+        fail(str(e))
+    return spec
+
+
+def _ray_backend(text: str, backend: str):
+    """Connect to Ray and start one agent per node (exit 2 when that cannot be done)."""
+    from executor.ray_backend import RayBackend
+    from executor.ray_cluster import connect
+
+    spec = _ray_spec(text)
+    try:
+        conn = connect(spec)
+    except ConnectionError as e:
+        fail(str(e))
+    try:
+        return RayBackend(conn, backend, owns_connection=True)
+    except (RuntimeError, ValueError) as e:
+        conn.close()
+        fail(str(e))
 
 
 def _quota_specs(items: list[str]):
@@ -320,8 +373,10 @@ def run(
     think_scale: Annotated[float, typer.Option(min=0, help="Multiply think times (0: none).")] = 1.0,
     quota: Annotated[list[str], typer.Option(help="KEY=concurrency:N or KEY=window:N:SECONDS.")] = [],  # noqa: B006
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    ray: Annotated[str | None, typer.Option(help=RAY_HELP)] = None,
 ) -> None:
-    """Replay a trace on this machine's real cores (process or docker backend).
+    """Replay a trace on this machine's real cores (process or docker backend), or on
+    the nodes of a Ray cluster (--ray).
 
     Writes summary.json, actions.parquet and trace.json, so a live run and its simulation
     are compared with the same analysis.
@@ -336,10 +391,13 @@ def run(
     except TraceError as e:
         fail(str(e))
     specs = _quota_specs(quota)
+    if backend not in ("process", "docker"):
+        fail(f"--backend: unknown backend {backend!r} (process or docker)")
+    live = _ray_backend(ray, backend) if ray else None
     try:
         summary = _with_progress(lambda cb: asyncio.run(replay(
-            df, backend, out, limit=limit, think_scale=think_scale, quotas=specs, progress=cb)),
-            quiet, f"running {trace.name} on {backend}")
+            df, backend, out, limit=limit, think_scale=think_scale, quotas=specs, progress=cb,
+            live=live)), quiet, f"running {trace.name} on {backend}" + (" via Ray" if ray else ""))
     except (ValueError, KeyError) as e:
         fail(str(e.args[0]) if e.args else str(e))
     if not quiet:
@@ -354,8 +412,11 @@ def serve(
     backend: Annotated[str, typer.Option(help="process or docker.")] = "process",
     state_dir: Annotated[Path, typer.Option(help="Journal and working directories.")] = Path(".tangram"),
     quota: Annotated[list[str], typer.Option(help="KEY=concurrency:N or KEY=window:N:SECONDS.")] = [],  # noqa: B006
+    ray: Annotated[str | None, typer.Option(help=RAY_HELP)] = None,
 ) -> None:
     """Serve the live executor over HTTP (OpenAPI at /docs).
+
+    With --ray, one scheduler serves every node of a Ray cluster (see README).
 
     The bearer token is read from TANGRAM_TOKEN, or generated and printed.
     """
@@ -372,11 +433,22 @@ def serve(
     if backend not in ("process", "docker"):
         fail(f"--backend: unknown backend {backend!r} (process or docker)")
     specs = _quota_specs(quota)
+    if ray:
+        _ray_spec(ray)  # a bad --ray, or no Ray, before anything is printed or started
     token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
     if not os.environ.get("TANGRAM_TOKEN"):
         err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)
-    app_ = create_app(lambda: make_backend(backend, state_dir / "work"),
-                      lambda: Tangram(local_cluster(specs)), token, state_dir)
+    if ray:
+        import signal
+
+        live = _ray_backend(ray, backend)
+        # ray.init installs a SIGTERM handler that exits with status 15; uvicorn re-raises
+        # the signal after its graceful shutdown (which stops the agents): keep the default
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        app_ = create_app(lambda: live, lambda: Tangram(live.cluster(specs)), token, state_dir)
+    else:
+        app_ = create_app(lambda: make_backend(backend, state_dir / "work"),
+                          lambda: Tangram(local_cluster(specs)), token, state_dir)
     _settle()
     uvicorn.run(app_, host=host, port=port, log_level="info")
 

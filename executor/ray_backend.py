@@ -269,6 +269,10 @@ class RayBackend:
             agent.handle.close_trajectory.remote(trajectory)
 
     def shutdown(self) -> None:
+        """Stop every agent (their commands and environments) and, when this backend
+        owns it, the Ray connection. Idempotent."""
+        if self._closed:
+            return
         self._closed = True
         if self._monitor is not None:
             self._monitor.cancel()

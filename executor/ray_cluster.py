@@ -20,6 +20,7 @@ grant, per action.
 from __future__ import annotations
 
 import re
+import socket
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -150,6 +151,30 @@ def _local_node_args(cpus: list[int], mem_gb: float) -> dict:
             "labels": {CPUS_LABEL: format_cpus(cpus), MEM_LABEL: f"{mem_gb:.2f}"}}
 
 
+def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
+    """Fail fast: ray.init retries an unreachable address for minutes."""
+    target: str | None = address
+    if address == "auto":  # the cluster `ray start` on this machine recorded, if any
+        try:
+            from ray._private.services import canonicalize_bootstrap_address
+
+            target = canonicalize_bootstrap_address("auto")
+        except Exception:  # noqa: BLE001 - a private helper: let ray.init decide
+            return
+        if target is None:
+            raise ConnectionError("--ray auto: no Ray cluster on this machine (start one with "
+                                  "`ray start --head`, or give its address)")
+    hostport = target.removeprefix("ray://")
+    host, _, port = hostport.rpartition(":")
+    if not host or not port.isdigit():
+        raise ConnectionError(f"--ray {address}: expected HOST:PORT or ray://HOST:PORT")
+    try:
+        socket.create_connection((host, int(port)), timeout=timeout_s).close()
+    except OSError as e:
+        raise ConnectionError(f"--ray {address}: no Ray cluster answers at {host}:{port} "
+                              f"({e.strerror or e})") from None
+
+
 def connect(spec: RaySpec | str) -> RayConnection:
     """Connect this process to Ray (starting a local cluster for ``local:N``).
 
@@ -160,6 +185,7 @@ def connect(spec: RaySpec | str) -> RayConnection:
     if ray.is_initialized():
         raise RuntimeError("this process is already connected to Ray")
     if spec.mode != "local":
+        _check_reachable(spec.address or "auto")
         try:
             ray.init(address=spec.address, namespace="tangram", include_dashboard=False,
                      log_to_driver=False, configure_logging=False)

@@ -46,7 +46,21 @@ def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSp
 
 async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None = None,
                  think_scale: float = 1.0, quotas: tuple[QuotaSpec, ...] = (),
-                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                 progress: Callable[[int, int], None] | None = None,
+                 live: LiveBackend | None = None) -> dict[str, Any]:
+    """Replay ``df`` on ``backend`` on this machine, or on ``live`` (a RayBackend: the
+    cluster is its nodes' inventory), which this call shuts down."""
+    try:
+        return await _replay(df, backend, out, limit, think_scale, quotas, progress, live)
+    finally:
+        if live is not None:
+            live.shutdown()  # idempotent: a run that started has shut it down already
+
+
+async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
+                  think_scale: float, quotas: tuple[QuotaSpec, ...],
+                  progress: Callable[[int, int], None] | None,
+                  live: LiveBackend | None) -> dict[str, Any]:
     gpu_rows = df.index[df["gpus"] != ""]
     if len(gpu_rows):
         raise ValueError(f"{len(gpu_rows)} action(s) need GPUs (first: row {gpu_rows[0] + 1}, "
@@ -56,13 +70,15 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
     if limit:
         df = df[df["trajectory"].isin({s.id for s in specs})]
     cluster = replay_cluster(df, quotas)
+    if live is not None:  # the Ray nodes, with the quotas the trace needs
+        cluster = live.cluster(cluster.quotas)  # type: ignore[attr-defined]
     core = Tangram(cluster)
     for spec in specs:  # refuse the whole run before starting if any action cannot run here
         core.open_trajectory(spec.id, spec.task, spec.mem_gb)
         for step in spec.steps:
             core.validate(step.action)
         core.close_trajectory(spec.id, 0.0)
-    executor = LiveExecutor(Tangram(cluster), make_backend(backend, out / "work"))
+    executor = LiveExecutor(Tangram(cluster), live or make_backend(backend, out / "work"))
     total = sum(len(s.steps) for s in specs)
     done = 0
     wall0 = time.perf_counter()
@@ -94,7 +110,8 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
                         extra={"backend": backend, "live": True,
                                "wall_s": time.perf_counter() - wall0,
                                "think_scale": think_scale})
-    config = {"backend": backend, "cluster": cluster.to_dict(), "limit": limit,
+    config = {"backend": backend, "ray": live is not None, "cluster": cluster.to_dict(),
+              "limit": limit,
               "think_scale": think_scale}
     write_run(out, frame, summary, config)
     return summary

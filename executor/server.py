@@ -101,6 +101,7 @@ class ActionOut(BaseModel):
     exec_s: float | None = None
     state_lost: bool = False
     retries: int = 0
+    node: str | None = Field(None, description="The node it ran on (several with --ray).")
     argv: list[str] = Field(default_factory=list, description="What was executed (after -n).")
 
 
@@ -161,7 +162,7 @@ def result_of(rec: Record, out: Outcome) -> ActionOut:
         cores=[int(c) for c in extra.get("cores", [])],
         queue_s=rec.start_s - rec.submit_s, exec_s=rec.end_s - rec.start_s,
         state_lost=bool(extra.get("state_lost")), retries=int(extra.get("retries", 0)),
-        argv=list(extra.get("argv", [])))
+        argv=list(extra.get("argv", [])), node=rec.node)
 
 
 class Service:
