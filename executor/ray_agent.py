@@ -115,7 +115,9 @@ class NodeAgent:
 
     def __init__(self, name: str, ray_node_id: str, backend: str, root: str | None,
                  cpus: list[int] | None, mem_gb: float | None, gpus: int) -> None:
-        ordered, numa = numa_order(cpus if cpus is not None else allowed_cpus())
+        allowed = allowed_cpus()
+        # a label may name CPUs this node lacks (or its workers may not use): drop them
+        ordered, numa = numa_order(allowed if cpus is None else [c for c in cpus if c in allowed])
         self.name = name
         self.marker = f"{name}-{uuid.uuid4().hex[:8]}"
         owner = f"tangram-ray-{self.marker}"

@@ -97,7 +97,10 @@ class RayBackend:
         self._remote = self.ray.remote(NodeAgent)
         # the initial inventory, before the core is built from it
         pending = [(n, self._spawn(n)) for n in self._alive_nodes().values()]
-        for node, (handle, name) in pending:
+        for node, spawned in pending:
+            if spawned is None:
+                continue
+            handle, name = spawned
             try:
                 info = self.ray.get(handle.info.remote(), timeout=start_timeout_s)
             except Exception as e:  # noqa: BLE001 - one bad node must not stop the rest
@@ -115,15 +118,22 @@ class RayBackend:
     def _alive_nodes(self) -> dict[str, dict]:
         return {n["NodeID"]: n for n in self.ray.nodes() if n.get("Alive")}
 
-    def _spawn(self, node: dict) -> tuple[Any, str]:
+    def _spawn(self, node: dict) -> tuple[Any, str] | None:
+        """Start the agent of ``node`` (None: its labels are malformed, it is skipped)."""
         from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
 
         nid = node["NodeID"]
         labels = node.get("Labels") or {}
         cpus_label = labels.get(CPUS_LABEL)
-        cpus = None if cpus_label is None else ([] if cpus_label == "none"
-                                                 else parse_cpus(cpus_label))
-        mem = float(labels[MEM_LABEL]) if MEM_LABEL in labels else None
+        try:
+            cpus = None if cpus_label is None else ([] if cpus_label == "none"
+                                                     else parse_cpus(cpus_label))
+            mem = float(labels[MEM_LABEL]) if MEM_LABEL in labels else None
+            if mem is not None and not mem > 0:
+                raise ValueError(f"{MEM_LABEL}: must be > 0, got {labels[MEM_LABEL]!r}")
+        except ValueError as e:
+            self._refuse(nid, None, e)
+            return None
         gpus = int((node.get("Resources") or {}).get("GPU", 0))
         name = node_name(node.get("NodeManagerHostname") or "node", nid)
         handle = self._remote.options(
@@ -134,8 +144,12 @@ class RayBackend:
         return handle, name
 
     def _refuse(self, nid: str, handle: Any, error: BaseException) -> None:
+        """Leave a node out (until restart), saying why, in the log."""
         self._refused.add(nid)
-        log.warning("no Tangram agent on Ray node %s: %s", nid[:8], str(error).splitlines()[0])
+        log.warning("no Tangram agent on Ray node %s: %s", nid[:8],
+                    (str(error).splitlines() or [type(error).__name__])[0])
+        if handle is None:
+            return
         try:
             self.ray.kill(handle, no_restart=True)
         except Exception:  # noqa: BLE001
@@ -166,7 +180,10 @@ class RayBackend:
                     await self._join(node)
 
     async def _join(self, node: dict) -> None:
-        handle, name = self._spawn(node)
+        spawned = self._spawn(node)
+        if spawned is None:
+            return
+        handle, name = spawned
         try:
             info = await asyncio.wait_for(handle.info.remote(), 120)
         except Exception as e:  # noqa: BLE001
