@@ -7,6 +7,7 @@ in worker threads and hand completions back with ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -53,7 +54,7 @@ class LiveExecutor:
         self.core = core
         self.backend = backend
         self.clock = AsyncioClock(self.loop)
-        self.runtime = Runtime(core, self.clock, backend)
+        self.runtime = Runtime(core, self.clock, backend, stopwatch=time.perf_counter)
         watch = getattr(backend, "watch_nodes", None)
         if watch is not None:  # a multi-node backend (Ray) reports membership changes
             watch(self.node_lost, self.node_joined)

@@ -13,6 +13,7 @@ This module does not import Ray: the driver wraps :class:`NodeAgent` with
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import socket
@@ -115,6 +116,11 @@ class NodeAgent:
 
     def __init__(self, name: str, ray_node_id: str, backend: str, root: str | None,
                  cpus: list[int] | None, mem_gb: float | None, gpus: int) -> None:
+        # Ray starts workers at a raised niceness; the backends nice exclusive-core actions
+        # relative to their own (+10) and run lane actions as is, so start from 0 when
+        # allowed (root or RLIMIT_NICE), else the two stay 10 apart from the worker's.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
         allowed = allowed_cpus()
         # a label may name CPUs this node lacks (or its workers may not use): drop them
         ordered, numa = numa_order(allowed if cpus is None else [c for c in cpus if c in allowed])

@@ -1,4 +1,4 @@
-"""`tangram run`: replay a trace for real and write the same outputs as `tangram simulate`."""
+"""`tangram run`: replay a trace for real; the result is analysed like a simulation's."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.outputs import records_frame, summarise, write_run
 from executor.driver import LiveBackend, LiveExecutor
 from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
+from tangram.model import quota_resource
+from tangram.policies import Policy
+from tangram.runtime import RunResult
+from traces.fit import check_fits
 from traces.schema import TrajectorySpec, trajectories
 
 
@@ -37,7 +40,7 @@ def make_backend(name: str, workdir: Path) -> LiveBackend:
 
 def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSpec:
     """This machine, plus every quota the trace uses (defaults: 16 concurrent calls)."""
-    keys = {k if k.startswith("quota:") else f"quota:{k}" for k in df["quota_key"] if k}
+    keys = {quota_resource(k) for k in df["quota_key"] if k}
     given = {q.key for q in quotas}
     extra = tuple(QuotaSpec(k, "concurrency", 16) for k in sorted(keys - given))
     mem = float(df.groupby("trajectory")["mem_gb"].max().sum()) or None
@@ -46,21 +49,24 @@ def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSp
 
 async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None = None,
                  think_scale: float = 1.0, quotas: tuple[QuotaSpec, ...] = (),
+                 policy: Policy | None = None,
                  progress: Callable[[int, int], None] | None = None,
-                 live: LiveBackend | None = None) -> dict[str, Any]:
-    """Replay ``df`` on ``backend`` on this machine, or on ``live`` (a RayBackend: the
-    cluster is its nodes' inventory), which this call shuts down."""
+                 live: LiveBackend | None = None) -> tuple[RunResult, dict[str, Any]]:
+    """Run the trace's actions for real under ``policy``; (result, resolved config).
+    With ``live`` (a RayBackend) they run on its nodes (the cluster is their inventory)
+    and this call shuts it down."""
     try:
-        return await _replay(df, backend, out, limit, think_scale, quotas, progress, live)
+        return await _replay(df, backend, out, limit, think_scale, quotas, policy or Policy(),
+                             progress, live)
     finally:
         if live is not None:
             live.shutdown()  # idempotent: a run that started has shut it down already
 
 
 async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
-                  think_scale: float, quotas: tuple[QuotaSpec, ...],
+                  think_scale: float, quotas: tuple[QuotaSpec, ...], policy: Policy,
                   progress: Callable[[int, int], None] | None,
-                  live: LiveBackend | None) -> dict[str, Any]:
+                  live: LiveBackend | None) -> tuple[RunResult, dict[str, Any]]:
     gpu_rows = df.index[df["gpus"] != ""]
     if len(gpu_rows):
         raise ValueError(f"{len(gpu_rows)} action(s) need GPUs (first: row {gpu_rows[0] + 1}, "
@@ -72,13 +78,9 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     cluster = replay_cluster(df, quotas)
     if live is not None:  # the Ray nodes, with the quotas the trace needs
         cluster = live.cluster(cluster.quotas)  # type: ignore[attr-defined]
-    core = Tangram(cluster)
-    for spec in specs:  # refuse the whole run before starting if any action cannot run here
-        core.open_trajectory(spec.id, spec.task, spec.mem_gb)
-        for step in spec.steps:
-            core.validate(step.action)
-        core.close_trajectory(spec.id, 0.0)
-    executor = LiveExecutor(Tangram(cluster), live or make_backend(backend, out / "work"))
+    # refuse the whole run before starting if any action cannot run here
+    check_fits(Tangram(cluster, policy), specs)
+    executor = LiveExecutor(Tangram(cluster, policy), live or make_backend(backend, out / "work"))
     total = sum(len(s.steps) for s in specs)
     done = 0
     wall0 = time.perf_counter()
@@ -103,15 +105,13 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     finally:
         executor.shutdown()
     rollout = executor.clock.now() - t0
-    frame = records_frame(executor.runtime.records)
-    summary = summarise(frame, policy="tangram", capacity=executor.core.capacity(),
-                        utilisation=None, steps=[{"step": 0, "rollout_s": rollout,
-                                                  "step_s": rollout}],
-                        extra={"backend": backend, "live": True,
-                               "wall_s": time.perf_counter() - wall0,
-                               "think_scale": think_scale})
+    core = executor.core
+    result = RunResult(policy.label, executor.runtime.records,
+                       [{"step": 0, "rollout_s": rollout, "step_s": rollout}], core.capacity(),
+                       {"backend": backend, "live": True, "think_scale": think_scale,
+                        "gpu_restores": core.gpu.restores, "scheduler_passes": core.passes},
+                       executor.runtime.timing, None, time.perf_counter() - wall0, core)
     config = {"backend": backend, "ray": live is not None, "cluster": cluster.to_dict(),
               "limit": limit,
-              "think_scale": think_scale}
-    write_run(out, frame, summary, config)
-    return summary
+              "think_scale": think_scale, "policy": policy.params()}
+    return result, config

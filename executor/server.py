@@ -29,7 +29,7 @@ from pydantic import BaseModel, Field, field_validator
 
 from executor.driver import LiveBackend, LiveExecutor
 from tangram.core import Tangram
-from tangram.model import QUOTA_PREFIX, Action, Demand, Elasticity, Outcome
+from tangram.model import Action, Demand, Elasticity, Outcome, quota_resource
 from tangram.runtime import Record
 from traces.schema import parse_set
 
@@ -78,7 +78,7 @@ class ActionIn(BaseModel):
         if self.request is None:
             cost["cpu"] = parse_set(self.cpu)  # type: ignore[assignment]
         for key, units in self.quota.items():
-            cost[key if key.startswith(QUOTA_PREFIX) else QUOTA_PREFIX + key] = Demand.fixed(units)
+            cost[quota_resource(key)] = Demand.fixed(units)
         payload = {"argv": self.argv, "command": self.command, "request": self.request,
                    "timeout_s": self.timeout_s, "env": self.env}
         elasticity = (Elasticity.amdahl(self.parallel_fraction)
@@ -97,6 +97,7 @@ class ActionOut(BaseModel):
     error: str = ""
     units: int | None = None
     cores: list[int] = Field(default_factory=list)
+    lane: bool = Field(False, description="Ran on the node's light lane (cores shared).")
     queue_s: float | None = None
     exec_s: float | None = None
     state_lost: bool = False
@@ -158,7 +159,7 @@ def result_of(rec: Record, out: Outcome) -> ActionOut:
     extra = dict(out.extra or {})
     return ActionOut(
         id=rec.action_id, trajectory=rec.trajectory, status=out.status, exit_code=out.exit_code,
-        output=out.output, error=out.error, units=rec.units,
+        output=out.output, error=out.error, units=rec.units, lane=rec.lane,
         cores=[int(c) for c in extra.get("cores", [])],
         queue_s=rec.start_s - rec.submit_s, exec_s=rec.end_s - rec.start_s,
         state_lost=bool(extra.get("state_lost")), retries=int(extra.get("retries", 0)),

@@ -137,7 +137,9 @@ class CpuManager:
             dom.sort()
 
     def in_use(self, node: str) -> int:
-        host = self.nodes[node]
+        host = self.nodes.get(node)
+        if host is None:  # removed (remove_node): nothing in use there any more
+            return 0
         return host.spec.cores - host.free_cores
 
     # -- membership (multi-node executors: a node joins or leaves) -------------------
