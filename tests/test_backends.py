@@ -26,10 +26,10 @@ def make(kind: str, tmp_path: Path, request):
         from executor.process import ProcessBackend
 
         return ProcessBackend(tmp_path / "work"), local_cluster()
-    if kind == "ray-process":  # through a node agent of a real 3-node local Ray cluster
+    if kind.startswith("ray-"):  # through node agents of a real 3-node local Ray cluster
         from executor.ray_backend import RayBackend
 
-        backend = RayBackend(request.getfixturevalue("ray_cluster"), "process")
+        backend = RayBackend(request.getfixturevalue("ray_cluster"), kind.removeprefix("ray-"))
         return backend, backend.cluster()
     from executor.docker_backend import DockerBackend
 
@@ -47,7 +47,8 @@ def shell(aid: str, traj: str, command: str, cores: str = "1", **payload) -> Act
                   payload={"command": command, **payload})
 
 
-@pytest.mark.parametrize("kind", ["process", "docker-agent", "docker-exec", "ray-process"])
+@pytest.mark.parametrize("kind", ["process", "docker-agent", "docker-exec", "ray-process",
+                                  "ray-docker"])
 def test_backend_conformance(kind, tmp_path, request):
     async def go() -> None:
         backend, cluster = make(kind, tmp_path, request)
@@ -99,6 +100,12 @@ def test_backend_conformance(kind, tmp_path, request):
             ex.shutdown()
         if kind.startswith("docker"):
             assert backend.remove_all() == 0  # nothing leaked
+        if kind == "ray-docker":  # the agents' containers (label tangram.owner=tangram-ray-*)
+            import docker
+
+            left = [c for c in docker.from_env().containers.list(all=True, sparse=True)
+                    if c.labels.get("tangram.owner", "").startswith("tangram-ray-")]
+            assert not left
 
     asyncio.run(go())
 
