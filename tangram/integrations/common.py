@@ -41,11 +41,16 @@ def _flag(where: str, value: Any) -> bool:
 
 @dataclass(frozen=True, slots=True)
 class RewardConfig:
-    """The command whose exit code scores a trajectory (0 -> reward 1.0, else 0.0)."""
+    """The command whose exit code scores a trajectory (0 -> reward 1.0, else 0.0).
+
+    ``elastic: true`` makes cores its key elastic resource: granted k >= 2 cores, a
+    ``pytest`` / ``python -m pytest`` command runs as ``pytest -n k`` (pytest-xdist must
+    be in the sandbox). The rewrite applies to argv only, so it needs ``shell: false``.
+    """
 
     command: str
-    cpu: str = "1-8"
-    elastic: bool = True
+    cpu: str = "1"
+    elastic: bool = False
     t1_s: float | None = None
     parallel_fraction: float | None = None
     timeout_s: float | None = None
@@ -63,15 +68,20 @@ class RewardConfig:
         pf = raw.get("parallel_fraction")
         if pf is not None and not 0 <= _num(f"{where}.parallel_fraction", pf, positive=False) <= 1:
             raise ValueError(f"{where}.parallel_fraction: must be within [0, 1], got {pf!r}")
+        elastic = _flag(f"{where}.elastic", raw.get("elastic", False))
+        shell = _flag(f"{where}.shell", raw.get("shell", not elastic))
+        if elastic and shell:
+            raise ValueError(f"{where}.elastic: the pytest -n rewrite applies to an argv "
+                             "command; set shell: false (or elastic: false)")
         return cls(
             command=_text(f"{where}.command", raw["command"]),
-            cpu=str(raw.get("cpu", "1-8")),
-            elastic=_flag(f"{where}.elastic", raw.get("elastic", True)),
+            cpu=str(raw.get("cpu", "1")),
+            elastic=elastic,
             t1_s=_num(f"{where}.t1_s", raw["t1_s"]) if raw.get("t1_s") is not None else None,
             parallel_fraction=float(pf) if pf is not None else None,
             timeout_s=(_num(f"{where}.timeout_s", raw["timeout_s"])
                        if raw.get("timeout_s") is not None else None),
-            shell=_flag(f"{where}.shell", raw.get("shell", True)))
+            shell=shell)
 
     def action(self) -> dict[str, Any]:
         body: dict[str, Any] = {"kind": "reward_test", "command": self.command, "shell": self.shell,

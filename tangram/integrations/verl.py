@@ -176,7 +176,8 @@ class TangramTool(_Base):
                     {"error": str(e)})
         text = render(result, self.settings.max_output_chars, self.settings.mem_gb)
         metrics = {"status": result["status"], "exit_code": result.get("exit_code"),
-                   "queue_s": result.get("queue_s"), "exec_s": result.get("exec_s")}
+                   "cores": len(result.get("cores") or []), "queue_s": result.get("queue_s"),
+                   "exec_s": result.get("exec_s")}
         return ToolResponse(text=text), 0.0, metrics
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
