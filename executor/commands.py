@@ -28,6 +28,8 @@ def argv_of(payload: Mapping[str, Any] | None) -> list[str]:
     if not payload:
         raise CommandError("payload: no command (give 'argv' or 'command')")
     argv = payload.get("argv")
+    if argv is not None and payload.get("shell"):
+        raise CommandError("payload.shell: applies to 'command' only; argv never runs in a shell")
     if argv is not None:
         if not isinstance(argv, Sequence) or isinstance(argv, str) or not argv or \
                 not all(isinstance(a, str) for a in argv):

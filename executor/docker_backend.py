@@ -237,8 +237,13 @@ class DockerBackend:
             return box, False
         box = self._create(trajectory)
         with self._lock:
-            self._boxes[trajectory] = box
-            self._lost.discard(trajectory)
+            other = self._boxes.get(trajectory)
+            if other is None:
+                self._boxes[trajectory] = box
+                self._lost.discard(trajectory)
+        if other is not None:  # created concurrently (a file upload racing the first action)
+            self._remove(box.container_id)
+            return other, False
         return box, lost
 
     def _grant(self, box: Sandbox, cores: list[int]) -> float:

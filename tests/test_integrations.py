@@ -290,3 +290,25 @@ def test_readme_python_example_runs_against_a_live_server(process_server, tmp_pa
     result = json.loads(out.stdout.splitlines()[0])
     assert result["status"] == "ok" and result["exit_code"] == 0  # the patched code passes
     assert "return a + b" in out.stdout
+
+
+# -- the verl tool on the docker backend: a container per rollout ---------------------------
+async def _verl_docker(url: str) -> None:
+    tool = TangramTool({"type": "native", "base_url": url, "token": TOKEN, "task": "verl-docker",
+                        "mem_gb": 0.1})
+    async with rollout_scope():
+        a = agent("docker-rollout")
+        resp, _, _ = await verl_call_tool(tool, {"command": "echo 42 > answer.txt && pwd"}, a)
+        assert resp.text == "/work\n[exit code 0]"
+        resp, _, _ = await verl_call_tool(tool, {"command": "cat answer.txt"}, a)
+        assert resp.text == "42\n[exit code 0]"
+        # past the sandbox's memory limit the kernel kills the command; the model is told why
+        resp, _, metrics = await verl_call_tool(
+            tool, {"command": "python3 -c 'b = bytearray(600 * 2**20); print(len(b))'"}, a)
+        assert "out of memory" in resp.text and metrics["exit_code"] in (137, -9), resp.text
+        tid = tool.sandbox_of("docker-rollout")
+    assert await _gone(url, tid)
+
+
+def test_verl_tool_on_docker_shares_a_container_and_reports_oom(docker_server):
+    run(_verl_docker(docker_server.url))

@@ -77,6 +77,8 @@ class TangramEnv(gymnasium.Env):
                "max_output_chars": max_obs_chars}
         self.settings = SandboxConfig.from_dict({k: v for k, v in raw.items() if v is not None}
                                                 | {"timeout_s": timeout_s})
+        if not isinstance(max_obs_chars, int) or max_obs_chars < 256:
+            raise ValueError(f"max_obs_chars: expected an integer >= 256, got {max_obs_chars!r}")
         if not isinstance(max_steps, int) or max_steps < 2:
             raise ValueError(f"max_steps: expected an integer >= 2, got {max_steps!r}")
         if render_mode is not None:
