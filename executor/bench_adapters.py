@@ -6,7 +6,8 @@ plain client, against a real `tangram serve` (JSON on stdout).
 Each call runs ``true`` in one open sandbox, sequentially (one call in flight),
 so a call's latency is the HTTP round trips, the scheduler pass and the spawn;
 an adapter's overhead is its mean latency minus the plain client's of the same
-flavour (asyncio for verl, blocking for gymnasium and SkyRL). The rounds
+flavour (asyncio for verl, blocking for gymnasium and SkyRL), and, steadier, its
+CPU time per call in the calling process minus the plain client's. The rounds
 interleave the paths, so a change of machine load hits all of them alike.
 Without --url a server is started on a free port and stopped at the end.
 """
@@ -73,8 +74,9 @@ def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, objec
     from tangram.integrations.skyrl import TangramTextEnv
 
     per_round = max(calls // rounds, 1)
-    times: dict[str, list[float]] = {k: [] for k in
-                                     ("client_async", "verl", "client_sync", "gymnasium", "skyrl")}
+    names = ("client_async", "verl", "client_sync", "gymnasium", "skyrl")
+    times: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, float] = dict.fromkeys(names, 0.0)  # this process's CPU time (s)
 
     async def async_paths() -> None:
         tool = verl_adapter.TangramTool({"base_url": url, "token": token, "task": "bench"})
@@ -87,15 +89,17 @@ def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, objec
             await tool.release(iid)
             for _ in range(rounds):
                 for _ in range(per_round):
-                    t0 = time.perf_counter()
+                    c0, t0 = time.process_time(), time.perf_counter()
                     await tg.run(tid, command="true")
                     times["client_async"].append(time.perf_counter() - t0)
+                    cpu["client_async"] += time.process_time() - c0
                 for _ in range(per_round):  # verl 0.9's ToolAgentLoop order for one call
-                    t0 = time.perf_counter()
+                    c0, t0 = time.process_time(), time.perf_counter()
                     iid, _ = await tool.create(create_kwargs={})
                     await tool.execute(iid, {"command": "true"}, agent_data=rollout)
                     await tool.release(iid)
                     times["verl"].append(time.perf_counter() - t0)
+                    cpu["verl"] += time.process_time() - c0
             await tg.close_trajectory(tid)
             await tool.close_all()
 
@@ -117,17 +121,23 @@ def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, objec
         for _ in range(rounds):
             for name, fn in paths:
                 for _ in range(per_round):
-                    t0 = time.perf_counter()
+                    c0, t0 = time.process_time(), time.perf_counter()
                     fn()
                     times[name].append(time.perf_counter() - t0)
+                    cpu[name] += time.process_time() - c0
         tg.close_trajectory(tid)
     gym_env.close()
     sky_env.close()
 
-    figures = {name: _stats(t) for name, t in times.items()}
+    figures = {name: {**_stats(t), "client_cpu_ms": round(cpu[name] * 1000 / len(t), 3)}
+               for name, t in times.items()}
+    # overhead_ms: wall-clock (noisy: server and machine load); overhead_cpu_ms: the
+    # adapter's own work in the caller's process (steadier)
     base = {"verl": "client_async", "gymnasium": "client_sync", "skyrl": "client_sync"}
     for name, ref in base.items():
-        figures[name]["overhead_ms"] = round(figures[name]["mean_ms"] - figures[ref]["mean_ms"], 3)
+        f, r = figures[name], figures[ref]
+        f["overhead_ms"] = round(f["mean_ms"] - r["mean_ms"], 3)
+        f["overhead_cpu_ms"] = round(f["client_cpu_ms"] - r["client_cpu_ms"], 3)
     return {"benchmark": "adapters", "command": "true", "calls_per_path": per_round * rounds,
             "in_flight": 1, "verl_base": "verl BaseTool" if verl_adapter.HAVE_VERL else
             "stand-in (verl not importable)", "paths": figures}
