@@ -27,17 +27,9 @@ A caller that drives the classic lifecycle instead (``create`` once, several
 ``execute``, ``calc_reward``, ``release``, without ``agent_data``) gets one
 sandbox per instance, closed by ``release``.
 
-Wiring the hook into verl (a ToolAgentLoop whose rollouts close their sandboxes;
-register it under a name of your choice and select that agent loop)::
-
-    from verl.experimental.agent_loop import ToolAgentLoop, register
-    from tangram.integrations.verl import rollout_scope
-
-    @register("tangram_tool_agent")
-    class TangramToolAgentLoop(ToolAgentLoop):
-        async def run(self, sampling_params, **kwargs):
-            async with rollout_scope():
-                return await super().run(sampling_params, **kwargs)
+Wiring the hook into verl: ``examples/verl_agent_loop.py`` is a ``ToolAgentLoop``
+whose ``run`` is wrapped in ``rollout_scope()``; ``examples/verl_agent_loops.yaml``
+registers it, and ``actor_rollout_ref.rollout.agent.default_agent_loop`` selects it.
 
 The module imports without verl: ``TangramTool`` then derives from a stand-in
 base with the same methods, so the sandbox logic can be used (and tested) on its
