@@ -47,7 +47,14 @@ def clean_path(path: str) -> tuple[str, ...]:
 
 def _open_dir(root: Path, dirs: tuple[str, ...], create: bool) -> int:
     """A descriptor of ``root/dirs...``, never following a symlink on the way."""
-    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY)
+    # the working directory itself must not have been swapped for a symlink either
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    except OSError as e:
+        if e.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise FileError(409, "the sandbox's working directory was replaced by a symlink "
+                            "or a file") from None
+        raise
     try:
         for i, name in enumerate(dirs):
             if create:

@@ -177,6 +177,16 @@ async def _verl(url: str, yaml_path: Path) -> None:
         await asyncio.sleep(0.1)
     assert quick.sandbox_of("slow") is None and await _gone(url, abandoned)
 
+    # closing a rollout while one of its calls runs waits for the call, then closes
+    busy = asyncio.create_task(verl_call_tool(quick, {"command": "sleep 0.3; echo done"},
+                                              agent("busy")))
+    while quick.sandbox_of("busy") is None:
+        await asyncio.sleep(0.02)
+    busy_tid = quick.sandbox_of("busy")
+    await asyncio.sleep(0.1)
+    await quick.close_rollout("busy")
+    assert (await busy)[0].text.startswith("done") and await _gone(url, busy_tid)
+
     # the classic lifecycle (no agent_data): a sandbox per instance, closed by release
     iid, _ = await tool.create("classic-1")
     await tool.execute(iid, {"command": "echo 42 > answer.txt"})

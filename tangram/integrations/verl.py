@@ -195,13 +195,23 @@ class TangramTool(_Base):
         box = self._sandboxes.pop(key, None)
         if box is None:
             return
-        try:
-            await self._http().close_trajectory(box.trajectory)
-        except TangramError as e:
-            if e.status != 404:  # 404: the server already forgot it
+        # the server refuses (409) while one of its actions is in flight: that action
+        # ends within its timeout, so wait for it rather than leave the trajectory open
+        deadline = time.monotonic() + (self.settings.timeout_s or 60.0) + 30.0
+        while True:
+            try:
+                await self._http().close_trajectory(box.trajectory)
+                return
+            except TangramError as e:
+                if e.status == 409 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                    continue
+                if e.status != 404:  # 404: the server already forgot it
+                    log.warning("closing sandbox %s: %s", box.trajectory, e)
+                return
+            except httpx.HTTPError as e:
                 log.warning("closing sandbox %s: %s", box.trajectory, e)
-        except httpx.HTTPError as e:
-            log.warning("closing sandbox %s: %s", box.trajectory, e)
+                return
 
     async def close_all(self) -> None:
         """Close every sandbox this tool holds (e.g. at the end of training)."""
