@@ -290,10 +290,12 @@ def readme_example() -> str:
     return blocks[0]
 
 
-def test_readme_python_example_runs_against_a_live_server(process_server, tmp_path):
+@pytest.mark.parametrize("server", ["process_server", "docker_server"])
+def test_readme_python_example_runs_against_a_live_server(server, request, tmp_path):
+    url = request.getfixturevalue(server).url
     script = tmp_path / "example.py"
     script.write_text(readme_example())
-    env = {**os.environ, "TANGRAM_URL": process_server.url, "TANGRAM_TOKEN": TOKEN}
+    env = {**os.environ, "TANGRAM_URL": url, "TANGRAM_TOKEN": TOKEN}
     out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stdout + out.stderr
