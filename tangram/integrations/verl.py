@@ -168,7 +168,7 @@ class TangramTool(_Base):
                     {"error": str(e)})
         text = render(result, self.settings.max_output_chars, self.settings.mem_gb)
         metrics = {"status": result["status"], "exit_code": result.get("exit_code"),
-                   "cores": len(result.get("cores") or []), "queue_s": result.get("queue_s"),
+                   "units": result.get("units"), "queue_s": result.get("queue_s"),
                    "exec_s": result.get("exec_s")}
         return ToolResponse(text=text), 0.0, metrics
 
