@@ -121,3 +121,24 @@ def test_files_and_shell_process_backend(process_server):
 
 def test_files_and_shell_docker_backend(docker_server):
     run(_roundtrip(docker_server.url, "files-docker", "docker"))
+
+
+async def _upload_races_first_action(url: str) -> str:
+    async with TangramClient(url, TOKEN) as tg:
+        tid = await tg.open_trajectory("files-race", task="files", mem_gb=0.2)
+        put, res = await asyncio.gather(tg.put_file(tid, "a.txt", b"a"),
+                                        tg.run(tid, command="echo hi > b.txt", shell=True))
+        assert put["size"] == 1 and res["exit_code"] == 0
+        assert await tg.get_file(tid, "a.txt") == b"a"
+        assert await tg.get_file(tid, "b.txt") == b"hi\n"
+        return tid
+
+
+def test_docker_upload_racing_the_first_action_makes_one_container(docker_server):
+    import docker
+
+    tid = run(_upload_races_first_action(docker_server.url))
+    boxes = docker.from_env().containers.list(
+        all=True, sparse=True, filters={"label": f"tangram.trajectory={tid}"})
+    assert len(boxes) == 1, [c.id for c in boxes]
+    run(TangramClient(docker_server.url, TOKEN).close_trajectory(tid))
