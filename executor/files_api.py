@@ -53,7 +53,10 @@ async def _body(request: Request) -> bytes:
     return b"".join(chunks)
 
 
-@router.put("/{path:path}")
+_BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+
+
+@router.put("/{path:path}", openapi_extra={"requestBody": {"required": True, "content": _BYTES}})
 async def put_file(tid: str, path: str, request: Request) -> dict[str, Any]:
     """Write the request body to ``path`` in the trajectory's sandbox (parents created)."""
     backend = _backend(request, tid)
@@ -67,7 +70,7 @@ async def put_file(tid: str, path: str, request: Request) -> dict[str, Any]:
 
 
 @router.get("/{path:path}", response_class=Response,
-            responses={200: {"content": {"application/octet-stream": {}}}})
+            responses={200: {"content": _BYTES}})
 async def get_file(tid: str, path: str, request: Request) -> Response:
     """The bytes of the regular file ``path`` in the trajectory's sandbox."""
     backend = _backend(request, tid)
