@@ -349,6 +349,17 @@ def bench_executor(
         print(json.dumps(executor_bench(name, actions)), flush=True)
 
 
+@bench_app.command("adapters")
+def bench_adapters(
+    backend: Annotated[str, typer.Option(help="Backend of the server it starts.")] = "process",
+    calls: Annotated[int, typer.Option(min=10, help="Calls timed per path.")] = 200,
+) -> None:
+    """Per-call overhead of the verl, gymnasium and SkyRL adapters over the plain client (JSON)."""
+    from executor.bench_adapters import main as adapters_main
+
+    adapters_main(["--backend", backend, "--calls", str(calls)])
+
+
 RAY_HELP = ("Run on a Ray cluster, one agent per node: auto (the cluster this machine "
             "joined with `ray start`), a Ray address (HOST:PORT or ray://HOST:PORT), or "
             "local:N (start N nodes on this machine, splitting its cores). Needs the ray extra.")
