@@ -185,3 +185,26 @@ def test_ray_option_without_ray_exits_2(tmp_path):
     res = subprocess.run([sys.executable, str(ROOT / "cli.py"), "serve", "--ray", "local:0"],
                          capture_output=True, text=True, timeout=60)
     assert res.returncode == 2 and "local:N" in res.stderr
+
+
+def test_run_replays_a_trace_on_a_local_ray_cluster(tmp_path):
+    import pandas as pd
+
+    from traces.schema import COLUMNS, write
+
+    base = {k: v[2] for k, v in COLUMNS.items()}
+    rows = [{**base, "task": "t", "trajectory": f"j{j}", "seq": i, "kind": kind,
+             "think_s": 0.01, "t1_s": 0.05, "cpu_cores": "1", "mem_gb": 0.25, "command": cmd}
+            for j in range(2)
+            for i, (kind, cmd) in enumerate([("write", "sh -c 'echo hi > f.txt'"),
+                                             ("read", "cat f.txt")])]
+    trace = write(pd.DataFrame(rows), tmp_path / "t.csv")
+    res = subprocess.run([sys.executable, str(ROOT / "cli.py"), "run", "--trace", str(trace),
+                          "--out", str(tmp_path / "out"), "--ray", "local:2", "--quiet"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-3000:]
+    frame = pd.read_parquet(tmp_path / "out" / "actions.parquet")
+    assert len(frame) == 4 and (frame["status"] == "ok").all() and (frame["exit_code"] == 0).all()
+    # each trajectory on one node (its file was there for its second action), both nodes used
+    assert frame.groupby("trajectory")["node"].nunique().eq(1).all()
+    assert frame["node"].nunique() == 2
