@@ -4,34 +4,42 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from analysis.outputs import records_frame, summarise, write_run
 from executor.driver import LiveBackend, LiveExecutor
+from executor.gpu.backend import GpuBackend
+from executor.gpu.config import GpuCluster
 from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
+from tangram.model import Action
 from traces.schema import TrajectorySpec, trajectories
 
 
-def make_backend(name: str, workdir: Path) -> LiveBackend:
+def make_backend(name: str, workdir: Path, gpu: Any = None) -> LiveBackend:
+    """The env backend ``name`` behind a router that also sends API calls to the HTTP
+    backend and GPU actions to ``gpu`` (an ``executor.gpu.backend.GpuBackend``)."""
     from executor.http_api import RouterBackend
 
     if name == "process":
         from executor.process import ProcessBackend
 
-        return RouterBackend(ProcessBackend(workdir))
+        return RouterBackend(ProcessBackend(workdir), gpu=gpu)
     if name == "docker":
         import hashlib
 
         from executor.docker_backend import DockerBackend
 
         owner = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
-        return RouterBackend(DockerBackend(owner=owner))
+        return RouterBackend(DockerBackend(owner=owner), gpu=gpu)
     raise ValueError(f"backend: unknown backend {name!r} (process or docker)")
 
 
@@ -46,26 +54,47 @@ def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSp
 
 async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None = None,
                  think_scale: float = 1.0, quotas: tuple[QuotaSpec, ...] = (),
-                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                 progress: Callable[[int, int], None] | None = None,
+                 gpu: GpuCluster | None = None, gpu_device: str = "cpu",
+                 gpu_tokens: int = 32) -> dict[str, Any]:
+    """Replay ``df`` for real. GPU rows need ``gpu`` (nodes, services and their loaders):
+    each becomes a request of ``gpu_tokens`` tokens to its service on a GPU worker."""
     gpu_rows = df.index[df["gpus"] != ""]
-    if len(gpu_rows):
+    if len(gpu_rows) and gpu is None:
         raise ValueError(f"{len(gpu_rows)} action(s) need GPUs (first: row {gpu_rows[0] + 1}, "
-                         f"kind {df['kind'][gpu_rows[0]]!r}); the live executor runs CPU and API "
-                         "actions only so far; study GPU workloads with `tangram simulate`")
+                         f"kind {df['kind'][gpu_rows[0]]!r}); replay them on GPU workers with "
+                         "--gpu-device cpu (no GPU needed) or --gpu-device cuda")
     specs: list[TrajectorySpec] = list(trajectories(df))[: limit or None]
     if limit:
         df = df[df["trajectory"].isin({s.id for s in specs})]
     cluster = replay_cluster(df, quotas)
+    if gpu is not None:
+        cluster = replace(cluster, gpu_nodes=gpu.spec.gpu_nodes, services=gpu.spec.services,
+                          restore_gbps=gpu.spec.restore_gbps)
     core = Tangram(cluster)
     for spec in specs:  # refuse the whole run before starting if any action cannot run here
         core.open_trajectory(spec.id, spec.task, spec.mem_gb)
         for step in spec.steps:
             core.validate(step.action)
         core.close_trajectory(spec.id, 0.0)
-    executor = LiveExecutor(Tangram(cluster), make_backend(backend, out / "work"))
+    live_core = Tangram(cluster)
+    gpu_backend = None
+    if gpu is not None:
+        gpu_backend = GpuBackend(live_core.gpu, gpu.sources, gpu_device, gpu.physical)
+        gpu_backend.start_workers()
+    executor = LiveExecutor(live_core, make_backend(backend, out / "work", gpu=gpu_backend))
+    if gpu_backend is not None:  # staging is not part of any action's time
+        try:
+            await asyncio.to_thread(gpu_backend.wait_ready)
+        except (RuntimeError, TimeoutError):
+            executor.shutdown()
+            raise
+    vocab = min([dict(s.config).get("vocab_size", 32000) for s in (gpu.sources.values()
+                 if gpu else ()) if s.kind == "random"] + [32000])
     total = sum(len(s.steps) for s in specs)
     done = 0
     wall0 = time.perf_counter()
+    measured: dict[str, Mapping[str, Any]] = {}
 
     async def one(spec: TrajectorySpec) -> None:
         nonlocal done
@@ -74,7 +103,12 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
             for step in spec.steps:
                 if step.think_s * think_scale > 0:
                     await asyncio.sleep(step.think_s * think_scale)
-                await executor.run(step.action)
+                action = step.action
+                if action.service:
+                    action = with_request(action, vocab, gpu_tokens)
+                _, outcome = await executor.run(action)
+                if action.service:
+                    measured[action.id] = outcome.extra
                 done += 1
                 if progress:
                     progress(done, total)
@@ -88,13 +122,51 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
         executor.shutdown()
     rollout = executor.clock.now() - t0
     frame = records_frame(executor.runtime.records)
+    extra: dict[str, Any] = {"backend": backend, "live": True,
+                             "wall_s": time.perf_counter() - wall0, "think_scale": think_scale}
+    if gpu_backend is not None:
+        extra["gpu"] = gpu_figures(frame, measured, gpu_backend)
     summary = summarise(frame, policy="tangram", capacity=executor.core.capacity(),
                         utilisation=None, steps=[{"step": 0, "rollout_s": rollout,
-                                                  "step_s": rollout}],
-                        extra={"backend": backend, "live": True,
-                               "wall_s": time.perf_counter() - wall0,
-                               "think_scale": think_scale})
+                                                  "step_s": rollout}], extra=extra)
     config = {"backend": backend, "cluster": cluster.to_dict(), "limit": limit,
               "think_scale": think_scale}
+    if gpu is not None:
+        config["gpu"] = {"device": gpu_device, "tokens": gpu_tokens,
+                         "models": {n: {"loader": s.kind, "config": dict(s.config),
+                                        "path": s.path, "seed": s.seed}
+                                    for n, s in gpu.sources.items()}}
     write_run(out, frame, summary, config)
     return summary
+
+
+def with_request(action: Action, vocab: int, n_tokens: int) -> Action:
+    """A trace's GPU row as a real request: a judge/reward kind asks for a score, any other
+    kind (teacher) for log-probs of ``n_tokens`` tokens drawn from the action's id."""
+    rng = np.random.default_rng(zlib.crc32(action.id.encode()))
+    tokens = rng.integers(0, min(vocab, 32000), size=max(n_tokens, 2)).tolist()
+    op = "score" if any(w in action.kind for w in ("judge", "reward")) else "logprobs"
+    return replace(action, payload={**(action.payload or {}), "op": op, "tokens": [tokens]})
+
+
+def gpu_figures(frame: pd.DataFrame, measured: Mapping[str, Mapping[str, Any]],
+                gpu: GpuBackend) -> dict[str, Any]:
+    """Restores as the workers measured them beside the core's modelled ones. The frame's
+    ``restore_s`` becomes the measured time (the modelled one moves to ``restore_model_s``)."""
+    frame["restore_model_s"] = frame["restore_s"]
+    got = frame["action_id"].map(lambda a: float(measured.get(a, {}).get("restore_s", 0.0)))
+    is_gpu = frame["action_id"].isin(list(measured))
+    frame.loc[is_gpu, "restore_s"] = got[is_gpu]
+    snap = gpu.snapshot()
+    restores = sum(s["restores"] for s in snap["services"].values())
+    seconds = sum(s["restore_seconds"] for s in snap["services"].values())
+    nbytes = sum(s["restore_bytes"] for s in snap["services"].values())
+    return {"device": gpu.device, "actions": int(is_gpu.sum()),
+            "restores_measured": restores, "restore_s_measured": seconds,
+            "restore_bytes": nbytes,
+            "restore_gbps_measured": nbytes / 1e9 / seconds if seconds > 0 else None,
+            "restores_modelled": int((frame.loc[is_gpu, "restore_model_s"] > 0).sum()),
+            "restore_s_modelled": float(frame.loc[is_gpu, "restore_model_s"].sum()),
+            "evictions": sum(s["evictions"] for s in snap["services"].values()),
+            "worker_crashes": snap["crashes"], "residency_mismatches": snap["mismatches"],
+            "per_service": snap["services"]}

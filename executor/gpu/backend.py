@@ -327,6 +327,8 @@ class GpuBackend:
                  "restored": bool(info.get("restored")),
                  "restore_s": float(info.get("restore_s", 0.0)),
                  "evicted": [list(v) for v in info.get("evicted", [])],
+                 "evict_s": float(info.get("evict_s", 0.0)),
+                 "restore_bytes": int(info.get("restore_bytes", 0)),
                  "compute_s": float(info.get("compute_s", 0.0)), "device": self.device}
         if problem is not None:
             self._mismatch(nw, f"residency mismatch on {nw.node} after {aid}: {problem}")

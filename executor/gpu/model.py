@@ -394,7 +394,7 @@ class HFModel(StagedModel):
                                    ops.itemsize)
         self.host = ops.stage(self.layout.numel)
         dtypes = {}
-        for (b, name, tensor), spec in zip(blocked, self.layout.tensors, strict=True):
+        for (_b, name, tensor), spec in zip(blocked, self.layout.tensors, strict=True):
             dtypes[name] = tensor.dtype
             flat = tensor.detach().reshape(-1).to(ops.dtype)
             self.host[spec.offset:spec.offset + spec.size].copy_(flat)

@@ -69,8 +69,9 @@ class Worker:
             if kind == "run":
                 _, seq, aid, variant, gpus, evict, restore, payload = msg
                 evicted = []
+                t0 = time.perf_counter()
                 with self.lock:
-                    for v in evict:
+                    for v in evict:  # dropping the last reference frees the device copy
                         if self.resident.pop(tuple(v), "absent") != "absent":
                             evicted.append(tuple(v))
                     if restore:
@@ -78,7 +79,7 @@ class Worker:
                     self.applied = seq
                 threading.Thread(target=self.run, daemon=True, name=f"action-{aid}",
                                  args=(aid, tuple(variant), list(gpus), restore, payload,
-                                       evicted)).start()
+                                       evicted, time.perf_counter() - t0)).start()
             elif kind == "cancel":
                 self.cancelled.add(msg[1])
             elif kind == "resident":
@@ -90,10 +91,11 @@ class Worker:
                 return
 
     def run(self, aid: str, variant: Variant, gpus: list[int], restore: bool, payload: Any,
-            evicted: list[Variant]) -> None:
+            evicted: list[Variant], evict_s: float) -> None:
         service, k, _ = variant
         devs = [self.devices[g] for g in gpus]
-        info: dict[str, Any] = {"restored": restore, "evicted": evicted, "restore_s": 0.0}
+        info: dict[str, Any] = {"restored": restore, "evicted": evicted, "restore_s": 0.0,
+                                "evict_s": evict_s}
         status, output, error = "ok", None, ""
         try:
             model = self.models[service]
