@@ -151,7 +151,7 @@ def test_worker_crash_mid_action_fails_it_and_the_next_gets_a_fresh_worker() -> 
     async def body(rig: Rig) -> None:
         assert (await rig.run("small")).ok
         pid = rig.backend.worker_pid("g0")
-        rows = np.random.default_rng(0).integers(0, 2048, size=(8, 96)).tolist()
+        rows = np.random.default_rng(0).integers(0, 2048, size=(16, 96)).tolist()
         action = rig.action("big", 1, tokens=rows)
         fut = rig.ex.submit(action)
         deadline = time.monotonic() + 30

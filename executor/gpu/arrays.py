@@ -138,8 +138,18 @@ class TorchOps(NumpyOps):
         return self.torch.empty(n, dtype=self.dtype, pin_memory=self.device == "cuda")
 
     def fill_random(self, buf: Any, seed: int, std: float) -> None:
-        gen = self.torch.Generator().manual_seed(seed)
+        torch = self.torch
         step = 1 << 26
+        if self.device == "cuda":  # generate on the GPU, copy into the pinned stage: fast
+            gen = torch.Generator(device="cuda").manual_seed(seed)
+            for lo in range(0, buf.numel(), step):
+                part = buf[lo:lo + step]
+                chunk = torch.empty(part.numel(), dtype=self.dtype, device="cuda")
+                chunk.normal_(0.0, std, generator=gen)
+                part.copy_(chunk)
+            torch.cuda.synchronize()
+            return
+        gen = torch.Generator().manual_seed(seed)
         for lo in range(0, buf.numel(), step):
             buf[lo:lo + step].normal_(0.0, std, generator=gen)
 
@@ -178,19 +188,22 @@ class TorchOps(NumpyOps):
         return x.to(self._dev(index), non_blocking=True)
 
     def compute(self, x: Any) -> Any:
-        return x.float()
+        # matmuls in the weights' dtype (bfloat16 on cuda: no float32 copy of each weight);
+        # normalisation and softmax in float32, cast back
+        return x if x.dtype == self.dtype else x.to(self.dtype)
 
     def rms(self, x: Any, w: Any) -> Any:
-        return x * self.torch.rsqrt((x * x).mean(-1, keepdim=True) + 1e-6) * w.float()
+        f = x.float()
+        return (f * self.torch.rsqrt((f * f).mean(-1, keepdim=True) + 1e-6)).to(self.dtype) * w
 
     def silu(self, x: Any) -> Any:
         return self.torch.nn.functional.silu(x)
 
     def softmax(self, x: Any) -> Any:
-        return self.torch.softmax(x, dim=-1)
+        return self.torch.softmax(x.float(), dim=-1).to(self.dtype)
 
     def log_softmax(self, x: Any) -> Any:
-        return self.torch.log_softmax(x, dim=-1)
+        return self.torch.log_softmax(x.float(), dim=-1)
 
     def causal_mask(self, t: int, index: int) -> Any:
         return self.torch.full((t, t), -1e30, device=self._dev(index)).triu(1)

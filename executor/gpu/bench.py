@@ -18,7 +18,7 @@ import numpy as np
 
 from executor.driver import LiveExecutor
 from executor.gpu.backend import GpuBackend
-from executor.gpu.config import itemsize_for, readings
+from executor.gpu.config import discover, itemsize_for, readings
 from executor.gpu.model import ModelSource, config_for_bytes, random_size_bytes
 from tangram.cluster import ClusterSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
@@ -104,6 +104,12 @@ def gpu_bench(device: str, sizes_gb: list[float], batches: list[int], tokens: in
                                                  out.extra["restore_bytes"]))
                     if out.extra.get("evicted"):
                         evicts.append(out.extra["evict_s"])
+            # the device copies equal their host stage, and the worker holds what the core says
+            resident = core.gpu.resident_variants("bench")
+            if await backend.worker_resident("bench") != resident:
+                raise RuntimeError("bench: the worker's resident set differs from the core's")
+            result["verify"] = [{"variant": list(v), **(await backend.verify("bench", v))}
+                                for v in sorted(resident)]
             small = services[0].name
             rng = np.random.default_rng(0)
             latency = {}
@@ -151,6 +157,36 @@ def gpu_bench(device: str, sizes_gb: list[float], batches: list[int], tokens: in
     if device == "cuda":
         try:
             result["nvml"] = readings([0])
+            result["discovery"] = discover()[2]
         except RuntimeError as e:
             result["nvml_error"] = str(e)
     return result
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``python -m executor.gpu.bench``: the bench without the CLI's dependencies (typer,
+    fastapi, pandas), for a machine that has only torch, numpy and nvidia-ml-py."""
+    import argparse
+    import json
+
+    from executor.gpu.arrays import make_ops
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cuda", choices=("cuda", "cpu"))
+    ap.add_argument("--sizes-gb", default=None, help="comma-separated (default 1,3,8 on cuda)")
+    ap.add_argument("--batches", default="1,8,32")
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--cycles", type=int, default=3)
+    args = ap.parse_args(argv)
+    try:
+        make_ops(args.device)
+    except RuntimeError as e:
+        raise SystemExit(f"error: {e}") from None
+    sizes = [float(x) for x in (args.sizes_gb or ("1,3,8" if args.device == "cuda"
+                                                  else "0.02,0.05,0.1")).split(",")]
+    print(json.dumps(gpu_bench(args.device, sizes, [int(b) for b in args.batches.split(",")],
+                               args.tokens, args.cycles)), flush=True)
+
+
+if __name__ == "__main__":
+    main()
