@@ -26,7 +26,7 @@ from conftest import ROOT, TOKEN, free_port
 from executor.driver import LiveExecutor
 from executor.gpu.arrays import NumpyOps
 from executor.gpu.backend import GpuBackend
-from executor.gpu.config import load_gpu_cluster
+from executor.gpu.config import load_gpu_cluster, read_gpu_cluster
 from executor.gpu.model import ModelError, ModelSource, TinyLM, load_model, random_size_bytes
 from tangram.cluster import ClusterError, ClusterSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
@@ -227,6 +227,8 @@ def test_model_loaders_say_what_is_wrong(tmp_path: Path) -> None:
                            "services": [{"name": "a", "model": {"init": "random",
                                                                 "config": TINY}}]}, "cpu")
     assert ok.spec.services[0].size_gb == pytest.approx(TINY_GB)  # computed from the config
+    shipped = read_gpu_cluster(ROOT / "executor/gpu/clusters/cpu-tiny.yaml", "cpu")
+    assert sorted(shipped.sources) == ["judge", "teacher0", "teacher1"]
 
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
