@@ -168,6 +168,13 @@ def test_worker_crash_mid_action_fails_it_and_the_next_gets_a_fresh_worker() -> 
         assert rig.backend.worker_pid("g0") not in (None, pid)
         assert await rig.check() == {("small", 1, 0)}
         assert rig.backend.crashes == 1
+        slow = rig.action("big", 1, tokens=rows)  # a timeout stops it between two layers
+        slow = Action(slow.id, slow.task, slow.trajectory, slow.kind, slow.cost,
+                      service="big", payload={**slow.payload, "timeout_s": 0.2})
+        _, out = await rig.ex.run(slow)
+        assert out.status == "timeout" and "0.2 s timeout" in out.error
+        assert rig.core.gpu.busy_gpus() == 0
+        await rig.check()
 
     on_loop({"small": TINY, "big": BIG}, body)
 

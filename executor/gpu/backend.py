@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import itertools
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -44,6 +45,7 @@ from executor.gpu.model import ModelSource
 from tangram.managers.gpu import GpuManager
 from tangram.model import Dispatch, Outcome
 
+log = logging.getLogger("tangram.gpu")
 Variant = tuple[str, int, int]
 ROOT = str(Path(__file__).resolve().parent.parent.parent)  # where the executor package is
 
@@ -56,6 +58,8 @@ class InFlight:
     t_start: float
     variant: Variant
     computing: bool = False
+    timer: asyncio.TimerHandle | None = None
+    timed_out: float = 0.0
 
 
 @dataclass(slots=True)
@@ -159,6 +163,8 @@ class GpuBackend:
 
     def _worker(self, node: str) -> NodeWorker:
         nw = self.workers.get(node)
+        if nw is not None and not nw.dead and nw.proc.poll() is not None:
+            self._on_exit(nw)  # died while idle, before its reader thread reported it
         if nw is not None and not nw.dead:
             return nw
         spec = self.manager.nodes[node].spec
@@ -260,7 +266,11 @@ class GpuBackend:
         for v in evict:
             nw.variant_bytes.pop(v, None)
             self.stats[v[0]].evictions += 1
-        nw.inflight[aid] = InFlight(d, on_done, nw.seq, time.perf_counter(), variant)
+        f = nw.inflight[aid] = InFlight(d, on_done, nw.seq, time.perf_counter(), variant)
+        timeout = float((action.payload or {}).get("timeout_s") or 0) \
+            if isinstance(action.payload, Mapping) else 0.0
+        if timeout > 0:
+            f.timer = self.loop.call_later(timeout, self._timeout, aid, timeout)
         try:
             nw.send(("run", nw.seq, aid, variant, list(lease.gpus), evict, restore,
                      action.payload))
@@ -269,7 +279,15 @@ class GpuBackend:
             self.loop.call_soon(on_done, Outcome(aid, "failed", None,
                                                  error=f"GPU worker of {node} unreachable: {e}"))
 
+    def _timeout(self, action_id: str, timeout: float) -> None:
+        for nw in self.workers.values():
+            f = nw.inflight.get(action_id)
+            if f is not None:
+                f.timed_out = timeout
+        self.cancel(action_id)
+
     def cancel(self, action_id: str) -> None:
+        """Stop a running action between two layers of its forward pass."""
         for nw in self.workers.values():
             if action_id in nw.inflight and not nw.dead:
                 try:
@@ -302,6 +320,10 @@ class GpuBackend:
         f = nw.inflight.pop(aid, None)
         if f is None:
             return
+        if f.timer is not None:
+            f.timer.cancel()
+        if f.timed_out and status == "cancelled":
+            status, error = "timeout", f"stopped after the {f.timed_out:g} s timeout"
         lease = f.dispatch.lease
         now = time.perf_counter()
         for g in lease.gpus:
@@ -349,10 +371,8 @@ class GpuBackend:
 
     def _mismatch(self, nw: NodeWorker, message: str) -> None:
         """A residency mismatch is a bug: say so loudly and start the node afresh."""
-        import logging
-
         self.mismatches += 1
-        logging.getLogger("tangram.gpu").error("%s; restarting the node's worker", message)
+        log.error("%s; restarting the node's worker", message)
         self._reset(nw, f"the node's worker was restarted after: {message}")
 
     def _on_exit(self, nw: NodeWorker) -> None:
@@ -364,6 +384,7 @@ class GpuBackend:
             code = None
         why = nw.fatal or f"exit code {code}"
         self.crashes += 1
+        log.error("GPU worker of %s died (%s)", nw.node, why)
         self._reset(nw, f"the GPU worker of {nw.node} died ({why}) during this action; "
                         "the node's residency was reset and a fresh worker serves the next one")
 
@@ -377,9 +398,16 @@ class GpuBackend:
         failed = list(nw.inflight.values())
         nw.inflight.clear()
         for f in failed:
+            if f.timer is not None:
+                f.timer.cancel()
             self.stats[f.variant[0]].failed += 1
-            f.on_done(Outcome(f.dispatch.action.id, "failed", None, error=error,
-                              extra={"node": nw.node, "worker_lost": True}))
+            out = Outcome(f.dispatch.action.id, "failed", None, error=error,
+                          extra={"node": nw.node, "worker_lost": True})
+            # reported from the loop, not from inside a start() that found the worker dead
+            if self.loop is not None:
+                self.loop.call_soon(f.on_done, out)
+            else:  # pragma: no cover - nothing was started without a loop
+                f.on_done(out)
 
     # -- inspection (tests, /v1/gpus, metrics) -------------------------------------------
     def _ask(self, node: str, *msg: Any) -> concurrent.futures.Future:
