@@ -1,4 +1,4 @@
-"""`tangram run`: replay a trace for real and write the same outputs as `tangram simulate`."""
+"""`tangram run`: replay a trace for real; the result is analysed like a simulation's."""
 
 from __future__ import annotations
 
@@ -13,14 +13,17 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from analysis.outputs import records_frame, summarise, write_run
 from executor.driver import LiveBackend, LiveExecutor
 from executor.gpu.backend import GpuBackend
 from executor.gpu.config import GpuCluster
 from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
-from tangram.model import Action
+from tangram.managers.gpu import GpuManager
+from tangram.model import Action, quota_resource
+from tangram.policies import Policy
+from tangram.runtime import Record, RunResult
+from traces.fit import check_fits
 from traces.schema import TrajectorySpec, trajectories
 
 
@@ -45,7 +48,7 @@ def make_backend(name: str, workdir: Path, gpu: Any = None) -> LiveBackend:
 
 def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSpec:
     """This machine, plus every quota the trace uses (defaults: 16 concurrent calls)."""
-    keys = {k if k.startswith("quota:") else f"quota:{k}" for k in df["quota_key"] if k}
+    keys = {quota_resource(k) for k in df["quota_key"] if k}
     given = {q.key for q in quotas}
     extra = tuple(QuotaSpec(k, "concurrency", 16) for k in sorted(keys - given))
     mem = float(df.groupby("trajectory")["mem_gb"].max().sum()) or None
@@ -54,11 +57,16 @@ def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSp
 
 async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None = None,
                  think_scale: float = 1.0, quotas: tuple[QuotaSpec, ...] = (),
+                 policy: Policy | None = None,
                  progress: Callable[[int, int], None] | None = None,
                  gpu: GpuCluster | None = None, gpu_device: str = "cpu",
-                 gpu_tokens: int = 32) -> dict[str, Any]:
-    """Replay ``df`` for real. GPU rows need ``gpu`` (nodes, services and their loaders):
-    each becomes a request of ``gpu_tokens`` tokens to its service on a GPU worker."""
+                 gpu_tokens: int = 32) -> tuple[RunResult, dict[str, Any]]:
+    """Run the trace's actions for real under ``policy``; (result, resolved config).
+
+    GPU rows need ``gpu`` (nodes, services and their loaders): each becomes a request of
+    ``gpu_tokens`` tokens to its service on a GPU worker; the records' ``restore_s`` are
+    then the workers' measured restores (the core's modelled ones are in the counters)."""
+    policy = policy or Policy()
     gpu_rows = df.index[df["gpus"] != ""]
     if len(gpu_rows) and gpu is None:
         raise ValueError(f"{len(gpu_rows)} action(s) need GPUs (first: row {gpu_rows[0] + 1}, "
@@ -71,15 +79,14 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
     if gpu is not None:
         cluster = replace(cluster, gpu_nodes=gpu.spec.gpu_nodes, services=gpu.spec.services,
                           restore_gbps=gpu.spec.restore_gbps)
-    core = Tangram(cluster)
-    for spec in specs:  # refuse the whole run before starting if any action cannot run here
-        core.open_trajectory(spec.id, spec.task, spec.mem_gb)
-        for step in spec.steps:
-            core.validate(step.action)
-        core.close_trajectory(spec.id, 0.0)
-    live_core = Tangram(cluster)
+    # refuse the whole run before starting if any action cannot run here
+    check_fits(Tangram(cluster, policy), specs)
+    live_core = Tangram(cluster, policy)
     gpu_backend = None
     if gpu is not None:
+        if not isinstance(live_core.gpu, GpuManager):
+            raise ValueError(f"--gpu-device: policy {policy.label!r} has no evict-on-execution "
+                             "GPU manager for the GPU workers to follow")
         gpu_backend = GpuBackend(live_core.gpu, gpu.sources, gpu_device, gpu.physical)
         gpu_backend.start_workers()
     executor = LiveExecutor(live_core, make_backend(backend, out / "work", gpu=gpu_backend))
@@ -121,23 +128,25 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
     finally:
         executor.shutdown()
     rollout = executor.clock.now() - t0
-    frame = records_frame(executor.runtime.records)
-    extra: dict[str, Any] = {"backend": backend, "live": True,
-                             "wall_s": time.perf_counter() - wall0, "think_scale": think_scale}
+    core = executor.core
+    records = executor.runtime.records
+    counters: dict[str, Any] = {"backend": backend, "live": True, "think_scale": think_scale,
+                                "gpu_restores": core.gpu.restores,
+                                "scheduler_passes": core.passes}
     if gpu_backend is not None:
-        extra["gpu"] = gpu_figures(frame, measured, gpu_backend)
-    summary = summarise(frame, policy="tangram", capacity=executor.core.capacity(),
-                        utilisation=None, steps=[{"step": 0, "rollout_s": rollout,
-                                                  "step_s": rollout}], extra=extra)
+        records, counters["gpu"] = measured_restores(records, measured, gpu_backend)
+    result = RunResult(policy.label, records,
+                       [{"step": 0, "rollout_s": rollout, "step_s": rollout}], core.capacity(),
+                       counters, executor.runtime.timing, None, time.perf_counter() - wall0,
+                       core)
     config = {"backend": backend, "cluster": cluster.to_dict(), "limit": limit,
-              "think_scale": think_scale}
+              "think_scale": think_scale, "policy": policy.params()}
     if gpu is not None:
         config["gpu"] = {"device": gpu_device, "tokens": gpu_tokens,
                          "models": {n: {"loader": s.kind, "config": dict(s.config),
                                         "path": s.path, "seed": s.seed}
                                     for n, s in gpu.sources.items()}}
-    write_run(out, frame, summary, config)
-    return summary
+    return result, config
 
 
 def with_request(action: Action, vocab: int, n_tokens: int) -> Action:
@@ -149,24 +158,27 @@ def with_request(action: Action, vocab: int, n_tokens: int) -> Action:
     return replace(action, payload={**(action.payload or {}), "op": op, "tokens": [tokens]})
 
 
-def gpu_figures(frame: pd.DataFrame, measured: Mapping[str, Mapping[str, Any]],
-                gpu: GpuBackend) -> dict[str, Any]:
-    """Restores as the workers measured them beside the core's modelled ones. The frame's
-    ``restore_s`` becomes the measured time (the modelled one moves to ``restore_model_s``)."""
-    frame["restore_model_s"] = frame["restore_s"]
-    got = frame["action_id"].map(lambda a: float(measured.get(a, {}).get("restore_s", 0.0)))
-    is_gpu = frame["action_id"].isin(list(measured))
-    frame.loc[is_gpu, "restore_s"] = got[is_gpu]
+def measured_restores(records: list[Record], measured: Mapping[str, Mapping[str, Any]],
+                      gpu: GpuBackend) -> tuple[list[Record], dict[str, Any]]:
+    """GPU records with the restore time the worker measured instead of the core's model,
+    and the two side by side (counts, seconds, bytes, evictions) for the summary."""
+    modelled_n, modelled_s = 0, 0.0
+    out = []
+    for rec in records:
+        extra = measured.get(rec.action_id)
+        if extra is not None:
+            modelled_n += rec.restore_s > 0
+            modelled_s += rec.restore_s
+            rec = replace(rec, restore_s=float(extra.get("restore_s", 0.0)))
+        out.append(rec)
     snap = gpu.snapshot()
-    restores = sum(s["restores"] for s in snap["services"].values())
     seconds = sum(s["restore_seconds"] for s in snap["services"].values())
     nbytes = sum(s["restore_bytes"] for s in snap["services"].values())
-    return {"device": gpu.device, "actions": int(is_gpu.sum()),
-            "restores_measured": restores, "restore_s_measured": seconds,
-            "restore_bytes": nbytes,
-            "restore_gbps_measured": nbytes / 1e9 / seconds if seconds > 0 else None,
-            "restores_modelled": int((frame.loc[is_gpu, "restore_model_s"] > 0).sum()),
-            "restore_s_modelled": float(frame.loc[is_gpu, "restore_model_s"].sum()),
-            "evictions": sum(s["evictions"] for s in snap["services"].values()),
-            "worker_crashes": snap["crashes"], "residency_mismatches": snap["mismatches"],
-            "per_service": snap["services"]}
+    return out, {"device": gpu.device, "actions": len(measured),
+                 "restores_measured": sum(s["restores"] for s in snap["services"].values()),
+                 "restore_s_measured": seconds, "restore_bytes": nbytes,
+                 "restore_gbps_measured": nbytes / 1e9 / seconds if seconds > 0 else None,
+                 "restores_modelled": modelled_n, "restore_s_modelled": modelled_s,
+                 "evictions": sum(s["evictions"] for s in snap["services"].values()),
+                 "worker_crashes": snap["crashes"], "residency_mismatches": snap["mismatches"],
+                 "per_service": snap["services"]}

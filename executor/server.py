@@ -32,7 +32,7 @@ from executor.gpu.actions import gpu_action
 from executor.gpu.routes import metric_lines
 from executor.gpu.routes import router as gpu_router
 from tangram.core import Tangram
-from tangram.model import QUOTA_PREFIX, Action, Demand, Elasticity, Outcome
+from tangram.model import Action, Demand, Elasticity, Outcome, quota_resource
 from tangram.runtime import Record
 from traces.schema import parse_set
 
@@ -88,7 +88,7 @@ class ActionIn(BaseModel):
         if self.request is None:
             cost["cpu"] = parse_set(self.cpu)  # type: ignore[assignment]
         for key, units in self.quota.items():
-            cost[key if key.startswith(QUOTA_PREFIX) else QUOTA_PREFIX + key] = Demand.fixed(units)
+            cost[quota_resource(key)] = Demand.fixed(units)
         payload = {"argv": self.argv, "command": self.command, "request": self.request,
                    "timeout_s": self.timeout_s, "env": self.env}
         elasticity = (Elasticity.amdahl(self.parallel_fraction)

@@ -16,16 +16,17 @@ next step, not a smaller ``lookahead``, which barely moves it.
 from __future__ import annotations
 
 import gc
-import heapq
 import os
 import time
 from collections.abc import Iterator
 
 import numpy as np
 
+from sim.modelled import ModelledBackend
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity
+from tangram.runtime import ManualClock, Runtime
 
 
 def pin_one_core() -> int | None:
@@ -75,44 +76,31 @@ def gpu_scenario(n: int, rng: np.random.Generator) -> tuple[ClusterSpec, list[Ac
 
 def run_scheduler_scenario(name: str, cluster: ClusterSpec, actions: list[Action]) -> dict:
     """Queue every action at t=0 in one batch (one pass over a 2,048-deep queue: the
-    burst), then finish dispatched actions in virtual time until all have run, each
-    finish followed by its trajectory's close (one action per trajectory)."""
+    burst), then run in virtual time (ManualClock + the modelled backend) until all have
+    run, each finish followed by its trajectory's close (one action per trajectory).
+    Every core call is timed by the runtime's stopwatch."""
     core = Tangram(cluster)
+    clock = ManualClock()
+    runtime = Runtime(core, clock, ModelledBackend(clock, np.random.default_rng(0)),
+                      stopwatch=time.perf_counter)
+    runtime.timing.calls = []  # keep every call's seconds and dispatch count
     for a in actions:
-        core.open_trajectory(a.trajectory, a.task, mem_gb=1.0)
-    call_us: list[float] = []
-    heap: list[tuple[float, int, str]] = []
-    seq = 0
-    dispatched = 0
-    trajectory = {a.id: a.trajectory for a in actions}
-
-    def timed(fn, *args) -> int:
-        nonlocal seq, dispatched
-        t0 = time.perf_counter()
-        out = fn(*args)
-        call_us.append((time.perf_counter() - t0) * 1e6)
-        dispatched += len(out)
-        for d in out:
-            seq += 1
-            dur = (d.action.duration(d.units) or 0.0) + d.lease.restore_s
-            heapq.heappush(heap, (d.start_s + dur, seq, d.action.id))
-        return len(out)
-
-    burst = timed(core.submit_many, actions, 0.0)
-    burst_us = call_us[0]
-    while heap:
-        t, _, aid = heapq.heappop(heap)
-        timed(core.finish, aid, t)
-        timed(core.close_trajectory, trajectory[aid], t)
-    arr = np.asarray(call_us)
+        runtime.open_trajectory(a.trajectory, a.task, mem_gb=1.0)
+    runtime.submit_many(actions, lambda rec, out: runtime.close_trajectory(rec.trajectory))
+    clock.run()
+    calls = runtime.timing.calls
+    assert len(runtime.records) == len(actions)
+    burst_s, burst = calls[0]
+    arr = np.asarray([c[0] for c in calls]) * 1e6
+    dispatched = sum(c[1] for c in calls)
     return {
         "scenario": name,
         "actions": len(actions),
         "dispatched": dispatched,
-        "calls": len(call_us),
+        "calls": len(calls),
         "burst_dispatched": burst,
-        "burst_pass_us": round(burst_us, 1),
-        "burst_dispatch_per_s": round(burst / (burst_us / 1e6), 1),
+        "burst_pass_us": round(burst_s * 1e6, 1),
+        "burst_dispatch_per_s": round(burst / burst_s, 1),
         "pass_p50_us": round(float(np.percentile(arr, 50)), 1),
         "pass_p99_us": round(float(np.percentile(arr, 99)), 1),
         "pass_max_us": round(float(arr.max()), 1),
@@ -141,8 +129,8 @@ def simulate_bench(trajectories_n: int = 2048, seed: int = 0) -> dict:
     df = validate(generate("coding", trajectories_n, seed))
     gen_s = time.perf_counter() - t0
     result = simulate(df, load_cluster("paper"), SimConfig(policy="tangram", seed=seed))
-    n = result.summary["actions"]
-    core_s = result.summary["core_s"]
+    n = len(result.records)
+    core_s = result.timing.core_s
     return {
         "scenario": f"coding-{trajectories_n}x~30-paper-cluster",
         "actions": n,
@@ -151,6 +139,6 @@ def simulate_bench(trajectories_n: int = 2048, seed: int = 0) -> dict:
         "core_s": round(core_s, 2),
         "sim_us_per_action_excl_scheduler": round((result.wall_s - core_s) / n * 1e6, 1),
         "core_us_per_action": round(core_s / n * 1e6, 1),
-        "act_mean_s": round(result.summary["act_mean_s"], 3),
+        "act_mean_s": round(float(np.mean([r.act_s for r in result.records])), 3),
         "pinned_core": core_id,
     }

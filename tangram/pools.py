@@ -4,6 +4,21 @@ A pool owns a FIFO wait queue and knows, for its key resource, how to check
 that a prefix of minimums fits the free resources *and their topology*, what
 capacity the elastic group shares, which DP operator describes that topology,
 and how to reserve and release the real units through its manager.
+
+Extension points, named as kube-scheduler names its plugins (a policy builds its
+pools from these; the core calls nothing else):
+
+=================  =================================================================
+``unit_choices``   PreFilter: the feasible unit counts of an action on this pool
+``fits_min``       Filter: does the next candidate's minimum fit what is left
+``option_costs``   Score: what each feasible unit count costs the action now
+``elastic_capacity`` the capacity the elastic group shares after the fixed ones
+``reserve``        Reserve: take the units (``None``: placement refused them)
+``release``        Unreserve: give them back (idempotent)
+``usage``          units in use, per resource, for utilisation sampling
+=================  =================================================================
+
+Ordering (QueueSort) is the scheduler's: ``Ordering`` in tangram/scheduler.py.
 """
 
 from __future__ import annotations
@@ -46,19 +61,14 @@ class Pool:
 
     key: str | None = None
     operator: DPOperator = LinearOperator()
-    #: a pool-specific scheduler (baselines); None: the core's
-    scheduler: Any = None
 
-    def __init__(self, name: str) -> None:
+    def __init__(self, name: str, scheduler: Any = None) -> None:
         self.name = name
+        #: a pool-specific scheduler (a baseline's fixed DoP); None: the policy's
+        self.scheduler = scheduler
         self.queue: deque[Pending] = deque()
         #: action id -> (expected end, units of the key resource, start)
         self.running: dict[str, tuple[float, int, float]] = {}
-        #: expected number of trajectories thinking after an action here that will submit
-        #: another (each counts with the learned probability that it continues)
-        self.thinking = 0.0
-        #: moving average of non-elastic actions' execution time here (s)
-        self.short_s = 1.0
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
         return ()
@@ -86,13 +96,16 @@ class Pool:
     def release(self, part: Any) -> None:
         return None
 
+    def usage(self) -> dict[str, float]:
+        return {}
+
 
 class CpuNodePool(Pool):
     key = "cpu"
     operator = LinearOperator()
 
-    def __init__(self, name: str, node: str, manager: CpuManager) -> None:
-        super().__init__(name)
+    def __init__(self, name: str, node: str, manager: CpuManager, scheduler: Any = None) -> None:
+        super().__init__(name, scheduler)
         self.node = node
         self.manager = manager
         self.host = manager.nodes[node]
@@ -128,13 +141,16 @@ class CpuNodePool(Pool):
     def release(self, part: Any) -> None:
         self.manager.release(part)
 
+    def usage(self) -> dict[str, float]:
+        return {"cpu": float(self.manager.in_use(self.node))}
+
 
 class GpuPool(Pool):
     key = "gpu"
     operator = ChunkOperator()
 
-    def __init__(self, name: str, manager: GpuManager) -> None:
-        super().__init__(name)
+    def __init__(self, name: str, manager: GpuManager, scheduler: Any = None) -> None:
+        super().__init__(name, scheduler)
         self.manager = manager
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
@@ -174,3 +190,6 @@ class GpuPool(Pool):
 
     def release(self, part: Any) -> None:
         self.manager.release(part)
+
+    def usage(self) -> dict[str, float]:
+        return {"gpu": float(self.manager.busy_gpus())}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -84,7 +85,8 @@ def test_backend_conformance(kind, tmp_path):
     asyncio.run(go())
 
 
-def test_tangram_run_replays_a_trace_and_writes_simulate_outputs(tmp_path):
+@pytest.mark.parametrize("policy", [[], ["--policy", "k8s", "--pod-cores", "1"]])
+def test_tangram_run_replays_a_trace_and_writes_simulate_outputs(tmp_path, policy):
     from traces.schema import COLUMNS, write
 
     base = {k: v[2] for k, v in COLUMNS.items()}
@@ -99,9 +101,11 @@ def test_tangram_run_replays_a_trace_and_writes_simulate_outputs(tmp_path):
     trace = write(pd.DataFrame(rows), tmp_path / "t.csv")
     cli = [sys.executable, str(ROOT / "cli.py")]
     out = tmp_path / "live"
-    res = subprocess.run([*cli, "run", "--trace", str(trace), "--out", str(out), "--quiet"],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run([*cli, "run", "--trace", str(trace), "--out", str(out), "--quiet",
+                          *policy], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["policy"]["name"] == ("k8s" if policy else "tangram")
     frame = pd.read_parquet(out / "actions.parquet")
     assert len(frame) == len(rows) and frame["action_id"].is_unique
     assert (frame["status"] == "ok").all()

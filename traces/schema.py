@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tangram.model import Action, Demand, Elasticity
+from tangram.model import Action, Demand, Elasticity, quota_resource
 
 SCHEMA_VERSION = 1
 
@@ -280,11 +280,22 @@ def load(path: str | Path) -> pd.DataFrame:
 
 # -- to actions ----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
+class Truth:
+    """What an action really costs: drives the simulator's modelled execution only
+    (keyed by action id), never a scheduling decision."""
+
+    t1_s: float
+    parallel_fraction: float | None = None
+    setup_s: float = 0.0
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """One action of a trajectory as a driver replays it."""
 
     think_s: float
     action: Action
+    truth: Truth | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -301,7 +312,8 @@ def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]
     The scheduler sees ``t1_s`` only for profiled rows (paper: only reward
     computations are profiled); E(m) is a property of the action's kind
     (pytest-xdist scales the same way for every suite) and is always given.
-    The true values travel in the payload, which the simulated backend reads.
+    The true values travel beside the action as its :class:`Truth`, which only the
+    simulated backend reads; the payload carries what a live backend needs.
     """
     cols = {c: df[c].to_numpy() for c in COLUMNS}
     n = len(df)
@@ -321,27 +333,22 @@ def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]
             elif cpu is not None:
                 cost["cpu"] = cpu
             if cols["quota_key"][i]:
-                key = cols["quota_key"][i]
-                key = key if key.startswith("quota:") or key == "net_mbps" else f"quota:{key}"
+                key = quota_resource(cols["quota_key"][i])
                 cost[key] = Demand.fixed(float(cols["quota_units"][i]))
             elastic = cols["elastic"][i] or None
             pf = float(cols["parallel_fraction"][i])
             true_e = Elasticity.amdahl(pf) if not math.isnan(pf) else None
             profiled = bool(cols["profiled"][i])
-            payload = {
-                "t1_s": float(cols["t1_s"][i]),
-                "parallel_fraction": None if math.isnan(pf) else pf,
-                "setup_s": float(cols["setup_s"][i]),
-                "timeout_s": float(cols["timeout_s"][i]),
-                "command": cols["command"][i],
-            }
+            payload = {"timeout_s": float(cols["timeout_s"][i]), "command": cols["command"][i]}
+            truth = Truth(float(cols["t1_s"][i]), None if math.isnan(pf) else pf,
+                          float(cols["setup_s"][i]))
             aid = f"{prefix}{traj}#{int(cols['seq'][i])}"
             steps.append(Step(float(cols["think_s"][i]), Action(
                 aid, str(cols["task"][i]), f"{prefix}{traj}", str(cols["kind"][i]), cost,
                 elastic=elastic,
                 t1_s=float(cols["t1_s"][i]) if profiled else None,
                 elasticity=true_e,
-                service=cols["service"][i] or None, payload=payload)))
+                service=cols["service"][i] or None, payload=payload), truth))
         mem = float(np.max(cols["mem_gb"][start:end])) if end > start else 0.0
         yield TrajectorySpec(f"{prefix}{traj}", str(cols["task"][start]), mem, tuple(steps))
         start = end
