@@ -532,12 +532,13 @@ def serve(
     if gc is not None:
         from dataclasses import replace
 
-        from tangram.managers.gpu import GpuManager
+        from tangram.policies import SharedGpus
 
         cluster = replace(cluster, gpu_nodes=gc.spec.gpu_nodes, services=gc.spec.services,
                           restore_gbps=gc.spec.restore_gbps)
-        if not isinstance(Tangram(cluster, chosen).gpu, GpuManager):
-            fail(f"--policy {policy}: has no evict-on-execution GPU manager for GPU workers")
+        if not isinstance(chosen.gpu, SharedGpus):
+            fail(f"--policy {policy}: the GPU workers follow the evict-on-execution GPU "
+                 "manager; static or cold-started GPU instances are not run live yet")
     cores: list[Tangram] = []  # the app builds the core, then the backend (which reads it)
 
     def make_core() -> Tangram:

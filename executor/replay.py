@@ -19,9 +19,8 @@ from executor.gpu.config import GpuCluster
 from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
-from tangram.managers.gpu import GpuManager
 from tangram.model import Action, quota_resource
-from tangram.policies import Policy
+from tangram.policies import Policy, SharedGpus
 from tangram.runtime import Record, RunResult
 from traces.fit import check_fits
 from traces.schema import TrajectorySpec, trajectories
@@ -84,9 +83,10 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
     live_core = Tangram(cluster, policy)
     gpu_backend = None
     if gpu is not None:
-        if not isinstance(live_core.gpu, GpuManager):
-            raise ValueError(f"--gpu-device: policy {policy.label!r} has no evict-on-execution "
-                             "GPU manager for the GPU workers to follow")
+        if not isinstance(policy.gpu, SharedGpus):
+            raise ValueError(f"--gpu-device: the GPU workers follow the evict-on-execution GPU "
+                             f"manager; policy {policy.label!r} places GPU actions otherwise "
+                             "(static or cold-started instances), which they do not run yet")
         gpu_backend = GpuBackend(live_core.gpu, gpu.sources, gpu_device, gpu.physical)
         gpu_backend.start_workers()
     executor = LiveExecutor(live_core, make_backend(backend, out / "work", gpu=gpu_backend))

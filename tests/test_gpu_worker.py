@@ -364,3 +364,6 @@ def test_run_replays_gpu_rows_with_measured_restores(tmp_path: Path) -> None:
     res = _cli("run", "--trace", str(ROOT / "traces/samples/mopd.parquet"), "--limit", "1",
                "--out", str(tmp_path / "no"), "-q")
     assert res.returncode == 2 and "--gpu-device cpu" in res.stderr
+    res = _cli("run", "--trace", str(ROOT / "traces/samples/mopd.parquet"), "--limit", "1",
+               "--gpu-device", "cpu", "--policy", "static", "--out", str(tmp_path / "st"), "-q")
+    assert res.returncode == 2 and "static or cold-started" in res.stderr
