@@ -106,8 +106,9 @@ def _retry_after(resp: httpx.Response) -> float | None:
 
 
 class RouterBackend:
-    """Sends API calls (payload with ``request``) to the HTTP backend and every
-    command to the environment backend (process or docker)."""
+    """Sends API calls (payload with ``request``) to the HTTP backend, GPU actions (a
+    lease with GPUs) to the GPU backend when there is one, and every command to the
+    environment backend (process or docker)."""
 
     def __init__(self, env_backend, http: HttpBackend | None = None, gpu=None) -> None:
         self.env = env_backend
