@@ -10,80 +10,40 @@
 #      host-to-device torch copy of the same bytes (target: restore >= 80% of it), evict
 #      latency, request latency at batch 1/8/32, device copies verified against the host
 #      stage, NVML readings and discovery.
-#   2. The Hugging Face loader: a small random Llama saved with save_pretrained, served by a
-#      worker (staged, restored, log-probs) and compared with transformers' own forward.
+#   2. scripts/torch_check.py: the torch TinyLM against numpy on the same weights, and the
+#      Hugging Face loader (a small random Llama saved with save_pretrained, staged, restored,
+#      log-probs) against transformers' own forward.
 #
-# Prints one JSON object: {"bench": {...}, "hf": {...}} (also written to $OUT/gpu_check.json
+# Prints one JSON object: {"bench": {...}, "torch": {...}} (also written to $OUT/gpu_check.json
 # when OUT is set). Exit code: non-zero when a step fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}                      # DEVICE=cpu SIZES=0.02,0.05,0.1: a dry run, no GPU
+SIZES=${SIZES:-1,3,8}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+rc=0
+echo '{"error": "bench did not finish"}' > "$TMP/bench.json"
+echo '{"error": "torch check did not finish"}' > "$TMP/hf.json"
 
-timeout 360 "$PY" -m executor.gpu.bench --device cuda --sizes-gb 1,3,8 --batches 1,8,32 \
-    --tokens 128 --cycles 3 > "$TMP/bench.json"
+timeout 360 "$PY" -m executor.gpu.bench --device "$DEVICE" --sizes-gb "$SIZES" \
+    --batches 1,8,32 --tokens 128 --cycles 3 > "$TMP/bench.out" && cp "$TMP/bench.out" "$TMP/bench.json" || rc=1
 
-timeout 100 "$PY" - "$TMP" > "$TMP/hf.json" <<'EOF'
-import asyncio, json, sys, time
-import torch, transformers
-from executor.driver import LiveExecutor
-from executor.gpu.backend import GpuBackend
-from executor.gpu.model import ModelSource
-from executor.gpu.config import checkpoint_bytes
-from tangram.cluster import ClusterSpec, GpuNodeSpec, ServiceSpec
-from tangram.core import Tangram
-from tangram.model import Action, Demand
-
-path = f"{sys.argv[1]}/tiny-llama"
-cfg = transformers.LlamaConfig(vocab_size=1024, hidden_size=256, intermediate_size=688,
-                               num_hidden_layers=4, num_attention_heads=8, num_key_value_heads=4)
-torch.manual_seed(0)
-ref = transformers.LlamaForCausalLM(cfg).to(torch.bfloat16)
-ref.save_pretrained(path)
-tokens = [[1, 17, 99, 5, 300, 42, 7, 8]]
-with torch.inference_mode():
-    logits = ref.to("cuda:0")(torch.tensor(tokens, device="cuda:0")).logits.float()
-want = torch.log_softmax(logits, -1)[0, :-1].gather(-1, torch.tensor(tokens[0][1:],
-       device="cuda:0")[:, None])[:, 0].tolist()
-del ref
-size = checkpoint_bytes(path) / 1e9
-
-async def go():
-    core = Tangram(ClusterSpec(gpu_nodes=(GpuNodeSpec("g", 1, 10.0),),
-                               services=(ServiceSpec("llama", size),)))
-    be = GpuBackend(core.gpu, {"llama": ModelSource.hf(path)}, "cuda", {"g": [0]})
-    be.start_workers()
-    await asyncio.to_thread(be.wait_ready, 90)
-    ex = LiveExecutor(core, be)
-    ex.open_trajectory("t")
-    try:
-        outs = []
-        for i in range(2):
-            _, out = await ex.run(Action(f"h{i}", "hf", "t", "teacher_logprob",
-                                         {"gpu": Demand.fixed(1)}, service="llama",
-                                         payload={"op": "logprobs", "tokens": tokens}))
-            outs.append(out)
-        verify = await be.verify("g", ("llama", 1, 0))
-    finally:
-        ex.close_trajectory("t")
-        ex.shutdown()
-    got = json.loads(outs[0].output)["logprobs"][0] if outs[0].ok else None
-    err = max(abs(a - b) for a, b in zip(got, want)) if got else None
-    return {"ok": all(o.ok for o in outs), "errors": [o.error for o in outs if not o.ok],
-            "restored_first": outs[0].extra.get("restored"), "hit_second": not outs[1].extra.get("restored"),
-            "max_abs_logprob_diff_vs_transformers": err, "verify": verify}
-
-print(json.dumps(asyncio.run(go())))
-EOF
+# the torch paths: init: random on torch == numpy; the Hugging Face loader == transformers
+hf=0
+timeout 100 "$PY" scripts/torch_check.py --device "$DEVICE" > "$TMP/hf.out" || hf=$?
+if [ -s "$TMP/hf.out" ]; then cp "$TMP/hf.out" "$TMP/hf.json"; fi
+if [ "$hf" != 0 ]; then rc=1; fi
 
 "$PY" - "$TMP" <<'EOF'
 import json, os, sys
 tmp = sys.argv[1]
-out = {"bench": json.load(open(f"{tmp}/bench.json")), "hf": json.load(open(f"{tmp}/hf.json"))}
+out = {"bench": json.load(open(f"{tmp}/bench.json")), "torch": json.load(open(f"{tmp}/hf.json"))}
 text = json.dumps(out, indent=1)
 print(text)
 if os.environ.get("OUT"):
     open(os.path.join(os.environ["OUT"], "gpu_check.json"), "w").write(text)
 EOF
+exit $rc

@@ -372,8 +372,9 @@ class HFModel(StagedModel):
             raise ModelError(f"model.path {path!r}: not a Hugging Face model directory "
                              "(no config.json)")
         torch = ops.torch
+        self._dtype_kw = _dtype_kw(transformers, ops.dtype)
         model = transformers.AutoModelForCausalLM.from_pretrained(
-            path, torch_dtype=ops.dtype, local_files_only=True)
+            path, local_files_only=True, **self._dtype_kw)
         self.hf_config = model.config
         self.vocab = int(model.config.vocab_size)
         named = list(model.state_dict(keep_vars=True).items())
@@ -409,7 +410,7 @@ class HFModel(StagedModel):
         torch = self._torch
         with torch.device("meta"):
             skel = transformers.AutoModelForCausalLM.from_config(self.hf_config,
-                                                                 torch_dtype=self.ops.dtype)
+                                                                 **self._dtype_kw)
         owner = self.layout.shard_of_block(k)
         for t in self.layout.tensors:
             j = owner[t.block]
@@ -444,6 +445,16 @@ class HFModel(StagedModel):
         nxt = ids[:, 1:].to(logp.device)
         picked = logp[:, :-1].gather(-1, nxt[..., None])[..., 0].double().cpu().tolist()
         return {"logprobs": [picked[i][: n - 1] for i, n in enumerate(lengths)]}
+
+
+def _dtype_kw(transformers: Any, dtype: Any) -> dict[str, Any]:
+    """``dtype=`` since transformers 4.56 (``torch_dtype=`` is deprecated there), before it
+    ``torch_dtype=``."""
+    try:
+        major, minor = (int(x) for x in transformers.__version__.split(".")[:2])
+    except ValueError:
+        return {"dtype": dtype}
+    return {"dtype": dtype} if (major, minor) >= (4, 56) else {"torch_dtype": dtype}
 
 
 def _move_hooks(model: Any, torch: Any) -> None:
