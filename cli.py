@@ -231,6 +231,17 @@ def bench_scheduler(
         print(json.dumps(row), flush=True)
 
 
+@bench_app.command("learning")
+def bench_learning(
+    seeds: Annotated[int, typer.Option(min=1, help="Repetitions per curve.")] = 20,
+) -> None:
+    """Runs the online speedup model needs to come within 10% of the true curve (JSON lines)."""
+    from sim.bench import learning_bench
+
+    for row in learning_bench(seeds):
+        print(json.dumps(row), flush=True)
+
+
 @bench_app.command("simulate")
 def bench_simulate(
     trajectories: Annotated[int, typer.Option(help="Trajectories in the AI-coding batch.")] = 2048,

@@ -33,7 +33,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from executor.commands import CommandError, argv_of, elastic_argv
+from executor.commands import CommandError, argv_of, elastic_argv, priority_prefix
 from executor.local import allowed_cpus
 from executor.process import outcome_of
 from tangram.model import Dispatch, Outcome
@@ -284,7 +284,8 @@ class DockerBackend:
         self._running[d.action.id] = box.container_id
         execute = self._agent_exec if box.socket else self._docker_exec
         try:
-            code, output, t_exec, t_exited, timed_out = execute(box, argv, env, timeout)
+            code, output, t_exec, t_exited, timed_out = execute(
+                box, [*priority_prefix(d.lease.lane), *argv], env, timeout)
         except (docker.errors.APIError, OSError, ValueError) as e:
             if self._alive(box.container_id, settle_s=1.0):
                 return Outcome(d.action.id, "failed", None, error=f"exec failed: {e}"), box

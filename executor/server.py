@@ -108,6 +108,7 @@ class ActionOut(BaseModel):
     units: int | None = None
     cores: list[int] = Field(default_factory=list)
     gpus: list[int] = Field(default_factory=list)
+    lane: bool = Field(False, description="Ran on the node's light lane (cores shared).")
     queue_s: float | None = None
     exec_s: float | None = None
     state_lost: bool = False
@@ -168,7 +169,7 @@ def result_of(rec: Record, out: Outcome) -> ActionOut:
     extra = dict(out.extra or {})
     return ActionOut(
         id=rec.action_id, trajectory=rec.trajectory, status=out.status, exit_code=out.exit_code,
-        output=out.output, error=out.error, units=rec.units,
+        output=out.output, error=out.error, units=rec.units, lane=rec.lane,
         cores=[int(c) for c in extra.get("cores", [])], gpus=[int(g) for g in extra.get("gpus", [])],
         queue_s=rec.start_s - rec.submit_s, exec_s=rec.end_s - rec.start_s,
         state_lost=bool(extra.get("state_lost")), retries=int(extra.get("retries", 0)),

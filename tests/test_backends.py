@@ -63,6 +63,16 @@ def test_backend_conformance(kind, tmp_path):
             _, out = await ex.run(shell("a4", "a", "grep Cpus_allowed_list /proc/self/status",
                                         cores=f"1-{k}"))
             assert cpus_of(out.output) == set(out.extra["cores"]) and len(out.extra["cores"]) == k
+            # exclusive cores run at nice 10; a declared-light command on the shared lane
+            # at nice 0 (so it preempts the exclusive work it shares a core with)
+            heavy = Action("n1", "t", "a", "compile", {"cpu": Demand.fixed(1)},  # never seen
+                           payload={"command": "nice"})
+            rec, out = await ex.run(heavy)
+            assert not rec.lane and out.output.strip() == "10"
+            light = Action("n2", "t", "a", "shell", {"cpu": Demand.fixed(1)}, t1_s=0.01,
+                           payload={"command": "nice"})
+            rec, out = await ex.run(light)
+            assert rec.lane and rec.units == 0 and out.output.strip() == "0"
             # a non-zero exit is a normal result; a timeout kills and says so
             _, out = await ex.run(shell("a5", "a", "sh -c 'echo no; exit 7'"))
             assert (out.status, out.exit_code, out.output.strip()) == ("ok", 7, "no")
