@@ -353,6 +353,17 @@ def bench_gpu(
     print(json.dumps(gpu_bench(device, sizes, batch, tokens, cycles)), flush=True)
 
 
+@bench_app.command("adapters")
+def bench_adapters(
+    backend: Annotated[str, typer.Option(help="Backend of the server it starts.")] = "process",
+    calls: Annotated[int, typer.Option(min=10, help="Calls timed per path.")] = 200,
+) -> None:
+    """Per-call overhead of the verl, gymnasium and SkyRL adapters over the plain client (JSON)."""
+    from executor.bench_adapters import main as adapters_main
+
+    adapters_main(["--backend", backend, "--calls", str(calls)])
+
+
 def _quota_specs(items: list[str]):
     from tangram.cluster import QuotaSpec
     from tangram.model import quota_resource

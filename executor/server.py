@@ -28,6 +28,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, field_validator
 
 from executor.driver import LiveBackend, LiveExecutor
+from executor.files_api import router as files_router
 from executor.gpu.actions import gpu_action
 from executor.gpu.routes import metric_lines
 from executor.gpu.routes import router as gpu_router
@@ -52,6 +53,7 @@ class ActionIn(BaseModel):
     kind: str = Field("shell", min_length=1, max_length=100)
     argv: list[str] | None = Field(None, min_length=1, description="Command as argv (no shell).")
     command: str | None = Field(None, min_length=1, description="Command line, split with shlex.")
+    shell: bool = Field(False, description="Run `command` as `sh -c <command>` inside the sandbox.")
     request: dict[str, Any] | None = Field(
         None, description="An outbound API call instead of a command: {method, url, json, ...}.")
     cpu: str = Field("1", description="Feasible core counts: '2', '1-8' or '1,2,4'.")
@@ -89,7 +91,8 @@ class ActionIn(BaseModel):
             cost["cpu"] = parse_set(self.cpu)  # type: ignore[assignment]
         for key, units in self.quota.items():
             cost[quota_resource(key)] = Demand.fixed(units)
-        payload = {"argv": self.argv, "command": self.command, "request": self.request,
+        payload = {"argv": self.argv, "command": self.command, "shell": self.shell,
+                   "request": self.request,
                    "timeout_s": self.timeout_s, "env": self.env}
         elasticity = (Elasticity.amdahl(self.parallel_fraction)
                       if self.parallel_fraction is not None else None)
@@ -235,6 +238,7 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     def svc(request: Request) -> Service:
         return request.app.state.service
 
+    app.include_router(files_router, dependencies=[Depends(auth)])
     app.include_router(gpu_router, dependencies=[Depends(auth)])
 
     @app.exception_handler(ValueError)
