@@ -69,8 +69,11 @@ def test_snapshot_shows_pods_holding_cores_between_actions():
 # -- HTTP ----------------------------------------------------------------------------------
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator[Server]:
+    # GPU workers on the CPU (the real worker path, `--gpu-device cpu`): the GPU section live
     srv = start_server(tmp_path_factory.mktemp("serve-status"), "process",
-                       quotas=("api=concurrency:2",))
+                       quotas=("api=concurrency:2",),
+                       extra_args=("--gpu-cluster", str(ROOT / "executor/gpu/clusters/cpu-tiny.yaml"),
+                                   "--gpu-device", "cpu"))
     yield srv
     srv.stop()
 
@@ -171,6 +174,22 @@ def test_status_page_in_a_browser(server, browser, tmp_path):
         assert TOKEN not in browser.current_url
         browser.execute_script("window.__notReloaded = true")
 
+        # a GPU request: the page shows the service it left resident on the GPUs it ran on
+        assert httpx.post(server.url + "/v1/trajectories", headers=AUTH,
+                          json={"id": "traj-g", "task": "mopd"}).status_code == 201
+        r = httpx.post(f"{server.url}/v1/trajectories/traj-g/actions", headers=AUTH, json={
+            "id": "act-g", "kind": "teacher", "service": "teacher0", "gpus": "2",
+            "inputs": {"op": "logprobs", "tokens": [[5, 6, 7]]}})
+        assert r.status_code == 202, r.text
+        done = httpx.get(f"{server.url}/v1/actions/act-g", params={"wait": 60}, headers=AUTH,
+                         timeout=70).json()
+        assert done["status"] == "ok", done
+        gpus = "-".join(str(g) for g in (min(done["gpus"]), max(done["gpus"])))
+        wait.until(lambda b: f"teacher0 \u00d72 on GPU {gpus}" in b.find_element(
+            By.CSS_SELECTOR, ".gpu-node").text)
+        wait.until(lambda b: shown('tr.finished[data-action="act-g"][data-status="ok"]'))
+        assert shown(f'.resident[data-service="teacher0"][data-start="{min(done["gpus"])}"]')
+
         # a small replay: one action takes all but one core, another the last one, a third
         # waits; every action holds until the test lets it finish
         n = len(httpx.get(server.url + "/v1/status", headers=AUTH).json()["nodes"][0]["cores"])
@@ -214,7 +233,7 @@ def test_status_page_in_a_browser(server, browser, tmp_path):
         while time.time() < deadline and any(status_of(server, a) in ("queued", "running")
                                              for a in ("act-a", "act-b", "act-c")):
             time.sleep(0.1)
-        for tid in ("traj-a", "traj-b", "traj-c"):
+        for tid in ("traj-a", "traj-b", "traj-c", "traj-g"):
             assert httpx.delete(f"{server.url}/v1/trajectories/{tid}", headers=AUTH).status_code == 200
 
         # forgetting the token returns to the form

@@ -221,9 +221,21 @@ function drawGpus(nodes) {
       const busy = ch.state === "busy";
       grid.append(el("div", {
         class: `chunk ${ch.state}`, data: { start: ch.start, size: ch.size, action: ch.action },
-        style: { gridColumn: `${ch.start + 1} / span ${ch.size}`, ...(busy ? { background: hue(ch.trajectory) } : {}) },
+        style: { gridColumn: `${ch.start + 1} / span ${ch.size}`, gridRow: "1", ...(busy ? { background: hue(ch.trajectory) } : {}) },
         title: busy ? `${ch.service} for ${ch.action}` : "free",
       }, busy ? `${ch.service} \u00b7 ${ch.action}` : `free (${ch.size})`));
+    }
+    // resident services below the chunks, one lane per overlap (several can share a GPU)
+    const lanes = [];
+    for (const r of n.resident) {
+      let row = lanes.findIndex((used) => used.every(([a, b]) => r.start + r.dop <= a || b <= r.start));
+      if (row < 0) row = lanes.push([]) - 1;
+      lanes[row].push([r.start, r.start + r.dop]);
+      grid.append(el("div", {
+        class: "resident", data: { service: r.service, start: r.start, size: r.dop },
+        style: { gridColumn: `${r.start + 1} / span ${r.dop}`, gridRow: `${row + 2}` },
+        title: `${r.service} (DoP ${r.dop}) resident in GPU memory`,
+      }, `${r.service} \u00d7${r.dop}`));
     }
     const res = n.resident.length
       ? n.resident.map((r) => `${r.service} \u00d7${r.dop} on GPU ${r.start}-${r.start + r.dop - 1}`).join("; ")
