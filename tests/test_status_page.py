@@ -147,17 +147,30 @@ def browser():
 
 
 def test_status_page_in_a_browser(server, browser, tmp_path):
+    from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 20, poll_frequency=0.1)
+    wait = WebDriverWait(browser, 20, poll_frequency=0.1,
+                         ignored_exceptions=(StaleElementReferenceException,))
 
-    def cells(action: str) -> list:
-        return browser.find_elements(By.CSS_SELECTOR, f'.core.busy[data-action="{action}"]')
+    # The page redraws a section whenever a snapshot arrives, so what a person sees is read
+    # in one script call (an element handle found a moment before may be gone already).
+    def text(selector: str) -> str | None:
+        """The visible text of the first element matching ``selector`` (None: not shown)."""
+        return browser.execute_script(
+            "const e = document.querySelector(arguments[0]);"
+            "return e && e.offsetParent !== null ? e.innerText : null", selector)
 
     def shown(selector: str) -> bool:
-        found = browser.find_elements(By.CSS_SELECTOR, selector)
-        return bool(found) and found[0].is_displayed()
+        return text(selector) is not None
+
+    def cells(action: str) -> list[dict]:
+        """The highlighted core cells of ``action``: their data attributes and text."""
+        return browser.execute_script(
+            "return [...document.querySelectorAll(arguments[0])]"
+            ".map(e => ({...e.dataset, text: e.innerText}))",
+            f'.core.busy[data-action="{action}"]')
 
     try:
         browser.get(server.url + "/")
@@ -185,8 +198,7 @@ def test_status_page_in_a_browser(server, browser, tmp_path):
                          timeout=70).json()
         assert done["status"] == "ok", done
         gpus = "-".join(str(g) for g in (min(done["gpus"]), max(done["gpus"])))
-        wait.until(lambda b: f"teacher0 \u00d72 on GPU {gpus}" in b.find_element(
-            By.CSS_SELECTOR, ".gpu-node").text)
+        wait.until(lambda b: f"teacher0 \u00d72 on GPU {gpus}" in (text(".gpu-node") or ""))
         wait.until(lambda b: shown('tr.finished[data-action="act-g"][data-status="ok"]'))
         assert shown(f'.resident[data-service="teacher0"][data-start="{min(done["gpus"])}"]')
 
@@ -206,14 +218,14 @@ def test_status_page_in_a_browser(server, browser, tmp_path):
 
         # the running action's cores are highlighted, the queued one is listed with its wait
         wait.until(lambda b: len(cells("act-a")) == big)
-        assert all(c.get_attribute("data-trajectory") == "traj-a" for c in cells("act-a"))
-        assert "test_run" in cells("act-a")[0].text or big == 1
+        held = cells("act-a")
+        assert {c["trajectory"] for c in held} == {"traj-a"} and len(held) == big
+        assert all("test_run" in c["text"] for c in held) or big == 1
         wait.until(lambda b: shown('tr.queued[data-action="act-b"]'))
-        row = browser.find_element(By.CSS_SELECTOR, 'tr.queued[data-action="act-b"]')
-        assert "traj-b" in row.text
-        first = float(row.find_elements(By.TAG_NAME, "td")[-1].text)
-        wait.until(lambda b: float(b.find_element(
-            By.CSS_SELECTOR, 'tr.queued[data-action="act-b"] td:last-child').text) > first)
+        assert "traj-b" in text('tr.queued[data-action="act-b"]')
+        waited = 'tr.queued[data-action="act-b"] td:last-child'
+        first = float(text(waited))
+        wait.until(lambda b: float(text(waited) or 0) > first)  # its waiting time ticks
         ARTIFACTS.mkdir(exist_ok=True)
         browser.save_screenshot(str(ARTIFACTS / "status-page.png"))
 
@@ -222,13 +234,13 @@ def test_status_page_in_a_browser(server, browser, tmp_path):
         flags["a"].touch()
         wait.until(lambda b: shown('tr.finished[data-action="act-a"][data-status="ok"]'))
         wait.until(lambda b: len(cells("act-b")) == 1 and not cells("act-a"))
-        wait.until(lambda b: not b.find_elements(By.CSS_SELECTOR, 'tr.queued[data-action="act-b"]'))
+        wait.until(lambda b: not shown('tr.queued[data-action="act-b"]'))
         assert browser.execute_script("return window.__notReloaded === true")
         browser.save_screenshot(str(ARTIFACTS / "status-page-after.png"))
 
         for flag in flags.values():
             flag.touch()
-        wait.until(lambda b: not b.find_elements(By.CSS_SELECTOR, ".core.busy"))
+        wait.until(lambda b: not shown(".core.busy"))
         deadline = time.time() + 20
         while time.time() < deadline and any(status_of(server, a) in ("queued", "running")
                                              for a in ("act-a", "act-b", "act-c")):
