@@ -18,7 +18,6 @@ from typing import Any
 import numpy as np
 
 from analysis.outputs import analyse
-from analysis.runs import METRICS
 from sim.cluster import load_cluster
 from sim.driver import SimConfig, simulate
 from sim.modelled import ModelledBackend
@@ -95,7 +94,9 @@ def run_job(job: Job) -> dict[str, Any]:
     except ValueError as e:  # e.g. static deployments that do not fit: a finding, not a crash
         return {**tags, "error": str(e).splitlines()[0], "act_mean_s": float("nan")}
     s = run.summary
-    keep = (*METRICS, "api_retries", "per_category", "utilisation", "gpu_restores")
+    keep = ("actions", "act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s", "queue_p99_s",
+            "exec_mean_s", "step_time_s", "restore_mean_s", "failed",
+            "api_retries", "per_category", "utilisation", "gpu_restores")
     out = {k: s[k] for k in keep}
     out["decision_mean_us"] = s["timing"]["decision_mean_us"]
     out["queue_max_s"] = float(run.actions["queue_s"].max()) if len(run.actions) else 0.0

@@ -26,11 +26,10 @@ import pandas as pd
 
 from analysis.outputs import Analysed, analyse, write_run
 
-#: the per-run numbers `compare` reports (summary.json keys), in display order
-METRICS: tuple[str, ...] = (
-    "actions", "act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s", "queue_p99_s",
-    "exec_mean_s", "restore_mean_s", "makespan_s", "step_time_s", "failed",
-)
+#: (metric, column of actions.parquet, statistic): what `compare` measures of each run
+STATS: tuple[tuple[str, str, str], ...] = tuple(
+    (f"{col.removesuffix('_s')}_{stat}_s", col, stat)
+    for col in ("act_s", "queue_s", "exec_s") for stat in ("mean", "p50", "p99"))
 
 
 @dataclass(frozen=True)
@@ -160,28 +159,59 @@ def _utilisation_columns(run: Run) -> dict[str, float]:
     return out
 
 
-def compare(runs: Sequence[Run], metrics: Sequence[str] = METRICS) -> pd.DataFrame:
-    """One row per run (index: run name): policy, the ``metrics`` of summary.json, and the
-    fraction of each resource allocated / busy (``cpu_allocated``, ``gpu_busy``, ...).
-    These are the numbers `tangram compare` prints."""
+def metrics(actions: pd.DataFrame) -> dict[str, float]:
+    """The compared figures of one run's actions: ACT, queueing and execution (mean, p50,
+    p99), makespan (from the first submission, or t=0, to the last end, as summary.json),
+    mean units granted, and the number of actions."""
+    out: dict[str, float] = {}
+    for name, col, stat in STATS:
+        s = actions[col] if len(actions) else pd.Series(dtype=float)
+        out[name] = float("nan") if s.empty else float(
+            s.mean() if stat == "mean" else s.quantile(0.5 if stat == "p50" else 0.99))
+    n = len(actions)
+    out["makespan_s"] = float(actions["end_s"].max() - min(actions["submit_s"].min(), 0.0)) \
+        if n else float("nan")
+    out["units_mean"] = float(actions["units"].mean()) if n else float("nan")
+    out["actions"] = float(n)
+    return out
+
+
+def same_units(a: pd.DataFrame, b: pd.DataFrame) -> float:
+    """Share of the actions both runs executed (matched by action id) that were granted
+    the same number of units: did a simulation make the live run's decisions?"""
+    joined = a[["action_id", "units"]].merge(b[["action_id", "units"]], on="action_id")
+    return float((joined["units_x"] == joined["units_y"]).mean()) if len(joined) else float("nan")
+
+
+def compare(runs: Sequence[Run], reference: int | str = 0) -> pd.DataFrame:
+    """Runs side by side, one row per run (index: run name): policy, :func:`metrics` of its
+    actions (the same code for simulated and live runs), ``failed`` (summary.json),
+    ``same_units`` against the ``reference`` run (a position or a name), and the share of
+    each resource allocated / busy (``cpu_allocated``, ``gpu_busy``, ...). These are the
+    numbers `tangram compare` prints; :func:`change` turns them into per cent differences."""
     names = [r.name for r in runs]
     if len(set(names)) != len(names):
         raise ValueError(f"runs: names must be unique to compare them, got {names}")
+    if not runs:
+        raise ValueError("runs: nothing to compare")
+    ref = runs[reference] if isinstance(reference, int) else runs[names.index(reference)]
     rows = []
     for run in runs:
-        row: dict[str, Any] = {"run": run.name, "policy": run.policy}
-        for m in metrics:
-            row[m] = run.summary.get(m)
+        row: dict[str, Any] = {"run": run.name, "policy": run.policy, **metrics(run.actions),
+                               "failed": run.summary.get("failed"),
+                               "same_units": same_units(ref.actions, run.actions)}
         row.update(_utilisation_columns(run))
         rows.append(row)
     return pd.DataFrame(rows).set_index("run")
 
 
 def change(table: pd.DataFrame, baseline: str | int = 0) -> pd.DataFrame:
-    """Per cent difference of every numeric column of a :func:`compare` table against the
-    ``baseline`` row (a run name, or a position)."""
+    """Per cent difference of every measured column of a :func:`compare` table against the
+    ``baseline`` row (a run name, or a position); counts and shares (``actions``,
+    ``failed``, ``same_units``) are left out: read them as they are."""
     ref = table.iloc[baseline] if isinstance(baseline, int) else table.loc[baseline]
-    numeric = table.select_dtypes("number")
+    numeric = table.select_dtypes("number").drop(
+        columns=["actions", "failed", "same_units"], errors="ignore")
     ref = ref[numeric.columns].astype(float)
     return (numeric.astype(float) - ref) / ref.where(ref != 0) * 100
 

@@ -14,7 +14,7 @@ import pytest
 from conftest import ROOT
 
 from analysis import figures
-from analysis.runs import METRICS, RunError, change, compare, load_run, per_kind, simulate, with_trace
+from analysis.runs import STATS, RunError, change, compare, load_run, per_kind, simulate, with_trace
 from traces.generate import generate
 from traces.schema import write
 
@@ -61,18 +61,28 @@ def test_in_memory_simulation_equals_the_cli_run(runs):
     assert json.loads(json.dumps(mine.summary)) == theirs.summary
 
 
-def test_compare_reports_the_summaries(runs):
+def test_compare_measures_each_run_as_its_summary_does(runs):
     tmp, _ = runs
     t, k = load_run(tmp / "tangram"), load_run(tmp / "k8s")
     table = compare([t, k])
-    assert list(table.index) == ["tangram", "k8s"]
-    for m in METRICS:
-        assert table.loc["k8s", m] == pytest.approx(k.summary[m])
+    assert list(table.index) == ["tangram", "k8s"] and table.loc["k8s", "policy"] == "k8s"
+    for m in ("act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s", "queue_p99_s",
+              "exec_mean_s", "makespan_s", "failed", "actions"):
+        assert table.loc["k8s", m] == pytest.approx(k.summary[m]), m
+    for name, col, stat in STATS:  # p50 of queue/exec: straight from actions.parquet
+        q = {"mean": k.actions[col].mean(), "p50": k.actions[col].quantile(0.5),
+             "p99": k.actions[col].quantile(0.99)}[stat]
+        assert table.loc["k8s", name] == pytest.approx(q), name
     assert table.loc["tangram", "cpu_busy"] == pytest.approx(t.summary["utilisation"]["cpu"]["busy"])
+    same = (t.actions.set_index("action_id")["units"]
+            == k.actions.set_index("action_id")["units"].reindex(t.actions["action_id"])).mean()
+    assert table.loc["tangram", "same_units"] == 1.0
+    assert table.loc["k8s", "same_units"] == pytest.approx(same) and same < 1.0
     pct = change(table, "tangram")
     expected = 100 * (k.summary["act_mean_s"] / t.summary["act_mean_s"] - 1)
     assert pct.loc["k8s", "act_mean_s"] == pytest.approx(expected)
     assert (pct.loc["tangram"].dropna() == 0).all()
+    assert not {"actions", "failed", "same_units"} & set(pct.columns)  # read those as is
     with pytest.raises(ValueError, match="unique"):
         compare([t, t])
 
