@@ -154,10 +154,8 @@ class ClusterSpec:
                           "host_mem_gb": (False, 3000.0)})]
         for node in gpu:
             if node.gpus not in (1, 2, 4, 8):
-                # aligned chunks of 1/2/4/8; a node of fewer GPUs is a partial node (the
-                # GPU-count sweeps use them for 1-GPU resolution)
                 problems.append(f"gpu_nodes: {node.name}: gpus must be 1, 2, 4 or 8 (aligned "
-                                f"chunks), got {node.gpus}")
+                                f"chunks of 1/2/4/8), got {node.gpus}")
                 break
         services = []
         raw_services = data.get("services", [])

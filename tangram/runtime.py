@@ -62,6 +62,8 @@ class Record:
     status: str
     exit_code: int | None
     expected_s: float | None
+    #: ran on its node's light lane (shared cores; ``units`` 0)
+    lane: bool = False
 
     @property
     def act_s(self) -> float:
@@ -200,7 +202,7 @@ class Runtime:
                 d.start_s, now, lease.units, lease.node,
                 ",".join(map(str, lease.cores)), ",".join(map(str, lease.gpus)),
                 lease.restore_s, outcome.overhead_s, outcome.status,
-                outcome.exit_code, d.expected_s,
+                outcome.exit_code, d.expected_s, lease.lane,
             )
             self.records.append(rec)
             next_dispatches = self._timed(self.core.finish, d.action.id, now, outcome)
@@ -230,6 +232,8 @@ class Runtime:
 
 
 class ManualTimer:
+    """A timer that is cancelled by marking it (the clock skips it when it comes up)."""
+
     __slots__ = ("cancelled",)
 
     def __init__(self) -> None:

@@ -12,7 +12,8 @@ import pandas as pd
 import pytest
 import yaml
 
-from analysis.compare import compare
+from analysis.compare import table as compare_table
+from analysis.runs import load_run
 from executor.commands import elastic_argv
 from tangram.cluster import ClusterError, ClusterSpec
 from traces.generate import generate
@@ -122,7 +123,7 @@ def test_run_does_real_work_counts_failures_and_simulate_takes_its_cluster(tmp_p
     assert yaml.safe_load((sim / "cluster.yaml").read_text()) == \
         yaml.safe_load((live / "cluster.yaml").read_text())
 
-    table = compare([live, sim]).set_index("metric")
+    table = compare_table([load_run(live), load_run(sim)]).set_index("metric")
     assert list(table.columns) == ["live", "sim", "% sim"]
     for metric in ("act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s", "exec_p99_s",
                    "makespan_s", "same_units"):
