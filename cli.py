@@ -206,13 +206,17 @@ def trace_generate(
     out: Annotated[Path, typer.Option(help="Output file; format from the extension.")],
     trajectories: Annotated[int, typer.Option(min=1, help="Trajectories in the batch.")] = 256,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    arrival: Annotated[str | None, typer.Option(
+        help="mopd / mixed: 'burst' (default; every trajectory starts together and sends "
+             "its teacher request when its own generation ends) or 'spread' (starts spread "
+             "over ~20 min by the Azure trace's inter-arrival gaps).")] = None,
 ) -> None:
     """Generate a calibrated synthetic trace (sources in traces/README.md)."""
     from traces.generate import generate
     from traces.schema import TraceError, write
 
     try:
-        df = generate(workload, trajectories, seed)
+        df = generate(workload, trajectories, seed, arrival)
         write(df, out)
     except (ValueError, TraceError) as e:
         fail(str(e))

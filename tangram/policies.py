@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from tangram.baseline_pools import ExclusiveGpuManager, PodManager, PodPool, ServicePool, static_placement
 from tangram.cluster import ClusterSpec
+from tangram.eoe import EoeScheduler
 from tangram.managers.cpu import CpuManager
 from tangram.managers.gpu import GpuManager
 from tangram.managers.quota import QuotaManager
@@ -89,10 +90,17 @@ class Pods:
 # -- the GPU side -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SharedGpus:
-    """Evict-on-execution from one pool of aligned chunks (paper 5.3)."""
+    """Evict-on-execution from one pool of aligned chunks (paper 5.3). ``eoe``: the
+    burst-proof rules of tangram/eoe.py (residency affinity, per-service batches,
+    restore-aware ordering, predictive pre-restore); off, the paper's placement with
+    the policy's scheduler. Requests are batched either way (tangram/batching.py)."""
+
+    eoe: bool = True
 
     def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
         gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
+        if self.eoe:
+            return gpu, [GpuPool(GPU_POOL, gpu, EoeScheduler(), eoe=True, prerestore=True)]
         return gpu, [GpuPool(GPU_POOL, gpu)]
 
     def route(self, action: Action) -> str:
@@ -101,10 +109,12 @@ class SharedGpus:
 
 @dataclass(frozen=True)
 class StaticDeployments:
-    """Each service on fixed replicas (SGLang-like), its own queue; ``gpu_dop`` None:
-    each service at the smallest DoP its weights fit."""
+    """Each service on fixed replicas (SGLang-like), its own queue, batching its
+    requests like every GPU pool. ``gpu_dop``: the tensor-parallel size of every
+    replica (the paper's baseline deploys each model on 4 GPUs), raised for a model
+    whose weights do not fit; None: each service at the smallest DoP its weights fit."""
 
-    gpu_dop: int | None = None
+    gpu_dop: int | None = 4
 
     def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
         gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
@@ -206,7 +216,9 @@ class Policy:
 class PaperPolicy(Policy):
     name: ClassVar[str] = "tangram-paper"
     description: ClassVar[str] = ("the paper's Alg. 1-2 rules: the objective sees only the "
-                                  "queue, no waiting, durations-only DP")
+                                  "queue, no waiting, durations-only DP; the paper's GPU "
+                                  "placement (no residency affinity or pre-restore)")
+    gpu: Any = field(default_factory=lambda: SharedGpus(eoe=False))
 
     def scheduler(self) -> ElasticScheduler:
         return PaperScheduler(self.depth, self.lookahead, self._ordering())
