@@ -40,6 +40,7 @@ ahead of it.
 
 from __future__ import annotations
 
+from collections import deque
 from typing import TYPE_CHECKING
 
 from tangram.arrange import CHUNK_SIZES
@@ -67,13 +68,14 @@ class EoeScheduler(ElasticScheduler):
 
     # -- the DoP of a new variant --------------------------------------------------------
     def target_dop(self, pool: GpuPool, service: str, choices: tuple[int, ...],
-                   now: float) -> int:
+                   now: float, shares: dict[str, float] | None = None) -> int:
         """Chunk size of a new variant of ``service`` (one of ``choices``): its share of
         recent demand, a fair share at least."""
-        services = list(pool.manager.services)
-        share = pool.demand.shares(services, now).get(service, 0.0)
-        gpus = sum(n.spec.gpus for n in pool.manager.nodes.values())
-        want = _chunk_floor(gpus * max(share, 1.0 / max(len(services), 1)))
+        services = pool.manager.services
+        if shares is None:
+            shares = pool.demand.shares(list(services), now)
+        want = _chunk_floor(pool.total_gpus * max(shares.get(service, 0.0),
+                                                  1.0 / max(len(services), 1)))
         fits = [c for c in choices if c <= want]
         return fits[-1] if fits else choices[0]
 
@@ -81,92 +83,117 @@ class EoeScheduler(ElasticScheduler):
     def plan(self, pool: GpuPool, now: float, estimates: Estimates,  # type: ignore[override]
              quota: QuotaManager) -> list[Decision]:
         mgr = pool.manager
+        if mgr.free_gpus() <= 0:
+            return []  # every chunk is running something: nothing can start
         decisions: list[Decision] = []
-        waiting_services = None
-        for q in pool.groups():
-            members = [p for p in q if pool.is_waiting(p)]
-            if not members:
+        groups = pool.groups()
+        waiting_services = {g[0].action.service for g in groups}
+        idle_sites = mgr.idle_sites()
+        shares: dict[str, float] | None = None
+        for q in groups:
+            members = _Cursor(q, pool)
+            head = members.peek()
+            if head is None:
                 continue
-            head = members[0]
             service = head.action.service or ""
             # 1. idle resident variants first, widest first
-            idle = sorted((s for s in mgr.sites(service) if mgr.is_idle(s)
-                           and s[2] in head.choices), key=lambda s: -s[2])
+            sites = idle_sites.get(service)
+            idle = sorted((s for s in sites if s[2] in head.choices),
+                          key=lambda s: -s[2]) if sites else []
             placed: list[tuple[Pending, GpuLease, int]] = []
             for site in idle:
-                if not members:
+                lead = members.peek()
+                if lead is None:
                     break
-                lead = members.pop(0)
                 lease = mgr.reserve_at(lead.action.id, service, site, now)
-                if lease is None:
-                    members.insert(0, lead)
-                    continue
-                placed.append((lead, lease, site[2]))
+                if lease is not None:
+                    members.pop()
+                    placed.append((lead, lease, site[2]))
             # 2. restore another variant, or wait for a busy one
             blocked = False
-            while members:
-                k = self.target_dop(pool, service, members[0].choices, now)
+            ends = self._busy_ends(pool, service, now)
+            while (nxt := members.peek()) is not None and mgr.free_gpus() > 0:
+                if shares is None:
+                    shares = pool.demand.shares(list(mgr.services), now)
+                k = self.target_dop(pool, service, nxt.choices, now, shares)
                 restore_s = mgr.variant_restore_s(service, k)
-                ends = self._busy_ends(pool, service, now)
-                ends += [now + lease.restore_s + solo_s(lead, units, estimates)
-                         for lead, lease, units in placed]
-                waited = now - members[0].submit_s
-                if ends and waited < restore_s:
-                    backlog = sum(solo_s(m, k, estimates) for m in members)
-                    wait = min(ends) - now + backlog / (2 * len(ends))
-                    if wait <= restore_s:
+                mine = ends + [now + lease.restore_s + solo_s(lead, units, estimates)
+                               for lead, lease, units in placed]
+                if mine and now - nxt.submit_s < restore_s:
+                    backlog = pool.waiting_count(service) * solo_s(nxt, k, estimates)
+                    if min(mine) - now + backlog / (2 * len(mine)) <= restore_s:
                         break  # waiting for its own variants costs less than a restore
-                if waiting_services is None:
-                    waiting_services = {g[0].action.service for g in pool.groups()}
                 site = None
-                for dop in [k, *sorted((c for c in members[0].choices if c < k), reverse=True)]:
+                for dop in [k, *sorted((c for c in nxt.choices if c < k), reverse=True)]:
                     site = mgr.restore_site(service, dop, waiting_services)
                     if site is not None:
                         break
                 if site is None:
-                    blocked = not ends  # nothing of its own will free either
+                    blocked = not mine  # nothing of its own will free either
                     break
-                lead = members.pop(0)
-                lease = mgr.reserve_at(lead.action.id, service, site, now)
+                lease = mgr.reserve_at(nxt.action.id, service, site, now)
                 if lease is None:  # pragma: no cover - restore_site returned a free chunk
-                    members.insert(0, lead)
                     break
-                placed.append((lead, lease, site[2]))
+                members.pop()
+                placed.append((nxt, lease, site[2]))
             # 3. batches: what is left rides along, spread over this pass's placements
-            self._fill_batches(pool, placed, members, estimates)
-            decisions.extend((lead, units) for lead, _, units in placed)
-            if blocked:
+            if placed:
+                self._fill_batches(pool, placed, members, ends, now, estimates)
+                decisions.extend((lead, units) for lead, _, units in placed)
+            if blocked or mgr.free_gpus() <= 0:
                 break  # starvation bound: nothing younger takes the chunk it waits for
         return decisions
 
     @staticmethod
     def _busy_ends(pool: GpuPool, service: str, now: float) -> list[float]:
-        """Expected ends of the running batches of ``service``'s variants."""
+        """Expected ends of the running batches of ``service``."""
         out = []
-        for aid, lease in pool.manager._live.items():
-            if lease.service == service:
-                run = pool.running.get(aid)
-                if run is not None:
-                    end, _, start = run
-                    # past its expected end: expect it to run about as long again
-                    out.append(end if end > now else now + (now - start))
+        running = pool.running
+        for aid in pool.manager.live_of(service):
+            run = running.get(aid)
+            if run is not None:
+                end, _, start = run
+                # past its expected end: expect it to run about as long again
+                out.append(end if end > now else now + (now - start))
         return out
 
     def _fill_batches(self, pool: GpuPool, placed: list[tuple[Pending, GpuLease, int]],
-                      left: list[Pending], estimates: Estimates) -> None:
+                      left: _Cursor, busy_ends: list[float], now: float,
+                      estimates: Estimates) -> None:
+        """Spread the requests left over this pass's placements as batch riders, each
+        only while riding pays: under the batching curve every member of a batch ends
+        with it, so a rider delays the ``b`` members already in it by its time less the
+        shared overhead ``f``, and saves itself the wait for the earliest free variant
+        ``E``, and each of the ``Q`` requests behind it ``f``. Ride iff
+        ``E - T + f * (1 + Q) > b * (s - f)`` (``T``: the batch's end before it joins)."""
+        behind = pool.waiting_count(placed[0][0].action.service or "") - len(placed)
+        if behind <= 0:
+            for lead, lease, _ in placed:
+                pool.plan_batch(lead, lease, [])
+            return
         batching = pool.batching
+        f = batching.fixed_s
         batches = [[lead] for lead, _, _ in placed]
         work = [work_s(lead, estimates) for lead, _, _ in placed]
-        while left and batches:
-            # the batch with the least work takes the next request, if its budget admits it
-            j = min(range(len(batches)), key=lambda b: work[b])
+        ends = [now + lease.restore_s + solo_s(lead, units, estimates)
+                for lead, lease, units in placed]
+        behind = pool.waiting_count(placed[0][0].action.service or "") - len(placed)
+        while (r := left.peek()) is not None:
+            behind -= 1
+            j = min(range(len(batches)), key=lambda b: ends[b])
             lead, lease, units = placed[j]
-            r = left[0]
             w = work_s(r, estimates)
             if units not in r.choices or not batching.admits(work[j], w, len(batches[j])):
                 break
-            batches[j].append(left.pop(0))
+            s_r = solo_s(r, units, estimates)
+            earliest = min([*busy_ends, *ends])
+            # without riding it starts when the earliest variant frees and runs alone
+            gain = earliest - ends[j] + f * (1 + behind)
+            if gain <= len(batches[j]) * max(s_r - f, 0.0):
+                break
+            batches[j].append(left.pop())
             work[j] += w
+            ends[j] += max(s_r - f, 0.0)
         for (lead, lease, _), batch in zip(placed, batches, strict=True):
             pool.plan_batch(lead, lease, batch[1:])
 
@@ -175,13 +202,11 @@ class EoeScheduler(ElasticScheduler):
         """Restore, into free chunks where that evicts nothing, the services whose
         resident GPUs fall furthest short of their share of recent demand."""
         mgr = pool.manager
-        if mgr.free_gpus() <= 0:
-            return
+        if mgr.free_gpus() <= 0 or pool.queue:
+            return  # requests wait: the free chunks are theirs
         services = [s for s in mgr.services if pool.demand.value(s, now) > 0]
         if not services:
             return
-        if pool.groups():
-            return  # requests wait: the free chunks are theirs
         shares = pool.demand.shares(services, now)
         gpus = sum(n.spec.gpus for n in mgr.nodes.values())
         for _ in range(gpus):
@@ -219,3 +244,23 @@ class EoeScheduler(ElasticScheduler):
         need = mgr.services[service].size_gb / k
         victims = mgr._victims(node, list(node.resident), start, k, need, node.spec.gpu_mem_gb)
         return victims is None or bool(victims)
+
+
+class _Cursor:
+    """The waiting requests of one service's queue, front first. The requests a pass
+    takes are always a prefix of them, and the pool prunes taken ones off the front
+    (and rebuilds after a cancel), so the deque holds only waiting requests."""
+
+    __slots__ = ("_q", "_i")
+
+    def __init__(self, queue: deque[Pending], pool: GpuPool) -> None:
+        self._q = queue
+        self._i = 0
+
+    def peek(self) -> Pending | None:
+        return self._q[self._i] if self._i < len(self._q) else None
+
+    def pop(self) -> Pending:
+        p = self._q[self._i]
+        self._i += 1
+        return p

@@ -256,6 +256,8 @@ class GpuPool(Pool):
         #: service -> its queued requests in arrival order (``eoe``; lazily pruned)
         self.waiting: dict[str, deque[Pending]] = {}
         self._queued: set[int] = set()
+        self._count: dict[str, int] = {}
+        self.total_gpus = sum(n.spec.gpus for n in manager.nodes.values())
         #: lease, riders and lead the EOE scheduler planned, by lead action id
         self._planned: dict[str, tuple[GpuLease, list[Pending], Pending]] = {}
 
@@ -295,6 +297,7 @@ class GpuPool(Pool):
         if self.eoe:
             self.waiting.setdefault(service, deque()).append(p)
             self._queued.add(id(p))
+            self._count[service] = self._count.get(service, 0) + 1
 
     def groups(self) -> list[deque[Pending]]:
         """Each service's waiting requests (oldest first), services ordered by their
@@ -302,10 +305,11 @@ class GpuPool(Pool):
         if len(self._queued) != len(self.queue):  # a cancel took some off the queue
             alive = {id(p) for p in self.queue}
             self._queued &= alive
-            for q in self.waiting.values():
+            for service, q in self.waiting.items():
                 kept = [p for p in q if id(p) in alive]
                 q.clear()
                 q.extend(kept)
+                self._count[service] = len(kept)
         out = []
         for q in self.waiting.values():
             while q and id(q[0]) not in self._queued:
@@ -318,9 +322,14 @@ class GpuPool(Pool):
     def is_waiting(self, p: Pending) -> bool:
         return id(p) in self._queued
 
+    def waiting_count(self, service: str) -> int:
+        return self._count.get(service, 0)
+
     def plan_batch(self, lead: Pending, lease: GpuLease, riders: list[Pending]) -> None:
         """The EOE scheduler placed ``lead`` (and ``riders``) on ``lease``."""
         self._planned[lead.action.id] = (lease, riders, lead)
+        service = lead.action.service or ""
+        self._count[service] -= 1 + len(riders)
         self._queued.discard(id(lead))
         for r in riders:
             self._queued.discard(id(r))
@@ -354,6 +363,8 @@ class GpuPool(Pool):
             # core left the lead queued, and its riders never left the queue
             for q in (*planned[1], planned[2]):
                 self._queued.add(id(q))
+            service = planned[2].action.service or ""
+            self._count[service] += 1 + len(planned[1])
         self.manager.release(part)
 
     def after_pass(self, now: float, estimates: Any) -> None:

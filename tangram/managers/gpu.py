@@ -77,7 +77,10 @@ class GpuManager:
         self.restore_s_total = 0.0
         #: service -> its resident variants' sites
         self._sites: dict[str, set[Site]] = {}
+        #: service -> ids of the actions running on it
+        self._live_of: dict[str, set[str]] = {}
         self._counts: tuple[int, int, int, int] | None = None
+        self._nfree = sum(n.spec.gpus for n in self.nodes.values())
         #: restore estimates of the current state; cleared with _counts on any change
         self._restore_est: dict[tuple[str, int], float] = {}
         self._checks: dict[tuple[str, int], str | None] = {}
@@ -138,7 +141,22 @@ class GpuManager:
         return False
 
     def free_gpus(self) -> int:
-        return sum(n * size for n, size in zip(self.chunk_counts(), CHUNK_SIZES, strict=True))
+        return self._nfree
+
+    def idle_sites(self) -> dict[str, list[Site]]:
+        """Resident variants whose chunk is free, by service (what can start at once
+        without a restore)."""
+        out: dict[str, list[Site]] = {}
+        for node in self.nodes.values():
+            blocks = [(st, size) for size, starts in node.free.items() for st in starts]
+            if not blocks:
+                continue
+            for svc, k, st in node.resident:
+                for bst, bsize in blocks:
+                    if bst <= st and st + k <= bst + bsize:
+                        out.setdefault(svc, []).append((node.name, st, k))
+                        break
+        return out
 
     # -- allocation ----------------------------------------------------------------
     def reserve(self, action_id: str, service: str, k: int,
@@ -190,7 +208,12 @@ class GpuManager:
             self.restore_s_total += restore_s
         lease = GpuLease(action_id, node.name, sub, k, service, restore_s)
         self._live[action_id] = lease
+        self._live_of.setdefault(service, set()).add(action_id)
         return lease
+
+    def live_of(self, service: str) -> set[str]:
+        """Ids of the actions running on ``service``'s variants."""
+        return self._live_of.get(service, set())
 
     # -- placement by site (the ``tangram`` policy's EOE scheduler) ------------------------
     def free_block(self, node: GpuNode, start: int, k: int) -> tuple[int, int] | None:
@@ -328,6 +351,7 @@ class GpuManager:
 
     def _carve(self, node: GpuNode, start: int, size: int, sub: int, k: int) -> None:
         self._counts = None
+        self._nfree -= k
         node.free[size].discard(start)
         while size > k:  # split, keeping the half that holds ``sub``
             size //= 2
@@ -370,7 +394,9 @@ class GpuManager:
         if self._live.get(lease.action_id) is not lease:
             return
         del self._live[lease.action_id]
+        self._live_of[lease.service].discard(lease.action_id)
         self._counts = None
+        self._nfree += lease.size
         self._restore_est.clear()
         node = self.nodes[lease.node]
         start, size = lease.start, lease.size
