@@ -237,10 +237,16 @@ class Tangram:
         return self._schedule(now, self.pools.values())
 
     def next_wakeup(self, now: float) -> float | None:
-        """When a time-based quota frees up while something waits (else None)."""
+        """When a time-based quota frees up, or a pool wants another pass (a GPU request
+        stops waiting by choice), while something waits (else None)."""
         if not self.queued:
             return None
-        return self.quota.next_expiry(now)
+        at = self.quota.next_expiry(now)
+        for pool in self.pools.values():
+            w = pool.next_wakeup(now)
+            if w is not None and (at is None or w < at):
+                at = w
+        return at
 
     def estimate(self, p: Pending) -> float:
         """Expected duration of a queued action at its minimum."""

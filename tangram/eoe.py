@@ -40,6 +40,7 @@ ahead of it.
 
 from __future__ import annotations
 
+import math
 from collections import deque
 from typing import TYPE_CHECKING
 
@@ -86,15 +87,21 @@ class EoeScheduler(ElasticScheduler):
         if mgr.free_gpus() <= 0:
             return []  # every chunk is running something: nothing can start
         decisions: list[Decision] = []
+        pool.wake_at = None
         groups = pool.groups()
         waiting_services = {g[0].action.service for g in groups}
         idle_sites = mgr.idle_sites()
         shares: dict[str, float] | None = None
-        for q in groups:
-            members = _Cursor(q, pool)
+        floor = float("inf")  # the oldest request a service's limit held back this pass
+        for gi, q in enumerate(groups):
+            # FCFS across services: this pass takes of this service only requests no
+            # younger than the next service's oldest (its head always); a request held
+            # back so is served by the core's next pass, before anything younger
+            limit = groups[gi + 1][0].submit_s if gi + 1 < len(groups) else float("inf")
+            members = _Cursor(q, min(limit, floor))
             head = members.peek()
-            if head is None:
-                continue
+            if head is None or head.submit_s > floor:
+                break
             service = head.action.service or ""
             # 1. idle resident variants first, widest first
             sites = idle_sites.get(service)
@@ -117,19 +124,28 @@ class EoeScheduler(ElasticScheduler):
                     shares = pool.demand.shares(list(mgr.services), now)
                 k = self.target_dop(pool, service, nxt.choices, now, shares)
                 restore_s = mgr.variant_restore_s(service, k)
-                mine = ends + [now + lease.restore_s + solo_s(lead, units, estimates)
-                               for lead, lease, units in placed]
-                if mine and now - nxt.submit_s < restore_s:
+                # its own variants it can use, running or just placed
+                mine = [end for end, units in ends if units in nxt.choices]
+                mine += [now + lease.restore_s + solo_s(lead, units, estimates)
+                         for lead, lease, units in placed if units in nxt.choices]
+                if mine and now - nxt.submit_s < restore_s - 1e-9:
                     backlog = pool.waiting_count(service) * solo_s(nxt, k, estimates)
                     if min(mine) - now + backlog / (2 * len(mine)) <= restore_s:
-                        break  # waiting for its own variants costs less than a restore
+                        # waiting for its own variants costs less than a restore; it
+                        # waits at most as long as the restore would have taken
+                        cap = nxt.submit_s + restore_s
+                        if pool.wake_at is None or cap < pool.wake_at:
+                            pool.wake_at = cap
+                        break
                 site = None
                 for dop in [k, *sorted((c for c in nxt.choices if c < k), reverse=True)]:
                     site = mgr.restore_site(service, dop, waiting_services)
                     if site is not None:
                         break
                 if site is None:
-                    blocked = not mine  # nothing of its own will free either
+                    # no chunk fits: unless one of its own variants it can use will free,
+                    # nothing younger may start (it would take the chunks it waits for)
+                    blocked = not mine
                     break
                 lease = mgr.reserve_at(nxt.action.id, service, site, now)
                 if lease is None:  # pragma: no cover - restore_site returned a free chunk
@@ -138,23 +154,27 @@ class EoeScheduler(ElasticScheduler):
                 placed.append((nxt, lease, site[2]))
             # 3. batches: what is left rides along, spread over this pass's placements
             if placed:
-                self._fill_batches(pool, placed, members, ends, now, estimates)
+                self._fill_batches(pool, placed, members, [e for e, _ in ends], now,
+                                   estimates)
                 decisions.extend((lead, units) for lead, _, units in placed)
+            held = members.held_back()
+            if held is not None and held < floor:
+                floor = held
             if blocked or mgr.free_gpus() <= 0:
                 break  # starvation bound: nothing younger takes the chunk it waits for
         return decisions
 
     @staticmethod
-    def _busy_ends(pool: GpuPool, service: str, now: float) -> list[float]:
-        """Expected ends of the running batches of ``service``."""
+    def _busy_ends(pool: GpuPool, service: str, now: float) -> list[tuple[float, int]]:
+        """(expected end, DoP) of the running batches of ``service``."""
         out = []
         running = pool.running
         for aid in pool.manager.live_of(service):
             run = running.get(aid)
             if run is not None:
-                end, _, start = run
+                end, units, start = run
                 # past its expected end: expect it to run about as long again
-                out.append(end if end > now else now + (now - start))
+                out.append((end if end > now else now + (now - start), units))
         return out
 
     def _fill_batches(self, pool: GpuPool, placed: list[tuple[Pending, GpuLease, int]],
@@ -199,68 +219,75 @@ class EoeScheduler(ElasticScheduler):
 
     # -- predictive pre-restore ----------------------------------------------------------
     def prerestore(self, pool: GpuPool, now: float, estimates: Estimates) -> None:
-        """Restore, into free chunks where that evicts nothing, the services whose
-        resident GPUs fall furthest short of their share of recent demand."""
+        """Restore, into free chunks, the services whose resident variants fall short of
+        their recent demand; a pre-restore evicts only variants of services asked at
+        most half as often (so two services never evict each other back and forth),
+        and prefers chunks where it evicts nothing. A service needs
+        ``ceil(2 * rate / dop)`` variants (``rate``: one-GPU seconds it was asked per
+        second over the demand window, doubled as headroom for bursts), one at least
+        while it is asked at all. The most short first; a variant's DoP is the one a
+        new variant would get (:meth:`target_dop`) among the DoPs its requests accept."""
         mgr = pool.manager
         if mgr.free_gpus() <= 0 or pool.queue:
             return  # requests wait: the free chunks are theirs
-        services = [s for s in mgr.services if pool.demand.value(s, now) > 0]
-        if not services:
-            return
-        shares = pool.demand.shares(services, now)
-        gpus = sum(n.spec.gpus for n in mgr.nodes.values())
-        for _ in range(gpus):
-            best, best_deficit = None, 0.0
-            for s in services:
-                resident = sum(site[2] for site in mgr.sites(s))
-                deficit = gpus * shares[s] - resident
-                if deficit > best_deficit:
-                    best, best_deficit = s, deficit
-            if best is None:
-                return
-            dop = self._dop_for(pool, best, now)
-            if dop is None or best_deficit < dop:
-                services.remove(best)
-                if not services:
-                    return
+        tau = pool.demand.tau_s
+        short: list[tuple[float, str, int]] = []
+        shares: dict[str, float] | None = None
+        for service, choices in pool.accepted.items():
+            rate = pool.demand.value(service, now) / tau
+            if rate <= 0:
                 continue
-            site = mgr.restore_site(best, dop, frozenset(mgr.services))
-            if site is None or self._evicts(pool, best, site):
-                services.remove(best)
-                if not services:
-                    return
-                continue
-            mgr.prerestore(best, site, now)
-
-    def _dop_for(self, pool: GpuPool, service: str, now: float) -> int | None:
-        choices = tuple(c for c in CHUNK_SIZES if pool.manager.check(service, c) is None)
-        return self.target_dop(pool, service, choices, now) if choices else None
+            if shares is None:
+                shares = pool.demand.shares(list(mgr.services), now)
+            dop = self.target_dop(pool, service, choices, now, shares)
+            need = max(1, math.ceil(2 * rate / dop))
+            have = len(mgr.sites(service))
+            if have < need:
+                short.append((have / need, service, dop))
+        for _, service, dop in sorted(short):
+            rate = pool.demand.value(service, now)
+            keep = frozenset(s for s in mgr.services if pool.demand.value(s, now) * 2 > rate)
+            site = mgr.restore_site(service, dop, keep)
+            if site is not None and not self._evicts(pool, service, site, keep):
+                mgr.prerestore(service, site, now)
 
     @staticmethod
-    def _evicts(pool: GpuPool, service: str, site: Site) -> bool:
+    def _evicts(pool: GpuPool, service: str, site: Site, keep: frozenset[str]) -> bool:
+        """Whether restoring ``service`` at ``site`` would evict a variant of ``keep``."""
         mgr = pool.manager
         name, start, k = site
         node = mgr.nodes[name]
         need = mgr.services[service].size_gb / k
         victims = mgr._victims(node, list(node.resident), start, k, need, node.spec.gpu_mem_gb)
-        return victims is None or bool(victims)
+        return victims is None or any(v[0] in keep for v in victims)
 
 
 class _Cursor:
-    """The waiting requests of one service's queue, front first. The requests a pass
-    takes are always a prefix of them, and the pool prunes taken ones off the front
-    (and rebuilds after a cancel), so the deque holds only waiting requests."""
+    """The waiting requests of one service's queue, front first, up to those younger
+    than ``limit`` (the head is always offered). The requests a pass takes are always a
+    prefix, and the pool prunes taken ones off the front (and rebuilds after a cancel),
+    so the deque holds only waiting requests."""
 
-    __slots__ = ("_q", "_i")
+    __slots__ = ("_q", "_i", "_limit")
 
-    def __init__(self, queue: deque[Pending], pool: GpuPool) -> None:
+    def __init__(self, queue: deque[Pending], limit: float) -> None:
         self._q = queue
         self._i = 0
+        self._limit = limit
 
     def peek(self) -> Pending | None:
-        return self._q[self._i] if self._i < len(self._q) else None
+        if self._i >= len(self._q):
+            return None
+        p = self._q[self._i]
+        return p if self._i == 0 or p.submit_s <= self._limit else None
 
     def pop(self) -> Pending:
         p = self._q[self._i]
         self._i += 1
         return p
+
+    def held_back(self) -> float | None:
+        """Submit time of the next request when the limit held it back (else None)."""
+        if self._i < len(self._q) and self.peek() is None:
+            return self._q[self._i].submit_s
+        return None

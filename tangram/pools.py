@@ -116,6 +116,10 @@ class Pool:
     def after_pass(self, now: float, estimates: Any) -> None:
         return None
 
+    def next_wakeup(self, now: float) -> float | None:
+        """When this pool wants a pass although nothing arrives or ends (None: never)."""
+        return None
+
 
 class CpuNodePool(Pool):
     key = "cpu"
@@ -253,11 +257,18 @@ class GpuPool(Pool):
         self.eoe = eoe
         self.prerestore = prerestore
         self.demand = ServiceDemand()
+        #: service -> the GPU counts its latest request accepted
+        self.accepted: dict[str, tuple[int, ...]] = {}
         #: service -> its queued requests in arrival order (``eoe``; lazily pruned)
         self.waiting: dict[str, deque[Pending]] = {}
         self._queued: set[int] = set()
+        #: arrival order of the waiting requests (ties of submit time break by it)
+        self._seq: dict[int, int] = {}
+        self._arrivals = 0
         self._count: dict[str, int] = {}
         self.total_gpus = sum(n.spec.gpus for n in manager.nodes.values())
+        #: when a request waiting by choice for its own busy variant stops waiting
+        self.wake_at: float | None = None
         #: lease, riders and lead the EOE scheduler planned, by lead action id
         self._planned: dict[str, tuple[GpuLease, list[Pending], Pending]] = {}
 
@@ -293,10 +304,14 @@ class GpuPool(Pool):
     # -- requests and batches -----------------------------------------------------------
     def arrived(self, p: Pending, now: float) -> None:
         service = p.action.service or ""
-        self.demand.add(service, p.action.t1_s or 1.0, now)
+        self.demand.add(service, work_s(p, None) if p.action.t1_s is not None else 1.0, now)
+        if p.choices:
+            self.accepted[service] = p.choices
         if self.eoe:
             self.waiting.setdefault(service, deque()).append(p)
             self._queued.add(id(p))
+            self._seq[id(p)] = self._arrivals
+            self._arrivals += 1
             self._count[service] = self._count.get(service, 0) + 1
 
     def groups(self) -> list[deque[Pending]]:
@@ -305,6 +320,7 @@ class GpuPool(Pool):
         if len(self._queued) != len(self.queue):  # a cancel took some off the queue
             alive = {id(p) for p in self.queue}
             self._queued &= alive
+            self._seq = {k: v for k, v in self._seq.items() if k in alive}
             for service, q in self.waiting.items():
                 kept = [p for p in q if id(p) in alive]
                 q.clear()
@@ -316,7 +332,8 @@ class GpuPool(Pool):
                 q.popleft()
             if q:
                 out.append(q)
-        out.sort(key=lambda q: q[0].submit_s)
+        seq = self._seq
+        out.sort(key=lambda q: (q[0].submit_s, seq.get(id(q[0]), 0)))
         return out
 
     def is_waiting(self, p: Pending) -> bool:
@@ -331,8 +348,10 @@ class GpuPool(Pool):
         service = lead.action.service or ""
         self._count[service] -= 1 + len(riders)
         self._queued.discard(id(lead))
+        self._seq.pop(id(lead), None)
         for r in riders:
             self._queued.discard(id(r))
+            self._seq.pop(id(r), None)
 
     def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
         planned = self._planned.get(p.action.id)
@@ -366,6 +385,11 @@ class GpuPool(Pool):
             service = planned[2].action.service or ""
             self._count[service] += 1 + len(planned[1])
         self.manager.release(part)
+
+    def next_wakeup(self, now: float) -> float | None:
+        if self.wake_at is not None and (self.wake_at <= now or not self.queue):
+            self.wake_at = None
+        return self.wake_at
 
     def after_pass(self, now: float, estimates: Any) -> None:
         sched = self.scheduler
