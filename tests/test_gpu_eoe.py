@@ -7,6 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import gpu_call
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -20,7 +21,6 @@ from tangram.core import Tangram
 from tangram.model import Outcome
 from tangram.policies import make_policy
 from tangram.runtime import DoubleReport, ManualClock, Runtime
-from tests.helpers import gpu_call
 from traces.generate import generate
 from traces.schema import Truth, validate
 
