@@ -27,15 +27,15 @@ request, with four rules:
    rates, decayed over two minutes), where that evicts nothing, so the next requests
    find it resident.
 
-**Starvation bound.** A younger service never takes a chunk the oldest waiting
-request could use: if no free chunk fits even the smallest DoP of the oldest
-service that wants one, the pass stops there, so the chunk it needs is the next one
-that frees (at most the longest running batch away). Waiting by choice (rule 3) is
-capped by the restore time of its variant. Within a service, requests start in
-arrival order. So a request, once its service's request is the oldest waiting, starts
-within max(restore time of its variant, the longest running batch) - plus, for the
-k-th request of a service's queue, the k / (batch size) batches of its own service
-ahead of it.
+**Starvation bound.** Services are served first come, first served by their oldest
+request, and a pass takes of a service only requests no younger than the next
+service's oldest. The oldest waiting request R is passed over by a younger one only
+(a) while R waits by choice for a busy variant of its own service - at most the
+restore time of its variant, counted from when it first chose to wait - or (b) while
+a variant of its service that R can use is running (R takes it when it ends). If no
+free chunk fits even R's smallest DoP and (b) does not hold, nothing younger starts:
+the chunk R needs is the next one to free. So R starts within max(the restore time of
+its variant, the longest running batch) of becoming the oldest waiting request.
 """
 
 from __future__ import annotations
@@ -105,8 +105,12 @@ class EoeScheduler(ElasticScheduler):
             service = head.action.service or ""
             # 1. idle resident variants first, widest first
             sites = idle_sites.get(service)
-            idle = sorted((s for s in sites if s[2] in head.choices),
-                          key=lambda s: -s[2]) if sites else []
+            if not sites:
+                idle = ()
+            elif len(sites) == 1:
+                idle = sites if sites[0][2] in head.choices else ()
+            else:
+                idle = sorted((s for s in sites if s[2] in head.choices), key=lambda s: -s[2])
             placed: list[tuple[Pending, GpuLease, int]] = []
             for site in idle:
                 lead = members.peek()
@@ -128,12 +132,14 @@ class EoeScheduler(ElasticScheduler):
                 mine = [end for end, units in ends if units in nxt.choices]
                 mine += [now + lease.restore_s + solo_s(lead, units, estimates)
                          for lead, lease, units in placed if units in nxt.choices]
-                if mine and now - nxt.submit_s < restore_s - 1e-9:
+                since = pool.deferred.get(id(nxt), now)
+                if mine and now - since < restore_s - 1e-9:
                     backlog = pool.waiting_count(service) * solo_s(nxt, k, estimates)
                     if min(mine) - now + backlog / (2 * len(mine)) <= restore_s:
                         # waiting for its own variants costs less than a restore; it
-                        # waits at most as long as the restore would have taken
-                        cap = nxt.submit_s + restore_s
+                        # waits so at most as long as the restore would have taken
+                        pool.deferred[id(nxt)] = since
+                        cap = since + restore_s
                         if pool.wake_at is None or cap < pool.wake_at:
                             pool.wake_at = cap
                         break

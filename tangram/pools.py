@@ -206,6 +206,10 @@ def batch_expected(lead: Pending, riders: list[Pending], units: int, estimates: 
     return batching.batch_s([solo_s(q, units, estimates) for q in (lead, *riders)])
 
 
+def _first(pair: tuple) -> Any:
+    return pair[0]
+
+
 class ServiceDemand:
     """Observed request rate of each GPU service: one-GPU seconds requested, decayed
     exponentially with time constant ``tau_s`` (what the next minutes will likely ask)."""
@@ -214,10 +218,14 @@ class ServiceDemand:
         self.tau_s = tau_s
         self._value: dict[str, float] = {}
         self._at: dict[str, float] = {}
+        #: shares until the next add (decay scales every service alike: it does not
+        #: change shares, only adds do)
+        self._shares: dict[tuple[str, ...], dict[str, float]] = {}
 
     def add(self, service: str, work: float, now: float) -> None:
         self._value[service] = self.value(service, now) + work
         self._at[service] = now
+        self._shares.clear()
 
     def value(self, service: str, now: float) -> float:
         v = self._value.get(service, 0.0)
@@ -227,11 +235,18 @@ class ServiceDemand:
 
     def shares(self, services: list[str], now: float) -> dict[str, float]:
         """Each service's share of the demand (equal before anything was observed)."""
+        key = tuple(services)
+        cached = self._shares.get(key)
+        if cached is not None:
+            return cached
         vals = {s: self.value(s, now) for s in services}
         total = sum(vals.values())
         if total <= 0:
-            return {s: 1.0 / len(services) for s in services} if services else {}
-        return {s: v / total for s, v in vals.items()}
+            out = {s: 1.0 / len(services) for s in services} if services else {}
+        else:
+            out = {s: v / total for s, v in vals.items()}
+        self._shares[key] = out
+        return out
 
 
 class GpuPool(Pool):
@@ -269,6 +284,8 @@ class GpuPool(Pool):
         self.total_gpus = sum(n.spec.gpus for n in manager.nodes.values())
         #: when a request waiting by choice for its own busy variant stops waiting
         self.wake_at: float | None = None
+        #: requests waiting by choice -> when they first chose to
+        self.deferred: dict[int, float] = {}
         #: lease, riders and lead the EOE scheduler planned, by lead action id
         self._planned: dict[str, tuple[GpuLease, list[Pending], Pending]] = {}
 
@@ -321,20 +338,21 @@ class GpuPool(Pool):
             alive = {id(p) for p in self.queue}
             self._queued &= alive
             self._seq = {k: v for k, v in self._seq.items() if k in alive}
+            self.deferred = {k: v for k, v in self.deferred.items() if k in alive}
             for service, q in self.waiting.items():
                 kept = [p for p in q if id(p) in alive]
                 q.clear()
                 q.extend(kept)
                 self._count[service] = len(kept)
         out = []
+        queued, seq = self._queued, self._seq
         for q in self.waiting.values():
-            while q and id(q[0]) not in self._queued:
+            while q and id(q[0]) not in queued:
                 q.popleft()
             if q:
-                out.append(q)
-        seq = self._seq
-        out.sort(key=lambda q: (q[0].submit_s, seq.get(id(q[0]), 0)))
-        return out
+                out.append(((q[0].submit_s, seq.get(id(q[0]), 0)), q))
+        out.sort(key=_first)
+        return [q for _, q in out]
 
     def is_waiting(self, p: Pending) -> bool:
         return id(p) in self._queued
@@ -349,9 +367,11 @@ class GpuPool(Pool):
         self._count[service] -= 1 + len(riders)
         self._queued.discard(id(lead))
         self._seq.pop(id(lead), None)
+        self.deferred.pop(id(lead), None)
         for r in riders:
             self._queued.discard(id(r))
             self._seq.pop(id(r), None)
+            self.deferred.pop(id(r), None)
 
     def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
         planned = self._planned.get(p.action.id)

@@ -55,9 +55,11 @@ class Loop:
 
 
 def oldest_may_not_starve(core: Tangram, now: float) -> None:
-    """The stated bound, checked at every event: the oldest waiting request is never left
-    waiting past its cap (the restore time of its smallest variant) while a free chunk
-    it could use exists."""
+    """The stated bound (tangram/eoe.py), checked at every event: while a free chunk it
+    could use exists, the oldest waiting request waits only by choice, for at most its
+    cap (the restore time of its smallest variant) since it chose to; and nothing
+    younger starts while it waits unless it waits by choice or can use a running
+    variant of its own service."""
     pool = core.pools["gpu"]
     if not pool.queue:
         return
@@ -66,7 +68,7 @@ def oldest_may_not_starve(core: Tangram, now: float) -> None:
     cap = mgr.variant_restore_s(head.action.service, min(head.choices))
     largest_free = max((size for n in mgr.nodes.values() for size, starts in n.free.items()
                         if starts), default=0)
-    waited = now - head.submit_s
+    waited = now - pool.deferred.get(id(head), head.submit_s)
     if largest_free >= min(head.choices):
         assert waited <= cap + 1e-6, (
             f"{head.action.id} waited {waited:.3f} s > cap {cap:.3f} s with a "

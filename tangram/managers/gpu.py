@@ -148,9 +148,10 @@ class GpuManager:
         without a restore)."""
         out: dict[str, list[Site]] = {}
         for node in self.nodes.values():
-            blocks = [(st, size) for size, starts in node.free.items() for st in starts]
-            if not blocks:
+            free = node.free
+            if not (free[1] or free[2] or free[4] or free[8]):
                 continue
+            blocks = [(st, size) for size, starts in free.items() for st in starts]
             for svc, k, st in node.resident:
                 for bst, bsize in blocks:
                     if bst <= st and st + k <= bst + bsize:
