@@ -111,17 +111,25 @@ class SharedGpus:
 class StaticDeployments:
     """Each service on fixed replicas (SGLang-like), its own queue, batching its
     requests like every GPU pool. ``gpu_dop``: the tensor-parallel size of every
-    replica (the paper's baseline deploys each model on 4 GPUs), raised for a model
-    whose weights do not fit; None: each service at the smallest DoP its weights fit."""
+    replica, raised for a model whose weights do not fit. None (default): the paper's
+    baseline, every model on 4 GPUs, when the cluster has a 4-GPU replica for every
+    service; on a smaller cluster each service at the smallest DoP its weights fit."""
 
-    gpu_dop: int | None = 4
+    gpu_dop: int | None = None
+
+    #: the paper's static deployment: each model on 4 GPUs (tensor parallel)
+    PAPER_DOP: ClassVar[int] = 4
 
     def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
         gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
         services = [s.name for s in cluster.services]
         if not services:
             return gpu, []
-        per = static_placement(cluster, services, self.gpu_dop)
+        dop = self.gpu_dop
+        if dop is None:
+            gpus = sum(n.gpus for n in cluster.gpu_nodes)
+            dop = self.PAPER_DOP if len(services) * self.PAPER_DOP <= gpus else None
+        per = static_placement(cluster, services, dop)
         return gpu, [ServicePool(s, r) for s, r in per.items()]
 
     def route(self, action: Action) -> str:
