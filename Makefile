@@ -3,15 +3,19 @@
 VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
+# verl is tested torch-free: installed without its dependencies (torch, vLLM, ...), its tool
+# modules are imported as tests/verl_torchfree.py explains. pyproject cannot say --no-deps.
+VERL_VERSION := 0.9.1
 
 .PHONY: simulate test lint bench
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "Tangram needs Python >= 3.11 (found $$($(PYTHON) --version 2>&1))" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/pip install --quiet --no-deps verl==$(VERL_VERSION)
 	@touch $(STAMP)
 
 simulate: $(STAMP)  ## simulate the shipped AI-coding sample on the default cluster

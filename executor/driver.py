@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from tangram.cluster import CpuNodeSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome
 from tangram.runtime import Record, Runtime
@@ -54,6 +55,9 @@ class LiveExecutor:
         self.backend = backend
         self.clock = AsyncioClock(self.loop)
         self.runtime = Runtime(core, self.clock, backend, stopwatch=time.perf_counter)
+        watch = getattr(backend, "watch_nodes", None)
+        if watch is not None:  # a multi-node backend (Ray) reports membership changes
+            watch(self.node_lost, self.node_joined)
 
     def open_trajectory(self, trajectory: str, task: str = "default",
                         mem_gb: float | None = None) -> None:
@@ -84,3 +88,13 @@ class LiveExecutor:
 
     def shutdown(self) -> None:
         self.backend.shutdown()
+
+    # -- membership (multi-node backends) ------------------------------------------------
+    def node_lost(self, node: str) -> None:
+        """A node left: the core drops its capacity and re-binds what waited for it.
+        The backend then ends the node's in-flight actions (failed), once each."""
+        self.runtime._launch(self.core.remove_node(node, self.clock.now()))
+
+    def node_joined(self, spec: CpuNodeSpec) -> None:
+        """A node joined: its capacity becomes schedulable at once."""
+        self.runtime._launch(self.core.add_node(spec, self.clock.now()))

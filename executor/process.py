@@ -12,7 +12,8 @@ import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from executor.commands import CommandError, argv_of, elastic_argv
+from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv, priority_prefix
+from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
 from tangram.model import Dispatch, Outcome
 
@@ -72,9 +73,15 @@ class ProcessBackend:
         env["TANGRAM_CORES"] = ",".join(map(str, sorted(cores)))
         if self._taskset:
             pin: dict = {}
-            full = [self._taskset, "-c", ",".join(map(str, sorted(cores))), *argv]
+            full = [self._taskset, "-c", ",".join(map(str, sorted(cores))),
+                    *priority_prefix(d.lease.lane), *argv]
         else:
-            pin = {"preexec_fn": lambda: os.sched_setaffinity(0, cores)}
+            def pin_and_nice() -> None:
+                os.sched_setaffinity(0, cores)
+                if not d.lease.lane:
+                    os.nice(EXCLUSIVE_NICE)
+
+            pin = {"preexec_fn": pin_and_nice}
             full = argv
         try:
             proc = await asyncio.create_subprocess_exec(
@@ -129,3 +136,11 @@ class ProcessBackend:
     def shutdown(self) -> None:
         for proc in list(self._procs.values()):
             self._kill_group(proc)
+
+    # -- files (executor/files_api.py): confined to the trajectory's working directory ------
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None:
+        write_file(self.workdir(trajectory), parts, data)
+
+    def get_file(self, trajectory: str, parts: tuple[str, ...],
+                 limit: int = MAX_FILE_BYTES) -> bytes:
+        return read_file(self.workdir(trajectory), parts, limit)

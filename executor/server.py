@@ -28,6 +28,10 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from pydantic import BaseModel, Field, field_validator
 
 from executor.driver import LiveBackend, LiveExecutor
+from executor.files_api import router as files_router
+from executor.gpu.actions import gpu_action
+from executor.gpu.routes import metric_lines
+from executor.gpu.routes import router as gpu_router
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity, Outcome, quota_resource
 from tangram.runtime import Record
@@ -49,6 +53,7 @@ class ActionIn(BaseModel):
     kind: str = Field("shell", min_length=1, max_length=100)
     argv: list[str] | None = Field(None, min_length=1, description="Command as argv (no shell).")
     command: str | None = Field(None, min_length=1, description="Command line, split with shlex.")
+    shell: bool = Field(False, description="Run `command` as `sh -c <command>` inside the sandbox.")
     request: dict[str, Any] | None = Field(
         None, description="An outbound API call instead of a command: {method, url, json, ...}.")
     cpu: str = Field("1", description="Feasible core counts: '2', '1-8' or '1,2,4'.")
@@ -58,6 +63,11 @@ class ActionIn(BaseModel):
     quota: dict[str, float] = Field(default_factory=dict, description="Quota key -> units.")
     timeout_s: float | None = Field(None, gt=0)
     env: dict[str, str] = Field(default_factory=dict)
+    service: str | None = Field(None, min_length=1, max_length=200,
+                                description="GPU service (model) to call: a GPU action.")
+    gpus: str = Field("1", description="GPU action: feasible GPU counts, '1' or '1,2,4,8'.")
+    inputs: dict[str, Any] | None = Field(
+        None, description="GPU action: {op: 'logprobs' | 'score', tokens: [[ids]], yes_token}.")
 
     @field_validator("cpu", mode="before")
     @classmethod
@@ -72,6 +82,8 @@ class ActionIn(BaseModel):
         return text
 
     def to_action(self, trajectory: str, task: str) -> Action:
+        if self.service is not None:
+            return gpu_action(self, trajectory, task)
         if self.request is None and self.argv is None and self.command is None:
             raise ValueError("argv: give argv, command or request")
         cost: dict[str, Demand] = {}
@@ -79,7 +91,8 @@ class ActionIn(BaseModel):
             cost["cpu"] = parse_set(self.cpu)  # type: ignore[assignment]
         for key, units in self.quota.items():
             cost[quota_resource(key)] = Demand.fixed(units)
-        payload = {"argv": self.argv, "command": self.command, "request": self.request,
+        payload = {"argv": self.argv, "command": self.command, "shell": self.shell,
+                   "request": self.request,
                    "timeout_s": self.timeout_s, "env": self.env}
         elasticity = (Elasticity.amdahl(self.parallel_fraction)
                       if self.parallel_fraction is not None else None)
@@ -97,10 +110,13 @@ class ActionOut(BaseModel):
     error: str = ""
     units: int | None = None
     cores: list[int] = Field(default_factory=list)
+    gpus: list[int] = Field(default_factory=list)
+    lane: bool = Field(False, description="Ran on the node's light lane (cores shared).")
     queue_s: float | None = None
     exec_s: float | None = None
     state_lost: bool = False
     retries: int = 0
+    node: str | None = Field(None, description="The node it ran on (several with --ray).")
     argv: list[str] = Field(default_factory=list, description="What was executed (after -n).")
 
 
@@ -157,11 +173,11 @@ def result_of(rec: Record, out: Outcome) -> ActionOut:
     extra = dict(out.extra or {})
     return ActionOut(
         id=rec.action_id, trajectory=rec.trajectory, status=out.status, exit_code=out.exit_code,
-        output=out.output, error=out.error, units=rec.units,
-        cores=[int(c) for c in extra.get("cores", [])],
+        output=out.output, error=out.error, units=rec.units, lane=rec.lane,
+        cores=[int(c) for c in extra.get("cores", [])], gpus=[int(g) for g in extra.get("gpus", [])],
         queue_s=rec.start_s - rec.submit_s, exec_s=rec.end_s - rec.start_s,
         state_lost=bool(extra.get("state_lost")), retries=int(extra.get("retries", 0)),
-        argv=list(extra.get("argv", [])))
+        argv=list(extra.get("argv", [])), node=rec.node)
 
 
 class Service:
@@ -222,6 +238,9 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
 
     def svc(request: Request) -> Service:
         return request.app.state.service
+
+    app.include_router(files_router, dependencies=[Depends(auth)])
+    app.include_router(gpu_router, dependencies=[Depends(auth)])
 
     @app.exception_handler(ValueError)
     async def value_error(_request: Request, exc: ValueError) -> JSONResponse:
@@ -345,6 +364,7 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
                   "# TYPE tangram_resource_capacity gauge"]
         for res, v in sorted(cap.items()):
             lines.append(f'tangram_resource_capacity{{resource="{res}"}} {v}')
+        lines += metric_lines(s.executor.backend)
         return "\n".join(lines) + "\n"
 
     return app

@@ -155,3 +155,41 @@ def simulate_bench(trajectories_n: int = 2048, seed: int = 0) -> dict:
         "act_mean_s": round(float(np.mean([r.act_s for r in result.records])), 3),
         "pinned_core": core_id,
     }
+
+
+def learning_bench(seeds: int = 20, max_runs: int = 300, tol: float = 0.10) -> Iterator[dict]:
+    """How many observed runs the online speedup curve (tangram.estimates.SpeedupCurve)
+    needs to come within ``tol`` of the true *mean* curve at every unit count, and stay
+    there. Each run is an action of its own size (T1 lognormal, median 10 s, spread
+    ``sigma``: 0.1 ~ the same test command rerun, 0.5 ~ different suites of one kind)
+    granted 1, 2, 4 or 8 units uniformly at random (how exploration spreads them)."""
+    from tangram.estimates import SpeedupCurve
+
+    choices = (1, 2, 4, 8)
+    cases = [(p, o, sigma) for sigma in (0.1, 0.5)
+             for p, o in ((0.5, 0.0), (0.8, 0.0), (0.95, 0.0), (0.8, 0.5), (0.5, 1.0))]
+    for p, overhead, sigma in cases:
+        mean_t1 = 10.0 * float(np.exp(sigma ** 2 / 2))
+        true = {m: mean_t1 * ((1 - p) + p / m) + overhead * (m - 1) for m in choices}
+        needed = []
+        for seed in range(seeds):
+            rng = np.random.default_rng(seed)
+            curve, within_since = SpeedupCurve(), None
+            for run in range(1, max_runs + 1):
+                m = int(rng.choice(choices))
+                t1 = float(rng.lognormal(np.log(10.0), sigma))
+                curve.observe(m, t1 * ((1 - p) + p / m) + overhead * (m - 1))
+                err = max(abs((curve.duration(u) or float("inf")) - true[u]) / true[u]
+                           for u in choices)
+                if err <= tol:
+                    within_since = within_since or run
+                else:
+                    within_since = None
+            needed.append(within_since or float("inf"))
+        arr = np.asarray(needed, dtype=float)
+        yield {"parallel_fraction": p, "unit_overhead_s": overhead, "t1_sigma": sigma,
+               "tolerance": tol, "seeds": seeds, "max_runs": max_runs,
+               "runs_to_within_p50": float(np.percentile(arr, 50, method="nearest")),
+               "runs_to_within_p90": float(np.percentile(arr, 90, method="nearest")),
+               "never_within": int(np.isinf(arr).sum()),
+               "slower_at_8_than_at_1": bool(true[8] > true[1])}

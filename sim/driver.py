@@ -21,19 +21,9 @@ from tangram.cluster import ClusterSpec
 from tangram.core import Tangram
 from tangram.managers.quota import QuotaManager
 from tangram.policies import Pods, Policy, make_policy
-from tangram.runtime import RunResult, Runtime
+from tangram.runtime import ManualTimer, RunResult, Runtime
 from traces.fit import check_fits
 from traces.schema import TrajectorySpec, trajectories
-
-
-class SimTimer:
-    __slots__ = ("cancelled",)
-
-    def __init__(self) -> None:
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
 
 
 class SimClock:
@@ -45,8 +35,8 @@ class SimClock:
     def now(self) -> float:
         return self.env.now
 
-    def call_later(self, delay: float, fn: Callable[[], None]) -> SimTimer:
-        timer = SimTimer()
+    def call_later(self, delay: float, fn: Callable[[], None]) -> ManualTimer:
+        timer = ManualTimer()
 
         def fire(_event: Any) -> None:
             if not timer.cancelled:
@@ -83,6 +73,12 @@ def startup_of(policy: Policy, config: SimConfig) -> StartupModel:
     return CONTAINER_START
 
 
+def busy_of(core: Tangram) -> Callable[[str], float]:
+    """Fraction of a node's cores held exclusively (what a light-lane action shares)."""
+    cores = {n.name: n.cores for n in core.cluster.cpu_nodes}
+    return lambda node: core.cpu.in_use(node) / cores[node] if cores.get(node) else 0.0
+
+
 def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
              progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Run a validated trace (traces.schema.load) through one policy."""
@@ -102,7 +98,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
              if st.truth is not None}
     provider = QuotaManager(cluster.quotas) if policy.api_admission == "provider" else None
     backend = ModelledBackend(clock, np.random.default_rng(config.seed), truth,
-                              startup_of(policy, config), provider)
+                              startup_of(policy, config), provider, busy=busy_of(core))
     runtime = Runtime(core, clock, backend, stopwatch=time.perf_counter)
     total = sum(len(s.steps) for specs in steps_specs for s in specs)
     done = [0]

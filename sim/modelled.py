@@ -24,7 +24,7 @@ import numpy as np
 from tangram.backoff import Backoff
 from tangram.batching import DEFAULT_BATCHING, BatchModel
 from tangram.managers.quota import QuotaManager
-from tangram.model import Dispatch, Elasticity, Outcome, counted
+from tangram.model import Dispatch, Outcome, counted
 from tangram.runtime import Clock
 from traces.schema import Truth
 
@@ -53,10 +53,25 @@ NO_START = StartupModel("none", 0.0, 0.0)
 RTT_429_S = 0.05
 
 
+#: CFS weights (kernel/sched/core.c, sched_prio_to_weight): nice 0 = 1024, nice 10 = 110.
+#: Actions on exclusive cores run at nice 10, light-lane actions at nice 0, so a light
+#: action sharing a core with a busy one gets 1024 / 1134 of it. Measured on this kind of
+#: machine (2026-11, `ls`, `cat`, a 60 ms python spin sharing a core with a nice-10 busy
+#: loop): 0.9x, 1.04x, 1.24x of their idle times.
+LANE_SLOWDOWN_FULL = 1134 / 1024
+
+
 def truth_of(d: Dispatch) -> Truth:
     """Actions without recorded truth (hand-built ones) run as declared."""
     e = d.action.elasticity
     return Truth(d.action.t1_s or 0.0, e.parallel_fraction if e is not None else None)
+
+
+def _declared_duration(d: Dispatch, truth: Truth, units: int) -> float:
+    e = d.action.elasticity
+    if truth.parallel_fraction is None and e is not None and units > 1:
+        return truth.t1_s / (e.efficiency(units) * units)  # a declared table (tests)
+    return truth.duration(units)
 
 
 class ModelledBackend:
@@ -68,9 +83,14 @@ class ModelledBackend:
     def __init__(self, clock: Clock, rng: np.random.Generator,
                  truth: Mapping[str, Truth] | None = None, startup: StartupModel = NO_START,
                  provider: QuotaManager | None = None, backoff: Backoff = Backoff(),
+                 busy: Callable[[str], float] | None = None,
                  batching: BatchModel = DEFAULT_BATCHING) -> None:
+        """``busy(node)``: fraction of the node's cores held exclusively (for the light
+        lane's time-sharing slowdown; None: no slowdown). ``batching``: the curve a batch
+        dispatch runs by."""
         self.batching = batching
         self.clock = clock
+        self.busy = busy
         self.rng = rng
         self.truth = truth if truth is not None else {}
         self.startup = startup
@@ -84,12 +104,11 @@ class ModelledBackend:
         self._cancelled.add(action_id)
 
     def true_duration(self, d: Dispatch, truth: Truth) -> float:
+        if d.lease.lane:  # time-shares a core with the node's exclusive actions
+            b = self.busy(d.lease.node) if self.busy and d.lease.node else 0.0
+            return truth.t1_s * (1.0 + b * (LANE_SLOWDOWN_FULL - 1.0))
         units = d.units if d.action.elastic else 1
-        if truth.parallel_fraction is None or units <= 1:
-            if truth.parallel_fraction is None and d.action.elasticity is not None and units > 1:
-                return truth.t1_s / (d.action.elasticity.efficiency(units) * units)
-            return truth.t1_s
-        return truth.t1_s / (Elasticity.amdahl(truth.parallel_fraction).efficiency(units) * units)
+        return _declared_duration(d, truth, units)
 
     def true_duration_of(self, d: Dispatch, action_index: int) -> float:
         """True time of one action of ``d`` alone on ``d``'s units."""

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from tangram.cluster import ClusterSpec
+from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.estimates import Estimates
 from tangram.model import Action, BatchMember, Dispatch, Lease, Outcome, counted
-from tangram.policies import Policy
-from tangram.pools import Pending, Pool
+from tangram.policies import Policy, SharedCores
+from tangram.pools import CpuNodePool, Pending, Pool
 
 
 @dataclass(slots=True)
@@ -177,7 +177,7 @@ class Tangram:
             return None
         pending = self._pending(action, now, pool)
         self.queued[action.id] = pending
-        pool.queue.append(pending)
+        pool.admit(pending)
         pool.arrived(pending, now)
         return pool
 
@@ -223,7 +223,7 @@ class Tangram:
         pending = self.queued.pop(action_id, None)
         if pending is None:
             return False
-        for q in [self.unbound, *(p.queue for p in self.pools.values())]:
+        for q in [self.unbound, *(q for p in self.pools.values() for q in p.queues())]:
             if pending in q:
                 q.remove(pending)
                 break
@@ -264,19 +264,25 @@ class Tangram:
         sched = pool.scheduler or self.scheduler
         choices = pool.unit_choices(action)
         if action.elastic != pool.key or not choices:
-            return Pending(action, now, int(choices[0] if choices else action.min(pool.key)),
-                           quotas)
-        t1 = action.t1_s
-        if t1 is None and action.elasticity is not None:
-            # Beyond the paper: an unprofiled elastic action whose E(m) is known gets
-            # T1 from the running mean of its (task, kind), once one has completed.
-            t1 = self.estimates.durations.learnt_t1((action.task, action.kind))
-        elastic = (t1 is not None and action.elasticity is not None and len(choices) > 1
-                   and sched.elastic_enabled)
-        durations = ({u: t1 / (action.elasticity.efficiency(u) * u) for u in choices}
-                     if elastic else {})
-        return Pending(action, now, sched.min_units(choices), quotas,
-                       elastic=elastic, choices=choices, durations=durations)
+            key_min = int(choices[0] if choices else action.min(pool.key))
+            return Pending(action, now, key_min, quotas,
+                           light=key_min == 1 and self._light(action, pool, quotas))
+        durations = (sched.profile(action, choices, self.estimates)
+                     if sched.elastic_enabled and len(choices) > 1 else {})
+        key_min = sched.min_units(choices)
+        light = not durations and key_min == 1 and self._light(action, pool, quotas)
+        return Pending(action, now, key_min, quotas, elastic=bool(durations), choices=choices,
+                       durations=durations, light=light)
+
+    def _light(self, action: Action, pool: Pool, quotas: dict[str, float]) -> bool:
+        """For a pool with a light lane: expected to take at most its ``light_s`` on one
+        core, declared or from at least two observed runs of its (task, kind)."""
+        if not isinstance(pool, CpuNodePool) or not pool.light_s or quotas:
+            return False
+        if action.t1_s is not None:
+            return action.t1_s <= pool.light_s
+        n, mean = self.estimates.durations.mean_n((action.task, action.kind))
+        return n >= 2 and mean <= pool.light_s
 
     def _bind_waiting(self, touched: set[str]) -> None:
         """Bind queued first actions to nodes, in FCFS order (paper 5.2)."""
@@ -290,7 +296,7 @@ class Tangram:
             pool = self._route(p.action)
             pending = self._pending(p.action, p.submit_s, pool)
             self.queued[p.action.id] = pending
-            pool.queue.append(pending)
+            pool.admit(pending)
             pool.arrived(pending, p.submit_s)
             touched.add(pool.name)
 
@@ -306,7 +312,7 @@ class Tangram:
         """Scheduling passes until nothing more starts. Greedy eviction may leave units
         free that an evicted action could have used (a DP prefix cannot always absorb
         them: an action takes at most 8 GPUs); the next pass offers them again."""
-        out: list[Dispatch] = []
+        out = self._lane(pool, now) if isinstance(pool, CpuNodePool) and pool.light else []
         while pool.queue:
             got = self._pass_once(pool, now)
             out.extend(got)
@@ -357,6 +363,28 @@ class Tangram:
             out.append(d)
         return out
 
+    def _lane(self, pool: CpuNodePool, now: float) -> list[Dispatch]:
+        """Start waiting light actions, in order, on the node's lane while it has room,
+        then on idle exclusive cores (see CpuNodePool)."""
+        out: list[Dispatch] = []
+        light = pool.light
+        while light:
+            p = light[0]
+            grant = pool.lane_reserve(p) or pool.reserve(p, 1, now)
+            if grant is None:
+                break
+            light.popleft()
+            del self.queued[p.action.id]
+            units = 0 if grant.lane else 1
+            lease = Lease(p.action.id, units, (grant.part, None), grant.node, grant.cores,
+                          lane=grant.lane)
+            expected = self.estimates.estimate(p)
+            d = Dispatch(p.action, lease, p.submit_s, now, expected)
+            self.running[p.action.id] = Running(d, pool, p)
+            pool.running[p.action.id] = (now + expected, units, now)
+            out.append(d)
+        return out
+
     def _reserve(self, pool: Pool, p: Pending, units: int, now: float) -> Lease | None:
         """Pool units then quotas, all or nothing. NUMA placement may refuse the
         planned count: fall back to smaller feasible counts down to the minimum."""
@@ -372,7 +400,7 @@ class Tangram:
                     pool.release(grant.part)
                     return None
             return Lease(p.action.id, u, (grant.part, qlease), grant.node, grant.cores,
-                         grant.gpus, grant.restore_s)
+                         grant.gpus, grant.restore_s, grant.lane)
         return None
 
     def _release(self, pool: Pool, lease: Lease) -> None:
@@ -385,17 +413,68 @@ class Tangram:
     # -- introspection -----------------------------------------------------------------
     def usage(self) -> dict[str, float]:
         """Units in use per resource (for utilisation sampling)."""
-        out = {"cpu": 0.0, "gpu": 0.0,
+        out = {"cpu": 0.0, "cpu_lane": 0.0, "gpu": 0.0,
                "mem_gb": sum(n.mem_reserved for n in self.cpu.nodes.values())}
         for pool in self.pools.values():
             for res, units in pool.usage().items():
-                out[res] += units
+                out[res] = out.get(res, 0.0) + units
         out.update(self.quota.snapshot())
         return out
 
     def capacity(self) -> dict[str, float]:
         out = {"cpu": float(sum(n.cores for n in self.cluster.cpu_nodes)),
                "gpu": float(sum(n.gpus for n in self.cluster.gpu_nodes)),
-               "mem_gb": float(sum(n.mem_gb for n in self.cluster.cpu_nodes))}
+               "mem_gb": float(sum(n.mem_gb for n in self.cluster.cpu_nodes)),
+               "cpu_lane": float(sum(p.lane_slots for p in self.pools.values()
+                                     if isinstance(p, CpuNodePool)))}
         out.update({q.key: q.limit for q in self.cluster.quotas})
         return out
+
+    # -- membership (multi-node executors, e.g. Ray: a node joins or leaves) -----------
+    def add_node(self, spec: CpuNodeSpec, now: float) -> list[Dispatch]:
+        """A CPU node joined: add its capacity and pool; return what can start now
+        (trajectories waiting to be bound may fit on it)."""
+        shared = self.policy.cpu
+        if not isinstance(shared, SharedCores):
+            raise ValueError(f"node: nodes can join only under the shared-cores CPU policy, "
+                             f"not {type(shared).__name__}")
+        self.cpu.add_node(spec)
+        name = f"cpu:{spec.name}"
+        # the pool SharedCores.build would have made for this node
+        self.pools[name] = CpuNodePool(name, spec.name, self.cpu, light_s=shared.light_s,
+                                       lane_slots=max(1, spec.cores // shared.lane_cores))
+        self._cpu_nodes_changed((*self.cluster.cpu_nodes, spec))
+        return self._schedule(now, ())
+
+    def remove_node(self, node: str, now: float) -> list[Dispatch]:
+        """A CPU node left (its machine or its agent died). Idempotent.
+
+        Its capacity goes; trajectories bound there are unbound (their state is gone)
+        and their queued actions go back to the binding queue in submit order, so
+        they are re-bound elsewhere. Actions *running* there stay running until the
+        executor reports each one (failed): it reports them, exactly once, through
+        ``finish``, which then releases nothing. Returns what can start now."""
+        name = f"cpu:{node}"
+        pool = self.pools.get(name)
+        if pool is None or node not in self.cpu.nodes:
+            return []
+        self.cpu.remove_node(node)
+        # The pool stays registered, empty, until its running actions are finished
+        # (finish reschedules the pool it ran on); add_node of the same name replaces it.
+        waiting = sorted((p for q in pool.queues() for p in q), key=lambda p: p.submit_s)
+        requeued = [Pending(p.action, p.submit_s, int(p.action.min("cpu"))) for p in waiting]
+        for q in pool.queues():
+            q.clear()
+        if isinstance(pool, CpuNodePool):
+            pool.lane_slots = 0  # no capacity left to report
+        for p in requeued:
+            self.queued[p.action.id] = p
+        self.unbound = deque(sorted([*self.unbound, *requeued], key=lambda p: p.submit_s))
+        self._cpu_nodes_changed(tuple(n for n in self.cluster.cpu_nodes if n.name != node))
+        return self._schedule(now, ())
+
+    def _cpu_nodes_changed(self, cpu_nodes: tuple[CpuNodeSpec, ...]) -> None:
+        self.cluster = replace(self.cluster, cpu_nodes=cpu_nodes)
+        self._max_node_cores = max((n.cores for n in cpu_nodes), default=0)
+        self._max_domain = max((n.cores // n.numa for n in cpu_nodes), default=0)
+        self._max_node_mem = max((n.mem_gb for n in cpu_nodes), default=0.0)

@@ -103,19 +103,16 @@ class EoeScheduler(ElasticScheduler):
             if head is None or head.submit_s > floor:
                 break
             service = head.action.service or ""
-            # 1. idle resident variants first, widest first
+            # 1. idle resident variants first, widest first (a request only on a DoP it
+            # accepts)
             sites = idle_sites.get(service)
-            if not sites:
-                idle = ()
-            elif len(sites) == 1:
-                idle = sites if sites[0][2] in head.choices else ()
-            else:
-                idle = sorted((s for s in sites if s[2] in head.choices), key=lambda s: -s[2])
+            idle = sorted(sites, key=lambda s: -s[2]) if sites else []
             placed: list[tuple[Pending, GpuLease, int]] = []
-            for site in idle:
-                lead = members.peek()
-                if lead is None:
+            while idle and (lead := members.peek()) is not None:
+                site = next((s for s in idle if s[2] in lead.choices), None)
+                if site is None:
                     break
+                idle.remove(site)
                 lease = mgr.reserve_at(lead.action.id, service, site, now)
                 if lease is not None:
                     members.pop()

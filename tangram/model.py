@@ -231,6 +231,9 @@ class Lease:
     cores: tuple[int, ...] = ()
     gpus: tuple[int, ...] = ()
     restore_s: float = 0.0
+    #: on the node's light lane: ``cores`` are shared, not exclusive (``units`` is 0);
+    #: backends run it at normal priority and exclusive-core actions at nice 10
+    lane: bool = False
 
 
 @dataclass(frozen=True, slots=True)

@@ -60,11 +60,30 @@ class Resources:
 # -- the CPU side -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SharedCores:
-    """Allocate-on-execution: one pool per node, cores granted per action (paper 5.2)."""
+    """Allocate-on-execution: one pool per node, cores granted per action (paper 5.2),
+    plus a light lane per node (tangram/pools.py, CpuNodePool): actions expected to take
+    at most ``light_s`` start at once on shared cores, at most one per ``lane_cores``
+    cores of the node at a time (at least one). ``light_s`` 0: no lane.
+
+    ``light_s`` = 0.25 s (assumption, swept in tests): a quarter of a second is below
+    what a whole-core wait behind a test run costs (seconds) and long enough for the
+    shell commands agents issue most (ls, cat, grep, git status: tens of ms).
+    ``lane_cores`` = 4 bounds the lane to a quarter of a node's cores' time."""
+
+    light_s: float = 0.25
+    lane_cores: int = 4
+
+    def __post_init__(self) -> None:
+        if not self.light_s >= 0:
+            raise ValueError(f"light_s: must be >= 0, got {self.light_s!r}")
+        if not isinstance(self.lane_cores, int) or self.lane_cores < 1:
+            raise ValueError(f"lane_cores: must be an integer >= 1, got {self.lane_cores!r}")
 
     def build(self, cluster: ClusterSpec) -> tuple[CpuManager, list[Pool]]:
         cpu = CpuManager(cluster.cpu_nodes)
-        return cpu, [CpuNodePool(f"cpu:{n}", n, cpu) for n in cpu.nodes]
+        return cpu, [CpuNodePool(f"cpu:{n}", n, cpu, light_s=self.light_s,
+                                 lane_slots=max(1, cpu.nodes[n].spec.cores // self.lane_cores))
+                     for n in cpu.nodes]
 
 
 @dataclass(frozen=True)
@@ -299,7 +318,8 @@ REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (
 #: the parameters a user may set, and which part of a policy each belongs to
 PARAMS: dict[str, str] = {"depth": "scheduler", "lookahead": "scheduler",
                           "ordering": "scheduler", "max_wait_s": "scheduler",
-                          "pod_cores": "cpu", "gpu_dop": "gpu", "init_s": "gpu"}
+                          "pod_cores": "cpu", "light_s": "cpu", "lane_cores": "cpu",
+                          "gpu_dop": "gpu", "init_s": "gpu"}
 
 
 def make_policy(name: str, params: Mapping[str, Any] | None = None) -> Policy:

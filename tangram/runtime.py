@@ -68,6 +68,8 @@ class Record:
     status: str
     exit_code: int | None
     expected_s: float | None
+    #: ran on its node's light lane (shared cores; ``units`` 0)
+    lane: bool = False
     #: the lead action of the batch this action ran in ("" when it ran alone): records
     #: with the same ``batch_of`` shared one lease (and paid its restore once)
     batch_of: str = ""
@@ -238,7 +240,7 @@ class Runtime:
                 d.start_s, now, lease.units, lease.node,
                 ",".join(map(str, lease.cores)), ",".join(map(str, lease.gpus)),
                 lease.restore_s, outcome.overhead_s, outcome.status,
-                outcome.exit_code, d.expected_s, batch_of,
+                outcome.exit_code, d.expected_s, lease.lane, batch_of,
             )
             self.records.append(rec)
             next_dispatches = self._timed(self.core.finish, aid, now, outcome)
@@ -270,6 +272,8 @@ class Runtime:
 
 
 class ManualTimer:
+    """A timer that is cancelled by marking it (the clock skips it when it comes up)."""
+
     __slots__ = ("cancelled",)
 
     def __init__(self) -> None:

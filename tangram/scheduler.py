@@ -46,6 +46,7 @@ from typing import Protocol
 from tangram.arrange import arrange
 from tangram.estimates import Estimates
 from tangram.managers.quota import QuotaManager
+from tangram.model import Action
 from tangram.pools import Pending, Pool
 
 
@@ -107,6 +108,21 @@ class ElasticScheduler:
     def min_units(self, choices: tuple[int, ...]) -> int:
         """Units an elastic action needs at least (its smallest feasible amount)."""
         return choices[0]
+
+    def profile(self, action: Action, choices: tuple[int, ...],
+                estimates: Estimates) -> dict[int, float]:
+        """Expected duration per feasible unit count of an elastic action ({}: unknown, it
+        runs at its minimum). No oracle: only what the user declared (``t1_s``, E(m)) and
+        what was observed. Beyond the paper: T1 learnt for a declared E(m), and a speedup
+        curve learnt per (task, kind) when nothing was declared (with bounded exploration,
+        tangram.estimates.DurationModel)."""
+        e, key = action.elasticity, (action.task, action.kind)
+        if e is not None:
+            t1 = action.t1_s if action.t1_s is not None else estimates.durations.learnt_t1(key)
+            return {} if t1 is None else {u: t1 / (e.efficiency(u) * u) for u in choices}
+        if action.t1_s is not None:
+            return {}  # a declared T1 without E(m) says nothing of other unit counts
+        return estimates.durations.learnt_table(key, choices) or {}
 
     # -- Alg. 1 ------------------------------------------------------------------------
     def plan(self, pool: Pool, now: float, estimates: Estimates,
@@ -315,6 +331,14 @@ class PaperScheduler(ElasticScheduler):
     durations, and greedy eviction keeps at least the head (it starts now)."""
 
     name = "tangram-paper"
+
+    def profile(self, action: Action, choices: tuple[int, ...],
+                estimates: Estimates) -> dict[int, float]:
+        """The paper's rule: only declared profiles (T1 and E(m)); the rest at minimum."""
+        e = action.elasticity
+        if action.t1_s is None or e is None:
+            return {}
+        return {u: action.t1_s / (e.efficiency(u) * u) for u in choices}
 
     def expected_arrivals(self, pool: Pool, now: float, estimates: Estimates,
                           limit: int) -> list[tuple[float, int, float]]:

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 import typer.main
+from helpers import EventLoop, cluster, gpu_call, shell, test_run
 
 import cli
-from helpers import EventLoop, cluster, gpu_call, shell, test_run
 from tangram.baseline_pools import PodPool, ServicePool
 from tangram.core import Tangram
 from tangram.policies import REGISTRY, K8sPolicy, Pods, make_policy
