@@ -79,6 +79,9 @@ class ModelledBackend:
 
     #: a batch dispatch runs as one batch (one Outcome per member)
     serves_batches = True
+    #: a pre-restore is modelled by the GPU manager's own accounting (what is left of it
+    #: is paid by the action that lands on it)
+    prerestores = True
 
     def __init__(self, clock: Clock, rng: np.random.Generator,
                  truth: Mapping[str, Truth] | None = None, startup: StartupModel = NO_START,

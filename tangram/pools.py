@@ -473,7 +473,8 @@ class GpuPool(Pool):
 
     def after_pass(self, now: float, estimates: Any) -> None:
         sched = self.scheduler
-        if self.prerestore and sched is not None and hasattr(sched, "prerestore"):
+        if (self.prerestore and self.manager.prerestore_ok and sched is not None
+                and hasattr(sched, "prerestore")):
             sched.prerestore(self, now, estimates)
 
     def usage(self) -> dict[str, float]:

@@ -40,7 +40,10 @@ class Backend(Protocol):
     A backend that serves a batch dispatch (``Dispatch.batch``) as one batch sets a
     class attribute ``serves_batches = True`` and reports one Outcome per action of
     ``dispatch.actions`` (``Outcome.action_id`` says which); the runtime runs a batch
-    on any other backend as its actions one after another on the same lease.
+    on any other backend as its actions one after another on the same lease. A backend
+    that can load a GPU service ahead of demand sets ``prerestores = True``; the core
+    pre-restores (the ``tangram`` policy's idle-time restores) only for such a backend,
+    since another one would not hold what the core then believes resident.
     """
 
     def start(self, dispatch: Dispatch, on_done: Callable[[Outcome], None]) -> None: ...
@@ -132,6 +135,7 @@ class Runtime:
         self.clock = clock
         self.backend = backend
         self.stopwatch = stopwatch
+        core.gpu.prerestore_ok = bool(getattr(backend, "prerestores", False))
         self.records: list[Record] = []
         self.timing = Timing()
         self._callbacks: dict[str, ResultCallback] = {}

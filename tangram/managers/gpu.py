@@ -74,6 +74,9 @@ class GpuManager:
         self.hits = 0
         #: restores made ahead of demand (counted in ``restores`` too)
         self.prerestores = 0
+        #: whether the backend running the dispatches can restore ahead of demand (the
+        #: runtime sets it from the backend; a live GPU worker restores only on dispatch)
+        self.prerestore_ok = False
         #: seconds of every restore made (on demand and ahead of it), in full
         self.restore_s_total = 0.0
         #: service -> its resident variants' sites
