@@ -48,7 +48,7 @@ from tangram.arrange import CHUNK_SIZES
 from tangram.estimates import Estimates
 from tangram.managers.gpu import GpuLease, Site
 from tangram.managers.quota import QuotaManager
-from tangram.pools import Pending, solo_s, work_s
+from tangram.pools import Pending, accepts, solo_s, work_s
 from tangram.scheduler import Decision, ElasticScheduler
 
 if TYPE_CHECKING:
@@ -109,7 +109,7 @@ class EoeScheduler(ElasticScheduler):
             idle = sorted(sites, key=lambda s: -s[2]) if sites else []
             placed: list[tuple[Pending, GpuLease, int]] = []
             while idle and (lead := members.peek()) is not None:
-                site = next((s for s in idle if s[2] in lead.choices), None)
+                site = next((s for s in idle if s[2] in accepts(lead)), None)
                 if site is None:
                     break
                 idle.remove(site)
@@ -123,12 +123,12 @@ class EoeScheduler(ElasticScheduler):
             while (nxt := members.peek()) is not None and mgr.free_gpus() > 0:
                 if shares is None:
                     shares = pool.demand.shares(list(mgr.services), now)
-                k = self.target_dop(pool, service, nxt.choices, now, shares)
+                k = self.target_dop(pool, service, accepts(nxt), now, shares)
                 restore_s = mgr.variant_restore_s(service, k)
                 # its own variants it can use, running or just placed
-                mine = [end for end, units in ends if units in nxt.choices]
+                mine = [end for end, units in ends if units in accepts(nxt)]
                 mine += [now + lease.restore_s + solo_s(lead, units, estimates)
-                         for lead, lease, units in placed if units in nxt.choices]
+                         for lead, lease, units in placed if units in accepts(nxt)]
                 since = pool.deferred.get(id(nxt), now)
                 if mine and now - since < restore_s - 1e-9:
                     backlog = pool.waiting_count(service) * solo_s(nxt, k, estimates)
@@ -141,7 +141,7 @@ class EoeScheduler(ElasticScheduler):
                             pool.wake_at = cap
                         break
                 site = None
-                for dop in [k, *sorted((c for c in nxt.choices if c < k), reverse=True)]:
+                for dop in [k, *sorted((c for c in accepts(nxt) if c < k), reverse=True)]:
                     site = mgr.restore_site(service, dop, waiting_services)
                     if site is not None:
                         break
@@ -206,7 +206,7 @@ class EoeScheduler(ElasticScheduler):
             j = min(range(len(batches)), key=lambda b: ends[b])
             lead, lease, units = placed[j]
             w = work_s(r, estimates)
-            if units not in r.choices or not batching.admits(work[j], w, len(batches[j])):
+            if units not in accepts(r) or not batching.admits(work[j], w, len(batches[j])):
                 break
             s_r = solo_s(r, units, estimates)
             earliest = min([*busy_ends, *ends])

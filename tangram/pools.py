@@ -226,6 +226,11 @@ class CpuNodePool(Pool):
         return {"cpu": float(self.manager.in_use(self.node)), "cpu_lane": float(len(self._lane))}
 
 
+def accepts(p: Pending) -> tuple[int, ...]:
+    """The GPU counts ``p`` may run on (a non-elastic request: its one amount)."""
+    return p.choices or (p.key_min,)
+
+
 def solo_s(p: Pending, units: int, estimates: Any) -> float:
     """Expected time of ``p`` alone on ``units`` GPUs."""
     d = p.durations.get(units)
@@ -249,7 +254,7 @@ def take_riders(queue: deque[Pending], lead: Pending, units: int, estimates: Any
     for q in queue:
         if limit is not None and len(riders) >= limit:
             break
-        if q.action.service != service or q.quotas or units not in (q.choices or (units,)):
+        if q.action.service != service or q.quotas or units not in accepts(q):
             continue
         w = work_s(q, estimates)
         if not batching.admits(work, w, 1 + len(riders)):
@@ -382,8 +387,7 @@ class GpuPool(Pool):
     def arrived(self, p: Pending, now: float) -> None:
         service = p.action.service or ""
         self.demand.add(service, work_s(p, None) if p.action.t1_s is not None else 1.0, now)
-        if p.choices:
-            self.accepted[service] = p.choices
+        self.accepted[service] = accepts(p)
         if self.eoe:
             self.waiting.setdefault(service, deque()).append(p)
             self._queued.add(id(p))

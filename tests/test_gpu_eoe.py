@@ -18,7 +18,7 @@ from sim.modelled import ModelledBackend
 from tangram.batching import DEFAULT_BATCHING, BatchModel
 from tangram.cluster import ClusterSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
-from tangram.model import Outcome
+from tangram.model import Action, Demand, Outcome
 from tangram.policies import make_policy
 from tangram.runtime import DoubleReport, ManualClock, Runtime
 from traces.generate import generate
@@ -146,6 +146,19 @@ def test_no_request_starves_past_the_stated_bound(reqs):
         loop.at(t, gpu_call(f"j{i}", svc, t1=t1, choices=choices, aid=f"r{i}"))
     loop.run()
     assert len(loop.runtime.records) == len(reqs)
+
+
+@pytest.mark.parametrize("policy", ["tangram", "tangram-paper", "static", "serverless"])
+def test_fixed_gpu_requests_without_elasticity_run_and_batch(policy):
+    core = Tangram(gpu_cluster(nodes=1), make_policy(policy))
+    loop = Loop(core, check=lambda: core.gpu.check_invariants())
+    for i in range(12):  # not elastic: exactly 2 GPUs, duration learnt from the first ones
+        loop.at(0.1 * i, Action(f"r{i}", "t", f"j{i}", "teacher_logprob",
+                                {"gpu": Demand.fixed(2)}, service="ab"[i % 2], t1_s=0.5))
+    loop.run()
+    assert len(loop.runtime.records) == 12
+    # static serves every request on its replica's fixed DoP (4 GPUs per model here)
+    assert {r.units for r in loop.runtime.records} == ({4} if policy == "static" else {2})
 
 
 def test_resident_service_is_reused_at_its_dop_not_restored_per_grant():
