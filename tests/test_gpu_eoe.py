@@ -157,8 +157,11 @@ def test_fixed_gpu_requests_without_elasticity_run_and_batch(policy):
                                 {"gpu": Demand.fixed(2)}, service="ab"[i % 2], t1_s=0.5))
     loop.run()
     assert len(loop.runtime.records) == 12
-    # static serves every request on its replica's fixed DoP (4 GPUs per model here)
-    assert {r.units for r in loop.runtime.records} == ({4} if policy == "static" else {2})
+    if policy == "static":  # every request on its replica's fixed DoP
+        assert all(r.units == core.pools[f"gpu:{'ab'[int(r.action_id[1:]) % 2]}"].dop
+                   for r in loop.runtime.records)
+    else:
+        assert {r.units for r in loop.runtime.records} == {2}
 
 
 def test_resident_service_is_reused_at_its_dop_not_restored_per_grant():
