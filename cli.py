@@ -92,10 +92,8 @@ def simulate(
     Writes summary.json, actions.parquet, timing.parquet, trace.json (Chrome/Perfetto),
     utilisation.parquet and config.json to --out.
     """
-    from analysis.outputs import analyse, write_run
+    from analysis.runs import simulate as run_sim
     from sim.cluster import load_cluster
-    from sim.driver import SimConfig
-    from sim.driver import simulate as run_sim
     from tangram.cluster import ClusterError
     from traces.schema import TraceError, load
 
@@ -105,22 +103,18 @@ def simulate(
         df = load(trace)
     except (TraceError, ClusterError) as e:
         fail(str(e))
-    chosen = _policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
+    _policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)  # bad options: exit 2
     options = {"depth": depth, "lookahead": lookahead, "ordering": ordering,
                "pod_cores": pod_cores, "gpu_dop": gpu_dop}
-    cfg = SimConfig(policy=policy, seed=seed, steps=steps, train_s=train_s,
-                    asynchronous=asynchronous, options=options)
     out = out or Path("runs") / f"{trace.stem}-{policy.replace(':', '')}"
     try:
-        result = _with_progress(lambda cb: run_sim(df, spec, cfg, progress=cb), quiet,
-                                f"simulating {trace.name} under {policy}")
+        run_ = _with_progress(
+            lambda cb: run_sim(df, spec, policy, seed=seed, steps=steps, train_s=train_s,
+                               asynchronous=asynchronous, out=out, progress=cb,
+                               source=str(trace), **options),
+            quiet, f"simulating {trace.name} under {policy}")
     except ValueError as e:
         fail(str(e))
-    config = {"trace": str(trace), "cluster": spec.to_dict(), "policy": chosen.params(),
-              "sim": {"seed": seed, "steps": steps, "train_s": train_s,
-                      "asynchronous": asynchronous}}
-    run_ = analyse(result)
-    write_run(out, run_, config)
     if not quiet:
         _print_summary(run_.summary)
     out_console.print(f"wrote {out}/ (summary.json, actions.parquet, trace.json)")
@@ -323,33 +317,19 @@ def plot(
     runs: Annotated[list[Path], typer.Argument(help="Run directories (from simulate or run).")],
     out: Annotated[Path | None, typer.Option(help="Where figures go (default: first run/figures).")] = None,
 ) -> None:
-    """Draw the standard figures for a set of runs: ACT CDF, per-kind ACT, utilisation."""
-    import pandas as pd
-
+    """Draw the standard figures for a set of runs: ACT CDF, ACT per kind, where the time
+    goes, allocation over time (the same functions notebooks call: analysis/figures.py)."""
     from analysis import figures
-    from analysis.outputs import load_run
+    from analysis.runs import RunError, load_run
 
-    loaded = []
-    for run_dir in runs:
-        try:
-            summary, frame = load_run(run_dir)
-        except (FileNotFoundError, ValueError, OSError) as e:
-            fail(str(e))
-        loaded.append((run_dir.name, summary, frame))
-    out = out or runs[0] / "figures"
-    paths = [figures.act_cdf([(n, f) for n, _, f in loaded], out)]
-    kinds = pd.DataFrame([{"run": n, "kind": k, "act_mean_s": v["act_mean_s"]}
-                          for n, s, _ in loaded for k, v in s.get("per_kind", {}).items()])
-    if not kinds.empty:
-        paths.append(figures.bars(kinds, "kind", "run", "act_mean_s", "mean ACT per action kind",
-                                  "mean ACT (s)", out, "act_per_kind", log=True))
-    utils = [(run_dir.name, pd.read_parquet(run_dir / "utilisation.parquet")) for run_dir in runs
-             if (run_dir / "utilisation.parquet").exists()]
-    if utils:
-        cap = loaded[0][1].get("utilisation", {}).get("cpu", {}).get("capacity")
-        if cap:
-            paths.append(figures.utilisation(utils, "cpu", cap, out, "cpu_utilisation"))
-    for p in paths:
+    try:
+        loaded = [load_run(run_dir) for run_dir in runs]
+    except RunError as e:
+        fail(str(e))
+    names = [r.name for r in loaded]
+    if len(set(names)) != len(names):  # e.g. a/run and b/run: label them by their path
+        loaded = [load_run(run_dir, name=str(run_dir)) for run_dir in runs]
+    for p in figures.standard(loaded, out or runs[0] / "figures"):
         out_console.print(f"wrote {p}")
 
 

@@ -32,6 +32,7 @@ from executor.files_api import router as files_router
 from executor.gpu.actions import gpu_action
 from executor.gpu.routes import metric_lines
 from executor.gpu.routes import router as gpu_router
+from executor.status import status_router
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity, Outcome, quota_resource
 from tangram.runtime import Record
@@ -245,6 +246,8 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     @app.exception_handler(ValueError)
     async def value_error(_request: Request, exc: ValueError) -> JSONResponse:
         return JSONResponse({"detail": str(exc)}, status_code=422)
+
+    app.include_router(status_router(auth))  # the live status page at / (executor/status.py)
 
     @app.get("/healthz")
     async def healthz(request: Request) -> dict[str, Any]:
