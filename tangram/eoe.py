@@ -189,12 +189,17 @@ class EoeScheduler(ElasticScheduler):
         shared overhead ``f``, and saves itself the wait for the earliest free variant
         ``E``, and each of the ``Q`` requests behind it ``f``. Ride iff
         ``E - T + f * (1 + Q) > b * (s - f)`` (``T``: the batch's end before it joins)."""
-        behind = pool.waiting_count(placed[0][0].action.service or "") - len(placed)
-        if behind <= 0:
+        batching = pool.batching
+        r = left.peek()
+        if r is not None and len(placed) == 1:
+            # the common case, one placement: is there room for even one rider?
+            lead = placed[0][0]
+            if not batching.admits(work_s(lead, estimates), work_s(r, estimates), 1):
+                r = None
+        if r is None:
             for lead, lease, _ in placed:
                 pool.plan_batch(lead, lease, [])
             return
-        batching = pool.batching
         f = batching.fixed_s
         batches = [[lead] for lead, _, _ in placed]
         work = [work_s(lead, estimates) for lead, _, _ in placed]
@@ -209,7 +214,7 @@ class EoeScheduler(ElasticScheduler):
             if units not in accepts(r) or not batching.admits(work[j], w, len(batches[j])):
                 break
             s_r = solo_s(r, units, estimates)
-            earliest = min([*busy_ends, *ends])
+            earliest = min(min(busy_ends, default=ends[j]), min(ends))
             # without riding it starts when the earliest variant frees and runs alone
             gain = earliest - ends[j] + f * (1 + behind)
             if gain <= len(batches[j]) * max(s_r - f, 0.0):
