@@ -81,6 +81,8 @@ class Job:
     restore_gbps: float | None = None
     think_scale: float = 1.0
     test_scale: float = 1.0
+    #: mopd / mixed: "burst" (the generator's default) or "spread"
+    arrival: str | None = None
     options: tuple[tuple[str, Any], ...] = ()
     tags: tuple[tuple[str, Any], ...] = ()
     #: GPUs in the cluster, in 1-GPU steps (full 8-GPU nodes plus one partial node of
@@ -93,7 +95,8 @@ class Job:
         """The parameters of this run (results.json rows carry them)."""
         out: dict[str, Any] = {"workload": self.workload, "trajectories": self.trajectories,
                                "policy": self.policy, "cluster": self.base, "seed": self.seed}
-        for key in ("cpu_nodes", "gpu_nodes", "gpu_total", "restore_gbps", "search_quota"):
+        for key in ("cpu_nodes", "gpu_nodes", "gpu_total", "restore_gbps", "search_quota",
+                    "arrival"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.think_scale != 1.0:
@@ -130,7 +133,7 @@ def cluster_for(job: Job) -> ClusterSpec:
 
 
 def run_job(job: Job) -> dict[str, Any]:
-    df = generate(job.workload, job.trajectories, job.seed)
+    df = generate(job.workload, job.trajectories, job.seed, job.arrival)
     if job.think_scale != 1.0:
         df["think_s"] = df["think_s"] * job.think_scale
     if job.test_scale != 1.0:
@@ -138,7 +141,7 @@ def run_job(job: Job) -> dict[str, Any]:
         df.loc[tests, "t1_s"] = df.loc[tests, "t1_s"] * job.test_scale
     df = validate(df)
     tags = {"experiment": job.experiment, "workload": job.workload, "policy": job.policy,
-            "trajectories": job.trajectories, **dict(job.tags)}
+            "trajectories": job.trajectories, "seed": job.seed, **dict(job.tags)}
     cluster = cluster_for(job)
     tags["setup"] = job.setup()
     try:
@@ -153,7 +156,7 @@ def run_job(job: Job) -> dict[str, Any]:
     keep = ("actions", "act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s", "queue_p99_s",
             "exec_mean_s", "step_time_s", "restore_mean_s", "overhead_mean_s", "failed",
             "exit_codes", "api_retries", "api_429s", "api_failed", "per_category",
-            "utilisation", "gpu_restores")
+            "utilisation", "gpu_restores", "restores", "restore_overhead", "gpu_busy")
     out = {k: s.get(k) for k in keep}
     out["pod_cores_total"] = float(dict(job.options).get("pod_cores", 0)) * job.trajectories
     out["cpu_cores"] = float(sum(n.cores for n in cluster.cpu_nodes))
@@ -212,14 +215,55 @@ def fig8(sc: dict) -> list[Job]:
     jobs += [Job("fig8_cpu_capacity", "coding", sc["cpu_cap_batch"], p, sc["base"], cpu_nodes=n,
                  options=_opts("coding", p), tags=(("x", n),))
              for n in sc["cpu_nodes"] for p in ("tangram", "k8s")]
+    # the synchronous-rollout burst (every trajectory starts together, each sends its
+    # teacher request when its own generation ends), the paper's MOPD setting; the GPU
+    # count axis is gpu_savings (1-GPU steps)
     jobs += [Job("fig8_gpu_batch", "mopd", b, p, sc["base"], gpu_total=sc["gpu_total"],
-                 options=_opts("mopd", p), tags=(("x", b),))
+                 arrival="burst", options=_opts("mopd", p), tags=(("x", b),))
              for b in sc["gpu_batches"] for p in ("tangram", "static", "serverless")]
     return jobs
 
 
 ABLATION = ("tangram", "tangram-paper", "fixed-dop:1", "fixed-dop:4", "fixed-dop:8",
             "fixed-dop:16")
+
+
+#: the issue's GPU target: on the paper's cluster, burst MOPD at these batch sizes
+GPU_TARGET_BATCHES = (256, 1024, 2048)
+GPU_TARGET_POLICIES = ("tangram", "tangram-paper", "static", "serverless")
+
+
+def gpu_target_jobs(batches: Iterable[int] = GPU_TARGET_BATCHES, seeds: Iterable[int] = (0,),
+                    think_scale: float = 1.0, arrival: str = "burst") -> list[Job]:
+    """Burst MOPD on the paper's cluster under every GPU policy. ``think_scale`` < 1
+    compresses the generations (the same requests in less time: a harder burst)."""
+    return [Job("gpu_target", "mopd", b, p, "paper", seed=seed, think_scale=think_scale,
+                arrival=arrival, tags=(("x", b), ("think_scale", think_scale)))
+            for seed in seeds for b in batches for p in GPU_TARGET_POLICIES]
+
+
+def gpu_target_verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the target holds: per seed and batch, Tangram's mean ACT at most static's,
+    restore overhead at most 0.25 and not growing with the batch size."""
+    by = {(r["seed"], r["trajectories"], r["policy"]): r for r in rows}
+    failures = []
+    for seed in sorted({r["seed"] for r in rows}):
+        sizes = sorted({r["trajectories"] for r in rows if r["seed"] == seed})
+        prev = None
+        for n in sizes:
+            t, s = by.get((seed, n, "tangram")), by.get((seed, n, "static"))
+            if t is None or s is None:
+                continue
+            if not t["act_mean_s"] <= s["act_mean_s"]:
+                failures.append(f"seed {seed}, {n}: ACT {t['act_mean_s']:.3f} s > static "
+                                f"{s['act_mean_s']:.3f} s")
+            if not t["restore_overhead"] <= 0.25:
+                failures.append(f"seed {seed}, {n}: restore overhead {t['restore_overhead']:.3f}")
+            if prev is not None and t["restore_overhead"] > prev + 0.02:
+                failures.append(f"seed {seed}, {n}: restore overhead grew "
+                                f"{prev:.3f} -> {t['restore_overhead']:.3f}")
+            prev = t["restore_overhead"]
+    return {"verdict": "met" if not failures else "not met", "failures": failures}
 
 
 def fig9(sc: dict) -> list[Job]:
