@@ -354,6 +354,17 @@ def serve(
     backend: Annotated[str, typer.Option(help="process or docker.")] = "process",
     state_dir: Annotated[Path, typer.Option(help="Journal and working directories.")] = Path(".tangram"),
     quota: Annotated[list[str], typer.Option(help="KEY=concurrency:N or KEY=window:N:SECONDS.")] = [],  # noqa: B006
+    allow_url: Annotated[list[str], typer.Option(
+        help="KEY=URL_PREFIX: `request` actions of quota KEY may call URLs starting with it; "
+             "KEY=* allows any public host (loopback/private addresses only when listed).")] = [],  # noqa: B006
+    image: Annotated[list[str], typer.Option(
+        help="TASK=IMAGE: the docker image of that task's sandboxes (docker backend; default "
+             "tangram-sandbox:1, see `tangram image build`).")] = [],  # noqa: B006
+    sandbox_mem_gb: Annotated[float, typer.Option(
+        min=0.01, help="docker: memory limit of a sandbox whose trajectory gives no mem_gb.")] = 2.0,
+    sandbox_pids: Annotated[int, typer.Option(min=8, help="docker: most processes in a sandbox.")] = 512,
+    warm_pool: Annotated[int, typer.Option(
+        min=0, help="docker: sandboxes created ahead of time (default image only).")] = 0,
 ) -> None:
     """Serve the live executor over HTTP (OpenAPI at /docs).
 
@@ -362,23 +373,38 @@ def serve(
     import os
     import secrets
 
-    import uvicorn
-
     from executor.local import local_cluster
     from executor.replay import make_backend
     from executor.server import create_app
+    from executor.server import serve as run_server
     from tangram.core import Tangram
 
     if backend not in ("process", "docker"):
         fail(f"--backend: unknown backend {backend!r} (process or docker)")
     specs = _quota_specs(quota)
+    allow = _pairs(allow_url, "--allow-url", "KEY=URL_PREFIX")
+    images = {k: v[-1] for k, v in _pairs(image, "--image", "TASK=IMAGE").items()}
+    if images and backend != "docker":
+        fail("--image: only the docker backend runs images")
     token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
     if not os.environ.get("TANGRAM_TOKEN"):
         err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)
-    app_ = create_app(lambda: make_backend(backend, state_dir / "work"),
-                      lambda: Tangram(local_cluster(specs)), token, state_dir)
+    sandbox = {"mem_gb": sandbox_mem_gb, "pids": sandbox_pids, "warm": warm_pool}
+    app_ = create_app(lambda: make_backend(backend, state_dir / "work", **sandbox),
+                      lambda: Tangram(local_cluster(specs)), token, state_dir,
+                      allow_urls=allow, task_images=images)
     _settle()
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    run_server(app_, host, port)
+
+
+def _pairs(items: list[str], option: str, shape: str) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            fail(f"{option} {item!r}: expected {shape}")
+        out[key] = out.get(key, ()) + (value,)
+    return out
 
 
 @image_app.command("build")

@@ -55,7 +55,17 @@ class LiveExecutor:
         self.runtime = Runtime(core, self.clock, backend)
 
     def open_trajectory(self, trajectory: str, task: str = "default",
-                        mem_gb: float | None = None) -> None:
+                        mem_gb: float | None = None, image: str | None = None) -> None:
+        """Open it in the core and the backend; ``image``: its sandbox's docker image
+        (backends without images refuse one with ValueError)."""
+        if image is not None:
+            opener = getattr(self.backend, "open_trajectory_image", None)
+            if opener is None:
+                raise ValueError(f"image: the {getattr(self.backend, 'name', '?')} backend "
+                                 "runs no images (use --backend docker)")
+            opener(trajectory, mem_gb, image)  # checked before the core commits to it
+            self.runtime.open_trajectory(trajectory, task, mem_gb)
+            return
         self.runtime.open_trajectory(trajectory, task, mem_gb)
         self.backend.open_trajectory(trajectory, mem_gb)
 

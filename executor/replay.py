@@ -18,7 +18,10 @@ from tangram.core import Tangram
 from traces.schema import TrajectorySpec, trajectories
 
 
-def make_backend(name: str, workdir: Path) -> LiveBackend:
+def make_backend(name: str, workdir: Path, mem_gb: float = 2.0, pids: int = 512,
+                 warm: int = 0) -> LiveBackend:
+    """A backend by name; ``mem_gb``/``pids``/``warm``: the docker sandboxes' default
+    memory limit, process limit and warm pool size."""
     from executor.http_api import RouterBackend
 
     if name == "process":
@@ -31,7 +34,8 @@ def make_backend(name: str, workdir: Path) -> LiveBackend:
         from executor.docker_backend import DockerBackend
 
         owner = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
-        return RouterBackend(DockerBackend(owner=owner))
+        return RouterBackend(DockerBackend(owner=owner, default_mem_gb=mem_gb, pids_limit=pids,
+                                           warm=warm))
     raise ValueError(f"backend: unknown backend {name!r} (process or docker)")
 
 

@@ -45,7 +45,8 @@ class Server:
                 self.proc.wait()
 
 
-def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, ...] = ()) -> Server:
+def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, ...] = (),
+                 extra: tuple[str, ...] = ()) -> Server:
     port = free_port()
     log = state_dir / f"server-{port}.log"
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -53,6 +54,7 @@ def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, .
             backend, "--state-dir", str(state_dir)]
     for q in quotas:
         args += ["--quota", q]
+    args += list(extra)
     env = {**os.environ, "TANGRAM_TOKEN": TOKEN}
     proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                             cwd=ROOT)
@@ -72,8 +74,10 @@ def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, .
 
 @pytest.fixture(scope="module")
 def process_server(tmp_path_factory) -> Iterator[Server]:
+    # the tests' fake API providers listen on loopback ports chosen at run time
     server = start_server(tmp_path_factory.mktemp("serve-process"), "process",
-                          quotas=("api=concurrency:2",))
+                          quotas=("api=concurrency:2",),
+                          extra=("--allow-url", "api=http://127.0.0.1:"))
     yield server
     server.stop()
 

@@ -1,0 +1,51 @@
+"""Trajectories and their actions: open, close, submit, wait, stream."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from executor.routes.deps import service
+from executor.schemas import ID_MAX, ID_PATTERN, MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
+from executor.service import Service
+
+router = APIRouter(prefix="/v1")
+Svc = Annotated[Service, Depends(service)]
+TrajectoryId = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX,
+                                                     description="Trajectory id.")]
+ActionId = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX, description="Action id.")]
+
+
+@router.post("/trajectories", status_code=201)
+async def open_trajectory(body: TrajectoryIn, s: Svc) -> dict[str, str]:
+    return s.open_trajectory(body)
+
+
+@router.delete("/trajectories/{tid}")
+async def close_trajectory(tid: TrajectoryId, s: Svc) -> dict[str, str]:
+    return s.close_trajectory(tid)
+
+
+@router.post("/trajectories/{tid}/actions", status_code=202, response_model=ActionOut,
+             responses={200: {"model": ActionOut, "description": "Already submitted (same body)"},
+                        409: {"description": "Same id, different body or trajectory"}})
+async def submit(tid: TrajectoryId, body: ActionIn, s: Svc) -> Any:
+    view, created = await s.submit(tid, body)
+    return view if created else JSONResponse(view.model_dump(), status_code=200)
+
+
+@router.get("/actions/{aid}", response_model=ActionOut)
+async def get_action(aid: ActionId, s: Svc,
+                     wait: Annotated[float, Query(ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+                                                  description="Block up to this many seconds "
+                                                  "for the action's end.")] = 0.0) -> Any:
+    """The action's state; with ``wait`` > 0, block until it ends (or the server stops)."""
+    return await s.wait(aid, wait)
+
+
+@router.get("/actions/{aid}/events")
+async def stream(aid: ActionId, s: Svc) -> StreamingResponse:
+    """Server-sent events: the current state, then the result when it ends."""
+    return StreamingResponse(await s.events(aid), media_type="text/event-stream")
