@@ -67,7 +67,11 @@ class LiveExecutor:
             self.runtime.open_trajectory(trajectory, task, mem_gb)
             return
         self.runtime.open_trajectory(trajectory, task, mem_gb)
-        self.backend.open_trajectory(trajectory, mem_gb)
+        try:
+            self.backend.open_trajectory(trajectory, mem_gb)
+        except BaseException:
+            self.runtime.close_trajectory(trajectory)  # all or nothing
+            raise
 
     def close_trajectory(self, trajectory: str) -> None:
         self.runtime.close_trajectory(trajectory)

@@ -89,6 +89,8 @@ class Service:
                                           body.image or self.task_images.get(body.task))
         except ValueError as e:
             raise Refused(422, str(e)) from None
+        except OSError as e:  # e.g. the work directory cannot be made
+            raise Refused(503, f"cannot open trajectory {tid!r}: {e}") from None
         return {"id": tid, "task": body.task}
 
     def close_trajectory(self, tid: str) -> dict[str, str]:
