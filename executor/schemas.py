@@ -117,7 +117,7 @@ class ActionIn(BaseModel):
     parallel_fraction: float | None = Field(None, ge=0, le=1, description="Amdahl fraction of E(m).")
     quota: dict[QuotaKey, Annotated[float, Field(gt=0, le=1e9)]] = Field(
         default_factory=dict, max_length=16, description="Quota key -> units.")
-    timeout_s: float | None = Field(None, gt=0, le=MAX_TIMEOUT_S,
+    timeout_s: float | None = Field(None, ge=0.01, le=MAX_TIMEOUT_S,
                                     description=f"Kill after this many seconds (at most "
                                     f"{MAX_TIMEOUT_S:g}, also the default).")
     env: dict[EnvKey, str] = Field(default_factory=dict, max_length=MAX_ENV)
@@ -185,6 +185,12 @@ class ActionIn(BaseModel):
         return Action(self.id, task, trajectory, self.kind, cost,
                       elastic="cpu" if self.elastic and self.request is None else None,
                       t1_s=self.t1_s, elasticity=elasticity, payload=payload)
+
+
+class ErrorOut(BaseModel):
+    """A refusal other than 422 (401, 403, 404, 409, 413, 503)."""
+
+    detail: str
 
 
 class ActionOut(BaseModel):

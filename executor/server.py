@@ -67,11 +67,23 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
 
 async def _refused(_request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, Refused)
+    if exc.status == 422:
+        return _unprocessable(exc.detail)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status)
 
 
 async def _value_error(_request: Request, exc: Exception) -> JSONResponse:
-    return JSONResponse({"detail": str(exc)}, status_code=422)
+    return _unprocessable(str(exc))
+
+
+def _unprocessable(message: str) -> JSONResponse:
+    """A 422 in FastAPI's own validation shape, so every 422 reads the same; ``loc``
+    names the field when the message starts with it (``"cpu: ..."``)."""
+    field, sep, _ = message.partition(":")
+    loc = ["body", *field.strip().split(".")] if sep and field.replace(".", "").replace(
+        "_", "").replace("[", "").replace("]", "").replace("'", "").isalnum() else ["body"]
+    return JSONResponse({"detail": [{"loc": loc, "msg": message, "type": "value_error"}]},
+                        status_code=422)
 
 
 class _Server(uvicorn.Server):

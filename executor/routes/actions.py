@@ -8,10 +8,22 @@ from fastapi import APIRouter, Depends, Path, Query
 from fastapi.responses import JSONResponse, StreamingResponse
 
 from executor.routes.deps import service
-from executor.schemas import ID_MAX, ID_PATTERN, MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
+from executor.schemas import (
+    ID_MAX,
+    ID_PATTERN,
+    MAX_TIMEOUT_S,
+    ActionIn,
+    ActionOut,
+    ErrorOut,
+    TrajectoryIn,
+)
 from executor.service import Service
 
-router = APIRouter(prefix="/v1")
+ERRORS = {code: {"model": ErrorOut, "description": text} for code, text in (
+    (401, "Missing or wrong bearer token"), (403, "Destination not allowed"),
+    (404, "Unknown trajectory or action"), (409, "Conflict with what exists"),
+    (413, "Body larger than 1 MiB"), (503, "Shutting down"))}
+router = APIRouter(prefix="/v1", responses=ERRORS)
 Svc = Annotated[Service, Depends(service)]
 TrajectoryId = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX,
                                                      description="Trajectory id.")]
@@ -29,8 +41,7 @@ async def close_trajectory(tid: TrajectoryId, s: Svc) -> dict[str, str]:
 
 
 @router.post("/trajectories/{tid}/actions", status_code=202, response_model=ActionOut,
-             responses={200: {"model": ActionOut, "description": "Already submitted (same body)"},
-                        409: {"description": "Same id, different body or trajectory"}})
+             responses={200: {"model": ActionOut, "description": "Already submitted (same body)"}})
 async def submit(tid: TrajectoryId, body: ActionIn, s: Svc) -> Any:
     view, created = await s.submit(tid, body)
     return view if created else JSONResponse(view.model_dump(), status_code=200)
@@ -45,7 +56,9 @@ async def get_action(aid: ActionId, s: Svc,
     return await s.wait(aid, wait)
 
 
-@router.get("/actions/{aid}/events")
+@router.get("/actions/{aid}/events", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}},
+                             "description": "`event: status` lines, each with an ActionOut"}})
 async def stream(aid: ActionId, s: Svc) -> StreamingResponse:
     """Server-sent events: the current state, then the result when it ends."""
     return StreamingResponse(await s.events(aid), media_type="text/event-stream")

@@ -11,7 +11,7 @@ from executor.routes.deps import service
 from executor.service import Service
 
 health_router = APIRouter()
-router = APIRouter()
+router = APIRouter(responses={401: {"description": "Missing or wrong bearer token"}})
 Svc = Annotated[Service, Depends(service)]
 
 
