@@ -173,14 +173,17 @@ class DockerBackend:
         # HOST_PREFIX in any other
         self.agent = agent and os.path.exists("/usr/bin/python3")
         self.host_python = host_python() if self.agent else None
-        self.agent_root = tempfile.mkdtemp(prefix=f"tangram-agents-{self.run_id}-")
-        #: who this executor is across restarts (e.g. its state directory): containers a
-        #: crashed predecessor left behind are removed at start
+        #: who this executor is across restarts (e.g. its state directory): containers and
+        #: agent directories a crashed predecessor left behind are removed at start
         self.owner = owner or self.run_id
         # sparse: no per-container inspect, which races with containers going away
         for c in self.client.containers.list(all=True, sparse=True,
                                              filters={"label": f"{OWNER}={self.owner}"}):
             self._remove(c.id)
+        prefix = f"tangram-agents-{self.owner}-"
+        for old in Path(tempfile.gettempdir()).glob(prefix + "*"):
+            shutil.rmtree(old, ignore_errors=True)
+        self.agent_root = tempfile.mkdtemp(prefix=prefix)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tangram-docker")
         self._lock = threading.Lock()
         self._boxes: dict[str, Sandbox] = {}
