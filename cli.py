@@ -292,6 +292,21 @@ def bench_executor(
         print(json.dumps(executor_bench(name, actions)), flush=True)
 
 
+@bench_app.command("serve")
+def bench_serve(
+    backend: Annotated[str, typer.Option(help="process or docker.")] = "process",
+    trajectories: Annotated[int, typer.Option(min=1, help="Concurrent trajectories.")] = 64,
+    actions: Annotated[int, typer.Option(min=1, help="Trivial actions per trajectory.")] = 5,
+    warm_pool: Annotated[int, typer.Option(min=0, help="docker: the server's --warm-pool.")] = 0,
+) -> None:
+    """Load on a real `tangram serve`: server CPU per action, throughput, first-action
+    latency, RSS over the run (one JSON line). For a soak: many actions, e.g.
+    --trajectories 200 --actions 100 (20,000 actions)."""
+    from executor.bench import serve_bench
+
+    print(json.dumps(serve_bench(backend, trajectories, actions, warm_pool)), flush=True)
+
+
 def _quota_specs(items: list[str]):
     from tangram.cluster import QuotaSpec
 

@@ -18,7 +18,9 @@ import re
 import secrets
 import shutil
 import signal
+import sys
 import time
+import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import quote
@@ -111,6 +113,23 @@ def kill_marked(value_prefix: str) -> int:
     return killed
 
 
+def use_pidfd_watcher() -> None:
+    """Python 3.11 waits for each child in a thread of its own (a thread start per
+    action); a pidfd watcher waits on the event loop instead. 3.12+ does this itself."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        loop = asyncio.get_running_loop()
+    except (OSError, RuntimeError):
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        watcher = asyncio.PidfdChildWatcher()
+        watcher.attach_loop(loop)
+        asyncio.set_child_watcher(watcher)
+
+
 class ProcessBackend:
     name = "process"
 
@@ -130,6 +149,7 @@ class ProcessBackend:
         #: trajectory -> the random mark its processes carry (this run only)
         self._marks: dict[str, str] = {}
         self._run_mark = secrets.token_hex(6)
+        use_pidfd_watcher()
 
     def workdir(self, trajectory: str) -> Path:
         path = self.root / dir_name(trajectory)

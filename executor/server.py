@@ -51,7 +51,7 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
             app.state.service.shutdown()
             journal.close()
 
-    def auth(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+    async def auth(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
         check_token(cred, token)
 
     app = FastAPI(title="Tangram", version="0.1.0", lifespan=lifespan,

@@ -27,11 +27,18 @@ class TangramError(RuntimeError):
 
 
 class TangramClient:
-    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0,
+                 max_connections: int = 4096) -> None:
         token = token or os.environ.get("TANGRAM_TOKEN")
         if not token:
             raise ValueError("token: pass one or set TANGRAM_TOKEN")
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s,
+        # every waiting trajectory holds one long-poll: the pool must not be the limit
+        # (httpx's default of 100 made thousands of trajectories queue for a connection
+        # and time out there), and kept-alive connections spare a handshake per call
+        limits = httpx.Limits(max_connections=max_connections,
+                              max_keepalive_connections=max_connections, keepalive_expiry=60)
+        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits,
+                                       timeout=httpx.Timeout(timeout_s, pool=None),
                                        headers={"Authorization": f"Bearer {token}"})
 
     async def __aenter__(self) -> TangramClient:
@@ -57,8 +64,10 @@ class TangramClient:
         return await self._call("GET", "/healthz")
 
     async def open_trajectory(self, trajectory: str | None = None, task: str = "default",
-                              mem_gb: float | None = None) -> str:
+                              mem_gb: float | None = None, image: str | None = None) -> str:
         body = {"id": trajectory, "task": task, "mem_gb": mem_gb}
+        if image is not None:  # docker backend: the sandbox's image
+            body["image"] = image
         return (await self._call("POST", "/v1/trajectories", json=body))["id"]
 
     async def close_trajectory(self, trajectory: str) -> None:
@@ -81,8 +90,15 @@ class TangramClient:
             if res["status"] not in ("queued", "running") or deadline <= 0:
                 return res
 
-    async def run(self, trajectory: str, **action: Any) -> dict[str, Any]:
-        state = await self.submit(trajectory, **action)
+    async def run(self, trajectory: str, *, action_id: str | None = None,
+                  **action: Any) -> dict[str, Any]:
+        """Submit an action and return its result: one round trip when it ends within
+        25 s (the submit waits for it), long-polls after that."""
+        body = {"id": action_id or uuid.uuid4().hex, **action}
+        state = await self._call("POST", f"/v1/trajectories/{trajectory}/actions", json=body,
+                                 params={"wait": 25.0}, timeout=35.0)
+        if state["status"] not in ("queued", "running"):
+            return state
         return await self.wait(state["id"])
 
     async def metrics(self) -> str:

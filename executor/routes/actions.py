@@ -28,6 +28,9 @@ Svc = Annotated[Service, Depends(service)]
 TrajectoryId = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX,
                                                      description="Trajectory id.")]
 ActionId = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX, description="Action id.")]
+Wait = Annotated[float, Query(ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+                              description="Block up to this many seconds for the action's end "
+                              "(or the server's shutdown).")]
 
 
 @router.post("/trajectories", status_code=201)
@@ -42,16 +45,16 @@ async def close_trajectory(tid: TrajectoryId, s: Svc) -> dict[str, str]:
 
 @router.post("/trajectories/{tid}/actions", status_code=202, response_model=ActionOut,
              responses={200: {"model": ActionOut, "description": "Already submitted (same body)"}})
-async def submit(tid: TrajectoryId, body: ActionIn, s: Svc) -> Any:
+async def submit(tid: TrajectoryId, body: ActionIn, s: Svc, wait: Wait = 0.0) -> Any:
+    """Queue an action; with ``wait`` > 0, answer when it ends (one round trip per action)."""
     view, created = await s.submit(tid, body)
+    if wait > 0 and view.status in ("queued", "running"):
+        view = await s.wait(body.id, wait)
     return view if created else JSONResponse(view.model_dump(), status_code=200)
 
 
 @router.get("/actions/{aid}", response_model=ActionOut)
-async def get_action(aid: ActionId, s: Svc,
-                     wait: Annotated[float, Query(ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
-                                                  description="Block up to this many seconds "
-                                                  "for the action's end.")] = 0.0) -> Any:
+async def get_action(aid: ActionId, s: Svc, wait: Wait = 0.0) -> Any:
     """The action's state; with ``wait`` > 0, block until it ends (or the server stops)."""
     return await s.wait(aid, wait)
 

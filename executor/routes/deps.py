@@ -12,7 +12,7 @@ from executor.service import Service
 bearer = HTTPBearer(auto_error=False)
 
 
-def service(request: Request) -> Service:
+async def service(request: Request) -> Service:
     return request.app.state.service
 
 
