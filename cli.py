@@ -380,6 +380,8 @@ def serve(
     sandbox_pids: Annotated[int, typer.Option(min=8, help="docker: most processes in a sandbox.")] = 512,
     warm_pool: Annotated[int, typer.Option(
         min=0, help="docker: sandboxes created ahead of time (default image only).")] = 0,
+    result_ttl_s: Annotated[float, typer.Option(
+        min=0, help="Seconds a finished result stays in memory (then: read from the journal).")] = 60.0,
 ) -> None:
     """Serve the live executor over HTTP (OpenAPI at /docs).
 
@@ -407,7 +409,7 @@ def serve(
     sandbox = {"mem_gb": sandbox_mem_gb, "pids": sandbox_pids, "warm": warm_pool}
     app_ = create_app(lambda: make_backend(backend, state_dir / "work", **sandbox),
                       lambda: Tangram(local_cluster(specs)), token, state_dir,
-                      allow_urls=allow, task_images=images)
+                      allow_urls=allow, task_images=images, result_ttl_s=result_ttl_s)
     _settle()
     run_server(app_, host, port)
 

@@ -39,12 +39,14 @@ GRACEFUL_S = 2.0
 def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], Tangram],
                token: str, state_dir: Path,
                allow_urls: Mapping[str, tuple[str, ...]] | None = None,
-               task_images: Mapping[str, str] | None = None) -> FastAPI:
+               task_images: Mapping[str, str] | None = None,
+               result_ttl_s: float = 60.0) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         journal = Journal(state_dir / "journal.sqlite")
         executor = LiveExecutor(make_core(), make_backend())
-        app.state.service = Service(executor, journal, allow_urls, task_images=task_images)
+        app.state.service = Service(executor, journal, allow_urls, result_ttl_s=result_ttl_s,
+                                    task_images=task_images)
         try:
             yield
         finally:

@@ -46,5 +46,11 @@ def test_sigterm_ends_long_polls_and_exits_within_5s(tmp_path):
     try:
         res = httpx.get(again.url + "/v1/actions/slow", headers=H).json()
         assert res["status"] == "failed" and "shut down" in res["error"], res
+        # it never ran to its end: the same id and body runs it now
+        with httpx.Client(base_url=again.url, headers=H, timeout=60) as c:
+            c.post("/v1/trajectories", json={"id": "t"})
+            r = c.post("/v1/trajectories/t/actions", params={"wait": 0.5},
+                       json={"id": "slow", "argv": ["sleep", "120"]})
+            assert r.status_code == 202 and r.json()["status"] == "running", r.text
     finally:
         again.stop()
