@@ -40,13 +40,36 @@ def _default_trace() -> Path:
     return SAMPLES / "coding.parquet"
 
 
+# -- the policy options `simulate`, `run` and `serve` share (same names, same meaning) -------
+PolicyOpt = Annotated[str, typer.Option(
+    help="Scheduling policy (see `tangram policies`): tangram, tangram-paper, k8s, static, "
+         "serverless, fixed-dop:N, per-trajectory-api, baseline.")]
+DepthOpt = Annotated[int, typer.Option(min=0, help="Alg. 1 depth (remaining actions that explore).")]
+LookaheadOpt = Annotated[int, typer.Option(min=1, help="Alg. 2: queued actions the objective simulates.")]
+OrderingOpt = Annotated[str, typer.Option(
+    help="Queue order: fcfs, or sef (shortest expected first, aging-bounded).")]
+PodCoresOpt = Annotated[int, typer.Option(min=1, help="k8s/baseline: cores per trajectory pod.")]
+GpuDopOpt = Annotated[int | None, typer.Option(help="static/serverless: GPUs per instance.")]
+POLICY_OPTIONS = ("policy", "depth", "lookahead", "ordering", "pod_cores", "gpu_dop")
+
+
+def _policy(policy: str, depth: int, lookahead: int, ordering: str, pod_cores: int,
+            gpu_dop: int | None):
+    from tangram.policies import make_policy
+
+    try:
+        return make_policy(policy, {"depth": depth, "lookahead": lookahead, "ordering": ordering,
+                                    "pod_cores": pod_cores, "gpu_dop": gpu_dop})
+    except ValueError as e:
+        fail(str(e))
+
+
 @app.command()
 def simulate(
     trace: Annotated[Path | None, typer.Option(
         help="Trace (.parquet/.csv/.jsonl). Default: the shipped AI-coding sample.")] = None,
     cluster: Annotated[str | None, typer.Option(
         help="Cluster YAML, or a built-in name (default, paper).")] = None,
-    policy: Annotated[str, typer.Option(help="Scheduling policy; see `tangram policies`.")] = "tangram",
     out: Annotated[Path | None, typer.Option(
         help="Output directory (default runs/<trace>-<policy>).")] = None,
     seed: Annotated[int, typer.Option(help="Seed of the modelled overheads.")] = 0,
@@ -54,17 +77,20 @@ def simulate(
     train_s: Annotated[float, typer.Option(min=0, help="Training time per RL step (s).")] = 0.0,
     asynchronous: Annotated[bool, typer.Option(
         "--async", help="Overlap training with the next rollout.")] = False,
-    depth: Annotated[int, typer.Option(min=0, help="Alg. 1 depth (remaining actions that explore).")] = 2,
-    pod_cores: Annotated[int, typer.Option(min=1, help="k8s/baseline: cores per trajectory pod.")] = 4,
-    gpu_dop: Annotated[int | None, typer.Option(help="static/serverless: GPUs per instance.")] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar or table.")] = False,
+    policy: PolicyOpt = "tangram",
+    depth: DepthOpt = 2,
+    lookahead: LookaheadOpt = 32,
+    ordering: OrderingOpt = "fcfs",
+    pod_cores: PodCoresOpt = 4,
+    gpu_dop: GpuDopOpt = None,
 ) -> None:
     """Simulate a trace on a cluster under one policy (virtual time, same scheduler as live).
 
-    Writes summary.json, actions.parquet, trace.json (Chrome/Perfetto), utilisation.parquet
-    and config.json to --out.
+    Writes summary.json, actions.parquet, timing.parquet, trace.json (Chrome/Perfetto),
+    utilisation.parquet and config.json to --out.
     """
-    from analysis.outputs import write_run
+    from analysis.outputs import analyse, write_run
     from sim.cluster import load_cluster
     from sim.driver import SimConfig
     from sim.driver import simulate as run_sim
@@ -77,24 +103,24 @@ def simulate(
         df = load(trace)
     except (TraceError, ClusterError) as e:
         fail(str(e))
-    options = {"pod_cores": pod_cores}
-    if gpu_dop:
-        options["gpu_dop"] = gpu_dop
+    chosen = _policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
+    options = {"depth": depth, "lookahead": lookahead, "ordering": ordering,
+               "pod_cores": pod_cores, "gpu_dop": gpu_dop}
     cfg = SimConfig(policy=policy, seed=seed, steps=steps, train_s=train_s,
-                    asynchronous=asynchronous, depth=depth, options=options)
+                    asynchronous=asynchronous, options=options)
     out = out or Path("runs") / f"{trace.stem}-{policy.replace(':', '')}"
     try:
         result = _with_progress(lambda cb: run_sim(df, spec, cfg, progress=cb), quiet,
                                 f"simulating {trace.name} under {policy}")
     except ValueError as e:
         fail(str(e))
-    config = {"trace": str(trace), "cluster": spec.to_dict(), "sim": {
-        "policy": policy, "seed": seed, "steps": steps, "train_s": train_s,
-        "asynchronous": asynchronous, "depth": depth, "options": options}}
-    result.summary["sim_wall_s"] = result.wall_s
-    write_run(out, result.frame, result.summary, config, result.utilisation)
+    config = {"trace": str(trace), "cluster": spec.to_dict(), "policy": chosen.params(),
+              "sim": {"seed": seed, "steps": steps, "train_s": train_s,
+                      "asynchronous": asynchronous}}
+    run_ = analyse(result)
+    write_run(out, run_, config)
     if not quiet:
-        _print_summary(result.summary)
+        _print_summary(run_.summary)
     out_console.print(f"wrote {out}/ (summary.json, actions.parquet, trace.json)")
 
 
@@ -140,14 +166,15 @@ def _print_summary(s: dict) -> None:
 
 @app.command()
 def policies() -> None:
-    """List the scheduling policies `simulate --policy` accepts."""
-    from sim.baselines import POLICIES
+    """List the scheduling policies `simulate`, `run` and `serve` accept (--policy)."""
+    from tangram.policies import REGISTRY
 
     table = Table()
     table.add_column("policy")
     table.add_column("what it models")
-    for name, (what, _) in POLICIES.items():
-        table.add_row(name, what)
+    table.add_column("API calls admitted by")
+    for name, cls in REGISTRY.items():
+        table.add_row(name, cls.description, cls.api_admission)
     out_console.print(table)
 
 
@@ -155,17 +182,17 @@ def policies() -> None:
 def trace_validate(path: Path, cluster: Annotated[str | None, typer.Option(
         help="Also check that every action fits this cluster (YAML or built-in name).")] = None) -> None:
     """Exit 0 when PATH is a valid trace; else exit 2 listing every problem."""
-    from sim.baselines import make_core
     from sim.cluster import load_cluster
-    from sim.driver import check_trace
     from tangram.cluster import ClusterError
+    from tangram.core import Tangram
+    from traces.fit import misfits
     from traces.schema import TraceError, load, trajectories
 
     try:
         df = load(path)
         if cluster:
             spec = load_cluster(cluster)
-            problems = check_trace(make_core("tangram", spec), list(trajectories(df)))
+            problems = misfits(Tangram(spec), trajectories(df))
             if problems:
                 raise TraceError(problems)
     except (TraceError, ClusterError) as e:
@@ -201,6 +228,17 @@ def bench_scheduler(
     from sim.bench import scheduler_bench
 
     for row in scheduler_bench(actions, seed):
+        print(json.dumps(row), flush=True)
+
+
+@bench_app.command("learning")
+def bench_learning(
+    seeds: Annotated[int, typer.Option(min=1, help="Repetitions per curve.")] = 20,
+) -> None:
+    """Runs the online speedup model needs to come within 10% of the true curve (JSON lines)."""
+    from sim.bench import learning_bench
+
+    for row in learning_bench(seeds):
         print(json.dumps(row), flush=True)
 
 
@@ -309,6 +347,7 @@ def bench_serve(
 
 def _quota_specs(items: list[str]):
     from tangram.cluster import QuotaSpec
+    from tangram.model import quota_resource
 
     out = []
     for item in items:
@@ -321,8 +360,7 @@ def _quota_specs(items: list[str]):
                 raise ValueError
         except (ValueError, IndexError):
             fail(f"--quota {item!r}: expected KEY=concurrency:LIMIT or KEY=window:LIMIT:WINDOW_S")
-        out.append(QuotaSpec(key if key.startswith("quota:") else f"quota:{key}", mode, limit,
-                             window))
+        out.append(QuotaSpec(quota_resource(key), mode, limit, window))
     return tuple(out)
 
 
@@ -335,30 +373,40 @@ def run(
     think_scale: Annotated[float, typer.Option(min=0, help="Multiply think times (0: none).")] = 1.0,
     quota: Annotated[list[str], typer.Option(help="KEY=concurrency:N or KEY=window:N:SECONDS.")] = [],  # noqa: B006
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
+    policy: PolicyOpt = "tangram",
+    depth: DepthOpt = 2,
+    lookahead: LookaheadOpt = 32,
+    ordering: OrderingOpt = "fcfs",
+    pod_cores: PodCoresOpt = 4,
+    gpu_dop: GpuDopOpt = None,
 ) -> None:
     """Replay a trace on this machine's real cores (process or docker backend).
 
-    Writes summary.json, actions.parquet and trace.json, so a live run and its simulation
-    are compared with the same analysis.
+    Writes the same files as `simulate`, so a live run and its simulation are compared
+    with the same analysis.
     """
     import asyncio
 
+    from analysis.outputs import analyse, write_run
     from executor.replay import replay
     from traces.schema import TraceError, load
 
+    chosen = _policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
     try:
         df = load(trace)
     except TraceError as e:
         fail(str(e))
     specs = _quota_specs(quota)
     try:
-        summary = _with_progress(lambda cb: asyncio.run(replay(
-            df, backend, out, limit=limit, think_scale=think_scale, quotas=specs, progress=cb)),
-            quiet, f"running {trace.name} on {backend}")
+        result, config = _with_progress(lambda cb: asyncio.run(replay(
+            df, backend, out, limit=limit, think_scale=think_scale, quotas=specs, policy=chosen,
+            progress=cb)), quiet, f"running {trace.name} on {backend}")
     except (ValueError, KeyError) as e:
         fail(str(e.args[0]) if e.args else str(e))
+    run_ = analyse(result)
+    write_run(out, run_, {"trace": str(trace), **config})
     if not quiet:
-        _print_summary(summary)
+        _print_summary(run_.summary)
     out_console.print(f"wrote {out}/ (summary.json, actions.parquet, trace.json)")
 
 
@@ -369,6 +417,12 @@ def serve(
     backend: Annotated[str, typer.Option(help="process or docker.")] = "process",
     state_dir: Annotated[Path, typer.Option(help="Journal and working directories.")] = Path(".tangram"),
     quota: Annotated[list[str], typer.Option(help="KEY=concurrency:N or KEY=window:N:SECONDS.")] = [],  # noqa: B006
+    policy: PolicyOpt = "tangram",
+    depth: DepthOpt = 2,
+    lookahead: LookaheadOpt = 32,
+    ordering: OrderingOpt = "fcfs",
+    pod_cores: PodCoresOpt = 4,
+    gpu_dop: GpuDopOpt = None,
     allow_url: Annotated[list[str], typer.Option(
         help="KEY=URL_PREFIX: `request` actions of quota KEY may call URLs starting with it; "
              "KEY=* allows any public host (loopback/private addresses only when listed).")] = [],  # noqa: B006
@@ -398,7 +452,12 @@ def serve(
 
     if backend not in ("process", "docker"):
         fail(f"--backend: unknown backend {backend!r} (process or docker)")
+    chosen = _policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
     specs = _quota_specs(quota)
+    try:  # refuse a policy that cannot hold this machine before serving anything
+        Tangram(local_cluster(specs), chosen)
+    except ValueError as e:
+        fail(str(e))
     allow = _pairs(allow_url, "--allow-url", "KEY=URL_PREFIX")
     images = {k: v[-1] for k, v in _pairs(image, "--image", "TASK=IMAGE").items()}
     if images and backend != "docker":
@@ -408,7 +467,7 @@ def serve(
         err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)
     sandbox = {"mem_gb": sandbox_mem_gb, "pids": sandbox_pids, "warm": warm_pool}
     app_ = create_app(lambda: make_backend(backend, state_dir / "work", **sandbox),
-                      lambda: Tangram(local_cluster(specs)), token, state_dir,
+                      lambda: Tangram(local_cluster(specs), chosen), token, state_dir,
                       allow_urls=allow, task_images=images, result_ttl_s=result_ttl_s)
     _settle()
     run_server(app_, host, port)

@@ -2,7 +2,10 @@
 
 * ``summary.json``: headline metrics (ACT, queueing, execution, step time,
   utilisation per resource, per-kind and per-category breakdowns)
-* ``actions.parquet``: one row per action
+* ``actions.parquet``: one row per action (clock times only: two simulations with
+  the same seed write identical files)
+* ``timing.parquet``: per action, the scheduler's decision time (wall clock; the
+  ``timing`` block of summary.json sums it up — everything else is deterministic)
 * ``trace.json``: Chrome trace format (open in Perfetto / chrome://tracing)
 * ``utilisation.parquet``: allocated units per resource over time
 * ``config.json``: the resolved configuration of the run
@@ -13,14 +16,14 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from tangram.runtime import Record
+from tangram.runtime import Record, RunResult
 
 REWARD_KINDS = ("reward", "teacher")
 SEARCH_KINDS = ("search", "fetch_page")
@@ -66,7 +69,6 @@ def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
         "exec_mean_s": exe["mean"],
         "restore_mean_s": float(df["restore_s"].mean()) if len(df) else 0.0,
         "overhead_mean_s": float(df["overhead_s"].mean()) if len(df) else 0.0,
-        "decision_mean_us": float(df["decision_us"].mean()) if len(df) else 0.0,
         "failed": int((df["status"] != "ok").sum()) if len(df) else 0,
         "timeouts": int((df["status"] == "timeout").sum()) if len(df) else 0,
         "makespan_s": makespan,
@@ -107,6 +109,36 @@ def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
     return out
 
 
+@dataclass(slots=True)
+class Analysed:
+    """A run turned into frames: what write_run writes and notebooks read."""
+
+    summary: dict[str, Any]
+    actions: pd.DataFrame
+    utilisation: pd.DataFrame | None
+    timing: pd.DataFrame
+
+
+def analyse(result: RunResult, extra: Mapping[str, Any] | None = None) -> Analysed:
+    """Summary and frames of a finished run; wall-clock figures only in ``timing``."""
+    frame = records_frame(result.records)
+    util = pd.DataFrame(result.utilisation) if result.utilisation is not None else None
+    summary = summarise(frame, policy=result.policy, capacity=result.capacity,
+                        utilisation=util, steps=result.steps,
+                        extra={**result.counters, **(extra or {})})
+    t = result.timing
+    decisions = pd.DataFrame({"action_id": list(t.decision_s),
+                              "decision_us": [v * 1e6 for v in t.decision_s.values()]})
+    summary["timing"] = {
+        "wall_s": result.wall_s,
+        "core_s": t.core_s,
+        "decision_mean_us": float(decisions["decision_us"].mean()) if len(decisions) else 0.0,
+        "dispatching_call_mean_us": t.dispatching_s / t.dispatching_calls * 1e6
+        if t.dispatching_calls else 0.0,
+    }
+    return Analysed(summary, frame, util, decisions)
+
+
 def chrome_trace(df: pd.DataFrame) -> dict[str, Any]:
     """Execution slices: one process per node (or 'api'), one thread per first unit."""
     events: list[dict[str, Any]] = []
@@ -135,17 +167,17 @@ def chrome_trace(df: pd.DataFrame) -> dict[str, Any]:
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
 
-def write_run(out: str | Path, df: pd.DataFrame, summary: Mapping[str, Any],
-              config: Mapping[str, Any], utilisation: pd.DataFrame | None = None) -> Path:
+def write_run(out: str | Path, run: Analysed, config: Mapping[str, Any]) -> Path:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
+    (out / "summary.json").write_text(json.dumps(run.summary, indent=2, default=float) + "\n")
     (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
-    df.to_parquet(out / "actions.parquet", index=False)
-    if utilisation is not None:
-        utilisation.to_parquet(out / "utilisation.parquet", index=False)
+    run.actions.to_parquet(out / "actions.parquet", index=False)
+    run.timing.to_parquet(out / "timing.parquet", index=False)
+    if run.utilisation is not None:
+        run.utilisation.to_parquet(out / "utilisation.parquet", index=False)
     with (out / "trace.json").open("w") as f:
-        json.dump(chrome_trace(df), f, separators=(",", ":"))
+        json.dump(chrome_trace(run.actions), f, separators=(",", ":"))
     return out
 
 

@@ -16,7 +16,7 @@ import numpy as np
 import pandas as pd
 
 from analysis import figures
-from sim.experiments import BASELINE_OF, EXPERIMENTS, EXTRA, SCALES, jobs_for, optgap, run_jobs
+from analysis.experiments import BASELINE_OF, EXPERIMENTS, EXTRA, SCALES, jobs_for, optgap, run_jobs
 from traces.generate import CALIBRATION
 
 PAPER = "ARL-Tangram (Xiao et al., 2026), section 6"

@@ -49,7 +49,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from executor.commands import CommandError, argv_of, elastic_argv
+from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.local import allowed_cpus
 from executor.process import outcome_of
 from tangram.model import Dispatch, Outcome
@@ -443,7 +443,8 @@ class DockerBackend:
             self._running[d.action.id] = box.container_id
             execute = self._agent_exec if box.socket else self._docker_exec
             try:
-                code, output, t_exec, t_exited, timed_out, ooms = execute(box, argv, env, timeout)
+                code, output, t_exec, t_exited, timed_out, ooms = execute(
+                    box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
                 break
             except AgentGone:
                 # the container died (or was killed) while idle: a fresh one, state lost
@@ -483,9 +484,10 @@ class DockerBackend:
         return (f"out of memory: the sandbox's {box.mem_gb:g} GB limit was reached and the "
                 "kernel killed a process of the command (give the trajectory a larger mem_gb)")
 
-    def _agent_exec(self, box: Sandbox, argv: list[str], env: dict[str, str],
-                    timeout: float) -> tuple[int | None, bytes, float, float, bool, int]:
-        req = {"argv": argv, "env": env, "cwd": "/work", "timeout_s": timeout}
+    def _agent_exec(self, box: Sandbox, argv: list[str], env: dict[str, str], timeout: float,
+                    nice: int) -> tuple[int | None, bytes, float, float, bool, int]:
+        # the agent sets the niceness itself: the image may have no `nice` binary
+        req = {"argv": argv, "env": env, "cwd": "/work", "timeout_s": timeout, "nice": nice}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             # the agent enforces the timeout; the host does not trust it to
             conn.settimeout(timeout + GRACE_S)
@@ -515,9 +517,10 @@ class DockerBackend:
         return (ans["code"], ans["output"].encode(), ans["t_start"], ans["t_end"],
                 ans["timed_out"], int(ans.get("oom_kills", 0)))
 
-    def _docker_exec(self, box: Sandbox, argv: list[str], env: dict[str, str],
-                     timeout: float) -> tuple[int | None, bytes, float, float, bool, int]:
-        full = ["timeout", "-s", "KILL", f"{timeout:g}", *argv]
+    def _docker_exec(self, box: Sandbox, argv: list[str], env: dict[str, str], timeout: float,
+                     nice: int) -> tuple[int | None, bytes, float, float, bool, int]:
+        full = ["timeout", "-s", "KILL", f"{timeout:g}", *(["nice", "-n", str(nice)] if nice else []),
+                *argv]
         try:
             exec_id = self.client.api.exec_create(box.container_id, full, workdir="/work",
                                                   environment=env, user=SANDBOX_USER)["Id"]

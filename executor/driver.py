@@ -7,6 +7,7 @@ in worker threads and hand completions back with ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Callable
 from typing import Protocol
 
@@ -52,7 +53,7 @@ class LiveExecutor:
         self.core = core
         self.backend = backend
         self.clock = AsyncioClock(self.loop)
-        self.runtime = Runtime(core, self.clock, backend)
+        self.runtime = Runtime(core, self.clock, backend, stopwatch=time.perf_counter)
 
     def open_trajectory(self, trajectory: str, task: str = "default",
                         mem_gb: float | None = None, image: str | None = None) -> None:

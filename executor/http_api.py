@@ -16,6 +16,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from tangram.backoff import Backoff
 from tangram.model import Dispatch, Outcome
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
@@ -24,11 +25,10 @@ RETRY_STATUS = {429, 500, 502, 503, 504}
 class HttpBackend:
     name = "http"
 
-    def __init__(self, attempts: int = 6, backoff_s: float = 0.2, backoff_cap_s: float = 5.0,
+    def __init__(self, attempts: int = 6, backoff: Backoff = Backoff(0.2, 5.0),
                  timeout_s: float = 30.0) -> None:
         self.attempts = attempts
-        self.backoff_s = backoff_s
-        self.backoff_cap_s = backoff_cap_s
+        self.backoff = backoff
         self.timeout_s = timeout_s
         self._client: httpx.AsyncClient | None = None
         self._tasks: dict[str, asyncio.Task] = {}
@@ -89,9 +89,9 @@ class HttpBackend:
             except asyncio.CancelledError:
                 on_done(Outcome(d.action.id, "cancelled", None, error="cancelled"))
                 raise
-            wait = delay if delay is not None else min(self.backoff_s * 2 ** attempt,
-                                                       self.backoff_cap_s)
-            await asyncio.sleep(wait * (0.5 + random.random()))
+            # a Retry-After the provider sent is honoured as given (no jitter below it)
+            await asyncio.sleep(delay if delay is not None
+                                else self.backoff.delay(attempt, random.random()))
         on_done(Outcome(d.action.id, "failed", None,
                         error=f"gave up after {self.attempts} attempts (last: {last})",
                         extra={"retries": self.attempts - 1}))

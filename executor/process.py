@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import quote
 
-from executor.commands import CommandError, argv_of, elastic_argv
+from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv, priority_prefix
 from executor.local import allowed_cpus
 from tangram.model import Dispatch, Outcome
 
@@ -197,9 +197,15 @@ class ProcessBackend:
         env[MARK] = mark
         if self._taskset:
             pin: dict = {}
-            full = [self._taskset, "-c", ",".join(map(str, sorted(cores))), *argv]
+            full = [self._taskset, "-c", ",".join(map(str, sorted(cores))),
+                    *priority_prefix(d.lease.lane), *argv]
         else:
-            pin = {"preexec_fn": lambda: os.sched_setaffinity(0, cores)}
+            def pin_and_nice() -> None:
+                os.sched_setaffinity(0, cores)
+                if not d.lease.lane:
+                    os.nice(EXCLUSIVE_NICE)
+
+            pin = {"preexec_fn": pin_and_nice}
             full = argv
         try:
             proc = await asyncio.create_subprocess_exec(

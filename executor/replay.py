@@ -1,4 +1,4 @@
-"""`tangram run`: replay a trace for real and write the same outputs as `tangram simulate`."""
+"""`tangram run`: replay a trace for real; the result is analysed like a simulation's."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from typing import Any
 
 import pandas as pd
 
-from analysis.outputs import records_frame, summarise, write_run
 from executor.driver import LiveBackend, LiveExecutor
 from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
+from tangram.model import quota_resource
+from tangram.policies import Policy
+from tangram.runtime import RunResult
+from traces.fit import check_fits
 from traces.schema import TrajectorySpec, trajectories
 
 
@@ -41,7 +44,7 @@ def make_backend(name: str, workdir: Path, mem_gb: float = 2.0, pids: int = 512,
 
 def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSpec:
     """This machine, plus every quota the trace uses (defaults: 16 concurrent calls)."""
-    keys = {k if k.startswith("quota:") else f"quota:{k}" for k in df["quota_key"] if k}
+    keys = {quota_resource(k) for k in df["quota_key"] if k}
     given = {q.key for q in quotas}
     extra = tuple(QuotaSpec(k, "concurrency", 16) for k in sorted(keys - given))
     mem = float(df.groupby("trajectory")["mem_gb"].max().sum()) or None
@@ -50,7 +53,11 @@ def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSp
 
 async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None = None,
                  think_scale: float = 1.0, quotas: tuple[QuotaSpec, ...] = (),
-                 progress: Callable[[int, int], None] | None = None) -> dict[str, Any]:
+                 policy: Policy | None = None,
+                 progress: Callable[[int, int], None] | None = None
+                 ) -> tuple[RunResult, dict[str, Any]]:
+    """Run the trace's actions for real under ``policy``; (result, resolved config)."""
+    policy = policy or Policy()
     gpu_rows = df.index[df["gpus"] != ""]
     if len(gpu_rows):
         raise ValueError(f"{len(gpu_rows)} action(s) need GPUs (first: row {gpu_rows[0] + 1}, "
@@ -60,13 +67,9 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
     if limit:
         df = df[df["trajectory"].isin({s.id for s in specs})]
     cluster = replay_cluster(df, quotas)
-    core = Tangram(cluster)
-    for spec in specs:  # refuse the whole run before starting if any action cannot run here
-        core.open_trajectory(spec.id, spec.task, spec.mem_gb)
-        for step in spec.steps:
-            core.validate(step.action)
-        core.close_trajectory(spec.id, 0.0)
-    executor = LiveExecutor(Tangram(cluster), make_backend(backend, out / "work"))
+    # refuse the whole run before starting if any action cannot run here
+    check_fits(Tangram(cluster, policy), specs)
+    executor = LiveExecutor(Tangram(cluster, policy), make_backend(backend, out / "work"))
     total = sum(len(s.steps) for s in specs)
     done = 0
     wall0 = time.perf_counter()
@@ -91,14 +94,12 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
     finally:
         executor.shutdown()
     rollout = executor.clock.now() - t0
-    frame = records_frame(executor.runtime.records)
-    summary = summarise(frame, policy="tangram", capacity=executor.core.capacity(),
-                        utilisation=None, steps=[{"step": 0, "rollout_s": rollout,
-                                                  "step_s": rollout}],
-                        extra={"backend": backend, "live": True,
-                               "wall_s": time.perf_counter() - wall0,
-                               "think_scale": think_scale})
+    core = executor.core
+    result = RunResult(policy.label, executor.runtime.records,
+                       [{"step": 0, "rollout_s": rollout, "step_s": rollout}], core.capacity(),
+                       {"backend": backend, "live": True, "think_scale": think_scale,
+                        "gpu_restores": core.gpu.restores, "scheduler_passes": core.passes},
+                       executor.runtime.timing, None, time.perf_counter() - wall0, core)
     config = {"backend": backend, "cluster": cluster.to_dict(), "limit": limit,
-              "think_scale": think_scale}
-    write_run(out, frame, summary, config)
-    return summary
+              "think_scale": think_scale, "policy": policy.params()}
+    return result, config

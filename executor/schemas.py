@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
-from tangram.model import QUOTA_PREFIX, Action, Demand, Elasticity
+from tangram.model import BASE_RESOURCES, Action, Demand, Elasticity, quota_resource
 
 #: ids of trajectories and actions: letters, digits and ``-_.:``, 1-128 chars, not only dots
 #: (so never ``.`` or ``..``)
@@ -128,6 +128,14 @@ class ActionIn(BaseModel):
         parse_cores(v)
         return v
 
+    @field_validator("quota")
+    @classmethod
+    def _quota(cls, v: dict[str, float]) -> dict[str, float]:
+        for key in v:
+            if quota_resource(key) in BASE_RESOURCES:
+                raise ValueError(f"{key!r} is a resource, not a quota key")
+        return v
+
     @field_validator("argv")
     @classmethod
     def _argv(cls, v: list[str] | None) -> list[str] | None:
@@ -176,7 +184,7 @@ class ActionIn(BaseModel):
             # kept so that the core's check names the problem when none fits
             cost["cpu"] = Demand(fitting or (demand.min,))
         for key, units in self.quota.items():
-            cost[key if key.startswith(QUOTA_PREFIX) else QUOTA_PREFIX + key] = Demand.fixed(units)
+            cost[quota_resource(key)] = Demand.fixed(units)
         request = self.request.model_dump(by_alias=True, exclude_none=True) if self.request else None
         payload = {"argv": argv, "command": self.command, "request": request,
                    "timeout_s": self.timeout_s or MAX_TIMEOUT_S, "env": self.env}
@@ -202,6 +210,7 @@ class ActionOut(BaseModel):
     error: str = ""
     units: int | None = None
     cores: list[int] = Field(default_factory=list)
+    lane: bool = Field(False, description="Ran on the node's light lane (cores shared).")
     queue_s: float | None = None
     exec_s: float | None = None
     state_lost: bool = False

@@ -23,7 +23,7 @@ from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
 from executor.journal import RESTARTED, SHUTDOWN, Journal
 from executor.schemas import MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
-from tangram.model import QUOTA_PREFIX, Outcome
+from tangram.model import Outcome, quota_resource
 from tangram.runtime import Record
 
 
@@ -48,7 +48,7 @@ def result_of(rec: Record, out: Outcome) -> ActionOut:
     extra = dict(out.extra or {})
     return ActionOut(
         id=rec.action_id, trajectory=rec.trajectory, status=out.status, exit_code=out.exit_code,
-        output=out.output, error=out.error, units=rec.units,
+        output=out.output, error=out.error, units=rec.units, lane=rec.lane,
         cores=[int(c) for c in extra.get("cores", [])],
         queue_s=rec.start_s - rec.submit_s, exec_s=rec.end_s - rec.start_s,
         state_lost=bool(extra.get("state_lost")), retries=int(extra.get("retries", 0)),
@@ -67,8 +67,7 @@ class Service:
         self.task_images = dict(task_images or {})
         self.journal = journal
         #: quota key -> URL prefixes its `request` actions may reach ('*': any public host)
-        self.allow_urls = {(k if k.startswith(QUOTA_PREFIX) else QUOTA_PREFIX + k): v
-                           for k, v in (allow_urls or {}).items()}
+        self.allow_urls = {quota_resource(k): v for k, v in (allow_urls or {}).items()}
         self.result_ttl_s = result_ttl_s
         self.tracked: dict[str, Tracked] = {}
         self.counts: dict[str, int] = {}
@@ -161,7 +160,7 @@ class Service:
         (the backend then refuses non-public addresses when it resolves the name)."""
         assert body.request is not None
         url = body.request.url
-        keys = [k if k.startswith(QUOTA_PREFIX) else QUOTA_PREFIX + k for k in body.quota]
+        keys = [quota_resource(k) for k in body.quota]
         prefixes = [p for k in keys for p in self.allow_urls.get(k, ())]
         if any(p != "*" and url.startswith(p) for p in prefixes):
             return False

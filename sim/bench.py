@@ -16,16 +16,17 @@ next step, not a smaller ``lookahead``, which barely moves it.
 from __future__ import annotations
 
 import gc
-import heapq
 import os
 import time
 from collections.abc import Iterator
 
 import numpy as np
 
+from sim.modelled import ModelledBackend
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity
+from tangram.runtime import ManualClock, Runtime
 
 
 def pin_one_core() -> int | None:
@@ -75,44 +76,31 @@ def gpu_scenario(n: int, rng: np.random.Generator) -> tuple[ClusterSpec, list[Ac
 
 def run_scheduler_scenario(name: str, cluster: ClusterSpec, actions: list[Action]) -> dict:
     """Queue every action at t=0 in one batch (one pass over a 2,048-deep queue: the
-    burst), then finish dispatched actions in virtual time until all have run, each
-    finish followed by its trajectory's close (one action per trajectory)."""
+    burst), then run in virtual time (ManualClock + the modelled backend) until all have
+    run, each finish followed by its trajectory's close (one action per trajectory).
+    Every core call is timed by the runtime's stopwatch."""
     core = Tangram(cluster)
+    clock = ManualClock()
+    runtime = Runtime(core, clock, ModelledBackend(clock, np.random.default_rng(0)),
+                      stopwatch=time.perf_counter)
+    runtime.timing.calls = []  # keep every call's seconds and dispatch count
     for a in actions:
-        core.open_trajectory(a.trajectory, a.task, mem_gb=1.0)
-    call_us: list[float] = []
-    heap: list[tuple[float, int, str]] = []
-    seq = 0
-    dispatched = 0
-    trajectory = {a.id: a.trajectory for a in actions}
-
-    def timed(fn, *args) -> int:
-        nonlocal seq, dispatched
-        t0 = time.perf_counter()
-        out = fn(*args)
-        call_us.append((time.perf_counter() - t0) * 1e6)
-        dispatched += len(out)
-        for d in out:
-            seq += 1
-            dur = (d.action.duration(d.units) or 0.0) + d.lease.restore_s
-            heapq.heappush(heap, (d.start_s + dur, seq, d.action.id))
-        return len(out)
-
-    burst = timed(core.submit_many, actions, 0.0)
-    burst_us = call_us[0]
-    while heap:
-        t, _, aid = heapq.heappop(heap)
-        timed(core.finish, aid, t)
-        timed(core.close_trajectory, trajectory[aid], t)
-    arr = np.asarray(call_us)
+        runtime.open_trajectory(a.trajectory, a.task, mem_gb=1.0)
+    runtime.submit_many(actions, lambda rec, out: runtime.close_trajectory(rec.trajectory))
+    clock.run()
+    calls = runtime.timing.calls
+    assert len(runtime.records) == len(actions)
+    burst_s, burst = calls[0]
+    arr = np.asarray([c[0] for c in calls]) * 1e6
+    dispatched = sum(c[1] for c in calls)
     return {
         "scenario": name,
         "actions": len(actions),
         "dispatched": dispatched,
-        "calls": len(call_us),
+        "calls": len(calls),
         "burst_dispatched": burst,
-        "burst_pass_us": round(burst_us, 1),
-        "burst_dispatch_per_s": round(burst / (burst_us / 1e6), 1),
+        "burst_pass_us": round(burst_s * 1e6, 1),
+        "burst_dispatch_per_s": round(burst / burst_s, 1),
         "pass_p50_us": round(float(np.percentile(arr, 50)), 1),
         "pass_p99_us": round(float(np.percentile(arr, 99)), 1),
         "pass_max_us": round(float(arr.max()), 1),
@@ -141,8 +129,8 @@ def simulate_bench(trajectories_n: int = 2048, seed: int = 0) -> dict:
     df = validate(generate("coding", trajectories_n, seed))
     gen_s = time.perf_counter() - t0
     result = simulate(df, load_cluster("paper"), SimConfig(policy="tangram", seed=seed))
-    n = result.summary["actions"]
-    core_s = result.summary["core_s"]
+    n = len(result.records)
+    core_s = result.timing.core_s
     return {
         "scenario": f"coding-{trajectories_n}x~30-paper-cluster",
         "actions": n,
@@ -151,6 +139,44 @@ def simulate_bench(trajectories_n: int = 2048, seed: int = 0) -> dict:
         "core_s": round(core_s, 2),
         "sim_us_per_action_excl_scheduler": round((result.wall_s - core_s) / n * 1e6, 1),
         "core_us_per_action": round(core_s / n * 1e6, 1),
-        "act_mean_s": round(result.summary["act_mean_s"], 3),
+        "act_mean_s": round(float(np.mean([r.act_s for r in result.records])), 3),
         "pinned_core": core_id,
     }
+
+
+def learning_bench(seeds: int = 20, max_runs: int = 300, tol: float = 0.10) -> Iterator[dict]:
+    """How many observed runs the online speedup curve (tangram.estimates.SpeedupCurve)
+    needs to come within ``tol`` of the true *mean* curve at every unit count, and stay
+    there. Each run is an action of its own size (T1 lognormal, median 10 s, spread
+    ``sigma``: 0.1 ~ the same test command rerun, 0.5 ~ different suites of one kind)
+    granted 1, 2, 4 or 8 units uniformly at random (how exploration spreads them)."""
+    from tangram.estimates import SpeedupCurve
+
+    choices = (1, 2, 4, 8)
+    cases = [(p, o, sigma) for sigma in (0.1, 0.5)
+             for p, o in ((0.5, 0.0), (0.8, 0.0), (0.95, 0.0), (0.8, 0.5), (0.5, 1.0))]
+    for p, overhead, sigma in cases:
+        mean_t1 = 10.0 * float(np.exp(sigma ** 2 / 2))
+        true = {m: mean_t1 * ((1 - p) + p / m) + overhead * (m - 1) for m in choices}
+        needed = []
+        for seed in range(seeds):
+            rng = np.random.default_rng(seed)
+            curve, within_since = SpeedupCurve(), None
+            for run in range(1, max_runs + 1):
+                m = int(rng.choice(choices))
+                t1 = float(rng.lognormal(np.log(10.0), sigma))
+                curve.observe(m, t1 * ((1 - p) + p / m) + overhead * (m - 1))
+                err = max(abs((curve.duration(u) or float("inf")) - true[u]) / true[u]
+                           for u in choices)
+                if err <= tol:
+                    within_since = within_since or run
+                else:
+                    within_since = None
+            needed.append(within_since or float("inf"))
+        arr = np.asarray(needed, dtype=float)
+        yield {"parallel_fraction": p, "unit_overhead_s": overhead, "t1_sigma": sigma,
+               "tolerance": tol, "seeds": seeds, "max_runs": max_runs,
+               "runs_to_within_p50": float(np.percentile(arr, 50, method="nearest")),
+               "runs_to_within_p90": float(np.percentile(arr, 90, method="nearest")),
+               "never_within": int(np.isinf(arr).sum()),
+               "slower_at_8_than_at_1": bool(true[8] > true[1])}

@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from tangram.model import BASE_RESOURCES, QUOTA_PREFIX
+from tangram.model import quota_resource
 
 
 class ClusterError(ValueError):
@@ -163,8 +163,7 @@ class ClusterSpec:
                 problems.append(f"{where}: expected {{key: str, mode, limit, window_s}}")
                 continue
             key = q["key"]
-            if key not in BASE_RESOURCES and not key.startswith(QUOTA_PREFIX):
-                key = QUOTA_PREFIX + key
+            key = quota_resource(key)
             mode = q.get("mode", "concurrency")
             if mode not in ("concurrency", "window"):
                 problems.append(f"{where}.mode: expected 'concurrency' or 'window', got {mode!r}")

@@ -4,30 +4,26 @@ Drivers call ``submit`` / ``finish`` / ``poll`` with the current time and get
 back the dispatches to start. The same object is driven by the SimPy clock
 (sim/) and by the asyncio loop (executor/).
 
-Routing: an action that needs GPUs waits in the GPU pool; one that needs
-cores waits in its trajectory's node pool (a trajectory not yet bound waits in
-the binding queue first); anything else (API calls) waits in the API pool.
-Counted resources (``quota:*``, ``net_mbps``) are checked inside every pool's
-candidate prefix and reserved with the action, all or nothing.
+The policy (tangram/policies.py) builds the managers and pools and routes
+each action to the pool whose queue it waits in (by default: GPU actions to
+the GPU pool, CPU actions to their trajectory's node pool, a trajectory not yet
+bound waiting in the binding queue first, API calls to the API pool). Counted
+resources (``quota:*``, ``net_mbps``) are checked inside every pool's candidate
+prefix and reserved with the action, all or nothing. What the core learns from
+completions lives in :class:`tangram.estimates.Estimates`.
 """
 
 from __future__ import annotations
 
-import time
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from tangram.cluster import ClusterSpec
-from tangram.managers.cpu import CpuManager
-from tangram.managers.gpu import GpuManager
-from tangram.managers.quota import QuotaManager
-from tangram.model import QUOTA_PREFIX, Action, Dispatch, Lease, Outcome
-from tangram.pools import CpuNodePool, GpuPool, Pending, Pool
-from tangram.scheduler import ElasticScheduler
-
-API_POOL = "api"
-GPU_POOL = "gpu"
+from tangram.estimates import Estimates
+from tangram.model import Action, Dispatch, Lease, Outcome, counted
+from tangram.policies import Policy
+from tangram.pools import CpuNodePool, Pending, Pool
 
 
 @dataclass(slots=True)
@@ -36,8 +32,8 @@ class TrajectoryState:
     mem_gb: float | None
     in_flight: set[str] = field(default_factory=set)
     #: while it thinks (LLM generation): the pool of its last action, when and of what
-    #: (task, kind) that ended, and how likely it is to submit another action at all
-    thinking_in: Pool | None = None
+    #: (task, kind) that ended, and its weight in that pool's expected arrivals
+    thinking_in: str | None = None
     last_end: float = 0.0
     last_kind: tuple[str, str] = ("", "")
     will_continue: float = 0.0
@@ -53,38 +49,24 @@ class Running:
 class Tangram:
     """The action-level resource manager's state machine."""
 
-    def __init__(self, cluster: ClusterSpec, scheduler: ElasticScheduler | None = None,
-                 default_duration_s: float = 1.0) -> None:
+    def __init__(self, cluster: ClusterSpec, policy: Policy | None = None,
+                 estimates: Estimates | None = None) -> None:
         self.cluster = cluster
-        self.scheduler = scheduler or ElasticScheduler()
-        self.default_duration_s = default_duration_s
-        self.cpu = CpuManager(cluster.cpu_nodes)
-        self.gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
-        self.quota = QuotaManager(cluster.quotas)
-        self.pools: dict[str, Pool] = {p.name: p for p in self._build_pools()}
+        self.policy = policy or Policy()
+        self.scheduler = self.policy.scheduler()
+        self.estimates = estimates or Estimates()
+        res = self.policy.build(cluster)
+        self.cpu, self.gpu, self.quota, self.pools = res.cpu, res.gpu, res.quota, res.pools
+        self._resources = res
         self.unbound: deque[Pending] = deque()
         self.trajectories: dict[str, TrajectoryState] = {}
         self.queued: dict[str, Pending] = {}
         self.running: dict[str, Running] = {}
-        self._mean: dict[tuple[str, str], tuple[int, float]] = {}
-        self._t1_mean: dict[tuple[str, str], tuple[int, float]] = {}
-        #: moving average of think time (LLM generation between actions), all trajectories
-        self._think_s = 5.0
-        #: (task, kind) -> (times a trajectory submitted again after it, times observed)
-        self._follow: dict[tuple[str, str], tuple[int, int]] = {}
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cluster.cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
-        #: scheduling passes that dispatched something, and their total wall seconds
+        #: scheduling passes that dispatched something
         self.passes = 0
-        self.pass_s = 0.0
-
-    def _build_pools(self) -> list[Pool]:
-        """One pool per CPU node (paper 5.2), one for the GPU cluster, one for APIs."""
-        pools: list[Pool] = [CpuNodePool(f"cpu:{n}", n, self.cpu) for n in self.cpu.nodes]
-        pools.append(GpuPool(GPU_POOL, self.gpu))
-        pools.append(Pool(API_POOL))
-        return pools
 
     # -- trajectories ------------------------------------------------------------------
     def open_trajectory(self, trajectory: str, task: str = "default",
@@ -112,8 +94,8 @@ class Tangram:
             )
         del self.trajectories[trajectory]
         if state.thinking_in is not None:  # it ended after that kind of action
-            state.thinking_in.thinking -= state.will_continue
-            self._followed(state.last_kind, False)
+            self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
+                                                     state.will_continue, continued=False)
         if self.cpu.node_of(trajectory) is None:
             return []
         self.cpu.unbind(trajectory)
@@ -131,7 +113,7 @@ class Tangram:
             raise KeyError(f"action.trajectory: unknown trajectory {action.trajectory!r} "
                            "(open it first)")
         for res, demand in action.cost.items():
-            if res.startswith(QUOTA_PREFIX) or res == "net_mbps":
+            if counted(res):
                 if demand.min > 0:
                     spec = self.quota.check(res)
                     if demand.min > spec.limit:
@@ -180,10 +162,10 @@ class Tangram:
         pool = self._route(action)
         state = self.trajectories[action.trajectory]
         if state.thinking_in is not None:  # it stopped thinking: learn how long that took
-            state.thinking_in.thinking -= state.will_continue
+            self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
+                                                     state.will_continue, continued=True,
+                                                     think_s=now - state.last_end)
             state.thinking_in = None
-            self._think_s += 0.05 * ((now - state.last_end) - self._think_s)
-            self._followed(state.last_kind, True)
         state.in_flight.add(action.id)
         if pool is None:  # first CPU action of a trajectory: bind it to a node first
             pending = Pending(action, now, int(action.min("cpu")))
@@ -192,17 +174,12 @@ class Tangram:
             return None
         pending = self._pending(action, now, pool)
         self.queued[action.id] = pending
-        pool.queue.append(pending)
+        pool.admit(pending)
         return pool
 
     def _route(self, action: Action) -> Pool | None:
         """The pool whose queue ``action`` waits in (None: not bound to a node yet)."""
-        if action.min("gpu") > 0:
-            return self.pools[GPU_POOL]
-        if action.min("cpu") > 0:
-            node = self.cpu.node_of(action.trajectory)
-            return None if node is None else self.pools[f"cpu:{node}"]
-        return self.pools[API_POOL]
+        return self.policy.route(action, self._resources)
 
     def finish(self, action_id: str, now: float, outcome: Outcome | None = None) -> list[Dispatch]:
         """Release what ``action_id`` held and return what can start now."""
@@ -216,16 +193,15 @@ class Tangram:
         if state is not None:
             state.in_flight.discard(action_id)
             if not state.in_flight and run.pool.key is not None:
-                state.thinking_in = run.pool  # its next action will most likely come here
+                state.thinking_in = run.pool.name  # its next action will most likely come here
                 state.last_end = now
                 state.last_kind = (action.task, action.kind)
-                state.will_continue = self._continue_p(state.last_kind)
-                run.pool.thinking += state.will_continue
+                state.will_continue = self.estimates.arrivals.started_thinking(
+                    run.pool.name, state.last_kind)
         if outcome is None or outcome.ok:
             elapsed = now - run.dispatch.start_s - run.dispatch.lease.restore_s
-            self._learn(action, run.dispatch.units, max(elapsed, 0.0))
-            if not run.pending.elastic:
-                run.pool.short_s += 0.05 * (elapsed - run.pool.short_s)
+            self.estimates.durations.observe(action, run.dispatch.units, max(elapsed, 0.0),
+                                             run.pool.name, run.pending.elastic)
         touched: Iterable[Pool] = [run.pool]
         if run.pending.quotas:  # freed quota may unblock any pool's head
             touched = self.pools.values()
@@ -236,7 +212,7 @@ class Tangram:
         pending = self.queued.pop(action_id, None)
         if pending is None:
             return False
-        for q in [self.unbound, *(p.queue for p in self.pools.values())]:
+        for q in [self.unbound, *(q for p in self.pools.values() for q in p.queues())]:
             if pending in q:
                 q.remove(pending)
                 break
@@ -255,45 +231,9 @@ class Tangram:
             return None
         return self.quota.next_expiry(now)
 
-    # -- estimates ---------------------------------------------------------------------
     def estimate(self, p: Pending) -> float:
-        """Expected duration at the minimum: profiled T1, else the running mean."""
-        if p.durations:
-            return p.durations[p.key_min]
-        if p.action.t1_s is not None:
-            return p.action.duration(p.key_min)  # type: ignore[return-value]
-        mean = self._mean.get((p.action.task, p.action.kind))
-        return mean[1] if mean else self.default_duration_s
-
-    def expected_arrivals(self, pool: Pool, now: float,
-                          limit: int) -> list[tuple[float, int, float]]:
-        """The next actions of the trajectories thinking on ``pool``: spread over one mean
-        think time (remaining think is about uniform), one unit each, the pool's mean
-        duration of non-elastic actions."""
-        n = int(pool.thinking)  # expected number of trajectories that will come back
-        if n <= 0 or limit <= 0:
-            return []
-        step = self._think_s / n
-        return [(now + step * (k + 0.5), 1, pool.short_s) for k in range(min(n, limit))]
-
-    def _continue_p(self, key: tuple[str, str]) -> float:
-        """How often a trajectory submitted again after an action of this (task, kind)
-        (a reward is usually last); Laplace prior 1/2."""
-        cont, total = self._follow.get(key, (0, 0))
-        return (cont + 1) / (total + 2)
-
-    def _followed(self, key: tuple[str, str], continued: bool) -> None:
-        cont, total = self._follow.get(key, (0, 0))
-        self._follow[key] = (cont + continued, total + 1)
-
-    def _learn(self, action: Action, units: int, elapsed: float) -> None:
-        key = (action.task, action.kind)
-        n, mean = self._mean.get(key, (0, 0.0))
-        self._mean[key] = (n + 1, mean + (elapsed - mean) / (n + 1))
-        if action.elasticity is not None and action.elastic:
-            t1 = elapsed * action.elasticity.efficiency(units) * units  # back to one unit
-            n, mean = self._t1_mean.get(key, (0, 0.0))
-            self._t1_mean[key] = (n + 1, mean + (t1 - mean) / (n + 1))
+        """Expected duration of a queued action at its minimum."""
+        return self.estimates.estimate(p)
 
     # -- internals ---------------------------------------------------------------------
     def _trajectory_mem(self, action: Action) -> float:
@@ -301,27 +241,31 @@ class Tangram:
         return state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
 
     def _pending(self, action: Action, now: float, pool: Pool) -> Pending:
-        quotas = {k: d.min for k, d in action.cost.items()
-                  if (k.startswith(QUOTA_PREFIX) or k == "net_mbps") and d.min > 0}
+        quotas = {k: d.min for k, d in action.cost.items() if counted(k) and d.min > 0}
         if pool.key is None:
             return Pending(action, now, 0, quotas)
         sched = pool.scheduler or self.scheduler
         choices = pool.unit_choices(action)
         if action.elastic != pool.key or not choices:
-            return Pending(action, now, int(choices[0] if choices else action.min(pool.key)),
-                           quotas)
-        t1 = action.t1_s
-        if t1 is None and action.elasticity is not None:
-            # Beyond the paper: an unprofiled elastic action whose E(m) is known gets
-            # T1 from the running mean of its (task, kind), once one has completed.
-            learned = self._t1_mean.get((action.task, action.kind))
-            t1 = learned[1] if learned else None
-        elastic = (t1 is not None and action.elasticity is not None and len(choices) > 1
-                   and sched.elastic_enabled)
-        durations = ({u: t1 / (action.elasticity.efficiency(u) * u) for u in choices}
-                     if elastic else {})
-        return Pending(action, now, sched.min_units(choices), quotas,
-                       elastic=elastic, choices=choices, durations=durations)
+            key_min = int(choices[0] if choices else action.min(pool.key))
+            return Pending(action, now, key_min, quotas,
+                           light=key_min == 1 and self._light(action, pool, quotas))
+        durations = (sched.profile(action, choices, self.estimates)
+                     if sched.elastic_enabled and len(choices) > 1 else {})
+        key_min = sched.min_units(choices)
+        light = not durations and key_min == 1 and self._light(action, pool, quotas)
+        return Pending(action, now, key_min, quotas, elastic=bool(durations), choices=choices,
+                       durations=durations, light=light)
+
+    def _light(self, action: Action, pool: Pool, quotas: dict[str, float]) -> bool:
+        """For a pool with a light lane: expected to take at most its ``light_s`` on one
+        core, declared or from at least two observed runs of its (task, kind)."""
+        if not isinstance(pool, CpuNodePool) or not pool.light_s or quotas:
+            return False
+        if action.t1_s is not None:
+            return action.t1_s <= pool.light_s
+        n, mean = self.estimates.durations.mean_n((action.task, action.kind))
+        return n >= 2 and mean <= pool.light_s
 
     def _bind_waiting(self, touched: set[str]) -> None:
         """Bind queued first actions to nodes, in FCFS order (paper 5.2)."""
@@ -335,7 +279,7 @@ class Tangram:
             pool = self._route(p.action)
             pending = self._pending(p.action, p.submit_s, pool)
             self.queued[p.action.id] = pending
-            pool.queue.append(pending)
+            pool.admit(pending)
             touched.add(pool.name)
 
     def _schedule(self, now: float, pools: Iterable[Pool]) -> list[Dispatch]:
@@ -350,7 +294,7 @@ class Tangram:
         """Scheduling passes until nothing more starts. Greedy eviction may leave units
         free that an evicted action could have used (a DP prefix cannot always absorb
         them: an action takes at most 8 GPUs); the next pass offers them again."""
-        out: list[Dispatch] = []
+        out = self._lane(pool, now) if isinstance(pool, CpuNodePool) and pool.light else []
         while pool.queue:
             got = self._pass_once(pool, now)
             out.extend(got)
@@ -359,10 +303,8 @@ class Tangram:
         return out
 
     def _pass_once(self, pool: Pool, now: float) -> list[Dispatch]:
-        t0 = time.perf_counter()
         sched = pool.scheduler or self.scheduler
-        decisions = sched.plan(pool, self._quota_free(now), now, self.estimate,
-                               self.expected_arrivals)
+        decisions = sched.plan(pool, now, self.estimates, self.quota)
         if not decisions:
             return []
         # Largest grants first: NUMA placement is easiest while domains are whole.
@@ -378,23 +320,40 @@ class Tangram:
             started.discard(id(queue.popleft()))
         for p in [p for p, _ in granted if id(p) in started]:
             queue.remove(p)
-        decision_s = (time.perf_counter() - t0) / max(len(granted), 1)
         self.passes += 1
-        self.pass_s += time.perf_counter() - t0
         out = []
         for p, lease in granted:
             del self.queued[p.action.id]
             expected = p.durations.get(lease.units) or (
                 p.action.duration(lease.units) if p.action.t1_s is not None else self.estimate(p))
-            d = Dispatch(p.action, lease, p.submit_s, now, expected, decision_s)
+            d = Dispatch(p.action, lease, p.submit_s, now, expected)
             self.running[p.action.id] = Running(d, pool, p)
             pool.running[p.action.id] = (now + lease.restore_s + (expected or 0.0), lease.units,
                                          now)
             out.append(d)
         return out
 
-    def _quota_free(self, now: float):
-        return lambda: {k: self.quota.available(k, now) for k in self.quota.specs}
+    def _lane(self, pool: CpuNodePool, now: float) -> list[Dispatch]:
+        """Start waiting light actions, in order, on the node's lane while it has room,
+        then on idle exclusive cores (see CpuNodePool)."""
+        out: list[Dispatch] = []
+        light = pool.light
+        while light:
+            p = light[0]
+            grant = pool.lane_reserve(p) or pool.reserve(p, 1, now)
+            if grant is None:
+                break
+            light.popleft()
+            del self.queued[p.action.id]
+            units = 0 if grant.lane else 1
+            lease = Lease(p.action.id, units, (grant.part, None), grant.node, grant.cores,
+                          lane=grant.lane)
+            expected = self.estimates.estimate(p)
+            d = Dispatch(p.action, lease, p.submit_s, now, expected)
+            self.running[p.action.id] = Running(d, pool, p)
+            pool.running[p.action.id] = (now + expected, units, now)
+            out.append(d)
+        return out
 
     def _reserve(self, pool: Pool, p: Pending, units: int, now: float) -> Lease | None:
         """Pool units then quotas, all or nothing. NUMA placement may refuse the
@@ -411,7 +370,7 @@ class Tangram:
                     pool.release(grant.part)
                     return None
             return Lease(p.action.id, u, (grant.part, qlease), grant.node, grant.cores,
-                         grant.gpus, grant.restore_s)
+                         grant.gpus, grant.restore_s, grant.lane)
         return None
 
     def _release(self, pool: Pool, lease: Lease) -> None:
@@ -424,15 +383,19 @@ class Tangram:
     # -- introspection -----------------------------------------------------------------
     def usage(self) -> dict[str, float]:
         """Units in use per resource (for utilisation sampling)."""
-        out = {"cpu": float(sum(self.cpu.in_use(n) for n in self.cpu.nodes)),
-               "gpu": float(self.gpu.busy_gpus()),
+        out = {"cpu": 0.0, "cpu_lane": 0.0, "gpu": 0.0,
                "mem_gb": sum(n.mem_reserved for n in self.cpu.nodes.values())}
+        for pool in self.pools.values():
+            for res, units in pool.usage().items():
+                out[res] = out.get(res, 0.0) + units
         out.update(self.quota.snapshot())
         return out
 
     def capacity(self) -> dict[str, float]:
         out = {"cpu": float(sum(n.cores for n in self.cluster.cpu_nodes)),
                "gpu": float(sum(n.gpus for n in self.cluster.gpu_nodes)),
-               "mem_gb": float(sum(n.mem_gb for n in self.cluster.cpu_nodes))}
+               "mem_gb": float(sum(n.mem_gb for n in self.cluster.cpu_nodes)),
+               "cpu_lane": float(sum(p.lane_slots for p in self.pools.values()
+                                     if isinstance(p, CpuNodePool)))}
         out.update({q.key: q.limit for q in self.cluster.quotas})
         return out

@@ -18,6 +18,21 @@ BASE_RESOURCES = frozenset({"cpu", "mem_gb", "gpu", "gpu_mem_gb", "net_mbps"})
 QUOTA_PREFIX = "quota:"
 
 
+def quota_resource(key: str) -> str:
+    """The cost key of the counted resource a user names ``key``: ``google`` ->
+    ``quota:google``; ``quota:google`` and the base resources stay as they are. The one
+    normalisation every entry point (traces, cluster YAML, CLI, HTTP) uses."""
+    if key in BASE_RESOURCES or key.startswith(QUOTA_PREFIX):
+        return key
+    return QUOTA_PREFIX + key
+
+
+def counted(resource: str) -> bool:
+    """Counted resources (API quotas, bandwidth) are not scheduled: they are checked
+    inside a pool's candidate prefix and reserved with the action, all or nothing."""
+    return resource.startswith(QUOTA_PREFIX) or resource == "net_mbps"
+
+
 def check_resource_name(name: str, where: str = "cost") -> None:
     if name in BASE_RESOURCES:
         return
@@ -216,6 +231,9 @@ class Lease:
     cores: tuple[int, ...] = ()
     gpus: tuple[int, ...] = ()
     restore_s: float = 0.0
+    #: on the node's light lane: ``cores`` are shared, not exclusive (``units`` is 0);
+    #: backends run it at normal priority and exclusive-core actions at nice 10
+    lane: bool = False
 
 
 @dataclass(frozen=True, slots=True)

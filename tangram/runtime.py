@@ -3,15 +3,22 @@
 The runtime knows nothing about SimPy or asyncio: it asks the Clock for the
 time and for timers, hands dispatches to the Backend, and feeds completions
 back into the core. Completed actions are kept as :class:`Record` rows (the
-``actions.parquet`` of every run, simulated or live).
+``actions.parquet`` of every run, simulated or live): they hold only clock
+times, so two simulations with the same seed give identical rows. How long the
+core itself took is measured with an injected ``stopwatch`` (the drivers pass
+``time.perf_counter``; tangram/ reads no wall clock) into :class:`Timing`.
+
+:class:`ManualClock` is the Clock for driving the core without SimPy or asyncio
+(experiments, benchmarks, tests): timers on a heap, run in time order.
 """
 
 from __future__ import annotations
 
-import time
+import heapq
+import itertools
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Protocol
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome
@@ -52,10 +59,11 @@ class Record:
     gpus: str
     restore_s: float
     overhead_s: float
-    decision_us: float
     status: str
     exit_code: int | None
     expected_s: float | None
+    #: ran on its node's light lane (shared cores; ``units`` 0)
+    lane: bool = False
 
     @property
     def act_s(self) -> float:
@@ -65,35 +73,98 @@ class Record:
 ResultCallback = Callable[[Record, Outcome], None]
 
 
+def no_stopwatch() -> float:
+    """A stopwatch that never moves (timings all zero): the default."""
+    return 0.0
+
+
+@dataclass(slots=True)
+class Timing:
+    """Seconds the core took, by the injected stopwatch (not part of the schedule)."""
+
+    #: seconds inside the core (submit / finish / poll / close)
+    core_s: float = 0.0
+    #: calls of the core that dispatched something, and their seconds
+    dispatching_calls: int = 0
+    dispatching_s: float = 0.0
+    #: action id -> decision seconds attributed to it (its call's time / its dispatches)
+    decision_s: dict[str, float] = field(default_factory=dict)
+    #: when a list: every core call's (seconds, dispatches) — for benchmarks
+    calls: list[tuple[float, int]] | None = None
+
+
+@dataclass(slots=True)
+class RunResult:
+    """What a run (simulated or live) hands to analysis: records, not summaries."""
+
+    policy: str
+    records: list[Record]
+    #: per RL step: {"step", "rollout_s", "step_s"}
+    steps: list[dict[str, float]]
+    capacity: dict[str, float]
+    #: deterministic counts of the run (restores, retries, scheduling passes, ...)
+    counters: dict[str, Any]
+    timing: Timing
+    #: usage samples {"t_s", resource: units, ...} (None: not sampled)
+    utilisation: list[dict[str, float]] | None = None
+    #: wall seconds the whole run took
+    wall_s: float = 0.0
+    core: Tangram | None = None
+
+
+class DoubleReport(RuntimeError):
+    """A backend reported the same dispatch done twice (a backend bug)."""
+
+
 class Runtime:
-    def __init__(self, core: Tangram, clock: Clock, backend: Backend) -> None:
+    def __init__(self, core: Tangram, clock: Clock, backend: Backend,
+                 stopwatch: Callable[[], float] = no_stopwatch) -> None:
         self.core = core
         self.clock = clock
         self.backend = backend
+        self.stopwatch = stopwatch
         self.records: list[Record] = []
+        self.timing = Timing()
         self._callbacks: dict[str, ResultCallback] = {}
         self._wakeup: Timer | None = None
         self._wakeup_at: float | None = None
-        #: wall seconds spent inside the core (submit / finish / poll / close)
-        self.core_s = 0.0
+
+    def _timed(self, fn: Callable[..., list[Dispatch]], *args) -> list[Dispatch]:
+        t0 = self.stopwatch()
+        out: list[Dispatch] = []
+        try:
+            out = fn(*args)
+            return out
+        finally:
+            dt = self.stopwatch() - t0
+            t = self.timing
+            t.core_s += dt
+            if t.calls is not None:
+                t.calls.append((dt, len(out)))
+            if out:
+                t.dispatching_calls += 1
+                t.dispatching_s += dt
+                for d in out:
+                    t.decision_s[d.action.id] = dt / len(out)
 
     def open_trajectory(self, trajectory: str, task: str = "default",
                         mem_gb: float | None = None) -> None:
         self.core.open_trajectory(trajectory, task, mem_gb)
 
     def close_trajectory(self, trajectory: str) -> None:
-        self._launch(self.core.close_trajectory(trajectory, self.clock.now()))
+        self._launch(self._timed(self.core.close_trajectory, trajectory, self.clock.now()))
 
     def submit(self, action: Action, on_result: ResultCallback | None = None) -> None:
         """Queue ``action``; ``on_result`` is called once when it ends."""
-        t0 = time.perf_counter()
-        try:
-            dispatches = self.core.submit(action, self.clock.now())
-        finally:
-            self.core_s += time.perf_counter() - t0
+        self.submit_many([action], on_result)
+
+    def submit_many(self, actions: list[Action], on_result: ResultCallback | None = None) -> None:
+        """Queue a batch with one scheduling pass per pool (all or nothing)."""
+        out = self._timed(self.core.submit_many, actions, self.clock.now())  # raises: none queued
         if on_result is not None:
-            self._callbacks[action.id] = on_result
-        self._launch(dispatches)
+            for a in actions:
+                self._callbacks[a.id] = on_result
+        self._launch(out)
 
     def cancel(self, action_id: str) -> bool:
         """Cancel a queued action (its callback gets a 'cancelled' outcome) or ask
@@ -103,7 +174,7 @@ class Runtime:
             if cb:
                 now = self.clock.now()
                 out = Outcome(action_id, status="cancelled", exit_code=None)
-                cb(Record(action_id, "", "", "", now, now, now, 0, None, "", "", 0.0, 0.0, 0.0,
+                cb(Record(action_id, "", "", "", now, now, now, 0, None, "", "", 0.0, 0.0,
                           "cancelled", None, None), out)
             return True
         if action_id in self.core.running:
@@ -121,8 +192,8 @@ class Runtime:
 
         def on_done(outcome: Outcome) -> None:
             nonlocal done
-            if done:  # a backend must report once; ignore a second report
-                return
+            if done:
+                raise DoubleReport(f"backend reported action {d.action.id!r} done twice")
             done = True
             now = self.clock.now()
             lease = d.lease
@@ -130,13 +201,11 @@ class Runtime:
                 d.action.id, d.action.task, d.action.trajectory, d.action.kind, d.submit_s,
                 d.start_s, now, lease.units, lease.node,
                 ",".join(map(str, lease.cores)), ",".join(map(str, lease.gpus)),
-                lease.restore_s, outcome.overhead_s, d.decision_s * 1e6, outcome.status,
-                outcome.exit_code, d.expected_s,
+                lease.restore_s, outcome.overhead_s, outcome.status,
+                outcome.exit_code, d.expected_s, lease.lane,
             )
             self.records.append(rec)
-            t0 = time.perf_counter()
-            next_dispatches = self.core.finish(d.action.id, now, outcome)
-            self.core_s += time.perf_counter() - t0
+            next_dispatches = self._timed(self.core.finish, d.action.id, now, outcome)
             cb = self._callbacks.pop(d.action.id, None)
             if cb:
                 cb(rec, outcome)
@@ -157,6 +226,56 @@ class Runtime:
         def fire() -> None:
             self._wakeup = None
             self._wakeup_at = None
-            self._launch(self.core.poll(self.clock.now()))
+            self._launch(self._timed(self.core.poll, self.clock.now()))
 
         self._wakeup = self.clock.call_later(max(at - now, 0.0), fire)
+
+
+class ManualTimer:
+    """A timer that is cancelled by marking it (the clock skips it when it comes up)."""
+
+    __slots__ = ("cancelled",)
+
+    def __init__(self) -> None:
+        self.cancelled = False
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class ManualClock:
+    """The Clock protocol on a heap of timers: ``run()`` fires them in time order
+    (ties in the order they were set), advancing ``now`` to each."""
+
+    def __init__(self, start: float = 0.0) -> None:
+        self._now = start
+        self._heap: list[tuple[float, int, ManualTimer, Callable[[], None]]] = []
+        self._seq = itertools.count()
+
+    def now(self) -> float:
+        return self._now
+
+    def call_later(self, delay: float, fn: Callable[[], None]) -> ManualTimer:
+        timer = ManualTimer()
+        heapq.heappush(self._heap, (self._now + max(delay, 0.0), next(self._seq), timer, fn))
+        return timer
+
+    def step(self) -> bool:
+        """Fire the next timer (False when none is left)."""
+        while self._heap:
+            at, _, timer, fn = heapq.heappop(self._heap)
+            if timer.cancelled:
+                continue
+            self._now = max(self._now, at)
+            fn()
+            return True
+        return False
+
+    def run(self, until: float | None = None) -> None:
+        """Fire timers until none is left (or the next is later than ``until``)."""
+        while self._heap:
+            if until is not None and self._heap[0][0] > until:
+                self._now = until
+                return
+            if not self.step():
+                return

@@ -17,13 +17,14 @@ nothing), so here the minimum allocation and the DP allocation of the full
 prefix are both evaluated as starting points, and eviction proceeds from the
 DP one.
 
-Beyond the paper (the default; ``paper_exact=True`` is Alg. 1-2 as published, the
-``tangram-paper`` policy): the objective also counts the actions that trajectories
-now thinking will submit (closed loop: each weighted by how often its last kind of
-action was followed by another); eviction may go down to the empty set so that the
-head waits, bounded by its own run time, for a wider grant; and the DP prices each
-unit count with the pool's state-dependent overhead (a GPU variant that is not
-resident pays its restore).
+Beyond the paper (``ElasticScheduler``, the ``tangram`` policy): the objective also
+counts the actions that trajectories now thinking will submit (closed loop: each
+weighted by how often its last kind of action was followed by another); eviction may
+go down to the empty set so that the head waits, bounded by its own run time, for a
+wider grant; and the DP prices each unit count with the pool's state-dependent
+overhead (a GPU variant that is not resident pays its restore). ``PaperScheduler``
+(the ``tangram-paper`` policy) turns these three hooks back into Alg. 1-2's rules:
+no expected arrivals, no waiting, the plain duration table.
 
 The objective (Alg. 2) sums, over candidates and the remaining queue, the
 estimated completion time: candidates' durations are exact from the DP; each
@@ -38,11 +39,14 @@ by about the same amount in every alternative, and the cap bounds a pass.
 from __future__ import annotations
 
 import heapq
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Protocol
 
 from tangram.arrange import arrange
+from tangram.estimates import Estimates
+from tangram.managers.quota import QuotaManager
+from tangram.model import Action
 from tangram.pools import Pending, Pool
 
 
@@ -51,13 +55,15 @@ class Ordering(Protocol):
 
     name: str
 
-    def order(self, queue: Sequence[Pending], now: float) -> Iterable[Pending]: ...
+    def order(self, queue: Sequence[Pending], now: float,
+              estimates: Estimates) -> Iterable[Pending]: ...
 
 
 class FCFS:
     name = "fcfs"
 
-    def order(self, queue: Sequence[Pending], now: float) -> Iterable[Pending]:
+    def order(self, queue: Sequence[Pending], now: float,
+              estimates: Estimates) -> Iterable[Pending]:
         return queue
 
 
@@ -67,22 +73,21 @@ class ShortestExpectedFirst:
 
     name = "sef"
 
-    def __init__(self, estimate: Callable[[Pending], float], max_wait_s: float = 30.0) -> None:
-        self.estimate = estimate
+    def __init__(self, max_wait_s: float = 30.0) -> None:
+        if not max_wait_s > 0:
+            raise ValueError(f"max_wait_s: must be > 0, got {max_wait_s!r}")
         self.max_wait_s = max_wait_s
 
-    def order(self, queue: Sequence[Pending], now: float) -> Iterable[Pending]:
+    def order(self, queue: Sequence[Pending], now: float,
+              estimates: Estimates) -> Iterable[Pending]:
         def key(p: Pending) -> tuple[int, float]:
             aged = now - p.submit_s >= self.max_wait_s
-            return (0, p.submit_s) if aged else (1, self.estimate(p))
+            return (0, p.submit_s) if aged else (1, estimates.estimate(p))
 
         return sorted(queue, key=key)
 
 
 Decision = tuple[Pending, int]
-Estimator = Callable[[Pending], float]
-#: expected arrivals at a pool: (arrival time, units at minimum, expected duration)
-Arrivals = Callable[[Pool, float, int], list[tuple[float, int, float]]]
 
 
 class ElasticScheduler:
@@ -91,7 +96,7 @@ class ElasticScheduler:
     elastic_enabled = True
 
     def __init__(self, depth: int = 2, lookahead: int = 32,
-                 ordering: Ordering | None = None, paper_exact: bool = False) -> None:
+                 ordering: Ordering | None = None) -> None:
         if depth < 0:
             raise ValueError(f"depth: must be >= 0, got {depth}")
         if lookahead < 1:
@@ -99,20 +104,33 @@ class ElasticScheduler:
         self.depth = depth
         self.lookahead = lookahead
         self.ordering: Ordering = ordering or FCFS()
-        #: False (default): our extensions (module docstring); True: Alg. 1-2 as published
-        self.paper_exact = paper_exact
 
     def min_units(self, choices: tuple[int, ...]) -> int:
         """Units an elastic action needs at least (its smallest feasible amount)."""
         return choices[0]
 
+    def profile(self, action: Action, choices: tuple[int, ...],
+                estimates: Estimates) -> dict[int, float]:
+        """Expected duration per feasible unit count of an elastic action ({}: unknown, it
+        runs at its minimum). No oracle: only what the user declared (``t1_s``, E(m)) and
+        what was observed. Beyond the paper: T1 learnt for a declared E(m), and a speedup
+        curve learnt per (task, kind) when nothing was declared (with bounded exploration,
+        tangram.estimates.DurationModel)."""
+        e, key = action.elasticity, (action.task, action.kind)
+        if e is not None:
+            t1 = action.t1_s if action.t1_s is not None else estimates.durations.learnt_t1(key)
+            return {} if t1 is None else {u: t1 / (e.efficiency(u) * u) for u in choices}
+        if action.t1_s is not None:
+            return {}  # a declared T1 without E(m) says nothing of other unit counts
+        return estimates.durations.learnt_table(key, choices) or {}
+
     # -- Alg. 1 ------------------------------------------------------------------------
-    def plan(self, pool: Pool, quota_free: Callable[[], dict[str, float]], now: float,
-             estimate: Estimator, arrivals: Arrivals | None = None) -> list[Decision]:
+    def plan(self, pool: Pool, now: float, estimates: Estimates,
+             quota: QuotaManager) -> list[Decision]:
         """Which queued actions of ``pool`` start now, and on how many units."""
         if not pool.queue:
             return []
-        it = iter(self.ordering.order(pool.queue, now))
+        it = iter(self.ordering.order(pool.queue, now, estimates))
         scratch = pool.new_scratch()
         quotas: dict[str, float] | None = None
         cands: list[Pending] = []
@@ -120,7 +138,7 @@ class ElasticScheduler:
         for p in it:
             if p.quotas:
                 if quotas is None:
-                    quotas = quota_free()
+                    quotas = {k: quota.available(k, now) for k in quota.specs}
                 if any(quotas[k] < v for k, v in p.quotas.items()):
                     blocked = p
                     break
@@ -139,21 +157,42 @@ class ElasticScheduler:
         if elastic:
             rest = [] if blocked is None else [blocked]
             rest.extend(islice(it, self.lookahead - len(rest)))
-            expected = (arrivals(pool, now, self.lookahead - len(rest))
-                        if arrivals and not self.paper_exact and len(rest) < self.lookahead else [])
+            expected = (self.expected_arrivals(pool, now, estimates, self.lookahead - len(rest))
+                        if len(rest) < self.lookahead else [])
             # the queue behind the window: each of those starts no earlier than the
             # window's last action, so it is delayed as much as that one is
             tail = max(0, len(pool.queue) - len(cands) - len(rest))
-            decisions.extend(self.allocate(pool, fixed, elastic, rest, now, estimate, expected,
+            decisions.extend(self.allocate(pool, fixed, elastic, rest, now, estimates, expected,
                                            tail))
         return decisions
 
+    # -- the three hooks where we go beyond Alg. 1-2 (PaperScheduler undoes them) -----
+    def expected_arrivals(self, pool: Pool, now: float, estimates: Estimates,
+                          limit: int) -> list[tuple[float, int, float]]:
+        """Actions not queued yet that the objective should count (closed loop)."""
+        return estimates.expected_arrivals(pool.name, now, limit)
+
+    def option_costs(self, pool: Pool, p: Pending) -> dict[int, float]:
+        """What each unit count costs ``p`` in the DP (with state-dependent overhead)."""
+        return pool.option_costs(p)
+
+    def may_wait(self, head: Pending, rest: list[Pending], now: float,
+                 running: list[tuple[float, int]], free: int) -> bool:
+        """Whether eviction may go down to nothing so the head waits for a wider grant.
+        Only with a short queue (behind a long one the units are contended anyway), and
+        bounded: it never waits longer than its own run at the minimum, so its ACT at
+        most doubles and nothing starves."""
+        return (len(rest) < self.lookahead // 2
+                and now - head.submit_s < head.durations[head.key_min]
+                and _earliest_finish(running, free, now, head)[1] > now)
+
     def allocate(self, pool: Pool, fixed: list[Pending], elastic: list[Pending],
-                 rest: list[Pending], now: float, estimate: Estimator,
+                 rest: list[Pending], now: float, estimates: Estimates,
                  expected: list[tuple[float, int, float]] = (), tail: int = 0
                  ) -> list[Decision]:
         """Greedy eviction over the elastic group (Alg. 1, lines 5-14)."""
-        options = [p.durations if self.paper_exact else pool.option_costs(p) for p in elastic]
+        estimate = estimates.estimate
+        options = [self.option_costs(pool, p) for p in elastic]
         table = arrange(options, pool.operator.space(pool.elastic_capacity(fixed)))
         n = len(elastic)
         minimum = [p.key_min for p in elastic]
@@ -169,12 +208,8 @@ class ElasticScheduler:
         free0 = pool.free_units() - sum(p.key_min for p in fixed)
         # Beyond the paper: evicting down to nothing lets the head wait for more units
         # when that would finish it sooner (its depth exploration weighs "now at the
-        # minimum" against "wider, later"). Only with a short queue (behind a long one the
-        # units are contended anyway), and bounded: it never waits longer than its own run
-        # at the minimum, so its ACT at most doubles and nothing starves.
-        may_wait = (not self.paper_exact and len(rest) < self.lookahead // 2
-                    and now - head.submit_s < head.durations[head.key_min]
-                    and _earliest_finish(running, free0, now, head)[1] > now)
+        # minimum" against "wider, later").
+        may_wait = self.may_wait(head, rest, now, running, free0)
         if n == 1 and full[1] == minimum and not may_wait:
             return [(head, minimum[0])]  # no room to grow, nothing to evict for
         # (units, estimated duration, pending, arrival) of every action the alternatives may
@@ -289,6 +324,32 @@ def _place(heap: list[tuple[float, int]], free: int, clock: float, need: int, du
             clock = end
     heapq.heappush(heap, (clock + dur, need))
     return clock - now + dur, free - need, clock
+
+
+class PaperScheduler(ElasticScheduler):
+    """Alg. 1-2 as published: the objective sees only the queue, the DP prices only
+    durations, and greedy eviction keeps at least the head (it starts now)."""
+
+    name = "tangram-paper"
+
+    def profile(self, action: Action, choices: tuple[int, ...],
+                estimates: Estimates) -> dict[int, float]:
+        """The paper's rule: only declared profiles (T1 and E(m)); the rest at minimum."""
+        e = action.elasticity
+        if action.t1_s is None or e is None:
+            return {}
+        return {u: action.t1_s / (e.efficiency(u) * u) for u in choices}
+
+    def expected_arrivals(self, pool: Pool, now: float, estimates: Estimates,
+                          limit: int) -> list[tuple[float, int, float]]:
+        return []
+
+    def option_costs(self, pool: Pool, p: Pending) -> dict[int, float]:
+        return p.durations
+
+    def may_wait(self, head: Pending, rest: list[Pending], now: float,
+                 running: list[tuple[float, int]], free: int) -> bool:
+        return False
 
 
 class FixedDopScheduler(ElasticScheduler):

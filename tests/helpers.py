@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
-import heapq
 import itertools
 import re
 
+import numpy as np
+
+from sim.modelled import ModelledBackend
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, QuotaSpec, ServiceSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity
+from tangram.runtime import ManualClock, Runtime
 
 _ids = itertools.count()
 
@@ -44,34 +47,37 @@ def gpu_call(traj, service, t1=1.0, choices=(1, 2, 4, 8), p=0.9, aid=None):
 
 
 class EventLoop:
-    """A minimal virtual-time driver for core tests: finishes each dispatch after
-    its modelled duration, checking invariants at every event."""
+    """The shared loop (ManualClock + modelled backend, durations as declared) for core
+    tests, checking invariants after every submit and every completion."""
 
     def __init__(self, core: Tangram, check=None):
         self.core = core
-        self.heap: list[tuple[float, int, str]] = []
-        self.seq = itertools.count()
-        self.now = 0.0
-        self.dispatches = []
-        self.check = check
+        self.clock = ManualClock()
+        self.runtime = Runtime(core, self.clock,
+                               ModelledBackend(self.clock, np.random.default_rng(0)))
+        self.check = check or (lambda c: None)
 
-    def feed(self, dispatches):
-        for d in dispatches:
-            self.dispatches.append(d)
-            dur = d.action.duration(d.units) or 0.5
-            heapq.heappush(self.heap, (self.now + dur + d.lease.restore_s, next(self.seq),
-                                       d.action.id))
-        if self.check:
-            self.check(self.core)
+    @property
+    def now(self) -> float:
+        return self.clock.now()
 
     def submit(self, action):
-        self.feed(self.core.submit(action, self.now))
+        self.runtime.submit(action)
+        self.check(self.core)
+
+    def step(self) -> bool:
+        """Finish the earliest running action (False: nothing left)."""
+        stepped = self.clock.step()
+        self.check(self.core)
+        return stepped
 
     def run(self):
-        while self.heap:
-            t, _, aid = heapq.heappop(self.heap)
-            self.now = t
-            self.feed(self.core.finish(aid, t))
+        while self.step():
+            pass
+
+    @property
+    def records(self):
+        return self.runtime.records
 
 
 def cpus_of(output: str) -> set[int]:

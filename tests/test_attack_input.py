@@ -81,7 +81,7 @@ BAD_ACTIONS = [
     {"argv": ["true"], "cpu": "3-1"}, {"argv": ["true"], "cpu": ",".join(["1"] * 100)},
     {"argv": ["true"], "cpu": 2},
     {"argv": ["true"], "elastic": "yes"}, {"argv": ["true"], "t1_s": True},
-    {"argv": ["true"], "quota": {"api": True}},
+    {"argv": ["true"], "quota": {"api": True}}, {"argv": ["true"], "quota": {"cpu": 1}},
     {"argv": "true"}, {"argv": [1, 2]},
     {"command": "x" * (64 * 1024 + 1)},                # command length limit
     {"argv": ["true"], "kind": "a\nb"},

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -62,6 +63,16 @@ def test_backend_conformance(kind, tmp_path):
             _, out = await ex.run(shell("a4", "a", "grep Cpus_allowed_list /proc/self/status",
                                         cores=f"1-{k}"))
             assert cpus_of(out.output) == set(out.extra["cores"]) and len(out.extra["cores"]) == k
+            # exclusive cores run at nice 10; a declared-light command on the shared lane
+            # at nice 0 (so it preempts the exclusive work it shares a core with)
+            heavy = Action("n1", "t", "a", "compile", {"cpu": Demand.fixed(1)},  # never seen
+                           payload={"command": "nice"})
+            rec, out = await ex.run(heavy)
+            assert not rec.lane and out.output.strip() == "10"
+            light = Action("n2", "t", "a", "shell", {"cpu": Demand.fixed(1)}, t1_s=0.01,
+                           payload={"command": "nice"})
+            rec, out = await ex.run(light)
+            assert rec.lane and rec.units == 0 and out.output.strip() == "0"
             # a non-zero exit is a normal result; a timeout kills and says so
             _, out = await ex.run(shell("a5", "a", "sh -c 'echo no; exit 7'"))
             assert (out.status, out.exit_code, out.output.strip()) == ("ok", 7, "no")
@@ -84,7 +95,8 @@ def test_backend_conformance(kind, tmp_path):
     asyncio.run(go())
 
 
-def test_tangram_run_replays_a_trace_and_writes_simulate_outputs(tmp_path):
+@pytest.mark.parametrize("policy", [[], ["--policy", "k8s", "--pod-cores", "1"]])
+def test_tangram_run_replays_a_trace_and_writes_simulate_outputs(tmp_path, policy):
     from traces.schema import COLUMNS, write
 
     base = {k: v[2] for k, v in COLUMNS.items()}
@@ -99,9 +111,11 @@ def test_tangram_run_replays_a_trace_and_writes_simulate_outputs(tmp_path):
     trace = write(pd.DataFrame(rows), tmp_path / "t.csv")
     cli = [sys.executable, str(ROOT / "cli.py")]
     out = tmp_path / "live"
-    res = subprocess.run([*cli, "run", "--trace", str(trace), "--out", str(out), "--quiet"],
-                         capture_output=True, text=True, timeout=300)
+    res = subprocess.run([*cli, "run", "--trace", str(trace), "--out", str(out), "--quiet",
+                          *policy], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
+    config = json.loads((out / "config.json").read_text())
+    assert config["policy"]["name"] == ("k8s" if policy else "tangram")
     frame = pd.read_parquet(out / "actions.parquet")
     assert len(frame) == len(rows) and frame["action_id"].is_unique
     assert (frame["status"] == "ok").all()

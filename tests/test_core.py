@@ -10,8 +10,8 @@ from tangram.core import Tangram
 from tangram.managers.cpu import CpuManager
 from tangram.managers.gpu import GpuManager
 from tangram.managers.quota import QuotaManager
+from tangram.policies import PaperPolicy, Policy
 from tangram.pools import CpuNodePool, Pending
-from tangram.scheduler import ElasticScheduler
 
 
 # -- managers -------------------------------------------------------------------------
@@ -151,13 +151,13 @@ def test_elastic_gets_minimum_when_queue_is_long():
 
 
 def _golden(depth):
-    core = Tangram(cluster(cores=8, numa=1), ElasticScheduler(depth=depth))
+    core = Tangram(cluster(cores=8, numa=1), Policy(depth=depth))
     core.open_trajectory("j")
     pool: CpuNodePool = core.pools["cpu:n0"]
     a = core._pending(test_run("j", 8.0, 1, 8, aid="A"), 0, pool)
     b = core._pending(test_run("j", 4.0, 1, 8, aid="B"), 0, pool)
     pool.queue.extend([a, b])
-    plan = core.scheduler.plan(pool, core._quota_free(0), 0.0, core.estimate)
+    plan = core.scheduler.plan(pool, 0.0, core.estimates, core.quota)
     return [(p.action.id, u) for p, u in plan]
 
 
@@ -197,13 +197,11 @@ def test_scheduler_never_exceeds_any_resource(items):
             loop.submit(test_run(traj, t1, 1, 4))
         else:
             loop.submit(shell(traj, t1, cores=cores, **({"quota:api": 1} if j == 4 else {})))
-        if len(loop.heap) > 3:
-            loop.now, _, aid = loop.heap.pop(0)
-            loop.heap.sort()
-            loop.feed(core.finish(aid, loop.now))
+        if len(core.running) > 3:
+            loop.step()
     loop.run()
     assert not core.queued and not core.running
-    assert len({d.action.id for d in loop.dispatches}) == len(items)
+    assert len({r.action_id for r in loop.records}) == len(loop.records) == len(items)
     assert core.usage()["cpu"] == 0 and core.usage()["gpu"] == 0
 
 
@@ -237,7 +235,7 @@ def test_running_mean_learned_for_unprofiled_actions():
 
 
 def _waiting_case(paper_exact: bool):
-    core = Tangram(cluster(cores=4, numa=1), ElasticScheduler(paper_exact=paper_exact))
+    core = Tangram(cluster(cores=4, numa=1), PaperPolicy() if paper_exact else Policy())
     for j in ("s", "a"):
         core.open_trajectory(j)
     [shell_d] = core.submit(shell("s", 0.5, cores=3), 0.0)
@@ -277,7 +275,7 @@ def test_dp_prices_gpu_restores_unless_paper_exact():
                    restore_gbps=1.0)
     picks = {}
     for paper_exact in (False, True):
-        core = Tangram(spec, ElasticScheduler(paper_exact=paper_exact))
+        core = Tangram(spec, PaperPolicy() if paper_exact else Policy())
         core.open_trajectory("j")
         [first] = core.submit(gpu_call("j", "rm", t1=1.0, choices=(1,), aid="warm"), 0.0)
         assert first.lease.restore_s == pytest.approx(40.0)  # rm now resident on 1 GPU

@@ -5,7 +5,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from sim.experiments import GapInstance, exhaustive, hesrpt, tangram_total
+from analysis.experiments import GapInstance, exhaustive, hesrpt, tangram_total
 
 ROOT = Path(__file__).parent.parent
 

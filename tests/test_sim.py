@@ -1,5 +1,6 @@
 """The simulator: golden run, conservation, capacity, determinism, baselines."""
 
+import itertools
 import json
 import os
 from pathlib import Path
@@ -7,8 +8,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from analysis.outputs import Analysed, analyse
 from sim.cluster import load_cluster
-from sim.driver import SimConfig, simulate
+from sim.driver import SimConfig
+from sim.driver import simulate as simulate_raw
 from tangram.cluster import ClusterSpec, CpuNodeSpec
 from traces.generate import generate
 from traces.schema import COLUMNS, load, validate
@@ -31,6 +34,10 @@ def tiny_trace() -> pd.DataFrame:
     return validate(pd.DataFrame(rows))
 
 
+def simulate(df, cluster, config) -> Analysed:
+    return analyse(simulate_raw(df, cluster, config))
+
+
 TINY = ClusterSpec(cpu_nodes=(CpuNodeSpec("n0", 4, 1, 16.0),))
 
 
@@ -43,7 +50,7 @@ def headline(summary: dict) -> dict:
 
 def test_tiny_golden_simulation():
     result = simulate(tiny_trace(), TINY, SimConfig(seed=0))
-    rows = result.frame.sort_values("action_id")[["action_id", "start_s", "end_s", "units"]]
+    rows = result.actions.sort_values("action_id")[["action_id", "start_s", "end_s", "units"]]
     got = {"summary": headline(result.summary),
            "actions": json.loads(rows.round(6).to_json(orient="records"))}
     if os.environ.get("TANGRAM_REGEN_GOLDEN"):  # review the diff before committing
@@ -60,18 +67,23 @@ def coding_runs():
 def test_every_action_completes_exactly_once(coding_runs):
     df, runs = coding_runs
     for result in runs.values():
-        assert len(result.frame) == len(df)
-        assert result.frame["action_id"].is_unique
-        assert (result.frame["status"] == "ok").all()
+        assert len(result.actions) == len(df)
+        assert result.actions["action_id"].is_unique
+        assert (result.actions["status"] == "ok").all()
 
 
 def test_never_more_allocated_than_exists(coding_runs):
     _, runs = coding_runs
     cluster = load_cluster()
     cores = {n.name: n.cores for n in cluster.cpu_nodes}
-    frame = runs["tangram"].frame
+    frame = runs["tangram"].actions
     events = []
-    for r in frame.itertuples():
+    lane = frame[frame["lane"]]
+    assert len(lane) and (lane["units"] == 0).all()  # the sample's shell commands use it
+    for node, rows in lane.groupby("node"):  # at most one lane action per 4 cores at once
+        ev = sorted([(s, 1) for s in rows["start_s"]] + [(e, -1) for e in rows["end_s"]])
+        assert max(itertools.accumulate(k for _, k in ev)) <= max(1, cores[node] // 4)
+    for r in frame[~frame["lane"]].itertuples():
         if r.cores:
             events.append((r.start_s, 1, r.node, r.cores))
             events.append((r.end_s, 0, r.node, r.cores))
@@ -94,13 +106,21 @@ def test_tangram_beats_k8s_on_shipped_coding_sample(coding_runs):
     assert runs["tangram"].summary["act_mean_s"] < runs["k8s"].summary["act_mean_s"]
 
 
-def test_same_seed_same_summary():
+@pytest.mark.parametrize("policy", ["baseline", "tangram"])
+def test_same_seed_same_summary_and_actions(policy, tmp_path):
+    """Only the timing block (wall clock) may differ; actions.parquet is byte-identical."""
+    from analysis.outputs import write_run
+
     df = validate(generate("mixed", 24, 3))
-    a = simulate(df, load_cluster(), SimConfig(policy="baseline", seed=5)).summary
-    b = simulate(df, load_cluster(), SimConfig(policy="baseline", seed=5)).summary
-    drop = ("core_s", "scheduler_pass_mean_us", "decision_mean_us")
-    assert {k: v for k, v in a.items() if k not in drop} == \
-        {k: v for k, v in b.items() if k not in drop}
+    a, b = (simulate(df, load_cluster(), SimConfig(policy=policy, seed=5)) for _ in range(2))
+    assert a.summary["timing"]["core_s"] > 0  # the stopwatch ran
+    a.summary.pop("timing")
+    b.summary.pop("timing")
+    assert a.summary == b.summary
+    for name, run in (("a", a), ("b", b)):
+        write_run(tmp_path / name, run, {})
+    assert (tmp_path / "a/actions.parquet").read_bytes() == \
+        (tmp_path / "b/actions.parquet").read_bytes()
 
 
 @pytest.mark.parametrize("policy", ["static", "serverless", "fixed-dop:8", "per-trajectory-api",
@@ -108,7 +128,7 @@ def test_same_seed_same_summary():
 def test_every_policy_completes_the_mixed_workload(policy):
     df = validate(generate("mixed", 16, 1))
     result = simulate(df, load_cluster(), SimConfig(policy=policy))
-    assert len(result.frame) == len(df) and result.summary["failed"] == 0
+    assert len(result.actions) == len(df) and result.summary["failed"] == 0
 
 
 def test_trace_that_cannot_fit_is_refused_before_running():

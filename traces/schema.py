@@ -25,7 +25,7 @@ import pandas as pd
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from tangram.model import Action, Demand, Elasticity
+from tangram.model import Action, Demand, Elasticity, quota_resource
 
 SCHEMA_VERSION = 1
 
@@ -42,6 +42,8 @@ COLUMNS: dict[str, tuple[str, bool, Any, str]] = {
     "gpus": ("set", False, "", "feasible GPU counts, powers of two ('' for none)"),
     "elastic": ("str", False, "", "key elastic resource: '', 'cpu' or 'gpu'"),
     "parallel_fraction": ("float", False, math.nan, "Amdahl parallel fraction of E(m) (NaN: none)"),
+    "unit_overhead_s": ("float", False, 0.0, "extra time per unit beyond the first (worker "
+                        "start-up: -n 2 can be slower than -n 1) (s)"),
     "profiled": ("bool", False, False, "whether the scheduler is told t1_s and E(m) in advance"),
     "service": ("str", False, "", "GPU service (model) the action calls"),
     "quota_key": ("str", False, "", "API quota the action consumes ('' for none)"),
@@ -236,7 +238,8 @@ def validate(df: pd.DataFrame, version: int | None = SCHEMA_VERSION) -> pd.DataF
 
     for col in ("task", "trajectory", "kind"):
         bad(out[col] == "", col, "empty")
-    for col in ("think_s", "t1_s", "mem_gb", "setup_s", "timeout_s", "quota_units"):
+    for col in ("think_s", "t1_s", "mem_gb", "setup_s", "timeout_s", "quota_units",
+                "unit_overhead_s"):
         bad(out[col] < 0, col, "negative")
     bad(out["seq"] < 0, "seq", "negative")
     pf = out["parallel_fraction"]
@@ -280,11 +283,32 @@ def load(path: str | Path) -> pd.DataFrame:
 
 # -- to actions ----------------------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
+class Truth:
+    """What an action really costs: drives the simulator's modelled execution only
+    (keyed by action id), never a scheduling decision."""
+
+    t1_s: float
+    parallel_fraction: float | None = None
+    setup_s: float = 0.0
+    #: extra seconds per unit beyond the first (worker start-up): dur(m) grows with m
+    #: once this outweighs the parallel gain, which Amdahl alone cannot express
+    unit_overhead_s: float = 0.0
+
+    def duration(self, units: int) -> float:
+        """True execution time on ``units`` of the key resource."""
+        if units <= 1:
+            return self.t1_s
+        p = self.parallel_fraction or 0.0
+        return self.t1_s * ((1.0 - p) + p / units) + self.unit_overhead_s * (units - 1)
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """One action of a trajectory as a driver replays it."""
 
     think_s: float
     action: Action
+    truth: Truth | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -298,10 +322,11 @@ class TrajectorySpec:
 def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]:
     """Turn validated rows into the actions the core schedules.
 
-    The scheduler sees ``t1_s`` only for profiled rows (paper: only reward
-    computations are profiled); E(m) is a property of the action's kind
-    (pytest-xdist scales the same way for every suite) and is always given.
-    The true values travel in the payload, which the simulated backend reads.
+    No oracle: the scheduler is told ``t1_s`` and E(m) only for profiled rows
+    (paper: only reward computations are profiled; a user declares them); for the
+    rest it knows the feasible unit counts and what it observes. The true values
+    travel beside the action as its :class:`Truth`, which only the simulated
+    backend reads; the payload carries what a live backend needs.
     """
     cols = {c: df[c].to_numpy() for c in COLUMNS}
     n = len(df)
@@ -321,27 +346,22 @@ def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]
             elif cpu is not None:
                 cost["cpu"] = cpu
             if cols["quota_key"][i]:
-                key = cols["quota_key"][i]
-                key = key if key.startswith("quota:") or key == "net_mbps" else f"quota:{key}"
+                key = quota_resource(cols["quota_key"][i])
                 cost[key] = Demand.fixed(float(cols["quota_units"][i]))
             elastic = cols["elastic"][i] or None
             pf = float(cols["parallel_fraction"][i])
             true_e = Elasticity.amdahl(pf) if not math.isnan(pf) else None
             profiled = bool(cols["profiled"][i])
-            payload = {
-                "t1_s": float(cols["t1_s"][i]),
-                "parallel_fraction": None if math.isnan(pf) else pf,
-                "setup_s": float(cols["setup_s"][i]),
-                "timeout_s": float(cols["timeout_s"][i]),
-                "command": cols["command"][i],
-            }
+            payload = {"timeout_s": float(cols["timeout_s"][i]), "command": cols["command"][i]}
+            truth = Truth(float(cols["t1_s"][i]), None if math.isnan(pf) else pf,
+                          float(cols["setup_s"][i]), float(cols["unit_overhead_s"][i]))
             aid = f"{prefix}{traj}#{int(cols['seq'][i])}"
             steps.append(Step(float(cols["think_s"][i]), Action(
                 aid, str(cols["task"][i]), f"{prefix}{traj}", str(cols["kind"][i]), cost,
                 elastic=elastic,
                 t1_s=float(cols["t1_s"][i]) if profiled else None,
-                elasticity=true_e,
-                service=cols["service"][i] or None, payload=payload)))
+                elasticity=true_e if profiled else None,
+                service=cols["service"][i] or None, payload=payload), truth))
         mem = float(np.max(cols["mem_gb"][start:end])) if end > start else 0.0
         yield TrajectorySpec(f"{prefix}{traj}", str(cols["task"][start]), mem, tuple(steps))
         start = end

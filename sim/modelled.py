@@ -1,0 +1,147 @@
+"""The modelled backend: "executes" a dispatch by waiting its modelled duration.
+
+It runs on any Clock (the SimPy one in sim/driver.py, the ManualClock of
+tangram/runtime.py for experiments, benchmarks and tests). The duration comes
+from the action's ground truth (:class:`traces.schema.Truth`, keyed by action
+id) — never from what the scheduler was told — on the units it was granted,
+plus modelled overheads: environment start at a trajectory's first CPU action
+(a container under Tangram, a pod under k8s), GPU restore, setup, and for
+provider-admitted API calls the provider's 429s with exponential backoff.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from tangram.backoff import Backoff
+from tangram.managers.quota import QuotaManager
+from tangram.model import Dispatch, Outcome, counted
+from tangram.runtime import Clock
+from traces.schema import Truth
+
+
+@dataclass(frozen=True, slots=True)
+class StartupModel:
+    """Environment start at a trajectory's first CPU action: lognormal(median, sigma)."""
+
+    name: str
+    median_s: float
+    sigma: float
+
+    def sample(self, rng: np.random.Generator) -> float:
+        return float(rng.lognormal(math.log(self.median_s), self.sigma)) if self.median_s else 0.0
+
+
+#: docker create + start of a local image, no pull: ~0.5 s
+CONTAINER_START = StartupModel("container", 0.5, 0.3)
+#: Kubernetes pod start without image pull: ~2 s typical, p99 SLO 5 s
+POD_START = StartupModel("pod", 2.0, math.log(5.0 / 2.0) / 2.326)
+#: no environment start (core-level experiments and tests)
+NO_START = StartupModel("none", 0.0, 0.0)
+
+
+#: the round trip of a 429 answer itself, before the backoff starts
+RTT_429_S = 0.05
+
+
+#: CFS weights (kernel/sched/core.c, sched_prio_to_weight): nice 0 = 1024, nice 10 = 110.
+#: Actions on exclusive cores run at nice 10, light-lane actions at nice 0, so a light
+#: action sharing a core with a busy one gets 1024 / 1134 of it. Measured on this kind of
+#: machine (2026-11, `ls`, `cat`, a 60 ms python spin sharing a core with a nice-10 busy
+#: loop): 0.9x, 1.04x, 1.24x of their idle times.
+LANE_SLOWDOWN_FULL = 1134 / 1024
+
+
+def truth_of(d: Dispatch) -> Truth:
+    """Actions without recorded truth (hand-built ones) run as declared."""
+    e = d.action.elasticity
+    return Truth(d.action.t1_s or 0.0, e.parallel_fraction if e is not None else None)
+
+
+def _declared_duration(d: Dispatch, truth: Truth, units: int) -> float:
+    e = d.action.elasticity
+    if truth.parallel_fraction is None and e is not None and units > 1:
+        return truth.t1_s / (e.efficiency(units) * units)  # a declared table (tests)
+    return truth.duration(units)
+
+
+class ModelledBackend:
+    """Models the execution of a dispatched action on a Clock."""
+
+    def __init__(self, clock: Clock, rng: np.random.Generator,
+                 truth: Mapping[str, Truth] | None = None, startup: StartupModel = NO_START,
+                 provider: QuotaManager | None = None, backoff: Backoff = Backoff(),
+                 busy: Callable[[str], float] | None = None) -> None:
+        """``busy(node)``: fraction of the node's cores held exclusively (for the light
+        lane's time-sharing slowdown; None: no slowdown)."""
+        self.clock = clock
+        self.busy = busy
+        self.rng = rng
+        self.truth = truth if truth is not None else {}
+        self.startup = startup
+        self.provider = provider
+        self.backoff = backoff
+        self._started_envs: set[str] = set()
+        self._cancelled: set[str] = set()
+        self.retries = 0
+
+    def cancel(self, action_id: str) -> None:
+        self._cancelled.add(action_id)
+
+    def true_duration(self, d: Dispatch, truth: Truth) -> float:
+        if d.lease.lane:  # time-shares a core with the node's exclusive actions
+            b = self.busy(d.lease.node) if self.busy and d.lease.node else 0.0
+            return truth.t1_s * (1.0 + b * (LANE_SLOWDOWN_FULL - 1.0))
+        units = d.units if d.action.elastic else 1
+        return _declared_duration(d, truth, units)
+
+    def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        truth = self.truth.get(d.action.id) or truth_of(d)
+        overhead = d.lease.restore_s + truth.setup_s
+        if d.action.min("cpu") > 0 and d.action.trajectory not in self._started_envs:
+            self._started_envs.add(d.action.trajectory)
+            overhead += self.startup.sample(self.rng)
+        quotas = {k: v.min for k, v in d.action.cost.items() if counted(k) and v.min > 0}
+        if self.provider is not None and quotas:
+            self._attempt(d, truth, on_done, quotas, overhead, 0)
+            return
+        self._run(d, truth, on_done, overhead, 0)
+
+    def _run(self, d: Dispatch, truth: Truth, on_done: Callable[[Outcome], None],
+             overhead: float, retries: int, release: Callable[[], None] | None = None) -> None:
+        exec_s = self.true_duration(d, truth)
+        timeout = float((d.action.payload or {}).get("timeout_s") or 0.0)
+        status = "ok"
+        if timeout and exec_s > timeout:
+            exec_s, status = timeout, "timeout"
+
+        def done() -> None:
+            if release:
+                release()
+            if d.action.id in self._cancelled:
+                self._cancelled.discard(d.action.id)
+                on_done(Outcome(d.action.id, "cancelled", None, overhead_s=overhead))
+                return
+            on_done(Outcome(d.action.id, status, 0 if status == "ok" else None,
+                            overhead_s=overhead, extra={"retries": retries}))
+
+        self.clock.call_later(overhead + exec_s, done)
+
+    def _attempt(self, d: Dispatch, truth: Truth, on_done: Callable[[Outcome], None],
+                 quotas: dict[str, float], overhead: float, attempt: int) -> None:
+        """Provider-admitted API call: the provider enforces its quota with 429s."""
+        assert self.provider is not None
+        now = self.clock.now()
+        lease = self.provider.reserve(f"{d.action.id}/{attempt}", quotas, now)
+        if lease is not None:
+            provider = self.provider
+            self._run(d, truth, on_done, overhead, attempt, release=lambda: provider.release(lease))
+            return
+        self.retries += 1
+        self.clock.call_later(RTT_429_S + self.backoff.delay(attempt, float(self.rng.random())),
+                              lambda: self._attempt(d, truth, on_done, quotas, overhead,
+                                                    attempt + 1))

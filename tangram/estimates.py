@@ -1,0 +1,270 @@
+"""What the core has learnt from observation: durations and arrivals.
+
+A scheduling decision may use only what a deployment knows: what the user
+declared on the action (``t1_s``, ``elasticity``) and what was observed of
+earlier actions. Both models here are fed by the core (``observe_*``) and read
+by the scheduler through :class:`Estimates`, the one argument ``plan()`` gets
+for them.
+
+* :class:`DurationModel`: running means of execution time per (task, kind), of
+  the one-unit time T1 of elastic actions whose E(m) is known, and per pool of
+  its non-elastic actions (the expected length of a closed-loop arrival); and,
+  for elastic actions nobody profiled, a :class:`SpeedupCurve` per (task, kind)
+  fitted online from the runs observed at different unit counts.
+* :class:`ArrivalModel`: closed-loop arrivals (DESIGN: agentic workloads are
+  closed loop). Trajectories that are thinking after an action on a pool will
+  most likely submit their next action there; each counts with the observed
+  probability that an action of its last (task, kind) is followed by another.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from itertools import combinations
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from tangram.model import Action
+
+if TYPE_CHECKING:
+    from tangram.pools import Pending
+
+Key = tuple[str, str]  # (task, kind)
+
+
+@dataclass(slots=True)
+class _Mean:
+    n: int = 0
+    mean: float = 0.0
+
+    def add(self, x: float) -> None:
+        self.n += 1
+        self.mean += (x - self.mean) / self.n
+
+
+class SpeedupCurve:
+    """Mean execution time of one (task, kind) on ``m`` units, learnt online:
+
+        t(m) = A + B / m + C * (m - 1),   A, B, C >= 0
+
+    A is the serial part, B the parallel part (Amdahl: T1 = A + B, p = B / T1) and C a
+    per-unit overhead (worker start-up) that lets the curve turn upwards: ``pytest -n 2``
+    can be slower than ``-n 1``, which Amdahl alone cannot express. Each run of the kind
+    is a sample of its own size, so the fit is of the *mean* curve. Least squares over
+    sufficient statistics (O(1) per observation), non-negative by trying every subset of
+    the three terms; C is fitted only once three distinct unit counts were seen (with
+    two it is not identifiable).
+    """
+
+    #: runs before the curve is trusted (and at least two distinct unit counts)
+    MIN_RUNS = 3
+
+    __slots__ = ("_xtx", "_xty", "_yty", "n", "_counts", "_fit")
+
+    def __init__(self) -> None:
+        self._xtx = np.zeros((3, 3))
+        self._xty = np.zeros(3)
+        self._yty = 0.0
+        self.n = 0
+        self._counts: set[int] = set()
+        self._fit: tuple[float, float, float] | None = None
+
+    @staticmethod
+    def _features(m: int) -> np.ndarray:
+        return np.array([1.0, 1.0 / m, m - 1.0])
+
+    def observe(self, units: int, elapsed: float) -> None:
+        x = self._features(max(units, 1))
+        self._xtx += np.outer(x, x)
+        self._xty += x * elapsed
+        self._yty += elapsed * elapsed
+        self.n += 1
+        self._counts.add(max(units, 1))
+        self._fit = None
+
+    @property
+    def distinct_units(self) -> int:
+        return len(self._counts)
+
+    def mean_time(self) -> float:
+        return self._xty[0] / self.n if self.n else 0.0
+
+    def mean_units(self) -> float:
+        """Harmonic mean of the unit counts observed (what the mean time was run at)."""
+        return self.n / self._xtx[0, 1] if self.n else 1.0
+
+    def fit(self) -> tuple[float, float, float] | None:
+        """(A, B, C), or None until it can be trusted."""
+        if self.n < self.MIN_RUNS or len(self._counts) < 2:
+            return None
+        if self._fit is None:
+            terms = (0, 1, 2) if len(self._counts) >= 3 else (0, 1)
+            best, best_res = (0.0, 0.0, 0.0), float("inf")
+            for k in range(1, len(terms) + 1):
+                for sub in combinations(terms, k):
+                    idx = list(sub)
+                    try:
+                        coef = np.linalg.solve(self._xtx[np.ix_(idx, idx)], self._xty[idx])
+                    except np.linalg.LinAlgError:
+                        continue
+                    if (coef < 0).any():
+                        continue
+                    full = np.zeros(3)
+                    full[idx] = coef
+                    res = self._yty - 2 * full @ self._xty + full @ self._xtx @ full
+                    if res < best_res - 1e-12:
+                        best, best_res = (float(full[0]), float(full[1]), float(full[2])), res
+            self._fit = best
+        return self._fit
+
+    def duration(self, units: int) -> float | None:
+        f = self.fit()
+        if f is None:
+            return None
+        a, b, c = f
+        return a + b / units + c * (units - 1)
+
+
+class DurationModel:
+    """Observed execution times."""
+
+    #: unprofiled elastic kinds: runs during which the prior curve lets the DP try wider
+    #: grants (exploration); past it without two distinct unit counts observed, the
+    #: kind runs at its minimum (nothing was ever free to learn from)
+    EXPLORE_RUNS = 8
+    #: the exploration prior: Amdahl with this parallel fraction (assumption: midway)
+    PRIOR_PARALLEL = 0.5
+
+    def __init__(self, default_s: float = 1.0, short_prior_s: float = 1.0) -> None:
+        #: what an action of a never-seen (task, kind) is expected to take
+        self.default_s = default_s
+        self._short_prior_s = short_prior_s
+        self._mean: dict[Key, _Mean] = {}
+        self._t1: dict[Key, _Mean] = {}
+        self._curves: dict[Key, SpeedupCurve] = {}
+        #: pool name -> moving average of its non-elastic actions' execution time
+        self._short: dict[str, float] = {}
+
+    def mean(self, key: Key) -> float | None:
+        m = self._mean.get(key)
+        return m.mean if m else None
+
+    def mean_n(self, key: Key) -> tuple[int, float]:
+        """(runs observed, their mean execution time) of a (task, kind)."""
+        m = self._mean.get(key)
+        return (m.n, m.mean) if m else (0, 0.0)
+
+    def learnt_t1(self, key: Key) -> float | None:
+        """T1 back-computed from observed elastic runs (their E(m) declared)."""
+        m = self._t1.get(key)
+        return m.mean if m else None
+
+    def curve(self, key: Key) -> SpeedupCurve | None:
+        return self._curves.get(key)
+
+    def learnt_table(self, key: Key, choices: tuple[int, ...]) -> dict[int, float] | None:
+        """Expected duration per unit count of an unprofiled elastic (task, kind): the
+        fitted curve; while it cannot be trusted, the exploration prior scaled to what
+        was observed; None once exploring has stopped paying (run it at the minimum)."""
+        c = self._curves.get(key)
+        if c is not None and c.fit() is not None:
+            return {u: max(c.duration(u) or 0.0, 1e-6) for u in choices}
+        if c is not None and c.n >= self.EXPLORE_RUNS:
+            return None
+        p = self.PRIOR_PARALLEL
+        if c is not None and c.n:
+            # the observed mean, back to one unit under the prior
+            t1 = c.mean_time() / ((1 - p) + p / c.mean_units())
+        else:
+            t1 = self.default_s
+        return {u: t1 * ((1 - p) + p / u) for u in choices}
+
+    def short_s(self, pool: str) -> float:
+        return self._short.get(pool, self._short_prior_s)
+
+    def observe(self, action: Action, units: int, elapsed: float, pool: str,
+                elastic: bool) -> None:
+        key = (action.task, action.kind)
+        self._mean.setdefault(key, _Mean()).add(elapsed)
+        if action.elasticity is not None and action.elastic:
+            t1 = elapsed * action.elasticity.efficiency(units) * units  # back to one unit
+            self._t1.setdefault(key, _Mean()).add(t1)
+        elif action.elastic and action.t1_s is None:  # nobody profiled it: learn its curve
+            self._curves.setdefault(key, SpeedupCurve()).observe(units, elapsed)
+        if not elastic:
+            s = self._short.get(pool, self._short_prior_s)
+            self._short[pool] = s + 0.05 * (elapsed - s)
+
+
+class ArrivalModel:
+    """Trajectories thinking between actions, and when they come back."""
+
+    def __init__(self, think_prior_s: float = 5.0) -> None:
+        #: moving average of think time (LLM generation between actions), all trajectories
+        self.think_s = think_prior_s
+        #: (task, kind) -> (times a trajectory submitted again after it, times observed)
+        self._follow: dict[Key, tuple[int, int]] = {}
+        #: pool name -> expected number of thinking trajectories that will submit there
+        self._thinking: dict[str, float] = {}
+
+    def continue_p(self, key: Key) -> float:
+        """How often a trajectory submitted again after an action of this (task, kind)
+        (a reward is usually last); Laplace prior 1/2."""
+        cont, total = self._follow.get(key, (0, 0))
+        return (cont + 1) / (total + 2)
+
+    def started_thinking(self, pool: str, key: Key) -> float:
+        """A trajectory's last in-flight action on ``pool`` ended; returns its weight."""
+        w = self.continue_p(key)
+        self._thinking[pool] = self._thinking.get(pool, 0.0) + w
+        return w
+
+    def stopped_thinking(self, pool: str, key: Key, weight: float, continued: bool,
+                         think_s: float | None = None) -> None:
+        """It submitted again (``continued``) or closed; learn from it."""
+        self._thinking[pool] = self._thinking.get(pool, 0.0) - weight
+        cont, total = self._follow.get(key, (0, 0))
+        self._follow[key] = (cont + continued, total + 1)
+        if think_s is not None:
+            self.think_s += 0.05 * (think_s - self.think_s)
+
+    def thinking(self, pool: str) -> float:
+        return self._thinking.get(pool, 0.0)
+
+
+class Estimates:
+    """The scheduler's view of the learnt models (one object; no closures)."""
+
+    __slots__ = ("durations", "arrivals")
+
+    def __init__(self, durations: DurationModel | None = None,
+                 arrivals: ArrivalModel | None = None) -> None:
+        self.durations = durations or DurationModel()
+        self.arrivals = arrivals or ArrivalModel()
+
+    def duration(self, action: Action, units: int, durations: dict[int, float]) -> float:
+        """Expected execution time at ``units``: the pending action's modelled table,
+        else its declared T1, else the running mean of its (task, kind)."""
+        if durations:
+            return durations[units]
+        if action.t1_s is not None:
+            return action.duration(units)  # type: ignore[return-value]
+        mean = self.durations.mean((action.task, action.kind))
+        return mean if mean is not None else self.durations.default_s
+
+    def estimate(self, p: Pending) -> float:
+        """Expected duration of a queued action at its minimum."""
+        return self.duration(p.action, p.key_min, p.durations)
+
+    def expected_arrivals(self, pool: str, now: float,
+                          limit: int) -> list[tuple[float, int, float]]:
+        """The next actions of the trajectories thinking on ``pool``: spread over one mean
+        think time (remaining think is about uniform), one unit each, the pool's mean
+        duration of non-elastic actions."""
+        n = int(self.arrivals.thinking(pool))
+        if n <= 0 or limit <= 0:
+            return []
+        step = self.arrivals.think_s / n
+        short = self.durations.short_s(pool)
+        return [(now + step * (k + 0.5), 1, short) for k in range(min(n, limit))]
