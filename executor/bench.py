@@ -101,12 +101,13 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--backend", backend,
                "--state-dir", tmp, "--warm-pool", str(warm)]
+        log = Path(tmp) / "server.log"
         proc = subprocess.Popen(cmd, env={**os.environ, "TANGRAM_TOKEN": token},
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                                stdout=subprocess.DEVNULL, stderr=log.open("w"),
                                 cwd=Path(__file__).parent.parent)
         try:
-            return asyncio.run(_drive(proc.pid, f"http://127.0.0.1:{port}", token, backend,
-                                      trajectories, actions, warm, samples))
+            return asyncio.run(_drive(proc, f"http://127.0.0.1:{port}", token, backend,
+                                      trajectories, actions, warm, samples, log))
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -115,12 +116,13 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
                 proc.kill()
 
 
-async def _drive(pid: int, url: str, token: str, backend: str, trajectories: int,
-                 actions: int, warm: int, samples: int) -> dict:
+async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
+                 actions: int, warm: int, samples: int, log: Path) -> dict:
     import httpx
 
     from tangram.client import TangramClient
 
+    pid = proc.pid
     deadline = time.time() + 60
     while True:
         try:
@@ -128,8 +130,8 @@ async def _drive(pid: int, url: str, token: str, backend: str, trajectories: int
                 break
         except httpx.HTTPError:
             pass
-        if time.time() > deadline:
-            raise RuntimeError("the server did not start")
+        if time.time() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"the server did not start: {log.read_text()[-2000:]}")
         await asyncio.sleep(0.2)
     if warm:  # let the pool fill before timing (what a long-running server sees)
         await asyncio.sleep(min(30.0, 0.5 * warm + 1))
