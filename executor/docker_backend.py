@@ -246,7 +246,10 @@ class DockerBackend:
             self._mem.pop(trajectory, None)
             self._images.pop(trajectory, None)
         if box:
-            self._pool.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
+            try:
+                self._pool.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
+            except RuntimeError:  # the pool is shut down: the server is stopping
+                self._discard(box)
 
     def shutdown(self) -> None:
         self._closed = True

@@ -48,12 +48,15 @@ class LiveExecutor:
     """Core + runtime + backend on the running loop."""
 
     def __init__(self, core: Tangram, backend: LiveBackend,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None, keep_records: bool = True) -> None:
+        """``keep_records=False``: a long-running server, whose results live in its
+        journal, keeps no per-action record in memory (flat RSS however many actions)."""
         self.loop = loop or asyncio.get_running_loop()
         self.core = core
         self.backend = backend
         self.clock = AsyncioClock(self.loop)
         self.runtime = Runtime(core, self.clock, backend, stopwatch=time.perf_counter)
+        self.keep_records = keep_records
 
     def open_trajectory(self, trajectory: str, task: str = "default",
                         mem_gb: float | None = None, image: str | None = None) -> None:
@@ -85,6 +88,9 @@ class LiveExecutor:
         fut: asyncio.Future[tuple[Record, Outcome]] = self.loop.create_future()
 
         def done(rec: Record, out: Outcome) -> None:
+            if not self.keep_records:
+                self.runtime.records.clear()
+                self.runtime.timing.decision_s.pop(rec.action_id, None)
             if on_result:
                 on_result(rec, out)
             if not fut.done():

@@ -186,8 +186,11 @@ class ActionIn(BaseModel):
         for key, units in self.quota.items():
             cost[quota_resource(key)] = Demand.fixed(units)
         request = self.request.model_dump(by_alias=True, exclude_none=True) if self.request else None
+        # every command has a timeout (the host enforces it); an API call left without
+        # one gets the HTTP backend's per-attempt default
+        timeout = self.timeout_s or (None if request else MAX_TIMEOUT_S)
         payload = {"argv": argv, "command": self.command, "request": request,
-                   "timeout_s": self.timeout_s or MAX_TIMEOUT_S, "env": self.env}
+                   "timeout_s": timeout, "env": self.env}
         elasticity = (Elasticity.amdahl(self.parallel_fraction)
                       if self.parallel_fraction is not None else None)
         return Action(self.id, task, trajectory, self.kind, cost,

@@ -44,7 +44,7 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         journal = Journal(state_dir / "journal.sqlite")
-        executor = LiveExecutor(make_core(), make_backend())
+        executor = LiveExecutor(make_core(), make_backend(), keep_records=False)
         app.state.service = Service(executor, journal, allow_urls, result_ttl_s=result_ttl_s,
                                     task_images=task_images)
         try:
@@ -108,6 +108,8 @@ class _Server(uvicorn.Server):
 
 def serve(app: FastAPI, host: str, port: int) -> None:
     """Run ``app`` until SIGINT/SIGTERM; exits within GRACEFUL_S plus the backend's cleanup."""
+    # keep-alive longer than TangramClient's (30 s): the client always drops an idle
+    # connection first, so it never sends on one the server is closing (a ReadError)
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
-                            timeout_graceful_shutdown=GRACEFUL_S)
+                            timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=75)
     _Server(config, app).run()

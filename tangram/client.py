@@ -36,7 +36,7 @@ class TangramClient:
         # (httpx's default of 100 made thousands of trajectories queue for a connection
         # and time out there), and kept-alive connections spare a handshake per call
         limits = httpx.Limits(max_connections=max_connections,
-                              max_keepalive_connections=max_connections, keepalive_expiry=60)
+                              max_keepalive_connections=max_connections, keepalive_expiry=30)
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits,
                                        timeout=httpx.Timeout(timeout_s, pool=None),
                                        headers={"Authorization": f"Bearer {token}"})
@@ -51,7 +51,14 @@ class TangramClient:
         await self._http.aclose()
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
-        resp = await self._http.request(method, path, **kw)
+        try:
+            resp = await self._http.request(method, path, **kw)
+        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
+            # a kept-alive connection closed under the request: once more on a fresh one,
+            # where repeating is harmless (reads; actions are idempotent by their id)
+            if not (method == "GET" or path.endswith("/actions")):
+                raise
+            resp = await self._http.request(method, path, **kw)
         if resp.status_code >= 400:
             try:
                 detail = resp.json().get("detail")
