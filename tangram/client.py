@@ -53,9 +53,10 @@ class TangramClient:
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
         try:
             resp = await self._http.request(method, path, **kw)
-        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError):
-            # a kept-alive connection closed under the request: once more on a fresh one,
-            # where repeating is harmless (reads; actions are idempotent by their id)
+        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError,
+                httpx.ReadTimeout):
+            # a kept-alive connection closed under the request, or an overloaded server:
+            # once more, where repeating is harmless (reads; actions are idempotent by id)
             if not (method == "GET" or path.endswith("/actions")):
                 raise
             resp = await self._http.request(method, path, **kw)
@@ -92,7 +93,7 @@ class TangramClient:
         while True:
             step = min(deadline, 25.0)
             res = await self._call("GET", f"/v1/actions/{action_id}", params={"wait": step},
-                                   timeout=step + 10)
+                                   timeout=step + 60)
             deadline -= step
             if res["status"] not in ("queued", "running") or deadline <= 0:
                 return res
@@ -103,7 +104,7 @@ class TangramClient:
         25 s (the submit waits for it), long-polls after that."""
         body = {"id": action_id or uuid.uuid4().hex, **action}
         state = await self._call("POST", f"/v1/trajectories/{trajectory}/actions", json=body,
-                                 params={"wait": 25.0}, timeout=35.0)
+                                 params={"wait": 25.0}, timeout=85.0)
         if state["status"] not in ("queued", "running"):
             return state
         return await self.wait(state["id"])
