@@ -137,7 +137,8 @@ def test_odd_bearer_tokens_get_401(process_server, token):
 
 def test_long_commands_do_not_stall_the_loop(http):
     """H3: commands are split off the event loop (and at most 64 KiB); /healthz keeps
-    answering while 16 maximal commands (~0.15 s of shlex each) arrive at once."""
+    answering while 32 maximal commands (~0.15 s of shlex each, ~5 s in all: what the
+    loop would stall for) arrive at once. The bound leaves room for a loaded machine."""
     _open(http, "long-cmd")
     command = "echo " + "x" * (64 * 1024 - 5)
     lat: list[float] = []
@@ -161,7 +162,7 @@ def test_long_commands_do_not_stall_the_loop(http):
     t.start()
     time.sleep(0.1)
     try:
-        senders = [threading.Thread(target=submit, args=(i,)) for i in range(16)]
+        senders = [threading.Thread(target=submit, args=(i,)) for i in range(32)]
         for s in senders:
             s.start()
         for s in senders:
@@ -169,6 +170,6 @@ def test_long_commands_do_not_stall_the_loop(http):
     finally:
         stop.set()
         t.join()
-    assert max(lat) < 1.0, max(lat)
-    res = http.get("/v1/actions/lc15", params={"wait": 30}).json()
+    assert max(lat) < 2.5, max(lat)
+    res = http.get("/v1/actions/lc31", params={"wait": 60}).json()
     assert res["status"] == "ok" and len(res["output"]) == 64 * 1024 - 4
