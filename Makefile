@@ -3,22 +3,47 @@
 VENV ?= .venv
 PYTHON ?= python3
 STAMP := $(VENV)/.installed
+# verl is tested torch-free: installed without its dependencies (torch, vLLM, ...), its tool
+# modules are imported as tests/verl_torchfree.py explains. pyproject cannot say --no-deps.
+VERL_VERSION := 0.9.1
 
-.PHONY: simulate test lint bench
+.PHONY: simulate test lint bench browser notebooks notebooks-run
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "Tangram needs Python >= 3.11 (found $$($(PYTHON) --version 2>&1))" >&2; exit 1; }
 	$(PYTHON) -m venv $(VENV)
 	$(VENV)/bin/pip install --quiet --upgrade pip
 	$(VENV)/bin/pip install --quiet -e '.[dev]'
+	$(VENV)/bin/pip install --quiet --no-deps verl==$(VERL_VERSION)
 	@touch $(STAMP)
 
 simulate: $(STAMP)  ## simulate the shipped AI-coding sample on the default cluster
 	$(VENV)/bin/tangram simulate
 
-test: $(STAMP)  ## the whole test suite (what CI runs)
+test: $(STAMP) browser  ## the whole test suite (what CI runs)
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The status page test drives a real Chromium: the distribution's, with its matching driver
+# (nothing can download a browser build here). Installed once; a failure stops `make test`.
+SUDO := $(shell [ "$$(id -u)" = 0 ] || echo sudo)
+browser:
+	@command -v chromium >/dev/null && command -v chromedriver >/dev/null || { \
+		echo "installing chromium + chromium-driver (Debian packages) for the status page test"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			chromium chromium-driver >/dev/null; }
+
+NB_STAMP := $(VENV)/.notebooks
+$(NB_STAMP): $(STAMP)
+	$(VENV)/bin/pip install --quiet -e '.[notebooks]'
+	@touch $(NB_STAMP)
+
+notebooks: $(NB_STAMP)  ## open the analysis notebooks in JupyterLab
+	$(VENV)/bin/jupyter lab notebooks/
+
+notebooks-run: $(STAMP)  ## execute every notebook into runs/notebooks/ (with outputs)
+	$(VENV)/bin/python notebooks/execute.py --out runs/notebooks
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .

@@ -32,7 +32,9 @@ SAMPLES = Path(__file__).parent / "traces" / "samples"
 
 def fail(message: str, code: int = 2) -> None:
     """Report a user error without a traceback."""
-    err.print(f"[bold red]error:[/] {message}", highlight=False, soft_wrap=True)
+    from rich.markup import escape
+
+    err.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True)
     raise typer.Exit(code)
 
 
@@ -90,10 +92,8 @@ def simulate(
     Writes summary.json, actions.parquet, timing.parquet, trace.json (Chrome/Perfetto),
     utilisation.parquet and config.json to --out.
     """
-    from analysis.outputs import analyse, write_run
+    from analysis.runs import simulate as run_sim
     from sim.cluster import load_cluster
-    from sim.driver import SimConfig
-    from sim.driver import simulate as run_sim
     from tangram.cluster import ClusterError
     from traces.schema import TraceError, load
 
@@ -103,22 +103,18 @@ def simulate(
         df = load(trace)
     except (TraceError, ClusterError) as e:
         fail(str(e))
-    chosen = _policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
+    _policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)  # bad options: exit 2
     options = {"depth": depth, "lookahead": lookahead, "ordering": ordering,
                "pod_cores": pod_cores, "gpu_dop": gpu_dop}
-    cfg = SimConfig(policy=policy, seed=seed, steps=steps, train_s=train_s,
-                    asynchronous=asynchronous, options=options)
     out = out or Path("runs") / f"{trace.stem}-{policy.replace(':', '')}"
     try:
-        result = _with_progress(lambda cb: run_sim(df, spec, cfg, progress=cb), quiet,
-                                f"simulating {trace.name} under {policy}")
+        run_ = _with_progress(
+            lambda cb: run_sim(df, spec, policy, seed=seed, steps=steps, train_s=train_s,
+                               asynchronous=asynchronous, out=out, progress=cb,
+                               source=str(trace), **options),
+            quiet, f"simulating {trace.name} under {policy}")
     except ValueError as e:
         fail(str(e))
-    config = {"trace": str(trace), "cluster": spec.to_dict(), "policy": chosen.params(),
-              "sim": {"seed": seed, "steps": steps, "train_s": train_s,
-                      "asynchronous": asynchronous}}
-    run_ = analyse(result)
-    write_run(out, run_, config)
     if not quiet:
         _print_summary(run_.summary)
     out_console.print(f"wrote {out}/ (summary.json, actions.parquet, trace.json)")
@@ -288,33 +284,19 @@ def plot(
     runs: Annotated[list[Path], typer.Argument(help="Run directories (from simulate or run).")],
     out: Annotated[Path | None, typer.Option(help="Where figures go (default: first run/figures).")] = None,
 ) -> None:
-    """Draw the standard figures for a set of runs: ACT CDF, per-kind ACT, utilisation."""
-    import pandas as pd
-
+    """Draw the standard figures for a set of runs: ACT CDF, ACT per kind, where the time
+    goes, allocation over time (the same functions notebooks call: analysis/figures.py)."""
     from analysis import figures
-    from analysis.outputs import load_run
+    from analysis.runs import RunError, load_run
 
-    loaded = []
-    for run_dir in runs:
-        try:
-            summary, frame = load_run(run_dir)
-        except (FileNotFoundError, ValueError, OSError) as e:
-            fail(str(e))
-        loaded.append((run_dir.name, summary, frame))
-    out = out or runs[0] / "figures"
-    paths = [figures.act_cdf([(n, f) for n, _, f in loaded], out)]
-    kinds = pd.DataFrame([{"run": n, "kind": k, "act_mean_s": v["act_mean_s"]}
-                          for n, s, _ in loaded for k, v in s.get("per_kind", {}).items()])
-    if not kinds.empty:
-        paths.append(figures.bars(kinds, "kind", "run", "act_mean_s", "mean ACT per action kind",
-                                  "mean ACT (s)", out, "act_per_kind", log=True))
-    utils = [(run_dir.name, pd.read_parquet(run_dir / "utilisation.parquet")) for run_dir in runs
-             if (run_dir / "utilisation.parquet").exists()]
-    if utils:
-        cap = loaded[0][1].get("utilisation", {}).get("cpu", {}).get("capacity")
-        if cap:
-            paths.append(figures.utilisation(utils, "cpu", cap, out, "cpu_utilisation"))
-    for p in paths:
+    try:
+        loaded = [load_run(run_dir) for run_dir in runs]
+    except RunError as e:
+        fail(str(e))
+    names = [r.name for r in loaded]
+    if len(set(names)) != len(names):  # e.g. a/run and b/run: label them by their path
+        loaded = [load_run(run_dir, name=str(run_dir)) for run_dir in runs]
+    for p in figures.standard(loaded, out or runs[0] / "figures"):
         out_console.print(f"wrote {p}")
 
 
@@ -322,10 +304,27 @@ def plot(
 def bench_executor(
     backend: Annotated[str, typer.Option(help="process, docker or all.")] = "all",
     actions: Annotated[int, typer.Option(min=5, help="Short actions timed per backend.")] = 60,
+    ray: Annotated[str | None, typer.Option(help=RAY_HELP + " Compares local vs via agents.")] = None,
 ) -> None:
-    """Per-action overhead of the live backends: submit->start, end->result (JSON lines)."""
+    """Per-action overhead of the live backends: submit->start, end->result (JSON lines).
+
+    With --ray: the same figures on this machine's executor and through Ray node agents
+    (p50/p99), plus dispatch throughput across the nodes.
+    """
     from executor.bench import executor_bench
 
+    if ray is not None:
+        from executor.bench import ray_executor_bench
+
+        name = "process" if backend == "all" else backend
+        _ray_spec(ray)
+        try:
+            rows = ray_executor_bench(ray, name, actions)
+        except (ConnectionError, RuntimeError) as e:
+            fail(str(e))
+        for row in rows:
+            print(json.dumps(row), flush=True)
+        return
     for name in (("process", "docker") if backend == "all" else (backend,)):
         print(json.dumps(executor_bench(name, actions)), flush=True)
 
@@ -343,6 +342,74 @@ def bench_serve(
     from executor.bench import serve_bench
 
     print(json.dumps(serve_bench(backend, trajectories, actions, warm_pool)), flush=True)
+
+
+@bench_app.command("gpu")
+def bench_gpu(
+    device: Annotated[str, typer.Option(help="cuda or cpu.")] = "cpu",
+    sizes_gb: Annotated[str | None, typer.Option(
+        help="Service sizes (GB), comma-separated. Default: 1,3,8 on cuda; 0.02,0.05,0.1 on cpu.")] = None,
+    batches: Annotated[str, typer.Option(help="Request batch sizes.")] = "1,8,32",
+    tokens: Annotated[int, typer.Option(min=2, help="Tokens per sequence of a request.")] = 128,
+    cycles: Annotated[int, typer.Option(min=1, help="Restore cycles over all services.")] = 3,
+) -> None:
+    """Restore GB/s per service size (beside a plain host-to-device copy), evict latency,
+    request latency per batch size, NVML readings on cuda (JSON)."""
+    from executor.gpu.bench import gpu_bench
+
+    _check_gpu_device(device)
+    try:
+        sizes = [float(x) for x in (sizes_gb or ("1,3,8" if device == "cuda" else
+                                                 "0.02,0.05,0.1")).split(",")]
+        batch = [int(x) for x in batches.split(",")]
+    except ValueError:
+        fail("--sizes-gb/--batches: comma-separated numbers")
+    print(json.dumps(gpu_bench(device, sizes, batch, tokens, cycles)), flush=True)
+
+
+@bench_app.command("adapters")
+def bench_adapters(
+    backend: Annotated[str, typer.Option(help="Backend of the server it starts.")] = "process",
+    calls: Annotated[int, typer.Option(min=10, help="Calls timed per path.")] = 200,
+) -> None:
+    """Per-call overhead of the verl, gymnasium and SkyRL adapters over the plain client (JSON)."""
+    from executor.bench_adapters import main as adapters_main
+
+    adapters_main(["--backend", backend, "--calls", str(calls)])
+
+
+RAY_HELP = ("Run on a Ray cluster, one agent per node: auto (the cluster this machine "
+            "joined with `ray start`), a Ray address (HOST:PORT or ray://HOST:PORT), or "
+            "local:N (start N nodes on this machine, splitting its cores). Needs the ray extra.")
+
+
+def _ray_spec(text: str):
+    """Check --ray before anything starts: exit 2 without Ray or with a bad value."""
+    from executor.ray_cluster import RaySpec, RayUnavailable, require_ray
+
+    try:
+        spec = RaySpec.parse(text)
+        require_ray()
+    except (ValueError, RayUnavailable) as e:
+        fail(str(e))
+    return spec
+
+
+def _ray_backend(text: str, backend: str):
+    """Connect to Ray and start one agent per node (exit 2 when that cannot be done)."""
+    from executor.ray_backend import RayBackend
+    from executor.ray_cluster import connect
+
+    spec = _ray_spec(text)
+    try:
+        conn = connect(spec)
+    except ConnectionError as e:
+        fail(str(e))
+    try:
+        return RayBackend(conn, backend, owns_connection=True)
+    except (RuntimeError, ValueError) as e:
+        conn.close()
+        fail(str(e))
 
 
 def _quota_specs(items: list[str]):
@@ -379,8 +446,23 @@ def run(
     ordering: OrderingOpt = "fcfs",
     pod_cores: PodCoresOpt = 4,
     gpu_dop: GpuDopOpt = None,
+    ray: Annotated[str | None, typer.Option(help=RAY_HELP)] = None,
+    gpu_device: Annotated[str | None, typer.Option(
+        help="Replay GPU rows on GPU workers: cuda, or cpu (no GPU: tests the EOE path).")] = None,
+    gpu_cluster: Annotated[Path | None, typer.Option(
+        help="GPU nodes and services with their model loaders (YAML). Default: --cluster's "
+             "GPU nodes and services, scaled by --gpu-scale, as random-weight models.")] = None,
+    cluster: Annotated[str, typer.Option(
+        help="Cluster (YAML or built-in) whose GPU part is scaled when no --gpu-cluster.")] = "default",
+    gpu_scale: Annotated[float, typer.Option(
+        min=1e-9, help="Scale of service sizes and GPU memory without --gpu-cluster.")] = 1e-4,
+    gpu_tokens: Annotated[int, typer.Option(min=2, help="Tokens per GPU request.")] = 32,
 ) -> None:
-    """Replay a trace on this machine's real cores (process or docker backend).
+    """Replay a trace on this machine's real cores (process or docker backend), or on
+    the nodes of a Ray cluster (--ray).
+
+    GPU rows run on GPU workers with --gpu-device (restores and their seconds in the
+    summary are measured; the core's modelled ones are beside them, in summary.gpu).
 
     Writes the same files as `simulate`, so a live run and its simulation are compared
     with the same analysis.
@@ -397,17 +479,82 @@ def run(
     except TraceError as e:
         fail(str(e))
     specs = _quota_specs(quota)
+    if backend not in ("process", "docker"):
+        fail(f"--backend: unknown backend {backend!r} (process or docker)")
+    gpu = None
+    if gpu_device is not None:
+        if ray:
+            fail("--ray with --gpu-device: GPU workers do not run through Ray agents yet")
+        gpu = _replay_gpu_cluster(gpu_device, gpu_cluster, cluster, gpu_scale)
+    live = _ray_backend(ray, backend) if ray else None
     try:
         result, config = _with_progress(lambda cb: asyncio.run(replay(
             df, backend, out, limit=limit, think_scale=think_scale, quotas=specs, policy=chosen,
-            progress=cb)), quiet, f"running {trace.name} on {backend}")
-    except (ValueError, KeyError) as e:
+            progress=cb, live=live, gpu=gpu, gpu_device=gpu_device or "cpu",
+            gpu_tokens=gpu_tokens)), quiet,
+            f"running {trace.name} on {backend}" + (" via Ray" if ray else ""))
+    except (ValueError, KeyError, RuntimeError, TimeoutError) as e:
         fail(str(e.args[0]) if e.args else str(e))
     run_ = analyse(result)
     write_run(out, run_, {"trace": str(trace), **config})
     if not quiet:
         _print_summary(run_.summary)
     out_console.print(f"wrote {out}/ (summary.json, actions.parquet, trace.json)")
+
+
+def _check_gpu_device(device: str) -> None:
+    from executor.gpu.arrays import DEVICES, make_ops
+
+    if device not in DEVICES:
+        fail(f"--gpu-device: unknown device {device!r} (cuda or cpu)")
+    if device == "cuda":
+        try:
+            make_ops("cuda")
+        except RuntimeError as e:
+            fail(f"--gpu-device cuda: {e}")
+
+
+def _replay_gpu_cluster(device: str, path: Path | None, cluster: str, scale: float):
+    from executor.gpu.config import read_gpu_cluster, scaled_cluster
+    from executor.gpu.model import ModelError
+    from sim.cluster import load_cluster
+    from tangram.cluster import ClusterError
+
+    _check_gpu_device(device)
+    try:
+        if path is not None:
+            return read_gpu_cluster(path, device)
+        return scaled_cluster(load_cluster(cluster), scale)
+    except (ClusterError, ModelError) as e:
+        fail(str(e))
+
+
+def _serve_gpu_cluster(gpus: str | None, path: Path | None, device: str):
+    """The GPU part of `serve`: nodes from NVML (--gpus auto) or the YAML; services from it."""
+    from executor.gpu.config import NvmlUnavailable, discover, read_gpu_cluster
+    from executor.gpu.model import ModelError
+    from tangram.cluster import ClusterError
+
+    if gpus not in (None, "auto"):
+        fail(f"--gpus: expected 'auto' (discover this machine's GPUs with NVML), got {gpus!r}")
+    if gpus is None and path is None:
+        return None
+    discovered = physical = info = None
+    if gpus == "auto":
+        try:
+            discovered, physical, info = discover()
+        except NvmlUnavailable as e:
+            fail(f"--gpus auto: {e}")
+    if path is None:
+        fail("--gpu-cluster: give the YAML that lists the services to serve (name, model)")
+    _check_gpu_device(device)
+    try:
+        gc = read_gpu_cluster(path, device, discovered, physical)
+    except (ClusterError, ModelError) as e:
+        fail(str(e))
+    if info is not None:
+        gc = type(gc)(gc.spec, gc.sources, gc.physical, info)
+    return gc
 
 
 @app.command()
@@ -436,8 +583,20 @@ def serve(
         min=0, help="docker: sandboxes created ahead of time (default image only).")] = 0,
     result_ttl_s: Annotated[float, typer.Option(
         min=0, help="Seconds a finished result stays in memory (then: read from the journal).")] = 60.0,
+    ray: Annotated[str | None, typer.Option(help=RAY_HELP)] = None,
+    gpus: Annotated[str | None, typer.Option(
+        help="'auto': this machine's GPUs (NVML) are the GPU node. Default: --gpu-cluster's "
+             "gpu_nodes.")] = None,
+    gpu_cluster: Annotated[Path | None, typer.Option(
+        help="YAML: GPU services with their model loaders (and gpu_nodes without --gpus auto).")] = None,
+    gpu_device: Annotated[str, typer.Option(
+        help="cuda, or cpu (no GPU: workers hold 'GPU' copies in memory; tests the EOE path).")] = "cuda",
 ) -> None:
     """Serve the live executor over HTTP (OpenAPI at /docs).
+
+    With --ray, one scheduler serves every node of a Ray cluster (see README). GPU actions
+    (`service`, `gpus`) run on one GPU worker per node when --gpus auto or --gpu-cluster
+    is given.
 
     The bearer token is read from TANGRAM_TOKEN, or generated and printed.
     """
@@ -454,21 +613,69 @@ def serve(
         fail(f"--backend: unknown backend {backend!r} (process or docker)")
     chosen = _policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
     specs = _quota_specs(quota)
-    try:  # refuse a policy that cannot hold this machine before serving anything
-        Tangram(local_cluster(specs), chosen)
-    except ValueError as e:
-        fail(str(e))
+    if ray:
+        if gpus or gpu_cluster:
+            fail("--ray with GPU workers: GPU workers do not run through Ray agents yet")
+        _ray_spec(ray)  # a bad --ray, or no Ray, before anything is printed or started
+    else:
+        try:  # refuse a policy that cannot hold this machine before serving anything
+            Tangram(local_cluster(specs), chosen)
+        except ValueError as e:
+            fail(str(e))
     allow = _pairs(allow_url, "--allow-url", "KEY=URL_PREFIX")
     images = {k: v[-1] for k, v in _pairs(image, "--image", "TASK=IMAGE").items()}
     if images and backend != "docker":
         fail("--image: only the docker backend runs images")
+    hardening = {"allow_urls": allow, "task_images": images, "result_ttl_s": result_ttl_s}
+    gc = None if ray else _serve_gpu_cluster(gpus, gpu_cluster, gpu_device)
     token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
     if not os.environ.get("TANGRAM_TOKEN"):
         err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)
-    sandbox = {"mem_gb": sandbox_mem_gb, "pids": sandbox_pids, "warm": warm_pool}
-    app_ = create_app(lambda: make_backend(backend, state_dir / "work", **sandbox),
-                      lambda: Tangram(local_cluster(specs), chosen), token, state_dir,
-                      allow_urls=allow, task_images=images, result_ttl_s=result_ttl_s)
+    if ray:
+        import signal
+
+        live = _ray_backend(ray, backend)
+        try:  # the policy must hold the Ray nodes too
+            Tangram(live.cluster(specs), chosen)
+        except ValueError as e:
+            live.shutdown()
+            fail(str(e))
+        # ray.init installs a SIGTERM handler that exits with status 15; uvicorn re-raises
+        # the signal after its graceful shutdown (which stops the agents): keep the default
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        app_ = create_app(lambda: live, lambda: Tangram(live.cluster(specs), chosen), token,
+                          state_dir, **hardening)
+    else:
+        cluster = local_cluster(specs)
+        if gc is not None:
+            from dataclasses import replace
+
+            from tangram.policies import SharedGpus
+
+            cluster = replace(cluster, gpu_nodes=gc.spec.gpu_nodes, services=gc.spec.services,
+                              restore_gbps=gc.spec.restore_gbps)
+            if not isinstance(chosen.gpu, SharedGpus):
+                fail(f"--policy {policy}: the GPU workers follow the evict-on-execution GPU "
+                     "manager; static or cold-started GPU instances are not run live yet")
+        cores: list[Tangram] = []  # the app builds the core, then the backend (which reads it)
+
+        def make_core() -> Tangram:
+            cores.append(Tangram(cluster, chosen))
+            return cores[-1]
+
+        def make_live_backend():
+            gpu = None
+            if gc is not None:
+                from executor.gpu.backend import GpuBackend
+
+                gpu = GpuBackend(lambda: cores[-1].gpu, gc.sources, gpu_device, gc.physical)
+                gpu.start_workers()  # stage every service now, not at the first action
+            return make_backend(backend, state_dir / "work", gpu=gpu, mem_gb=sandbox_mem_gb,
+                                pids=sandbox_pids, warm=warm_pool)
+
+        app_ = create_app(make_live_backend, make_core, token, state_dir, **hardening)
+        if gc is not None:
+            app_.state.gpu_discovery = gc.discovery
     _settle()
     run_server(app_, host, port)
 

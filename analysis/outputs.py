@@ -179,15 +179,3 @@ def write_run(out: str | Path, run: Analysed, config: Mapping[str, Any]) -> Path
     with (out / "trace.json").open("w") as f:
         json.dump(chrome_trace(run.actions), f, separators=(",", ":"))
     return out
-
-
-def load_run(run_dir: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
-    """summary.json and actions.parquet of one run directory."""
-    run_dir = Path(run_dir)
-    summary_path = run_dir / "summary.json"
-    if not summary_path.exists():
-        raise FileNotFoundError(f"{run_dir}: no summary.json (not a tangram run directory)")
-    summary = json.loads(summary_path.read_text())
-    actions = run_dir / "actions.parquet"
-    df = pd.read_parquet(actions) if actions.exists() else pd.DataFrame()
-    return summary, df

@@ -167,18 +167,19 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path) -> list[Path]
     if not f6.empty:
         f6["system"] = np.where(f6["policy"] == "tangram", "tangram", "baseline")
         f6["label"] = [f"{w}\n(vs {BASELINE_OF[w]})" for w in f6["workload"]]
-        paths.append(figures.bars(f6, "label", "system", "act_mean_s",
-                                  "Fig. 6: mean ACT per workload (labels: RL step time)",
-                                  "mean ACT (s)", out, "fig6_act", annotate="step_time_s",
-                                  log=True))
+        ax = figures.bars(f6, "label", "system", "act_mean_s",
+                          title="Fig. 6: mean ACT per workload (labels: RL step time)",
+                          ylabel="mean ACT (s)", annotate="step_time_s", log=True)
+        paths.append(figures.save(ax.figure, out, "fig6_act")[0])
         parts = []
         for r in f6.itertuples():
             for cat, v in r.per_category.items():
                 parts.append({"bucket": f"{r.workload}: {cat}\n(vs {BASELINE_OF[r.workload]})",
                               "system": r.system, "seconds": v["per_trajectory_s"]})
-        paths.append(figures.bars(pd.DataFrame(parts), "bucket", "system", "seconds",
-                                  "Fig. 7: time per trajectory by category",
-                                  "ACT per trajectory (s)", out, "fig7_breakdown", log=True))
+        ax = figures.bars(pd.DataFrame(parts), "bucket", "system", "seconds",
+                          title="Fig. 7: time per trajectory by category",
+                          ylabel="ACT per trajectory (s)", log=True)
+        paths.append(figures.save(ax.figure, out, "fig7_breakdown")[0])
     for exp, x, title, xlabel in (
             ("fig8_cpu_batch", "x", "Fig. 8a: CPU, mean ACT vs batch size", "RL batch (trajectories)"),
             ("fig8_cpu_capacity", "x", "Fig. 8b: CPU, mean ACT vs capacity", "CPU nodes"),
@@ -187,8 +188,9 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path) -> list[Path]
             ("fig9", "x", "Fig. 9: elastic vs fixed DoP", "RL batch (trajectories)")):
         sub = rows[(rows["experiment"] == exp) & rows["act_mean_s"].notna()]
         if not sub.empty:
-            paths.append(figures.lines(sub, x, "policy", "act_mean_s", title, xlabel,
-                                       "mean ACT (s)", out, exp))
+            ax = figures.lines(sub, x, "policy", "act_mean_s", title=title, xlabel=xlabel,
+                               ylabel="mean ACT (s)")
+            paths.append(figures.save(ax.figure, out, exp)[0])
     if gaps is not None and not gaps.empty:
         import matplotlib.pyplot as plt
 
@@ -204,9 +206,10 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path) -> list[Path]
     if not od.empty:
         long = od.melt(id_vars=["ordering"], value_vars=["act_mean_s", "act_p99_s", "queue_max_s"],
                        var_name="metric", value_name="seconds")
-        paths.append(figures.bars(long, "metric", "ordering", "seconds",
-                                  "Beyond: FCFS vs shortest-expected-first (aging 30 s)",
-                                  "seconds", out, "beyond_ordering"))
+        ax = figures.bars(long, "metric", "ordering", "seconds",
+                          title="Beyond: FCFS vs shortest-expected-first (aging 30 s)",
+                          ylabel="seconds")
+        paths.append(figures.save(ax.figure, out, "beyond_ordering")[0])
     sens = rows[rows["experiment"] == "sensitivity"]
     if not sens.empty:
         import matplotlib.pyplot as plt

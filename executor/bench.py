@@ -28,45 +28,121 @@ def executor_bench(backend: str, n: int = 60, long_n: int = 5, long_s: float = 1
     async def go() -> dict:
         with tempfile.TemporaryDirectory() as tmp:
             ex = LiveExecutor(Tangram(local_cluster()), make_backend(backend, Path(tmp)))
-            ex.open_trajectory("bench", "bench", 0.25)
-            starts, ends, updates, fractions = [], [], [], []
             try:
-                for i in range(n + long_n + 1):
-                    sleep = long_s if i > n else 0.0
-                    cmd = f"sh -c 'date +%s.%N; sleep {sleep}; date +%s.%N'"
-                    action = Action(f"b{i}", "bench", "bench", "shell", {"cpu": Demand.fixed(1)},
-                                    payload={"command": cmd})
-                    t_submit = time.time()
-                    rec, out = await ex.run(action)
-                    t_done = time.time()
-                    first, last = (float(x) for x in out.output.split())
-                    if i == 0:
-                        continue  # the first action creates the environment (container)
-                    if i <= n:
-                        starts.append((first - t_submit) * 1e3)
-                        ends.append((t_done - last) * 1e3)
-                        if "update_s" in out.extra:
-                            updates.append(out.extra["update_s"] * 1e3)
-                    else:
-                        fractions.append(((first - t_submit) + (t_done - last)) / (last - first))
+                return {"backend": backend, **await overheads(ex, n, long_n, long_s)}
             finally:
-                ex.close_trajectory("bench")
                 ex.shutdown()
-        s, e = np.asarray(starts), np.asarray(ends)
-        res = {"backend": backend, "actions": n,
-               "submit_to_start_p50_ms": round(float(np.percentile(s, 50)), 2),
-               "submit_to_start_p99_ms": round(float(np.percentile(s, 99)), 2),
-               "end_to_result_p50_ms": round(float(np.percentile(e, 50)), 2),
-               "end_to_result_p99_ms": round(float(np.percentile(e, 99)), 2),
-               "overhead_p50_ms": round(float(np.percentile(s + e, 50)), 2),
-               f"overhead_fraction_of_{long_s:g}s_actions": round(float(np.mean(fractions)), 4)}
-        if updates:
-            u = np.asarray(updates)
-            res["cgroup_update_p50_ms"] = round(float(np.percentile(u, 50)), 2)
-            res["cgroup_update_p99_ms"] = round(float(np.percentile(u, 99)), 2)
-        return res
 
     return asyncio.run(go())
+
+
+async def overheads(ex: LiveExecutor, n: int, long_n: int = 5, long_s: float = 1.0) -> dict:
+    """Sequential short actions on one trajectory (see :func:`executor_bench`)."""
+    ex.open_trajectory("bench", "bench", 0.25)
+    starts, ends, updates, fractions, totals = [], [], [], [], []
+    try:
+        for i in range(n + long_n + 1):
+            sleep = long_s if i > n else 0.0
+            cmd = f"sh -c 'date +%s.%N; sleep {sleep}; date +%s.%N'"
+            action = Action(f"b{i}", "bench", "bench", "shell", {"cpu": Demand.fixed(1)},
+                            payload={"command": cmd})
+            t_submit = time.time()
+            rec, out = await ex.run(action)
+            t_done = time.time()
+            first, last = (float(x) for x in out.output.split())
+            if i == 0:
+                continue  # the first action creates the environment (container)
+            if i <= n:
+                starts.append((first - t_submit) * 1e3)
+                ends.append((t_done - last) * 1e3)
+                # clock-independent: valid when the command ran on another machine
+                totals.append(((t_done - t_submit) - (last - first)) * 1e3)
+                if "update_s" in out.extra:
+                    updates.append(out.extra["update_s"] * 1e3)
+            else:
+                fractions.append(((first - t_submit) + (t_done - last)) / (last - first))
+    finally:
+        ex.close_trajectory("bench")
+    s, e, t = np.asarray(starts), np.asarray(ends), np.asarray(totals)
+    res = {"actions": n,
+           "submit_to_start_p50_ms": round(float(np.percentile(s, 50)), 2),
+           "submit_to_start_p99_ms": round(float(np.percentile(s, 99)), 2),
+           "end_to_result_p50_ms": round(float(np.percentile(e, 50)), 2),
+           "end_to_result_p99_ms": round(float(np.percentile(e, 99)), 2),
+           "overhead_p50_ms": round(float(np.percentile(t, 50)), 2),
+           "overhead_p99_ms": round(float(np.percentile(t, 99)), 2),
+           f"overhead_fraction_of_{long_s:g}s_actions": round(float(np.mean(fractions)), 4)}
+    if updates:
+        u = np.asarray(updates)
+        res["cgroup_update_p50_ms"] = round(float(np.percentile(u, 50)), 2)
+        res["cgroup_update_p99_ms"] = round(float(np.percentile(u, 99)), 2)
+    return res
+
+
+async def throughput(ex: LiveExecutor, n: int, trajectories: int) -> dict:
+    """``n`` no-op actions (``true``) from ``trajectories`` closed-loop trajectories
+    at once: completed actions per second, and how they spread over the nodes."""
+    per = -(-n // trajectories)
+    nodes: dict[str, int] = {}
+
+    async def one(j: int) -> None:
+        ex.open_trajectory(f"tp{j}", "bench", 0.05)
+        try:
+            for i in range(per):
+                rec, out = await ex.run(Action(f"tp{j}-{i}", "bench", f"tp{j}", "shell",
+                                               {"cpu": Demand.fixed(1)}, payload={"argv": ["true"]}))
+                if out.status != "ok":
+                    raise RuntimeError(f"bench action failed: {out.error}")
+                nodes[rec.node or "-"] = nodes.get(rec.node or "-", 0) + 1
+        finally:
+            ex.close_trajectory(f"tp{j}")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(j) for j in range(trajectories)))
+    wall = time.perf_counter() - t0
+    return {"actions": per * trajectories, "trajectories": trajectories,
+            "actions_per_s": round(per * trajectories / wall, 1),
+            "actions_per_node": dict(sorted(nodes.items()))}
+
+
+def ray_executor_bench(ray: str, backend: str = "process", n: int = 60,
+                       tp_actions: int = 300) -> list[dict]:
+    """The same overheads and throughput on this machine's local executor and through
+    Ray node agents (``ray`` as for ``--ray``). Rows: local, then ray."""
+    from executor.ray_backend import RayBackend
+    from executor.ray_cluster import connect
+
+    async def measure(make) -> dict:
+        ex, cores = make()
+        try:
+            row = await overheads(ex, n)
+            tp = await throughput(ex, tp_actions, 2 * cores)
+            return {**row, **{f"throughput_{k}": v for k, v in tp.items()}}
+        finally:
+            ex.shutdown()
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        def local():
+            cluster = local_cluster()
+            ex = LiveExecutor(Tangram(cluster), make_backend(backend, Path(tmp)))
+            return ex, sum(c.cores for c in cluster.cpu_nodes)
+
+        rows.append({"via": "local", "backend": backend, "nodes": 1,
+                     **asyncio.run(measure(local))})
+    t0 = time.perf_counter()
+    ray_backend = RayBackend(connect(ray), backend, owns_connection=True)
+    start_s = time.perf_counter() - t0
+    cluster = ray_backend.cluster()
+
+    def via_ray():
+        return (LiveExecutor(Tangram(cluster), ray_backend),
+                sum(c.cores for c in cluster.cpu_nodes))
+
+    rows.append({"via": "ray-agent", "ray": ray, "backend": backend,
+                 "nodes": len(cluster.cpu_nodes), "ray_start_s": round(start_s, 2),
+                 **asyncio.run(measure(via_ray))})
+    return rows
 
 
 def _proc_stat(pid: int) -> tuple[float, float]:

@@ -1,7 +1,10 @@
 """Turning an action's payload into the argv a backend executes.
 
-Commands never pass through a shell: a string is split with ``shlex`` and run
-as argv (a user who wants a shell writes ``sh -c '...'`` themselves). The one
+A command string is split with ``shlex`` and run as argv, unless the action
+asks for a shell (``shell: true``): then it runs as ``sh -c <command>``, the
+command passed as one argument (never interpolated into another command line),
+by the ``sh`` of wherever the backend runs it (inside the container for the
+docker backend). A shell command is never rewritten. The one
 rewrite is the paper's elastic test run (section 5.2): a ``pytest`` command
 granted ``k >= 2`` cores gets ``-n k`` (pytest-xdist), inserted right after
 ``pytest``; ``-n 1`` would only add a worker process, so one core runs it as
@@ -25,6 +28,8 @@ def argv_of(payload: Mapping[str, Any] | None) -> list[str]:
     if not payload:
         raise CommandError("payload: no command (give 'argv' or 'command')")
     argv = payload.get("argv")
+    if argv is not None and payload.get("shell"):
+        raise CommandError("payload.shell: applies to 'command' only; argv never runs in a shell")
     if argv is not None:
         if not isinstance(argv, Sequence) or isinstance(argv, str) or not argv or \
                 not all(isinstance(a, str) for a in argv):
@@ -33,6 +38,8 @@ def argv_of(payload: Mapping[str, Any] | None) -> list[str]:
     command = payload.get("command")
     if not isinstance(command, str) or not command.strip():
         raise CommandError("payload: no command (give 'argv' or 'command')")
+    if payload.get("shell"):
+        return ["sh", "-c", command]
     try:
         return shlex.split(command)
     except ValueError as e:

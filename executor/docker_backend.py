@@ -50,6 +50,7 @@ import docker
 import docker.errors
 
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
+from executor.files import MAX_FILE_BYTES, FileError
 from executor.local import allowed_cpus
 from executor.process import outcome_of
 from tangram.model import Dispatch, Outcome
@@ -71,6 +72,11 @@ GRACE_S = 5.0
 DEFAULT_TIMEOUT_S = 24 * 3600.0
 PERIOD_US = 100_000
 IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
+#: where a trajectory's commands run and its files live, inside the container
+SANDBOX_WORKDIR = "/work"
+#: Go's os.FileMode bits in the engine's archive stat (directory; device, pipe, socket, ...)
+GO_MODE_DIR = 1 << 31
+GO_MODE_IRREGULAR = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
 
 
 class AgentGone(OSError):
@@ -394,8 +400,13 @@ class DockerBackend:
             return box, False
         box = self._take_warm(image, mem) or self._create(trajectory, image, mem)
         with self._lock:
-            self._boxes[trajectory] = box
-            self._lost.discard(trajectory)
+            other = self._boxes.get(trajectory)
+            if other is None:
+                self._boxes[trajectory] = box
+                self._lost.discard(trajectory)
+        if other is not None:  # created concurrently (a file upload racing the first action)
+            self._discard(box)
+            return other, False
         return box, lost
 
     def _grant(self, box: Sandbox, cores: list[int]) -> float:
@@ -619,6 +630,53 @@ class DockerBackend:
             for _, box in stale:
                 self._discard(box)
 
+
+    # -- files (executor/files_api.py): through the engine's archive API, so a path is
+    # resolved inside the container's root filesystem (a symlink cannot reach the host) --
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None:
+        box, _ = self._sandbox(trajectory)  # a file may arrive before the first action
+        box.last_used = time.monotonic()
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo("/".join(parts))
+            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            info.uid = info.gid = int(SANDBOX_USER.split(":")[0])  # the commands' own file
+            tar.addfile(info, io.BytesIO(data))
+        try:
+            self.client.api.put_archive(box.container_id, SANDBOX_WORKDIR, buf.getvalue())
+        except docker.errors.APIError as e:
+            raise FileError(409, f"{'/'.join(parts)}: cannot write it in the sandbox: "
+                            f"{e.explanation or e}") from None
+
+    def get_file(self, trajectory: str, parts: tuple[str, ...],
+                 limit: int = MAX_FILE_BYTES) -> bytes:
+        rel = "/".join(parts)
+        with self._lock:
+            box = self._boxes.get(trajectory)
+        if box is None:  # no container yet (or it was reaped): nothing was written
+            raise FileError(404, f"{rel}: no such file")
+        box.last_used = time.monotonic()
+        try:
+            chunks, st = self.client.api.get_archive(box.container_id, f"{SANDBOX_WORKDIR}/{rel}")
+        except docker.errors.NotFound:
+            raise FileError(404, f"{rel}: no such file") from None
+        except docker.errors.APIError as e:
+            raise FileError(400, f"{rel}: {e.explanation or e}") from None
+        mode = int(st.get("mode", 0))
+        if st.get("linkTarget"):
+            raise FileError(400, f"{rel}: is a symlink (read what it points to by its own path)")
+        if mode & GO_MODE_DIR:
+            raise FileError(409, f"{rel}: is a directory")
+        if mode & GO_MODE_IRREGULAR:
+            raise FileError(400, f"{rel}: is not a regular file")
+        if int(st.get("size", 0)) > limit:
+            raise FileError(413, f"{rel}: {st['size']} bytes, over the {limit}-byte limit")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks)), mode="r") as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member is not None else None
+            if f is None:
+                raise FileError(400, f"{rel}: is not a regular file")
+            return f.read(limit + 1)[:limit]
 
 def _cgroup_files(client: docker.DockerClient, cid: str) -> tuple[str | None, str | None]:
     """The container's cpuset and CPU-quota files, if this process may write them."""

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable
 from typing import Protocol
 
+from tangram.cluster import CpuNodeSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome
 from tangram.runtime import Record, Runtime
@@ -48,15 +49,19 @@ class LiveExecutor:
     """Core + runtime + backend on the running loop."""
 
     def __init__(self, core: Tangram, backend: LiveBackend,
-                 loop: asyncio.AbstractEventLoop | None = None, keep_records: bool = True) -> None:
-        """``keep_records=False``: a long-running server, whose results live in its
-        journal, keeps no per-action record in memory (flat RSS however many actions)."""
+                 loop: asyncio.AbstractEventLoop | None = None,
+                 max_records: int | None = None) -> None:
+        """``max_records``: a long-running server, whose results live in its journal,
+        keeps only the latest records in memory (flat RSS however many actions)."""
         self.loop = loop or asyncio.get_running_loop()
         self.core = core
         self.backend = backend
         self.clock = AsyncioClock(self.loop)
         self.runtime = Runtime(core, self.clock, backend, stopwatch=time.perf_counter)
-        self.keep_records = keep_records
+        self.max_records = max_records
+        watch = getattr(backend, "watch_nodes", None)
+        if watch is not None:  # a multi-node backend (Ray) reports membership changes
+            watch(self.node_lost, self.node_joined)
 
     def open_trajectory(self, trajectory: str, task: str = "default",
                         mem_gb: float | None = None, image: str | None = None) -> None:
@@ -88,8 +93,10 @@ class LiveExecutor:
         fut: asyncio.Future[tuple[Record, Outcome]] = self.loop.create_future()
 
         def done(rec: Record, out: Outcome) -> None:
-            if not self.keep_records:
-                self.runtime.records.clear()
+            if self.max_records is not None:
+                records = self.runtime.records
+                if len(records) > 2 * self.max_records:  # trimmed rarely: O(1) amortised
+                    del records[:-self.max_records]
                 self.runtime.timing.decision_s.pop(rec.action_id, None)
             if on_result:
                 on_result(rec, out)
@@ -104,3 +111,13 @@ class LiveExecutor:
 
     def shutdown(self) -> None:
         self.backend.shutdown()
+
+    # -- membership (multi-node backends) ------------------------------------------------
+    def node_lost(self, node: str) -> None:
+        """A node left: the core drops its capacity and re-binds what waited for it.
+        The backend then ends the node's in-flight actions (failed), once each."""
+        self.runtime._launch(self.core.remove_node(node, self.clock.now()))
+
+    def node_joined(self, spec: CpuNodeSpec) -> None:
+        """A node joined: its capacity becomes schedulable at once."""
+        self.runtime._launch(self.core.add_node(spec, self.clock.now()))

@@ -140,12 +140,14 @@ def _retry_after(resp: httpx.Response) -> float | None:
 
 
 class RouterBackend:
-    """Sends API calls (payload with ``request``) to the HTTP backend and every
-    command to the environment backend (process or docker)."""
+    """Sends API calls (payload with ``request``) to the HTTP backend, GPU actions (a
+    lease with GPUs) to the GPU backend when there is one, and every command to the
+    environment backend (process or docker)."""
 
-    def __init__(self, env_backend, http: HttpBackend | None = None) -> None:
+    def __init__(self, env_backend, http: HttpBackend | None = None, gpu=None) -> None:
         self.env = env_backend
         self.http = http or HttpBackend()
+        self.gpu = gpu  # GPU actions (a lease with GPUs): executor.gpu.backend.GpuBackend
         self.name = env_backend.name
         self._where: dict[str, object] = {}
         opener = getattr(env_backend, "open_trajectory_image", None)
@@ -153,6 +155,8 @@ class RouterBackend:
             self.open_trajectory_image = opener
 
     def _pick(self, d: Dispatch):
+        if d.lease.gpus and self.gpu is not None:
+            return self.gpu
         return self.http if (d.action.payload or {}).get("request") else self.env
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
@@ -183,3 +187,5 @@ class RouterBackend:
     def shutdown(self) -> None:
         self.http.shutdown()
         self.env.shutdown()
+        if self.gpu is not None:
+            self.gpu.shutdown()

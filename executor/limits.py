@@ -7,6 +7,7 @@ Bodies are read up to the limit before the app sees them: a larger one gets
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
@@ -18,15 +19,27 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BodyLimit:
-    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+    """At most ``max_bytes`` per request body; ``large_bytes`` on paths matching
+    ``large_paths`` (a regex), which are passed through unbuffered."""
+
+    def __init__(self, app: ASGIApp, max_bytes: int, large_bytes: int | None = None,
+                 large_paths: str | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
+        self.large_bytes = large_bytes or max_bytes
+        self.large_paths = re.compile(large_paths) if large_paths else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
         length = dict(scope.get("headers") or []).get(b"content-length")
+        if self.large_paths is not None and self.large_paths.match(scope.get("path", "")):
+            if length is not None and (not length.isdigit() or int(length) > self.large_bytes):
+                await self._too_large(send, self.large_bytes)
+                return
+            await self.app(scope, receive, send)  # the file API bounds what it reads itself
+            return
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
             await self._too_large(send)
             return
@@ -53,8 +66,9 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, send: Send) -> None:
-        data = json.dumps({"detail": f"request body larger than {self.max_bytes} bytes"}).encode()
+    async def _too_large(self, send: Send, limit: int | None = None) -> None:
+        limit = limit or self.max_bytes
+        data = json.dumps({"detail": f"request body larger than {limit} bytes"}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(data)).encode()),

@@ -26,6 +26,7 @@ from pathlib import Path
 from urllib.parse import quote
 
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv, priority_prefix
+from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
 from tangram.model import Dispatch, Outcome
 
@@ -287,3 +288,11 @@ class ProcessBackend:
         for proc in list(self._procs.values()):
             self._kill_group(proc)
         kill_marked(self._run_mark + ".")
+
+    # -- files (executor/files_api.py): confined to the trajectory's working directory ------
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None:
+        write_file(self.workdir(trajectory), parts, data)
+
+    def get_file(self, trajectory: str, parts: tuple[str, ...],
+                 limit: int = MAX_FILE_BYTES) -> bytes:
+        return read_file(self.workdir(trajectory), parts, limit)

@@ -4,33 +4,40 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+import zlib
+from collections.abc import Callable, Mapping
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pandas as pd
 
 from executor.driver import LiveBackend, LiveExecutor
+from executor.gpu.backend import GpuBackend
+from executor.gpu.config import GpuCluster
 from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
-from tangram.model import quota_resource
-from tangram.policies import Policy
-from tangram.runtime import RunResult
+from tangram.model import Action, quota_resource
+from tangram.policies import Policy, SharedGpus
+from tangram.runtime import Record, RunResult
 from traces.fit import check_fits
 from traces.schema import TrajectorySpec, trajectories
 
 
-def make_backend(name: str, workdir: Path, mem_gb: float = 2.0, pids: int = 512,
-                 warm: int = 0) -> LiveBackend:
-    """A backend by name; ``mem_gb``/``pids``/``warm``: the docker sandboxes' default
-    memory limit, process limit and warm pool size."""
+def make_backend(name: str, workdir: Path, gpu: Any = None, mem_gb: float = 2.0,
+                 pids: int = 512, warm: int = 0) -> LiveBackend:
+    """The env backend ``name`` behind a router that also sends API calls to the HTTP
+    backend and GPU actions to ``gpu`` (an ``executor.gpu.backend.GpuBackend``);
+    ``mem_gb``/``pids``/``warm``: the docker sandboxes' default memory limit, process
+    limit and warm pool size."""
     from executor.http_api import RouterBackend
 
     if name == "process":
         from executor.process import ProcessBackend
 
-        return RouterBackend(ProcessBackend(workdir))
+        return RouterBackend(ProcessBackend(workdir), gpu=gpu)
     if name == "docker":
         import hashlib
 
@@ -38,7 +45,7 @@ def make_backend(name: str, workdir: Path, mem_gb: float = 2.0, pids: int = 512,
 
         owner = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
         return RouterBackend(DockerBackend(owner=owner, default_mem_gb=mem_gb, pids_limit=pids,
-                                           warm=warm))
+                                           warm=warm), gpu=gpu)
     raise ValueError(f"backend: unknown backend {name!r} (process or docker)")
 
 
@@ -54,25 +61,71 @@ def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSp
 async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None = None,
                  think_scale: float = 1.0, quotas: tuple[QuotaSpec, ...] = (),
                  policy: Policy | None = None,
-                 progress: Callable[[int, int], None] | None = None
+                 progress: Callable[[int, int], None] | None = None,
+                 live: LiveBackend | None = None, gpu: GpuCluster | None = None,
+                 gpu_device: str = "cpu", gpu_tokens: int = 32
                  ) -> tuple[RunResult, dict[str, Any]]:
-    """Run the trace's actions for real under ``policy``; (result, resolved config)."""
-    policy = policy or Policy()
+    """Run the trace's actions for real under ``policy``; (result, resolved config).
+
+    With ``live`` (a RayBackend) they run on its nodes (the cluster is their inventory)
+    and this call shuts it down. GPU rows need ``gpu`` (nodes, services and their
+    loaders): each becomes a request of ``gpu_tokens`` tokens to its service on a GPU
+    worker; the records' ``restore_s`` are then the workers' measured restores (the core's
+    modelled ones are in the counters)."""
+    try:
+        return await _replay(df, backend, out, limit, think_scale, quotas, policy or Policy(),
+                             progress, live, gpu, gpu_device, gpu_tokens)
+    finally:
+        if live is not None:
+            live.shutdown()  # idempotent: a run that started has shut it down already
+
+
+async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
+                  think_scale: float, quotas: tuple[QuotaSpec, ...], policy: Policy,
+                  progress: Callable[[int, int], None] | None, live: LiveBackend | None,
+                  gpu: GpuCluster | None, gpu_device: str, gpu_tokens: int
+                  ) -> tuple[RunResult, dict[str, Any]]:
     gpu_rows = df.index[df["gpus"] != ""]
-    if len(gpu_rows):
+    if len(gpu_rows) and gpu is None:
         raise ValueError(f"{len(gpu_rows)} action(s) need GPUs (first: row {gpu_rows[0] + 1}, "
-                         f"kind {df['kind'][gpu_rows[0]]!r}); the live executor runs CPU and API "
-                         "actions only so far; study GPU workloads with `tangram simulate`")
+                         f"kind {df['kind'][gpu_rows[0]]!r}); replay them on GPU workers with "
+                         "--gpu-device cpu (no GPU needed) or --gpu-device cuda")
     specs: list[TrajectorySpec] = list(trajectories(df))[: limit or None]
     if limit:
         df = df[df["trajectory"].isin({s.id for s in specs})]
     cluster = replay_cluster(df, quotas)
+    if live is not None:  # the Ray nodes, with the quotas the trace needs
+        if gpu is not None:
+            raise ValueError("--ray with --gpu-device: GPU workers do not run through Ray "
+                             "agents yet")
+        cluster = live.cluster(cluster.quotas)  # type: ignore[attr-defined]
+    if gpu is not None:
+        cluster = replace(cluster, gpu_nodes=gpu.spec.gpu_nodes, services=gpu.spec.services,
+                          restore_gbps=gpu.spec.restore_gbps)
     # refuse the whole run before starting if any action cannot run here
     check_fits(Tangram(cluster, policy), specs)
-    executor = LiveExecutor(Tangram(cluster, policy), make_backend(backend, out / "work"))
+    live_core = Tangram(cluster, policy)
+    gpu_backend = None
+    if gpu is not None:
+        if not isinstance(policy.gpu, SharedGpus):
+            raise ValueError(f"--gpu-device: the GPU workers follow the evict-on-execution GPU "
+                             f"manager; policy {policy.label!r} places GPU actions otherwise "
+                             "(static or cold-started instances), which they do not run yet")
+        gpu_backend = GpuBackend(live_core.gpu, gpu.sources, gpu_device, gpu.physical)
+        gpu_backend.start_workers()
+    executor = LiveExecutor(live_core, live or make_backend(backend, out / "work", gpu=gpu_backend))
+    if gpu_backend is not None:  # staging is not part of any action's time
+        try:
+            await asyncio.to_thread(gpu_backend.wait_ready)
+        except (RuntimeError, TimeoutError):
+            executor.shutdown()
+            raise
+    vocab = min([dict(s.config).get("vocab_size", 32000) for s in (gpu.sources.values()
+                 if gpu else ()) if s.kind == "random"] + [32000])
     total = sum(len(s.steps) for s in specs)
     done = 0
     wall0 = time.perf_counter()
+    measured: dict[str, Mapping[str, Any]] = {}
 
     async def one(spec: TrajectorySpec) -> None:
         nonlocal done
@@ -81,7 +134,12 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
             for step in spec.steps:
                 if step.think_s * think_scale > 0:
                     await asyncio.sleep(step.think_s * think_scale)
-                await executor.run(step.action)
+                action = step.action
+                if action.service:
+                    action = with_request(action, vocab, gpu_tokens)
+                _, outcome = await executor.run(action)
+                if action.service:
+                    measured[action.id] = outcome.extra
                 done += 1
                 if progress:
                     progress(done, total)
@@ -95,11 +153,57 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
         executor.shutdown()
     rollout = executor.clock.now() - t0
     core = executor.core
-    result = RunResult(policy.label, executor.runtime.records,
+    records = executor.runtime.records
+    counters: dict[str, Any] = {"backend": backend, "live": True, "think_scale": think_scale,
+                                "gpu_restores": core.gpu.restores,
+                                "scheduler_passes": core.passes}
+    if gpu_backend is not None:
+        records, counters["gpu"] = measured_restores(records, measured, gpu_backend)
+    result = RunResult(policy.label, records,
                        [{"step": 0, "rollout_s": rollout, "step_s": rollout}], core.capacity(),
-                       {"backend": backend, "live": True, "think_scale": think_scale,
-                        "gpu_restores": core.gpu.restores, "scheduler_passes": core.passes},
-                       executor.runtime.timing, None, time.perf_counter() - wall0, core)
-    config = {"backend": backend, "cluster": cluster.to_dict(), "limit": limit,
+                       counters, executor.runtime.timing, None, time.perf_counter() - wall0,
+                       core)
+    config = {"backend": backend, "ray": live is not None, "cluster": cluster.to_dict(),
+              "limit": limit,
               "think_scale": think_scale, "policy": policy.params()}
+    if gpu is not None:
+        config["gpu"] = {"device": gpu_device, "tokens": gpu_tokens,
+                         "models": {n: {"loader": s.kind, "config": dict(s.config),
+                                        "path": s.path, "seed": s.seed}
+                                    for n, s in gpu.sources.items()}}
     return result, config
+
+
+def with_request(action: Action, vocab: int, n_tokens: int) -> Action:
+    """A trace's GPU row as a real request: a judge/reward kind asks for a score, any other
+    kind (teacher) for log-probs of ``n_tokens`` tokens drawn from the action's id."""
+    rng = np.random.default_rng(zlib.crc32(action.id.encode()))
+    tokens = rng.integers(0, min(vocab, 32000), size=max(n_tokens, 2)).tolist()
+    op = "score" if any(w in action.kind for w in ("judge", "reward")) else "logprobs"
+    return replace(action, payload={**(action.payload or {}), "op": op, "tokens": [tokens]})
+
+
+def measured_restores(records: list[Record], measured: Mapping[str, Mapping[str, Any]],
+                      gpu: GpuBackend) -> tuple[list[Record], dict[str, Any]]:
+    """GPU records with the restore time the worker measured instead of the core's model,
+    and the two side by side (counts, seconds, bytes, evictions) for the summary."""
+    modelled_n, modelled_s = 0, 0.0
+    out = []
+    for rec in records:
+        extra = measured.get(rec.action_id)
+        if extra is not None:
+            modelled_n += rec.restore_s > 0
+            modelled_s += rec.restore_s
+            rec = replace(rec, restore_s=float(extra.get("restore_s", 0.0)))
+        out.append(rec)
+    snap = gpu.snapshot()
+    seconds = sum(s["restore_seconds"] for s in snap["services"].values())
+    nbytes = sum(s["restore_bytes"] for s in snap["services"].values())
+    return out, {"device": gpu.device, "actions": len(measured),
+                 "restores_measured": sum(s["restores"] for s in snap["services"].values()),
+                 "restore_s_measured": seconds, "restore_bytes": nbytes,
+                 "restore_gbps_measured": nbytes / 1e9 / seconds if seconds > 0 else None,
+                 "restores_modelled": modelled_n, "restore_s_modelled": modelled_s,
+                 "evictions": sum(s["evictions"] for s in snap["services"].values()),
+                 "worker_crashes": snap["crashes"], "residency_mismatches": snap["mismatches"],
+                 "per_service": snap["services"]}

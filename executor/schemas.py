@@ -108,6 +108,8 @@ class ActionIn(BaseModel):
                                    description="Command as argv (no shell).")
     command: str | None = Field(None, min_length=1, max_length=MAX_COMMAND_CHARS,
                                 description="Command line, split with shlex (no shell).")
+    shell: bool = Field(False, description="Run `command` as `sh -c <command>` inside the "
+                        "sandbox (the command is one argument, never interpolated).")
     request: RequestSpec | None = Field(
         None, description="An outbound API call instead of a command: {method, url, json, ...}.")
     cpu: str = Field("1", max_length=400, description="Feasible core counts: '2', '1-8' or "
@@ -121,6 +123,11 @@ class ActionIn(BaseModel):
                                     description=f"Kill after this many seconds (at most "
                                     f"{MAX_TIMEOUT_S:g}, also the default).")
     env: dict[EnvKey, str] = Field(default_factory=dict, max_length=MAX_ENV)
+    service: Name | None = Field(None, description="GPU service (model) to call: a GPU action.")
+    gpus: str = Field("1", max_length=100,
+                      description="GPU action: feasible GPU counts, '1' or '1,2,4,8'.")
+    inputs: dict[str, Any] | None = Field(
+        None, description="GPU action: {op: 'logprobs' | 'score', tokens: [[ids]], yes_token}.")
 
     @field_validator("cpu")
     @classmethod
@@ -168,6 +175,10 @@ class ActionIn(BaseModel):
         return v
 
     def check_shape(self) -> None:
+        if self.shell and self.command is None:
+            raise ValueError("shell: applies to 'command' only; argv never runs in a shell")
+        if self.service is not None:
+            return  # a GPU action: executor.gpu.actions checks its fields
         given = [n for n in ("argv", "command", "request") if getattr(self, n) is not None]
         if len(given) != 1:
             raise ValueError("argv: give exactly one of argv, command or request"
@@ -176,6 +187,10 @@ class ActionIn(BaseModel):
     def to_action(self, trajectory: str, task: str, argv: list[str] | None,
                   max_cores: int) -> Action:
         """The core's Action; ``argv`` is the already split command."""
+        if self.service is not None:
+            from executor.gpu.actions import gpu_action
+
+            return gpu_action(self, trajectory, task)
         cost: dict[str, Demand] = {}
         if self.request is None:
             demand = parse_cores(self.cpu)
@@ -213,9 +228,11 @@ class ActionOut(BaseModel):
     error: str = ""
     units: int | None = None
     cores: list[int] = Field(default_factory=list)
+    gpus: list[int] = Field(default_factory=list)
     lane: bool = Field(False, description="Ran on the node's light lane (cores shared).")
     queue_s: float | None = None
     exec_s: float | None = None
     state_lost: bool = False
     retries: int = 0
+    node: str | None = Field(None, description="The node it ran on (several with --ray).")
     argv: list[str] = Field(default_factory=list, description="What was executed (after -n).")

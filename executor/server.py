@@ -24,16 +24,24 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
 from executor.driver import LiveBackend, LiveExecutor
+from executor.files import MAX_FILE_BYTES
+from executor.files_api import router as files_router
+from executor.gpu.routes import router as gpu_router
 from executor.journal import Journal
 from executor.limits import BodyLimit
 from executor.routes import actions, ops
 from executor.routes.deps import bearer, check_token
 from executor.schemas import MAX_BODY_BYTES
 from executor.service import Refused, Service
+from executor.status import status_router
 from tangram.core import Tangram
 
 #: how long SIGTERM waits for open requests before cancelling them (then: lifespan shutdown)
 GRACEFUL_S = 2.0
+#: finished actions' records kept in memory for the status page (the journal has them all)
+RECENT_RECORDS = 256
+#: request paths whose bodies may be up to MAX_FILE_BYTES (the file API's uploads)
+FILES_PATH = r"^/v1/trajectories/[^/]+/files/"
 
 
 def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], Tangram],
@@ -44,7 +52,7 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         journal = Journal(state_dir / "journal.sqlite")
-        executor = LiveExecutor(make_core(), make_backend(), keep_records=False)
+        executor = LiveExecutor(make_core(), make_backend(), max_records=RECENT_RECORDS)
         app.state.service = Service(executor, journal, allow_urls, result_ttl_s=result_ttl_s,
                                     task_images=task_images)
         try:
@@ -61,9 +69,14 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     app.include_router(ops.health_router)
     app.include_router(ops.router, dependencies=[Depends(auth)])
     app.include_router(actions.router, dependencies=[Depends(auth)])
+    app.include_router(files_router, dependencies=[Depends(auth)])
+    app.include_router(gpu_router, dependencies=[Depends(auth)])
+    app.include_router(status_router(auth))  # the live status page at / (executor/status.py)
     app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(ValueError, _value_error)
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES)
+    # file uploads may be larger than any JSON body
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, large_bytes=MAX_FILE_BYTES,
+                       large_paths=FILES_PATH)
     return app
 
 

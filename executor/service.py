@@ -21,6 +21,7 @@ from urllib.parse import urlsplit
 
 from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
+from executor.gpu.routes import metric_lines
 from executor.journal import RESTARTED, SHUTDOWN, Journal
 from executor.schemas import MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
 from tangram.model import Outcome, quota_resource
@@ -49,10 +50,10 @@ def result_of(rec: Record, out: Outcome) -> ActionOut:
     return ActionOut(
         id=rec.action_id, trajectory=rec.trajectory, status=out.status, exit_code=out.exit_code,
         output=out.output, error=out.error, units=rec.units, lane=rec.lane,
-        cores=[int(c) for c in extra.get("cores", [])],
+        cores=[int(c) for c in extra.get("cores", [])], gpus=[int(g) for g in extra.get("gpus", [])],
         queue_s=rec.start_s - rec.submit_s, exec_s=rec.end_s - rec.start_s,
         state_lost=bool(extra.get("state_lost")), retries=int(extra.get("retries", 0)),
-        argv=list(extra.get("argv", [])))
+        argv=list(extra.get("argv", [])), node=rec.node)
 
 
 class Service:
@@ -110,7 +111,9 @@ class Service:
         except ValueError as e:
             raise Refused(422, str(e)) from None
         argv = body.argv
-        if body.command is not None:
+        if body.command is not None and body.shell:
+            argv = ["sh", "-c", body.command]  # one argument: never split, never interpolated
+        elif body.command is not None:
             # shlex is slow on long inputs: never on the event loop
             try:
                 argv = await asyncio.to_thread(argv_of, {"command": body.command})
@@ -293,4 +296,5 @@ class Service:
                   "# TYPE tangram_resource_capacity gauge"]
         for res, v in sorted(cap.items()):
             lines.append(f'tangram_resource_capacity{{resource="{res}"}} {v}')
+        lines += metric_lines(self.executor.backend)
         return "\n".join(lines) + "\n"

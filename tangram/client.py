@@ -1,10 +1,12 @@
-"""Async Python client for `tangram serve`, and adapters in the shapes RL
-frameworks use: a verl-style tool (create / execute / calc_reward / release)
-and a gym-style environment (reset / step / close).
+"""Python clients for `tangram serve`: ``TangramClient`` (asyncio) and
+``TangramSyncClient`` (blocking, for synchronous environments). The adapters
+in the shapes RL frameworks expect (verl tools, gymnasium and SkyRL-gym
+environments) live in ``tangram.integrations``.
 
     async with TangramClient("http://127.0.0.1:8000", token) as tg:
         tid = await tg.open_trajectory(task="coding", mem_gb=4)
-        result = await tg.run(tid, command="pytest -q", cpu="1-8", elastic=True)
+        await tg.put_file(tid, "fix.patch", patch_bytes)
+        result = await tg.run(tid, command="git apply fix.patch && pytest -q", shell=True)
         await tg.close_trajectory(tid)
 """
 
@@ -13,6 +15,7 @@ from __future__ import annotations
 import os
 import uuid
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -26,12 +29,43 @@ class TangramError(RuntimeError):
         super().__init__(f"HTTP {status}: {detail}")
 
 
+def _headers(token: str | None) -> dict[str, str]:
+    token = token or os.environ.get("TANGRAM_TOKEN")
+    if not token:
+        raise ValueError("token: pass one or set TANGRAM_TOKEN")
+    return {"Authorization": f"Bearer {token}"}
+
+
+def _raise_for(resp: httpx.Response) -> None:
+    if resp.status_code >= 400:
+        try:
+            detail = resp.json().get("detail")
+        except ValueError:
+            detail = resp.text
+        raise TangramError(resp.status_code, detail)
+
+
+def _trajectory_body(trajectory: str | None, task: str, mem_gb: float | None,
+                     image: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"id": trajectory, "task": task, "mem_gb": mem_gb}
+    if image is not None:  # only servers that know per-trajectory images get the field
+        body["image"] = image
+    return body
+
+
+def _file_url(trajectory: str, path: str) -> str:
+    return f"/v1/trajectories/{quote(trajectory, safe='')}/files/{quote(path, safe='/')}"
+
+
+def _finished(res: dict[str, Any]) -> bool:
+    return res["status"] not in ("queued", "running")
+
+
 class TangramClient:
+    """Asyncio client; every method raises TangramError when the server refuses."""
+
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0,
                  max_connections: int = 4096) -> None:
-        token = token or os.environ.get("TANGRAM_TOKEN")
-        if not token:
-            raise ValueError("token: pass one or set TANGRAM_TOKEN")
         # every waiting trajectory holds one long-poll: the pool must not be the limit
         # (httpx's default of 100 made thousands of trajectories queue for a connection
         # and time out there), and kept-alive connections spare a handshake per call
@@ -39,7 +73,7 @@ class TangramClient:
                               max_keepalive_connections=max_connections, keepalive_expiry=30)
         self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits,
                                        timeout=httpx.Timeout(timeout_s, pool=None),
-                                       headers={"Authorization": f"Bearer {token}"})
+                                       headers=_headers(token))
 
     async def __aenter__(self) -> TangramClient:
         return self
@@ -60,12 +94,7 @@ class TangramClient:
             if not (method == "GET" or path.endswith("/actions")):
                 raise
             resp = await self._http.request(method, path, **kw)
-        if resp.status_code >= 400:
-            try:
-                detail = resp.json().get("detail")
-            except ValueError:
-                detail = resp.text
-            raise TangramError(resp.status_code, detail)
+        _raise_for(resp)
         return resp.json()
 
     async def health(self) -> dict[str, Any]:
@@ -73,9 +102,8 @@ class TangramClient:
 
     async def open_trajectory(self, trajectory: str | None = None, task: str = "default",
                               mem_gb: float | None = None, image: str | None = None) -> str:
-        body = {"id": trajectory, "task": task, "mem_gb": mem_gb}
-        if image is not None:  # docker backend: the sandbox's image
-            body["image"] = image
+        """Open a trajectory (its id is generated when None); returns its id."""
+        body = _trajectory_body(trajectory, task, mem_gb, image)
         return (await self._call("POST", "/v1/trajectories", json=body))["id"]
 
     async def close_trajectory(self, trajectory: str) -> None:
@@ -95,19 +123,30 @@ class TangramClient:
             res = await self._call("GET", f"/v1/actions/{action_id}", params={"wait": step},
                                    timeout=step + 60)
             deadline -= step
-            if res["status"] not in ("queued", "running") or deadline <= 0:
+            if _finished(res) or deadline <= 0:
                 return res
 
     async def run(self, trajectory: str, *, action_id: str | None = None,
                   **action: Any) -> dict[str, Any]:
-        """Submit an action and return its result: one round trip when it ends within
-        25 s (the submit waits for it), long-polls after that."""
+        """Submit an action and return its result (``shell=True``: ``sh -c command``): one
+        round trip when it ends within 25 s (the submit waits for it), long-polls after."""
         body = {"id": action_id or uuid.uuid4().hex, **action}
         state = await self._call("POST", f"/v1/trajectories/{trajectory}/actions", json=body,
                                  params={"wait": 25.0}, timeout=85.0)
-        if state["status"] not in ("queued", "running"):
+        if _finished(state):
             return state
         return await self.wait(state["id"])
+
+    async def put_file(self, trajectory: str, path: str, data: bytes | str) -> dict[str, Any]:
+        """Write ``data`` to ``path`` (relative to the sandbox's working directory)."""
+        content = data.encode() if isinstance(data, str) else data
+        return await self._call("PUT", _file_url(trajectory, path), content=content)
+
+    async def get_file(self, trajectory: str, path: str) -> bytes:
+        """The bytes of ``path`` in the trajectory's sandbox."""
+        resp = await self._http.get(_file_url(trajectory, path))
+        _raise_for(resp)
+        return resp.content
 
     async def metrics(self) -> str:
         resp = await self._http.get("/metrics")
@@ -115,69 +154,61 @@ class TangramClient:
         return resp.text
 
 
-class VerlTool:
-    """A verl ``BaseTool``-shaped adapter: each instance is a trajectory whose
-    sandbox persists across ``execute`` calls; ``calc_reward`` runs the reward
-    command (e.g. the hidden test suite, elastic) and returns the pass fraction."""
+class TangramSyncClient:
+    """The same calls, blocking (for synchronous environments such as gymnasium's)."""
 
-    def __init__(self, client: TangramClient, task: str = "default", mem_gb: float | None = None,
-                 reward_command: str | None = None, reward_cpu: str = "1-8") -> None:
-        self.client = client
-        self.task = task
-        self.mem_gb = mem_gb
-        self.reward_command = reward_command
-        self.reward_cpu = reward_cpu
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
+        self._http = httpx.Client(base_url=base_url.rstrip("/"), timeout=timeout_s,
+                                  headers=_headers(token))
 
-    async def create(self, instance_id: str | None = None, **kwargs: Any) -> str:
-        return await self.client.open_trajectory(instance_id, self.task, self.mem_gb)
+    def __enter__(self) -> TangramSyncClient:
+        return self
 
-    async def execute(self, instance_id: str, parameters: dict[str, Any],
-                      **kwargs: Any) -> tuple[str, float, dict[str, Any]]:
-        res = await self.client.run(instance_id, kind=parameters.get("kind", "shell"),
-                                    command=parameters["command"],
-                                    timeout_s=parameters.get("timeout_s"))
-        return res["output"], 0.0, {"exit_code": res["exit_code"], "status": res["status"]}
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
-    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
-        if not self.reward_command:
-            return 0.0
-        res = await self.client.run(instance_id, kind="reward_test", command=self.reward_command,
-                                    cpu=self.reward_cpu, elastic=True)
-        return 1.0 if res["status"] == "ok" and res["exit_code"] == 0 else 0.0
+    def close(self) -> None:
+        self._http.close()
 
-    async def release(self, instance_id: str, **kwargs: Any) -> None:
-        await self.client.close_trajectory(instance_id)
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        resp = self._http.request(method, path, **kw)
+        _raise_for(resp)
+        return resp.json()
 
+    def open_trajectory(self, trajectory: str | None = None, task: str = "default",
+                        mem_gb: float | None = None, image: str | None = None) -> str:
+        body = _trajectory_body(trajectory, task, mem_gb, image)
+        return self._call("POST", "/v1/trajectories", json=body)["id"]
 
-class GymEnv:
-    """A gym-style environment over one trajectory: ``step(command)`` runs it."""
+    def close_trajectory(self, trajectory: str) -> None:
+        self._call("DELETE", f"/v1/trajectories/{trajectory}")
 
-    def __init__(self, client: TangramClient, task: str = "default",
-                 mem_gb: float | None = None, reward_command: str | None = None) -> None:
-        self.client = client
-        self.task = task
-        self.mem_gb = mem_gb
-        self.reward_command = reward_command
-        self.trajectory: str | None = None
+    def submit(self, trajectory: str, *, action_id: str | None = None,
+               **action: Any) -> dict[str, Any]:
+        body = {"id": action_id or uuid.uuid4().hex, **action}
+        return self._call("POST", f"/v1/trajectories/{trajectory}/actions", json=body)
 
-    async def reset(self, seed: int | None = None) -> tuple[str, dict[str, Any]]:
-        if self.trajectory is not None:
-            await self.close()
-        self.trajectory = await self.client.open_trajectory(None, self.task, self.mem_gb)
-        return "", {"trajectory": self.trajectory}
+    def wait(self, action_id: str, timeout_s: float = 3600.0) -> dict[str, Any]:
+        deadline = timeout_s
+        while True:
+            step = min(deadline, 25.0)
+            res = self._call("GET", f"/v1/actions/{action_id}", params={"wait": step},
+                             timeout=step + 10)
+            deadline -= step
+            if _finished(res) or deadline <= 0:
+                return res
 
-    async def step(self, command: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
-        if self.trajectory is None:
-            raise RuntimeError("step() before reset()")
-        if command == "submit" and self.reward_command:
-            res = await self.client.run(self.trajectory, kind="reward_test",
-                                        command=self.reward_command, cpu="1-8", elastic=True)
-            reward = 1.0 if res["exit_code"] == 0 else 0.0
-            return res["output"], reward, True, False, res
-        res = await self.client.run(self.trajectory, command=command)
-        return res["output"], 0.0, False, res["status"] == "timeout", res
+    def run(self, trajectory: str, **action: Any) -> dict[str, Any]:
+        state = self.submit(trajectory, **action)
+        if _finished(state):
+            return state
+        return self.wait(state["id"])
 
-    async def close(self) -> None:
-        if self.trajectory is not None:
-            tid, self.trajectory = self.trajectory, None
-            await self.client.close_trajectory(tid)
+    def put_file(self, trajectory: str, path: str, data: bytes | str) -> dict[str, Any]:
+        content = data.encode() if isinstance(data, str) else data
+        return self._call("PUT", _file_url(trajectory, path), content=content)
+
+    def get_file(self, trajectory: str, path: str) -> bytes:
+        resp = self._http.get(_file_url(trajectory, path))
+        _raise_for(resp)
+        return resp.content

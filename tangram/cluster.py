@@ -136,9 +136,9 @@ class ClusterSpec:
             "gpu_nodes", {"gpus": (True, 8), "gpu_mem_gb": (False, 80.0),
                           "host_mem_gb": (False, 3000.0)})]
         for node in gpu:
-            if node.gpus != 8:
-                problems.append(f"gpu_nodes: {node.name}: gpus must be 8 (aligned chunks "
-                                f"of 1/2/4/8), got {node.gpus}")
+            if node.gpus not in (1, 2, 4, 8):
+                problems.append(f"gpu_nodes: {node.name}: gpus must be 1, 2, 4 or 8 (aligned "
+                                f"chunks of 1/2/4/8), got {node.gpus}")
                 break
         services = []
         raw_services = data.get("services", [])

@@ -17,12 +17,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from tangram.cluster import ClusterSpec
+from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.estimates import Estimates
 from tangram.model import Action, Dispatch, Lease, Outcome, counted
-from tangram.policies import Policy
+from tangram.policies import Policy, SharedCores
 from tangram.pools import CpuNodePool, Pending, Pool
 
 
@@ -399,3 +399,52 @@ class Tangram:
                                      if isinstance(p, CpuNodePool)))}
         out.update({q.key: q.limit for q in self.cluster.quotas})
         return out
+
+    # -- membership (multi-node executors, e.g. Ray: a node joins or leaves) -----------
+    def add_node(self, spec: CpuNodeSpec, now: float) -> list[Dispatch]:
+        """A CPU node joined: add its capacity and pool; return what can start now
+        (trajectories waiting to be bound may fit on it)."""
+        shared = self.policy.cpu
+        if not isinstance(shared, SharedCores):
+            raise ValueError(f"node: nodes can join only under the shared-cores CPU policy, "
+                             f"not {type(shared).__name__}")
+        self.cpu.add_node(spec)
+        name = f"cpu:{spec.name}"
+        # the pool SharedCores.build would have made for this node
+        self.pools[name] = CpuNodePool(name, spec.name, self.cpu, light_s=shared.light_s,
+                                       lane_slots=max(1, spec.cores // shared.lane_cores))
+        self._cpu_nodes_changed((*self.cluster.cpu_nodes, spec))
+        return self._schedule(now, ())
+
+    def remove_node(self, node: str, now: float) -> list[Dispatch]:
+        """A CPU node left (its machine or its agent died). Idempotent.
+
+        Its capacity goes; trajectories bound there are unbound (their state is gone)
+        and their queued actions go back to the binding queue in submit order, so
+        they are re-bound elsewhere. Actions *running* there stay running until the
+        executor reports each one (failed): it reports them, exactly once, through
+        ``finish``, which then releases nothing. Returns what can start now."""
+        name = f"cpu:{node}"
+        pool = self.pools.get(name)
+        if pool is None or node not in self.cpu.nodes:
+            return []
+        self.cpu.remove_node(node)
+        # The pool stays registered, empty, until its running actions are finished
+        # (finish reschedules the pool it ran on); add_node of the same name replaces it.
+        waiting = sorted((p for q in pool.queues() for p in q), key=lambda p: p.submit_s)
+        requeued = [Pending(p.action, p.submit_s, int(p.action.min("cpu"))) for p in waiting]
+        for q in pool.queues():
+            q.clear()
+        if isinstance(pool, CpuNodePool):
+            pool.lane_slots = 0  # no capacity left to report
+        for p in requeued:
+            self.queued[p.action.id] = p
+        self.unbound = deque(sorted([*self.unbound, *requeued], key=lambda p: p.submit_s))
+        self._cpu_nodes_changed(tuple(n for n in self.cluster.cpu_nodes if n.name != node))
+        return self._schedule(now, ())
+
+    def _cpu_nodes_changed(self, cpu_nodes: tuple[CpuNodeSpec, ...]) -> None:
+        self.cluster = replace(self.cluster, cpu_nodes=cpu_nodes)
+        self._max_node_cores = max((n.cores for n in cpu_nodes), default=0)
+        self._max_domain = max((n.cores // n.numa for n in cpu_nodes), default=0)
+        self._max_node_mem = max((n.mem_gb for n in cpu_nodes), default=0.0)

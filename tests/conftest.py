@@ -46,7 +46,7 @@ class Server:
 
 
 def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, ...] = (),
-                 extra: tuple[str, ...] = ()) -> Server:
+                 extra_args: tuple[str, ...] = ()) -> Server:
     port = free_port()
     log = state_dir / f"server-{port}.log"
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -54,7 +54,7 @@ def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, .
             backend, "--state-dir", str(state_dir)]
     for q in quotas:
         args += ["--quota", q]
-    args += list(extra)
+    args += extra_args
     env = {**os.environ, "TANGRAM_TOKEN": TOKEN}
     proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                             cwd=ROOT)
@@ -77,7 +77,7 @@ def process_server(tmp_path_factory) -> Iterator[Server]:
     # the tests' fake API providers listen on loopback ports chosen at run time
     server = start_server(tmp_path_factory.mktemp("serve-process"), "process",
                           quotas=("api=concurrency:2",),
-                          extra=("--allow-url", "api=http://127.0.0.1:"))
+                          extra_args=("--allow-url", "api=http://127.0.0.1:"))
     yield server
     server.stop()
 
@@ -87,3 +87,14 @@ def docker_server(tmp_path_factory) -> Iterator[Server]:
     server = start_server(tmp_path_factory.mktemp("serve-docker"), "docker")
     yield server
     server.stop()
+
+
+@pytest.fixture(scope="session")
+def ray_cluster():
+    """A real local Ray cluster of 3 nodes (executor/ray_cluster.py), started once
+    for the whole session (~8 s on 2 cores) and shared by the Ray tests."""
+    from executor.ray_cluster import connect
+
+    conn = connect("local:3")
+    yield conn
+    conn.close()

@@ -16,7 +16,7 @@ def _gauge(text: str, name: str) -> float:
 
 
 def test_results_leave_memory_and_outputs_are_bytes(tmp_path):
-    server = start_server(tmp_path / "state", extra=("--result-ttl-s", "0.5"))
+    server = start_server(tmp_path / "state", extra_args=("--result-ttl-s", "0.5"))
     try:
         with httpx.Client(base_url=server.url, headers=H, timeout=60) as c:
             c.post("/v1/trajectories", json={"id": "m"})

@@ -18,7 +18,7 @@ H = {"Authorization": f"Bearer {TOKEN}"}
 def server(tmp_path_factory):
     s = start_server(tmp_path_factory.mktemp("serve-request"), "process",
                      quotas=("ext=concurrency:2", "api=concurrency:2"),
-                     extra=("--allow-url", "ext=*", "--allow-url", "api=http://127.0.0.1:9/v1/"))
+                     extra_args=("--allow-url", "ext=*", "--allow-url", "api=http://127.0.0.1:9/v1/"))
     yield s
     s.stop()
 

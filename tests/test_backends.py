@@ -13,21 +13,28 @@ import pytest
 from helpers import cpus_of
 
 from executor.driver import LiveExecutor
-from executor.local import allowed_cpus, local_cluster
+from executor.local import local_cluster
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity
 
 ROOT = Path(__file__).parent.parent
 
 
-def make(kind: str, tmp_path: Path):
+def make(kind: str, tmp_path: Path, request):
+    """The backend and the cluster it runs on."""
     if kind == "process":
         from executor.process import ProcessBackend
 
-        return ProcessBackend(tmp_path / "work")
+        return ProcessBackend(tmp_path / "work"), local_cluster()
+    if kind.startswith("ray-"):  # through node agents of a real 3-node local Ray cluster
+        from executor.ray_backend import RayBackend
+
+        backend = RayBackend(request.getfixturevalue("ray_cluster"), kind.removeprefix("ray-"))
+        return backend, backend.cluster()
     from executor.docker_backend import DockerBackend
 
-    return DockerBackend(owner=f"conformance-{tmp_path.name}", agent=kind == "docker-agent")
+    return (DockerBackend(owner=f"conformance-{tmp_path.name}", agent=kind == "docker-agent"),
+            local_cluster())
 
 
 def shell(aid: str, traj: str, command: str, cores: str = "1", **payload) -> Action:
@@ -40,11 +47,12 @@ def shell(aid: str, traj: str, command: str, cores: str = "1", **payload) -> Act
                   payload={"command": command, **payload})
 
 
-@pytest.mark.parametrize("kind", ["process", "docker-agent", "docker-exec"])
-def test_backend_conformance(kind, tmp_path):
+@pytest.mark.parametrize("kind", ["process", "docker-agent", "docker-exec", "ray-process",
+                                  "ray-docker"])
+def test_backend_conformance(kind, tmp_path, request):
     async def go() -> None:
-        backend = make(kind, tmp_path)
-        ex = LiveExecutor(Tangram(local_cluster()), backend)
+        backend, cluster = make(kind, tmp_path, request)
+        ex = LiveExecutor(Tangram(cluster), backend)
         try:
             ex.open_trajectory("a", "t", 0.25)
             ex.open_trajectory("b", "t", 0.25)
@@ -59,7 +67,8 @@ def test_backend_conformance(kind, tmp_path):
             # the command sees exactly its granted cores
             _, out = await ex.run(shell("a3", "a", "grep Cpus_allowed_list /proc/self/status"))
             assert cpus_of(out.output) == set(out.extra["cores"])
-            k = len(allowed_cpus())
+            # all of its node's cores (this machine's, or its Ray node's slice)
+            k = ex.core.cpu.nodes[ex.core.cpu.node_of("a")].spec.cores
             _, out = await ex.run(shell("a4", "a", "grep Cpus_allowed_list /proc/self/status",
                                         cores=f"1-{k}"))
             assert cpus_of(out.output) == set(out.extra["cores"]) and len(out.extra["cores"]) == k
@@ -89,8 +98,14 @@ def test_backend_conformance(kind, tmp_path):
             ex.close_trajectory("b")
         finally:
             ex.shutdown()
-        if kind != "process":
+        if kind.startswith("docker"):
             assert backend.remove_all() == 0  # nothing leaked
+        if kind == "ray-docker":  # the agents' containers (label tangram.owner=tangram-ray-*)
+            import docker
+
+            left = [c for c in docker.from_env().containers.list(all=True, sparse=True)
+                    if c.labels.get("tangram.owner", "").startswith("tangram-ray-")]
+            assert not left
 
     asyncio.run(go())
 

@@ -53,7 +53,7 @@ def server(tmp_path_factory):
     image = build_foreign_image()
     before = docker.from_env().images.get(image).id
     s = start_server(tmp_path_factory.mktemp("serve-images"), "docker",
-                     extra=("--image", f"special={image}"))
+                     extra_args=("--image", f"special={image}"))
     yield s
     s.stop()
     assert docker.from_env().images.get(image).id == before  # the image was not modified

@@ -19,7 +19,7 @@ from helpers import cpus_of
 
 from executor.commands import elastic_argv
 from executor.local import allowed_cpus
-from tangram.client import GymEnv, TangramClient, TangramError, VerlTool
+from tangram.client import TangramClient, TangramError
 
 PY = sys.executable
 
@@ -128,30 +128,6 @@ async def _faults(url: str) -> None:
 
 def test_faults_and_bad_input(process_server):
     run(_faults(process_server.url))
-
-
-async def _adapters(url: str) -> None:
-    async with TangramClient(url, TOKEN) as tg:
-        tool = VerlTool(tg, task="coding", reward_command="sh -c 'test -f solution.txt'")
-        iid = await tool.create()
-        out, _, info = await tool.execute(iid, {"command": "sh -c 'echo 42 > solution.txt'"})
-        assert info["exit_code"] == 0
-        out, _, _ = await tool.execute(iid, {"command": "cat solution.txt"})
-        assert out.strip() == "42"
-        assert await tool.calc_reward(iid) == 1.0
-        await tool.release(iid)
-
-        env = GymEnv(tg, task="coding", reward_command="sh -c 'grep -q done log.txt'")
-        obs, info = await env.reset()
-        obs, reward, terminated, truncated, _ = await env.step("sh -c 'echo done >> log.txt'")
-        assert not terminated and reward == 0.0
-        obs, reward, terminated, truncated, _ = await env.step("submit")
-        assert terminated and reward == 1.0
-        await env.close()
-
-
-def test_verl_and_gym_adapters_drive_a_trajectory(process_server):
-    run(_adapters(process_server.url))
 
 
 def test_http_api_calls_retry_429_without_losing_the_call(process_server):

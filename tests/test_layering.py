@@ -20,8 +20,10 @@ ALLOWED = {
     "analysis": {"tangram", "traces", "sim", "executor"},
     "cli": set(PACKAGES),
 }
-#: the HTTP client talks to a server: the one module of tangram/ allowed a wall clock
+#: the HTTP client talks to a server, and the framework adapters built on it (idle TTL of
+#: a verl rollout's sandbox) live beside it: the modules of tangram/ allowed a wall clock
 WALL_CLOCK_OK = {"tangram/client.py"}
+WALL_CLOCK_OK_DIRS = ("tangram/integrations/",)
 
 
 def modules() -> dict[str, Path]:
@@ -90,7 +92,7 @@ def test_no_import_cycles():
 def test_the_core_reads_no_wall_clock():
     for path in (ROOT / "tangram").rglob("*.py"):
         rel = str(path.relative_to(ROOT))
-        if rel in WALL_CLOCK_OK:
+        if rel in WALL_CLOCK_OK or rel.startswith(WALL_CLOCK_OK_DIRS):
             continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)

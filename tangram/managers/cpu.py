@@ -137,5 +137,29 @@ class CpuManager:
             dom.sort()
 
     def in_use(self, node: str) -> int:
-        host = self.nodes[node]
+        host = self.nodes.get(node)
+        if host is None:  # removed (remove_node): nothing in use there any more
+            return 0
         return host.spec.cores - host.free_cores
+
+    # -- membership (multi-node executors: a node joins or leaves) -------------------
+    def add_node(self, spec: CpuNodeSpec) -> None:
+        """A node joined: its cores and memory become grantable."""
+        if spec.name in self.nodes:
+            raise ValueError(f"node: {spec.name!r} is already in the cluster")
+        self.nodes[spec.name] = CpuNode(spec)
+
+    def remove_node(self, name: str) -> list[str]:
+        """A node left (its machine or its agent died): forget its cores, the leases
+        on them (releasing one later is a no-op) and its bindings. Returns the
+        trajectories that were bound there, whose environments are gone."""
+        host = self.nodes.pop(name, None)
+        if host is None:
+            return []
+        host.domains = [[] for _ in host.domains]  # a stale holder sees no free core
+        for aid in [a for a, lease in self._live.items() if lease.node == name]:
+            del self._live[aid]
+        lost = [t for t, (node, _) in self._binding.items() if node == name]
+        for t in lost:
+            del self._binding[t]
+        return lost

@@ -43,7 +43,8 @@ class GpuNode:
         self.name = spec.name
         self.spec = spec
         self.free: dict[int, set[int]] = {s: set() for s in CHUNK_SIZES}
-        self.free[8].add(0)
+        # a node has 8 GPUs, or 1/2/4 (a workstation found by NVML): one whole chunk
+        self.free[spec.gpus].add(0)
         # (service, size, start) -> None, in LRU order (oldest first)
         self.resident: OrderedDict[tuple[str, int, int], None] = OrderedDict()
         self.mem_used = [0.0] * spec.gpus
@@ -78,6 +79,8 @@ class GpuManager:
             return f"cost['gpu']: {units} GPUs is not a chunk size {CHUNK_SIZES}"
         if not self.nodes:
             return "cost['gpu']: the cluster has no GPU nodes"
+        if units > max(n.spec.gpus for n in self.nodes.values()):
+            return f"cost['gpu']: {units} GPUs is more than any GPU node has"
         mem = min(n.spec.gpu_mem_gb for n in self.nodes.values())
         if spec.size_gb / units > mem:
             return (f"cost['gpu']: service {service!r} ({spec.size_gb} GB) does not fit on "
@@ -212,7 +215,7 @@ class GpuManager:
         self._restore_est.clear()
         node = self.nodes[lease.node]
         start, size = lease.start, lease.size
-        while size < 8:
+        while size < node.spec.gpus:
             buddy = start ^ size
             if buddy not in node.free[size]:
                 break
@@ -223,3 +226,28 @@ class GpuManager:
 
     def busy_gpus(self) -> int:
         return sum(lease.size for lease in self._live.values())
+
+    # -- for the live GPU backend (executor/gpu): read the model, reset a lost node -------
+    def resident_variants(self, node: str) -> frozenset[tuple[str, int, int]]:
+        """The variants ``(service, DoP, first GPU)`` the core holds resident on ``node``."""
+        return frozenset(self.nodes[node].resident)
+
+    def lru_order(self, node: str) -> tuple[tuple[str, int, int], ...]:
+        """Resident variants of ``node``, least recently used first."""
+        return tuple(self.nodes[node].resident)
+
+    def live_leases(self, node: str) -> tuple[GpuLease, ...]:
+        """Leases of the actions running on ``node``."""
+        return tuple(lease for lease in self._live.values() if lease.node == node)
+
+    def gpu_mem_used(self, node: str) -> tuple[float, ...]:
+        """GB of resident weights on each GPU of ``node``, as the core accounts them."""
+        return tuple(self.nodes[node].mem_used)
+
+    def reset_node(self, node: str) -> None:
+        """Forget every resident variant of ``node`` (its worker died and lost its GPU
+        copies); leases stay until their actions are finished."""
+        n = self.nodes[node]
+        n.resident.clear()
+        n.mem_used = [0.0] * n.spec.gpus
+        self._restore_est.clear()

@@ -1,0 +1,82 @@
+"""HTTP: files in and out of a trajectory's sandbox (patches, tests, artefacts).
+
+    PUT /v1/trajectories/{id}/files/{path}   body = the file's bytes
+    GET /v1/trajectories/{id}/files/{path}   -> the file's bytes
+
+``path`` is relative to the sandbox's working directory (where commands run);
+see executor/files.py for how it is confined. The server registers this router
+behind its bearer-token check.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import Response
+
+from executor.files import MAX_FILE_BYTES, FileError, clean_path
+
+router = APIRouter(prefix="/v1/trajectories/{tid}/files", tags=["files"])
+
+
+def _backend(request: Request, tid: str) -> Any:
+    executor = request.app.state.service.executor
+    if tid not in executor.core.trajectories:
+        raise HTTPException(404, f"unknown trajectory {tid!r}")
+    backend = executor.backend
+    backend = getattr(backend, "env", backend)  # the router's environment backend holds the files
+    if not hasattr(backend, "put_file"):
+        raise HTTPException(501, f"the {getattr(backend, 'name', '?')} backend has no file API")
+    return backend
+
+
+def _parts(path: str) -> tuple[str, ...]:
+    try:
+        return clean_path(path)
+    except FileError as e:
+        raise HTTPException(e.status, str(e)) from None
+
+
+async def _body(request: Request) -> bytes:
+    """The request body, refused (413) as soon as it passes the limit."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_FILE_BYTES:
+        raise HTTPException(413, f"file of {declared} bytes: over the {MAX_FILE_BYTES}-byte limit")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_FILE_BYTES:
+            raise HTTPException(413, f"file over the {MAX_FILE_BYTES}-byte limit")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+_BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
+
+
+@router.put("/{path:path}", openapi_extra={"requestBody": {"required": True, "content": _BYTES}})
+async def put_file(tid: str, path: str, request: Request) -> dict[str, Any]:
+    """Write the request body to ``path`` in the trajectory's sandbox (parents created)."""
+    backend = _backend(request, tid)
+    parts = _parts(path)
+    data = await _body(request)
+    try:
+        await asyncio.to_thread(backend.put_file, tid, parts, data)
+    except FileError as e:
+        raise HTTPException(e.status, str(e)) from None
+    return {"trajectory": tid, "path": "/".join(parts), "size": len(data)}
+
+
+@router.get("/{path:path}", response_class=Response,
+            responses={200: {"content": _BYTES}})
+async def get_file(tid: str, path: str, request: Request) -> Response:
+    """The bytes of the regular file ``path`` in the trajectory's sandbox."""
+    backend = _backend(request, tid)
+    parts = _parts(path)
+    try:
+        data = await asyncio.to_thread(backend.get_file, tid, parts, MAX_FILE_BYTES)
+    except FileError as e:
+        raise HTTPException(e.status, str(e)) from None
+    return Response(data, media_type="application/octet-stream")

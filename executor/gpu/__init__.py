@@ -1,0 +1,17 @@
+"""GPU workers: evict-on-execution for real (paper 5.3).
+
+The core's :class:`~tangram.managers.gpu.GpuManager` decides placement,
+residency and eviction; the modules here execute those decisions:
+
+* ``model.py``: the model a service serves (weights in one flat buffer per
+  layer-split shard, and its forward computation) and how it is loaded
+  (``init: random`` from a config, or a local Hugging Face directory)
+* ``arrays.py``: the array library the worker computes with (torch when it is
+  importable, else numpy) and the device it copies to (``cuda`` or ``cpu``)
+* ``worker.py``: the worker process of one GPU node (stage, restore, evict, serve)
+* ``backend.py``: the Backend the runtime dispatches GPU actions to; it
+  mirrors the core's residency model and checks the worker against it
+* ``config.py``: services with their loaders (YAML), NVML discovery
+* ``routes.py``: ``/v1/gpus`` and the per-GPU lines of ``/metrics``
+* ``bench.py``: ``tangram bench gpu``
+"""

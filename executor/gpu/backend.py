@@ -1,0 +1,481 @@
+"""The GPU backend: runs dispatched GPU actions on the worker of their node.
+
+The core's GpuManager has already decided everything when ``start`` is
+called: the chunk (``lease.gpus``), whether the action's variant must be
+restored (``lease.restore_s > 0``) and which variants it evicted to make room
+(they are gone from its resident set). The backend turns that into one
+command for the node's worker: *evict these variants, restore this one (or
+not), serve the request*. It keeps a mirror of what it has told the worker to
+hold, and checks three things, each of which fails the action loudly (and
+resets the node, see below) when it does not hold, because a mismatch is a bug:
+
+1. at start: the core's restore decision agrees with the mirror (restore iff
+   the variant is not held), and the core's resident set equals the mirror
+   plus the variants of dispatches not started yet;
+2. at the end of every action: the resident set the worker reports equals the
+   mirror as it was after the last command the worker had applied;
+3. when the node is quiet (nothing running or dispatched there): the worker's
+   resident set equals the core's, exactly.
+
+A worker that dies (crash, OOM kill) fails every action it was running, the
+core forgets the node's residency (``GpuManager.reset_node``), and the next
+action on that node gets a fresh worker that stages its services again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import itertools
+import json
+import logging
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from pathlib import Path
+from typing import Any
+
+from executor.gpu.model import ModelSource
+from tangram.managers.gpu import GpuManager
+from tangram.model import Dispatch, Outcome
+
+log = logging.getLogger("tangram.gpu")
+Variant = tuple[str, int, int]
+ROOT = str(Path(__file__).resolve().parent.parent.parent)  # where the executor package is
+
+
+@dataclass(slots=True)
+class InFlight:
+    dispatch: Dispatch
+    on_done: Callable[[Outcome], None]
+    seq: int
+    t_start: float
+    variant: Variant
+    computing: bool = False
+    timer: asyncio.TimerHandle | None = None
+    timed_out: float = 0.0
+
+
+@dataclass(slots=True)
+class ServiceStats:
+    restores: int = 0
+    restore_s: float = 0.0
+    restore_bytes: int = 0
+    evictions: int = 0
+    requests: int = 0
+    failed: int = 0
+    compute_s: float = 0.0
+
+
+class NodeWorker:
+    """One worker process and what the backend knows about it."""
+
+    def __init__(self, node: str, gpus: int, device: str, devices: list[int],
+                 services: list[tuple[str, ModelSource]]) -> None:
+        self.node = node
+        # A fresh interpreter (``python -m executor.gpu.worker``), not a fork: CUDA cannot be
+        # used in a forked child, and multiprocessing's spawn would re-import the caller's
+        # main module. The pipe is one end of a socket pair, passed as a file descriptor.
+        mine, theirs = socket.socketpair()
+        env = {**os.environ, "PYTHONPATH": os.pathsep.join(
+            [ROOT, *filter(None, [os.environ.get("PYTHONPATH")])])}
+        if device == "cpu":
+            # Concurrent actions are threads of the worker; a BLAS that also starts a thread
+            # per core for every matmul oversubscribes the CPU many times over (measured:
+            # a 32-token request went from ~10 ms to ~0.5 s under 16 concurrent actions).
+            env.update({v: "1" for v in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS",
+                                         "MKL_NUM_THREADS")})
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "executor.gpu.worker", str(theirs.fileno())],
+            pass_fds=(theirs.fileno(),), env=env, stdin=subprocess.DEVNULL)
+        theirs.close()
+        self.conn = Connection(mine.detach())
+        self.conn.send((device, devices, services))
+        self.gpus = gpus
+        self.ready: dict[str, Any] | None = None
+        self.fatal: str | None = None
+        self.ready_event = threading.Event()
+        self.commanded: set[Variant] = set()
+        self.expected: dict[int, frozenset[Variant]] = {0: frozenset()}
+        self.seq = 0
+        self.inflight: dict[str, InFlight] = {}
+        self.replies: dict[int, concurrent.futures.Future] = {}
+        self.send_lock = threading.Lock()
+        self.dead = False
+        #: bytes each resident variant holds per GPU of its chunk (as the worker measured)
+        self.variant_bytes: dict[Variant, list[int]] = {}
+
+    def send(self, msg: tuple) -> None:
+        with self.send_lock:
+            self.conn.send(msg)
+
+    def stop(self, timeout: float = 5.0) -> None:
+        if self.proc.poll() is None:
+            try:
+                self.send(("stop",))
+            except (OSError, ValueError):
+                pass
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(timeout)
+        self.conn.close()
+
+
+class GpuBackend:
+    """Backend for actions with a GPU lease (``service`` + ``gpus``)."""
+
+    name = "gpu"
+
+    def __init__(self, manager: GpuManager | Callable[[], GpuManager],
+                 sources: Mapping[str, ModelSource], device: str = "cpu",
+                 physical: Mapping[str, list[int]] | None = None) -> None:
+        self._manager = manager
+        self.sources = dict(sources)
+        self.device = device
+        self.physical = dict(physical or {})
+        self.workers: dict[str, NodeWorker] = {}
+        self.loop: asyncio.AbstractEventLoop | None = None
+        self.stats: dict[str, ServiceStats] = {s: ServiceStats() for s in self.sources}
+        self.gpu_busy_s: dict[tuple[str, int], float] = {}
+        self.crashes = 0
+        self.mismatches = 0
+        self._req = itertools.count(1)
+        self.started = time.time()
+
+    @property
+    def manager(self) -> GpuManager:
+        m = self._manager
+        return m if isinstance(m, GpuManager) else m()
+
+    # -- workers ---------------------------------------------------------------------
+    def start_workers(self) -> None:
+        """Start (and stage) every node's worker now instead of at its first action."""
+        for node in self.manager.nodes:
+            self._worker(node)
+
+    def _worker(self, node: str) -> NodeWorker:
+        nw = self.workers.get(node)
+        if nw is not None and not nw.dead and nw.proc.poll() is not None:
+            self._on_exit(nw)  # died while idle, before its reader thread reported it
+        if nw is not None and not nw.dead:
+            return nw
+        spec = self.manager.nodes[node].spec
+        devices = self.physical.get(node) or list(range(spec.gpus))
+        missing = sorted(set(self.manager.services) - set(self.sources))
+        if missing:
+            raise ValueError(f"services: no model (loader) for {missing}")
+        nw = NodeWorker(node, spec.gpus, self.device, devices, sorted(self.sources.items()))
+        self.workers[node] = nw
+        threading.Thread(target=self._read, args=(nw,), daemon=True,
+                         name=f"gpu-reader-{node}").start()
+        return nw
+
+    def wait_ready(self, timeout: float = 600.0) -> dict[str, dict[str, Any]]:
+        """Block until every started worker has staged its services; their reports."""
+        out = {}
+        for node, nw in self.workers.items():
+            if not nw.ready_event.wait(timeout):
+                raise TimeoutError(f"GPU worker of {node} did not stage in {timeout:g} s")
+            if nw.fatal:
+                raise RuntimeError(f"GPU worker of {node}: {nw.fatal}")
+            out[node] = dict(nw.ready or {})
+        return out
+
+    def _read(self, nw: NodeWorker) -> None:
+        """Reader thread: replies resolve futures here; the rest goes to the loop."""
+        while True:
+            try:
+                msg = nw.conn.recv()
+            except (EOFError, OSError):
+                break
+            kind = msg[0]
+            if kind == "reply":
+                fut = nw.replies.pop(msg[1], None)
+                if fut is not None and not fut.done():
+                    fut.set_result(msg[2])
+                continue
+            if kind == "ready":
+                nw.ready = msg[1]
+                nw.ready_event.set()
+                continue
+            if kind == "fatal":
+                nw.fatal = msg[1]
+                nw.ready_event.set()
+                continue
+            self._post(self._on_message, nw, msg)
+        nw.ready_event.set()
+        for fut in list(nw.replies.values()):
+            if not fut.done():
+                fut.set_exception(RuntimeError(f"GPU worker of {nw.node} exited"))
+        self._post(self._on_exit, nw)
+
+    def _post(self, fn: Callable, *args: Any) -> None:
+        if self.loop is not None and not self.loop.is_closed():
+            try:
+                self.loop.call_soon_threadsafe(fn, *args)
+                return
+            except RuntimeError:  # loop closed meanwhile
+                pass
+
+    # -- the Backend protocol ------------------------------------------------------------
+    def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        self.loop = asyncio.get_running_loop()
+        lease, action = d.lease, d.action
+        aid = action.id
+        if not lease.gpus or lease.node is None or not action.service:
+            self.loop.call_soon(on_done, Outcome(aid, "failed", None,
+                                                 error="gpu backend: the action has no GPU lease"))
+            return
+        node = lease.node
+        variant: Variant = (action.service, len(lease.gpus), lease.gpus[0])
+        try:
+            nw = self._worker(node)
+        except (ValueError, OSError) as e:
+            self.loop.call_soon(on_done, Outcome(aid, "failed", None, error=str(e)))
+            return
+        manager = self.manager
+        core_set = manager.resident_variants(node)
+        evict = sorted(nw.commanded - core_set)
+        restore = variant not in nw.commanded
+        new = (nw.commanded - set(evict)) | {variant}
+        unstarted = {(lz.service, lz.size, lz.start) for lz in manager.live_leases(node)
+                     if lz.action_id not in nw.inflight and lz.action_id != aid}
+        problem = None
+        if restore != (lease.restore_s > 0):
+            problem = (f"the core {'restores' if lease.restore_s > 0 else 'reuses'} {variant} "
+                       f"but the worker {'holds' if not restore else 'does not hold'} it")
+        elif not new <= core_set or not (core_set - new) <= unstarted:
+            problem = (f"the core has {sorted(core_set)} resident, the worker would hold "
+                       f"{sorted(new)}")
+        if problem is not None:
+            self._mismatch(nw, f"residency mismatch on {node} at the start of {aid}: {problem}")
+            self.loop.call_soon(on_done, Outcome(aid, "failed", None,
+                                                 error=f"residency mismatch: {problem}"))
+            return
+        nw.commanded = new
+        nw.seq += 1
+        nw.expected[nw.seq] = frozenset(new)
+        for v in evict:
+            nw.variant_bytes.pop(v, None)
+            self.stats[v[0]].evictions += 1
+        f = nw.inflight[aid] = InFlight(d, on_done, nw.seq, time.perf_counter(), variant)
+        timeout = float((action.payload or {}).get("timeout_s") or 0) \
+            if isinstance(action.payload, Mapping) else 0.0
+        if timeout > 0:
+            f.timer = self.loop.call_later(timeout, self._timeout, aid, timeout)
+        try:
+            nw.send(("run", nw.seq, aid, variant, list(lease.gpus), evict, restore,
+                     action.payload))
+        except (OSError, ValueError) as e:  # the pipe broke: the worker is gone
+            nw.inflight.pop(aid, None)
+            self.loop.call_soon(on_done, Outcome(aid, "failed", None,
+                                                 error=f"GPU worker of {node} unreachable: {e}"))
+
+    def _timeout(self, action_id: str, timeout: float) -> None:
+        for nw in self.workers.values():
+            f = nw.inflight.get(action_id)
+            if f is not None:
+                f.timed_out = timeout
+        self.cancel(action_id)
+
+    def cancel(self, action_id: str) -> None:
+        """Stop a running action between two layers of its forward pass."""
+        for nw in self.workers.values():
+            if action_id in nw.inflight and not nw.dead:
+                try:
+                    nw.send(("cancel", action_id))
+                except (OSError, ValueError):
+                    pass
+
+    def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
+        return None
+
+    def close_trajectory(self, trajectory: str) -> None:
+        return None
+
+    def shutdown(self) -> None:
+        for nw in list(self.workers.values()):
+            nw.dead = True
+            nw.stop()
+
+    # -- results -------------------------------------------------------------------------
+    def _on_message(self, nw: NodeWorker, msg: tuple) -> None:
+        kind = msg[0]
+        if kind == "started":
+            f = nw.inflight.get(msg[1])
+            if f is not None:
+                f.computing = True
+            return
+        if kind != "done":
+            return
+        _, aid, status, output, error, info, applied, resident = msg
+        f = nw.inflight.pop(aid, None)
+        if f is None:
+            return
+        if f.timer is not None:
+            f.timer.cancel()
+        if f.timed_out and status == "cancelled":
+            status, error = "timeout", f"stopped after the {f.timed_out:g} s timeout"
+        lease = f.dispatch.lease
+        now = time.perf_counter()
+        for g in lease.gpus:
+            key = (lease.node or "", g)
+            self.gpu_busy_s[key] = self.gpu_busy_s.get(key, 0.0) + now - f.t_start
+        got = frozenset(tuple(v) for v in resident)
+        want = nw.expected.get(applied)
+        problem = None
+        if want is not None and got != want:
+            problem = f"the worker holds {sorted(got)}, it was told to hold {sorted(want)}"
+        elif not nw.inflight and not self.manager.live_leases(nw.node) and \
+                got != self.manager.resident_variants(nw.node):
+            problem = (f"the worker holds {sorted(got)}, the core has "
+                       f"{sorted(self.manager.resident_variants(nw.node))}")
+        low = min([x.seq for x in nw.inflight.values()] + [nw.seq])
+        for s in [s for s in nw.expected if s < low]:
+            del nw.expected[s]
+        st = self.stats[f.variant[0]]
+        st.requests += 1
+        if info.get("restored") and status == "ok":
+            st.restores += 1
+            st.restore_s += float(info.get("restore_s", 0.0))
+            st.restore_bytes += int(info.get("restore_bytes", 0))
+        st.compute_s += float(info.get("compute_s", 0.0))
+        if info.get("restore_bytes"):
+            k = f.variant[1]
+            nw.variant_bytes[f.variant] = [int(info["restore_bytes"]) // k] * k
+        extra = {"node": nw.node, "gpus": list(lease.gpus), "service": f.variant[0],
+                 "restored": bool(info.get("restored")),
+                 "restore_s": float(info.get("restore_s", 0.0)),
+                 "evicted": [list(v) for v in info.get("evicted", [])],
+                 "evict_s": float(info.get("evict_s", 0.0)),
+                 "restore_bytes": int(info.get("restore_bytes", 0)),
+                 "compute_s": float(info.get("compute_s", 0.0)), "device": self.device}
+        if problem is not None:
+            self._mismatch(nw, f"residency mismatch on {nw.node} after {aid}: {problem}")
+            status, error = "failed", f"residency mismatch: {problem}"
+        if status != "ok":
+            st.failed += 1
+            out = Outcome(aid, status, None, "", error, float(info.get("restore_s", 0.0)), extra)
+        else:
+            out = Outcome(aid, "ok", 0, json.dumps(output), "",
+                          float(info.get("restore_s", 0.0)), extra)
+        f.on_done(out)
+
+    def _mismatch(self, nw: NodeWorker, message: str) -> None:
+        """A residency mismatch is a bug: say so loudly and start the node afresh."""
+        self.mismatches += 1
+        log.error("%s; restarting the node's worker", message)
+        self._reset(nw, f"the node's worker was restarted after: {message}")
+
+    def _on_exit(self, nw: NodeWorker) -> None:
+        if nw.dead:
+            return
+        try:
+            code = nw.proc.wait(1.0)
+        except subprocess.TimeoutExpired:
+            code = None
+        why = nw.fatal or f"exit code {code}"
+        self.crashes += 1
+        log.error("GPU worker of %s died (%s)", nw.node, why)
+        self._reset(nw, f"the GPU worker of {nw.node} died ({why}) during this action; "
+                        "the node's residency was reset and a fresh worker serves the next one")
+
+    def _reset(self, nw: NodeWorker, error: str) -> None:
+        """Drop the worker, make the core forget the node's residency, fail what it ran."""
+        nw.dead = True
+        if self.workers.get(nw.node) is nw:
+            del self.workers[nw.node]
+        nw.stop(timeout=1.0)
+        self.manager.reset_node(nw.node)
+        failed = list(nw.inflight.values())
+        nw.inflight.clear()
+        for f in failed:
+            if f.timer is not None:
+                f.timer.cancel()
+            self.stats[f.variant[0]].failed += 1
+            out = Outcome(f.dispatch.action.id, "failed", None, error=error,
+                          extra={"node": nw.node, "worker_lost": True})
+            # reported from the loop, not from inside a start() that found the worker dead
+            if self.loop is not None:
+                self.loop.call_soon(f.on_done, out)
+            else:  # pragma: no cover - nothing was started without a loop
+                f.on_done(out)
+
+    # -- inspection (tests, /v1/gpus, metrics) -------------------------------------------
+    def _ask(self, node: str, *msg: Any) -> concurrent.futures.Future:
+        nw = self.workers[node]
+        req = next(self._req)
+        fut: concurrent.futures.Future = concurrent.futures.Future()
+        nw.replies[req] = fut
+        nw.send((msg[0], req, *msg[1:]))
+        return fut
+
+    async def worker_resident(self, node: str) -> frozenset[Variant]:
+        """What the node's worker holds right now (asks the worker process)."""
+        reply = await asyncio.wrap_future(self._ask(node, "resident"))
+        return frozenset(tuple(v) for v in reply["resident"])
+
+    async def verify(self, node: str, variant: Variant) -> dict[str, Any]:
+        """Whether ``variant``'s device copy equals its host stage, byte for byte."""
+        return await asyncio.wrap_future(self._ask(node, "verify", list(variant)))
+
+    def worker_pid(self, node: str) -> int | None:
+        nw = self.workers.get(node)
+        return nw.proc.pid if nw is not None and not nw.dead else None
+
+    def computing(self, action_id: str) -> bool:
+        """True once the action's restore is done and its request is being served."""
+        return any(action_id in nw.inflight and nw.inflight[action_id].computing
+                   for nw in self.workers.values())
+
+    def snapshot(self) -> dict[str, Any]:
+        """Per-node, per-GPU and per-service figures (``/v1/gpus``, ``/metrics``)."""
+        m = self.manager
+        wall = max(time.time() - self.started, 1e-9)
+        nodes = {}
+        for name, node in m.nodes.items():
+            nw = self.workers.get(name)
+            per_gpu = [0] * node.spec.gpus
+            if nw is not None:
+                for v, parts in nw.variant_bytes.items():
+                    for i, b in enumerate(parts):
+                        per_gpu[v[2] + i] += b
+            busy_now = {g for lz in m.live_leases(name) for g in lz.gpus}
+            nodes[name] = {
+                "worker_pid": self.worker_pid(name),
+                "ready": bool(nw and nw.ready),
+                "gpus": [{"gpu": g, "leased": g in busy_now,
+                          "busy_fraction": self.gpu_busy_s.get((name, g), 0.0) / wall,
+                          "weights_bytes": per_gpu[g],
+                          "core_mem_gb": m.gpu_mem_used(name)[g]}
+                         for g in range(node.spec.gpus)],
+                "resident": [list(v) for v in m.lru_order(name)],
+            }
+        services = {}
+        for s, st in self.stats.items():
+            services[s] = {"resident_variants": sum(1 for n in m.nodes
+                                                    for v in m.resident_variants(n)
+                                                    if v[0] == s),
+                           "restores": st.restores, "restore_seconds": st.restore_s,
+                           "restore_bytes": st.restore_bytes, "evictions": st.evictions,
+                           "requests": st.requests, "failed": st.failed,
+                           "compute_seconds": st.compute_s}
+        return {"device": self.device, "nodes": nodes, "services": services,
+                "crashes": self.crashes, "mismatches": self.mismatches}
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSetup:
+    """What a live run needs to serve GPU actions: the device and each service's loader."""
+
+    device: str
+    sources: Mapping[str, ModelSource] = field(default_factory=dict)
+    physical: Mapping[str, list[int]] = field(default_factory=dict)

@@ -1,0 +1,192 @@
+"""The node agent: one Ray actor per node, pinned to it, that runs dispatches on
+that node's local backend (process or docker) and reports their outcomes.
+
+An agent holds no scheduling state — the one Tangram core lives in the
+`tangram serve` (or `tangram run`) process, and the agent only executes what
+it is sent. It reads its own node's inventory (cores it may pin to, grouped by
+NUMA domain, memory, GPUs) because only the node itself knows it.
+
+This module does not import Ray: the driver wraps :class:`NodeAgent` with
+``ray.remote`` (executor/ray_backend.py), so the class is plain Python here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO
+
+from executor.local import allowed_cpus, mem_total_gb
+from executor.ray_guard import MARKER_ENV
+from tangram.cluster import CpuNodeSpec, GpuNodeSpec
+from tangram.model import Dispatch, Outcome
+
+GUARD = Path(__file__).with_name("ray_guard.py")
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What an agent reports about its node: the core's view of it."""
+
+    name: str
+    ray_node_id: str
+    hostname: str
+    #: host CPU ids grouped by NUMA domain: the core's core i is ``cpus[i]``
+    cpus: tuple[int, ...]
+    numa: int
+    mem_gb: float
+    gpus: int
+    gpu_mem_gb: float
+    backend: str
+
+    def cpu_spec(self) -> CpuNodeSpec | None:
+        return CpuNodeSpec(self.name, len(self.cpus), self.numa, self.mem_gb) if self.cpus else None
+
+    def gpu_spec(self) -> GpuNodeSpec | None:
+        """The core's GPU groups are aligned chunks of an 8-GPU node; other counts
+        are not offered to it."""
+        return GpuNodeSpec(self.name, 8, self.gpu_mem_gb) if self.gpus == 8 else None
+
+
+def numa_order(cpus: list[int], sysfs: Path = Path("/sys/devices/system/node")
+               ) -> tuple[list[int], int]:
+    """``cpus`` grouped by NUMA domain, and the domain count. The core splits a
+    node into equal domains, so unequal groups count as one domain."""
+    from executor.ray_cluster import parse_cpus
+
+    groups: list[list[int]] = []
+    mine = set(cpus)
+    for node_dir in sorted(sysfs.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        try:
+            members = [c for c in parse_cpus((node_dir / "cpulist").read_text()) if c in mine]
+        except (OSError, ValueError):
+            return sorted(cpus), 1
+        if members:
+            groups.append(members)
+    if len(groups) < 2 or sum(map(len, groups)) != len(cpus) or \
+            len({len(g) for g in groups}) != 1:
+        return sorted(cpus), 1
+    return [c for g in groups for c in g], len(groups)
+
+
+def gpu_memory_gb() -> float:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            return pynvml.nvmlDeviceGetMemoryInfo(handle).total / 1024**3
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: the spec's default
+        return GpuNodeSpec("x").gpu_mem_gb
+
+
+def start_guard(marker: str, docker_owner: str | None) -> IO[bytes]:
+    """Start the guard (executor/ray_guard.py) and return the pipe it watches.
+
+    It must outlive this process, which is what it cleans up after, and Ray kills
+    a dead worker's *child* processes: ``setsid -f`` makes the guard a grandchild
+    in its own session, re-parented away from this worker."""
+    argv = [sys.executable, str(GUARD), marker, *([docker_owner] if docker_owner else [])]
+    setsid = shutil.which("setsid")
+    proc = subprocess.Popen([setsid, "-f", *argv] if setsid else argv, stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True)
+    if setsid:
+        proc.wait(10)  # setsid itself exits at once; its child holds the read end
+    assert proc.stdin is not None
+    return proc.stdin
+
+
+class NodeAgent:
+    """Runs dispatches on this node. Methods are coroutines: Ray runs them on the
+    actor's event loop, so many actions run at once and ``cancel`` is not
+    queued behind them."""
+
+    def __init__(self, name: str, ray_node_id: str, backend: str, root: str | None,
+                 cpus: list[int] | None, mem_gb: float | None, gpus: int) -> None:
+        # Ray starts workers at a raised niceness; the backends nice exclusive-core actions
+        # relative to their own (+10) and run lane actions as is, so start from 0 when
+        # allowed (root or RLIMIT_NICE), else the two stay 10 apart from the worker's.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        allowed = allowed_cpus()
+        # a label may name CPUs this node lacks (or its workers may not use): drop them
+        ordered, numa = numa_order(allowed if cpus is None else [c for c in cpus if c in allowed])
+        self.name = name
+        self.marker = f"{name}-{uuid.uuid4().hex[:8]}"
+        owner = f"tangram-ray-{self.marker}"
+        self.info_ = NodeInfo(name, ray_node_id, socket.gethostname(), tuple(ordered), numa,
+                              mem_gb if mem_gb is not None else mem_total_gb(), gpus,
+                              gpu_memory_gb() if gpus else 0.0, backend)
+        self._guard = start_guard(self.marker, owner if backend == "docker" else None)
+        # the node's own temporary directory: the driver's paths mean nothing here
+        self.root = Path(root or tempfile.gettempdir()) / "tangram-ray" / self.marker
+        if backend == "process":
+            from executor.process import ProcessBackend
+
+            self.backend = ProcessBackend(self.root, cpu_map=ordered,
+                                          env={**os.environ, MARKER_ENV: self.marker})
+        elif backend == "docker":
+            from executor.docker_backend import DockerBackend
+
+            self.backend = DockerBackend(cpu_map=ordered, owner=owner)
+        else:
+            raise ValueError(f"backend: unknown backend {backend!r} (process or docker)")
+        self._opened: set[str] = set()
+
+    def info(self) -> NodeInfo:
+        return self.info_
+
+    async def run(self, d: Dispatch, mem_gb: float | None) -> Outcome:
+        """Run one dispatch to its end; its environment is created at its first action."""
+        extra = {"node": self.name, "ray_node_id": self.info_.ray_node_id,
+                 "hostname": self.info_.hostname}
+        if d.lease.gpus:
+            return Outcome(d.action.id, "failed", None, extra=extra,
+                           error="the Ray agents run CPU actions only: GPU actions need the GPU "
+                                 "worker backend, which they do not wrap yet")
+        trajectory = d.action.trajectory
+        if trajectory not in self._opened:
+            self.backend.open_trajectory(trajectory, mem_gb)
+            self._opened.add(trajectory)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Outcome] = loop.create_future()
+
+        def on_done(outcome: Outcome) -> None:  # process: loop thread; docker: a worker
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+
+        try:
+            self.backend.start(d, on_done)
+        except Exception as e:  # noqa: BLE001 - never leave an action unanswered
+            return Outcome(d.action.id, "failed", None, error=f"{self.info_.backend}: {e}",
+                           extra=extra)
+        outcome = await done
+        return replace(outcome, extra={**outcome.extra, **extra})
+
+    async def cancel(self, action_id: str) -> None:
+        self.backend.cancel(action_id)
+
+    async def close_trajectory(self, trajectory: str) -> None:
+        if trajectory in self._opened:
+            self._opened.discard(trajectory)
+            self.backend.close_trajectory(trajectory)
+
+    async def shutdown(self) -> None:
+        """Stop what runs, remove environments, and let the guard go."""
+        for trajectory in list(self._opened):
+            await self.close_trajectory(trajectory)
+        self.backend.shutdown()
+        self._guard.close()  # the guard finds nothing left and exits
+        shutil.rmtree(self.root, ignore_errors=True)

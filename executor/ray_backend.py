@@ -1,0 +1,311 @@
+"""The Ray backend: one Tangram core for a whole Ray cluster, per-node agents.
+
+The core (one scheduler, all the cluster's nodes as CPU node pools) stays in
+this process. Each Ray node runs a :class:`~executor.ray_agent.NodeAgent` actor
+pinned to it (``NodeAffinitySchedulingStrategy``, not soft: an agent never
+runs anywhere else). A dispatch goes to the agent of ``dispatch.lease.node``;
+its outcome comes back as an ObjectRef awaited on the asyncio loop, so
+completions enter the loop the way local backends' do. API calls (no node)
+are sent from this process by the HTTP backend, as without Ray.
+
+Membership: the inventory (cores, NUMA, memory, GPUs, read by each agent on
+its node) becomes the cluster spec; a monitor polls Ray's node table and
+reports a joining node (``joined``) and a leaving one (``lost``) to the
+executor, which adds or removes its capacity in the core. A node is lost when
+Ray declares it dead or when a call to its agent fails because the agent died:
+its in-flight actions then end ``failed`` (``extra.reason == "node_lost"``),
+each exactly once and never retried (actors run with ``max_restarts=0``,
+``max_task_retries=0``), and the trajectories whose environment lived there
+are told ``state_lost`` at their next action, which binds them elsewhere.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from executor.http_api import HttpBackend
+from executor.ray_agent import NodeAgent, NodeInfo
+from executor.ray_cluster import CPUS_LABEL, MEM_LABEL, RayConnection, parse_cpus, require_ray
+from tangram.cluster import ClusterSpec, CpuNodeSpec, QuotaSpec
+from tangram.model import Dispatch, Outcome
+
+log = logging.getLogger("tangram.ray")
+
+NODE_LOST = "node_lost"
+
+
+@dataclass
+class Agent:
+    """The driver's handle on one node agent."""
+
+    info: NodeInfo
+    handle: Any  # ray.actor.ActorHandle
+    trajectories: set[str] = field(default_factory=set)  # environments that live there
+
+
+@dataclass
+class InFlight:
+    dispatch: Dispatch
+    on_done: Callable[[Outcome], None]
+    agent: Agent
+    state_lost: bool
+
+
+def node_name(hostname: str, ray_node_id: str) -> str:
+    """Unique and readable: a node that rejoins gets a new Ray node id, so a new name."""
+    return f"{hostname.split('.')[0]}-{ray_node_id[:8]}"
+
+
+def cluster_of(infos: list[NodeInfo], quotas: tuple[QuotaSpec, ...] = ()) -> ClusterSpec:
+    """The core's cluster spec from the agents' inventory."""
+    cpu = tuple(s for s in (i.cpu_spec() for i in infos) if s is not None)
+    gpu = tuple(s for s in (i.gpu_spec() for i in infos) if s is not None)
+    return ClusterSpec(cpu_nodes=cpu, gpu_nodes=gpu, quotas=quotas)
+
+
+class RayBackend:
+    """A LiveBackend over the nodes of a Ray cluster."""
+
+    name = "ray"
+
+    def __init__(self, conn: RayConnection, env_backend: str = "process",
+                 poll_s: float = 0.5, start_timeout_s: float = 120.0,
+                 owns_connection: bool = False) -> None:
+        self.ray = require_ray()
+        if env_backend not in ("process", "docker"):
+            raise ValueError(f"backend: unknown backend {env_backend!r} (process or docker)")
+        self.conn = conn
+        self.env_backend = env_backend
+        self.poll_s = poll_s
+        self.owns_connection = owns_connection
+        self.http = HttpBackend()
+        self.agents: dict[str, Agent] = {}
+        self._inflight: dict[str, InFlight] = {}
+        self._mem: dict[str, float | None] = {}
+        self._home: dict[str, str] = {}  # trajectory -> node its environment lives on
+        self._state_lost: set[str] = set()  # trajectories to tell at their next action
+        self._refused: set[str] = set()  # Ray node ids whose agent could not start
+        self._on_lost: Callable[[str], None] | None = None
+        self._on_joined: Callable[[CpuNodeSpec], None] | None = None
+        self._monitor: asyncio.Task | None = None
+        self._tasks: set[asyncio.Task] = set()
+        self._closed = False
+        self._remote = self.ray.remote(NodeAgent)
+        # the initial inventory, before the core is built from it
+        pending = [(n, self._spawn(n)) for n in self._alive_nodes().values()]
+        for node, spawned in pending:
+            if spawned is None:
+                continue
+            handle, name = spawned
+            try:
+                info = self.ray.get(handle.info.remote(), timeout=start_timeout_s)
+            except Exception as e:  # noqa: BLE001 - one bad node must not stop the rest
+                self._refuse(node["NodeID"], handle, e)
+                continue
+            self.agents[name] = Agent(info, handle)
+        if not self.agents:
+            raise RuntimeError("no Ray node could start a Tangram agent (is tangram-rl "
+                               "installed on the nodes?)")
+
+    # -- inventory ---------------------------------------------------------------------
+    def cluster(self, quotas: tuple[QuotaSpec, ...] = ()) -> ClusterSpec:
+        return cluster_of([a.info for a in self.agents.values()], quotas)
+
+    def _alive_nodes(self) -> dict[str, dict]:
+        return {n["NodeID"]: n for n in self.ray.nodes() if n.get("Alive")}
+
+    def _spawn(self, node: dict) -> tuple[Any, str] | None:
+        """Start the agent of ``node`` (None: its labels are malformed, it is skipped)."""
+        from ray.util.scheduling_strategies import NodeAffinitySchedulingStrategy
+
+        nid = node["NodeID"]
+        labels = node.get("Labels") or {}
+        cpus_label = labels.get(CPUS_LABEL)
+        try:
+            cpus = None if cpus_label is None else ([] if cpus_label == "none"
+                                                     else parse_cpus(cpus_label))
+            mem = float(labels[MEM_LABEL]) if MEM_LABEL in labels else None
+            if mem is not None and not mem > 0:
+                raise ValueError(f"{MEM_LABEL}: must be > 0, got {labels[MEM_LABEL]!r}")
+        except ValueError as e:
+            self._refuse(nid, None, e)
+            return None
+        gpus = int((node.get("Resources") or {}).get("GPU", 0))
+        name = node_name(node.get("NodeManagerHostname") or "node", nid)
+        handle = self._remote.options(
+            scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
+            num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=10_000,
+            name=None, lifetime=None,
+        ).remote(name, nid, self.env_backend, None, cpus, mem, gpus)
+        return handle, name
+
+    def _refuse(self, nid: str, handle: Any, error: BaseException) -> None:
+        """Leave a node out (until restart), saying why, in the log."""
+        self._refused.add(nid)
+        log.warning("no Tangram agent on Ray node %s: %s", nid[:8],
+                    (str(error).splitlines() or [type(error).__name__])[0])
+        if handle is None:
+            return
+        try:
+            self.ray.kill(handle, no_restart=True)
+        except Exception:  # noqa: BLE001
+            pass
+
+    # -- membership --------------------------------------------------------------------
+    def watch_nodes(self, lost: Callable[[str], None],
+                    joined: Callable[[CpuNodeSpec], None]) -> None:
+        """Report nodes leaving (name) and joining (spec); polls on the running loop."""
+        self._on_lost, self._on_joined = lost, joined
+        if self._monitor is None:
+            self._monitor = asyncio.get_running_loop().create_task(self._watch())
+
+    async def _watch(self) -> None:
+        while not self._closed:
+            await asyncio.sleep(self.poll_s)
+            try:
+                alive = await asyncio.to_thread(self._alive_nodes)
+            except Exception as e:  # noqa: BLE001 - the GCS may be briefly unreachable
+                log.warning("cannot read Ray's node table: %s", e)
+                continue
+            for agent in list(self.agents.values()):
+                if agent.info.ray_node_id not in alive:
+                    self._node_failed(agent, "Ray declared its node dead")
+            known = {a.info.ray_node_id for a in self.agents.values()}
+            for nid, node in alive.items():
+                if nid not in known and nid not in self._refused and not self._closed:
+                    await self._join(node)
+
+    async def _join(self, node: dict) -> None:
+        spawned = self._spawn(node)
+        if spawned is None:
+            return
+        handle, name = spawned
+        try:
+            info = await asyncio.wait_for(handle.info.remote(), 120)
+        except Exception as e:  # noqa: BLE001
+            self._refuse(node["NodeID"], handle, e)
+            return
+        if self._closed:
+            self.ray.kill(handle, no_restart=True)
+            return
+        self.agents[name] = Agent(info, handle)
+        log.info("node %s joined (%d cores)", name, len(info.cpus))
+        spec = info.cpu_spec()
+        if spec is not None and self._on_joined is not None:
+            self._on_joined(spec)
+
+    def _node_failed(self, agent: Agent, why: str) -> None:
+        """Declare ``agent``'s node lost (idempotent): the core drops its capacity
+        first (so nothing new is dispatched there), then its in-flight actions end."""
+        name = agent.info.name
+        if self.agents.get(name) is not agent:
+            return
+        del self.agents[name]
+        log.warning("node %s lost: %s", name, why)
+        try:  # an agent that lost only its connection must not keep running
+            self.ray.kill(agent.handle, no_restart=True)
+        except Exception:  # noqa: BLE001
+            pass
+        for trajectory in agent.trajectories:
+            self._home.pop(trajectory, None)
+            self._state_lost.add(trajectory)
+        if self._on_lost is not None and agent.info.cpu_spec() is not None:
+            self._on_lost(name)
+        for aid, f in list(self._inflight.items()):
+            if f.agent is agent:
+                del self._inflight[aid]
+                f.on_done(Outcome(aid, "failed", None, error=f"{NODE_LOST}: node {name} left "
+                                  f"the Ray cluster during the action ({why}); not retried",
+                                  extra={"reason": NODE_LOST, "node": name, "state_lost": True}))
+
+    # -- Backend protocol --------------------------------------------------------------
+    def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        node = d.lease.node
+        if node is None or (d.action.payload or {}).get("request"):
+            self.http.start(d, on_done)  # API calls leave from here, as without Ray
+            return
+        agent = self.agents.get(node)
+        if agent is None:  # only if the core dispatched before hearing of the loss
+            on_done(Outcome(d.action.id, "failed", None, error=f"{NODE_LOST}: node {node} is "
+                            "not in the Ray cluster", extra={"reason": NODE_LOST, "node": node}))
+            return
+        trajectory = d.action.trajectory
+        first = trajectory not in agent.trajectories
+        if first:
+            agent.trajectories.add(trajectory)
+            self._home[trajectory] = node
+        slim = replace(d, lease=replace(d.lease, parts=()))  # managers' leases stay here
+        ref = agent.handle.run.remote(slim, self._mem.get(trajectory) if first else None)
+        self._inflight[d.action.id] = InFlight(d, on_done, agent, trajectory in self._state_lost)
+        task = asyncio.get_running_loop().create_task(self._wait(d.action.id, agent, ref))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _wait(self, aid: str, agent: Agent, ref: Any) -> None:
+        from ray.exceptions import RayActorError
+
+        try:
+            outcome = await ref
+        except RayActorError as e:
+            self._node_failed(agent, f"its agent died: {str(e).splitlines()[0]}")
+            return
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - a Ray error other than the agent's death
+            outcome = Outcome(aid, "failed", None, error=f"ray: {e}")
+        f = self._inflight.pop(aid, None)
+        if f is None:  # already ended as node_lost
+            return
+        if f.state_lost:
+            self._state_lost.discard(f.dispatch.action.trajectory)
+            outcome = replace(outcome, extra={**outcome.extra, "state_lost": True})
+        f.on_done(outcome)
+
+    def cancel(self, action_id: str) -> None:
+        f = self._inflight.get(action_id)
+        if f is None:
+            self.http.cancel(action_id)
+        else:
+            f.agent.handle.cancel.remote(action_id)
+
+    def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
+        # its node is chosen at its first CPU action; the environment is made there
+        self._mem[trajectory] = mem_gb
+
+    def close_trajectory(self, trajectory: str) -> None:
+        self._mem.pop(trajectory, None)
+        self._state_lost.discard(trajectory)
+        node = self._home.pop(trajectory, None)
+        agent = self.agents.get(node) if node else None
+        if agent is not None:
+            agent.trajectories.discard(trajectory)
+            agent.handle.close_trajectory.remote(trajectory)
+
+    def shutdown(self) -> None:
+        """Stop every agent (their commands and environments) and, when this backend
+        owns it, the Ray connection. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._monitor is not None:
+            self._monitor.cancel()
+        for task in list(self._tasks):
+            task.cancel()
+        agents = list(self.agents.values())
+        self.agents.clear()
+        try:
+            self.ray.get([a.handle.shutdown.remote() for a in agents], timeout=30)
+        except Exception as e:  # noqa: BLE001 - a dead agent's guard has cleaned up
+            log.warning("agent shutdown: %s", str(e).splitlines()[0])
+        for a in agents:
+            try:
+                self.ray.kill(a.handle, no_restart=True)
+            except Exception:  # noqa: BLE001
+                pass
+        self.http.shutdown()
+        if self.owns_connection:
+            self.conn.close()

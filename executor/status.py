@@ -1,0 +1,235 @@
+"""The live status page of `tangram serve`: ``/`` (a static page), ``/v1/status`` (one JSON
+snapshot) and ``/v1/status/events`` (server-sent events: a snapshot whenever it changes).
+
+The page holds no data itself, so ``/`` needs no token; it asks for the server's bearer
+token in a form, keeps it in the tab's sessionStorage (never in a URL or a cookie) and sends
+it as ``Authorization: Bearer`` on the two data endpoints, which use the API's own auth.
+
+Everything the page shows comes from :func:`snapshot`, a pure function of the core's state
+(the managers' nodes, leases and resident services, the pools' queues, the quota manager)
+and the runtime's finished records, so it is tested without a server and reads the same
+whether a policy shares cores (AOE) or holds pods.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import AsyncIterator, Callable, Sequence
+from importlib import resources
+from typing import Any
+
+from fastapi import APIRouter, Depends, Request
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
+
+from tangram.core import Tangram
+from tangram.runtime import Record
+
+#: longest lists the snapshot carries (the page is a glance, not a log)
+MAX_QUEUED = 50
+MAX_RECENT = 30
+#: how often the event stream looks for a change, and sends a keep-alive comment
+POLL_S = 0.25
+KEEPALIVE_S = 15.0
+
+# The page's own files; no CDN (nothing outside can be reached from a cluster).
+STATIC = resources.files("executor") / "static"
+CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; "
+       "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
+
+
+def _holder(rec: Any, now: float) -> dict[str, Any]:
+    d = rec.dispatch
+    return {"action": d.action.id, "trajectory": d.action.trajectory, "kind": d.action.kind,
+            "task": d.action.task, "units": d.lease.units, "running_s": round(now - d.start_s, 3)}
+
+
+def _nodes(core: Tangram, now: float) -> list[dict[str, Any]]:
+    """Per CPU node: who holds each core (a running action, or an idle pod), the light
+    actions running on its shared lane, memory."""
+    holders: dict[tuple[str, int], dict[str, Any]] = {}
+    lanes: dict[str, list[dict[str, Any]]] = {}
+    for run in core.running.values():
+        lease = run.dispatch.lease
+        if lease.node is None or not lease.cores:
+            continue
+        if getattr(lease, "lane", False):  # shares the node's cores: no core of its own
+            lanes.setdefault(lease.node, []).append(_holder(run, now))
+            continue
+        for c in lease.cores:
+            holders[(lease.node, c)] = _holder(run, now)
+    slots = {getattr(p, "node", None): getattr(p, "lane_slots", 0) for p in core.pools.values()}
+    # pod policies (k8s): a pod holds its cores between its trajectory's actions too
+    pods = {(lease.node, c): trajectory
+            for trajectory, lease in getattr(core.cpu, "pods", {}).items() for c in lease.cores}
+    bound: dict[str, list[str]] = {}
+    for trajectory in core.trajectories:
+        node = core.cpu.node_of(trajectory)
+        if node is not None:
+            bound.setdefault(node, []).append(trajectory)
+    out = []
+    for name, node in core.cpu.nodes.items():
+        free = {c for dom in node.domains for c in dom}
+        cores: list[dict[str, Any] | None] = []
+        for c in range(node.spec.cores):
+            held = holders.get((name, c))
+            if held is None and c not in free:
+                pod = pods.get((name, c))
+                held = {"action": None, "trajectory": pod, "kind": "pod" if pod else "reserved"}
+            cores.append(held)
+        out.append({"name": name, "cores": cores, "numa": node.spec.numa,
+                    "domain_size": node.domain_size, "mem_gb": node.spec.mem_gb,
+                    "mem_reserved_gb": round(node.mem_reserved, 3),
+                    "trajectories": sorted(bound.get(name, [])),
+                    "lane": sorted(lanes.get(name, []), key=lambda h: h["action"]),
+                    "lane_slots": slots.get(name, 0)})
+    return out
+
+
+def _queues(core: Tangram, now: float) -> list[dict[str, Any]]:
+    """Each pool's wait queue in order (plus trajectories waiting to be bound to a node)."""
+    queues = [("binding", "binding", list(core.unbound))]
+    for name, pool in core.pools.items():
+        queues.append((name, pool.key or "api", list(pool.queue)))
+        light = getattr(pool, "light", None)  # a CPU node's light actions wait apart
+        if light is not None:
+            queues.append((f"{name} light", "light lane", list(light)))
+    out = []
+    for name, key, pending in queues:
+        out.append({"pool": name, "resource": key, "length": len(pending), "waiting": [
+            {"action": p.action.id, "trajectory": p.action.trajectory, "kind": p.action.kind,
+             "task": p.action.task, "units_min": p.key_min, "submit_s": round(p.submit_s, 3),
+             "waiting_s": round(now - p.submit_s, 3)}
+            for p in pending[:MAX_QUEUED]]})
+    return out
+
+
+def _gpus(core: Tangram, now: float) -> list[dict[str, Any]]:
+    """Per GPU node: busy and free chunks, and the service variants resident in memory."""
+    busy: dict[tuple[str, int], dict[str, Any]] = {}
+    for run in core.running.values():
+        lease = run.dispatch.lease
+        if lease.node is not None and lease.gpus:
+            busy[(lease.node, min(lease.gpus))] = {
+                **_holder(run, now), "service": run.dispatch.action.service,
+                "size": len(lease.gpus), "restore_s": lease.restore_s}
+    out = []
+    for name, node in core.gpu.nodes.items():
+        chunks = [{"start": start, "size": size, "state": "free"}
+                  for size, starts in node.free.items() for start in starts]
+        chunks += [{"start": start, "size": held["size"], "state": "busy", **held}
+                   for (n, start), held in busy.items() if n == name]
+        resident = [{"service": svc, "dop": size, "start": start,
+                     "mem_gb": core.gpu.services[svc].size_gb if svc in core.gpu.services else None}
+                    for svc, size, start in getattr(node, "resident", {})]
+        out.append({"name": name, "gpus": node.spec.gpus, "gpu_mem_gb": node.spec.gpu_mem_gb,
+                    "chunks": sorted(chunks, key=lambda c: c["start"]), "resident": resident,
+                    "mem_used_gb": [round(m, 3) for m in getattr(node, "mem_used", [])]})
+    return out
+
+
+def _quotas(core: Tangram) -> list[dict[str, Any]]:
+    used = core.quota.snapshot()
+    return [{"key": key.removeprefix("quota:"), "mode": spec.mode, "limit": spec.limit,
+             "window_s": spec.window_s, "used": used.get(key, 0.0)}
+            for key, spec in core.quota.specs.items()]
+
+
+def _recent(records: Sequence[Record]) -> list[dict[str, Any]]:
+    return [{"action": r.action_id, "trajectory": r.trajectory, "kind": r.kind,
+             "status": r.status, "exit_code": r.exit_code, "units": r.units, "node": r.node,
+             "cores": r.cores, "gpus": r.gpus, "queue_s": round(r.start_s - r.submit_s, 3),
+             "exec_s": round(r.end_s - r.start_s, 3), "end_s": round(r.end_s, 3)}
+            for r in reversed(records[-MAX_RECENT:])]
+
+
+def snapshot(core: Tangram, records: Sequence[Record], now: float,
+             finished: dict[str, int] | None = None) -> dict[str, Any]:
+    """Everything the status page shows, as JSON-ready data (times in the core's seconds)."""
+    return {
+        "now_s": round(now, 3),
+        "policy": core.policy.label,
+        "totals": {"queued": len(core.queued), "running": len(core.running),
+                   "trajectories": len(core.trajectories),
+                   "finished": dict(sorted((finished or {}).items()))},
+        "nodes": _nodes(core, now),
+        "queues": _queues(core, now),
+        "gpu_nodes": _gpus(core, now),
+        "quotas": _quotas(core),
+        "recent": _recent(records),
+    }
+
+
+def _changing(snap: dict[str, Any]) -> str:
+    """The snapshot without the ticking clocks: the stream sends only when this changes
+    (the page advances waiting and running times itself between events)."""
+    def strip(v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: strip(x) for k, x in v.items()
+                    if k not in ("now_s", "waiting_s", "running_s")}
+        if isinstance(v, list):
+            return [strip(x) for x in v]
+        return v
+
+    return json.dumps(strip(snap), sort_keys=True)
+
+
+def _live(request: Request) -> dict[str, Any]:
+    """The one place that reads the server's state (the service object of server.py)."""
+    service = request.app.state.service
+    executor = service.executor
+    return snapshot(executor.core, executor.runtime.records, executor.clock.now(),
+                    service.counts)
+
+
+def _static(name: str, media_type: str) -> Response:
+    return Response((STATIC / name).read_bytes(), media_type=media_type,
+                    headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache",
+                             "X-Content-Type-Options": "nosniff"})
+
+
+def status_router(auth: Callable[..., None]) -> APIRouter:
+    """The page and its two data endpoints; ``auth`` is the API's bearer-token dependency."""
+    router = APIRouter()
+
+    @router.get("/", response_class=HTMLResponse, include_in_schema=False)
+    async def page() -> Response:
+        return _static("status.html", "text/html; charset=utf-8")
+
+    @router.get("/status.js", include_in_schema=False)
+    async def script() -> Response:
+        return _static("status.js", "text/javascript; charset=utf-8")
+
+    @router.get("/status.css", include_in_schema=False)
+    async def style() -> Response:
+        return _static("status.css", "text/css; charset=utf-8")
+
+    @router.get("/v1/status", dependencies=[Depends(auth)])
+    async def status_json(request: Request) -> dict[str, Any]:
+        """What the status page shows: cores per node and who holds them, queues per pool
+        with waiting times, GPU chunks and resident services, quota usage, recent actions."""
+        return _live(request)
+
+    @router.get("/v1/status/events", dependencies=[Depends(auth)])
+    async def status_events(request: Request) -> StreamingResponse:
+        """Server-sent events: ``event: snapshot`` with the /v1/status document, sent when
+        anything but the clocks changed (and a comment every 15 s to keep proxies open)."""
+
+        async def events() -> AsyncIterator[bytes]:
+            last, quiet = None, 0.0
+            while not await request.is_disconnected():
+                snap = _live(request)
+                key = _changing(snap)
+                if key != last:
+                    last, quiet = key, 0.0
+                    yield f"event: snapshot\ndata: {json.dumps(snap)}\n\n".encode()
+                elif quiet >= KEEPALIVE_S:
+                    quiet = 0.0
+                    yield b": keep-alive\n\n"
+                await asyncio.sleep(POLL_S)
+                quiet += POLL_S
+
+        return StreamingResponse(events(), media_type="text/event-stream",
+                                 headers={"Cache-Control": "no-cache"})
+
+    return router

@@ -1,0 +1,157 @@
+"""A gymnasium environment whose actions are shell commands in a Tangram sandbox.
+
+    import gymnasium as gym
+    import tangram.integrations.gym  # registers tangram/Shell-v0
+
+    env = gym.make("tangram/Shell-v0", base_url="http://127.0.0.1:8000", task="coding",
+                   reward={"command": "python3 -m pytest -q tests"})
+    obs, info = env.reset(seed=0, options={"files": {"task.md": "Fix the bug in add()."}})
+    obs, reward, terminated, truncated, info = env.step("cat task.md")
+    obs, reward, terminated, truncated, info = env.step("submit")  # runs the reward command
+    env.close()
+
+(``gym.make("tangram.integrations.gym:tangram/Shell-v0", ...)`` imports the module
+itself.) Each ``reset`` opens a fresh sandbox (closing the previous one), so an
+episode starts from the same state whatever ran before: with the same actions
+a seeded episode repeats, which is what gymnasium's ``check_env`` verifies.
+
+Spaces: actions and observations are ``gymnasium.spaces.Text`` over ``CHARSET``
+(printable ASCII: letters, digits, punctuation, space, tab, newline, carriage
+return, vertical tab, form feed). An action is 1 to ``max_action_chars``
+characters; an observation 0 to ``max_obs_chars``. Output outside the charset is
+replaced by ``?`` and a longer output keeps its tail (a command's last lines
+usually say what happened).
+
+An observation is the command's output followed by one line on how it ended
+(``[exit code 0]``, ``[timed out: ...]``, ...). ``info`` is small and
+deterministic: ``{"step", "exit_code", "status"}`` (``"reward_exit_code"`` after
+a submission); nothing random such as ids or timings.
+
+The action ``submit`` (``submit_action``) ends the episode: it runs the reward
+command (``reward.command``; reward 1.0 if it exits 0, else 0.0) and never runs
+a program called ``submit``. Without a reward command, ``submit`` ends the
+episode with reward 0.0. After ``max_steps`` steps the episode is truncated.
+"""
+
+from __future__ import annotations
+
+import string
+from typing import Any
+
+try:
+    import gymnasium
+    from gymnasium import spaces
+except ImportError as e:  # pragma: no cover - exercised by the import test
+    raise ImportError("tangram.integrations.gym needs gymnasium: pip install gymnasium") from e
+
+from tangram.client import TangramSyncClient
+from tangram.integrations.common import SandboxConfig, passed, render
+
+#: the characters of every action and observation
+CHARSET = string.printable
+ENV_ID = "tangram/Shell-v0"
+_ALLOWED = frozenset(CHARSET)
+
+
+def to_charset(text: str, max_chars: int) -> str:
+    """``text`` within the observation space: foreign characters as ``?``, the tail kept."""
+    if len(text) > max_chars:
+        marker = "...(truncated)\n"
+        text = marker + text[-(max_chars - len(marker)):]
+    return "".join(c if c in _ALLOWED else "?" for c in text)
+
+
+class TangramEnv(gymnasium.Env):
+    """One sandbox per episode; ``step(command)`` runs the command in it."""
+
+    metadata = {"render_modes": []}
+
+    def __init__(self, base_url: str | None = None, token: str | None = None, *,
+                 task: str = "default", image: str | None = None, mem_gb: float | None = None,
+                 shell: bool = True, timeout_s: float | None = 60.0,
+                 reward: dict[str, Any] | None = None, prompt: str = "", max_steps: int = 50,
+                 submit_action: str = "submit", max_action_chars: int = 4096,
+                 max_obs_chars: int = 8192, render_mode: str | None = None) -> None:
+        raw = {"base_url": base_url, "token": token, "task": task, "image": image,
+               "mem_gb": mem_gb, "shell": shell, "timeout_s": timeout_s, "reward": reward,
+               "max_output_chars": max_obs_chars}
+        self.settings = SandboxConfig.from_dict({k: v for k, v in raw.items() if v is not None}
+                                                | {"timeout_s": timeout_s})
+        if not isinstance(max_obs_chars, int) or max_obs_chars < 256:
+            raise ValueError(f"max_obs_chars: expected an integer >= 256, got {max_obs_chars!r}")
+        if not isinstance(max_steps, int) or max_steps < 2:
+            raise ValueError(f"max_steps: expected an integer >= 2, got {max_steps!r}")
+        if render_mode is not None:
+            raise ValueError(f"render_mode: this environment renders nothing, got {render_mode!r}")
+        self.prompt = to_charset(prompt, max_obs_chars)
+        self.max_steps = max_steps
+        self.submit_action = submit_action
+        self.max_obs_chars = max_obs_chars
+        self.render_mode = None
+        self.action_space = spaces.Text(max_action_chars, min_length=1, charset=CHARSET)
+        self.observation_space = spaces.Text(max_obs_chars, min_length=0, charset=CHARSET)
+        self._client: TangramSyncClient | None = None
+        self.trajectory: str | None = None
+        self._steps = 0
+
+    def reset(self, *, seed: int | None = None,
+              options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
+        """A fresh sandbox; ``options={"files": {path: text or bytes}}`` are written into
+        it before the first step."""
+        super().reset(seed=seed)
+        self._close_trajectory()
+        files = (options or {}).get("files") or {}
+        if not isinstance(files, dict):
+            raise ValueError(f"options['files']: expected a mapping path -> content, got {files!r}")
+        client = self._http()
+        self.trajectory = client.open_trajectory(None, **self.settings.open_args())
+        for path, content in files.items():
+            client.put_file(self.trajectory, str(path), content)
+        self._steps = 0
+        return self.prompt, {"step": 0}
+
+    def step(self, action: str) -> tuple[str, float, bool, bool, dict[str, Any]]:
+        if self.trajectory is None:
+            raise RuntimeError("step() before reset()")
+        if not isinstance(action, str) or not action.strip():
+            raise ValueError(f"action: expected a non-empty command string, got {action!r}")
+        self._steps += 1
+        client = self._http()
+        if action.strip() == self.submit_action:
+            if self.settings.reward is None:
+                obs = "[submitted; no reward command is configured, so the reward is 0]"
+                return obs, 0.0, True, False, {"step": self._steps, "exit_code": None,
+                                               "status": "submitted"}
+            res = client.run(self.trajectory, **self.settings.reward.action())
+            obs = to_charset(render(res, self.max_obs_chars - 200, self.settings.mem_gb),
+                             self.max_obs_chars)
+            return obs, 1.0 if passed(res) else 0.0, True, False, {
+                "step": self._steps, "exit_code": None, "status": "submitted",
+                "reward_exit_code": res.get("exit_code")}
+        res = client.run(self.trajectory, **self.settings.action(action))
+        obs = to_charset(render(res, self.max_obs_chars - 200, self.settings.mem_gb),
+                         self.max_obs_chars)
+        info = {"step": self._steps, "exit_code": res.get("exit_code"), "status": res["status"]}
+        return obs, 0.0, False, self._steps >= self.max_steps, info
+
+    def close(self) -> None:
+        """Close the sandbox and the connection; calling it again does nothing."""
+        self._close_trajectory()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
+        super().close()
+
+    def _http(self) -> TangramSyncClient:
+        if self._client is None:
+            self._client = TangramSyncClient(self.settings.base_url, self.settings.token)
+        return self._client
+
+    def _close_trajectory(self) -> None:
+        if self.trajectory is not None:
+            tid, self.trajectory = self.trajectory, None
+            self._http().close_trajectory(tid)
+
+
+if ENV_ID not in gymnasium.registry:
+    gymnasium.register(ENV_ID, entry_point=f"{__name__}:TangramEnv")

@@ -1,0 +1,298 @@
+"""A verl tool whose commands run in a Tangram sandbox.
+
+A tool config YAML names the class; verl's own loader
+(``verl.tools.tool_registry.initialize_tools_from_config``) constructs it::
+
+    tools:
+      - class_name: tangram.integrations.verl.TangramTool
+        config: {type: native, base_url: "http://127.0.0.1:8000", task: coding, mem_gb: 4,
+                 reward: {command: "python3 -m pytest -q tests", cpu: "1-8"}}
+        # tool_schema: optional; the default is a `shell` tool with a required `command`
+
+(``examples/verl_tool.yaml`` is a complete one.) The token comes from the config
+or from TANGRAM_TOKEN.
+
+verl 0.9's ``ToolAgentLoop`` calls ``create -> execute -> release`` for *every*
+tool call and passes the rollout's ``agent_data`` to ``execute``. The sandbox
+therefore belongs to the rollout, keyed on ``agent_data.request_id``: the calls
+of one rollout share it (a file written by one call is there for the next),
+``release`` of a per-call instance leaves it open, and it is closed when
+
+* the rollout ends: run the rollout inside ``rollout_scope()`` (the hook, see
+  below), or call ``await tool.close_rollout(request_id)``;
+* or it has been idle for ``idle_ttl_s`` (default 600 s), the backstop for a
+  rollout nobody closed.
+
+A caller that drives the classic lifecycle instead (``create`` once, several
+``execute``, ``calc_reward``, ``release``, without ``agent_data``) gets one
+sandbox per instance, closed by ``release``.
+
+Wiring the hook into verl: ``examples/verl_agent_loop.py`` is a ``ToolAgentLoop``
+whose ``run`` is wrapped in ``rollout_scope()``; ``examples/verl_agent_loops.yaml``
+registers it, and ``actor_rollout_ref.rollout.agent.default_agent_loop`` selects it.
+
+The module imports without verl: ``TangramTool`` then derives from a stand-in
+base with the same methods, so the sandbox logic can be used (and tested) on its
+own. When verl's ``verl.tools.base_tool`` is importable, it is a real subclass of
+verl's ``BaseTool`` and returns verl's ``ToolResponse``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+from tangram.client import TangramClient, TangramError
+from tangram.integrations.common import SandboxConfig, passed, render
+
+log = logging.getLogger(__name__)
+
+#: the schema used when a tool config gives none: a `shell` tool with one required argument
+DEFAULT_TOOL_SCHEMA: dict[str, Any] = {
+    "type": "function",
+    "function": {
+        "name": "shell",
+        "description": "Run a shell command in this task's sandbox (a Linux container whose "
+                       "files persist across calls) and return its output and exit code.",
+        "parameters": {
+            "type": "object",
+            "properties": {"command": {"type": "string",
+                                       "description": "The command line, run by `sh -c`."}},
+            "required": ["command"],
+        },
+    },
+}
+
+try:  # verl's top-level package imports torch; its tool modules themselves do not
+    from verl.tools.base_tool import BaseTool as _Base
+    from verl.tools.schemas import OpenAIFunctionToolSchema, ToolResponse
+
+    HAVE_VERL = True
+except ImportError:
+    HAVE_VERL = False
+
+    @dataclass
+    class ToolResponse:  # type: ignore[no-redef]
+        """Stand-in for verl's ToolResponse (text only) when verl is not importable."""
+
+        text: str | None = None
+        image: list[Any] | None = None
+        video: list[Any] | None = None
+
+    class _Base:  # type: ignore[no-redef]
+        """Stand-in for verl's BaseTool when verl is not importable."""
+
+        def __init__(self, config: dict, tool_schema: Any) -> None:
+            self.config = config
+            self.tool_schema = tool_schema
+            self.name = tool_schema["function"]["name"]
+
+
+#: the rollouts whose sandboxes ``rollout_scope()`` closes when it exits
+_SCOPE: contextvars.ContextVar[set[tuple[TangramTool, str]] | None] = \
+    contextvars.ContextVar("tangram_rollout_scope", default=None)
+
+
+@contextlib.asynccontextmanager
+async def rollout_scope() -> AsyncIterator[None]:
+    """Close, on exit, every sandbox a TangramTool opened for a rollout inside it
+    (including in tasks it spawned: they inherit the scope)."""
+    opened: set[tuple[TangramTool, str]] = set()
+    token = _SCOPE.set(opened)
+    try:
+        yield
+    finally:
+        _SCOPE.reset(token)
+        for tool, key in list(opened):
+            await tool.close_rollout(key)
+
+
+@dataclass
+class _Sandbox:
+    trajectory: str
+    last_used: float
+    busy: int = 0
+
+
+class TangramTool(_Base):
+    """verl ``BaseTool``: runs the model's ``command`` in the rollout's sandbox."""
+
+    def __init__(self, config: dict, tool_schema: Any = None) -> None:
+        # `type` is verl's own key (native); everything else is ours and validated
+        self.settings = SandboxConfig.from_dict(config or {}, "config", ignore=("type",))
+        if tool_schema is None:
+            tool_schema = (OpenAIFunctionToolSchema.model_validate(DEFAULT_TOOL_SCHEMA)
+                           if HAVE_VERL else DEFAULT_TOOL_SCHEMA)
+        super().__init__(config, tool_schema)
+        self._instances: dict[str, str] = {}  # instance id -> the sandbox key it uses
+        self._sandboxes: dict[str, _Sandbox] = {}
+        self._opening: dict[str, asyncio.Future[_Sandbox]] = {}
+        self._client: TangramClient | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._sweeper: asyncio.Task | None = None
+
+    def get_openai_tool_schema(self) -> Any:
+        return self.tool_schema
+
+    # -- verl's BaseTool methods -----------------------------------------------------------
+    async def create(self, instance_id: str | None = None, **kwargs: Any) -> tuple[str, Any]:
+        """A tool instance; its sandbox opens at the first ``execute`` (when the
+        rollout it belongs to is known)."""
+        iid = instance_id or uuid.uuid4().hex
+        self._instances.setdefault(iid, iid)
+        self._ensure_loop()
+        return iid, ToolResponse()
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any],
+                      **kwargs: Any) -> tuple[Any, float, dict]:
+        """Run ``parameters['command']``; returns (ToolResponse, 0.0, metrics)."""
+        command = parameters.get("command") if isinstance(parameters, dict) else None
+        if not isinstance(command, str) or not command.strip():
+            return (ToolResponse(text='Error: this tool needs a "command" argument holding '
+                                      'a shell command line, e.g. {"command": "ls -la"}.'),
+                    0.0, {"error": "missing command"})
+        key = self._key(instance_id, kwargs.get("agent_data"))
+        try:
+            result = await self._run(key, self.settings.action(command))
+        except (TangramError, httpx.HTTPError) as e:
+            return (ToolResponse(text=f"Error: the sandbox service failed: {e}"), 0.0,
+                    {"error": str(e)})
+        text = render(result, self.settings.max_output_chars, self.settings.mem_gb)
+        metrics = {"status": result["status"], "exit_code": result.get("exit_code"),
+                   "units": result.get("units"), "queue_s": result.get("queue_s"),
+                   "exec_s": result.get("exec_s")}
+        return ToolResponse(text=text), 0.0, metrics
+
+    async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
+        """1.0 if the configured reward command exits 0 in the sandbox, else 0.0
+        (0.0 without a reward command). verl 0.9's ToolAgentLoop never calls it."""
+        if self.settings.reward is None:
+            return 0.0
+        key = self._key(instance_id, kwargs.get("agent_data"))
+        result = await self._run(key, self.settings.reward.action())
+        return 1.0 if passed(result) else 0.0
+
+    async def release(self, instance_id: str, **kwargs: Any) -> None:
+        """End the instance; its sandbox closes only if it was the instance's own
+        (a rollout's sandbox outlives the per-call instances verl releases)."""
+        key = self._instances.pop(instance_id, instance_id)
+        if key == instance_id:
+            await self.close_rollout(key)
+        await self._sweep()
+
+    # -- rollout sandboxes ------------------------------------------------------------------
+    async def close_rollout(self, key: str) -> None:
+        """Close the sandbox of rollout ``key`` (its request id); no-op if none."""
+        box = self._sandboxes.pop(key, None)
+        if box is None:
+            return
+        # the server refuses (409) while one of its actions is in flight: that action
+        # ends within its timeout, so wait for it rather than leave the trajectory open
+        deadline = time.monotonic() + (self.settings.timeout_s or 60.0) + 30.0
+        while True:
+            try:
+                await self._http().close_trajectory(box.trajectory)
+                return
+            except TangramError as e:
+                if e.status == 409 and time.monotonic() < deadline:
+                    await asyncio.sleep(0.2)
+                    continue
+                if e.status != 404:  # 404: the server already forgot it
+                    log.warning("closing sandbox %s: %s", box.trajectory, e)
+                return
+            except httpx.HTTPError as e:
+                log.warning("closing sandbox %s: %s", box.trajectory, e)
+                return
+
+    async def close_all(self) -> None:
+        """Close every sandbox this tool holds (e.g. at the end of training)."""
+        for key in list(self._sandboxes):
+            await self.close_rollout(key)
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+
+    def sandbox_of(self, key: str) -> str | None:
+        """The trajectory id of rollout ``key``'s sandbox, if it has one open."""
+        box = self._sandboxes.get(key)
+        return box.trajectory if box else None
+
+    def _key(self, instance_id: str, agent_data: Any) -> str:
+        request_id = getattr(agent_data, "request_id", None)
+        key = str(request_id) if request_id is not None else self._instances.get(
+            instance_id, instance_id)
+        if instance_id in self._instances:
+            self._instances[instance_id] = key
+        scope = _SCOPE.get()
+        if scope is not None:
+            scope.add((self, key))
+        return key
+
+    async def _run(self, key: str, action: dict[str, Any]) -> dict[str, Any]:
+        box = await self._sandbox(key)
+        box.busy += 1
+        try:
+            return await self._http().run(box.trajectory, **action)
+        finally:
+            box.busy -= 1
+            box.last_used = time.monotonic()
+
+    async def _sandbox(self, key: str) -> _Sandbox:
+        """The rollout's sandbox, opened once even when its calls run in parallel."""
+        box = self._sandboxes.get(key)
+        if box is not None:
+            return box
+        pending = self._opening.get(key)
+        if pending is not None:
+            return await asyncio.shield(pending)
+        fut: asyncio.Future[_Sandbox] = asyncio.get_running_loop().create_future()
+        self._opening[key] = fut
+        try:
+            tid = await self._http().open_trajectory(None, **self.settings.open_args())
+            box = _Sandbox(tid, time.monotonic())
+            self._sandboxes[key] = box
+            fut.set_result(box)
+            return box
+        except BaseException as e:
+            fut.set_exception(e)
+            fut.exception()  # retrieved: waiters get it, nobody is warned about it
+            raise
+        finally:
+            del self._opening[key]
+
+    def _http(self) -> TangramClient:
+        """A client bound to the running loop (verl may call from several loops)."""
+        self._ensure_loop()
+        if self._client is None:
+            self._client = TangramClient(self.settings.base_url, self.settings.token)
+        return self._client
+
+    def _ensure_loop(self) -> asyncio.AbstractEventLoop:
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # an httpx client cannot move between loops
+            self._loop, self._client = loop, None
+            self._sweeper = loop.create_task(self._sweep_loop())
+        return loop
+
+    async def _sweep(self) -> None:
+        now = time.monotonic()
+        stale = [k for k, b in self._sandboxes.items()
+                 if not b.busy and now - b.last_used > self.settings.idle_ttl_s]
+        for key in stale:
+            log.info("closing sandbox of rollout %s: idle for over %g s", key,
+                     self.settings.idle_ttl_s)
+            await self.close_rollout(key)
+
+    async def _sweep_loop(self) -> None:
+        while True:
+            await asyncio.sleep(min(max(self.settings.idle_ttl_s / 4, 0.05), 30.0))
+            await self._sweep()

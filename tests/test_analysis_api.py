@@ -1,0 +1,119 @@
+"""The analysis API (analysis/runs.py) that notebooks, `tangram plot` and the report share:
+a run directory round-trips into the same frames, `compare` reports what summary.json
+says, and the CLI reads runs through it (real subprocesses)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import matplotlib
+import pandas as pd
+import pytest
+from conftest import ROOT
+
+from analysis import figures
+from analysis.runs import STATS, RunError, change, compare, load_run, per_kind, simulate, with_trace
+from traces.generate import generate
+from traces.schema import write
+
+matplotlib.use("Agg")
+
+
+def tangram(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], capture_output=True,
+                          text=True, cwd=ROOT, timeout=300)
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """The same small trace through `tangram simulate` under two policies."""
+    tmp = tmp_path_factory.mktemp("runs")
+    trace = write(generate("coding", 12, 1), tmp / "coding.parquet")
+    for policy, options in (("tangram", []), ("k8s", ["--pod-cores", "8"])):
+        r = tangram("simulate", "--trace", str(trace), "--policy", policy, *options,
+                    "--out", str(tmp / policy), "--quiet")
+        assert r.returncode == 0, r.stderr
+    return tmp, trace
+
+
+def test_load_run_reads_what_simulate_wrote(runs):
+    tmp, trace = runs
+    run = load_run(tmp / "k8s")
+    assert run.name == "k8s" and run.policy == "k8s" and run.path == tmp / "k8s"
+    assert run.config["policy"]["cpu"]["pod_cores"] == 8 and run.config["trace"] == str(trace)
+    assert len(run.actions) == len(pd.read_parquet(trace)) == run.summary["actions"]
+    assert {"act_s", "queue_s", "exec_s", "kind", "cores"} <= set(run.actions.columns)
+    assert run.utilisation is not None and "cpu" in run.utilisation
+    assert run.timing is not None and len(run.timing) == len(run.actions)
+    assert run.capacity("cpu") == 128.0 and run.capacity("tpu") is None
+    assert repr(run) == f"Run('k8s', policy='k8s', actions={len(run.actions)}, path='{tmp / 'k8s'}')"
+
+
+def test_in_memory_simulation_equals_the_cli_run(runs):
+    tmp, trace = runs
+    mine = simulate(trace, "default", "k8s", pod_cores=8)
+    theirs = load_run(tmp / "k8s")
+    pd.testing.assert_frame_equal(mine.actions, theirs.actions)
+    mine.summary.pop("timing")
+    theirs.summary.pop("timing")
+    assert json.loads(json.dumps(mine.summary)) == theirs.summary
+
+
+def test_compare_measures_each_run_as_its_summary_does(runs):
+    tmp, _ = runs
+    t, k = load_run(tmp / "tangram"), load_run(tmp / "k8s")
+    table = compare([t, k])
+    assert list(table.index) == ["tangram", "k8s"] and table.loc["k8s", "policy"] == "k8s"
+    for m in ("act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s", "queue_p99_s",
+              "exec_mean_s", "makespan_s", "failed", "actions"):
+        assert table.loc["k8s", m] == pytest.approx(k.summary[m]), m
+    for name, col, stat in STATS:  # p50 of queue/exec: straight from actions.parquet
+        q = {"mean": k.actions[col].mean(), "p50": k.actions[col].quantile(0.5),
+             "p99": k.actions[col].quantile(0.99)}[stat]
+        assert table.loc["k8s", name] == pytest.approx(q), name
+    assert table.loc["tangram", "cpu_busy"] == pytest.approx(t.summary["utilisation"]["cpu"]["busy"])
+    same = (t.actions.set_index("action_id")["units"]
+            == k.actions.set_index("action_id")["units"].reindex(t.actions["action_id"])).mean()
+    assert table.loc["tangram", "same_units"] == 1.0
+    assert table.loc["k8s", "same_units"] == pytest.approx(same) and same < 1.0
+    pct = change(table, "tangram")
+    expected = 100 * (k.summary["act_mean_s"] / t.summary["act_mean_s"] - 1)
+    assert pct.loc["k8s", "act_mean_s"] == pytest.approx(expected)
+    assert (pct.loc["tangram"].dropna() == 0).all()
+    assert not {"actions", "failed", "same_units"} & set(pct.columns)  # read those as is
+    with pytest.raises(ValueError, match="unique"):
+        compare([t, t])
+
+
+def test_frames_for_figures(runs):
+    tmp, trace = runs
+    t = load_run(tmp / "tangram")
+    kinds = per_kind([t])
+    assert kinds.set_index("kind")["count"].to_dict() == t.actions["kind"].value_counts().to_dict()
+    joined = with_trace(t.actions, pd.read_parquet(trace))
+    assert joined["t1_s"].notna().all() and len(joined) == len(t.actions)
+    for draw in (figures.act_cdf, figures.act_per_kind, figures.time_breakdown,
+                 figures.utilisation):
+        ax = draw([t])
+        assert ax.get_title() and ax.get_legend() is not None
+
+
+def test_load_run_names_what_is_wrong(tmp_path):
+    with pytest.raises(RunError, match="no summary.json"):
+        load_run(tmp_path)
+    (tmp_path / "summary.json").write_text("{not json")
+    with pytest.raises(RunError, match="summary.json: not valid JSON"):
+        load_run(tmp_path)
+
+
+def test_plot_draws_from_run_directories(runs, tmp_path):
+    tmp, _ = runs
+    r = tangram("plot", str(tmp / "tangram"), str(tmp / "k8s"), "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    for name in ("act_cdf", "act_per_kind", "time_breakdown", "cpu_utilisation"):
+        assert (tmp_path / f"{name}.png").stat().st_size > 1000
+    assert not (tmp_path / "gpu_utilisation.png").exists()  # no GPU was ever allocated
+    bad = tangram("plot", str(tmp_path))
+    assert bad.returncode == 2 and "no summary.json" in bad.stderr and "Traceback" not in bad.stderr

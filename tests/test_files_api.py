@@ -1,0 +1,144 @@
+"""Files in and out of a sandbox, and shell mode, through a real `tangram serve`
+(process backend: a working directory; docker backend: a real container)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import TOKEN
+
+from executor.files import MAX_FILE_BYTES, FileError, clean_path
+from tangram.client import TangramClient, TangramError
+
+AUTH = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+def test_clean_path_refuses_escapes():
+    assert clean_path("a/./b//c.txt") == ("a", "b", "c.txt")
+    for bad in ("../x", "a/../../x", "/etc/passwd", "", ".", "a\x00b", "a/" + "x" * 300):
+        with pytest.raises(FileError):
+            clean_path(bad)
+
+
+async def _roundtrip(url: str, tid_name: str, backend: str) -> None:
+    async with TangramClient(url, TOKEN) as tg:
+        tid = await tg.open_trajectory(tid_name, task="files", mem_gb=0.2)
+        # a file can arrive before the first action; parents are created
+        patch = b"--- a/x\n+++ b/x\n\x00\xff binary ok\n"
+        assert (await tg.put_file(tid, "src/fix.patch", patch))["size"] == len(patch)
+        assert await tg.get_file(tid, "src/fix.patch") == patch
+        res = await tg.run(tid, command="cat src/fix.patch")
+        assert res["status"] == "ok" and res["output"].encode(errors="replace")[:8] == patch[:8]
+        # what a command writes comes back out
+        res = await tg.run(tid, command="echo 42 > answer.txt && pwd", shell=True)
+        assert res["exit_code"] == 0 and "answer.txt" not in res["output"]
+        assert await tg.get_file(tid, "answer.txt") == b"42\n"
+        await tg.put_file(tid, "answer.txt", "overwritten")  # replace, not append
+        assert await tg.get_file(tid, "answer.txt") == b"overwritten"
+        # without shell mode the same line is argv: echo prints the rest literally
+        res = await tg.run(tid, command="echo 42 > answer.txt && pwd")
+        assert res["output"].strip() == "42 > answer.txt && pwd"
+        # shell mode runs `sh -c` in the sandbox, with its exit code
+        res = await tg.run(tid, command="exit 3", shell=True)
+        assert res["status"] == "ok" and res["exit_code"] == 3
+
+        # escapes and bad requests: a clear status, nothing written
+        async with httpx.AsyncClient(base_url=url, headers=AUTH) as http:
+            for raw in ("../outside.txt", "%2E%2E/outside.txt", "a/%2E%2E/%2E%2E/outside.txt",
+                        "%2Fetc%2Fpasswd"):
+                r = await http.put(f"/v1/trajectories/{tid}/files/{raw}", content=b"x")
+                assert r.status_code in (400, 404), (raw, r.status_code, r.text)
+            r = await http.get(f"/v1/trajectories/{tid}/files/..%2F..%2Fetc%2Fpasswd")
+            assert r.status_code in (400, 404)
+            r = await http.put(f"/v1/trajectories/{tid}/files/x.txt", content=b"x",
+                               headers={"Authorization": "Bearer wrong"})
+            assert r.status_code == 401
+        with pytest.raises(TangramError) as e:
+            await tg.get_file(tid, "no/such.txt")
+        assert e.value.status == 404
+        with pytest.raises(TangramError) as e:
+            await tg.get_file(tid, "src")
+        assert e.value.status == 409 and "directory" in str(e.value)
+        with pytest.raises(TangramError) as e:
+            await tg.put_file("no-such-trajectory", "x.txt", b"x")
+        assert e.value.status == 404
+
+        # a symlink planted by a command cannot lead outside the sandbox
+        res = await tg.run(tid, command="ln -s /etc/hostname host_link && ln -s /etc etc_link",
+                           shell=True)
+        assert res["exit_code"] == 0
+        with pytest.raises(TangramError) as e:
+            await tg.get_file(tid, "host_link")
+        assert e.value.status == 400 and "symlink" in str(e.value)
+        if backend == "process":  # refused: no component may be a symlink
+            with pytest.raises(TangramError) as e:
+                await tg.get_file(tid, "etc_link/hostname")
+            assert e.value.status == 400
+            with pytest.raises(TangramError) as e:
+                await tg.put_file(tid, "etc_link/tangram-escape", b"x")
+            assert e.value.status == 400
+        else:  # the engine resolves the link inside the container's own root filesystem
+            with open("/etc/hostname", "rb") as f:
+                host = f.read()
+            try:
+                assert await tg.get_file(tid, "etc_link/hostname") != host
+            except TangramError as err:
+                assert err.status in (400, 404)
+            try:
+                await tg.put_file(tid, "etc_link/tangram-escape", b"x")
+            except TangramError as err:
+                assert err.status in (400, 409)
+        assert not Path("/etc/tangram-escape").exists()
+
+        # the size limit, both ways
+        with pytest.raises(TangramError) as e:
+            await tg.put_file(tid, "big.bin", b"\0" * (MAX_FILE_BYTES + 1))
+        assert e.value.status == 413
+        res = await tg.run(tid, command=f"truncate -s {MAX_FILE_BYTES + 1} big.bin")
+        assert res["exit_code"] == 0
+        with pytest.raises(TangramError) as e:
+            await tg.get_file(tid, "big.bin")
+        assert e.value.status == 413
+        await tg.close_trajectory(tid)
+        with pytest.raises(TangramError) as e:
+            await tg.get_file(tid, "answer.txt")
+        assert e.value.status == 404
+
+
+def test_files_and_shell_process_backend(process_server):
+    run(_roundtrip(process_server.url, "files-process", "process"))
+    # nothing escaped the working directories
+    assert not (process_server.state_dir / "outside.txt").exists()
+    assert not list(process_server.state_dir.rglob("tangram-escape"))
+
+
+def test_files_and_shell_docker_backend(docker_server):
+    run(_roundtrip(docker_server.url, "files-docker", "docker"))
+
+
+async def _upload_races_first_action(url: str) -> str:
+    async with TangramClient(url, TOKEN) as tg:
+        tid = await tg.open_trajectory("files-race", task="files", mem_gb=0.2)
+        put, res = await asyncio.gather(tg.put_file(tid, "a.txt", b"a"),
+                                        tg.run(tid, command="echo hi > b.txt", shell=True))
+        assert put["size"] == 1 and res["exit_code"] == 0
+        assert await tg.get_file(tid, "a.txt") == b"a"
+        assert await tg.get_file(tid, "b.txt") == b"hi\n"
+        return tid
+
+
+def test_docker_upload_racing_the_first_action_makes_one_container(docker_server):
+    import docker
+
+    tid = run(_upload_races_first_action(docker_server.url))
+    boxes = docker.from_env().containers.list(
+        all=True, sparse=True, filters={"label": f"tangram.trajectory={tid}"})
+    assert len(boxes) == 1, [c.id for c in boxes]
+    run(TangramClient(docker_server.url, TOKEN).close_trajectory(tid))

@@ -1,0 +1,369 @@
+"""GPU workers on the cpu device: real worker processes, real copies, real forward passes.
+
+The core's GpuManager decides; the worker executes. After every step the worker's
+resident set (asked of the worker process itself) must equal the core's model.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Coroutine
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+import yaml
+from conftest import ROOT, TOKEN, free_port
+
+from executor.driver import LiveExecutor
+from executor.gpu.arrays import NumpyOps
+from executor.gpu.backend import GpuBackend
+from executor.gpu.config import load_gpu_cluster, read_gpu_cluster
+from executor.gpu.model import ModelError, ModelSource, TinyLM, load_model, random_size_bytes
+from tangram.cluster import ClusterError, ClusterSpec, GpuNodeSpec, ServiceSpec
+from tangram.core import Tangram
+from tangram.model import Action, Demand
+
+TINY = {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 2}
+TINY_GB = random_size_bytes(TINY, 4) / 1e9
+#: slow enough (about a second per request on 2 cores) to be killed mid-action
+BIG = {"vocab_size": 2048, "hidden_size": 512, "num_hidden_layers": 8,
+       "num_attention_heads": 8}
+
+
+def cluster(services: dict[str, dict], gpus: int = 8, fit: float = 2.5) -> ClusterSpec:
+    """One GPU node whose GPUs each hold ``fit`` copies of the largest service."""
+    sizes = {n: random_size_bytes(c, 4) / 1e9 for n, c in services.items()}
+    return ClusterSpec(gpu_nodes=(GpuNodeSpec("g0", gpus, max(sizes.values()) * fit),),
+                       services=tuple(ServiceSpec(n, s) for n, s in sizes.items()))
+
+
+class Rig:
+    """Core + GPU backend + live executor on the running loop."""
+
+    def __init__(self, services: dict[str, dict], **kw: Any) -> None:
+        self.core = Tangram(cluster(services, **kw))
+        sources = {n: ModelSource.random(c, seed=i) for i, (n, c) in enumerate(services.items())}
+        self.backend = GpuBackend(self.core.gpu, sources, "cpu")
+        self.backend.start_workers()
+        self.backend.wait_ready(60)
+        self.ex = LiveExecutor(self.core, self.backend)
+        self.ex.open_trajectory("t")
+        self.n = 0
+
+    def action(self, service: str, k: int = 1, tokens: list[list[int]] | None = None,
+               op: str = "logprobs") -> Action:
+        self.n += 1
+        return Action(f"a{self.n}", "mopd", "t", "teacher_logprob", {"gpu": Demand.fixed(k)},
+                      service=service, payload={"op": op, "tokens": tokens or [[1, 2, 3, 4, 5]]})
+
+    async def run(self, service: str, k: int = 1, **kw: Any):
+        rec, out = await self.ex.run(self.action(service, k, **kw))
+        return out
+
+    async def check(self) -> frozenset:
+        """The worker holds exactly what the core says is resident."""
+        core_set = self.core.gpu.resident_variants("g0")
+        worker_set = await self.backend.worker_resident("g0")
+        assert worker_set == core_set
+        assert self.backend.mismatches == 0
+        return worker_set
+
+    def close(self) -> None:
+        self.ex.shutdown()
+
+
+def on_loop(services: dict[str, dict], body: Callable[[Rig], Coroutine], **kw: Any) -> None:
+    async def go() -> None:
+        rig = Rig(services, **kw)
+        try:
+            await body(rig)
+        finally:
+            rig.close()
+
+    asyncio.run(go())
+
+
+def test_residency_equals_the_core_after_a_sequence() -> None:
+    services = {s: TINY for s in ("a", "b", "c", "d", "e")}
+    rng = np.random.default_rng(7)
+
+    async def body(rig: Rig) -> None:
+        restores = 0
+        for _ in range(12):
+            batch = [rig.action(str(rng.choice(list(services))), int(rng.choice([1, 2, 4])))
+                     for _ in range(int(rng.integers(1, 4)))]
+            results = await asyncio.gather(*(rig.ex.run(a) for a in batch))
+            for _, out in results:
+                assert out.ok, out.error
+                restores += out.extra["restored"]
+            await rig.check()
+        assert restores == rig.core.gpu.restores  # every restore the core decided happened
+        assert rig.core.gpu.hits > 0  # and some actions reused a resident variant
+
+    on_loop(services, body)
+
+
+def test_restore_copies_the_staged_bytes_and_a_layer_split_computes_the_same() -> None:
+    async def body(rig: Rig) -> None:
+        one = await rig.run("a", 1, tokens=[[3, 1, 4, 1, 5, 9, 2, 6]])
+        two = await rig.run("a", 2, tokens=[[3, 1, 4, 1, 5, 9, 2, 6]])
+        assert one.ok and two.ok and two.extra["restored"]
+        resident = await rig.check()
+        (variant,) = [v for v in resident if v[1] == 2]
+        report = await rig.backend.verify("g0", variant)
+        assert report["equal"] and not report["shares_host_memory"]
+        assert report["bytes"] == report["host_bytes"] == random_size_bytes(TINY, 4)
+        assert all(b > 0 for b in report["bytes_per_gpu"]) and len(report["bytes_per_gpu"]) == 2
+        a = np.array(json.loads(one.output)["logprobs"])
+        b = np.array(json.loads(two.output)["logprobs"])
+        assert a.shape == (1, 7) and np.allclose(a, b, atol=1e-5)
+        assert (a < 0).all()  # log-probabilities
+
+    on_loop({"a": TINY}, body)
+
+
+def test_lru_eviction_order() -> None:
+    async def body(rig: Rig) -> None:
+        for s in ("a", "b", "a"):  # a is now the most recently used
+            assert (await rig.run(s)).ok
+        assert rig.core.gpu.lru_order("g0") == (("b", 1, 0), ("a", 1, 0))
+        out = await rig.run("c")  # room for two: the least recently used (b) goes
+        assert out.extra["restored"] and out.extra["evicted"] == [["b", 1, 0]]
+        assert await rig.check() == {("a", 1, 0), ("c", 1, 0)}
+        out = await rig.run("b")
+        assert out.extra["evicted"] == [["a", 1, 0]]
+        assert await rig.check() == {("c", 1, 0), ("b", 1, 0)}
+
+    on_loop({s: TINY for s in "abc"}, body, gpus=1, fit=2.5)
+
+
+def test_worker_crash_mid_action_fails_it_and_the_next_gets_a_fresh_worker() -> None:
+    async def body(rig: Rig) -> None:
+        assert (await rig.run("small")).ok
+        pid = rig.backend.worker_pid("g0")
+        rows = np.random.default_rng(0).integers(0, 2048, size=(16, 96)).tolist()
+        action = rig.action("big", 1, tokens=rows)
+        fut = rig.ex.submit(action)
+        deadline = time.monotonic() + 30
+        while not rig.backend.computing(action.id):  # restored; now serving the request
+            assert time.monotonic() < deadline and not fut.done()
+            await asyncio.sleep(0.005)
+        os.kill(pid, signal.SIGKILL)
+        _, out = await fut
+        assert out.status == "failed" and "died" in out.error and "reset" in out.error
+        assert rig.core.gpu.resident_variants("g0") == frozenset()
+        assert rig.core.gpu.busy_gpus() == 0  # its lease was released
+        out = await rig.run("small")
+        assert out.ok and out.extra["restored"]  # the fresh worker had nothing resident
+        assert rig.backend.worker_pid("g0") not in (None, pid)
+        assert await rig.check() == {("small", 1, 0)}
+        assert rig.backend.crashes == 1
+        slow = rig.action("big", 1, tokens=rows)  # a timeout stops it between two layers
+        slow = Action(slow.id, slow.task, slow.trajectory, slow.kind, slow.cost,
+                      service="big", payload={**slow.payload, "timeout_s": 0.2})
+        _, out = await rig.ex.run(slow)
+        assert out.status == "timeout" and "0.2 s timeout" in out.error
+        assert rig.core.gpu.busy_gpus() == 0
+        await rig.check()
+
+    on_loop({"small": TINY, "big": BIG}, body)
+
+
+def test_concurrent_actions_on_disjoint_chunks_do_not_interfere() -> None:
+    services = {s: TINY for s in "abcd"}
+    tokens = {s: np.random.default_rng(i).integers(0, 128, size=(4, 24)).tolist()
+              for i, s in enumerate(services)}
+
+    async def body(rig: Rig) -> None:
+        alone = {}
+        for s in services:  # reference: each service alone
+            out = await rig.run(s, 2, tokens=tokens[s])
+            alone[s] = json.loads(out.output)["logprobs"]
+        rig.ex.runtime.records.clear()
+        for _ in range(3):
+            actions = [rig.action(s, 2, tokens=tokens[s]) for s in services]
+            results = await asyncio.gather(*(rig.ex.run(a) for a in actions))
+            chunks = [tuple(rec.gpus.split(",")) for rec, _ in results]
+            assert len(set(chunks)) == 4  # four disjoint 2-GPU chunks of one node
+            for s, (_, out) in zip(services, results, strict=True):
+                assert out.ok, out.error
+                assert np.allclose(json.loads(out.output)["logprobs"], alone[s], atol=1e-5)
+            await rig.check()
+
+    on_loop(services, body)
+
+
+def test_a_bad_request_fails_alone_and_releases_its_gpus() -> None:
+    async def body(rig: Rig) -> None:
+        out = await rig.run("a", tokens=[[1, 999]])
+        assert out.status == "failed" and "payload.tokens[0]: token 999" in out.error
+        assert rig.core.gpu.busy_gpus() == 0
+        out = await rig.run("a", op="score", tokens=[[1, 2, 3], [4]])
+        scores = json.loads(out.output)["scores"]
+        assert out.ok and len(scores) == 2 and all(s < 0 for s in scores)
+        await rig.check()
+
+    on_loop({"a": TINY}, body)
+
+
+def test_model_loaders_say_what_is_wrong(tmp_path: Path) -> None:
+    with pytest.raises(ModelError, match="hidden_size 30 must divide by num_attention_heads 4"):
+        TinyLM(NumpyOps(), {**TINY, "hidden_size": 30})
+    (tmp_path / "config.json").write_text("{}")
+    with pytest.raises(ModelError, match="needs torch and transformers"):
+        load_model(ModelSource.hf(str(tmp_path)), NumpyOps())
+    bad = {"gpu_nodes": [{"gpus": 8, "gpu_mem_gb": 1}],
+           "services": [{"name": "a", "model": {"init": "random", "config": {"hidden": 3}}},
+                        {"name": "b"}, {"name": "c", "model": {"init": "zeros"}}]}
+    with pytest.raises(ClusterError) as e:
+        load_gpu_cluster(bad, "cpu")
+    text = str(e.value)
+    assert "model.config.hidden: unknown key" in text and "(b): no model" in text
+    assert "model.init: expected 'random'" in text
+    ok = load_gpu_cluster({"gpu_nodes": [{"gpus": 2, "gpu_mem_gb": 1}],
+                           "services": [{"name": "a", "model": {"init": "random",
+                                                                "config": TINY}}]}, "cpu")
+    assert ok.spec.services[0].size_gb == pytest.approx(TINY_GB)  # computed from the config
+    shipped = read_gpu_cluster(ROOT / "executor/gpu/clusters/cpu-tiny.yaml", "cpu")
+    assert sorted(shipped.sources) == ["judge", "teacher0", "teacher1"]
+
+
+def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], capture_output=True,
+                          text=True, timeout=timeout, cwd=ROOT)
+
+
+def _nvml_works() -> bool:
+    import pynvml
+
+    try:
+        pynvml.nvmlInit()
+    except pynvml.NVMLError:
+        return False
+    pynvml.nvmlShutdown()
+    return True
+
+
+def test_gpus_auto_without_a_driver_is_a_clear_error(tmp_path: Path) -> None:
+    spec = tmp_path / "gpu.yaml"
+    spec.write_text(yaml.safe_dump({"services": [{"name": "a", "model": {
+        "init": "random", "config": TINY}}]}))
+    res = _cli("serve", "--gpus", "auto", "--gpu-cluster", str(spec), "--port",
+               str(free_port()), "--state-dir", str(tmp_path / "st"), timeout=20)
+    if _nvml_works():  # a machine with a driver: discovery must work instead
+        from executor.gpu.config import discover
+
+        node, physical, info = discover()
+        assert node.gpus in (1, 2, 4, 8) and info["driver"]
+        return
+    assert res.returncode == 2, res.stderr
+    assert "--gpus auto: NVML cannot start" in res.stderr and "no NVIDIA driver" in res.stderr
+    assert "Traceback" not in res.stderr
+
+
+def test_cuda_device_without_torch_or_gpu_is_a_clear_error() -> None:
+    from executor.gpu.arrays import torch_available
+
+    res = _cli("bench", "gpu", "--device", "cuda", timeout=60)
+    if torch_available():
+        import torch
+
+        if torch.cuda.is_available():
+            assert res.returncode == 0, res.stderr
+            return
+        assert "torch sees no CUDA device" in res.stderr
+    else:
+        assert "needs torch" in res.stderr
+    assert res.returncode == 2 and "Traceback" not in res.stderr
+
+
+def test_serve_runs_gpu_actions_over_http(tmp_path: Path) -> None:
+    spec = tmp_path / "gpu.yaml"
+    spec.write_text(yaml.safe_dump({
+        "gpu_nodes": [{"count": 1, "prefix": "g", "gpus": 8, "gpu_mem_gb": TINY_GB * 1.5}],
+        "services": [{"name": n, "model": {"init": "random", "config": TINY, "seed": i}}
+                     for i, n in enumerate(("judge", "teacher"))]}))
+    port = free_port()
+    log = tmp_path / "serve.log"
+    proc = subprocess.Popen(
+        [sys.executable, str(ROOT / "cli.py"), "serve", "--port", str(port), "--state-dir",
+         str(tmp_path / "st"), "--gpu-cluster", str(spec), "--gpu-device", "cpu"],
+        stdout=log.open("w"), stderr=subprocess.STDOUT, env={**os.environ, "TANGRAM_TOKEN": TOKEN},
+        cwd=ROOT)
+    url = f"http://127.0.0.1:{port}"
+    headers = {"Authorization": f"Bearer {TOKEN}"}
+    try:
+        deadline = time.time() + 60
+        while True:
+            assert proc.poll() is None and time.time() < deadline, log.read_text()
+            try:
+                if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        with httpx.Client(base_url=url, headers=headers, timeout=30) as c:
+            tid = c.post("/v1/trajectories", json={"task": "mopd"}).json()["id"]
+            bad = c.post(f"/v1/trajectories/{tid}/actions",
+                         json={"id": "x0", "service": "teacher", "gpus": "3",
+                               "inputs": {"tokens": [[1, 2]]}})
+            assert bad.status_code == 422 and "GPU counts must be 1, 2, 4 or 8" in bad.text
+            bad = c.post(f"/v1/trajectories/{tid}/actions",
+                         json={"id": "x1", "service": "nope", "inputs": {"tokens": [[1, 2]]}})
+            assert bad.status_code == 422 and "unknown service 'nope'" in bad.text
+            results = []
+            for i, (svc, op) in enumerate([("teacher", "logprobs"), ("judge", "score"),
+                                           ("teacher", "logprobs")]):
+                r = c.post(f"/v1/trajectories/{tid}/actions", json={
+                    "id": f"g{i}", "kind": "reward_judge" if op == "score" else "teacher",
+                    "service": svc, "gpus": "1,2", "inputs": {"op": op, "tokens": [[5, 6, 7]]}})
+                assert r.status_code == 202, r.text
+                results.append(c.get(f"/v1/actions/g{i}", params={"wait": 30}).json())
+            assert [r["status"] for r in results] == ["ok"] * 3, results
+            assert len(json.loads(results[0]["output"])["logprobs"][0]) == 2
+            assert len(json.loads(results[1]["output"])["scores"]) == 1
+            assert results[0]["output"] == results[2]["output"]  # same weights, same answer
+            assert results[0]["gpus"] and results[0]["units"] == len(results[0]["gpus"])
+            gpus = c.get("/v1/gpus").json()
+            assert gpus["device"] == "cpu" and gpus["services"]["teacher"]["restores"] >= 1
+            worker = gpus["nodes"]["g0"]["worker_pid"]
+            metrics = c.get("/metrics").text
+            assert 'tangram_service_restores_total{service="teacher"}' in metrics
+            assert 'tangram_gpu_weights_bytes{node="g0",gpu="0"}' in metrics
+            assert "tangram_service_restore_seconds" in metrics
+            c.delete(f"/v1/trajectories/{tid}")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+    deadline = time.time() + 10  # the worker process ended with the server
+    while Path(f"/proc/{worker}").exists() and time.time() < deadline:
+        time.sleep(0.1)
+    assert not Path(f"/proc/{worker}").exists()
+
+
+def test_run_replays_gpu_rows_with_measured_restores(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    res = _cli("run", "--trace", str(ROOT / "traces/samples/mopd.parquet"), "--gpu-device",
+               "cpu", "--limit", "12", "--think-scale", "0", "--out", str(out), "-q")
+    assert res.returncode == 0, res.stderr
+    summary = json.loads((out / "summary.json").read_text())
+    gpu = summary["gpu"]
+    assert summary["actions"] == 12 and summary["failed"] == 0
+    assert gpu["restores_measured"] == gpu["restores_modelled"] > 0
+    assert gpu["restore_s_measured"] > 0 and gpu["restore_bytes"] > 0
+    assert gpu["residency_mismatches"] == 0
+    res = _cli("run", "--trace", str(ROOT / "traces/samples/mopd.parquet"), "--limit", "1",
+               "--out", str(tmp_path / "no"), "-q")
+    assert res.returncode == 2 and "--gpu-device cpu" in res.stderr
+    res = _cli("run", "--trace", str(ROOT / "traces/samples/mopd.parquet"), "--limit", "1",
+               "--gpu-device", "cpu", "--policy", "static", "--out", str(tmp_path / "st"), "-q")
+    assert res.returncode == 2 and "static or cold-started" in res.stderr

@@ -1,0 +1,326 @@
+"""The adapters against the real frameworks and a real `tangram serve`.
+
+* verl 0.9.1: its tool modules are imported torch-free (see verl_torchfree.py: the
+  package ``__init__`` files that import torch are skipped, the modules themselves
+  are verl's own). The tool is constructed by verl's real loader
+  ``initialize_tools_from_config`` from ``examples/verl_tool.yaml``. verl's
+  ``ToolAgentLoop`` itself imports torch and PIL at module level and needs a
+  tokenizer and a rollout server, so it cannot run here; ``verl_call_tool`` below
+  makes the calls its ``_call_tool`` makes, in its order and with its arguments
+  (``create(create_kwargs=...)``, ``execute(instance_id, args, agent_data=...)``,
+  ``release(instance_id)`` in a ``finally``), with an ``agent_data`` that carries
+  the ``request_id`` attribute verl's ``AgentData`` has.
+* gymnasium 1.4: ``gymnasium.make`` and the real ``check_env``.
+* skyrl-gym 0.4: ``skyrl_gym.make`` and the real ``BaseTextEnv`` contract.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+import types
+import warnings
+from pathlib import Path
+
+import pytest
+from conftest import ROOT, TOKEN
+from verl_torchfree import load_verl_tools
+
+from tangram.client import TangramClient, TangramError
+
+tool_registry = load_verl_tools()  # before tangram.integrations.verl, so it sees verl
+
+from verl.tools.base_tool import BaseTool  # noqa: E402
+from verl.tools.schemas import ToolResponse  # noqa: E402
+
+from tangram.integrations.common import RewardConfig  # noqa: E402
+from tangram.integrations.verl import TangramTool, rollout_scope  # noqa: E402
+
+
+def run(coro):
+    return asyncio.run(coro)
+
+
+async def verl_call_tool(tool, args: dict, agent_data) -> tuple:
+    """What verl 0.9.1's ToolAgentLoop._call_tool does for a BaseTool, in its order."""
+    instance_id = None
+    try:
+        instance_id, _ = await tool.create(create_kwargs={})
+        response, reward, metrics = await tool.execute(instance_id, args, agent_data=agent_data)
+    except Exception as e:  # verl turns any error into the text the model sees
+        return ToolResponse(text=f"Error executing tool '{tool.name}': {e}"), 0.0, {}
+    finally:
+        if instance_id:
+            await tool.release(instance_id)
+    return response, reward, metrics
+
+
+def agent(request_id: str) -> types.SimpleNamespace:
+    return types.SimpleNamespace(request_id=request_id)
+
+
+async def _gone(url: str, trajectory: str) -> bool:
+    async with TangramClient(url, TOKEN) as tg:
+        try:
+            await tg.get_file(trajectory, "x")
+        except TangramError as e:
+            return e.status == 404 and "unknown trajectory" in str(e.detail)
+    return False
+
+
+# -- importable without any framework ------------------------------------------------------
+def test_integrations_import_without_any_framework():
+    code = """
+import sys, importlib.abc
+class Block(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split('.')[0] in ('verl', 'gymnasium', 'skyrl_gym', 'torch'):
+            raise ImportError('blocked: ' + name)
+sys.meta_path.insert(0, Block())
+import tangram.integrations, tangram.integrations.common
+from tangram.integrations.verl import HAVE_VERL, TangramTool
+assert not HAVE_VERL
+tool = TangramTool({'base_url': 'http://127.0.0.1:1', 'token': 't'})
+schema = tool.get_openai_tool_schema()['function']
+assert tool.name == 'shell' and schema['parameters']['required'] == ['command']
+for mod, hint in (('gym', 'pip install gymnasium'), ('skyrl', 'pip install skyrl-gym')):
+    try:
+        importlib.import_module('tangram.integrations.' + mod)
+    except ImportError as e:
+        assert hint in str(e), e
+    else:
+        raise SystemExit(mod + ' imported without its framework')
+print('ok')
+"""
+    out = subprocess.run([sys.executable, "-c", "import importlib\n" + code], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
+
+
+def test_adapter_config_errors_name_the_field():
+    for config, field in (({"token": "t"}, "config.base_url"),
+                          ({"base_url": "u", "token": "t", "mem_gb": -1}, "config.mem_gb"),
+                          ({"base_url": "u", "token": "t", "kindd": "x"}, "unknown key"),
+                          ({"base_url": "u", "token": "t", "reward": {"cmd": "x"}}, "config.reward"),
+                          ({"base_url": "u", "token": "t",
+                            "reward": {"command": "pytest", "elastic": True, "shell": True}},
+                           "config.reward.elastic")):
+        env = {k: v for k, v in os.environ.items() if k != "TANGRAM_URL"}
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(os, "environ", env)
+            with pytest.raises(ValueError, match=re.escape(field)):
+                TangramTool(config)
+
+
+# -- verl ----------------------------------------------------------------------------------
+async def _verl(url: str, yaml_path: Path) -> None:
+    tools = tool_registry.initialize_tools_from_config(str(yaml_path))
+    assert len(tools) == 1
+    tool = tools[0]
+    assert isinstance(tool, BaseTool) and isinstance(tool, TangramTool)
+    assert tool.name == "shell"
+    schema = tool.get_openai_tool_schema().model_dump(exclude_none=True)
+    assert schema["function"]["parameters"]["required"] == ["command"]
+
+    async with rollout_scope():
+        # two calls of one rollout share its sandbox (verl creates and releases per call)
+        a = agent("rollout-a")
+        resp, reward, metrics = await verl_call_tool(
+            tool, {"command": "echo 42 > answer.txt && pwd"}, a)
+        assert isinstance(resp, ToolResponse) and reward == 0.0
+        assert resp.text.rstrip().endswith("[exit code 0]") and metrics["exit_code"] == 0
+        sandbox = tool.sandbox_of("rollout-a")
+        resp, _, _ = await verl_call_tool(tool, {"command": "cat answer.txt"}, a)
+        assert resp.text.startswith("42\n") and tool.sandbox_of("rollout-a") == sandbox
+        # another rollout has its own sandbox; a failure's exit code reaches the model
+        resp, _, metrics = await verl_call_tool(tool, {"command": "cat answer.txt"},
+                                                agent("rollout-b"))
+        assert "No such file" in resp.text and re.search(r"\[exit code [1-9]\d*\]$", resp.text)
+        assert tool.sandbox_of("rollout-b") not in (None, sandbox)
+        # parallel calls of one rollout (max_parallel_calls) open one sandbox
+        outs = await asyncio.gather(*(verl_call_tool(tool, {"command": f"echo {i} >> par.txt"},
+                                                     agent("rollout-c")) for i in range(4)))
+        assert all(o[2]["exit_code"] == 0 for o in outs)
+        resp, _, _ = await verl_call_tool(tool, {"command": "wc -l < par.txt"}, agent("rollout-c"))
+        assert resp.text.startswith("4\n")
+        # the model cannot pick the kind or the resources; a missing command is explained
+        resp, _, metrics = await verl_call_tool(
+            tool, {"command": "true", "kind": "reward_test", "cpu": "8", "mem_gb": 99}, a)
+        assert metrics["units"] <= 1 and metrics["status"] == "ok"  # cpu "8" would not fit
+        resp, _, metrics = await verl_call_tool(tool, {"cmd": "ls"}, a)
+        assert '"command"' in resp.text and metrics["error"] == "missing command"
+        # the reward command runs in the rollout's sandbox (the YAML's, overridden here)
+        tool.settings = dataclasses.replace(
+            tool.settings, reward=RewardConfig('test "$(cat answer.txt)" = 42'))
+        assert await tool.calc_reward("any", agent_data=a) == 1.0
+        assert await tool.calc_reward("any", agent_data=agent("rollout-b")) == 0.0
+        opened = [tool.sandbox_of(r) for r in ("rollout-a", "rollout-b", "rollout-c")]
+    # leaving the rollout scope closed every sandbox it opened
+    assert all(tool.sandbox_of(r) is None for r in ("rollout-a", "rollout-b", "rollout-c"))
+    for tid in opened:
+        assert await _gone(url, tid)
+
+    # timeouts are reported to the model; the idle TTL closes an abandoned rollout's sandbox
+    quick = TangramTool({"type": "native", "base_url": url, "token": TOKEN, "timeout_s": 0.5,
+                         "idle_ttl_s": 0.5})
+    resp, _, metrics = await verl_call_tool(quick, {"command": "sleep 5"}, agent("slow"))
+    assert metrics["status"] == "timeout" and "[timed out" in resp.text
+    abandoned = quick.sandbox_of("slow")
+    deadline = time.monotonic() + 10
+    while quick.sandbox_of("slow") is not None and time.monotonic() < deadline:
+        await asyncio.sleep(0.1)
+    assert quick.sandbox_of("slow") is None and await _gone(url, abandoned)
+
+    # closing a rollout while one of its calls runs waits for the call, then closes
+    busy = asyncio.create_task(verl_call_tool(quick, {"command": "sleep 0.3; echo done"},
+                                              agent("busy")))
+    while quick.sandbox_of("busy") is None:
+        await asyncio.sleep(0.02)
+    busy_tid = quick.sandbox_of("busy")
+    await asyncio.sleep(0.1)
+    await quick.close_rollout("busy")
+    assert (await busy)[0].text.startswith("done") and await _gone(url, busy_tid)
+
+    # the classic lifecycle (no agent_data): a sandbox per instance, closed by release
+    iid, _ = await tool.create("classic-1")
+    await tool.execute(iid, {"command": "echo 42 > answer.txt"})
+    resp, _, _ = await tool.execute(iid, {"command": "cat answer.txt"})
+    assert resp.text.startswith("42")
+    classic = tool.sandbox_of(iid)
+    assert await tool.calc_reward(iid) == 1.0
+    await tool.release(iid)
+    assert tool.sandbox_of(iid) is None and await _gone(url, classic)
+    await tool.close_all()
+    await quick.close_all()
+
+
+def test_verl_loader_builds_the_tool_and_a_rollout_keeps_its_sandbox(process_server,
+                                                                    monkeypatch):
+    monkeypatch.setenv("TANGRAM_URL", process_server.url)  # the YAML reads both from the env
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    run(_verl(process_server.url, ROOT / "examples" / "verl_tool.yaml"))
+
+
+# -- gymnasium -----------------------------------------------------------------------------
+def test_gymnasium_check_env_and_an_episode(process_server):
+    import gymnasium
+    from gymnasium.utils.env_checker import check_env
+
+    import tangram.integrations.gym  # noqa: F401  (registers tangram/Shell-v0)
+
+    kwargs = {"base_url": process_server.url, "token": TOKEN, "task": "gym",
+              "reward": {"command": "grep -q hello task.md"}, "max_action_chars": 256}
+    env = gymnasium.make("tangram/Shell-v0", **kwargs)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        check_env(env.unwrapped)
+    ours = [str(w.message) for w in caught if "gymnasium" in str(w.filename)
+            and "render" not in str(w.message)]
+    assert not ours, ours
+    obs, info = env.reset(seed=7, options={"files": {"task.md": "hello world\n"}})
+    assert obs == "" and info == {"step": 0}
+    obs, reward, terminated, truncated, info = env.step("cat task.md; exit 2")
+    assert obs.startswith("hello world\n") and obs.rstrip().endswith("[exit code 2]")
+    assert (reward, terminated, truncated) == (0.0, False, False)
+    assert info == {"step": 1, "exit_code": 2, "status": "ok"}
+    obs, reward, terminated, truncated, info = env.step("submit")
+    assert (reward, terminated) == (1.0, True) and info["reward_exit_code"] == 0
+    env.close()
+    env.close()  # closing twice is allowed
+
+    # without a reward command `submit` ends the episode; nothing named submit runs
+    plain = gymnasium.make("tangram/Shell-v0", base_url=process_server.url, token=TOKEN)
+    plain.reset()
+    obs, reward, terminated, _, info = plain.step("submit")
+    assert terminated and reward == 0.0 and "no reward command" in obs
+    plain.close()
+
+
+# -- SkyRL-gym -----------------------------------------------------------------------------
+def test_skyrl_make_and_an_episode(process_server):
+    import skyrl_gym
+    from skyrl_gym.envs.base_text_env import BaseTextEnv
+
+    import tangram.integrations.skyrl  # noqa: F401  (registers tangram-shell)
+
+    env = skyrl_gym.make("tangram-shell",
+                         env_config={"base_url": process_server.url, "token": TOKEN,
+                                     "task": "skyrl"},
+                         extras={"max_turns": 5, "files": {"task.md": "write 42 to answer.txt"},
+                                 "reward_command": 'test "$(cat answer.txt)" = 42'})
+    assert isinstance(env, BaseTextEnv) and env.max_turns == 5
+    prompt = [{"role": "user", "content": "Solve the task in task.md."}]
+    assert env.init(prompt) == (prompt, {})
+    out = env.step("I think the answer is 42.")  # no tag: a hint, nothing runs
+    assert not out["done"] and "<bash>" in out["observations"][0]["content"]
+    out = env.step("Reading it: <bash>cat task.md</bash>")
+    assert out["observations"][0]["content"].startswith("write 42 to answer.txt")
+    assert out["observations"][0]["role"] == "user" and out["reward"] == 0.0
+    out = env.step("<bash>echo 42 > answer.txt && pwd</bash>")
+    assert out["metadata"]["exit_code"] == 0 and "answer.txt" not in out["observations"][0]["content"]
+    out = env.step("Done. <submit/>")
+    assert out["done"] and out["reward"] == 1.0 and out["observations"] == []
+    tid = env.trajectory
+    env.close()
+    env.close()
+    assert run(_gone(process_server.url, tid))
+
+    # without a reward command: `submit` as a bare word is never run; the tag ends at 0
+    env = skyrl_gym.make("tangram-shell", env_config={"base_url": process_server.url,
+                                                      "token": TOKEN}, extras={})
+    env.init([])
+    out = env.step("submit")
+    assert not out["done"] and "No command found" in out["observations"][0]["content"]
+    out = env.step("<submit/>")
+    assert out["done"] and out["reward"] == 0.0
+    env.close()
+
+
+# -- the README's Python example, as written ----------------------------------------------
+def readme_example() -> str:
+    text = (ROOT / "README.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.DOTALL)
+    assert blocks, "README.md has no python example"
+    return blocks[0]
+
+
+@pytest.mark.parametrize("server", ["process_server", "docker_server"])
+def test_readme_python_example_runs_against_a_live_server(server, request, tmp_path):
+    url = request.getfixturevalue(server).url
+    script = tmp_path / "example.py"
+    script.write_text(readme_example())
+    env = {**os.environ, "TANGRAM_URL": url, "TANGRAM_TOKEN": TOKEN}
+    out = subprocess.run([sys.executable, str(script)], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.loads(out.stdout.splitlines()[0])
+    assert result["status"] == "ok" and result["exit_code"] == 0  # the patched code passes
+    assert "return a + b" in out.stdout
+
+
+# -- the verl tool on the docker backend: a container per rollout ---------------------------
+async def _verl_docker(url: str) -> None:
+    tool = TangramTool({"type": "native", "base_url": url, "token": TOKEN, "task": "verl-docker",
+                        "mem_gb": 0.1})
+    async with rollout_scope():
+        a = agent("docker-rollout")
+        resp, _, _ = await verl_call_tool(tool, {"command": "echo 42 > answer.txt && pwd"}, a)
+        assert resp.text == "/work\n[exit code 0]"
+        resp, _, _ = await verl_call_tool(tool, {"command": "cat answer.txt"}, a)
+        assert resp.text == "42\n[exit code 0]"
+        # past the sandbox's memory limit the kernel kills the command; the model is told why
+        resp, _, metrics = await verl_call_tool(
+            tool, {"command": "python3 -c 'b = bytearray(600 * 2**20); print(len(b))'"}, a)
+        assert "out of memory" in resp.text and metrics["exit_code"] in (137, -9), resp.text
+        tid = tool.sandbox_of("docker-rollout")
+    assert await _gone(url, tid)
+
+
+def test_verl_tool_on_docker_shares_a_container_and_reports_oom(docker_server):
+    run(_verl_docker(docker_server.url))
