@@ -19,14 +19,12 @@ ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
 
 
 class BodyLimit:
-    """At most ``max_bytes`` per request body; ``large_bytes`` on paths matching
-    ``large_paths`` (a regex), which are passed through unbuffered."""
+    """At most ``max_bytes`` per request body, except on paths matching ``large_paths``
+    (a regex): passed through unbuffered to a route that bounds what it reads itself."""
 
-    def __init__(self, app: ASGIApp, max_bytes: int, large_bytes: int | None = None,
-                 large_paths: str | None = None) -> None:
+    def __init__(self, app: ASGIApp, max_bytes: int, large_paths: str | None = None) -> None:
         self.app = app
         self.max_bytes = max_bytes
-        self.large_bytes = large_bytes or max_bytes
         self.large_paths = re.compile(large_paths) if large_paths else None
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -35,9 +33,6 @@ class BodyLimit:
             return
         length = dict(scope.get("headers") or []).get(b"content-length")
         if self.large_paths is not None and self.large_paths.match(scope.get("path", "")):
-            if length is not None and (not length.isdigit() or int(length) > self.large_bytes):
-                await self._too_large(send, self.large_bytes)
-                return
             await self.app(scope, receive, send)  # the file API bounds what it reads itself
             return
         if length is not None and (not length.isdigit() or int(length) > self.max_bytes):
@@ -66,9 +61,8 @@ class BodyLimit:
 
         await self.app(scope, replay, send)
 
-    async def _too_large(self, send: Send, limit: int | None = None) -> None:
-        limit = limit or self.max_bytes
-        data = json.dumps({"detail": f"request body larger than {limit} bytes"}).encode()
+    async def _too_large(self, send: Send) -> None:
+        data = json.dumps({"detail": f"request body larger than {self.max_bytes} bytes"}).encode()
         await send({"type": "http.response.start", "status": 413,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(data)).encode()),

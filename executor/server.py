@@ -24,7 +24,6 @@ from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
 from executor.driver import LiveBackend, LiveExecutor
-from executor.files import MAX_FILE_BYTES
 from executor.files_api import router as files_router
 from executor.gpu.routes import router as gpu_router
 from executor.journal import Journal
@@ -40,7 +39,7 @@ from tangram.core import Tangram
 GRACEFUL_S = 2.0
 #: finished actions' records kept in memory for the status page (the journal has them all)
 RECENT_RECORDS = 256
-#: request paths whose bodies may be up to MAX_FILE_BYTES (the file API's uploads)
+#: request paths whose bodies the file API limits itself (executor.files.MAX_FILE_BYTES)
 FILES_PATH = r"^/v1/trajectories/[^/]+/files/"
 
 
@@ -74,9 +73,8 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     app.include_router(status_router(auth))  # the live status page at / (executor/status.py)
     app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(ValueError, _value_error)
-    # file uploads may be larger than any JSON body
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, large_bytes=MAX_FILE_BYTES,
-                       large_paths=FILES_PATH)
+    # file uploads may be larger than any JSON body: the file API bounds them itself
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, large_paths=FILES_PATH)
     return app
 
 
