@@ -202,13 +202,17 @@ def trace_generate(
     out: Annotated[Path, typer.Option(help="Output file; format from the extension.")],
     trajectories: Annotated[int, typer.Option(min=1, help="Trajectories in the batch.")] = 256,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    arrival: Annotated[str | None, typer.Option(
+        help="mopd / mixed: 'burst' (default; every trajectory starts together and sends "
+             "its teacher request when its own generation ends) or 'spread' (starts spread "
+             "over ~20 min by the Azure trace's inter-arrival gaps).")] = None,
 ) -> None:
     """Generate a calibrated synthetic trace (sources in traces/README.md)."""
     from traces.generate import generate
     from traces.schema import TraceError, write
 
     try:
-        df = generate(workload, trajectories, seed)
+        df = generate(workload, trajectories, seed, arrival)
         write(df, out)
     except (ValueError, TraceError) as e:
         fail(str(e))
@@ -225,6 +229,35 @@ def bench_scheduler(
 
     for row in scheduler_bench(actions, seed):
         print(json.dumps(row), flush=True)
+
+
+@bench_app.command("gpu-target")
+def bench_gpu_target(
+    trajectories: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")]
+    = "256,1024,2048",
+    seeds: Annotated[str, typer.Option(help="Trace seeds, comma-separated.")] = "0",
+    think_scale: Annotated[float, typer.Option(
+        min=0.01, help="Scale generation times (< 1: the same requests in less time).")] = 1.0,
+    arrival: Annotated[str, typer.Option(help="burst | spread")] = "burst",
+    workers: Annotated[int, typer.Option(min=1, help="Parallel simulations.")] = 2,
+) -> None:
+    """The GPU target: burst MOPD on the paper's cluster under tangram, tangram-paper,
+    static (every teacher on 4 GPUs) and serverless, one JSON line per run, then the
+    verdict (Tangram's mean ACT <= static's, restore overhead <= 0.25, not growing)."""
+    from analysis.experiments import gpu_target_jobs, gpu_target_verdict, run_jobs
+
+    try:
+        sizes = [int(x) for x in trajectories.split(",") if x.strip()]
+        seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+        jobs = gpu_target_jobs(sizes, seed_list, think_scale, arrival)
+    except ValueError as e:
+        fail(f"bench gpu-target: {e}")
+    keep = ("seed", "trajectories", "policy", "act_mean_s", "act_p99_s", "queue_mean_s",
+            "exec_mean_s", "restores", "restore_overhead", "gpu_busy", "error")
+    rows = run_jobs(jobs, workers)
+    for row in rows:
+        print(json.dumps({k: row[k] for k in keep if k in row}), flush=True)
+    print(json.dumps(gpu_target_verdict(rows)), flush=True)
 
 
 @bench_app.command("learning")

@@ -58,6 +58,8 @@ class Job:
     restore_gbps: float | None = None
     think_scale: float = 1.0
     test_scale: float = 1.0
+    #: mopd / mixed: "burst" (the generator's default) or "spread"
+    arrival: str | None = None
     options: tuple[tuple[str, Any], ...] = ()
     tags: tuple[tuple[str, Any], ...] = ()
 
@@ -76,7 +78,7 @@ def cluster_for(job: Job) -> ClusterSpec:
 
 
 def run_job(job: Job) -> dict[str, Any]:
-    df = generate(job.workload, job.trajectories, job.seed)
+    df = generate(job.workload, job.trajectories, job.seed, job.arrival)
     if job.think_scale != 1.0:
         df["think_s"] = df["think_s"] * job.think_scale
     if job.test_scale != 1.0:
@@ -84,7 +86,7 @@ def run_job(job: Job) -> dict[str, Any]:
         df.loc[tests, "t1_s"] = df.loc[tests, "t1_s"] * job.test_scale
     df = validate(df)
     tags = {"experiment": job.experiment, "workload": job.workload, "policy": job.policy,
-            "trajectories": job.trajectories, **dict(job.tags)}
+            "trajectories": job.trajectories, "seed": job.seed, **dict(job.tags)}
     cluster = cluster_for(job)
     try:
         options = dict(job.options)
@@ -96,7 +98,8 @@ def run_job(job: Job) -> dict[str, Any]:
     s = run.summary
     keep = ("actions", "act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s", "queue_p99_s",
             "exec_mean_s", "step_time_s", "restore_mean_s", "failed",
-            "api_retries", "per_category", "utilisation", "gpu_restores")
+            "api_retries", "per_category", "utilisation", "gpu_restores", "restores",
+            "restore_overhead", "gpu_busy")
     out = {k: s[k] for k in keep}
     out["decision_mean_us"] = s["timing"]["decision_mean_us"]
     out["queue_max_s"] = float(run.actions["queue_s"].max()) if len(run.actions) else 0.0
@@ -118,13 +121,54 @@ def fig8(sc: dict) -> list[Job]:
             for b in sc["cpu_batches"] for p in ("tangram", "k8s")]
     jobs += [Job("fig8_cpu_capacity", "coding", sc["cpu_cap_batch"], p, sc["base"], cpu_nodes=n,
                  tags=(("x", n),)) for n in sc["cpu_nodes"] for p in ("tangram", "k8s")]
-    jobs += [Job("fig8_gpu_batch", "mopd", b, p, sc["base"], tags=(("x", b),))
+    # the synchronous-rollout burst (every trajectory starts together, each sends its
+    # teacher request when its own generation ends), the paper's MOPD setting
+    jobs += [Job("fig8_gpu_batch", "mopd", b, p, sc["base"], arrival="burst", tags=(("x", b),))
              for b in sc["gpu_batches"] for p in ("tangram", "static", "serverless")]
     top = sc["gpu_batches"][-1]
     # every system on every GPU count: how many GPUs each needs for static's ACT at full size
-    jobs += [Job("fig8_gpu_nodes", "mopd", top, p, sc["base"], gpu_nodes=n, tags=(("x", n),))
+    jobs += [Job("fig8_gpu_nodes", "mopd", top, p, sc["base"], gpu_nodes=n, arrival="burst",
+                 tags=(("x", n),))
              for n in sc["gpu_nodes"] for p in ("tangram", "static", "serverless")]
     return jobs
+
+
+#: the issue's GPU target: on the paper's cluster, burst MOPD at these batch sizes
+GPU_TARGET_BATCHES = (256, 1024, 2048)
+GPU_TARGET_POLICIES = ("tangram", "tangram-paper", "static", "serverless")
+
+
+def gpu_target_jobs(batches: Iterable[int] = GPU_TARGET_BATCHES, seeds: Iterable[int] = (0,),
+                    think_scale: float = 1.0, arrival: str = "burst") -> list[Job]:
+    """Burst MOPD on the paper's cluster under every GPU policy. ``think_scale`` < 1
+    compresses the generations (the same requests in less time: a harder burst)."""
+    return [Job("gpu_target", "mopd", b, p, "paper", seed=seed, think_scale=think_scale,
+                arrival=arrival, tags=(("x", b), ("think_scale", think_scale)))
+            for seed in seeds for b in batches for p in GPU_TARGET_POLICIES]
+
+
+def gpu_target_verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """Whether the target holds: per seed and batch, Tangram's mean ACT at most static's,
+    restore overhead at most 0.25 and not growing with the batch size."""
+    by = {(r["seed"], r["trajectories"], r["policy"]): r for r in rows}
+    failures = []
+    for seed in sorted({r["seed"] for r in rows}):
+        sizes = sorted({r["trajectories"] for r in rows if r["seed"] == seed})
+        prev = None
+        for n in sizes:
+            t, s = by.get((seed, n, "tangram")), by.get((seed, n, "static"))
+            if t is None or s is None:
+                continue
+            if not t["act_mean_s"] <= s["act_mean_s"]:
+                failures.append(f"seed {seed}, {n}: ACT {t['act_mean_s']:.3f} s > static "
+                                f"{s['act_mean_s']:.3f} s")
+            if not t["restore_overhead"] <= 0.25:
+                failures.append(f"seed {seed}, {n}: restore overhead {t['restore_overhead']:.3f}")
+            if prev is not None and t["restore_overhead"] > prev + 0.02:
+                failures.append(f"seed {seed}, {n}: restore overhead grew "
+                                f"{prev:.3f} -> {t['restore_overhead']:.3f}")
+            prev = t["restore_overhead"]
+    return {"verdict": "met" if not failures else "not met", "failures": failures}
 
 
 def fig9(sc: dict) -> list[Job]:

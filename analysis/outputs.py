@@ -42,11 +42,53 @@ def records_frame(records: Iterable[Record]) -> pd.DataFrame:
     df = pd.DataFrame([asdict(r) for r in records])
     if df.empty:
         df = pd.DataFrame(columns=list(Record.__dataclass_fields__))
+    if "batch_of" not in df:  # actions.parquet written before batching existed
+        df["batch_of"] = ""
     df["queue_s"] = df["start_s"] - df["submit_s"]
     df["exec_s"] = df["end_s"] - df["start_s"]
     df["act_s"] = df["end_s"] - df["submit_s"]
     df["category"] = df["kind"].map(category)
     return df
+
+
+def dispatches_frame(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per lease: a batch's records (same ``batch_of``) become one row with its
+    units, its span and its restore (paid once)."""
+    if df.empty:
+        return pd.DataFrame(columns=["lease", "units", "start_s", "end_s", "restore_s", "gpu",
+                                     "cpu", "ok", "actions"])
+    lease = df["batch_of"].where(df["batch_of"].astype(bool), df["action_id"])
+    g = df.assign(lease=lease, ok=df["status"] == "ok").groupby("lease", sort=False)
+    out = g.agg(units=("units", "first"), start_s=("start_s", "min"), end_s=("end_s", "max"),
+                restore_s=("restore_s", "first"), gpus=("gpus", "first"),
+                cores=("cores", "first"), ok=("ok", "all"), actions=("action_id", "size"))
+    out["gpu"] = out["gpus"].astype(bool)
+    out["cpu"] = out["cores"].astype(bool)
+    return out.reset_index()
+
+
+def gpu_summary(df: pd.DataFrame, gpu_capacity: float, makespan: float,
+                restore_s_total: float | None, restores: int | None) -> dict[str, Any]:
+    """``restores`` (count, pre-restores included), ``restore_overhead`` (restore seconds /
+    execution seconds without restores, both on the GPUs) and ``gpu_busy`` (fraction of
+    GPU-seconds executing, restores excluded). Counted per lease: a batch restores once."""
+    d = dispatches_frame(df)
+    d = d[d["gpu"]] if len(d) else d
+    exec_s = float((d["end_s"] - d["start_s"] - d["restore_s"]).clip(lower=0).sum()) if len(d) else 0.0
+    if restore_s_total is None:  # no manager counts (e.g. a live run): the leases' restores
+        restore_s_total = float(d["restore_s"].sum()) if len(d) else 0.0
+    if restores is None:
+        restores = int((d["restore_s"] > 0).sum()) if len(d) else 0
+    busy = float((d["units"] * (d["end_s"] - d["start_s"] - d["restore_s"]).clip(lower=0))
+                 .sum()) if len(d) else 0.0
+    return {
+        "restores": int(restores),
+        "restore_overhead": restore_s_total / exec_s if exec_s else 0.0,
+        "restore_s": restore_s_total,
+        "gpu_busy": busy / (gpu_capacity * makespan) if gpu_capacity and makespan else 0.0,
+        "gpu_batches": int(len(d)),
+        "gpu_batch_mean": float(d["actions"].mean()) if len(d) else 0.0,
+    }
 
 
 def _stats(s: pd.Series) -> dict[str, float]:
@@ -77,7 +119,9 @@ def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
         "steps": steps,
     }
     util: dict[str, dict[str, float]] = {}
-    busy_units = (df["units"] * (df["exec_s"] - df["restore_s"])).where(df["status"] == "ok", 0)
+    leases = dispatches_frame(df)
+    busy_units = (leases["units"] * (leases["end_s"] - leases["start_s"] - leases["restore_s"])
+                  ).where(leases["ok"], 0)
     for res, cap in capacity.items():
         if not cap or math.isinf(cap):
             continue
@@ -88,8 +132,7 @@ def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
             span = t[-1] - t[0]
             entry["allocated"] = float(np.sum(u[:-1] * np.diff(t)) / (cap * span)) if span else 0.0
         if res in ("cpu", "gpu") and makespan:
-            mask = df["cores"].astype(bool) if res == "cpu" else df["gpus"].astype(bool)
-            entry["busy"] = float(busy_units[mask].sum() / (cap * makespan))
+            entry["busy"] = float(busy_units[leases[res].astype(bool)].sum() / (cap * makespan))
         util[res] = entry
     out["utilisation"] = util
     out["per_kind"] = {
@@ -126,6 +169,12 @@ def analyse(result: RunResult, extra: Mapping[str, Any] | None = None) -> Analys
     summary = summarise(frame, policy=result.policy, capacity=result.capacity,
                         utilisation=util, steps=result.steps,
                         extra={**result.counters, **(extra or {})})
+    gpu = getattr(result.core, "gpu", None)
+    summary.update(gpu_summary(frame, result.capacity.get("gpu", 0.0), summary["makespan_s"],
+                               getattr(gpu, "restore_s_total", None),
+                               getattr(gpu, "restores", None)))
+    if gpu is not None:
+        summary["gpu_prerestores"] = int(getattr(gpu, "prerestores", 0))
     t = result.timing
     decisions = pd.DataFrame({"action_id": list(t.decision_s),
                               "decision_us": [v * 1e6 for v in t.decision_s.values()]})

@@ -7,6 +7,10 @@ id) — never from what the scheduler was told — on the units it was granted,
 plus modelled overheads: environment start at a trajectory's first CPU action
 (a container under Tangram, a pod under k8s), GPU restore, setup, and for
 provider-admitted API calls the provider's 429s with exponential backoff.
+
+A batch dispatch (``Dispatch.batch``, continuous batching on a GPU service) runs as
+one batch: its time is :class:`tangram.batching.BatchModel` over each member's true
+time alone on the granted GPUs, and every member ends when the batch does.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tangram.backoff import Backoff
+from tangram.batching import DEFAULT_BATCHING, BatchModel
 from tangram.managers.quota import QuotaManager
 from tangram.model import Dispatch, Outcome, counted
 from tangram.runtime import Clock
@@ -72,12 +77,21 @@ def _declared_duration(d: Dispatch, truth: Truth, units: int) -> float:
 class ModelledBackend:
     """Models the execution of a dispatched action on a Clock."""
 
+    #: a batch dispatch runs as one batch (one Outcome per member)
+    serves_batches = True
+    #: a pre-restore is modelled by the GPU manager's own accounting (what is left of it
+    #: is paid by the action that lands on it)
+    prerestores = True
+
     def __init__(self, clock: Clock, rng: np.random.Generator,
                  truth: Mapping[str, Truth] | None = None, startup: StartupModel = NO_START,
                  provider: QuotaManager | None = None, backoff: Backoff = Backoff(),
-                 busy: Callable[[str], float] | None = None) -> None:
+                 busy: Callable[[str], float] | None = None,
+                 batching: BatchModel = DEFAULT_BATCHING) -> None:
         """``busy(node)``: fraction of the node's cores held exclusively (for the light
-        lane's time-sharing slowdown; None: no slowdown)."""
+        lane's time-sharing slowdown; None: no slowdown). ``batching``: the curve a batch
+        dispatch runs by."""
+        self.batching = batching
         self.clock = clock
         self.busy = busy
         self.rng = rng
@@ -99,7 +113,33 @@ class ModelledBackend:
         units = d.units if d.action.elastic else 1
         return _declared_duration(d, truth, units)
 
+    def true_duration_of(self, d: Dispatch, action_index: int) -> float:
+        """True time of one action of ``d`` alone on ``d``'s units."""
+        a = d.actions[action_index]
+        single = d if action_index == 0 else Dispatch(a, d.lease, d.submit_s, d.start_s, None)
+        return self.true_duration(single, self.truth.get(a.id) or truth_of(single))
+
+    def _start_batch(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        truths = [self.truth.get(a.id) for a in d.actions]
+        overhead = d.lease.restore_s + max((t.setup_s for t in truths if t), default=0.0)
+        exec_s = self.batching.batch_s([self.true_duration_of(d, i)
+                                        for i in range(len(d.actions))])
+
+        def done() -> None:
+            for a in d.actions:
+                if a.id in self._cancelled:
+                    self._cancelled.discard(a.id)
+                    on_done(Outcome(a.id, "cancelled", None, overhead_s=overhead))
+                else:
+                    on_done(Outcome(a.id, "ok", 0, overhead_s=overhead,
+                                    extra={"batch": len(d.actions)}))
+
+        self.clock.call_later(overhead + exec_s, done)
+
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        if d.batch:
+            self._start_batch(d, on_done)
+            return
         truth = self.truth.get(d.action.id) or truth_of(d)
         overhead = d.lease.restore_s + truth.setup_s
         if d.action.min("cpu") > 0 and d.action.trajectory not in self._started_envs:

@@ -18,11 +18,12 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+from tangram.batching import DEFAULT_BATCHING, BatchModel
 from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.managers.cpu import CpuLease, CpuManager
 from tangram.managers.gpu import GpuManager, GpuNode
 from tangram.model import Action
-from tangram.pools import CpuNodePool, Grant, Pending, Pool
+from tangram.pools import CpuNodePool, Grant, Pending, Pool, batch_expected, take_riders
 from tangram.scheduler import FixedDopScheduler
 
 
@@ -98,8 +99,10 @@ class ServicePool(Pool):
 
     key = "gpu"
 
-    def __init__(self, service: str, replicas: list[Replica]) -> None:
+    def __init__(self, service: str, replicas: list[Replica],
+                 batching: BatchModel = DEFAULT_BATCHING) -> None:
         super().__init__(f"gpu:{service}", FixedDopScheduler(replicas[0].size))
+        self.batching = batching
         self.replicas = replicas
         self.idle = list(replicas)
         self.dop = replicas[0].size
@@ -128,6 +131,15 @@ class ServicePool(Pool):
     def release(self, part: Any) -> None:
         if part not in self.idle and part in self.replicas:
             self.idle.append(part)
+
+    def batch(self, p: Pending, units: int, now: float,
+              estimates: Any) -> tuple[list[Pending], float | None]:
+        # continuous batching, the same model as every GPU pool: a replica that starts
+        # takes the queued requests no other idle replica will start now
+        riders = take_riders(self.queue, p, units, estimates, self.batching)
+        if not riders:
+            return [], None
+        return riders, batch_expected(p, riders, units, estimates, self.batching)
 
     def usage(self) -> dict[str, float]:
         return {"gpu": float(sum(r.size for r in self.replicas if r not in self.idle))}

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 
 from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.estimates import Estimates
-from tangram.model import Action, Dispatch, Lease, Outcome, counted
+from tangram.model import Action, BatchMember, Dispatch, Lease, Outcome, counted
 from tangram.policies import Policy, SharedCores
 from tangram.pools import CpuNodePool, Pending, Pool
 
@@ -44,6 +44,9 @@ class Running:
     dispatch: Dispatch
     pool: Pool
     pending: Pending
+    #: a batch (Dispatch.batch): ids of its actions still running, shared by all of them;
+    #: the lease is released when the last one finishes
+    batch_left: set[str] | None = None
 
 
 class Tangram:
@@ -175,6 +178,7 @@ class Tangram:
         pending = self._pending(action, now, pool)
         self.queued[action.id] = pending
         pool.admit(pending)
+        pool.arrived(pending, now)
         return pool
 
     def _route(self, action: Action) -> Pool | None:
@@ -186,9 +190,13 @@ class Tangram:
         run = self.running.pop(action_id, None)
         if run is None:
             raise KeyError(f"action_id: {action_id!r} is not running")
-        action = run.dispatch.action
-        run.pool.running.pop(action_id, None)
-        self._release(run.pool, run.dispatch.lease)
+        action = run.pending.action
+        if run.batch_left is not None:
+            run.batch_left.discard(action_id)
+        last = not run.batch_left
+        if last:
+            run.pool.running.pop(run.dispatch.action.id, None)
+            self._release(run.pool, run.dispatch.lease)
         state = self.trajectories.get(action.trajectory)
         if state is not None:
             state.in_flight.discard(action_id)
@@ -198,12 +206,15 @@ class Tangram:
                 state.last_kind = (action.task, action.kind)
                 state.will_continue = self.estimates.arrivals.started_thinking(
                     run.pool.name, state.last_kind)
-        if outcome is None or outcome.ok:
+        if not last:  # the batch still holds the lease: nothing was freed
+            return []
+        if (outcome is None or outcome.ok) and run.batch_left is None:
+            # a batch member's elapsed time is the batch's, not its own: not observed
             elapsed = now - run.dispatch.start_s - run.dispatch.lease.restore_s
             self.estimates.durations.observe(action, run.dispatch.units, max(elapsed, 0.0),
                                              run.pool.name, run.pending.elastic)
         touched: Iterable[Pool] = [run.pool]
-        if run.pending.quotas:  # freed quota may unblock any pool's head
+        if run.dispatch.lease.parts[1] is not None:  # freed quota may unblock any pool's head
             touched = self.pools.values()
         return self._schedule(now, touched)
 
@@ -226,10 +237,16 @@ class Tangram:
         return self._schedule(now, self.pools.values())
 
     def next_wakeup(self, now: float) -> float | None:
-        """When a time-based quota frees up while something waits (else None)."""
+        """When a time-based quota frees up, or a pool wants another pass (a GPU request
+        stops waiting by choice), while something waits (else None)."""
         if not self.queued:
             return None
-        return self.quota.next_expiry(now)
+        at = self.quota.next_expiry(now)
+        for pool in self.pools.values():
+            w = pool.next_wakeup(now)
+            if w is not None and (at is None or w < at):
+                at = w
+        return at
 
     def estimate(self, p: Pending) -> float:
         """Expected duration of a queued action at its minimum."""
@@ -280,6 +297,7 @@ class Tangram:
             pending = self._pending(p.action, p.submit_s, pool)
             self.queued[p.action.id] = pending
             pool.admit(pending)
+            pool.arrived(pending, p.submit_s)
             touched.add(pool.name)
 
     def _schedule(self, now: float, pools: Iterable[Pool]) -> list[Dispatch]:
@@ -299,7 +317,8 @@ class Tangram:
             got = self._pass_once(pool, now)
             out.extend(got)
             if not got or pool.free_units() <= 0:
-                return out
+                break
+        pool.after_pass(now, self.estimates)  # e.g. a GPU pool pre-restores while idle
         return out
 
     def _pass_once(self, pool: Pool, now: float) -> list[Dispatch]:
@@ -326,8 +345,19 @@ class Tangram:
             del self.queued[p.action.id]
             expected = p.durations.get(lease.units) or (
                 p.action.duration(lease.units) if p.action.t1_s is not None else self.estimate(p))
-            d = Dispatch(p.action, lease, p.submit_s, now, expected)
-            self.running[p.action.id] = Running(d, pool, p)
+            # continuous batching: the pool may let queued requests of the same service
+            # ride on this lease (it takes them off its queue)
+            riders, batch_s = pool.batch(p, lease.units, now, self.estimates)
+            for r in riders:
+                del self.queued[r.action.id]
+            if riders and batch_s is not None:
+                expected = batch_s
+            d = Dispatch(p.action, lease, p.submit_s, now, expected,
+                         batch=tuple(BatchMember(r.action, r.submit_s) for r in riders))
+            left = {p.action.id, *(r.action.id for r in riders)} if riders else None
+            self.running[p.action.id] = Running(d, pool, p, left)
+            for r in riders:
+                self.running[r.action.id] = Running(d, pool, r, left)
             pool.running[p.action.id] = (now + lease.restore_s + (expected or 0.0), lease.units,
                                          now)
             out.append(d)

@@ -237,21 +237,43 @@ class Lease:
 
 
 @dataclass(frozen=True, slots=True)
+class BatchMember:
+    """A queued action that rides along in another action's dispatch (a batch)."""
+
+    action: Action
+    submit_s: float
+
+
+@dataclass(frozen=True, slots=True)
 class Dispatch:
-    """The scheduler's decision: start ``action`` now on ``lease``."""
+    """The scheduler's decision: start ``action`` now on ``lease``.
+
+    ``batch`` (GPU services, continuous batching): further queued actions of the same
+    service that the same lease serves, as one batch. A backend that can serve a batch
+    (``serves_batches = True``) reports one Outcome per action of :attr:`actions`; for
+    any other backend the runtime runs them one after another on the lease. Either way
+    every action gets its own Record, and the lease is released after the last one.
+    """
 
     action: Action
     lease: Lease
     submit_s: float
     start_s: float
-    #: scheduler's estimate of the execution time (None when unknown)
+    #: scheduler's estimate of the execution time (None when unknown); of the whole
+    #: batch when ``batch`` is not empty
     expected_s: float | None
     #: scheduling decision time attributed to this dispatch (seconds of CPU)
     decision_s: float = 0.0
+    batch: tuple[BatchMember, ...] = ()
 
     @property
     def units(self) -> int:
         return self.lease.units
+
+    @property
+    def actions(self) -> tuple[Action, ...]:
+        """Every action this dispatch serves (the lead first)."""
+        return (self.action, *(m.action for m in self.batch))
 
 
 @dataclass(frozen=True, slots=True)

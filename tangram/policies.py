@@ -28,6 +28,7 @@ from typing import Any, ClassVar
 
 from tangram.baseline_pools import ExclusiveGpuManager, PodManager, PodPool, ServicePool, static_placement
 from tangram.cluster import ClusterSpec
+from tangram.eoe import EoeScheduler
 from tangram.managers.cpu import CpuManager
 from tangram.managers.gpu import GpuManager
 from tangram.managers.quota import QuotaManager
@@ -108,10 +109,17 @@ class Pods:
 # -- the GPU side -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SharedGpus:
-    """Evict-on-execution from one pool of aligned chunks (paper 5.3)."""
+    """Evict-on-execution from one pool of aligned chunks (paper 5.3). ``eoe``: the
+    burst-proof rules of tangram/eoe.py (residency affinity, per-service batches,
+    restore-aware ordering, predictive pre-restore); off, the paper's placement with
+    the policy's scheduler. Requests are batched either way (tangram/batching.py)."""
+
+    eoe: bool = True
 
     def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
         gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
+        if self.eoe:
+            return gpu, [GpuPool(GPU_POOL, gpu, EoeScheduler(), eoe=True, prerestore=True)]
         return gpu, [GpuPool(GPU_POOL, gpu)]
 
     def route(self, action: Action) -> str:
@@ -120,17 +128,27 @@ class SharedGpus:
 
 @dataclass(frozen=True)
 class StaticDeployments:
-    """Each service on fixed replicas (SGLang-like), its own queue; ``gpu_dop`` None:
-    each service at the smallest DoP its weights fit."""
+    """Each service on fixed replicas (SGLang-like), its own queue, batching its
+    requests like every GPU pool. ``gpu_dop``: the tensor-parallel size of every
+    replica, raised for a model whose weights do not fit. None (default): the paper's
+    baseline, every model on 4 GPUs, when the cluster has a 4-GPU replica for every
+    service; on a smaller cluster each service at the smallest DoP its weights fit."""
 
     gpu_dop: int | None = None
+
+    #: the paper's static deployment: each model on 4 GPUs (tensor parallel)
+    PAPER_DOP: ClassVar[int] = 4
 
     def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
         gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
         services = [s.name for s in cluster.services]
         if not services:
             return gpu, []
-        per = static_placement(cluster, services, self.gpu_dop)
+        dop = self.gpu_dop
+        if dop is None:
+            gpus = sum(n.gpus for n in cluster.gpu_nodes)
+            dop = self.PAPER_DOP if len(services) * self.PAPER_DOP <= gpus else None
+        per = static_placement(cluster, services, dop)
         return gpu, [ServicePool(s, r) for s, r in per.items()]
 
     def route(self, action: Action) -> str:
@@ -225,7 +243,9 @@ class Policy:
 class PaperPolicy(Policy):
     name: ClassVar[str] = "tangram-paper"
     description: ClassVar[str] = ("the paper's Alg. 1-2 rules: the objective sees only the "
-                                  "queue, no waiting, durations-only DP")
+                                  "queue, no waiting, durations-only DP; the paper's GPU "
+                                  "placement (no residency affinity or pre-restore)")
+    gpu: Any = field(default_factory=lambda: SharedGpus(eoe=False))
 
     def scheduler(self) -> ElasticScheduler:
         return PaperScheduler(self.depth, self.lookahead, self._ordering())

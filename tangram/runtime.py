@@ -17,11 +17,11 @@ from __future__ import annotations
 import heapq
 import itertools
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tangram.core import Tangram
-from tangram.model import Action, Dispatch, Outcome
+from tangram.model import Action, Dispatch, Lease, Outcome
 
 
 class Timer(Protocol):
@@ -35,7 +35,16 @@ class Clock(Protocol):
 
 
 class Backend(Protocol):
-    """Runs one dispatched action on its lease and reports exactly one Outcome."""
+    """Runs one dispatched action on its lease and reports exactly one Outcome.
+
+    A backend that serves a batch dispatch (``Dispatch.batch``) as one batch sets a
+    class attribute ``serves_batches = True`` and reports one Outcome per action of
+    ``dispatch.actions`` (``Outcome.action_id`` says which); the runtime runs a batch
+    on any other backend as its actions one after another on the same lease. A backend
+    that can load a GPU service ahead of demand sets ``prerestores = True``; the core
+    pre-restores (the ``tangram`` policy's idle-time restores) only for such a backend,
+    since another one would not hold what the core then believes resident.
+    """
 
     def start(self, dispatch: Dispatch, on_done: Callable[[Outcome], None]) -> None: ...
 
@@ -64,6 +73,9 @@ class Record:
     expected_s: float | None
     #: ran on its node's light lane (shared cores; ``units`` 0)
     lane: bool = False
+    #: the lead action of the batch this action ran in ("" when it ran alone): records
+    #: with the same ``batch_of`` shared one lease (and paid its restore once)
+    batch_of: str = ""
 
     @property
     def act_s(self) -> float:
@@ -123,6 +135,7 @@ class Runtime:
         self.clock = clock
         self.backend = backend
         self.stopwatch = stopwatch
+        core.gpu.prerestore_ok = bool(getattr(backend, "prerestores", False))
         self.records: list[Record] = []
         self.timing = Timing()
         self._callbacks: dict[str, ResultCallback] = {}
@@ -146,6 +159,9 @@ class Runtime:
                 t.dispatching_s += dt
                 for d in out:
                     t.decision_s[d.action.id] = dt / len(out)
+            if t.calls is not None and any(d.batch for d in out):
+                # benchmarks count actions started: a batch starts several
+                t.calls[-1] = (dt, sum(1 + len(d.batch) for d in out))
 
     def open_trajectory(self, trajectory: str, task: str = "default",
                         mem_gb: float | None = None) -> None:
@@ -184,31 +200,59 @@ class Runtime:
 
     def _launch(self, dispatches: list[Dispatch]) -> None:
         for d in dispatches:
-            self.backend.start(d, self._done_callback(d))
+            if d.batch and not getattr(self.backend, "serves_batches", False):
+                self._start_serial(d, 0)
+            else:
+                self.backend.start(d, self._done_callback(d))
         self._arm_wakeup()
 
-    def _done_callback(self, d: Dispatch) -> Callable[[Outcome], None]:
-        done = False
+    def _start_serial(self, d: Dispatch, i: int) -> None:
+        """A batch on a backend that runs one action at a time: its actions one after
+        another on the batch's lease (the restore is paid by the first only)."""
+        if i == 0:
+            action, submit, lease = d.action, d.submit_s, d.lease
+        else:
+            m = d.batch[i - 1]
+            action, submit = m.action, m.submit_s
+            lease = replace(d.lease, action_id=action.id, restore_s=0.0)
+        single = Dispatch(action, lease, submit, self.clock.now() if i else d.start_s, None,
+                          d.decision_s)
+        nxt = (lambda: self._start_serial(d, i + 1)) if i < len(d.batch) else None
+        self.backend.start(single, self._done_callback(single, d.action.id, nxt))
+
+    def _done_callback(self, d: Dispatch, batch_of: str = "",
+                       then: Callable[[], None] | None = None) -> Callable[[Outcome], None]:
+        members: dict[str, tuple[Action, float]] = {d.action.id: (d.action, d.submit_s)}
+        members.update((m.action.id, (m.action, m.submit_s)) for m in d.batch)
+        if d.batch:
+            batch_of = d.action.id
+        done: set[str] = set()
 
         def on_done(outcome: Outcome) -> None:
-            nonlocal done
-            if done:
-                raise DoubleReport(f"backend reported action {d.action.id!r} done twice")
-            done = True
+            aid = outcome.action_id if d.batch else d.action.id
+            if aid not in members:
+                raise DoubleReport(f"backend reported action {aid!r}, which is not in the "
+                                   f"batch of {d.action.id!r}")
+            if aid in done:
+                raise DoubleReport(f"backend reported action {aid!r} done twice")
+            done.add(aid)
             now = self.clock.now()
-            lease = d.lease
+            lease: Lease = d.lease
+            action, submit_s = members[aid]
             rec = Record(
-                d.action.id, d.action.task, d.action.trajectory, d.action.kind, d.submit_s,
+                aid, action.task, action.trajectory, action.kind, submit_s,
                 d.start_s, now, lease.units, lease.node,
                 ",".join(map(str, lease.cores)), ",".join(map(str, lease.gpus)),
                 lease.restore_s, outcome.overhead_s, outcome.status,
-                outcome.exit_code, d.expected_s, lease.lane,
+                outcome.exit_code, d.expected_s, lease.lane, batch_of,
             )
             self.records.append(rec)
-            next_dispatches = self._timed(self.core.finish, d.action.id, now, outcome)
-            cb = self._callbacks.pop(d.action.id, None)
+            next_dispatches = self._timed(self.core.finish, aid, now, outcome)
+            cb = self._callbacks.pop(aid, None)
             if cb:
                 cb(rec, outcome)
+            if then is not None:
+                then()
             self._launch(next_dispatches)
 
         return on_done

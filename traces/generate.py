@@ -38,6 +38,17 @@ CALIBRATION: dict[str, tuple[float | str, str]] = {
     "judge_prefill_tok_per_s": (8000.0, "LLM judge prefill on one H100-class GPU"),
     "judge_decode_tok_per_s": (60.0, "LLM judge decode on one GPU"),
     "teacher_prefill_tok_per_s": (6000.0, "teacher log-prob (prefill only) on one GPU"),
+    "mopd_response_tokens_median": (4000.0, "reasoning RL responses run to thousands of tokens "
+                                            "(DeepSeek-R1 Fig. 3: R1-Zero's mean length grows "
+                                            "past 10k; DAPO trains with up to 20,480); median "
+                                            "chosen mid-range"),
+    "mopd_response_tokens_sigma": (0.7, "spread of response lengths within a batch (long tail "
+                                        "dominates the step: paper section 6, MOPD)"),
+    "mopd_response_tokens_max": (20480.0, "DAPO's maximum response length (16,384 + 4,096 "
+                                          "overlong buffer)"),
+    "teacher_zipf_s": (2.0, "calls per teacher skewed by orders of magnitude (paper Fig. 3(d)); "
+                            "Zipf exponent 2 over 9 teachers: most- / least-called ~ 81x; "
+                            "power-law model popularity as in AlpaServe (OSDI'23)"),
     "llm_requests": ("azure", "prompt / output sizes and arrivals: Azure LLM inference trace 2023 "
                               "(CC BY 4.0)"),
 }
@@ -145,34 +156,58 @@ def deepsearch(n: int, rng: np.random.Generator, task: str = "deepsearch") -> li
 
 
 TEACHERS = [f"teacher{i}" for i in range(9)]
+ARRIVALS = ("burst", "spread")
 
 
-def mopd(n: int, rng: np.random.Generator, task: str = "mopd") -> list[dict]:
+def teacher_weights(rng: np.random.Generator) -> np.ndarray:
+    """Call probability of each teacher: Zipf over a seeded ranking (which teacher is
+    popular is not chosen by us: a different seed, a different ranking)."""
+    ranks = rng.permutation(len(TEACHERS)) + 1
+    w = 1.0 / ranks.astype(float) ** c("teacher_zipf_s")
+    return w / w.sum()
+
+
+def mopd(n: int, rng: np.random.Generator, task: str = "mopd",
+         arrival: str = "burst") -> list[dict]:
     """Multi-teacher on-policy distillation: generation, then a teacher log-prob request.
 
-    Requests arrive bursty: each trajectory's generation time is an arrival
-    offset resampled from the Azure code trace's inter-arrival gaps.
+    ``burst`` (synchronous rollout, the paper's setting): every trajectory of the batch
+    starts at t=0 and sends its request when its own generation ends, so arrivals follow
+    the distribution of response lengths. ``spread``: trajectories start at offsets drawn
+    from the Azure code trace's inter-arrival gaps (requests spread over ~20 min).
+    The teacher scores the whole trajectory (prompt + response), so a request costs more
+    the longer the trajectory; demand is skewed across teachers (Zipf).
     """
+    if arrival not in ARRIVALS:
+        raise ValueError(f"arrival: unknown {arrival!r} (choose from {', '.join(ARRIVALS)})")
     rows: list[dict] = []
-    gaps = azure_sample(rng, "code", "interarrival_s", n)
-    arrivals = np.cumsum(gaps)
-    gen = _think(rng, n) * 4  # long reasoning generations
+    weights = teacher_weights(rng)
+    teachers = rng.choice(len(TEACHERS), size=n, p=weights)
+    prompt = azure_sample(rng, "code", "context_tokens", n)
+    response = np.minimum(rng.lognormal(np.log(c("mopd_response_tokens_median")),
+                                        c("mopd_response_tokens_sigma"), n),
+                          c("mopd_response_tokens_max"))
+    gen = response / c("decode_tok_per_s")
+    if arrival == "spread":
+        start = np.cumsum(azure_sample(rng, "code", "interarrival_s", n))
+    else:
+        start = np.zeros(n)
+    pf = rng.uniform(0.8, 0.95, n)
     for j in range(n):
         traj = f"{task}-{j:05d}"
-        teacher = TEACHERS[int(rng.integers(0, len(TEACHERS)))]
-        ctx = float(azure_sample(rng, "code", "context_tokens", 1)[0]) + 4 * 250.0
-        t1 = 0.05 + ctx / c("teacher_prefill_tok_per_s")
+        teacher = TEACHERS[int(teachers[j])]
+        t1 = 0.05 + (prompt[j] + response[j]) / c("teacher_prefill_tok_per_s")
         rows.append(_row(task=f"{task}-{teacher}", trajectory=traj, seq=0, kind="teacher_logprob",
-                         think_s=float(arrivals[j] + gen[j]), t1_s=t1, gpus="1,2,4,8",
-                         elastic="gpu", parallel_fraction=float(rng.uniform(0.8, 0.95)),
+                         think_s=float(start[j] + gen[j]), t1_s=float(t1), gpus="1,2,4,8",
+                         elastic="gpu", parallel_fraction=float(pf[j]),
                          profiled=True, service=teacher, timeout_s=300.0))
     return rows
 
 
-def mixed(n: int, rng: np.random.Generator) -> list[dict]:
+def mixed(n: int, rng: np.random.Generator, arrival: str = "burst") -> list[dict]:
     """MOPD + Search sharing one GPU pool (paper's mixed scenario)."""
     half = n // 2
-    return deepsearch(half, rng) + mopd(n - half, rng)
+    return deepsearch(half, rng) + mopd(n - half, rng, arrival=arrival)
 
 
 WORKLOADS: dict[str, Callable[[int, np.random.Generator], list[dict]]] = {
@@ -180,13 +215,26 @@ WORKLOADS: dict[str, Callable[[int, np.random.Generator], list[dict]]] = {
 }
 
 
-def generate(workload: str, trajectories: int, seed: int = 0) -> pd.DataFrame:
+#: workloads whose arrivals can be ``burst`` or ``spread``
+ARRIVAL_WORKLOADS = ("mopd", "mixed")
+
+
+def generate(workload: str, trajectories: int, seed: int = 0,
+             arrival: str | None = None) -> pd.DataFrame:
+    """``arrival`` (mopd, mixed): ``burst`` (default) or ``spread``."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload: unknown {workload!r} (choose from {sorted(WORKLOADS)})")
     if trajectories < 1:
         raise ValueError(f"trajectories: must be >= 1, got {trajectories}")
+    if arrival is not None and workload not in ARRIVAL_WORKLOADS:
+        raise ValueError(f"arrival: only {' and '.join(ARRIVAL_WORKLOADS)} have an arrival "
+                         f"pattern, not {workload!r}")
+    if arrival is not None and arrival not in ARRIVALS:
+        raise ValueError(f"arrival: unknown {arrival!r} (choose from {', '.join(ARRIVALS)})")
     rng = np.random.default_rng(seed)
-    df = pd.DataFrame(WORKLOADS[workload](trajectories, rng), columns=list(COLUMNS))
+    make = WORKLOADS[workload]
+    rows = make(trajectories, rng, arrival=arrival) if arrival else make(trajectories, rng)
+    df = pd.DataFrame(rows, columns=list(COLUMNS))
     for col in ("think_s", "t1_s"):
         df[col] = df[col].astype(float).round(4)
     return df

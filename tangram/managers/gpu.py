@@ -7,6 +7,13 @@ resident on the exact chunk it was restored into, and stays there after its
 action until it is evicted (LRU, no write-back: weights do not change).
 Restoring a variant of ``size_gb`` onto ``k`` GPUs costs
 ``size_gb / (restore_gbps * k)`` seconds (k shards load in parallel).
+
+Several variants stay co-resident on a GPU while their memory fits; a restore evicts
+only what is needed, least recently used first, among the variants on the GPUs that
+are short of memory. A variant may also be restored ahead of demand
+(:meth:`GpuManager.prerestore`, the ``tangram`` policy's predictive pre-restore): it
+is resident from then on, and an action that lands on it before the load completes
+pays only the part of the restore that is left.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ Chunk = tuple[int, int]  # (start, size)
 
 
 class GpuNode:
-    __slots__ = ("name", "spec", "free", "resident", "mem_used")
+    __slots__ = ("name", "spec", "free", "resident", "mem_used", "ready")
 
     def __init__(self, spec: GpuNodeSpec) -> None:
         self.name = spec.name
@@ -48,6 +55,12 @@ class GpuNode:
         # (service, size, start) -> None, in LRU order (oldest first)
         self.resident: OrderedDict[tuple[str, int, int], None] = OrderedDict()
         self.mem_used = [0.0] * spec.gpus
+        #: pre-restored variants still loading -> when the load completes
+        self.ready: dict[tuple[str, int, int], float] = {}
+
+
+#: where a variant lives: (node name, first GPU, GPUs)
+Site = tuple[str, int, int]
 
 
 class GpuManager:
@@ -59,7 +72,19 @@ class GpuManager:
         self._live: dict[str, GpuLease] = {}
         self.restores = 0
         self.hits = 0
+        #: restores made ahead of demand (counted in ``restores`` too)
+        self.prerestores = 0
+        #: whether the backend running the dispatches can restore ahead of demand (the
+        #: runtime sets it from the backend; a live GPU worker restores only on dispatch)
+        self.prerestore_ok = False
+        #: seconds of every restore made (on demand and ahead of it), in full
+        self.restore_s_total = 0.0
+        #: service -> its resident variants' sites
+        self._sites: dict[str, set[Site]] = {}
+        #: service -> ids of the actions running on it
+        self._live_of: dict[str, set[str]] = {}
         self._counts: tuple[int, int, int, int] | None = None
+        self._nfree = sum(n.spec.gpus for n in self.nodes.values())
         #: restore estimates of the current state; cleared with _counts on any change
         self._restore_est: dict[tuple[str, int], float] = {}
         self._checks: dict[tuple[str, int], str | None] = {}
@@ -122,10 +147,27 @@ class GpuManager:
         return False
 
     def free_gpus(self) -> int:
-        return sum(n * size for n, size in zip(self.chunk_counts(), CHUNK_SIZES, strict=True))
+        return self._nfree
+
+    def idle_sites(self) -> dict[str, list[Site]]:
+        """Resident variants whose chunk is free, by service (what can start at once
+        without a restore)."""
+        out: dict[str, list[Site]] = {}
+        for node in self.nodes.values():
+            free = node.free
+            if not (free[1] or free[2] or free[4] or free[8]):
+                continue
+            blocks = [(st, size) for size, starts in free.items() for st in starts]
+            for svc, k, st in node.resident:
+                for bst, bsize in blocks:
+                    if bst <= st and st + k <= bst + bsize:
+                        out.setdefault(svc, []).append((node.name, st, k))
+                        break
+        return out
 
     # -- allocation ----------------------------------------------------------------
-    def reserve(self, action_id: str, service: str, k: int) -> GpuLease | None:
+    def reserve(self, action_id: str, service: str, k: int,
+                now: float = 0.0) -> GpuLease | None:
         """One aligned chunk of ``k`` GPUs for ``service``.
 
         The smallest free chunk level that fits wins; among equal chunks, one
@@ -154,21 +196,169 @@ class GpuManager:
         if best is None:
             return None
         size, resident, node, start, sub = best
+        return self._take(action_id, node, start, size, sub, service, k, now)
+
+    def _take(self, action_id: str, node: GpuNode, start: int, size: int, sub: int,
+              service: str, k: int, now: float) -> GpuLease:
         self._carve(node, start, size, sub, k)
         restore_s = 0.0
         variant = (service, k, sub)
-        if resident:
+        if variant in node.resident:
             self.hits += 1
             node.resident.move_to_end(variant)
+            ready = node.ready.pop(variant, None)
+            if ready is not None and ready > now:  # pre-restore still loading
+                restore_s = ready - now
         else:
             self.restores += 1
             restore_s = self._restore(node, variant)
+            self.restore_s_total += restore_s
         lease = GpuLease(action_id, node.name, sub, k, service, restore_s)
         self._live[action_id] = lease
+        self._live_of.setdefault(service, set()).add(action_id)
         return lease
+
+    def live_of(self, service: str) -> set[str]:
+        """Ids of the actions running on ``service``'s variants."""
+        return self._live_of.get(service, set())
+
+    # -- placement by site (the ``tangram`` policy's EOE scheduler) ------------------------
+    def free_block(self, node: GpuNode, start: int, k: int) -> tuple[int, int] | None:
+        """The free buddy block holding the aligned chunk (start, k), if it is free."""
+        size = k
+        while size <= 8:
+            if start in node.free.get(size, ()):
+                return start, size
+            start, size = start - start % (size * 2), size * 2
+        return None
+
+    def reserve_at(self, action_id: str, service: str, site: Site,
+                   now: float = 0.0) -> GpuLease | None:
+        """The chunk ``site`` for ``service`` (None: it is not free)."""
+        if action_id in self._live:
+            raise ValueError(f"action_id: {action_id!r} already holds a lease")
+        name, sub, k = site
+        why = self.check(service, k)
+        if why:
+            raise ValueError(why)
+        node = self.nodes[name]
+        block = self.free_block(node, sub, k)
+        if block is None:
+            return None
+        self._restore_est.clear()
+        return self._take(action_id, node, block[0], block[1], sub, service, k, now)
+
+    def sites(self, service: str) -> set[Site]:
+        """Where ``service``'s variants are resident (any DoP)."""
+        return self._sites.get(service, set())
+
+    def is_idle(self, site: Site) -> bool:
+        name, start, k = site
+        return self.free_block(self.nodes[name], start, k) is not None
+
+    def variant_restore_s(self, service: str, k: int) -> float:
+        """What restoring ``service`` onto ``k`` GPUs takes."""
+        return self.services[service].size_gb / (self.restore_gbps * k)
+
+    def restore_site(self, service: str, k: int, protect: frozenset[str] | set[str] = frozenset()
+                     ) -> Site | None:
+        """The best free aligned chunk of ``k`` GPUs to restore ``service`` into: one that
+        evicts nothing, else the fewest variants of unprotected services (``protect``:
+        services with requests waiting), least recently used first; among equals the
+        smallest free block (buddy: keep large blocks whole). None: no free chunk."""
+        need = self.services[service].size_gb / k
+        best: tuple[tuple, Site] | None = None
+        for node in self.nodes.values():
+            cap = node.spec.gpu_mem_gb
+            lru = list(node.resident)
+            for size in CHUNK_SIZES:
+                if size < k:
+                    continue
+                for bstart in node.free[size]:
+                    for sub in range(bstart, bstart + size, k):
+                        victims = self._victims(node, lru, sub, k, need, cap)
+                        if victims is None:
+                            continue
+                        hurt = sum(1 for v in victims if v[0] in protect)
+                        age = max((lru.index(v) for v in victims), default=-1)
+                        key = (hurt, len(victims), age, size, node.name, sub)
+                        if best is None or key < best[0]:
+                            best = (key, (node.name, sub, k))
+        return None if best is None else best[1]
+
+    def _victims(self, node: GpuNode, lru: list[tuple[str, int, int]], start: int, k: int,
+                 need: float, cap: float) -> list[tuple[str, int, int]] | None:
+        """Variants to evict (LRU first, only those on GPUs short of memory) so that
+        ``need`` GB fits on each of GPUs start..start+k; None if it never fits."""
+        used = node.mem_used[start:start + k]
+        if all(u + need <= cap + 1e-9 for u in used):
+            return []
+        used = list(used)
+        out = []
+        for v in lru:
+            svc, vk, vs = v
+            if not (vs < start + k and start < vs + vk):
+                continue
+            short = [g for g in range(start, start + k) if used[g - start] + need > cap + 1e-9]
+            if not short:
+                break
+            if not any(vs <= g < vs + vk for g in short):
+                continue
+            share = self.services[svc].size_gb / vk
+            for g in range(max(vs, start), min(vs + vk, start + k)):
+                used[g - start] -= share
+            out.append(v)
+        if all(u + need <= cap + 1e-9 for u in used):
+            return out
+        return None
+
+    def prerestore(self, service: str, site: Site, now: float) -> float:
+        """Restore ``service`` into the free chunk ``site`` ahead of demand (the chunk
+        stays free: the load uses the host link, not the GPUs' compute). Returns the
+        restore time; the variant is usable at once, paying what is left of it."""
+        name, sub, k = site
+        node = self.nodes[name]
+        if self.free_block(node, sub, k) is None:
+            raise ValueError(f"prerestore: chunk {site} is not free")
+        variant = (service, k, sub)
+        if variant in node.resident:
+            return 0.0
+        self._restore_est.clear()
+        self.restores += 1
+        self.prerestores += 1
+        restore_s = self._restore(node, variant)
+        self.restore_s_total += restore_s
+        node.ready[variant] = now + restore_s
+        return restore_s
+
+    def check_invariants(self) -> None:
+        """Raise AssertionError if the bookkeeping is inconsistent (tests): every GPU is
+        either in one free block or in one live lease, never both; blocks are aligned;
+        resident memory never exceeds a GPU's."""
+        for node in self.nodes.values():
+            owner = [0] * node.spec.gpus
+            for size, starts in node.free.items():
+                for st in starts:
+                    assert st % size == 0, f"{node.name}: free block ({st}, {size}) unaligned"
+                    for g in range(st, st + size):
+                        owner[g] += 1
+            for lease in self._live.values():
+                if lease.node == node.name:
+                    assert lease.start % lease.size == 0, f"lease {lease} unaligned"
+                    for g in lease.gpus:
+                        owner[g] += 1
+            assert all(o == 1 for o in owner), f"{node.name}: GPUs owned {owner} times"
+            mem = [0.0] * node.spec.gpus
+            for svc, k, st in node.resident:
+                for g in range(st, st + k):
+                    mem[g] += self.services[svc].size_gb / k
+            for g, m in enumerate(mem):
+                assert m <= node.spec.gpu_mem_gb + 1e-6, f"{node.name} GPU {g}: {m} GB resident"
+                assert abs(m - node.mem_used[g]) < 1e-6, f"{node.name} GPU {g}: memory drift"
 
     def _carve(self, node: GpuNode, start: int, size: int, sub: int, k: int) -> None:
         self._counts = None
+        self._nfree -= k
         node.free[size].discard(start)
         while size > k:  # split, keeping the half that holds ``sub``
             size //= 2
@@ -185,18 +375,16 @@ class GpuManager:
         need = self.services[service].size_gb / k
         gpus = range(start, start + k)
         cap = node.spec.gpu_mem_gb
-        # evict least recently used variants overlapping these GPUs until it fits
-        for other in list(node.resident):
-            if all(node.mem_used[g] + need <= cap + 1e-9 for g in gpus):
-                break
-            _, ok, os_ = other
-            if os_ < start + k and start < os_ + ok:
-                self._evict(node, other)
-        if not all(node.mem_used[g] + need <= cap + 1e-9 for g in gpus):  # pragma: no cover
+        # evict least recently used variants on the GPUs short of memory until it fits
+        victims = self._victims(node, list(node.resident), start, k, need, cap)
+        if victims is None:  # pragma: no cover - check() guarantees a lone variant fits
             raise AssertionError("restore: GPU memory still short after eviction")
+        for other in victims:
+            self._evict(node, other)
         for g in gpus:
             node.mem_used[g] += need
         node.resident[variant] = None
+        self._sites.setdefault(service, set()).add((node.name, start, k))
         return self.services[service].size_gb / (self.restore_gbps * k)
 
     def _evict(self, node: GpuNode, variant: tuple[str, int, int]) -> None:
@@ -205,13 +393,17 @@ class GpuManager:
         for g in range(start, start + k):
             node.mem_used[g] -= share
         del node.resident[variant]
+        node.ready.pop(variant, None)
+        self._sites.get(service, set()).discard((node.name, start, k))
 
     def release(self, lease: GpuLease) -> None:
         """Idempotent; merges the chunk with its free buddies."""
         if self._live.get(lease.action_id) is not lease:
             return
         del self._live[lease.action_id]
+        self._live_of[lease.service].discard(lease.action_id)
         self._counts = None
+        self._nfree += lease.size
         self._restore_est.clear()
         node = self.nodes[lease.node]
         start, size = lease.start, lease.size
