@@ -191,6 +191,9 @@ class DockerBackend:
             shutil.rmtree(old, ignore_errors=True)
         self.agent_root = tempfile.mkdtemp(prefix=prefix)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tangram-docker")
+        # removals apart from the actions' threads, so shutdown can wait for them (a removal
+        # racing shutdown's own would leave a container "removal in progress")
+        self._removers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tangram-rm")
         self._lock = threading.Lock()
         self._boxes: dict[str, Sandbox] = {}
         self._mem: dict[str, float] = {}
@@ -253,7 +256,7 @@ class DockerBackend:
             self._images.pop(trajectory, None)
         if box:
             try:
-                self._pool.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
+                self._removers.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
             except RuntimeError:  # the pool is shut down: the server is stopping
                 self._discard(box)
 
@@ -264,6 +267,7 @@ class DockerBackend:
             self._boxes.clear()
             self._warm = []
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._removers.shutdown(wait=True)  # the closed trajectories' removals: seconds
         # in parallel: a server with many sandboxes must still stop within seconds
         with ThreadPoolExecutor(max_workers=16) as removers:
             list(removers.map(self._discard, boxes))
@@ -385,7 +389,7 @@ class DockerBackend:
                                                  memswap_limit=limit)
                 box.mem_gb = mem
             except docker.errors.APIError:
-                self._pool.submit(self._discard, box)
+                self._removers.submit(self._discard, box)
                 return None
         return box
 
