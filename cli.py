@@ -430,6 +430,21 @@ def bench_executor(
         print(json.dumps(executor_bench(name, actions)), flush=True)
 
 
+@bench_app.command("serve")
+def bench_serve(
+    backend: Annotated[str, typer.Option(help="process or docker.")] = "process",
+    trajectories: Annotated[int, typer.Option(min=1, help="Concurrent trajectories.")] = 64,
+    actions: Annotated[int, typer.Option(min=1, help="Trivial actions per trajectory.")] = 5,
+    warm_pool: Annotated[int, typer.Option(min=0, help="docker: the server's --warm-pool.")] = 0,
+) -> None:
+    """Load on a real `tangram serve`: server CPU per action, throughput, first-action
+    latency, RSS over the run (one JSON line). For a soak: many actions, e.g.
+    --trajectories 200 --actions 100 (20,000 actions)."""
+    from executor.bench import serve_bench
+
+    print(json.dumps(serve_bench(backend, trajectories, actions, warm_pool)), flush=True)
+
+
 @bench_app.command("gpu")
 def bench_gpu(
     device: Annotated[str, typer.Option(help="cuda or cpu.")] = "cpu",
@@ -656,6 +671,19 @@ def serve(
     ordering: OrderingOpt = "fcfs",
     pod_cores: PodCoresOpt = 4,
     gpu_dop: GpuDopOpt = None,
+    allow_url: Annotated[list[str], typer.Option(
+        help="KEY=URL_PREFIX: `request` actions of quota KEY may call URLs starting with it; "
+             "KEY=* allows any public host (loopback/private addresses only when listed).")] = [],  # noqa: B006
+    image: Annotated[list[str], typer.Option(
+        help="TASK=IMAGE: the docker image of that task's sandboxes (docker backend; default "
+             "tangram-sandbox:1, see `tangram image build`).")] = [],  # noqa: B006
+    sandbox_mem_gb: Annotated[float, typer.Option(
+        min=0.01, help="docker: memory limit of a sandbox whose trajectory gives no mem_gb.")] = 2.0,
+    sandbox_pids: Annotated[int, typer.Option(min=8, help="docker: most processes in a sandbox.")] = 512,
+    warm_pool: Annotated[int, typer.Option(
+        min=0, help="docker: sandboxes created ahead of time (default image only).")] = 0,
+    result_ttl_s: Annotated[float, typer.Option(
+        min=0, help="Seconds a finished result stays in memory (then: read from the journal).")] = 60.0,
     ray: Annotated[str | None, typer.Option(help=RAY_HELP)] = None,
     gpus: Annotated[str | None, typer.Option(
         help="'auto': this machine's GPUs (NVML) are the GPU node. Default: --gpu-cluster's "
@@ -676,11 +704,10 @@ def serve(
     import os
     import secrets
 
-    import uvicorn
-
     from executor.local import local_cluster
     from executor.replay import make_backend
     from executor.server import create_app
+    from executor.server import serve as run_server
     from tangram.core import Tangram
 
     if backend not in ("process", "docker"):
@@ -696,6 +723,11 @@ def serve(
             Tangram(local_cluster(specs), chosen)
         except ValueError as e:
             fail(str(e))
+    allow = _pairs(allow_url, "--allow-url", "KEY=URL_PREFIX")
+    images = {k: v[-1] for k, v in _pairs(image, "--image", "TASK=IMAGE").items()}
+    if images and backend != "docker":
+        fail("--image: only the docker backend runs images")
+    hardening = {"allow_urls": allow, "task_images": images, "result_ttl_s": result_ttl_s}
     gc = None if ray else _serve_gpu_cluster(gpus, gpu_cluster, gpu_device)
     token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
     if not os.environ.get("TANGRAM_TOKEN"):
@@ -713,7 +745,7 @@ def serve(
         # the signal after its graceful shutdown (which stops the agents): keep the default
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         app_ = create_app(lambda: live, lambda: Tangram(live.cluster(specs), chosen), token,
-                          state_dir)
+                          state_dir, **hardening)
     else:
         cluster = local_cluster(specs)
         if gc is not None:
@@ -739,13 +771,24 @@ def serve(
 
                 gpu = GpuBackend(lambda: cores[-1].gpu, gc.sources, gpu_device, gc.physical)
                 gpu.start_workers()  # stage every service now, not at the first action
-            return make_backend(backend, state_dir / "work", gpu=gpu)
+            return make_backend(backend, state_dir / "work", gpu=gpu, mem_gb=sandbox_mem_gb,
+                                pids=sandbox_pids, warm=warm_pool)
 
-        app_ = create_app(make_live_backend, make_core, token, state_dir)
+        app_ = create_app(make_live_backend, make_core, token, state_dir, **hardening)
         if gc is not None:
             app_.state.gpu_discovery = gc.discovery
     _settle()
-    uvicorn.run(app_, host=host, port=port, log_level="info")
+    run_server(app_, host, port)
+
+
+def _pairs(items: list[str], option: str, shape: str) -> dict[str, tuple[str, ...]]:
+    out: dict[str, tuple[str, ...]] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key or not value:
+            fail(f"{option} {item!r}: expected {shape}")
+        out[key] = out.get(key, ()) + (value,)
+    return out
 
 
 @image_app.command("build")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -142,3 +143,115 @@ def ray_executor_bench(ray: str, backend: str = "process", n: int = 60,
                  "nodes": len(cluster.cpu_nodes), "ray_start_s": round(start_s, 2),
                  **asyncio.run(measure(via_ray))})
     return rows
+
+
+def _proc_stat(pid: int) -> tuple[float, float]:
+    """(CPU seconds, RSS MiB) of a process and its threads."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return cpu, rss
+
+
+def serve_bench(backend: str = "process", trajectories: int = 64, actions: int = 5,
+                warm: int = 0, samples: int = 10) -> dict:
+    """Load on a real `tangram serve` subprocess, client and server on this machine.
+
+    ``trajectories`` run concurrently, each opening, running ``actions`` trivial
+    commands (``true``) one after another and closing. Reported: the server's CPU
+    time per action (from /proc, so the client's own cost is excluded), throughput,
+    the latency of each trajectory's first action (container start for docker,
+    unless the warm pool has one ready) and of later ones, the server's RSS over
+    the run (``samples`` points), and any client-side connection error.
+    """
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = "bench-" + os.urandom(8).hex()
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--backend", backend,
+               "--state-dir", tmp, "--warm-pool", str(warm)]
+        log = Path(tmp) / "server.log"
+        proc = subprocess.Popen(cmd, env={**os.environ, "TANGRAM_TOKEN": token},
+                                stdout=subprocess.DEVNULL, stderr=log.open("w"),
+                                cwd=Path(__file__).parent.parent)
+        try:
+            return asyncio.run(_drive(proc, f"http://127.0.0.1:{port}", token, backend,
+                                      trajectories, actions, warm, samples, log))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
+                 actions: int, warm: int, samples: int, log: Path) -> dict:
+    import httpx
+
+    from tangram.client import TangramClient
+
+    pid = proc.pid
+    deadline = time.time() + 60
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"the server did not start: {log.read_text()[-2000:]}")
+        await asyncio.sleep(0.2)
+    if warm:  # let the pool fill before timing (what a long-running server sees)
+        await asyncio.sleep(min(30.0, 0.5 * warm + 1))
+    first, later, errors = [], [], []
+    rss: list[float] = []
+    total = trajectories * actions
+    done = 0
+    step = max(total // samples, 1)
+    async with TangramClient(url, token, timeout_s=600) as tg:
+        # warm-up: imports and first-call paths out of the measurement
+        tid = await tg.open_trajectory("warmup")
+        await tg.run(tid, argv=["true"])
+        await tg.close_trajectory(tid)
+        cpu0, rss0 = _proc_stat(pid)
+        rss.append(round(rss0, 1))
+        t0 = time.perf_counter()
+
+        async def one(i: int) -> None:
+            nonlocal done
+            try:
+                tid = await tg.open_trajectory(f"t{i}")
+                for k in range(actions):
+                    a = time.perf_counter()
+                    res = await tg.run(tid, action_id=f"t{i}-{k}", argv=["true"])
+                    (first if k == 0 else later).append(time.perf_counter() - a)
+                    if res["status"] != "ok":
+                        errors.append(res["status"] + ": " + res["error"][:100])
+                    done += 1
+                    if done % step == 0:
+                        rss.append(round(_proc_stat(pid)[1], 1))
+                await tg.close_trajectory(tid)
+            except Exception as e:  # noqa: BLE001 - counted, reported
+                errors.append(f"{type(e).__name__}: {e}"[:200])
+
+        await asyncio.gather(*(one(i) for i in range(trajectories)))
+        wall = time.perf_counter() - t0
+        cpu1, rss1 = _proc_stat(pid)
+    f, lt = np.asarray(first or [0.0]), np.asarray(later or [0.0])
+    return {"bench": "serve", "backend": backend, "trajectories": trajectories,
+            "actions_per_trajectory": actions, "actions": total, "warm_pool": warm,
+            "wall_s": round(wall, 2), "actions_per_s": round(total / wall, 1),
+            "server_cpu_ms_per_action": round((cpu1 - cpu0) * 1e3 / total, 3),
+            "first_action_p50_ms": round(float(np.percentile(f, 50)) * 1e3, 1),
+            "first_action_p99_ms": round(float(np.percentile(f, 99)) * 1e3, 1),
+            "later_action_p50_ms": round(float(np.percentile(lt, 50)) * 1e3, 1),
+            "server_rss_mb": rss + [round(rss1, 1)], "errors": len(errors),
+            "first_errors": errors[:3], "cpus": os.cpu_count()}

@@ -7,10 +7,26 @@ matching CPU quota; after the exec the quota is reclaimed (1% of a core) so an
 idle container holds nothing. The container is removed when the trajectory
 closes, after an idle TTL if it is abandoned, and on shutdown; every container
 carries this executor's label so none can leak past a crash of one action.
+A warm pool (``warm``) keeps default-image containers created ahead of use, so
+a trajectory's first action does not wait for a container to start.
 
-No image can be pulled on an offline machine, so the sandbox image is built
-locally: ``tangram image build`` imports an empty root filesystem and the
-host's system directories are bind-mounted read-only at run time.
+Images. No image can be pulled on an offline machine, so the default sandbox
+image is built locally: ``tangram image build`` imports an empty root
+filesystem (labelled ``tangram.rootfs=host``) and the host's system
+directories are bind-mounted read-only over it at run time. Any other image a
+trajectory names is run unmodified: the host's ``/usr`` is bind-mounted
+read-only at ``/tangram-host/usr`` and the agent runs on the host's python
+through the host's dynamic loader, so the image needs no python of its own
+and its own ``/usr``, ``/bin`` and environment stay what the commands see.
+
+Lock-down (every sandbox): all capabilities dropped but the four the agent
+needs, no-new-privileges, a memory limit (the trajectory's ``mem_gb``, else
+``default_mem_gb``) without swap, a process limit, no network, and commands
+run as an unprivileged user that cannot signal the agent or reach its socket.
+The host enforces every timeout itself: an agent that does not answer in time
+gets its container killed (the action ends ``timeout``, the trajectory's next
+action gets a fresh container and ``state_lost``). An OOM kill is reported as
+status ``oom``.
 """
 
 from __future__ import annotations
@@ -33,7 +49,7 @@ from pathlib import Path
 import docker
 import docker.errors
 
-from executor.commands import CommandError, argv_of, elastic_argv, priority_prefix
+from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, FileError
 from executor.local import allowed_cpus
 from executor.process import outcome_of
@@ -43,7 +59,17 @@ IMAGE = "tangram-sandbox:1"
 AGENT = Path(__file__).with_name("sandbox_agent.py")
 LABEL = "tangram.executor"
 OWNER = "tangram.owner"
+HOST_ROOTFS = "tangram.rootfs"  # image label: "host" = run on the host's bind-mounted /usr
 HOST_MOUNTS = ("/usr", "/lib", "/lib64", "/bin", "/etc/alternatives")
+#: where the host's /usr (the agent's python) appears inside any other image
+HOST_PREFIX = "/tangram-host"
+#: what the agent needs: chown /work, switch to the sandbox user, kill runaway commands
+AGENT_CAPS = ["CHOWN", "SETUID", "SETGID", "KILL"]
+SANDBOX_USER = "65534:65534"
+#: seconds the host waits beyond an action's timeout before it stops trusting the agent
+GRACE_S = 5.0
+#: the timeout of an action that gives none (the API always gives one)
+DEFAULT_TIMEOUT_S = 24 * 3600.0
 PERIOD_US = 100_000
 IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
 #: where a trajectory's commands run and its files live, inside the container
@@ -51,6 +77,14 @@ SANDBOX_WORKDIR = "/work"
 #: Go's os.FileMode bits in the engine's archive stat (directory; device, pipe, socket, ...)
 GO_MODE_DIR = 1 << 31
 GO_MODE_IRREGULAR = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+
+
+class AgentGone(OSError):
+    """The agent could not be reached before the request was sent (safe to retry)."""
+
+
+class AgentSilent(OSError):
+    """The agent did not answer within the action's timeout plus GRACE_S."""
 
 
 def build_image(client: docker.DockerClient | None = None, tag: str = IMAGE) -> str:
@@ -64,32 +98,57 @@ def build_image(client: docker.DockerClient | None = None, tag: str = IMAGE) -> 
             info.type = tarfile.DIRTYPE
             info.mode = mode
             tar.addfile(info)
-        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"),
-                           ("etc/group", "root:x:0:\n")):
+        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"
+                            "nobody:x:65534:65534:nobody:/tmp:/bin/sh\n"),
+                           ("etc/group", "root:x:0:\nnogroup:x:65534:\n")):
             data = text.encode()
             info = tarfile.TarInfo(name)
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
-    resp = client.api.import_image_from_data(buf.getvalue(), repository=tag.split(":")[0],
-                                             tag=tag.split(":")[1], changes=["WORKDIR /work"])
-    del resp
+    repo, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
+    client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=version,
+                                      changes=["WORKDIR /work", f"LABEL {HOST_ROOTFS}=host"])
     return tag
 
 
 def ensure_image(client: docker.DockerClient, tag: str = IMAGE) -> str:
+    """``tag`` if it is on this machine; the default image is built when missing."""
     try:
         client.images.get(tag)
     except docker.errors.ImageNotFound:
+        if tag != IMAGE:
+            raise ValueError(f"image: {tag!r} is not on this machine (no registry is used: "
+                             "build it or `docker load` it first)") from None
         build_image(client, tag)
+    except docker.errors.APIError as e:  # e.g. a malformed reference
+        raise ValueError(f"image: {tag!r}: {e.explanation or e}") from None
     return tag
+
+
+def host_python() -> tuple[str, str, str] | None:
+    """(loader, library path, python) of the host's python3 as seen under HOST_PREFIX,
+    or None where they do not all live under /usr (then only the default image has
+    an agent)."""
+    python = os.path.realpath("/usr/bin/python3")
+    loader = os.path.realpath("/lib64/ld-linux-x86-64.so.2")
+    if not (os.path.exists(python) and os.path.exists(loader)
+            and python.startswith("/usr/") and loader.startswith("/usr/")):
+        return None
+    libs = ":".join(HOST_PREFIX + d for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
+                    if os.path.isdir(d))
+    return HOST_PREFIX + loader, libs, HOST_PREFIX + python
 
 
 @dataclass(slots=True)
 class Sandbox:
     container_id: str
     last_used: float
+    image: str = IMAGE
+    mem_gb: float = 0.0
     #: host path of the in-container agent's socket (None: fall back to docker exec)
     socket: str | None = None
+    #: host directory of that socket (removed with the container)
+    agent_dir: str | None = None
     #: cgroup files written directly when writable (None: the engine's update API)
     cpuset_file: str | None = None
     quota_file: str | None = None
@@ -106,32 +165,48 @@ class DockerBackend:
     def __init__(self, image: str = IMAGE, cpu_map: list[int] | None = None,
                  idle_ttl_s: float = 600.0, workers: int = 16,
                  client: docker.DockerClient | None = None, owner: str | None = None,
-                 agent: bool = True) -> None:
+                 agent: bool = True, default_mem_gb: float = 2.0, pids_limit: int = 512,
+                 warm: int = 0) -> None:
         self.client = client or docker.from_env()
         self.image = ensure_image(self.client, image)
         self.cpu_map = cpu_map or allowed_cpus()
         self.idle_ttl_s = idle_ttl_s
+        self.default_mem_gb = default_mem_gb
+        self.pids_limit = pids_limit
+        self.warm_size = warm
         self.run_id = uuid.uuid4().hex[:12]
-        # the agent runs on the host's python3, which the sandbox sees through /usr
-        self.agent_python = ("/usr/bin/python3" if agent and os.path.exists("/usr/bin/python3")
-                             else None)
-        self.agent_root = tempfile.mkdtemp(prefix=f"tangram-agents-{self.run_id}-")
-        #: who this executor is across restarts (e.g. its state directory): containers a
-        #: crashed predecessor left behind are removed at start
+        # the agent runs on the host's python3: at /usr in the default image, under
+        # HOST_PREFIX in any other
+        self.agent = agent and os.path.exists("/usr/bin/python3")
+        self.host_python = host_python() if self.agent else None
+        #: who this executor is across restarts (e.g. its state directory): containers and
+        #: agent directories a crashed predecessor left behind are removed at start
         self.owner = owner or self.run_id
         # sparse: no per-container inspect, which races with containers going away
         for c in self.client.containers.list(all=True, sparse=True,
                                              filters={"label": f"{OWNER}={self.owner}"}):
             self._remove(c.id)
+        prefix = f"tangram-agents-{self.owner}-"
+        for old in Path(tempfile.gettempdir()).glob(prefix + "*"):
+            shutil.rmtree(old, ignore_errors=True)
+        self.agent_root = tempfile.mkdtemp(prefix=prefix)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tangram-docker")
+        # removals apart from the actions' threads, so shutdown can wait for them (a removal
+        # racing shutdown's own would leave a container "removal in progress")
+        self._removers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tangram-rm")
         self._lock = threading.Lock()
         self._boxes: dict[str, Sandbox] = {}
         self._mem: dict[str, float] = {}
+        self._images: dict[str, str] = {}  # trajectory -> its image, when not the default
+        self._host_rootfs: dict[str, bool] = {}
         self._lost: set[str] = set()  # trajectories whose container died: report at next action
         self._running: dict[str, str] = {}  # action id -> container id
+        self._warm: list[Sandbox] = []
+        self._refilling = False
         self._closed = False
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
         self._reaper.start()
+        self._refill_soon()
 
     # -- Backend protocol ----------------------------------------------------------------
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
@@ -145,7 +220,8 @@ class DockerBackend:
                 outcome, box = self._run(d)
                 grant = box.grants if box is not None else 0
             except Exception as e:  # never leave an action unanswered
-                outcome = Outcome(d.action.id, "failed", None, error=f"docker: {e}")
+                outcome = Outcome(d.action.id, "failed", None,
+                                  error=f"docker: {type(e).__name__}: {e}")
             loop.call_soon_threadsafe(on_done, outcome)
             if box is not None:  # after the answer: reclaiming is off the critical path
                 self._reclaim(box, grant)
@@ -164,85 +240,176 @@ class DockerBackend:
         """Remember the memory limit its container gets at its first action."""
         self._mem[trajectory] = mem_gb or 0.0
 
+    def open_trajectory_image(self, trajectory: str, mem_gb: float | None, image: str) -> None:
+        """Like open_trajectory, in a container of ``image`` (it must be on this machine:
+        ValueError otherwise)."""
+        if image != self.image:
+            self._is_host_rootfs(image)  # checks it exists, once
+            self._images[trajectory] = image
+        self.open_trajectory(trajectory, mem_gb)
+
     def close_trajectory(self, trajectory: str) -> None:
         with self._lock:
             box = self._boxes.pop(trajectory, None)
             self._lost.discard(trajectory)
             self._mem.pop(trajectory, None)
+            self._images.pop(trajectory, None)
         if box:
-            self._remove(box.container_id)
+            try:
+                self._removers.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
+            except RuntimeError:  # the pool is shut down: the server is stopping
+                self._discard(box)
 
     def shutdown(self) -> None:
         self._closed = True
         with self._lock:
-            boxes = list(self._boxes.values())
+            boxes = list(self._boxes.values()) + self._warm
             self._boxes.clear()
-        for box in boxes:
-            self._remove(box.container_id)
-        self.remove_all()
+            self._warm = []
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._removers.shutdown(wait=True)  # the closed trajectories' removals: seconds
+        # in parallel: a server with many sandboxes must still stop within seconds
+        with ThreadPoolExecutor(max_workers=16) as removers:
+            list(removers.map(self._discard, boxes))
+        self.remove_all()
         shutil.rmtree(self.agent_root, ignore_errors=True)
 
     def remove_all(self) -> int:
         """Remove every container this executor created (by label)."""
-        n = 0
-        for c in self.client.containers.list(all=True, sparse=True,
-                                             filters={"label": f"{LABEL}={self.run_id}"}):
-            self._remove(c.id)
-            n += 1
-        return n
+        ids = [c.id for c in self.client.containers.list(
+            all=True, sparse=True, filters={"label": f"{LABEL}={self.run_id}"})]
+        with ThreadPoolExecutor(max_workers=16) as removers:
+            list(removers.map(self._remove, ids))
+        return len(ids)
 
-    # -- internals -----------------------------------------------------------------------
-    def _create(self, trajectory: str) -> Sandbox:
-        mem = self._mem.get(trajectory, 0.0)
-        mounts = {p: {"bind": p, "mode": "ro"} for p in HOST_MOUNTS if _exists(p)}
+    # -- sandboxes -------------------------------------------------------------------------
+    def _is_host_rootfs(self, image: str) -> bool:
+        """Whether ``image`` is an empty root filesystem run on the host's /usr (ours)."""
+        if image not in self._host_rootfs:
+            ensure_image(self.client, image)
+            labels = self.client.api.inspect_image(image).get("Config", {}).get("Labels") or {}
+            self._host_rootfs[image] = image == IMAGE or labels.get(HOST_ROOTFS) == "host"
+        return self._host_rootfs[image]
+
+    def _create(self, trajectory: str, image: str, mem_gb: float) -> Sandbox:
+        host_rootfs = self._is_host_rootfs(image)
+        mem = mem_gb or self.default_mem_gb
         agent_dir = None
-        command = ["sleep", "infinity"]
-        if self.agent_python:
+        command: list[str] | None = ["sleep", "infinity"] if host_rootfs else None
+        env = {"HOME": "/tmp", "PATH": "/usr/bin:/bin"} if host_rootfs else {}
+        if host_rootfs:
+            mounts = {p: {"bind": p, "mode": "ro"} for p in HOST_MOUNTS if os.path.exists(p)}
+        else:  # the image's own /usr stays; the agent's python sits beside it
+            mounts = {"/usr": {"bind": HOST_PREFIX + "/usr", "mode": "ro"}}
+        if self.agent and (host_rootfs or self.host_python):
             agent_dir = tempfile.mkdtemp(prefix="box-", dir=self.agent_root)
             mounts[agent_dir] = {"bind": "/tangram", "mode": "rw"}
             mounts[str(AGENT.parent)] = {"bind": "/tangram-agent", "mode": "ro"}
-            command = [self.agent_python, f"/tangram-agent/{AGENT.name}", "/tangram/agent.sock"]
-        c = self.client.containers.create(
-            self.image, command, detach=True, init=True, labels={
-                LABEL: self.run_id, OWNER: self.owner, "tangram.trajectory": trajectory[:200]},
-            volumes=mounts, working_dir="/work", network_mode="none",
-            mem_limit=f"{int(mem * 1024)}m" if mem >= 0.01 else None,
-            # unthrottled while the agent starts; idle quota once it listens
-            cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
-            cpu_quota=len(self.cpu_map) * PERIOD_US,
-            environment={"HOME": "/root", "PATH": "/usr/bin:/bin"})
+            script = [f"/tangram-agent/{AGENT.name}", "/tangram/agent.sock", "/work"]
+            if host_rootfs:
+                command = ["/usr/bin/python3", "-S", *script]
+            else:
+                loader, libs, python = self.host_python  # type: ignore[misc]
+                command = [loader, "--library-path", libs, python, "-S", *script]
+                env.update({"PYTHONHOME": HOST_PREFIX + "/usr",
+                            "TANGRAM_AGENT_DROP": "PYTHONHOME"})
+        labels = {LABEL: self.run_id, OWNER: self.owner, "tangram.trajectory": trajectory[:200]}
+        try:
+            c = self.client.containers.create(
+                image, command, detach=True, init=True, labels=labels, volumes=mounts,
+                working_dir="/work", network_mode="none", environment=env,
+                mem_limit=f"{int(mem * 1024)}m", memswap_limit=f"{int(mem * 1024)}m",
+                pids_limit=self.pids_limit, cap_drop=["ALL"], cap_add=AGENT_CAPS,
+                security_opt=["no-new-privileges"],
+                # unthrottled while the agent starts; idle quota once it listens
+                cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
+                cpu_quota=len(self.cpu_map) * PERIOD_US)
+        except Exception:
+            if agent_dir:
+                shutil.rmtree(agent_dir, ignore_errors=True)
+            raise
+        box = Sandbox(c.id, time.monotonic(), image=image, mem_gb=mem, agent_dir=agent_dir)
         try:
             c.start()
-        except docker.errors.APIError:
-            self._remove(c.id)  # a container that never started must not linger
+            if agent_dir is not None:
+                sock = os.path.join(agent_dir, "agent.sock")
+                deadline = time.monotonic() + 10
+                while not os.path.exists(sock) and time.monotonic() < deadline:
+                    time.sleep(0.005)
+                box.socket = sock if os.path.exists(sock) else None
+            box.cpuset_file, box.quota_file = _cgroup_files(self.client, c.id)
+            self._set_cpus(box, None, IDLE_QUOTA_US)
+        except Exception:
+            self._discard(box)  # a container that never started must not linger
             raise
-        box = Sandbox(c.id, time.monotonic())
-        if agent_dir is not None:
-            sock = os.path.join(agent_dir, "agent.sock")
-            deadline = time.monotonic() + 10
-            while not os.path.exists(sock) and time.monotonic() < deadline:
-                time.sleep(0.01)
-            box.socket = sock if os.path.exists(sock) else None
-        box.cpuset_file, box.quota_file = _cgroup_files(self.client, c.id)
-        self._set_cpus(box, None, IDLE_QUOTA_US)
+        return box
+
+    def _refill_soon(self) -> None:
+        with self._lock:
+            if self._refilling or self._closed or len(self._warm) >= self.warm_size:
+                return
+            self._refilling = True
+        self._pool.submit(self._refill)
+
+    def _refill(self) -> None:
+        """Keep ``warm_size`` default-image sandboxes ready (one at a time, in the pool)."""
+        box: Sandbox | None = None
+        try:
+            while not self._closed:
+                with self._lock:
+                    if len(self._warm) >= self.warm_size:
+                        return
+                box = self._create("", self.image, self.default_mem_gb)
+                with self._lock:
+                    if self._closed:
+                        break
+                    self._warm.append(box)
+                    box = None
+            if box is not None:
+                self._discard(box)
+        except Exception:  # noqa: BLE001 - a failed refill is retried at the next take
+            pass
+        finally:
+            with self._lock:
+                self._refilling = False
+
+    def _take_warm(self, image: str, mem_gb: float) -> Sandbox | None:
+        if image != self.image:
+            return None
+        with self._lock:
+            box = self._warm.pop() if self._warm else None
+        if box is None:
+            return None
+        self._refill_soon()
+        mem = mem_gb or self.default_mem_gb
+        if mem != box.mem_gb:  # one engine call (~20 ms), still far cheaper than a container
+            try:
+                limit = f"{int(mem * 1024)}m"
+                self.client.api.update_container(box.container_id, mem_limit=limit,
+                                                 memswap_limit=limit)
+                box.mem_gb = mem
+            except docker.errors.APIError:
+                self._removers.submit(self._discard, box)
+                return None
         return box
 
     def _sandbox(self, trajectory: str) -> tuple[Sandbox, bool]:
-        """The trajectory's container (created now if it has none); True if state was lost."""
+        """The trajectory's container (taken warm or created now); True if state was lost."""
         with self._lock:
             box = self._boxes.get(trajectory)
             lost = trajectory in self._lost
+            image = self._images.get(trajectory, self.image)
+            mem = self._mem.get(trajectory, 0.0)
         if box is not None:
             return box, False
-        box = self._create(trajectory)
+        box = self._take_warm(image, mem) or self._create(trajectory, image, mem)
         with self._lock:
             other = self._boxes.get(trajectory)
             if other is None:
                 self._boxes[trajectory] = box
                 self._lost.discard(trajectory)
         if other is not None:  # created concurrently (a file upload racing the first action)
-            self._remove(box.container_id)
+            self._discard(box)
             return other, False
         return box, lost
 
@@ -273,6 +440,7 @@ class DockerBackend:
         self.client.api.update_container(box.container_id, cpu_period=PERIOD_US,
                                          cpu_quota=quota_us, **kw)
 
+    # -- one action ------------------------------------------------------------------------
     def _run(self, d: Dispatch) -> tuple[Outcome, Sandbox | None]:
         t_start = time.time()
         payload = d.action.payload or {}
@@ -281,79 +449,139 @@ class DockerBackend:
         except CommandError as e:
             return Outcome(d.action.id, "failed", None, error=str(e)), None
         cores = sorted(self.cpu_map[c] for c in d.lease.cores) or self.cpu_map
-        box, lost = self._sandbox(d.action.trajectory)
-        try:
-            update_s = self._grant(box, cores)
-        except docker.errors.APIError:  # it died while idle: a fresh one, state lost
-            self._forget(d.action.trajectory, box)
-            box, _ = self._sandbox(d.action.trajectory)
-            lost = True
-            update_s = self._grant(box, cores)
-        timeout = float(payload.get("timeout_s") or 0)
+        timeout = float(payload.get("timeout_s") or 0) or DEFAULT_TIMEOUT_S
         env = {k: str(v) for k, v in (payload.get("env") or {}).items()}
         env["TANGRAM_CORES"] = ",".join(map(str, cores))
-        self._running[d.action.id] = box.container_id
-        execute = self._agent_exec if box.socket else self._docker_exec
-        try:
-            code, output, t_exec, t_exited, timed_out = execute(
-                box, [*priority_prefix(d.lease.lane), *argv], env, timeout)
-        except (docker.errors.APIError, OSError, ValueError) as e:
-            if self._alive(box.container_id, settle_s=1.0):
-                return Outcome(d.action.id, "failed", None, error=f"exec failed: {e}"), box
-            return self._died(d, box, "the trajectory's container died during the action"), None
-        finally:
-            self._running.pop(d.action.id, None)
+        box, lost = self._sandbox(d.action.trajectory)
+        for attempt in (0, 1):
+            try:
+                update_s = self._grant(box, cores)
+            except docker.errors.APIError:
+                update_s = 0.0
+            self._running[d.action.id] = box.container_id
+            execute = self._agent_exec if box.socket else self._docker_exec
+            try:
+                code, output, t_exec, t_exited, timed_out, ooms = execute(
+                    box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
+                break
+            except AgentGone:
+                # the container died (or was killed) while idle: a fresh one, state lost
+                if attempt:
+                    raise
+                self._forget(d.action.trajectory, box)
+                box, _ = self._sandbox(d.action.trajectory)
+                lost = True
+            except AgentSilent:
+                self._kill(box)
+                self._forget(d.action.trajectory, box)
+                return Outcome(d.action.id, "timeout", None, error=(
+                    f"the sandbox did not answer within the {timeout:g} s timeout (+{GRACE_S:g} s):"
+                    " its container was killed and is recreated, without its files, at the "
+                    "trajectory's next action"), extra={"state_lost": True}), None
+            except (docker.errors.APIError, OSError, ValueError) as e:
+                if self._alive(box.container_id, settle_s=1.0):
+                    return Outcome(d.action.id, "failed", None, error=f"exec failed: {e}"), box
+                return self._died(d, box), None
+            finally:
+                self._running.pop(d.action.id, None)
         # An agent that answered was alive throughout (a dying one drops the connection);
         # after `docker exec` only the engine can tell, and a signal-killed exec hints at it.
         if not box.socket and not self._alive(
                 box.container_id, settle_s=1.0 if code is None or code >= 128 else 0):
-            return self._died(d, box, "the trajectory's container died during the action"), None
+            return self._died(d, box), None
         extra = {"argv": argv, "cores": cores, "update_s": update_s, "t_spawned": t_exec,
                  "t_exited": t_exited, "state_lost": lost, "container": box.container_id[:12],
                  "via": "agent" if box.socket else "docker exec"}
+        if ooms:
+            return Outcome(d.action.id, "oom", code, (output or b"")[-(1 << 20):].decode(
+                errors="replace"), self._oom_message(box), t_exec - t_start, extra), box
         return outcome_of(d, code, output or b"", timed_out, timeout, extra,
                           overhead_s=t_exec - t_start), box
 
-    def _agent_exec(self, box: Sandbox, argv: list[str], env: dict[str, str],
-                    timeout: float) -> tuple[int | None, bytes, float, float, bool]:
-        req = {"argv": argv, "env": env, "cwd": "/work", "timeout_s": timeout or None}
+    def _oom_message(self, box: Sandbox) -> str:
+        return (f"out of memory: the sandbox's {box.mem_gb:g} GB limit was reached and the "
+                "kernel killed a process of the command (give the trajectory a larger mem_gb)")
+
+    def _agent_exec(self, box: Sandbox, argv: list[str], env: dict[str, str], timeout: float,
+                    nice: int) -> tuple[int | None, bytes, float, float, bool, int]:
+        # the agent sets the niceness itself: the image may have no `nice` binary
+        req = {"argv": argv, "env": env, "cwd": "/work", "timeout_s": timeout, "nice": nice}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
-            conn.connect(box.socket)  # type: ignore[arg-type]
+            # the agent enforces the timeout; the host does not trust it to
+            conn.settimeout(timeout + GRACE_S)
+            try:
+                conn.connect(box.socket)  # type: ignore[arg-type]
+            except OSError as e:
+                raise AgentGone(f"the sandbox agent is gone: {e}") from None
             conn.sendall(json.dumps(req).encode() + b"\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = conn.recv(1 << 16)
-                if not chunk:
-                    raise OSError("the sandbox agent closed the connection")
-                data += chunk
+            chunks, size = [], 0
+            try:
+                while True:
+                    chunk = conn.recv(1 << 16)
+                    if not chunk:
+                        break
+                    chunks.append(chunk)
+                    size += len(chunk)
+                    if chunk.endswith(b"\n"):
+                        break
+                    if size > 16 << 20:  # output is capped at 1 MiB (+ JSON escapes)
+                        raise OSError("the sandbox agent's answer is too large")
+            except TimeoutError:
+                raise AgentSilent("no answer") from None
+        data = b"".join(chunks)
+        if not data.endswith(b"\n"):
+            raise OSError("the sandbox agent closed the connection")
         ans = json.loads(data)
         return (ans["code"], ans["output"].encode(), ans["t_start"], ans["t_end"],
-                ans["timed_out"])
+                ans["timed_out"], int(ans.get("oom_kills", 0)))
 
-    def _docker_exec(self, box: Sandbox, argv: list[str], env: dict[str, str],
-                     timeout: float) -> tuple[int | None, bytes, float, float, bool]:
-        full = (["timeout", "-s", "KILL", f"{timeout:g}"] if timeout else []) + argv
-        exec_id = self.client.api.exec_create(box.container_id, full, workdir="/work",
-                                              environment=env)["Id"]
+    def _docker_exec(self, box: Sandbox, argv: list[str], env: dict[str, str], timeout: float,
+                     nice: int) -> tuple[int | None, bytes, float, float, bool, int]:
+        full = ["timeout", "-s", "KILL", f"{timeout:g}", *(["nice", "-n", str(nice)] if nice else []),
+                *argv]
+        try:
+            exec_id = self.client.api.exec_create(box.container_id, full, workdir="/work",
+                                                  environment=env, user=SANDBOX_USER)["Id"]
+        except docker.errors.APIError as e:
+            if not self._alive(box.container_id):
+                raise AgentGone(str(e)) from None
+            raise
         t_exec = time.time()
         output = self.client.api.exec_start(exec_id)
         t_exited = time.time()
         code = self.client.api.exec_inspect(exec_id).get("ExitCode")
-        timed_out = bool(timeout) and code == 137 and t_exited - t_exec >= timeout * 0.99
-        return code, output or b"", t_exec, t_exited, timed_out
+        timed_out = code == 137 and t_exited - t_exec >= timeout * 0.99
+        output = (output or b"")[-(1 << 20):]
+        return code, output, t_exec, t_exited, timed_out, 0
 
+    # -- failures and cleanup --------------------------------------------------------------
     def _forget(self, trajectory: str, box: Sandbox) -> None:
         with self._lock:
             if self._boxes.get(trajectory) is box:
                 del self._boxes[trajectory]
             self._lost.add(trajectory)
-        self._remove(box.container_id)
+        self._discard(box)
 
-    def _died(self, d: Dispatch, box: Sandbox, why: str) -> Outcome:
+    def _died(self, d: Dispatch, box: Sandbox) -> Outcome:
+        try:
+            oom = bool(self.client.api.inspect_container(box.container_id)["State"]
+                       .get("OOMKilled"))
+        except docker.errors.APIError:
+            oom = False
         self._forget(d.action.trajectory, box)
-        return Outcome(d.action.id, "failed", None, error=why + "; it will be recreated, "
-                       "without its files, at the trajectory's next action",
+        tail = ("; it will be recreated, without its files, at the trajectory's next action")
+        if oom:
+            return Outcome(d.action.id, "oom", None, error=self._oom_message(box) + tail,
+                           extra={"state_lost": True})
+        return Outcome(d.action.id, "failed", None,
+                       error="the trajectory's container died during the action" + tail,
                        extra={"state_lost": True})
+
+    def _kill(self, box: Sandbox) -> None:
+        try:
+            self.client.api.kill(box.container_id)
+        except docker.errors.APIError:
+            pass
 
     def _reclaim(self, box: Sandbox, grant: int) -> None:
         """Take the cores back (1% of one core) unless the next action already has them."""
@@ -382,11 +610,14 @@ class DockerBackend:
                 return True
             time.sleep(0.05)
 
+    def _discard(self, box: Sandbox) -> None:
+        self._remove(box.container_id)
+        if box.agent_dir:
+            shutil.rmtree(box.agent_dir, ignore_errors=True)
+
     def _remove(self, cid: str) -> None:
         try:
             self.client.api.remove_container(cid, force=True)
-        except docker.errors.NotFound:
-            pass
         except docker.errors.APIError:
             pass
 
@@ -401,7 +632,7 @@ class DockerBackend:
                 for t, _ in stale:
                     del self._boxes[t]
             for _, box in stale:
-                self._remove(box.container_id)
+                self._discard(box)
 
 
     # -- files (executor/files_api.py): through the engine's archive API, so a path is
@@ -413,6 +644,7 @@ class DockerBackend:
         with tarfile.open(fileobj=buf, mode="w") as tar:
             info = tarfile.TarInfo("/".join(parts))
             info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
+            info.uid = info.gid = int(SANDBOX_USER.split(":")[0])  # the commands' own file
             tar.addfile(info, io.BytesIO(data))
         try:
             self.client.api.put_archive(box.container_id, SANDBOX_WORKDIR, buf.getvalue())
@@ -473,7 +705,3 @@ def _cgroup_files(client: docker.DockerClient, cid: str) -> tuple[str | None, st
     if all(os.access(p, os.W_OK) for p in (cpuset, quota)):
         return cpuset, quota
     return None, None
-
-
-def _exists(path: str) -> bool:
-    return os.path.exists(path)

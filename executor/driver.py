@@ -49,20 +49,38 @@ class LiveExecutor:
     """Core + runtime + backend on the running loop."""
 
     def __init__(self, core: Tangram, backend: LiveBackend,
-                 loop: asyncio.AbstractEventLoop | None = None) -> None:
+                 loop: asyncio.AbstractEventLoop | None = None,
+                 max_records: int | None = None) -> None:
+        """``max_records``: a long-running server, whose results live in its journal,
+        keeps only the latest records in memory (flat RSS however many actions)."""
         self.loop = loop or asyncio.get_running_loop()
         self.core = core
         self.backend = backend
         self.clock = AsyncioClock(self.loop)
         self.runtime = Runtime(core, self.clock, backend, stopwatch=time.perf_counter)
+        self.max_records = max_records
         watch = getattr(backend, "watch_nodes", None)
         if watch is not None:  # a multi-node backend (Ray) reports membership changes
             watch(self.node_lost, self.node_joined)
 
     def open_trajectory(self, trajectory: str, task: str = "default",
-                        mem_gb: float | None = None) -> None:
+                        mem_gb: float | None = None, image: str | None = None) -> None:
+        """Open it in the core and the backend; ``image``: its sandbox's docker image
+        (backends without images refuse one with ValueError)."""
+        if image is not None:
+            opener = getattr(self.backend, "open_trajectory_image", None)
+            if opener is None:
+                raise ValueError(f"image: the {getattr(self.backend, 'name', '?')} backend "
+                                 "runs no images (use --backend docker)")
+            opener(trajectory, mem_gb, image)  # checked before the core commits to it
+            self.runtime.open_trajectory(trajectory, task, mem_gb)
+            return
         self.runtime.open_trajectory(trajectory, task, mem_gb)
-        self.backend.open_trajectory(trajectory, mem_gb)
+        try:
+            self.backend.open_trajectory(trajectory, mem_gb)
+        except BaseException:
+            self.runtime.close_trajectory(trajectory)  # all or nothing
+            raise
 
     def close_trajectory(self, trajectory: str) -> None:
         self.runtime.close_trajectory(trajectory)
@@ -75,6 +93,11 @@ class LiveExecutor:
         fut: asyncio.Future[tuple[Record, Outcome]] = self.loop.create_future()
 
         def done(rec: Record, out: Outcome) -> None:
+            if self.max_records is not None:
+                records = self.runtime.records
+                if len(records) > 2 * self.max_records:  # trimmed rarely: O(1) amortised
+                    del records[:-self.max_records]
+                self.runtime.timing.decision_s.pop(rec.action_id, None)
             if on_result:
                 on_result(rec, out)
             if not fut.done():

@@ -7,9 +7,12 @@ says how many attempts were made."""
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import random
+import socket
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -36,15 +39,33 @@ class HttpBackend:
         return self._client
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
-        task = asyncio.get_running_loop().create_task(self._call(d, on_done))
+        task = asyncio.get_running_loop().create_task(self._guarded(d, on_done))
         self._tasks[d.action.id] = task
         task.add_done_callback(lambda _t: self._tasks.pop(d.action.id, None))
+
+    async def _guarded(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        """Whatever fails (a header httpx cannot encode...), the action ends."""
+        try:
+            await self._call(d, on_done)
+        except asyncio.CancelledError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure must end the action
+            on_done(Outcome(d.action.id, "failed", None,
+                            error=f"request failed: {type(e).__name__}: {e}"))
 
     async def _call(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         req = dict((d.action.payload or {}).get("request") or {})
         if not req.get("url"):
             on_done(Outcome(d.action.id, "failed", None, error="payload.request.url: missing"))
             return
+        if (d.action.payload or {}).get("public_only"):
+            # allowed by a '*' entry: the name must not lead to this host or its network
+            host = urlsplit(str(req["url"])).hostname or ""
+            if await asyncio.to_thread(is_private, host):
+                on_done(Outcome(d.action.id, "failed", None, error=(
+                    f"request.url: {host!r} resolves to a loopback or private address (list "
+                    "it explicitly with --allow-url to reach it)")))
+                return
         method = str(req.get("method", "GET")).upper()
         timeout = float((d.action.payload or {}).get("timeout_s") or self.timeout_s)
         last = ""
@@ -97,6 +118,19 @@ class HttpBackend:
                 pass
 
 
+def is_private(host: str) -> bool:
+    """Whether ``host`` (an IP literal or a name) is or resolves to a non-public address."""
+    try:
+        addrs = {ipaddress.ip_address(host.strip("[]"))}
+    except ValueError:
+        try:
+            infos = socket.getaddrinfo(host, None)
+        except OSError:
+            return True  # unresolvable: refuse rather than guess
+        addrs = {ipaddress.ip_address(i[4][0].split("%")[0]) for i in infos}
+    return any(not a.is_global for a in addrs)
+
+
 def _retry_after(resp: httpx.Response) -> float | None:
     value = resp.headers.get("retry-after")
     try:
@@ -116,6 +150,9 @@ class RouterBackend:
         self.gpu = gpu  # GPU actions (a lease with GPUs): executor.gpu.backend.GpuBackend
         self.name = env_backend.name
         self._where: dict[str, object] = {}
+        opener = getattr(env_backend, "open_trajectory_image", None)
+        if opener is not None:  # only backends that run images offer it
+            self.open_trajectory_image = opener
 
     def _pick(self, d: Dispatch):
         if d.lease.gpus and self.gpu is not None:
@@ -130,7 +167,11 @@ class RouterBackend:
             self._where.pop(d.action.id, None)
             on_done(outcome)
 
-        backend.start(d, done)
+        try:
+            backend.start(d, done)
+        except Exception as e:  # noqa: BLE001 - e.g. a backend already shut down
+            done(Outcome(d.action.id, "failed", None,
+                         error=f"{backend.name}: cannot start: {type(e).__name__}: {e}"))
 
     def cancel(self, action_id: str) -> None:
         backend = self._where.get(action_id)

@@ -48,10 +48,13 @@ from traces.select import head, scale_think
 OUTPUT_TAIL = 2000
 
 
-def make_backend(name: str, workdir: Path, gpu: Any = None,
+def make_backend(name: str, workdir: Path, gpu: Any = None, mem_gb: float = 2.0,
+                 pids: int = 512, warm: int = 0,
                  env: Mapping[str, str] | None = None) -> LiveBackend:
     """The env backend ``name`` behind a router that also sends API calls to the HTTP
-    backend and GPU actions to ``gpu`` (an ``executor.gpu.backend.GpuBackend``)."""
+    backend and GPU actions to ``gpu`` (an ``executor.gpu.backend.GpuBackend``);
+    ``mem_gb``/``pids``/``warm``: the docker sandboxes' default memory limit, process
+    limit and warm pool size."""
     from executor.http_api import RouterBackend
 
     if name == "process":
@@ -64,7 +67,8 @@ def make_backend(name: str, workdir: Path, gpu: Any = None,
         from executor.docker_backend import DockerBackend
 
         owner = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
-        return RouterBackend(DockerBackend(owner=owner), gpu=gpu)
+        return RouterBackend(DockerBackend(owner=owner, default_mem_gb=mem_gb, pids_limit=pids,
+                                           warm=warm), gpu=gpu)
     raise ValueError(f"backend: unknown backend {name!r} (process or docker)")
 
 

@@ -2,13 +2,21 @@
 
 It listens on a unix socket in a directory bind-mounted from the host; each
 connection carries one JSON request {argv, env, cwd, timeout_s} and gets one
-JSON answer {code, output, t_start, t_end, timed_out}. Running commands this
-way skips `docker exec` (tens of milliseconds per call in the engine); the
-commands still run inside the container's namespaces and cgroup.
+JSON answer {code, output, t_start, t_end, timed_out, oom_kills}. Running
+commands this way skips `docker exec` (tens of milliseconds per call in the
+engine); the commands still run inside the container's namespaces and cgroup.
+
+The agent is root inside the container (with only the capabilities it needs:
+CHOWN, SETUID, SETGID, KILL); every command runs as the unprivileged
+``SANDBOX_UID``. So a command can neither signal the agent nor reach its
+socket (its directory is 0700 root), and cannot forge another action's result.
+The host still enforces every timeout itself: an agent that does not answer
+in time gets its container killed.
 """
 
 import json
 import os
+import select
 import signal
 import socket
 import subprocess
@@ -17,6 +25,131 @@ import threading
 import time
 
 MAX_OUTPUT = 1 << 20
+SANDBOX_UID = 65534  # "nobody"
+#: variables the host set for the agent itself (its python), never given to commands
+AGENT_ONLY = ("PYTHONHOME", "PYTHONNOUSERSITE", "TANGRAM_AGENT_DROP")
+
+
+def read_tail(fd: int, sink: list, stop: threading.Event) -> None:
+    """Read the output pipe until EOF or ``stop``, keeping its last MAX_OUTPUT bytes."""
+    buf = bytearray()
+    while not stop.is_set():
+        ready, _, _ = select.select([fd], [], [], 0.1)
+        if not ready:
+            continue
+        chunk = os.read(fd, 1 << 16)
+        if not chunk:
+            break
+        buf += chunk
+        if len(buf) > 2 * MAX_OUTPUT:
+            del buf[:-MAX_OUTPUT]
+    sink.append(bytes(buf[-MAX_OUTPUT:]))
+
+
+def sandbox_pids() -> list:
+    """Every process of the sandbox user (the commands and whatever they started)."""
+    pids = []
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/status") as f:
+                for line in f:
+                    if line.startswith("Uid:"):
+                        if int(line.split()[1]) == SANDBOX_UID:
+                            pids.append(int(name))
+                        break
+        except (OSError, ValueError):
+            pass
+    return pids
+
+
+def kill_sandbox_user() -> None:
+    """SIGKILL every command process, also those that left their group (setsid)."""
+    for _ in range(5):
+        pids = sandbox_pids()
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except OSError:
+                pass
+
+
+def oom_kills() -> int:
+    """The container's OOM-kill count (cgroup v2 memory.events or v1 memory.oom_control)."""
+    for path in ("/sys/fs/cgroup/memory.events", "/sys/fs/cgroup/memory/memory.oom_control"):
+        try:
+            with open(path) as f:
+                for line in f:
+                    key, _, value = line.partition(" ")
+                    if key == "oom_kill":
+                        return int(value)
+        except OSError:
+            continue
+    return -1
+
+
+def demote(pid: int) -> None:
+    """First in line for the OOM killer: a command, never the agent."""
+    try:
+        with open(f"/proc/{pid}/oom_score_adj", "w") as f:
+            f.write("1000")
+    except OSError:
+        pass
+
+
+def run(req: dict) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in AGENT_ONLY}
+    env.update(req.get("env") or {})
+    env.setdefault("HOME", "/tmp")
+    timeout = req.get("timeout_s") or None
+    t_start = time.time()
+    ooms = oom_kills()
+    if req.get("nice"):
+        # an exclusive-core action yields to the light lane's: niceness is per thread on
+        # Linux, this thread serves this request only, and the child inherits it (raising
+        # another user's niceness afterwards would need CAP_SYS_NICE)
+        os.nice(int(req["nice"]))
+    root = os.getuid() == 0
+    user = {"user": SANDBOX_UID, "group": SANDBOX_UID, "extra_groups": []} if root else {}
+    try:
+        proc = subprocess.Popen(req["argv"], cwd=req.get("cwd", "/work"), env=env,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, start_new_session=True, **user)
+    except (OSError, ValueError, subprocess.SubprocessError) as e:
+        return {"code": 127, "output": f"cannot start {req['argv'][0]!r}: {e}\n",
+                "t_start": t_start, "t_end": time.time(), "timed_out": False, "oom_kills": 0}
+    demote(proc.pid)
+    sink: list = []
+    stop = threading.Event()
+    reader = threading.Thread(target=read_tail, args=(proc.stdout.fileno(), sink, stop),
+                              daemon=True)
+    reader.start()
+    timed_out = False
+    try:
+        proc.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        timed_out = True
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole group, children too
+        except ProcessLookupError:
+            pass
+        proc.wait()
+        if root:
+            kill_sandbox_user()  # and whatever left the group (setsid)
+    reader.join(0.5)
+    if reader.is_alive():  # a background child still holds the output pipe: stop reading
+        stop.set()
+        reader.join(1.0)
+    proc.stdout.close()
+    t_end = time.time()
+    after = oom_kills()
+    return {"code": proc.returncode,
+            "output": (sink[0] if sink else b"").decode(errors="replace"),
+            "t_start": t_start, "t_end": t_end, "timed_out": timed_out,
+            "oom_kills": max(after - ooms, 0) if ooms >= 0 else 0}
 
 
 def handle(conn: socket.socket) -> None:
@@ -27,37 +160,27 @@ def handle(conn: socket.socket) -> None:
             if not chunk:
                 return
             data += chunk
-        req = json.loads(data)
-        env = {**os.environ, **req.get("env", {})}
-        timeout = req.get("timeout_s") or None
-        t_start = time.time()
-        try:
-            proc = subprocess.Popen(req["argv"], cwd=req.get("cwd", "/work"), env=env,
-                                    stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                    stderr=subprocess.STDOUT, start_new_session=True)
-        except OSError as e:
-            answer = {"code": 127, "output": f"cannot start {req['argv'][0]!r}: {e}\n",
-                      "t_start": t_start, "t_end": time.time(), "timed_out": False}
-            conn.sendall(json.dumps(answer).encode() + b"\n")
-            return
-        timed_out = False
-        try:
-            out, _ = proc.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            timed_out = True
-            try:
-                os.killpg(proc.pid, signal.SIGKILL)  # the whole group, children too
-            except ProcessLookupError:
-                pass
-            out, _ = proc.communicate()
-        answer = {"code": proc.returncode, "output": out[-MAX_OUTPUT:].decode(errors="replace"),
-                  "t_start": t_start, "t_end": time.time(), "timed_out": timed_out}
+        answer = run(json.loads(data))
         conn.sendall(json.dumps(answer).encode() + b"\n")
 
 
-def main(path: str) -> None:
+def prepare(workdir: str) -> None:
+    """The working directory belongs to the sandbox user (the image may lack it)."""
+    os.makedirs(workdir, exist_ok=True)
+    if os.getuid() == 0:
+        try:
+            os.chown(workdir, SANDBOX_UID, SANDBOX_UID)
+        except OSError:
+            pass
+
+
+def main(path: str, workdir: str = "/work") -> None:
+    for name in (os.environ.get("TANGRAM_AGENT_DROP") or "").split(","):
+        os.environ.pop(name, None)  # the agent's own python settings: not for commands
+    prepare(workdir)
     if os.path.exists(path):
         os.unlink(path)
+    os.chmod(os.path.dirname(path), 0o700)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".tmp")
     os.chmod(path + ".tmp", 0o600)
@@ -70,4 +193,4 @@ def main(path: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    main(*sys.argv[1:])

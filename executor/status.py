@@ -210,14 +210,18 @@ def status_router(auth: Callable[..., None]) -> APIRouter:
         with waiting times, GPU chunks and resident services, quota usage, recent actions."""
         return _live(request)
 
-    @router.get("/v1/status/events", dependencies=[Depends(auth)])
+    @router.get("/v1/status/events", dependencies=[Depends(auth)],
+                response_class=StreamingResponse,
+                responses={200: {"content": {"text/event-stream": {}},
+                                 "description": "`event: snapshot` lines"}})
     async def status_events(request: Request) -> StreamingResponse:
         """Server-sent events: ``event: snapshot`` with the /v1/status document, sent when
         anything but the clocks changed (and a comment every 15 s to keep proxies open)."""
 
         async def events() -> AsyncIterator[bytes]:
             last, quiet = None, 0.0
-            while not await request.is_disconnected():
+            closing = request.app.state.service.closing  # ends with the server (SIGTERM)
+            while not await request.is_disconnected() and not closing.is_set():
                 snap = _live(request)
                 key = _changing(snap)
                 if key != last:

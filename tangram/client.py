@@ -64,8 +64,15 @@ def _finished(res: dict[str, Any]) -> bool:
 class TangramClient:
     """Asyncio client; every method raises TangramError when the server refuses."""
 
-    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0) -> None:
-        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), timeout=timeout_s,
+    def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0,
+                 max_connections: int = 4096) -> None:
+        # every waiting trajectory holds one long-poll: the pool must not be the limit
+        # (httpx's default of 100 made thousands of trajectories queue for a connection
+        # and time out there), and kept-alive connections spare a handshake per call
+        limits = httpx.Limits(max_connections=max_connections,
+                              max_keepalive_connections=max_connections, keepalive_expiry=30)
+        self._http = httpx.AsyncClient(base_url=base_url.rstrip("/"), limits=limits,
+                                       timeout=httpx.Timeout(timeout_s, pool=None),
                                        headers=_headers(token))
 
     async def __aenter__(self) -> TangramClient:
@@ -78,7 +85,15 @@ class TangramClient:
         await self._http.aclose()
 
     async def _call(self, method: str, path: str, **kw: Any) -> Any:
-        resp = await self._http.request(method, path, **kw)
+        try:
+            resp = await self._http.request(method, path, **kw)
+        except (httpx.ReadError, httpx.RemoteProtocolError, httpx.WriteError,
+                httpx.ReadTimeout):
+            # a kept-alive connection closed under the request, or an overloaded server:
+            # once more, where repeating is harmless (reads; actions are idempotent by id)
+            if not (method == "GET" or path.endswith("/actions")):
+                raise
+            resp = await self._http.request(method, path, **kw)
         _raise_for(resp)
         return resp.json()
 
@@ -106,15 +121,19 @@ class TangramClient:
         while True:
             step = min(deadline, 25.0)
             res = await self._call("GET", f"/v1/actions/{action_id}", params={"wait": step},
-                                   timeout=step + 10)
+                                   timeout=step + 60)
             deadline -= step
             if _finished(res) or deadline <= 0:
                 return res
 
-    async def run(self, trajectory: str, **action: Any) -> dict[str, Any]:
-        """Submit an action and wait for its result (``shell=True``: ``sh -c command``)."""
-        state = await self.submit(trajectory, **action)
-        if _finished(state):  # a resubmitted id that had already ended
+    async def run(self, trajectory: str, *, action_id: str | None = None,
+                  **action: Any) -> dict[str, Any]:
+        """Submit an action and return its result (``shell=True``: ``sh -c command``): one
+        round trip when it ends within 25 s (the submit waits for it), long-polls after."""
+        body = {"id": action_id or uuid.uuid4().hex, **action}
+        state = await self._call("POST", f"/v1/trajectories/{trajectory}/actions", json=body,
+                                 params={"wait": 25.0}, timeout=85.0)
+        if _finished(state):
             return state
         return await self.wait(state["id"])
 

@@ -281,7 +281,7 @@ class Outcome:
     """How an action ended, as reported by a backend."""
 
     action_id: str
-    status: str = "ok"  # ok | failed | timeout | cancelled
+    status: str = "ok"  # ok | failed | timeout | oom | cancelled
     exit_code: int | None = 0
     output: str = ""
     error: str = ""
@@ -290,7 +290,7 @@ class Outcome:
     extra: Mapping[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
-        if self.status not in ("ok", "failed", "timeout", "cancelled"):
+        if self.status not in ("ok", "failed", "timeout", "oom", "cancelled"):
             raise ValueError(f"outcome.status: unknown status {self.status!r}")
 
     @property

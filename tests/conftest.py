@@ -74,8 +74,10 @@ def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, .
 
 @pytest.fixture(scope="module")
 def process_server(tmp_path_factory) -> Iterator[Server]:
+    # the tests' fake API providers listen on loopback ports chosen at run time
     server = start_server(tmp_path_factory.mktemp("serve-process"), "process",
-                          quotas=("api=concurrency:2",))
+                          quotas=("api=concurrency:2",),
+                          extra_args=("--allow-url", "api=http://127.0.0.1:"))
     yield server
     server.stop()
 

@@ -1,0 +1,143 @@
+"""Attack: commands inside docker sandboxes that try to stall their core, forge
+results through the agent, escalate, exhaust memory or processes - against a
+real `tangram serve --backend docker` and real containers."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+import docker
+import httpx
+import pytest
+from conftest import TOKEN
+
+H = {"Authorization": f"Bearer {TOKEN}"}
+
+
+@pytest.fixture()
+def http(docker_server):
+    with httpx.Client(base_url=docker_server.url, headers=H, timeout=120) as c:
+        yield c
+
+
+def _open(http, tid: str, **body) -> None:
+    r = http.post("/v1/trajectories", json={"id": tid, **body})
+    assert r.status_code == 201, r.text
+
+
+def _run(http, tid: str, aid: str, **body) -> dict:
+    r = http.post(f"/v1/trajectories/{tid}/actions", json={"id": aid, **body})
+    assert r.status_code == 202, r.text
+    return http.get(f"/v1/actions/{aid}", params={"wait": 60}).json()
+
+
+def _box(server, tid: str):
+    owner = hashlib.sha1(str((server.state_dir / "work").resolve()).encode()).hexdigest()[:16]
+    boxes = docker.from_env().containers.list(all=True, filters={
+        "label": [f"tangram.owner={owner}", f"tangram.trajectory={tid}"]})
+    assert len(boxes) == 1, boxes
+    return boxes[0]
+
+
+def _in_use(http) -> float:
+    for line in http.get("/metrics").text.splitlines():
+        if line.startswith('tangram_resource_in_use{resource="cpu"}'):
+            return float(line.split()[-1])
+    return 0.0
+
+
+def test_a_command_cannot_stop_its_agent(http):
+    """H4: `kill -STOP $PPID` used to freeze the agent and hold the core 20 s."""
+    _open(http, "stopper")
+    t0 = time.time()
+    res = _run(http, "stopper", "st1", timeout_s=2,
+               argv=["sh", "-c", "kill -STOP $PPID; kill -STOP 1; echo tried; sleep 30"])
+    assert res["status"] == "timeout" and time.time() - t0 < 10
+    assert "tried" in res["output"]
+    res = _run(http, "stopper", "st2", argv=["echo", "alive"])
+    assert (res["status"], res["output"]) == ("ok", "alive\n")
+    assert _in_use(http) == 0
+    http.delete("/v1/trajectories/stopper")
+
+
+FORGER = """
+import os, socket
+try:
+    os.unlink('/tangram/agent.sock')
+    s = socket.socket(socket.AF_UNIX); s.bind('/tangram/agent.sock'); s.listen(1)
+    print('hijacked')
+except OSError as e:
+    print('refused', e)
+"""
+
+
+def test_a_command_cannot_replace_the_agent_socket(http):
+    """H4: a fake agent used to report `false` as `ok, exit 0, 100 passed`."""
+    _open(http, "forger")
+    res = _run(http, "forger", "fg1", argv=["python3", "-c", FORGER])
+    assert "refused" in res["output"] and "hijacked" not in res["output"], res
+    res = _run(http, "forger", "fg2", argv=["ls", "/tangram"])
+    assert res["exit_code"] != 0 and "ermission denied" in res["output"]
+    res = _run(http, "forger", "fg3", argv=["false"])
+    assert (res["status"], res["exit_code"]) == ("ok", 1)
+    http.delete("/v1/trajectories/forger")
+
+
+def test_commands_are_unprivileged_and_limited(http):
+    _open(http, "locked")
+    res = _run(http, "locked", "lk1", argv=["sh", "-c", (
+        "id -u; grep -E '^(CapEff|CapPrm|NoNewPrivs)' /proc/self/status; "
+        "cat /sys/fs/cgroup/pids/pids.max /sys/fs/cgroup/pids.max 2>/dev/null; "
+        "cat /sys/fs/cgroup/memory/memory.limit_in_bytes /sys/fs/cgroup/memory.max 2>/dev/null; "
+        "touch /work/mine && echo work-writable; touch /etc/x 2>&1 | tail -1")])
+    out = res["output"]
+    assert out.splitlines()[0] == "65534"
+    assert "CapEff:\t0000000000000000" in out and "CapPrm:\t0000000000000000" in out
+    assert "NoNewPrivs:\t1" in out
+    assert "\n512\n" in out  # the default process limit
+    assert str(2 * 1024 ** 3) in out  # the default memory limit: 2 GiB
+    assert "work-writable" in out
+    http.delete("/v1/trajectories/locked")
+
+
+def test_out_of_memory_is_reported_as_oom(http):
+    _open(http, "hog", mem_gb=0.0625)
+    res = _run(http, "hog", "hog1",
+               argv=["python3", "-c", "x = bytearray(400 * 1024 * 1024); print('survived')"])
+    assert res["status"] == "oom" and "out of memory" in res["error"], res
+    assert "survived" not in res["output"]
+    res = _run(http, "hog", "hog2", argv=["echo", "after"])
+    assert res["status"] == "ok" and res["output"] == "after\n"
+    http.delete("/v1/trajectories/hog")
+
+
+def test_a_container_killed_while_idle_is_recreated(http, docker_server):
+    _open(http, "idle-death")
+    _run(http, "idle-death", "id1", argv=["sh", "-c", "echo v > f"])
+    _box(docker_server, "idle-death").kill()
+    time.sleep(0.5)
+    res = _run(http, "idle-death", "id2", argv=["sh", "-c", "cat f 2>/dev/null || echo gone"])
+    assert res["status"] == "ok" and res["state_lost"] and res["output"] == "gone\n", res
+    res = _run(http, "idle-death", "id3", argv=["echo", "x"])
+    assert res["status"] == "ok" and not res["state_lost"]
+    http.delete("/v1/trajectories/idle-death")
+
+
+def test_the_host_enforces_the_timeout_when_the_agent_is_frozen(http, docker_server):
+    """Whatever happens inside, the host stops waiting at timeout + grace."""
+    _open(http, "frozen")
+    _run(http, "frozen", "fz0", argv=["true"])
+    r = http.post("/v1/trajectories/frozen/actions",
+                  json={"id": "fz1", "argv": ["sleep", "60"], "timeout_s": 1})
+    assert r.status_code == 202
+    time.sleep(0.3)
+    _box(docker_server, "frozen").pause()  # the whole container: agent included
+    t0 = time.time()
+    res = http.get("/v1/actions/fz1", params={"wait": 60}).json()
+    assert res["status"] == "timeout" and "did not answer" in res["error"], res
+    assert time.time() - t0 < 15
+    assert _in_use(http) == 0
+    res = _run(http, "frozen", "fz2", argv=["echo", "back"])
+    assert res["status"] == "ok" and res["state_lost"]
+    http.delete("/v1/trajectories/frozen")

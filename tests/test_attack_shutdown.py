@@ -1,0 +1,56 @@
+"""Attack: long-polls that would hold a shutdown. SIGTERM must end the server
+within 5 s, answer every waiting client, and record in-flight actions failed."""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+import httpx
+from conftest import TOKEN, start_server
+
+H = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def test_sigterm_ends_long_polls_and_exits_within_5s(tmp_path):
+    server = start_server(tmp_path / "state")
+    answers: list[int] = []
+    try:
+        with httpx.Client(base_url=server.url, headers=H, timeout=60) as c:
+            c.post("/v1/trajectories", json={"id": "t"})
+            c.post("/v1/trajectories/t/actions", json={"id": "slow", "argv": ["sleep", "120"]})
+
+            def poll() -> None:
+                try:
+                    answers.append(httpx.get(server.url + "/v1/actions/slow", headers=H,
+                                             params={"wait": 3600}, timeout=60).status_code)
+                except httpx.HTTPError:
+                    answers.append(-1)
+
+            pollers = [threading.Thread(target=poll) for _ in range(3)]
+            for p in pollers:
+                p.start()
+            time.sleep(0.5)
+            t0 = time.time()
+            server.proc.send_signal(signal.SIGTERM)
+            server.proc.wait(10)
+            took = time.time() - t0
+            for p in pollers:
+                p.join(10)
+        assert took < 5, took
+        assert len(answers) == 3  # every waiter got an answer (or a closed connection)
+    finally:
+        server.stop()
+    again = start_server(tmp_path / "state")
+    try:
+        res = httpx.get(again.url + "/v1/actions/slow", headers=H).json()
+        assert res["status"] == "failed" and "shut down" in res["error"], res
+        # it never ran to its end: the same id and body runs it now
+        with httpx.Client(base_url=again.url, headers=H, timeout=60) as c:
+            c.post("/v1/trajectories", json={"id": "t"})
+            r = c.post("/v1/trajectories/t/actions", params={"wait": 0.5},
+                       json={"id": "slow", "argv": ["sleep", "120"]})
+            assert r.status_code == 202 and r.json()["status"] == "running", r.text
+    finally:
+        again.stop()
