@@ -25,6 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import quote
 
+from executor import marks
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv, priority_prefix
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
@@ -80,38 +81,9 @@ def scrubbed_env(env: Mapping[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items() if not SECRET_NAME.search(k)}
 
 
-def marked_pids(value_prefix: bytes) -> list[int]:
-    """Processes whose environment carries ``MARK=<value_prefix>...`` (same user only)."""
-    needle = MARK.encode() + b"=" + value_prefix
-    pids = []
-    me = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:
-            continue
-        if any(item.startswith(needle) for item in env.split(b"\0")):
-            pids.append(int(entry.name))
-    return pids
-
-
 def kill_marked(value_prefix: str) -> int:
-    """SIGKILL every process carrying the mark; repeat while new ones appear (forks)."""
-    killed = 0
-    for _ in range(5):
-        pids = marked_pids(value_prefix.encode())
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except (ProcessLookupError, PermissionError):
-                pass
-    return killed
+    """SIGKILL every process this backend marked ``MARK=<value_prefix>...``."""
+    return marks.kill_marked(MARK, value_prefix)
 
 
 def use_pidfd_watcher() -> None:

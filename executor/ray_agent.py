@@ -30,8 +30,6 @@ from executor.ray_guard import MARKER_ENV
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec
 from tangram.model import Dispatch, Outcome
 
-GUARD = Path(__file__).with_name("ray_guard.py")
-
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
@@ -98,7 +96,8 @@ def start_guard(marker: str, docker_owner: str | None) -> IO[bytes]:
     It must outlive this process, which is what it cleans up after, and Ray kills
     a dead worker's *child* processes: ``setsid -f`` makes the guard a grandchild
     in its own session, re-parented away from this worker."""
-    argv = [sys.executable, str(GUARD), marker, *([docker_owner] if docker_owner else [])]
+    argv = [sys.executable, "-m", "executor.ray_guard", marker,
+            *([docker_owner] if docker_owner else [])]
     setsid = shutil.which("setsid")
     proc = subprocess.Popen([setsid, "-f", *argv] if setsid else argv, stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -19,39 +19,14 @@ import os
 import signal
 import sys
 
+from executor import marks
+
 MARKER_ENV = "TANGRAM_AGENT"
 
 
-def marked_pids(marker: str) -> list[int]:
-    needle = f"{MARKER_ENV}={marker}".encode()
-    out = []
-    for entry in os.listdir("/proc"):
-        if not entry.isdigit() or int(entry) == os.getpid():
-            continue
-        try:
-            with open(f"/proc/{entry}/environ", "rb") as f:
-                env = f.read().split(b"\0")
-        except OSError:  # gone, or not ours
-            continue
-        if needle in env:
-            out.append(int(entry))
-    return out
-
-
 def kill_marked(marker: str) -> int:
-    """SIGKILL every marked process; repeat while a fork races the scan."""
-    killed = 0
-    for _ in range(5):
-        pids = marked_pids(marker)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-    return killed
+    """SIGKILL every process carrying the agent's marker (markers are unique per agent)."""
+    return marks.kill_marked(MARKER_ENV, marker)
 
 
 def remove_containers(owner: str) -> None:

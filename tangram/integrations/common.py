@@ -13,6 +13,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tangram.client import TangramSyncClient
+
 #: the keys of an adapter's configuration (unknown keys are refused with this list)
 CONFIG_KEYS = ("base_url", "token", "task", "image", "mem_gb", "shell", "kind", "cpu",
                "timeout_s", "reward", "idle_ttl_s", "max_output_chars")
@@ -182,3 +184,22 @@ def render(result: Mapping[str, Any], max_chars: int = 8192, mem_gb: float | Non
     if output and not output.endswith("\n"):
         output += "\n"
     return output + note
+
+
+class SyncTrajectory:
+    """The blocking client and the one trajectory of a sync environment (gymnasium,
+    SkyRL-gym): created on first use, closed with the environment."""
+
+    settings: SandboxConfig
+    trajectory: str | None
+    _client: TangramSyncClient | None
+
+    def _http(self) -> TangramSyncClient:
+        if self._client is None:
+            self._client = TangramSyncClient(self.settings.base_url, self.settings.token)
+        return self._client
+
+    def _close_trajectory(self) -> None:
+        if self.trajectory is not None:
+            tid, self.trajectory = self.trajectory, None
+            self._http().close_trajectory(tid)

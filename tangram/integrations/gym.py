@@ -45,7 +45,7 @@ except ImportError as e:  # pragma: no cover - exercised by the import test
     raise ImportError("tangram.integrations.gym needs gymnasium: pip install gymnasium") from e
 
 from tangram.client import TangramSyncClient
-from tangram.integrations.common import SandboxConfig, passed, render
+from tangram.integrations.common import SandboxConfig, SyncTrajectory, passed, render
 
 #: the characters of every action and observation
 CHARSET = string.printable
@@ -61,7 +61,7 @@ def to_charset(text: str, max_chars: int) -> str:
     return "".join(c if c in _ALLOWED else "?" for c in text)
 
 
-class TangramEnv(gymnasium.Env):
+class TangramEnv(SyncTrajectory, gymnasium.Env):
     """One sandbox per episode; ``step(command)`` runs the command in it."""
 
     metadata = {"render_modes": []}
@@ -142,15 +142,6 @@ class TangramEnv(gymnasium.Env):
             self._client = None
         super().close()
 
-    def _http(self) -> TangramSyncClient:
-        if self._client is None:
-            self._client = TangramSyncClient(self.settings.base_url, self.settings.token)
-        return self._client
-
-    def _close_trajectory(self) -> None:
-        if self.trajectory is not None:
-            tid, self.trajectory = self.trajectory, None
-            self._http().close_trajectory(tid)
 
 
 if ENV_ID not in gymnasium.registry:

@@ -45,7 +45,7 @@ except ImportError as e:  # pragma: no cover - exercised by the import test
     raise ImportError("tangram.integrations.skyrl needs skyrl-gym: pip install skyrl-gym") from e
 
 from tangram.client import TangramSyncClient
-from tangram.integrations.common import RewardConfig, SandboxConfig, passed, render
+from tangram.integrations.common import RewardConfig, SandboxConfig, SyncTrajectory, passed, render
 
 ENV_ID = "tangram-shell"
 COMMAND = re.compile(r"<bash>(.*?)</bash>", re.DOTALL)
@@ -70,7 +70,7 @@ def _plain(config: Any) -> dict[str, Any]:
     return dict(config)
 
 
-class TangramTextEnv(BaseTextEnv):
+class TangramTextEnv(SyncTrajectory, BaseTextEnv):
     """SkyRL ``BaseTextEnv``: one sandbox per episode, opened by ``init``."""
 
     def __init__(self, env_config: Any = None, extras: Mapping[str, Any] | None = None) -> None:
@@ -144,15 +144,6 @@ class TangramTextEnv(BaseTextEnv):
         metadata.update(reward_exit_code=res.get("exit_code"), reward_status=res["status"])
         return 1.0 if passed(res) else 0.0
 
-    def _http(self) -> TangramSyncClient:
-        if self._client is None:
-            self._client = TangramSyncClient(self.settings.base_url, self.settings.token)
-        return self._client
-
-    def _close_trajectory(self) -> None:
-        if self.trajectory is not None:
-            tid, self.trajectory = self.trajectory, None
-            self._http().close_trajectory(tid)
 
 
 if ENV_ID not in skyrl_gym.registry:

@@ -1,0 +1,46 @@
+"""Processes marked by an environment variable, found and killed through /proc.
+
+A command that leaves its process group (``setsid``, a daemon) escapes a group kill;
+its environment still carries the mark the backend set, so scanning /proc finds it.
+Same user only (other users' ``environ`` is unreadable), and a process that clears its
+environment escapes this too.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+
+
+def marked_pids(var: str, value_prefix: str) -> list[int]:
+    """Processes whose environment carries ``var=<value_prefix>...``."""
+    needle = f"{var}={value_prefix}".encode()
+    pids = []
+    me = os.getpid()
+    for entry in os.scandir("/proc"):
+        if not entry.name.isdigit() or int(entry.name) == me:
+            continue
+        try:
+            with open(f"/proc/{entry.name}/environ", "rb") as f:
+                env = f.read()
+        except OSError:  # gone, or not ours
+            continue
+        if any(item.startswith(needle) for item in env.split(b"\0")):
+            pids.append(int(entry.name))
+    return pids
+
+
+def kill_marked(var: str, value_prefix: str) -> int:
+    """SIGKILL every marked process; repeat while a fork races the scan."""
+    killed = 0
+    for _ in range(5):
+        pids = marked_pids(var, value_prefix)
+        if not pids:
+            break
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+    return killed
