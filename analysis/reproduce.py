@@ -287,6 +287,18 @@ def _paper_line(ax, value: float, label: str, axis: str = "y") -> None:
     line(value, color="#d1495b", ls="--", lw=1.0, label=label)
 
 
+def _finish(ax, out: Path, name: str, xlabel: str, ylabel: str, title: str,
+            legend_size: int = 8, grid: bool = True) -> Path:
+    """Label, legend and save one report figure (the report's common look)."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.legend(fontsize=legend_size, frameon=False)
+    if grid:
+        ax.grid(alpha=0.3)
+    return figures.save(ax.figure, out, name)[0]
+
+
 def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
          savings: pd.DataFrame | None = None) -> list[Path]:
     import matplotlib.pyplot as plt
@@ -321,12 +333,9 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
             _paper_line(ax, 4.3, "paper: 4.3x (pod size not stated)")
             ax.set_xscale("log", base=2)
             ax.set_xticks(xs, [str(x) for x in xs])
-            ax.set_xlabel("k8s pod size (cores)")
-            ax.set_ylabel("mean ACT k8s / Tangram")
-            ax.set_title("Coding: the k8s ratio across pod sizes", fontsize=10)
-            ax.legend(fontsize=8, frameon=False)
-            ax.grid(alpha=0.3)
-            paths.append(figures.save(fig, out, "sweep_pod_size")[0])
+            paths.append(_finish(ax, out, "sweep_pod_size",
+                                 "k8s pod size (cores)", "mean ACT k8s / Tangram",
+                                 "Coding: the k8s ratio across pod sizes"))
     f8 = rows[rows["experiment"] == "fig8_cpu_batch"]
     if not f8.empty:
         fig, ax = plt.subplots(figsize=(5.6, 3.6))
@@ -343,12 +352,9 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         ax.axhline(27.7, color="#d1495b", ls=":", lw=1.0, label="paper: 27.7x (largest batch)")
         ax.set_xscale("log")
         ax.set_yscale("log")
-        ax.set_xlabel("oversubscription (k8s pod-cores / cores)")
-        ax.set_ylabel("mean ACT k8s / Tangram")
-        ax.set_title("Fig. 8a: CPU scalability against oversubscription", fontsize=10)
-        ax.legend(fontsize=7, frameon=False)
-        ax.grid(alpha=0.3)
-        paths.append(figures.save(fig, out, "fig8_cpu_oversubscription")[0])
+        paths.append(_finish(ax, out, "fig8_cpu_oversubscription",
+                             "oversubscription (k8s pod-cores / cores)", "mean ACT k8s / Tangram",
+                             "Fig. 8a: CPU scalability against oversubscription", legend_size=7))
     for exp, x, title, xlabel in (
             ("fig8_cpu_capacity", "x", "Fig. 8b: CPU, mean ACT vs capacity", "CPU nodes"),
             ("fig8_gpu_batch", "x", "Fig. 8c: GPU, mean ACT vs batch size", "RL batch (trajectories)"),
@@ -367,12 +373,9 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
                      _get(f9c, x=x, policy="tangram").act_mean_s) for x in xs]
         ax.plot(xs, ys, marker="o", color=figures.COLORS["tangram"], label="ours")
         _paper_line(ax, 3.0, "paper: 3.0x at batch 1280")
-        ax.set_xlabel("CPU nodes")
-        ax.set_ylabel("mean ACT DoP=16 / Tangram")
-        ax.set_title("Fig. 9: the ablation ratio as capacity shrinks", fontsize=10)
-        ax.legend(fontsize=8, frameon=False)
-        ax.grid(alpha=0.3)
-        paths.append(figures.save(fig, out, "sweep_fig9_capacity")[0])
+        paths.append(_finish(ax, out, "sweep_fig9_capacity",
+                             "CPU nodes", "mean ACT DoP=16 / Tangram",
+                             "Fig. 9: the ablation ratio as capacity shrinks"))
     if savings is not None and not savings.empty:
         fig, ax = plt.subplots(figsize=(5.6, 3.6))
         ref = savings[savings["policy"] == "static"].iloc[0]
@@ -385,12 +388,9 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         ax.axhline(ref.act_mean_s, color=figures.COLORS["static"], lw=0.8)
         _paper_line(ax, 0.288 * 36, "paper: 28.8% of static's GPUs", axis="x")
         ax.set_yscale("log")
-        ax.set_xlabel("GPUs")
-        ax.set_ylabel("mean ACT (s)")
-        ax.set_title("Fig. 8d: GPUs for static's mean ACT (1-GPU steps)", fontsize=10)
-        ax.legend(fontsize=7, frameon=False)
-        ax.grid(alpha=0.3)
-        paths.append(figures.save(fig, out, "fig8_gpu_savings")[0])
+        paths.append(_finish(ax, out, "fig8_gpu_savings",
+                             "GPUs", "mean ACT (s)",
+                             "Fig. 8d: GPUs for static's mean ACT (1-GPU steps)", legend_size=7))
     ds = rows[(rows["experiment"] == "fig6") & (rows["workload"] == "deepsearch")]
     if not ds.empty and "quota" in ds:
         fig, ax = plt.subplots(figsize=(5.2, 3.4))
@@ -399,20 +399,16 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
                      _get(ds, quota=q, policy="tangram").step_time_s) for q in quotas]
         ax.bar(quotas, ys, color=figures.COLORS["baseline"], label="ours")
         _paper_line(ax, 1.5, "paper: 1.5x (quota not stated)")
-        ax.set_xlabel("search quota (Brave Search API plan)")
-        ax.set_ylabel("step time baseline / Tangram")
-        ax.set_title("DeepSearch across published API quotas", fontsize=10)
-        ax.legend(fontsize=8, frameon=False)
-        paths.append(figures.save(fig, out, "sweep_search_quota")[0])
+        paths.append(_finish(ax, out, "sweep_search_quota",
+                             "search quota (Brave Search API plan)", "step time baseline / Tangram",
+                             "DeepSearch across published API quotas", grid=False))
     if gaps is not None and not gaps.empty:
         fig, ax = plt.subplots(figsize=(5.2, 3.4))
         ax.hist([100 * gaps["gap_vs_exhaustive"], 100 * gaps["gap_vs_hesrpt"]], bins=15,
                 label=["vs exhaustive (FCFS, fixed DoP)", "vs heSRPT (lower bound)"])
-        ax.set_xlabel("total completion time above the reference (%)")
-        ax.set_ylabel("instances")
-        ax.set_title("Beyond: optimality gap of greedy eviction", fontsize=10)
-        ax.legend(fontsize=8, frameon=False)
-        paths.append(figures.save(fig, out, "beyond_optgap")[0])
+        paths.append(_finish(ax, out, "beyond_optgap",
+                             "total completion time above the reference (%)", "instances",
+                             "Beyond: optimality gap of greedy eviction", grid=False))
     od = rows[rows["experiment"] == "ordering"]
     if not od.empty:
         long = od.melt(id_vars=["ordering"], value_vars=["act_mean_s", "act_p99_s", "queue_max_s"],
