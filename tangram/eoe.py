@@ -89,8 +89,9 @@ class EoeScheduler(ElasticScheduler):
         decisions: list[Decision] = []
         pool.wake_at = None
         groups = pool.groups()
-        waiting_services = {g[0].action.service for g in groups}
-        idle_sites = mgr.idle_sites()
+        # the services with requests waiting (what a restore should not evict): only a
+        # pass that restores needs them
+        waiting_services: set[str | None] | None = None
         shares: dict[str, float] | None = None
         floor = float("inf")  # the oldest request a service's limit held back this pass
         for gi, q in enumerate(groups):
@@ -105,7 +106,9 @@ class EoeScheduler(ElasticScheduler):
             service = head.action.service or ""
             # 1. idle resident variants first, widest first (a request only on a DoP it
             # accepts)
-            sites = idle_sites.get(service)
+            # (per service, not for every resident variant: a pass rarely looks past one
+            # or two services; a site an earlier service took is no longer idle)
+            sites = mgr.idle_sites_of(service)
             idle = sorted(sites, key=lambda s: -s[2]) if sites else []
             placed: list[tuple[Pending, GpuLease, int]] = []
             while idle and (lead := members.peek()) is not None:
@@ -141,6 +144,8 @@ class EoeScheduler(ElasticScheduler):
                             pool.wake_at = cap
                         break
                 site = None
+                if waiting_services is None:
+                    waiting_services = {g[0].action.service for g in groups}
                 for dop in [k, *sorted((c for c in accepts(nxt) if c < k), reverse=True)]:
                     site = mgr.restore_site(service, dop, waiting_services)
                     if site is not None:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from tangram.arrange import CHUNK_SIZES, ChunkOperator, DPOperator, LinearOperator, take_chunk
@@ -271,8 +272,8 @@ def batch_expected(lead: Pending, riders: list[Pending], units: int, estimates: 
     return batching.batch_s([solo_s(q, units, estimates) for q in (lead, *riders)])
 
 
-def _first(pair: tuple) -> Any:
-    return pair[0]
+#: (submit time, arrival number) of a service's oldest waiting request
+_head_key = itemgetter(0, 1)
 
 
 class ServiceDemand:
@@ -411,12 +412,20 @@ class GpuPool(Pool):
         out = []
         queued, seq = self._queued, self._seq
         for q in self.waiting.values():
-            while q and id(q[0]) not in queued:
+            if not q:
+                continue
+            head = id(q[0])
+            if head not in queued:  # taken by an earlier pass: prune the prefix
                 q.popleft()
-            if q:
-                out.append(((q[0].submit_s, seq.get(id(q[0]), 0)), q))
-        out.sort(key=_first)
-        return [q for _, q in out]
+                while q and id(q[0]) not in queued:
+                    q.popleft()
+                if not q:
+                    continue
+                head = id(q[0])
+            out.append((q[0].submit_s, seq.get(head, 0), q))
+        if len(out) > 1:
+            out.sort(key=_head_key)
+        return [g[2] for g in out]
 
     def is_waiting(self, p: Pending) -> bool:
         return id(p) in self._queued

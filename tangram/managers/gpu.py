@@ -165,6 +165,22 @@ class GpuManager:
                         break
         return out
 
+    def idle_sites_of(self, service: str) -> list[Site]:
+        """``idle_sites().get(service, [])`` at the cost of that service's variants only
+        (a pass looks at one or two services, not at every resident variant): nodes in
+        order, each node's variants least recently used first."""
+        sites = self._sites.get(service)
+        if not sites:
+            return []
+        nodes = self.nodes
+        out = [site for site in sites if self.free_block(nodes[site[0]], site[1], site[2])]
+        if len(out) > 1:  # the set's order is arbitrary: put them in idle_sites' order
+            order = {name: i for i, name in enumerate(nodes)}
+            lru = {name: {v: i for i, v in enumerate(nodes[name].resident)}
+                   for name in {site[0] for site in out}}
+            out.sort(key=lambda st: (order[st[0]], lru[st[0]][(service, st[2], st[1])]))
+        return out
+
     # -- allocation ----------------------------------------------------------------
     def reserve(self, action_id: str, service: str, k: int,
                 now: float = 0.0) -> GpuLease | None:
@@ -270,17 +286,22 @@ class GpuManager:
         best: tuple[tuple, Site] | None = None
         for node in self.nodes.values():
             cap = node.spec.gpu_mem_gb
-            lru = list(node.resident)
+            lru: list[tuple[str, int, int]] | None = None  # built for nodes with a chunk
             for size in CHUNK_SIZES:
-                if size < k:
+                if size < k or not node.free[size]:
                     continue
+                if lru is None:
+                    lru = list(node.resident)
                 for bstart in node.free[size]:
                     for sub in range(bstart, bstart + size, k):
                         victims = self._victims(node, lru, sub, k, need, cap)
                         if victims is None:
                             continue
-                        hurt = sum(1 for v in victims if v[0] in protect)
-                        age = max((lru.index(v) for v in victims), default=-1)
+                        if victims:
+                            hurt = sum(1 for v in victims if v[0] in protect)
+                            age = max(lru.index(v) for v in victims)
+                        else:
+                            hurt, age = 0, -1
                         key = (hurt, len(victims), age, size, node.name, sub)
                         if best is None or key < best[0]:
                             best = (key, (node.name, sub, k))
@@ -291,7 +312,7 @@ class GpuManager:
         """Variants to evict (LRU first, only those on GPUs short of memory) so that
         ``need`` GB fits on each of GPUs start..start+k; None if it never fits."""
         used = node.mem_used[start:start + k]
-        if all(u + need <= cap + 1e-9 for u in used):
+        if max(used) + need <= cap + 1e-9:  # the common case: it fits as things are
             return []
         used = list(used)
         out = []
