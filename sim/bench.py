@@ -125,6 +125,7 @@ def scheduler_bench(n: int = 2048, seed: int = 0) -> Iterator[dict]:
         cpu = run_scheduler_scenario(name, cluster, actions, stopwatch=time.thread_time)
         out["cpu_time_dispatch_per_s"] = cpu["dispatch_per_s"]
         out["cpu_time_pass_p99_us"] = cpu["pass_p99_us"]
+        out["cpu_time_burst_pass_us"] = cpu["burst_pass_us"]
         out["load_avg_1m"] = round(os.getloadavg()[0], 2)
         out["pinned_core"] = core
         yield out

@@ -130,10 +130,9 @@ class Tangram:
                         raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
                                          f"limit {spec.limit}")
         if action.min("gpu") > 0:
-            reasons = [self.gpu.check(action.service or "", int(u))
-                       for u in action.cost["gpu"].choices]
-            if all(reasons):  # no feasible GPU count can serve it
-                raise ValueError(reasons[-1])
+            why = self.gpu.feasible(action.service or "", action.cost["gpu"].choices)[1]
+            if why:  # no feasible GPU count can serve it
+                raise ValueError(why)
         elif action.min("cpu") > 0:
             need = action.min("cpu")
             if need != int(need):

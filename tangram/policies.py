@@ -240,9 +240,11 @@ class Policy:
 
     def route(self, action: Action, res: Resources) -> Pool | None:
         """The pool whose queue ``action`` waits in (None: not bound to a node yet)."""
-        if action.min("gpu") > 0:
+        cost = action.cost  # (action.min, inlined: every submission routes)
+        gpu, cpu = cost.get("gpu"), cost.get("cpu")
+        if gpu is not None and gpu.choices[0] > 0:
             return res.pools[self.gpu.route(action)]
-        if action.min("cpu") > 0:
+        if cpu is not None and cpu.choices[0] > 0:
             node = res.cpu.node_of(action.trajectory)
             return None if node is None else res.pools[f"cpu:{node}"]
         return res.pools[API_POOL]

@@ -32,7 +32,7 @@ from dataclasses import dataclass, field
 from operator import itemgetter
 from typing import Any
 
-from tangram.arrange import CHUNK_SIZES, ChunkOperator, DPOperator, LinearOperator, take_chunk
+from tangram.arrange import ChunkOperator, DPOperator, LinearOperator, take_chunk
 from tangram.batching import DEFAULT_BATCHING, BatchModel
 from tangram.managers.cpu import CpuManager, pick_domains
 from tangram.managers.gpu import GpuLease, GpuManager
@@ -172,6 +172,7 @@ class CpuNodePool(Pool):
         self.lane_slots = lane_slots if light_s > 0 else 0
         self._lane: set[str] = set()
         self._all_cores = tuple(range(self.host.spec.cores))
+        self._choices: dict[tuple[float, ...], tuple[int, ...]] = {}
         #: light actions wait here, for the lane (or an idle core), never behind the queue
         self.light: deque[Pending] = deque()
 
@@ -190,9 +191,16 @@ class CpuNodePool(Pool):
                      lane=True)
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
-        # elastic actions stay inside one NUMA domain
-        cap = self.host.domain_size
-        return tuple(int(c) for c in action.cost["cpu"].choices if c <= cap)
+        # elastic actions stay inside one NUMA domain; cached per feasible set (a burst
+        # of thousands asks for a few distinct ones), bounded as a set of ranges is
+        choices = action.cost["cpu"].choices
+        got = self._choices.get(choices)
+        if got is None:
+            cap = self.host.domain_size
+            got = tuple(int(c) for c in choices if c <= cap)
+            if len(self._choices) < 4096:
+                self._choices[choices] = got
+        return got
 
     def new_scratch(self) -> list[int]:
         return self.host.free_per_domain()
@@ -356,8 +364,7 @@ class GpuPool(Pool):
         self._planned: dict[str, tuple[GpuLease, list[Pending], Pending]] = {}
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
-        return tuple(int(c) for c in action.cost["gpu"].choices
-                     if c in CHUNK_SIZES and self.manager.check(action.service, int(c)) is None)
+        return self.manager.feasible(action.service or "", action.cost["gpu"].choices)[0]
 
     def new_scratch(self) -> list[tuple[int, int, int, int]]:
         return [self.manager.chunk_counts()]
@@ -390,7 +397,10 @@ class GpuPool(Pool):
         self.demand.add(service, work_s(p, None) if p.action.t1_s is not None else 1.0, now)
         self.accepted[service] = accepts(p)
         if self.eoe:
-            self.waiting.setdefault(service, deque()).append(p)
+            q = self.waiting.get(service)
+            if q is None:
+                q = self.waiting[service] = deque()
+            q.append(p)
             self._queued.add(id(p))
             self._seq[id(p)] = self._arrivals
             self._arrivals += 1

@@ -119,7 +119,7 @@ class ElasticScheduler:
         e, key = action.elasticity, (action.task, action.kind)
         if e is not None:
             t1 = action.t1_s if action.t1_s is not None else estimates.durations.learnt_t1(key)
-            return {} if t1 is None else {u: t1 / (e.efficiency(u) * u) for u in choices}
+            return {} if t1 is None else e.durations(t1, choices)
         if action.t1_s is not None:
             return {}  # a declared T1 without E(m) says nothing of other unit counts
         return estimates.durations.learnt_table(key, choices) or {}
@@ -338,7 +338,7 @@ class PaperScheduler(ElasticScheduler):
         e = action.elasticity
         if action.t1_s is None or e is None:
             return {}
-        return {u: action.t1_s / (e.efficiency(u) * u) for u in choices}
+        return e.durations(action.t1_s, choices)
 
     def expected_arrivals(self, pool: Pool, now: float, estimates: Estimates,
                           limit: int) -> list[tuple[float, int, float]]:

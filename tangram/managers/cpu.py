@@ -37,7 +37,7 @@ class CpuNode:
 
     @property
     def free_cores(self) -> int:
-        return sum(len(d) for d in self.domains)
+        return sum(map(len, self.domains))
 
     @property
     def mem_free(self) -> float:

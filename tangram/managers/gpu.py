@@ -88,6 +88,7 @@ class GpuManager:
         #: restore estimates of the current state; cleared with _counts on any change
         self._restore_est: dict[tuple[str, int], float] = {}
         self._checks: dict[tuple[str, int], str | None] = {}
+        self._feasible: dict[tuple[str, tuple[float, ...]], tuple[tuple[int, ...], str | None]] = {}
 
     def check(self, service: str, units: int) -> str | None:
         """Why ``units`` GPUs can never serve ``service`` (None when they can)."""
@@ -95,6 +96,21 @@ class GpuManager:
         if key not in self._checks:
             self._checks[key] = self._check(service, units)
         return self._checks[key]
+
+    def feasible(self, service: str, choices: tuple[float, ...]
+                 ) -> tuple[tuple[int, ...], str | None]:
+        """The chunk sizes among ``choices`` that can serve ``service``, and why none can
+        (None when one can). Cached per known service: every request of a burst asks."""
+        key = (service, choices)
+        got = self._feasible.get(key)
+        if got is None:
+            reasons = [self.check(service, int(u)) for u in choices]
+            ok = tuple(int(u) for u, why in zip(choices, reasons, strict=True)
+                       if why is None and u in CHUNK_SIZES)
+            got = (ok, reasons[-1] if all(reasons) else None)
+            if service in self.services:  # bounded: unknown names are not kept
+                self._feasible[key] = got
+        return got
 
     def _check(self, service: str, units: int) -> str | None:
         spec = self.services.get(service)
