@@ -27,9 +27,9 @@ Ordering (QueueSort) is the scheduler's: ``Ordering`` in tangram/scheduler.py.
 from __future__ import annotations
 
 import math
+from bisect import bisect_left, insort
 from collections import deque
 from dataclasses import dataclass, field
-from operator import itemgetter
 from typing import Any
 
 from tangram.arrange import ChunkOperator, DPOperator, LinearOperator, take_chunk
@@ -280,10 +280,6 @@ def batch_expected(lead: Pending, riders: list[Pending], units: int, estimates: 
     return batching.batch_s([solo_s(q, units, estimates) for q in (lead, *riders)])
 
 
-#: (submit time, arrival number) of a service's oldest waiting request
-_head_key = itemgetter(0, 1)
-
-
 class ServiceDemand:
     """Observed request rate of each GPU service: one-GPU seconds requested, decayed
     exponentially with time constant ``tau_s`` (what the next minutes will likely ask)."""
@@ -362,6 +358,14 @@ class GpuPool(Pool):
         self.deferred: dict[int, float] = {}
         #: lease, riders and lead the EOE scheduler planned, by lead action id
         self._planned: dict[str, tuple[GpuLease, list[Pending], Pending]] = {}
+        #: services ordered by their oldest waiting request, kept incrementally (only a
+        #: service whose head may have changed is looked at again): ``_heads`` holds each
+        #: one's (submit time, arrival number, first-arrival index) - the key the order
+        #: sorts by - and ``_dirty`` the services to look at on the next ``groups()``
+        self._order: list[tuple[float, int, int, str]] = []
+        self._heads: dict[str, tuple[float, int, int, str]] = {}
+        self._dirty: set[str] = set()
+        self._index: dict[str, int] = {}
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
         return self.manager.feasible(action.service or "", action.cost["gpu"].choices)[0]
@@ -400,6 +404,9 @@ class GpuPool(Pool):
             q = self.waiting.get(service)
             if q is None:
                 q = self.waiting[service] = deque()
+                self._index[service] = len(self._index)
+            if not q:  # it becomes its service's oldest
+                self._dirty.add(service)
             q.append(p)
             self._queued.add(id(p))
             self._seq[id(p)] = self._arrivals
@@ -419,23 +426,28 @@ class GpuPool(Pool):
                 q.clear()
                 q.extend(kept)
                 self._count[service] = len(kept)
-        out = []
-        queued, seq = self._queued, self._seq
-        for q in self.waiting.values():
-            if not q:
-                continue
-            head = id(q[0])
-            if head not in queued:  # taken by an earlier pass: prune the prefix
+            self._dirty.update(self.waiting)
+        if self._dirty:
+            self._reorder()
+        waiting = self.waiting
+        return [waiting[h[3]] for h in self._order]
+
+    def _reorder(self) -> None:
+        """Prune the taken requests off the front of each service whose head may have
+        changed, and move it to its new place in ``_order`` (or out of it)."""
+        queued, seq, order = self._queued, self._seq, self._order
+        for service in self._dirty:
+            q = self.waiting[service]
+            while q and id(q[0]) not in queued:  # taken by an earlier pass
                 q.popleft()
-                while q and id(q[0]) not in queued:
-                    q.popleft()
-                if not q:
-                    continue
-                head = id(q[0])
-            out.append((q[0].submit_s, seq.get(head, 0), q))
-        if len(out) > 1:
-            out.sort(key=_head_key)
-        return [g[2] for g in out]
+            old = self._heads.pop(service, None)
+            if old is not None:
+                del order[bisect_left(order, old)]
+            if q:
+                head = (q[0].submit_s, seq.get(id(q[0]), 0), self._index[service], service)
+                self._heads[service] = head
+                insort(order, head)
+        self._dirty.clear()
 
     def is_waiting(self, p: Pending) -> bool:
         return id(p) in self._queued
@@ -447,6 +459,7 @@ class GpuPool(Pool):
         """The EOE scheduler placed ``lead`` (and ``riders``) on ``lease``."""
         self._planned[lead.action.id] = (lease, riders, lead)
         service = lead.action.service or ""
+        self._dirty.add(service)
         self._count[service] -= 1 + len(riders)
         self._queued.discard(id(lead))
         self._seq.pop(id(lead), None)
@@ -486,6 +499,7 @@ class GpuPool(Pool):
             for q in (*planned[1], planned[2]):
                 self._queued.add(id(q))
             service = planned[2].action.service or ""
+            self._dirty.add(service)
             self._count[service] += 1 + len(planned[1])
         self.manager.release(part)
 
