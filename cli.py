@@ -445,6 +445,27 @@ def bench_serve(
     print(json.dumps(serve_bench(backend, trajectories, actions, warm_pool)), flush=True)
 
 
+@bench_app.command("serve-scale")
+def bench_serve_scale(
+    trajectories: Annotated[int, typer.Option(min=1, help="Concurrent trajectories.")] = 2048,
+    actions: Annotated[int, typer.Option(min=1, help="Trivial actions per trajectory.")] = 30,
+    every: Annotated[float, typer.Option(min=0.5, help="Seconds between samples.")] = 10.0,
+) -> None:
+    """One paper-scale RL step through a real `tangram serve` (process backend): by
+    default 2,048 trajectories x 30 trivial actions (`true`) at once. Prints a JSON line
+    every --every seconds (actions done, actions/s and server CPU per action in the
+    interval, server RSS), then the run's summary (`tangram bench serve`'s figures, the
+    timeline, and how much the server's RSS grew from the first sample to the end).
+    Takes minutes: the actions run on this machine's cores."""
+    from executor.bench import serve_bench
+
+    def show(row: dict) -> None:
+        print(json.dumps({"sample": True, **row}), flush=True)
+
+    print(json.dumps(serve_bench("process", trajectories, actions, every_s=every,
+                                 on_sample=show)), flush=True)
+
+
 @bench_app.command("gpu")
 def bench_gpu(
     device: Annotated[str, typer.Option(help="cuda or cpu.")] = "cpu",

@@ -6,6 +6,7 @@ import asyncio
 import os
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -155,7 +156,8 @@ def _proc_stat(pid: int) -> tuple[float, float]:
 
 
 def serve_bench(backend: str = "process", trajectories: int = 64, actions: int = 5,
-                warm: int = 0, samples: int = 10) -> dict:
+                warm: int = 0, samples: int = 10, every_s: float | None = None,
+                on_sample: Callable[[dict], None] | None = None) -> dict:
     """Load on a real `tangram serve` subprocess, client and server on this machine.
 
     ``trajectories`` run concurrently, each opening, running ``actions`` trivial
@@ -164,6 +166,12 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
     the latency of each trajectory's first action (container start for docker,
     unless the warm pool has one ready) and of later ones, the server's RSS over
     the run (``samples`` points), and any client-side connection error.
+
+    ``every_s``: also sample over time, every that many seconds, the actions done,
+    the throughput and the server's CPU per action in the interval, and its RSS
+    (``timeline``; each sample is passed to ``on_sample`` as it is taken), so a long
+    run shows whether throughput holds and memory stays flat. The client's own CPU
+    time is reported too: client and server share this machine's cores.
     """
     import signal
     import socket
@@ -183,7 +191,8 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
                                 cwd=Path(__file__).parent.parent)
         try:
             return asyncio.run(_drive(proc, f"http://127.0.0.1:{port}", token, backend,
-                                      trajectories, actions, warm, samples, log))
+                                      trajectories, actions, warm, samples, log,
+                                      every_s, on_sample))
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -193,7 +202,9 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
 
 
 async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
-                 actions: int, warm: int, samples: int, log: Path) -> dict:
+                 actions: int, warm: int, samples: int, log: Path,
+                 every_s: float | None = None,
+                 on_sample: Callable[[dict], None] | None = None) -> dict:
     import httpx
 
     from tangram.client import TangramClient
@@ -224,6 +235,31 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
         cpu0, rss0 = _proc_stat(pid)
         rss.append(round(rss0, 1))
         t0 = time.perf_counter()
+        client0 = time.process_time()
+        timeline: list[dict] = []
+
+        last = [t0, 0, cpu0]  # time, actions done and server CPU of the last sample
+
+        def take_sample() -> None:
+            now, (cpu, rss_now) = time.perf_counter(), _proc_stat(pid)
+            n = done - last[1]
+            row = {"t_s": round(now - t0, 2), "actions_done": done,
+                   "actions_per_s": round(n / max(now - last[0], 1e-9), 1),
+                   "server_cpu_ms_per_action": round((cpu - last[2]) * 1e3 / n, 3)
+                   if n else None,
+                   "server_rss_mb": round(rss_now, 1),
+                   "load_avg_1m": round(os.getloadavg()[0], 2)}
+            timeline.append(row)
+            if on_sample is not None:
+                on_sample(row)
+            last[:] = [now, done, cpu]
+
+        async def sample_every(interval: float) -> None:
+            while True:
+                await asyncio.sleep(interval)
+                take_sample()
+
+        sampler = asyncio.ensure_future(sample_every(every_s)) if every_s else None
 
         async def one(i: int) -> None:
             nonlocal done
@@ -242,10 +278,23 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
             except Exception as e:  # noqa: BLE001 - counted, reported
                 errors.append(f"{type(e).__name__}: {e}"[:200])
 
-        await asyncio.gather(*(one(i) for i in range(trajectories)))
+        try:
+            await asyncio.gather(*(one(i) for i in range(trajectories)))
+        finally:
+            if sampler is not None:
+                sampler.cancel()
+        if sampler is not None:
+            take_sample()  # the end of the run (also: a run shorter than one interval)
         wall = time.perf_counter() - t0
+        client_cpu = time.process_time() - client0
         cpu1, rss1 = _proc_stat(pid)
     f, lt = np.asarray(first or [0.0]), np.asarray(later or [0.0])
+    extra: dict = {}
+    if every_s:
+        extra = {"timeline": timeline,
+                 # flat RSS: what the server grew by from the first sample to the last
+                 "server_rss_growth_mb": round(rss1 - timeline[0]["server_rss_mb"], 1)
+                 if timeline else None}
     return {"bench": "serve", "backend": backend, "trajectories": trajectories,
             "actions_per_trajectory": actions, "actions": total, "warm_pool": warm,
             "wall_s": round(wall, 2), "actions_per_s": round(total / wall, 1),
@@ -254,4 +303,6 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
             "first_action_p99_ms": round(float(np.percentile(f, 99)) * 1e3, 1),
             "later_action_p50_ms": round(float(np.percentile(lt, 50)) * 1e3, 1),
             "server_rss_mb": rss + [round(rss1, 1)], "errors": len(errors),
-            "first_errors": errors[:3], "cpus": os.cpu_count()}
+            "first_errors": errors[:3], "cpus": os.cpu_count(),
+            "client_cpu_ms_per_action": round(client_cpu * 1e3 / total, 3),
+            "load_avg_1m": round(os.getloadavg()[0], 2), **extra}
