@@ -713,6 +713,10 @@ def serve(
         help="YAML: GPU services with their model loaders (and gpu_nodes without --gpus auto).")] = None,
     gpu_device: Annotated[str, typer.Option(
         help="cuda, or cpu (no GPU: workers hold 'GPU' copies in memory; tests the EOE path).")] = "cuda",
+    access_log: Annotated[bool, typer.Option(
+        help="Log every HTTP request to stderr (off: at thousands of actions a second the "
+             "log line costs a few percent of the server's CPU; the journal and /metrics "
+             "keep what ran).")] = False,
 ) -> None:
     """Serve the live executor over HTTP (OpenAPI at /docs).
 
@@ -799,7 +803,7 @@ def serve(
         if gc is not None:
             app_.state.gpu_discovery = gc.discovery
     _settle()
-    run_server(app_, host, port)
+    run_server(app_, host, port, access_log=access_log)
 
 
 def _pairs(items: list[str], option: str, shape: str) -> dict[str, tuple[str, ...]]:

@@ -25,7 +25,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from urllib.parse import quote
 
-from executor import marks
+from executor import marks, spawner
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv, priority_prefix
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
@@ -181,7 +181,7 @@ class ProcessBackend:
             pin = {"preexec_fn": pin_and_nice}
             full = argv
         try:
-            proc = await asyncio.create_subprocess_exec(
+            proc = await spawner.create_subprocess_exec(
                 *full, cwd=self.workdir(d.action.trajectory), env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True, **pin)

@@ -117,10 +117,12 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(app: FastAPI, host: str, port: int) -> None:
-    """Run ``app`` until SIGINT/SIGTERM; exits within GRACEFUL_S plus the backend's cleanup."""
+def serve(app: FastAPI, host: str, port: int, access_log: bool = False) -> None:
+    """Run ``app`` until SIGINT/SIGTERM; exits within GRACEFUL_S plus the backend's cleanup.
+    ``access_log``: a line per request (~5% of the server's CPU per trivial action)."""
     # keep-alive longer than TangramClient's (30 s): the client always drops an idle
     # connection first, so it never sends on one the server is closing (a ReadError)
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
-                            timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=75)
+                            timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=75,
+                            access_log=access_log)
     _Server(config, app).run()

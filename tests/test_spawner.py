@@ -1,0 +1,75 @@
+"""executor/spawner.py on real processes: what the process backend relies on of an
+asyncio Process (output, exit code, process group, wait after a timeout), no leaked
+descriptors, and asyncio's own path for anything else."""
+
+import asyncio
+import os
+import subprocess
+
+import pytest
+
+from executor import spawner
+
+PIPE = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT,
+        "start_new_session": True}
+
+
+async def _read_all(proc) -> bytes:
+    out = b""
+    while chunk := await proc.stdout.read(1 << 16):
+        out += chunk
+    return out
+
+
+def test_output_exit_code_and_group(tmp_path):
+    async def go():
+        proc = await spawner.create_subprocess_exec(
+            "sh", "-c", "pwd; echo err >&2; head -c 300000 /dev/zero; exit 3",
+            cwd=tmp_path, env={"PATH": os.environ["PATH"]}, **PIPE)
+        assert isinstance(proc, spawner.SpawnedProcess)
+        assert os.getpgid(proc.pid) == proc.pid  # its own process group (killed as one)
+        out = await _read_all(proc)
+        assert await proc.wait() == 3 and proc.returncode == 3
+        return out
+
+    out = asyncio.run(go())
+    assert out.startswith(f"{tmp_path}\nerr\n".encode()) and out.count(b"\0") == 300000
+
+
+def test_wait_survives_a_timeout_and_no_descriptor_leaks(tmp_path):
+    before = len(os.listdir("/proc/self/fd"))
+
+    async def go():
+        proc = await spawner.create_subprocess_exec("sleep", "0.3", cwd=tmp_path, **PIPE)
+        with pytest.raises(TimeoutError):
+            await asyncio.wait_for(proc.wait(), 0.01)
+        assert proc.returncode is None
+        assert await proc.wait() == 0
+        assert await proc.stdout.read(10) == b""
+
+    asyncio.run(go())
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_a_missing_program_raises_and_leaks_nothing(tmp_path):
+    before = len(os.listdir("/proc/self/fd"))
+
+    async def go():
+        with pytest.raises(FileNotFoundError):
+            await spawner.create_subprocess_exec("/no/such/program", cwd=tmp_path, **PIPE)
+
+    asyncio.run(go())
+    assert len(os.listdir("/proc/self/fd")) == before
+
+
+def test_other_arguments_take_asyncio_s_path(tmp_path):
+    async def go():
+        proc = await spawner.create_subprocess_exec(
+            "sh", "-c", "echo $X", cwd=tmp_path, env={"X": "y"},
+            preexec_fn=lambda: None, **PIPE)
+        assert not isinstance(proc, spawner.SpawnedProcess)
+        out = await proc.stdout.read()
+        await proc.wait()
+        return out
+
+    assert asyncio.run(go()) == b"y\n"
