@@ -73,3 +73,20 @@ def test_other_arguments_take_asyncio_s_path(tmp_path):
         return out
 
     assert asyncio.run(go()) == b"y\n"
+
+
+def test_cancelled_while_starting_leaves_nothing_running(tmp_path):
+    before = len(os.listdir("/proc/self/fd"))
+
+    async def go():
+        task = asyncio.create_task(spawner.create_subprocess_exec(
+            "sh", "-c", "sleep 0.5; touch survived", cwd=tmp_path, **PIPE))
+        await asyncio.sleep(0)  # it is now waiting for the start (in another thread)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await asyncio.sleep(2.0)  # what it started is killed, not left to finish
+
+    asyncio.run(go())
+    assert not (tmp_path / "survived").exists()
+    assert len(os.listdir("/proc/self/fd")) == before
