@@ -450,6 +450,9 @@ def bench_serve_scale(
     trajectories: Annotated[int, typer.Option(min=1, help="Concurrent trajectories.")] = 2048,
     actions: Annotated[int, typer.Option(min=1, help="Trivial actions per trajectory.")] = 30,
     every: Annotated[float, typer.Option(min=0.5, help="Seconds between samples.")] = 10.0,
+    clients: Annotated[int, typer.Option(
+        min=1, help="Client processes the trajectories are spread over (as rollout workers; "
+                    "one asyncio client cannot drive thousands of connections).")] = 8,
 ) -> None:
     """One paper-scale RL step through a real `tangram serve` (process backend): by
     default 2,048 trajectories x 30 trivial actions (`true`) at once. Prints a JSON line
@@ -463,7 +466,7 @@ def bench_serve_scale(
         print(json.dumps({"sample": True, **row}), flush=True)
 
     print(json.dumps(serve_bench("process", trajectories, actions, every_s=every,
-                                 on_sample=show)), flush=True)
+                                 on_sample=show, clients=clients)), flush=True)
 
 
 @bench_app.command("gpu")

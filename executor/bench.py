@@ -155,9 +155,64 @@ def _proc_stat(pid: int) -> tuple[float, float]:
     return cpu, rss
 
 
+async def _trajectories(url: str, token: str, ids: list[int], actions: int,
+                        on_action: Callable[[], None]) -> tuple[list, list, list]:
+    """Trajectories ``t<i>`` at once, each ``actions`` trivial commands one after another:
+    (first-action latencies, later ones, errors)."""
+    from tangram.client import TangramClient
+
+    first: list[float] = []
+    later: list[float] = []
+    errors: list[str] = []
+    async with TangramClient(url, token, timeout_s=600) as tg:
+        async def one(i: int) -> None:
+            try:
+                tid = await tg.open_trajectory(f"t{i}")
+                for k in range(actions):
+                    a = time.perf_counter()
+                    res = await tg.run(tid, action_id=f"t{i}-{k}", argv=["true"])
+                    (first if k == 0 else later).append(time.perf_counter() - a)
+                    if res["status"] != "ok":
+                        errors.append(res["status"] + ": " + res["error"][:100])
+                    on_action()
+                await tg.close_trajectory(tid)
+            except Exception as e:  # noqa: BLE001 - counted, reported
+                errors.append(f"{type(e).__name__}: {e}"[:200])
+
+        await asyncio.gather(*(one(i) for i in ids))
+    return first, later, errors
+
+
+def _client_process(url: str, token: str, ids: list[int], actions: int, done, go,
+                    results) -> None:
+    """One client process of a multi-client run: ready, then its trajectories."""
+    def count() -> None:
+        with done.get_lock():
+            done.value += 1
+
+    results.put(("ready", None))
+    go.wait()
+    c0 = time.process_time()
+    out = asyncio.run(_trajectories(url, token, ids, actions, count))
+    results.put(("done", (*out, time.process_time() - c0)))
+
+
+async def _next(results, procs: list) -> tuple:
+    """The next message of the client processes (RuntimeError if one died silently)."""
+    import queue
+
+    while True:
+        try:
+            return await asyncio.to_thread(results.get, True, 1.0)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a bench client process died (exit codes {dead})") from None
+
+
 def serve_bench(backend: str = "process", trajectories: int = 64, actions: int = 5,
                 warm: int = 0, samples: int = 10, every_s: float | None = None,
-                on_sample: Callable[[dict], None] | None = None) -> dict:
+                on_sample: Callable[[dict], None] | None = None, clients: int = 1) -> dict:
     """Load on a real `tangram serve` subprocess, client and server on this machine.
 
     ``trajectories`` run concurrently, each opening, running ``actions`` trivial
@@ -172,6 +227,10 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
     (``timeline``; each sample is passed to ``on_sample`` as it is taken), so a long
     run shows whether throughput holds and memory stays flat. The client's own CPU
     time is reported too: client and server share this machine's cores.
+
+    ``clients``: the trajectories spread over that many client processes (as over an RL
+    job's rollout workers; one asyncio client driving thousands of connections spends
+    more CPU on its connection pool than the server spends on the actions).
     """
     import signal
     import socket
@@ -192,7 +251,7 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
         try:
             return asyncio.run(_drive(proc, f"http://127.0.0.1:{port}", token, backend,
                                       trajectories, actions, warm, samples, log,
-                                      every_s, on_sample))
+                                      every_s, on_sample, clients))
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -204,7 +263,9 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
 async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
                  actions: int, warm: int, samples: int, log: Path,
                  every_s: float | None = None,
-                 on_sample: Callable[[dict], None] | None = None) -> dict:
+                 on_sample: Callable[[dict], None] | None = None, clients: int = 1) -> dict:
+    import multiprocessing
+
     import httpx
 
     from tangram.client import TangramClient
@@ -222,72 +283,83 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
         await asyncio.sleep(0.2)
     if warm:  # let the pool fill before timing (what a long-running server sees)
         await asyncio.sleep(min(30.0, 0.5 * warm + 1))
-    first, later, errors = [], [], []
     rss: list[float] = []
     total = trajectories * actions
-    done = 0
+    ctx = multiprocessing.get_context("spawn")
+    done = ctx.Value("q", 0)  # actions done, over every client
     step = max(total // samples, 1)
     async with TangramClient(url, token, timeout_s=600) as tg:
         # warm-up: imports and first-call paths out of the measurement
         tid = await tg.open_trajectory("warmup")
         await tg.run(tid, argv=["true"])
         await tg.close_trajectory(tid)
-        cpu0, rss0 = _proc_stat(pid)
-        rss.append(round(rss0, 1))
-        t0 = time.perf_counter()
-        client0 = time.process_time()
-        timeline: list[dict] = []
+    procs, results = [], ctx.Queue()
+    if clients > 1:  # started, and ready, before the clock starts
+        go = ctx.Event()
+        procs = [ctx.Process(target=_client_process, daemon=True,
+                             args=(url, token, list(range(c, trajectories, clients)), actions,
+                                   done, go, results)) for c in range(clients)]
+        for p in procs:
+            p.start()
+        for _ in procs:
+            await _next(results, procs)
+    cpu0, rss0 = _proc_stat(pid)
+    rss.append(round(rss0, 1))
+    t0 = time.perf_counter()
+    client0 = time.process_time()
+    timeline: list[dict] = []
+    last = [t0, 0, cpu0]  # time, actions done and server CPU of the last sample
 
-        last = [t0, 0, cpu0]  # time, actions done and server CPU of the last sample
+    def take_sample() -> None:
+        now, (cpu, rss_now) = time.perf_counter(), _proc_stat(pid)
+        n = done.value - last[1]
+        row = {"t_s": round(now - t0, 2), "actions_done": done.value,
+               "actions_per_s": round(n / max(now - last[0], 1e-9), 1),
+               "server_cpu_ms_per_action": round((cpu - last[2]) * 1e3 / n, 3) if n else None,
+               "server_rss_mb": round(rss_now, 1),
+               "load_avg_1m": round(os.getloadavg()[0], 2)}
+        timeline.append(row)
+        if on_sample is not None:
+            on_sample(row)
+        last[:] = [now, done.value, cpu]
 
-        def take_sample() -> None:
-            now, (cpu, rss_now) = time.perf_counter(), _proc_stat(pid)
-            n = done - last[1]
-            row = {"t_s": round(now - t0, 2), "actions_done": done,
-                   "actions_per_s": round(n / max(now - last[0], 1e-9), 1),
-                   "server_cpu_ms_per_action": round((cpu - last[2]) * 1e3 / n, 3)
-                   if n else None,
-                   "server_rss_mb": round(rss_now, 1),
-                   "load_avg_1m": round(os.getloadavg()[0], 2)}
-            timeline.append(row)
-            if on_sample is not None:
-                on_sample(row)
-            last[:] = [now, done, cpu]
+    async def sample_every(interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            take_sample()
 
-        async def sample_every(interval: float) -> None:
-            while True:
-                await asyncio.sleep(interval)
-                take_sample()
+    def count() -> None:
+        done.value += 1
+        if done.value % step == 0:
+            rss.append(round(_proc_stat(pid)[1], 1))
 
-        sampler = asyncio.ensure_future(sample_every(every_s)) if every_s else None
-
-        async def one(i: int) -> None:
-            nonlocal done
-            try:
-                tid = await tg.open_trajectory(f"t{i}")
-                for k in range(actions):
-                    a = time.perf_counter()
-                    res = await tg.run(tid, action_id=f"t{i}-{k}", argv=["true"])
-                    (first if k == 0 else later).append(time.perf_counter() - a)
-                    if res["status"] != "ok":
-                        errors.append(res["status"] + ": " + res["error"][:100])
-                    done += 1
-                    if done % step == 0:
-                        rss.append(round(_proc_stat(pid)[1], 1))
-                await tg.close_trajectory(tid)
-            except Exception as e:  # noqa: BLE001 - counted, reported
-                errors.append(f"{type(e).__name__}: {e}"[:200])
-
-        try:
-            await asyncio.gather(*(one(i) for i in range(trajectories)))
-        finally:
-            if sampler is not None:
-                sampler.cancel()
+    sampler = asyncio.ensure_future(sample_every(every_s)) if every_s else None
+    client_cpu = 0.0
+    try:
+        if procs:
+            go.set()
+            first, later, errors = [], [], []
+            for _ in procs:
+                _, (f1, l1, e1, c1) = await _next(results, procs)
+                first += f1
+                later += l1
+                errors += e1
+                client_cpu += c1
+        else:
+            first, later, errors = await _trajectories(url, token, list(range(trajectories)),
+                                                       actions, count)
+    finally:
         if sampler is not None:
-            take_sample()  # the end of the run (also: a run shorter than one interval)
-        wall = time.perf_counter() - t0
-        client_cpu = time.process_time() - client0
-        cpu1, rss1 = _proc_stat(pid)
+            sampler.cancel()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    if sampler is not None:
+        take_sample()  # the end of the run (also: a run shorter than one interval)
+    wall = time.perf_counter() - t0
+    client_cpu += time.process_time() - client0
+    cpu1, rss1 = _proc_stat(pid)
     f, lt = np.asarray(first or [0.0]), np.asarray(later or [0.0])
     extra: dict = {}
     if every_s:
@@ -304,5 +376,5 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
             "later_action_p50_ms": round(float(np.percentile(lt, 50)) * 1e3, 1),
             "server_rss_mb": rss + [round(rss1, 1)], "errors": len(errors),
             "first_errors": errors[:3], "cpus": os.cpu_count(),
-            "client_cpu_ms_per_action": round(client_cpu * 1e3 / total, 3),
+            "clients": clients, "client_cpu_ms_per_action": round(client_cpu * 1e3 / total, 3),
             "load_avg_1m": round(os.getloadavg()[0], 2), **extra}

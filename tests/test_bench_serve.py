@@ -18,3 +18,10 @@ def test_serve_bench_samples_over_time():
     growth = res["server_rss_mb"][-1] - seen[0]["server_rss_mb"]
     assert abs(res["server_rss_growth_mb"] - growth) < 0.2
     assert res["client_cpu_ms_per_action"] > 0
+
+
+def test_serve_bench_over_several_client_processes():
+    res = serve_bench("process", trajectories=4, actions=3, every_s=0.2, clients=2)
+    assert res["actions"] == 12 and res["errors"] == 0, res["first_errors"]
+    assert res["clients"] == 2 and res["timeline"][-1]["actions_done"] == 12
+    assert res["client_cpu_ms_per_action"] > 0
