@@ -1,4 +1,5 @@
-"""The layers hold (DESIGN: tangram/ <- traces/ <- {sim/, executor/} <- analysis/ <- cli.py):
+"""The layers hold (DESIGN: tangram/ <- traces/ <- {sim/, executor/} <- analysis/ <- cli.py
+and the command modules it loads, tangram_cli/):
 every module's imports are parsed, and an upward import, a sim<->executor import or an
 import cycle fails here, so the structure stays true as the code grows."""
 
@@ -10,7 +11,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parent.parent
-PACKAGES = ("tangram", "traces", "sim", "executor", "analysis")
+PACKAGES = ("tangram", "traces", "sim", "executor", "analysis", "tangram_cli")
 #: package -> the packages it may import (besides itself)
 ALLOWED = {
     "tangram": set(),
@@ -18,6 +19,7 @@ ALLOWED = {
     "sim": {"tangram", "traces"},
     "executor": {"tangram", "traces"},
     "analysis": {"tangram", "traces", "sim", "executor"},
+    "tangram_cli": {"tangram", "traces", "sim", "executor", "analysis"},
     "cli": set(PACKAGES),
 }
 #: the HTTP client talks to a server, and the framework adapters built on it (idle TTL of
