@@ -5,6 +5,8 @@ PYTHON ?= python3
 # Two stamps: BASE_STAMP once the base package is in the venv (what a simulation needs),
 # STAMP once the extras of the test suite are too. `make test` after `make simulate` adds
 # the extras to the same venv; either is redone when pyproject.toml or this file changes.
+# --no-compile: pip would byte-compile every installed module (half of the install's CPU
+# time, measured); Python compiles the few a simulation imports on first use instead.
 BASE_STAMP := $(VENV)/.base
 STAMP := $(VENV)/.installed
 # verl is tested torch-free: installed without its dependencies (torch, vLLM, ...), its tool
@@ -20,7 +22,7 @@ $(BASE_STAMP): pyproject.toml Makefile
 	base package into it (numpy, pandas, SimPy, ...: what a simulation needs; under a minute \
 	with a warm pip cache). \`make test\` adds the test, Ray and integration extras later."
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e .
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile -e .
 	@touch $(BASE_STAMP)
 
 $(STAMP): $(BASE_STAMP)
