@@ -112,9 +112,13 @@ class OutputLog:
     def __init__(self, inner: LiveBackend) -> None:
         self.inner = inner
         self.rows: list[dict[str, Any]] = []
+        self.running = 0  # started, not finished (the progress bar's "running")
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        self.running += 1
+
         def done(out: Outcome) -> None:
+            self.running -= 1
             if out.status == "ok" and out.exit_code not in (0, None):
                 out = replace(out, status="failed", error=f"exit code {out.exit_code}")
             self.rows.append({"action_id": d.action.id, "status": out.status,
@@ -147,7 +151,7 @@ class OutputLog:
 async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None = None,
                  think_scale: float = 1.0, quotas: tuple[QuotaSpec, ...] = (),
                  policy: Policy | None = None,
-                 progress: Callable[[int, int], None] | None = None,
+                 progress: Callable[..., None] | None = None,
                  live: LiveBackend | None = None, gpu: GpuCluster | None = None,
                  gpu_device: str = "cpu", gpu_tokens: int = 32
                  ) -> tuple[RunResult, dict[str, Any]]:
@@ -168,7 +172,7 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
 
 async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
                   think_scale: float, quotas: tuple[QuotaSpec, ...], policy: Policy,
-                  progress: Callable[[int, int], None] | None, live: LiveBackend | None,
+                  progress: Callable[..., None] | None, live: LiveBackend | None,
                   gpu: GpuCluster | None, gpu_device: str, gpu_tokens: int
                   ) -> tuple[RunResult, dict[str, Any]]:
     gpu_rows = df.index[df["gpus"] != ""]
@@ -217,12 +221,18 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     vocab = min([dict(s.config).get("vocab_size", 32000) for s in (gpu.sources.values()
                  if gpu else ()) if s.kind == "random"] + [32000])
     total = sum(len(s.steps) for s in specs)
-    done = 0
+    done = submitted = 0
+
+    def report() -> None:  # done of total; of the rest, queued and running (others think)
+        if progress:
+            running = min(log.running, submitted - done)
+            progress(done, total, queued=submitted - done - running, running=running)
+
     wall0 = time.perf_counter()
     measured: dict[str, Mapping[str, Any]] = {}
 
     async def one(spec: TrajectorySpec) -> None:
-        nonlocal done
+        nonlocal done, submitted
         executor.open_trajectory(spec.id, spec.task, spec.mem_gb)
         try:
             for step in spec.steps:
@@ -231,12 +241,14 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
                 action = with_work(step)
                 if action.service:
                     action = with_request(action, vocab, gpu_tokens)
-                _, outcome = await executor.run(action)
+                result = executor.submit(action)  # dispatched now when it fits
+                submitted += 1
+                report()
+                _, outcome = await result
                 if action.service:
                     measured[action.id] = outcome.extra
                 done += 1
-                if progress:
-                    progress(done, total)
+                report()
         finally:
             executor.close_trajectory(spec.id)
 

@@ -11,7 +11,7 @@ from typing import NoReturn, TypeVar
 import typer
 from rich.console import Console
 from rich.markup import escape
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 out_console = Console()
@@ -41,18 +41,23 @@ def settle() -> None:
     gc.freeze()
 
 
-def with_progress(work: Callable[[Callable[[int, int], None] | None], T], quiet: bool,
+def with_progress(work: Callable[[Callable[..., None] | None], T], quiet: bool,
                   label: str) -> T:
-    """Run ``work(progress)`` under a progress bar on stderr (none with --quiet)."""
+    """Run ``work(progress)`` under a progress bar on stderr (none with --quiet).
+    ``progress(done, total)``, and from a live replay also ``queued=`` and ``running=``
+    (actions waiting for resources and executing now; the rest of its trajectories think)."""
     settle()
     if quiet:
         return work(None)
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
-                  TimeElapsedColumn(), console=err, transient=True) as bar:
-        task = bar.add_task(label, total=None)
+                  TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=err,
+                  transient=True) as bar:
+        task = bar.add_task(label, total=None, state="")
 
-        def cb(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+        def cb(done: int, total: int, queued: int | None = None,
+               running: int | None = None) -> None:
+            state = "" if running is None else f"{running} running, {queued} queued"
+            bar.update(task, completed=done, total=total, state=state)
 
         return work(cb)
 

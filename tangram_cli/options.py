@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import pandas as pd
 import typer
 
 from executor.gpu.arrays import check_device
@@ -13,7 +14,8 @@ from executor.ray_cluster import RaySpec, RayUnavailable, require_ray
 from tangram.cluster import QuotaSpec
 from tangram.model import quota_resource
 from tangram.policies import Policy, make_policy
-from tangram_cli.common import fail
+from tangram_cli.common import err, fail
+from traces.select import fixed_work
 
 PolicyOpt = Annotated[str, typer.Option(
     help="Scheduling policy (see `tangram policies`): tangram, tangram-paper, k8s, static, "
@@ -24,7 +26,27 @@ OrderingOpt = Annotated[str, typer.Option(
     help="Queue order: fcfs, or sef (shortest expected first, aging-bounded).")]
 PodCoresOpt = Annotated[int, typer.Option(min=1, help="k8s/baseline: cores per trajectory pod.")]
 GpuDopOpt = Annotated[int | None, typer.Option(help="static/serverless: GPUs per instance.")]
+WorkScaleOpt = Annotated[float, typer.Option(
+    min=0,
+    help="Multiply every row's work by S (t1_s, setup_s, unit_overhead_s, timeout_s): the CPU "
+         "seconds `run` burns and the durations `simulate` models alike, so a scaled replay "
+         "and its simulation still match (a quick look: 0.1). Rows with a real `command` "
+         "cannot be scaled: they run as they are, and are counted in a warning.")]
 POLICY_OPTIONS = ("policy", "depth", "lookahead", "ordering", "pod_cores", "gpu_dop")
+
+
+def check_work_scale(work_scale: float) -> None:
+    if work_scale <= 0:
+        fail(f"--work-scale: must be > 0, got {work_scale:g}")
+
+
+def warn_fixed_work(df: pd.DataFrame, work_scale: float) -> int:
+    """Say how many rows --work-scale could not scale (they run real commands); the count."""
+    fixed = int(fixed_work(df).sum()) if work_scale != 1.0 else 0
+    if fixed:
+        err.print(f"warning: --work-scale {work_scale:g}: {fixed} of {len(df)} row(s) run a "
+                  "real command and keep their own duration (not scaled)", highlight=False)
+    return fixed
 
 
 def policy_options(depth: int, lookahead: int, ordering: str, pod_cores: int,

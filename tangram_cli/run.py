@@ -22,11 +22,15 @@ from tangram_cli.options import (
     OrderingOpt,
     PodCoresOpt,
     PolicyOpt,
+    WorkScaleOpt,
+    check_work_scale,
     chosen_policy,
     quota_specs,
     ray_spec,
+    warn_fixed_work,
 )
 from traces.schema import TraceError, load
+from traces.select import head, scale_work
 
 app = command_app()
 
@@ -38,6 +42,7 @@ def run(
     backend: Annotated[str, typer.Option(help="process (working dir per trajectory) or docker.")] = "process",
     limit: Annotated[int | None, typer.Option(min=1, help="Replay only the first N trajectories.")] = None,
     think_scale: Annotated[float, typer.Option(min=0, help="Multiply think times (0: none).")] = 1.0,
+    work_scale: WorkScaleOpt = 1.0,
     quota: Annotated[list[str], typer.Option(help="KEY=concurrency:N or KEY=window:N:SECONDS.")] = [],  # noqa: B006
     quiet: Annotated[bool, typer.Option("--quiet", "-q")] = False,
     policy: PolicyOpt = "tangram",
@@ -68,10 +73,13 @@ def run(
     with the same analysis.
     """
     chosen = chosen_policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
+    check_work_scale(work_scale)
     try:
         df = load(trace)
     except TraceError as e:
         fail(str(e))
+    fixed = warn_fixed_work(head(df, limit), work_scale)
+    df = scale_work(df, work_scale)  # before replay's own --limit/--think-scale, as simulate
     specs = quota_specs(quota)
     if backend not in ("process", "docker"):
         fail(f"--backend: unknown backend {backend!r} (process or docker)")
@@ -95,7 +103,8 @@ def run(
     except (ValueError, KeyError, RuntimeError, TimeoutError) as e:
         fail(str(e.args[0]) if e.args else str(e))
     run_ = analyse(result)
-    write_run(out, run_, {"trace": str(trace), **config})
+    write_run(out, run_, {"trace": str(trace), **config, "work_scale": work_scale,
+                          "work_unscaled_rows": fixed})
     if not quiet:
         print_summary(run_.summary)
     out_console.print(f"wrote {out}/ (summary.json, actions.parquet, trace.json)")

@@ -18,11 +18,14 @@ from tangram_cli.options import (
     OrderingOpt,
     PodCoresOpt,
     PolicyOpt,
+    WorkScaleOpt,
+    check_work_scale,
     chosen_policy,
     policy_options,
+    warn_fixed_work,
 )
 from traces.schema import TraceError, load
-from traces.select import head, scale_think
+from traces.select import head, scale_think, scale_work
 
 app = command_app()
 
@@ -40,6 +43,7 @@ def simulate(
         min=1, help="Simulate only the first N trajectories (as `run --limit`).")] = None,
     think_scale: Annotated[float, typer.Option(
         min=0, help="Multiply think times (0: none), as `run --think-scale`.")] = 1.0,
+    work_scale: WorkScaleOpt = 1.0,
     steps: Annotated[int, typer.Option(min=1, help="RL steps: the trace's batch replayed N times.")] = 1,
     train_s: Annotated[float, typer.Option(min=0, help="Training time per RL step (s).")] = 0.0,
     asynchronous: Annotated[bool, typer.Option(
@@ -58,11 +62,14 @@ def simulate(
     utilisation.parquet and config.json to --out.
     """
     trace = trace or DEFAULT_TRACE
+    check_work_scale(work_scale)
     try:
         spec = load_cluster(cluster)
         df = scale_think(head(load(trace), limit), think_scale)
     except (TraceError, ClusterError) as e:
         fail(str(e))
+    fixed = warn_fixed_work(df, work_scale)
+    df = scale_work(df, work_scale)
     chosen_policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)  # bad options: exit 2
     options = policy_options(depth, lookahead, ordering, pod_cores, gpu_dop)
     out = out or Path("runs") / f"{trace.stem}-{policy.replace(':', '')}"
@@ -71,7 +78,9 @@ def simulate(
             lambda cb: run_sim(df, spec, policy, seed=seed, steps=steps, train_s=train_s,
                                asynchronous=asynchronous, out=out, progress=cb,
                                source=str(trace),
-                               extra_config={"limit": limit, "think_scale": think_scale},
+                               extra_config={"limit": limit, "think_scale": think_scale,
+                                             "work_scale": work_scale,
+                                             "work_unscaled_rows": fixed},
                                **options),
             quiet, f"simulating {trace.name} under {policy}")
     except ValueError as e:
