@@ -1,5 +1,5 @@
-"""The layers hold (DESIGN: tangram/ <- traces/ <- {sim/, executor/} <- analysis/ <- cli.py
-and the command modules it loads, tangram_cli/):
+"""The layers hold (README, Layout: tangram/ <- traces/ <- {sim/, executor/} <- analysis/ <-
+tangram_cli/ <- cli.py):
 every module's imports are parsed, and an upward import, a sim<->executor import or an
 import cycle fails here, so the structure stays true as the code grows."""
 
