@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+from difflib import get_close_matches
 from typing import Any
 
 import typer
@@ -75,6 +76,15 @@ class LazyGroup(TyperGroup):
                 return TyperCommand(cmd_name, help=COMMANDS[cmd_name][1])
             self.commands[cmd_name] = load_command(cmd_name)
         return self.commands[cmd_name]
+
+    def resolve_command(self, ctx: typer.Context, args: list[str]) -> Any:
+        # typer suggests close names from the commands loaded so far: from all of them here
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS:
+            close = get_close_matches(name, list(COMMANDS))
+            hint = f" Did you mean {', '.join(repr(c) for c in close)}?" if close else ""
+            ctx.fail(f"No such command {name!r}.{hint}")
+        return super().resolve_command(ctx, args)
 
     def format_help(self, ctx: typer.Context, formatter: Any) -> None:
         self._listing = True

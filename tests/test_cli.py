@@ -60,3 +60,9 @@ def test_a_simulation_imports_nothing_from_the_extras(tmp_path):
                             tmp_path)
     assert "sim" in loaded and "pandas" in loaded  # it did simulate
     assert not loaded & set(EXTRAS)
+
+
+def test_a_mistyped_command_exits_2_with_the_close_names():
+    res = subprocess.run([sys.executable, str(ROOT / "cli.py"), "simulat"], capture_output=True,
+                         text=True, timeout=120)
+    assert res.returncode == 2 and "Did you mean 'simulate'?" in res.stderr
