@@ -15,9 +15,8 @@ from difflib import get_close_matches
 from typing import Any
 
 import typer
-from typer.core import TyperCommand, TyperGroup
+from typer.core import TyperCommand, TyperGroup  # (typer vendors click: its types are typer's)
 
-# typer 0.29 vendors click (typer._click): the click types are not imported here
 #: command -> (module of tangram_cli/ that defines it, the first paragraph of its help),
 #: in the order `tangram --help` lists them
 COMMANDS: dict[str, tuple[str, str]] = {
