@@ -758,18 +758,15 @@ def serve(
             if not isinstance(chosen.gpu, SharedGpus):
                 fail(f"--policy {policy}: the GPU workers follow the evict-on-execution GPU "
                      "manager; static or cold-started GPU instances are not run live yet")
-        cores: list[Tangram] = []  # the app builds the core, then the backend (which reads it)
-
         def make_core() -> Tangram:
-            cores.append(Tangram(cluster, chosen))
-            return cores[-1]
+            return Tangram(cluster, chosen)
 
         def make_live_backend():
             gpu = None
             if gc is not None:
                 from executor.gpu.backend import GpuBackend
 
-                gpu = GpuBackend(lambda: cores[-1].gpu, gc.sources, gpu_device, gc.physical)
+                gpu = GpuBackend(cluster, gc.sources, gpu_device, gc.physical)
                 gpu.start_workers()  # stage every service now, not at the first action
             return make_backend(backend, state_dir / "work", gpu=gpu, mem_gb=sandbox_mem_gb,
                                 pids=sandbox_pids, warm=warm_pool)

@@ -39,6 +39,7 @@ from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome, quota_resource
 from tangram.policies import Policy, SharedGpus
+from tangram.protocol import Sink
 from tangram.runtime import Record, RunResult
 from traces.fit import check_fits
 from traces.schema import Step, TrajectorySpec, trajectories
@@ -111,7 +112,13 @@ class OutputLog:
 
     def __init__(self, inner: LiveBackend) -> None:
         self.inner = inner
+        self.name = inner.name
+        # a replay opens no images and serves no files: what else the inner one can do
+        self.capabilities = replace(inner.capabilities, images=False, files=False)
         self.rows: list[dict[str, Any]] = []
+
+    def watch(self, sink: Sink) -> None:
+        self.inner.watch(sink)
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         def done(out: Outcome) -> None:
@@ -201,7 +208,7 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
             raise ValueError(f"--gpu-device: the GPU workers follow the evict-on-execution GPU "
                              f"manager; policy {policy.label!r} places GPU actions otherwise "
                              "(static or cold-started instances), which they do not run yet")
-        gpu_backend = GpuBackend(live_core.gpu, gpu.sources, gpu_device, gpu.physical)
+        gpu_backend = GpuBackend(cluster, gpu.sources, gpu_device, gpu.physical)
         gpu_backend.start_workers()
     # commands like `python -m pytest` and `tangram burn` resolve to this installation
     env = dict(os.environ)
@@ -247,17 +254,17 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
         executor.shutdown()
         log.write(out / "outputs.jsonl")
     rollout = executor.clock.now() - t0
-    core = executor.core
+    final = executor.snapshot(detail=False)
     records = executor.runtime.records
     counters: dict[str, Any] = {"backend": backend, "live": True, "think_scale": think_scale,
-                                "gpu_restores": core.gpu.restores,
-                                "scheduler_passes": core.passes}
+                                "gpu_restores": final.counters["gpu_restores"],
+                                "scheduler_passes": final.counters["scheduler_passes"]}
     if gpu_backend is not None:
         records, counters["gpu"] = measured_restores(records, measured, gpu_backend)
     result = RunResult(policy.label, records,
-                       [{"step": 0, "rollout_s": rollout, "step_s": rollout}], core.capacity(),
-                       counters, executor.runtime.timing, None, time.perf_counter() - wall0,
-                       core)
+                       [{"step": 0, "rollout_s": rollout, "step_s": rollout}],
+                       dict(final.capacity), counters, executor.runtime.timing, None,
+                       time.perf_counter() - wall0, final)
     config = {"backend": backend, "ray": live is not None, "cluster": cluster.to_yaml(),
               "limit": limit,
               "think_scale": think_scale, "policy": policy.params()}

@@ -111,7 +111,7 @@ def run_scheduler_scenario(name: str, cluster: ClusterSpec, actions: list[Action
         "dispatch_per_s": round(dispatched / (arr.sum() / 1e6), 1),
         # what the schedule was (the GPU scenario: restores under the EOE rules)
         "act_mean_s": round(float(np.mean([r.act_s for r in runtime.records])), 3),
-        "gpu_restores": core.gpu.restores,
+        "gpu_restores": core.snapshot(detail=False).counters["gpu_restores"],
         "batched_actions": sum(1 for r in runtime.records if r.batch_of),
     }
 

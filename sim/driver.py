@@ -91,8 +91,7 @@ def startup_of(policy: Policy, config: SimConfig,
 
 def busy_of(core: Tangram) -> Callable[[str], float]:
     """Fraction of a node's cores held exclusively (what a light-lane action shares)."""
-    cores = {n.name: n.cores for n in core.cluster.cpu_nodes}
-    return lambda node: core.cpu.in_use(node) / cores[node] if cores.get(node) else 0.0
+    return core.busy_fraction
 
 
 def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
@@ -129,7 +128,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     def trajectory(spec: TrajectorySpec):
         runtime.open_trajectory(spec.id, spec.task, spec.mem_gb)
         if opens_env:
-            backend.open_env(spec.id, core.cpu.node_of(spec.id) is not None)
+            backend.open_env(spec.id, core.node_of(spec.id) is not None)
         for step in spec.steps:
             if step.think_s:
                 yield env.timeout(step.think_s)
@@ -152,11 +151,12 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
 
     def sampler():
         while running[0]:
-            samples.append({"t_s": env.now, **core.usage()})
+            snap = core.snapshot(detail=False)
+            samples.append({"t_s": env.now, **snap.usage})
             # nothing else will ever happen: trajectories wait for what is never released
             # (e.g. pods held to the rollout's end on a cluster too small for the batch)
-            if not env._queue and not core.running:
-                waiting = len(core.opening) + len(core.unbound) + len(core.queued)
+            if env.peek() == simpy.core.Infinity and not snap.running_count:
+                waiting = snap.unbound + snap.queued
                 raise ValueError(
                     f"deadlock at t={env.now:.1f}s: {waiting} environment(s)/action(s) wait "
                     "for resources that nothing running will release (under env_hold="
@@ -175,15 +175,16 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
                 step_s = env.now - t0
             step_log.append({"step": k, "rollout_s": rollout_s, "step_s": step_s})
         running[0] = False
-        samples.append({"t_s": env.now, **core.usage()})
+        samples.append({"t_s": env.now, **core.snapshot(detail=False).usage})
 
     env.process(sampler())
     env.run(until=env.process(rl_loop()))
     if progress:
         progress(total, total)
+    final = core.snapshot(detail=False)
     counters = {"api_retries": backend.retries, "api_429s": backend.rejections,
-                "api_failed": backend.gave_up, "gpu_restores": core.gpu.restores,
-                "gpu_restore_hits": core.gpu.hits, "scheduler_passes": core.passes,
-                "seed": config.seed}
-    return RunResult(policy.label, runtime.records, step_log, core.capacity(), counters,
-                     runtime.timing, samples, time.perf_counter() - wall0, core)
+                "api_failed": backend.gave_up, "gpu_restores": final.counters["gpu_restores"],
+                "gpu_restore_hits": final.counters["gpu_restore_hits"],
+                "scheduler_passes": final.counters["scheduler_passes"], "seed": config.seed}
+    return RunResult(policy.label, runtime.records, step_log, dict(final.capacity), counters,
+                     runtime.timing, samples, time.perf_counter() - wall0, final)

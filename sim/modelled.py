@@ -25,6 +25,7 @@ from tangram.backoff import Backoff
 from tangram.batching import DEFAULT_BATCHING, BatchModel
 from tangram.managers.quota import QuotaManager
 from tangram.model import Dispatch, Outcome, counted
+from tangram.protocol import Capabilities, PreRestore
 from tangram.runtime import Clock
 from traces.schema import Truth
 
@@ -115,11 +116,10 @@ def _declared_duration(d: Dispatch, truth: Truth, units: int) -> float:
 class ModelledBackend:
     """Models the execution of a dispatched action on a Clock."""
 
-    #: a batch dispatch runs as one batch (one Outcome per member)
-    serves_batches = True
-    #: a pre-restore is modelled by the GPU manager's own accounting (what is left of it
-    #: is paid by the action that lands on it)
-    prerestores = True
+    #: a batch dispatch runs as one batch (one Outcome per member); a pre-restore is
+    #: modelled by the GPU manager's own accounting (what is left of it is paid by the
+    #: action that lands on it)
+    capabilities = Capabilities(batches=True, prerestores=True)
 
     def __init__(self, clock: Clock, rng: np.random.Generator,
                  truth: Mapping[str, Truth] | None = None, startup: StartupModel = NO_START,
@@ -162,6 +162,11 @@ class ModelledBackend:
 
     def cancel(self, action_id: str) -> None:
         self._cancelled.add(action_id)
+
+    def prerestore(self, effect: PreRestore) -> None:
+        """Nothing to do: the core's accounting (the variant ready at ``at_s +
+        restore_s``) is the model; an action landing earlier pays what is left."""
+        return None
 
     def true_duration(self, d: Dispatch, truth: Truth) -> float:
         if d.lease.lane:  # time-shares a core with the node's exclusive actions

@@ -53,6 +53,9 @@ class PodManager(CpuManager):
         self.pods[trajectory] = lease
         return node.name
 
+    def held_between_actions(self) -> dict[str, CpuLease]:
+        return dict(self.pods)
+
     def unbind(self, trajectory: str) -> None:
         pod = self.pods.pop(trajectory, None)
         if pod is not None:

@@ -18,12 +18,37 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.estimates import Estimates
-from tangram.model import Action, BatchMember, Dispatch, Lease, Outcome, counted
+from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
 from tangram.policies import Policy, SharedCores
 from tangram.pools import CpuNodePool, Pending, Pool
+from tangram.protocol import (
+    Attach,
+    Cancel,
+    Cancelled,
+    Close,
+    Command,
+    CpuNodeView,
+    Effect,
+    Finish,
+    GpuNodeView,
+    NodeJoined,
+    NodeLost,
+    Open,
+    Poll,
+    PreRestore,
+    QueueView,
+    QuotaView,
+    Snapshot,
+    Stop,
+    Submit,
+    TrajectoryView,
+    Waiting,
+    WorkerLost,
+)
 
 
 @dataclass(slots=True)
@@ -73,6 +98,126 @@ class Tangram:
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
         #: scheduling passes that dispatched something
         self.passes = 0
+
+    # -- the door (tangram/protocol.py) ------------------------------------------------
+    def handle(self, command: Command, now: float) -> list[Effect]:
+        """Carry out ``command`` at ``now``; the effects to carry out, in order.
+        Raises ValueError/KeyError (naming the field) for a command that cannot apply,
+        having changed nothing."""
+        out: list[Effect]
+        match command:
+            case Submit(actions):
+                out = list(self.submit_many(actions, now))
+            case Finish(action_id, outcome):
+                out = list(self.finish(action_id, now, outcome))
+            case Poll():
+                out = list(self.poll(now))
+            case Open(trajectory, task, mem_gb):
+                self.open_trajectory(trajectory, task, mem_gb)
+                out = []
+            case Close(trajectory):
+                out = list(self.close_trajectory(trajectory, now))
+            case Cancel(action_id):
+                if self.cancel(action_id):
+                    out = [Cancelled(action_id)]
+                else:
+                    out = [Stop(action_id)] if action_id in self.running else []
+            case NodeJoined(spec):
+                out = list(self.add_node(spec, now))
+            case NodeLost(node):
+                out = list(self.remove_node(node, now))
+            case WorkerLost(node):
+                if node in self.gpu.nodes:
+                    self.gpu.reset_node(node)
+                out = []
+            case Attach(capabilities):
+                # pre-restores only for a backend that carries them out: another would not
+                # hold what the core then believes resident
+                self.gpu.prerestore_ok = capabilities.prerestores
+                out = []
+            case _:
+                raise ValueError(f"command: unknown command {type(command).__name__}")
+        for plan, at, restore_s in self.gpu.take_prerestores():
+            out.append(PreRestore(plan, at, restore_s))
+        return out
+
+    def trajectory(self, trajectory: str) -> TrajectoryView | None:
+        """The open trajectory ``trajectory`` (None: not open)."""
+        s = self.trajectories.get(trajectory)
+        return None if s is None else TrajectoryView(s.task, self.cpu.node_of(trajectory),
+                                                     len(s.in_flight))
+
+    def is_running(self, action_id: str) -> bool:
+        return action_id in self.running
+
+    def node_of(self, trajectory: str) -> str | None:
+        """The CPU node ``trajectory`` is bound to (None: not bound, or unknown)."""
+        return self.cpu.node_of(trajectory)
+
+    def busy_fraction(self, node: str) -> float:
+        """Fraction of ``node``'s cores held exclusively (what a light-lane action shares)."""
+        spec = self.cpu.nodes.get(node)
+        return self.cpu.in_use(node) / spec.spec.cores if spec and spec.spec.cores else 0.0
+
+    def snapshot(self, detail: bool = True) -> Snapshot:
+        """A frozen copy of the core's state for readers (status page, service, sampler,
+        replay); ``detail`` False: only the counts, usage, capacity and counters."""
+        gpu = self.gpu
+        counters = {"gpu_restores": gpu.restores, "gpu_restore_hits": gpu.hits,
+                    "gpu_prerestores": gpu.prerestores,
+                    "gpu_restore_s_total": gpu.restore_s_total, "scheduler_passes": self.passes}
+        snap = Snapshot(self.policy.label, len(self.queued), len(self.running),
+                        len(self.trajectories), len(self.opening) + len(self.unbound),
+                        MappingProxyType(self.usage()), MappingProxyType(self.capacity()),
+                        MappingProxyType(counters))
+        if not detail:
+            return snap
+        return replace(
+            snap, detail=True,
+            trajectories=MappingProxyType({
+                t: TrajectoryView(s.task, self.cpu.node_of(t), len(s.in_flight))
+                for t, s in self.trajectories.items()}),
+            running=MappingProxyType({aid: r.dispatch for aid, r in self.running.items()}),
+            queues=self._queue_views(), cpu_nodes=self._cpu_views(),
+            gpu_nodes=self._gpu_views(), quotas=self._quota_views(),
+            service_gb=MappingProxyType({n: s.size_gb for n, s in gpu.services.items()}))
+
+    def _queue_views(self) -> tuple[QueueView, ...]:
+        def waiting(q: Iterable[Pending]) -> tuple[Waiting, ...]:
+            return tuple(Waiting(p.action, p.submit_s, p.key_min) for p in q)
+
+        out = [QueueView("binding", "binding", waiting(self.unbound))]
+        for name, pool in self.pools.items():
+            out.append(QueueView(name, pool.key or "api", waiting(pool.queue)))
+            if isinstance(pool, CpuNodePool):  # a CPU node's light actions wait apart
+                out.append(QueueView(f"{name} light", "light lane", waiting(pool.light)))
+        return tuple(out)
+
+    def _cpu_views(self) -> tuple[CpuNodeView, ...]:
+        slots = {p.node: p.lane_slots for p in self.pools.values() if isinstance(p, CpuNodePool)}
+        pods: dict[str, dict[int, str]] = {}
+        for trajectory, lease in self.cpu.held_between_actions().items():
+            for c in lease.cores:
+                pods.setdefault(lease.node, {})[c] = trajectory
+        return tuple(
+            CpuNodeView(name, node.spec.cores, node.spec.numa, node.domain_size,
+                        node.spec.mem_gb, node.mem_reserved,
+                        frozenset(c for dom in node.domains for c in dom),
+                        MappingProxyType(pods.get(name, {})), slots.get(name, 0))
+            for name, node in self.cpu.nodes.items())
+
+    def _gpu_views(self) -> tuple[GpuNodeView, ...]:
+        return tuple(
+            GpuNodeView(name, node.spec.gpus, node.spec.gpu_mem_gb,
+                        tuple(sorted((start, size) for size, starts in node.free.items()
+                                     for start in starts)),
+                        tuple(node.resident), tuple(node.mem_used))
+            for name, node in self.gpu.nodes.items())
+
+    def _quota_views(self) -> tuple[QuotaView, ...]:
+        used = self.quota.snapshot()
+        return tuple(QuotaView(key, spec.mode, spec.limit, spec.window_s, used.get(key, 0.0))
+                     for key, spec in self.quota.specs.items())
 
     # -- trajectories ------------------------------------------------------------------
     def open_trajectory(self, trajectory: str, task: str = "default",
@@ -359,20 +504,20 @@ class Tangram:
             return []
         # Largest grants first: NUMA placement is easiest while domains are whole.
         decisions.sort(key=lambda d: -d[1])
-        granted: list[tuple[Pending, Lease]] = []
+        granted: list[tuple[Pending, Lease, GpuPlan | None]] = []
         for p, units in decisions:
-            lease = self._reserve(pool, p, units, now)
-            if lease is not None:
-                granted.append((p, lease))
-        started = {id(p) for p, _ in granted}
+            got = self._reserve(pool, p, units, now)
+            if got is not None:
+                granted.append((p, *got))
+        started = {id(p) for p, _, _ in granted}
         queue = pool.queue
         while queue and id(queue[0]) in started:  # dispatches are mostly a queue prefix
             started.discard(id(queue.popleft()))
-        for p in [p for p, _ in granted if id(p) in started]:
+        for p in [p for p, _, _ in granted if id(p) in started]:
             queue.remove(p)
         self.passes += 1
         out = []
-        for p, lease in granted:
+        for p, lease, plan in granted:
             del self.queued[p.action.id]
             expected = p.durations.get(lease.units) or (
                 p.action.duration(lease.units) if p.action.t1_s is not None else self.estimate(p))
@@ -384,7 +529,8 @@ class Tangram:
             if riders and batch_s is not None:
                 expected = batch_s
             d = Dispatch(p.action, lease, p.submit_s, now, expected,
-                         batch=tuple(BatchMember(r.action, r.submit_s) for r in riders))
+                         batch=tuple(BatchMember(r.action, r.submit_s) for r in riders),
+                         gpu=plan)
             left = {p.action.id, *(r.action.id for r in riders)} if riders else None
             self.running[p.action.id] = Running(d, pool, p, left)
             for r in riders:
@@ -416,7 +562,8 @@ class Tangram:
             out.append(d)
         return out
 
-    def _reserve(self, pool: Pool, p: Pending, units: int, now: float) -> Lease | None:
+    def _reserve(self, pool: Pool, p: Pending, units: int,
+                 now: float) -> tuple[Lease, GpuPlan | None] | None:
         """Pool units then quotas, all or nothing. NUMA placement may refuse the
         planned count: fall back to smaller feasible counts down to the minimum."""
         tries = [units] + [u for u in reversed(p.choices) if p.key_min <= u < units]
@@ -431,7 +578,7 @@ class Tangram:
                     pool.release(grant.part)
                     return None
             return Lease(p.action.id, u, (grant.part, qlease), grant.node, grant.cores,
-                         grant.gpus, grant.restore_s, grant.lane)
+                         grant.gpus, grant.restore_s, grant.lane), grant.plan
         return None
 
     def _release(self, pool: Pool, lease: Lease) -> None:

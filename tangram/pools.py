@@ -35,7 +35,7 @@ from tangram.arrange import CHUNK_SIZES, ChunkOperator, DPOperator, LinearOperat
 from tangram.batching import DEFAULT_BATCHING, BatchModel
 from tangram.managers.cpu import CpuManager, pick_domains
 from tangram.managers.gpu import GpuLease, GpuManager
-from tangram.model import Action
+from tangram.model import Action, GpuPlan
 
 
 @dataclass(slots=True, eq=False)
@@ -62,6 +62,8 @@ class Grant:
     gpus: tuple[int, ...] = ()
     restore_s: float = 0.0
     lane: bool = False
+    #: a GPU grant of the evict-on-execution manager: its residency plan
+    plan: GpuPlan | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -445,7 +447,8 @@ class GpuPool(Pool):
             lease = self.manager.reserve(p.action.id, p.action.service or "", units, now)
             if lease is None:
                 return None
-        return Grant(lease, lease.node, gpus=lease.gpus, restore_s=lease.restore_s)
+        return Grant(lease, lease.node, gpus=lease.gpus, restore_s=lease.restore_s,
+                     plan=lease.plan)
 
     def batch(self, p: Pending, units: int, now: float,
               estimates: Any) -> tuple[list[Pending], float | None]:

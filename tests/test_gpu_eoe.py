@@ -20,6 +20,7 @@ from tangram.cluster import ClusterSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Outcome
 from tangram.policies import make_policy
+from tangram.protocol import NONE, Capabilities
 from tangram.runtime import DoubleReport, ManualClock, Runtime
 from traces.generate import generate
 from traces.schema import Truth, validate
@@ -233,6 +234,8 @@ def test_batch_curve_shares_the_fixed_overhead_only():
 class OneAtATime:
     """A backend without batch support (like the live ones): runs what it is given."""
 
+    capabilities = NONE
+
     def __init__(self, clock):
         self.clock = clock
         self.started = []
@@ -294,7 +297,7 @@ def test_a_backend_reporting_a_stranger_in_a_batch_is_caught():
     clock = ManualClock()
 
     class Liar:
-        serves_batches = True
+        capabilities = Capabilities(batches=True)
 
         def start(self, d, on_done):
             clock.call_later(0.1, lambda: on_done(Outcome("nobody")))

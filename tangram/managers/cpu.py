@@ -142,6 +142,10 @@ class CpuManager:
             return 0
         return host.spec.cores - host.free_cores
 
+    def held_between_actions(self) -> dict[str, CpuLease]:
+        """Trajectory -> the cores it holds while no action of it runs (a pod; none here)."""
+        return {}
+
     # -- membership (multi-node executors: a node joins or leaves) -------------------
     def add_node(self, spec: CpuNodeSpec) -> None:
         """A node joined: its cores and memory become grantable."""
