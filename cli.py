@@ -177,7 +177,7 @@ def policies() -> None:
     table.add_column("what it models")
     table.add_column("API calls admitted by")
     for name, cls in REGISTRY.items():
-        table.add_row(name, cls.description, cls.api_admission)
+        table.add_row(name, cls.description, cls.api.name)
     out_console.print(table)
 
 
@@ -751,13 +751,11 @@ def serve(
         if gc is not None:
             from dataclasses import replace
 
-            from tangram.policies import SharedGpus
-
             cluster = replace(cluster, gpu_nodes=gc.spec.gpu_nodes, services=gc.spec.services,
                               restore_gbps=gc.spec.restore_gbps)
-            if not isinstance(chosen.gpu, SharedGpus):
-                fail(f"--policy {policy}: the GPU workers follow the evict-on-execution GPU "
-                     "manager; static or cold-started GPU instances are not run live yet")
+            why = chosen.gpu.live_refusal()
+            if why is not None:
+                fail(f"--policy {policy}: {why}")
         def make_core() -> Tangram:
             return Tangram(cluster, chosen)
 

@@ -38,7 +38,7 @@ from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome, quota_resource
-from tangram.policies import Policy, SharedGpus
+from tangram.policies import Policy
 from tangram.protocol import Sink
 from tangram.runtime import Record, RunResult
 from traces.fit import check_fits
@@ -204,10 +204,9 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     live_core = Tangram(cluster, policy)
     gpu_backend = None
     if gpu is not None:
-        if not isinstance(policy.gpu, SharedGpus):
-            raise ValueError(f"--gpu-device: the GPU workers follow the evict-on-execution GPU "
-                             f"manager; policy {policy.label!r} places GPU actions otherwise "
-                             "(static or cold-started instances), which they do not run yet")
+        why = policy.gpu.live_refusal()
+        if why is not None:
+            raise ValueError(f"--gpu-device: policy {policy.label!r}: {why}")
         gpu_backend = GpuBackend(cluster, gpu.sources, gpu_device, gpu.physical)
         gpu_backend.start_workers()
     # commands like `python -m pytest` and `tangram burn` resolve to this installation

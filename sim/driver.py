@@ -19,7 +19,6 @@ import simpy
 from sim.modelled import CONTAINER_START, POD_START, ModelledBackend, StartupModel
 from tangram.cluster import ClusterSpec
 from tangram.core import Tangram
-from tangram.managers.quota import QuotaManager
 from tangram.policies import Pods, Policy, make_policy
 from tangram.runtime import ManualTimer, RunResult, Runtime
 from traces.fit import check_fits
@@ -111,7 +110,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     clock = SimClock(env)
     truth = {st.action.id: st.truth for specs in steps_specs for sp in specs for st in sp.steps
              if st.truth is not None}
-    provider = QuotaManager(cluster.quotas) if policy.api_admission == "provider" else None
+    provider = policy.api.provider(cluster.quotas)
     backend = ModelledBackend(clock, np.random.default_rng(config.seed), truth,
                               startup_of(policy, config, cluster), provider,
                               busy=busy_of(core), aoe_s=config.aoe_s)
@@ -123,12 +122,10 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
 
     if config.env_hold not in ("trajectory", "rollout"):
         raise ValueError(f"env_hold: 'trajectory' or 'rollout', got {config.env_hold!r}")
-    opens_env = policy.env_start == "open"
-
     def trajectory(spec: TrajectorySpec):
         runtime.open_trajectory(spec.id, spec.task, spec.mem_gb)
-        if opens_env:
-            backend.open_env(spec.id, core.node_of(spec.id) is not None)
+        # an environment requested at open starts now if its node is known (else once bound)
+        policy.env.opened(spec.id, lambda t: backend.open_env(t, core.node_of(t) is not None))
         for step in spec.steps:
             if step.think_s:
                 yield env.timeout(step.think_s)

@@ -23,8 +23,8 @@ import numpy as np
 
 from tangram.backoff import Backoff
 from tangram.batching import DEFAULT_BATCHING, BatchModel
-from tangram.managers.quota import QuotaManager
 from tangram.model import Dispatch, Outcome, counted
+from tangram.policies import ProviderLimit
 from tangram.protocol import Capabilities, PreRestore
 from tangram.runtime import Clock
 from traces.schema import Truth
@@ -123,7 +123,7 @@ class ModelledBackend:
 
     def __init__(self, clock: Clock, rng: np.random.Generator,
                  truth: Mapping[str, Truth] | None = None, startup: StartupModel = NO_START,
-                 provider: QuotaManager | None = None, backoff: Backoff = Backoff(),
+                 provider: ProviderLimit | None = None, backoff: Backoff = Backoff(),
                  busy: Callable[[str], float] | None = None,
                  batching: BatchModel = DEFAULT_BATCHING, aoe_s: float = 0.0) -> None:
         """``busy(node)``: fraction of the node's cores held exclusively (for the light
@@ -152,7 +152,7 @@ class ModelledBackend:
         self.gave_up = 0
 
     def open_env(self, trajectory: str, bound: bool) -> None:
-        """The trajectory's environment is requested at open (``env_start == "open"``):
+        """The trajectory's environment is requested at open (the policy's ``env`` part is ``AtOpen``):
         created when the control plane admits it, ready a start time later."""
         if bound:
             self._ready[trajectory] = self._plane.admit(self.clock.now()) + \

@@ -87,8 +87,8 @@ class Tangram:
         self.cpu, self.gpu, self.quota, self.pools = res.cpu, res.gpu, res.quota, res.pools
         self._resources = res
         self.unbound: deque[Pending] = deque()
-        #: trajectories whose environment starts at open (policy.env_start == "open") and
-        #: that no node has had room for yet, in open order (an insertion-ordered set)
+        #: trajectories whose environment starts at open (the policy's ``env`` part asked
+        #: for it) that no node has had room for yet, in open order (an insertion-ordered set)
         self.opening: dict[str, None] = {}
         self.trajectories: dict[str, TrajectoryState] = {}
         self.queued: dict[str, Pending] = {}
@@ -233,9 +233,8 @@ class Tangram:
         if mem_gb is not None and self.cluster.cpu_nodes and mem_gb > self._max_node_mem:
             raise ValueError(f"mem_gb: {mem_gb} GB exceeds the largest node ({self._max_node_mem})")
         self.trajectories[trajectory] = TrajectoryState(task, mem_gb)
-        if self.policy.env_start == "open" and self.cluster.cpu_nodes:
-            self.opening[trajectory] = None
-            self._bind_opening()
+        if self.cluster.cpu_nodes:
+            self.policy.env.opened(trajectory, self._request_env)
 
     def close_trajectory(self, trajectory: str, now: float) -> list[Dispatch]:
         """Release the trajectory's memory. Refused while actions are in flight."""
@@ -435,6 +434,11 @@ class Tangram:
             return action.t1_s <= pool.light_s
         n, mean = self.estimates.durations.mean_n((action.task, action.kind))
         return n >= 2 and mean <= pool.light_s
+
+    def _request_env(self, trajectory: str) -> None:
+        """The trajectory's environment starts now: bind it in open order."""
+        self.opening[trajectory] = None
+        self._bind_opening()
 
     def _bind_opening(self) -> bool:
         """Environments that start at open (a pod per trajectory): bind them in open

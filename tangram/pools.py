@@ -317,31 +317,26 @@ class ServiceDemand:
 
 
 class GpuPool(Pool):
-    """All GPU services on one pool of aligned chunks (EOE).
+    """All GPU services on one pool of aligned chunks (evict-on-execution).
 
-    With ``eoe`` (the ``tangram`` policy, :class:`tangram.eoe.EoeScheduler`) the pool
-    keeps each service's queue in order (``waiting``), lets the scheduler place whole
-    batches on chosen chunks (``plan_batch``), learns request rates and pre-restores
-    while GPUs are idle. Without it (``tangram-paper``, serverless) the scheduler's
-    decisions are placed by the manager's smallest-chunk rule and a granted request
-    takes the queued requests of its service that fit its batch.
+    The scheduler's decisions are placed by the manager's smallest-chunk rule and a
+    granted request takes the queued requests of its service that fit its batch
+    (``tangram-paper``, serverless). :class:`EoeGpuPool` (the ``tangram`` policy) adds
+    the burst-proof rules of tangram/eoe.py.
     """
 
     key = "gpu"
     operator = ChunkOperator()
 
     def __init__(self, name: str, manager: GpuManager, scheduler: Any = None,
-                 batching: BatchModel = DEFAULT_BATCHING, eoe: bool = False,
-                 prerestore: bool = False) -> None:
+                 batching: BatchModel = DEFAULT_BATCHING) -> None:
         super().__init__(name, scheduler)
         self.manager = manager
         self.batching = batching
-        self.eoe = eoe
-        self.prerestore = prerestore
         self.demand = ServiceDemand()
         #: service -> the GPU counts its latest request accepted
         self.accepted: dict[str, tuple[int, ...]] = {}
-        #: service -> its queued requests in arrival order (``eoe``; lazily pruned)
+        #: service -> its queued requests in arrival order (EoeGpuPool; lazily pruned)
         self.waiting: dict[str, deque[Pending]] = {}
         self._queued: set[int] = set()
         #: arrival order of the waiting requests (ties of submit time break by it)
@@ -390,12 +385,6 @@ class GpuPool(Pool):
         service = p.action.service or ""
         self.demand.add(service, work_s(p, None) if p.action.t1_s is not None else 1.0, now)
         self.accepted[service] = accepts(p)
-        if self.eoe:
-            self.waiting.setdefault(service, deque()).append(p)
-            self._queued.add(id(p))
-            self._seq[id(p)] = self._arrivals
-            self._arrivals += 1
-            self._count[service] = self._count.get(service, 0) + 1
 
     def groups(self) -> list[deque[Pending]]:
         """Each service's waiting requests (oldest first), services ordered by their
@@ -478,11 +467,29 @@ class GpuPool(Pool):
             self.wake_at = None
         return self.wake_at
 
-    def after_pass(self, now: float, estimates: Any) -> None:
-        sched = self.scheduler
-        if (self.prerestore and self.manager.prerestore_ok and sched is not None
-                and hasattr(sched, "prerestore")):
-            sched.prerestore(self, now, estimates)
-
     def usage(self) -> dict[str, float]:
         return {"gpu": float(self.manager.busy_gpus())}
+
+
+class EoeGpuPool(GpuPool):
+    """The ``tangram`` policy's GPU pool, run by :class:`tangram.eoe.EoeScheduler`: it
+    keeps each service's queue in order (``waiting``), lets the scheduler place whole
+    batches on chosen chunks (``plan_batch``), learns request rates and pre-restores
+    while GPUs are idle (when the backend carries pre-restores out)."""
+
+    def __init__(self, name: str, manager: GpuManager, scheduler: Any,
+                 batching: BatchModel = DEFAULT_BATCHING) -> None:
+        super().__init__(name, manager, scheduler, batching)
+
+    def arrived(self, p: Pending, now: float) -> None:
+        super().arrived(p, now)
+        service = p.action.service or ""
+        self.waiting.setdefault(service, deque()).append(p)
+        self._queued.add(id(p))
+        self._seq[id(p)] = self._arrivals
+        self._arrivals += 1
+        self._count[service] = self._count.get(service, 0) + 1
+
+    def after_pass(self, now: float, estimates: Any) -> None:
+        if self.manager.prerestore_ok:
+            self.scheduler.prerestore(self, now, estimates)

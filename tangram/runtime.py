@@ -23,7 +23,6 @@ from typing import Any, Protocol
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Lease, Outcome
 from tangram.protocol import (
-    NONE,
     Attach,
     Backend,
     Cancel,
@@ -140,7 +139,7 @@ class Runtime:
         self.core = core
         self.clock = clock
         self.backend = backend
-        self.capabilities = getattr(backend, "capabilities", NONE)
+        self.capabilities = backend.capabilities
         self.stopwatch = stopwatch
         core.handle(Attach(self.capabilities), clock.now())
         self.records: list[Record] = []
