@@ -37,8 +37,9 @@ class PodManager(CpuManager):
         self.pods: dict[str, CpuLease] = {}
 
     def bind(self, trajectory: str, mem_gb: float, min_cores: int) -> str | None:
-        if trajectory in self._binding:
-            return self._binding[trajectory][0]
+        bound = self.node_of(trajectory)
+        if bound is not None:
+            return bound
         cores = max(self.pod_cores, min_cores)
         # kube-scheduler's default scoring spreads pods: most free cores first
         fits = [n for n in self.nodes.values() if n.mem_free >= mem_gb and n.free_cores >= cores]
@@ -48,8 +49,7 @@ class PodManager(CpuManager):
         lease = self.reserve(f"pod:{trajectory}", node.name, cores, numa_local=False)
         if lease is None:
             return None
-        node.mem_reserved += mem_gb
-        self._binding[trajectory] = (node.name, mem_gb)
+        self.hold_memory(trajectory, node.name, mem_gb)
         self.pods[trajectory] = lease
         return node.name
 
@@ -195,12 +195,13 @@ class ExclusiveGpuManager(GpuManager):
         super().__init__(*args, **kw)
         self.init_s = init_s
 
-    def _restore(self, node: GpuNode, variant: tuple[str, int, int]) -> float:
+    def restore_victims(self, node: GpuNode, variant: tuple[str, int, int]
+                        ) -> list[tuple[str, int, int]] | None:
+        # an instance owns its GPUs' memory: every variant on them goes
         _, k, start = variant
-        for other in list(node.resident):
-            _, ok, os_ = other
-            if os_ < start + k and start < os_ + ok:
-                self._evict(node, other)
-        return super()._restore(node, variant) + self.init_s
+        return [(s, ok, os_) for s, ok, os_ in node.resident if os_ < start + k and start < os_ + ok]
+
+    def start_overhead_s(self, variant: tuple[str, int, int]) -> float:
+        return self.init_s
 
 

@@ -23,8 +23,8 @@ from types import MappingProxyType
 from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.estimates import Estimates
 from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
-from tangram.policies import Policy, SharedCores
-from tangram.pools import CpuNodePool, Pending, Pool
+from tangram.policies import Policy
+from tangram.pools import Pending, PoolPoints
 from tangram.protocol import (
     Attach,
     Cancel,
@@ -67,7 +67,7 @@ class TrajectoryState:
 @dataclass(slots=True)
 class Running:
     dispatch: Dispatch
-    pool: Pool
+    pool: PoolPoints
     pending: Pending
     #: a batch (Dispatch.batch): ids of its actions still running, shared by all of them;
     #: the lease is released when the last one finishes
@@ -189,12 +189,13 @@ class Tangram:
         out = [QueueView("binding", "binding", waiting(self.unbound))]
         for name, pool in self.pools.items():
             out.append(QueueView(name, pool.key or "api", waiting(pool.queue)))
-            if isinstance(pool, CpuNodePool):  # a CPU node's light actions wait apart
-                out.append(QueueView(f"{name} light", "light lane", waiting(pool.light)))
+            if pool.lane is not None:  # a CPU node's light actions wait apart
+                out.append(QueueView(f"{name} light", "light lane", waiting(pool.lane.light)))
         return tuple(out)
 
     def _cpu_views(self) -> tuple[CpuNodeView, ...]:
-        slots = {p.node: p.lane_slots for p in self.pools.values() if isinstance(p, CpuNodePool)}
+        slots = {p.name.removeprefix("cpu:"): p.lane.lane_slots for p in self.pools.values()
+                 if p.lane is not None}
         pods: dict[str, dict[int, str]] = {}
         for trajectory, lease in self.cpu.held_between_actions().items():
             for c in lease.cores:
@@ -305,14 +306,14 @@ class Tangram:
             raise ValueError("action.id: duplicate ids in the batch")
         for action in actions:
             self.validate(action)
-        touched: dict[str, Pool] = {}
+        touched: dict[str, PoolPoints] = {}
         for action in actions:
             pool = self._enqueue(action, now)
             if pool is not None:
                 touched[pool.name] = pool
         return self._schedule(now, touched.values())
 
-    def _enqueue(self, action: Action, now: float) -> Pool | None:
+    def _enqueue(self, action: Action, now: float) -> PoolPoints | None:
         pool = self._route(action)
         state = self.trajectories[action.trajectory]
         if state.thinking_in is not None:  # it stopped thinking: learn how long that took
@@ -332,7 +333,7 @@ class Tangram:
         pool.arrived(pending, now)
         return pool
 
-    def _route(self, action: Action) -> Pool | None:
+    def _route(self, action: Action) -> PoolPoints | None:
         """The pool whose queue ``action`` waits in (None: not bound to a node yet)."""
         return self.policy.route(action, self._resources)
 
@@ -346,7 +347,7 @@ class Tangram:
             run.batch_left.discard(action_id)
         last = not run.batch_left
         if last:
-            run.pool.running.pop(run.dispatch.action.id, None)
+            run.pool.ended(run.dispatch.action.id)
             self._release(run.pool, run.dispatch.lease)
         state = self.trajectories.get(action.trajectory)
         if state is not None:
@@ -364,7 +365,7 @@ class Tangram:
             elapsed = now - run.dispatch.start_s - run.dispatch.lease.restore_s
             self.estimates.durations.observe(action, run.dispatch.units, max(elapsed, 0.0),
                                              run.pool.name, run.pending.elastic)
-        touched: Iterable[Pool] = [run.pool]
+        touched: Iterable[PoolPoints] = [run.pool]
         if run.dispatch.lease.parts[1] is not None:  # freed quota may unblock any pool's head
             touched = self.pools.values()
         return self._schedule(now, touched)
@@ -374,10 +375,12 @@ class Tangram:
         pending = self.queued.pop(action_id, None)
         if pending is None:
             return False
-        for q in [self.unbound, *(q for p in self.pools.values() for q in p.queues())]:
-            if pending in q:
-                q.remove(pending)
-                break
+        if pending in self.unbound:
+            self.unbound.remove(pending)
+        else:
+            for pool in self.pools.values():
+                if pool.withdraw(pending):
+                    break
         state = self.trajectories.get(pending.action.trajectory)
         if state:
             state.in_flight.discard(action_id)
@@ -408,7 +411,7 @@ class Tangram:
         state = self.trajectories[action.trajectory]
         return state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
 
-    def _pending(self, action: Action, now: float, pool: Pool) -> Pending:
+    def _pending(self, action: Action, now: float, pool: PoolPoints) -> Pending:
         quotas = {k: d.min for k, d in action.cost.items() if counted(k) and d.min > 0}
         if pool.key is None:
             return Pending(action, now, 0, quotas)
@@ -425,15 +428,16 @@ class Tangram:
         return Pending(action, now, key_min, quotas, elastic=bool(durations), choices=choices,
                        durations=durations, light=light)
 
-    def _light(self, action: Action, pool: Pool, quotas: dict[str, float]) -> bool:
+    def _light(self, action: Action, pool: PoolPoints, quotas: dict[str, float]) -> bool:
         """For a pool with a light lane: expected to take at most its ``light_s`` on one
         core, declared or from at least two observed runs of its (task, kind)."""
-        if not isinstance(pool, CpuNodePool) or not pool.light_s or quotas:
+        lane = pool.lane
+        if lane is None or not lane.light_s or quotas:
             return False
         if action.t1_s is not None:
-            return action.t1_s <= pool.light_s
+            return action.t1_s <= lane.light_s
         n, mean = self.estimates.durations.mean_n((action.task, action.kind))
-        return n >= 2 and mean <= pool.light_s
+        return n >= 2 and mean <= lane.light_s
 
     def _request_env(self, trajectory: str) -> None:
         """The trajectory's environment starts now: bind it in open order."""
@@ -480,7 +484,7 @@ class Tangram:
             touched.add(pool.name)
         self.unbound.extendleft(reversed(waiting))
 
-    def _schedule(self, now: float, pools: Iterable[Pool]) -> list[Dispatch]:
+    def _schedule(self, now: float, pools: Iterable[PoolPoints]) -> list[Dispatch]:
         names = {p.name for p in pools}
         self._bind_waiting(names)
         out: list[Dispatch] = []
@@ -488,11 +492,11 @@ class Tangram:
             out.extend(self._pass(self.pools[name], now))
         return out
 
-    def _pass(self, pool: Pool, now: float) -> list[Dispatch]:
+    def _pass(self, pool: PoolPoints, now: float) -> list[Dispatch]:
         """Scheduling passes until nothing more starts. Greedy eviction may leave units
         free that an evicted action could have used (a DP prefix cannot always absorb
         them: an action takes at most 8 GPUs); the next pass offers them again."""
-        out = self._lane(pool, now) if isinstance(pool, CpuNodePool) and pool.light else []
+        out = self._lane(pool, now) if pool.lane is not None and pool.lane.light else []
         while pool.queue:
             got = self._pass_once(pool, now)
             out.extend(got)
@@ -501,7 +505,7 @@ class Tangram:
         pool.after_pass(now, self.estimates)  # e.g. a GPU pool pre-restores while idle
         return out
 
-    def _pass_once(self, pool: Pool, now: float) -> list[Dispatch]:
+    def _pass_once(self, pool: PoolPoints, now: float) -> list[Dispatch]:
         sched = pool.scheduler or self.scheduler
         decisions = sched.plan(pool, now, self.estimates, self.quota)
         if not decisions:
@@ -513,12 +517,7 @@ class Tangram:
             got = self._reserve(pool, p, units, now)
             if got is not None:
                 granted.append((p, *got))
-        started = {id(p) for p, _, _ in granted}
-        queue = pool.queue
-        while queue and id(queue[0]) in started:  # dispatches are mostly a queue prefix
-            started.discard(id(queue.popleft()))
-        for p in [p for p, _, _ in granted if id(p) in started]:
-            queue.remove(p)
+        pool.take([p for p, _, _ in granted])
         self.passes += 1
         out = []
         for p, lease, plan in granted:
@@ -539,19 +538,20 @@ class Tangram:
             self.running[p.action.id] = Running(d, pool, p, left)
             for r in riders:
                 self.running[r.action.id] = Running(d, pool, r, left)
-            pool.running[p.action.id] = (now + lease.restore_s + (expected or 0.0), lease.units,
-                                         now)
+            pool.started(p.action.id, now + lease.restore_s + (expected or 0.0), lease.units, now)
             out.append(d)
         return out
 
-    def _lane(self, pool: CpuNodePool, now: float) -> list[Dispatch]:
+    def _lane(self, pool: PoolPoints, now: float) -> list[Dispatch]:
         """Start waiting light actions, in order, on the node's lane while it has room,
         then on idle exclusive cores (see CpuNodePool)."""
         out: list[Dispatch] = []
-        light = pool.light
+        lane = pool.lane
+        assert lane is not None
+        light = lane.light
         while light:
             p = light[0]
-            grant = pool.lane_reserve(p) or pool.reserve(p, 1, now)
+            grant = lane.lane_reserve(p) or lane.reserve(p, 1, now)
             if grant is None:
                 break
             light.popleft()
@@ -562,11 +562,11 @@ class Tangram:
             expected = self.estimates.estimate(p)
             d = Dispatch(p.action, lease, p.submit_s, now, expected)
             self.running[p.action.id] = Running(d, pool, p)
-            pool.running[p.action.id] = (now + expected, units, now)
+            pool.started(p.action.id, now + expected, units, now)
             out.append(d)
         return out
 
-    def _reserve(self, pool: Pool, p: Pending, units: int,
+    def _reserve(self, pool: PoolPoints, p: Pending, units: int,
                  now: float) -> tuple[Lease, GpuPlan | None] | None:
         """Pool units then quotas, all or nothing. NUMA placement may refuse the
         planned count: fall back to smaller feasible counts down to the minimum."""
@@ -585,7 +585,7 @@ class Tangram:
                          grant.gpus, grant.restore_s, grant.lane), grant.plan
         return None
 
-    def _release(self, pool: Pool, lease: Lease) -> None:
+    def _release(self, pool: PoolPoints, lease: Lease) -> None:
         part, qlease = lease.parts
         if qlease is not None:
             self.quota.release(qlease)
@@ -607,8 +607,8 @@ class Tangram:
         out = {"cpu": float(sum(n.cores for n in self.cluster.cpu_nodes)),
                "gpu": float(sum(n.gpus for n in self.cluster.gpu_nodes)),
                "mem_gb": float(sum(n.mem_gb for n in self.cluster.cpu_nodes)),
-               "cpu_lane": float(sum(p.lane_slots for p in self.pools.values()
-                                     if isinstance(p, CpuNodePool)))}
+               "cpu_lane": float(sum(p.lane.lane_slots for p in self.pools.values()
+                                     if p.lane is not None))}
         out.update({q.key: q.limit for q in self.cluster.quotas})
         return out
 
@@ -616,15 +616,8 @@ class Tangram:
     def add_node(self, spec: CpuNodeSpec, now: float) -> list[Dispatch]:
         """A CPU node joined: add its capacity and pool; return what can start now
         (trajectories waiting to be bound may fit on it)."""
-        shared = self.policy.cpu
-        if not isinstance(shared, SharedCores):
-            raise ValueError(f"node: nodes can join only under the shared-cores CPU policy, "
-                             f"not {type(shared).__name__}")
-        self.cpu.add_node(spec)
-        name = f"cpu:{spec.name}"
-        # the pool SharedCores.build would have made for this node
-        self.pools[name] = CpuNodePool(name, spec.name, self.cpu, light_s=shared.light_s,
-                                       lane_slots=max(1, spec.cores // shared.lane_cores))
+        pool = self.policy.cpu.grow(self.cpu, spec)  # the pool build would have made for it
+        self.pools[pool.name] = pool
         self._cpu_nodes_changed((*self.cluster.cpu_nodes, spec))
         return self._schedule(now, ())
 
@@ -643,12 +636,8 @@ class Tangram:
         self.cpu.remove_node(node)
         # The pool stays registered, empty, until its running actions are finished
         # (finish reschedules the pool it ran on); add_node of the same name replaces it.
-        waiting = sorted((p for q in pool.queues() for p in q), key=lambda p: p.submit_s)
+        waiting = sorted(pool.drain(), key=lambda p: p.submit_s)
         requeued = [Pending(p.action, p.submit_s, int(p.action.min("cpu"))) for p in waiting]
-        for q in pool.queues():
-            q.clear()
-        if isinstance(pool, CpuNodePool):
-            pool.lane_slots = 0  # no capacity left to report
         for p in requeued:
             self.queued[p.action.id] = p
         self.unbound = deque(sorted([*self.unbound, *requeued], key=lambda p: p.submit_s))

@@ -262,11 +262,7 @@ class EoeScheduler(ElasticScheduler):
     @staticmethod
     def _evicts(pool: GpuPool, service: str, site: Site, keep: frozenset[str]) -> bool:
         """Whether restoring ``service`` at ``site`` would evict a variant of ``keep``."""
-        mgr = pool.manager
-        name, start, k = site
-        node = mgr.nodes[name]
-        need = mgr.services[service].size_gb / k
-        victims = mgr._victims(node, list(node.resident), start, k, need, node.spec.gpu_mem_gb)
+        victims = pool.manager.victims_at(service, site)
         return victims is None or any(v[0] in keep for v in victims)
 
 

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Protocol
 
 from tangram.baseline_pools import ExclusiveGpuManager, PodManager, PodPool, ServicePool, static_placement
-from tangram.cluster import ClusterSpec, QuotaSpec
+from tangram.cluster import ClusterSpec, CpuNodeSpec, QuotaSpec
 from tangram.eoe import EoeScheduler
 from tangram.managers.cpu import CpuManager
 from tangram.managers.gpu import GpuManager
@@ -85,9 +85,16 @@ class SharedCores:
 
     def build(self, cluster: ClusterSpec) -> tuple[CpuManager, list[Pool]]:
         cpu = CpuManager(cluster.cpu_nodes)
-        return cpu, [CpuNodePool(f"cpu:{n}", n, cpu, light_s=self.light_s,
-                                 lane_slots=max(1, cpu.nodes[n].spec.cores // self.lane_cores))
-                     for n in cpu.nodes]
+        return cpu, [self._pool(cpu, n) for n in cpu.nodes]
+
+    def _pool(self, cpu: CpuManager, node: str) -> Pool:
+        return CpuNodePool(f"cpu:{node}", node, cpu, light_s=self.light_s,
+                           lane_slots=max(1, cpu.nodes[node].spec.cores // self.lane_cores))
+
+    def grow(self, cpu: CpuManager, spec: CpuNodeSpec) -> Pool:
+        """A node joined: its capacity in ``cpu`` and the pool ``build`` would have made."""
+        cpu.add_node(spec)
+        return self._pool(cpu, spec.name)
 
 
 @dataclass(frozen=True)
@@ -117,6 +124,12 @@ class Pods:
                              f"(largest: {largest} cores)")
         cpu = PodManager(cluster.cpu_nodes, self.pod_cores)
         return cpu, [PodPool(f"cpu:{n}", n, cpu, self.pod_dop) for n in cpu.nodes]
+
+    def grow(self, cpu: CpuManager, spec: CpuNodeSpec) -> Pool:
+        """A node joined: its capacity in ``cpu`` (a PodManager) and its pod pool."""
+        cpu.add_node(spec)
+        assert isinstance(cpu, PodManager)
+        return PodPool(f"cpu:{spec.name}", spec.name, cpu, self.pod_dop)
 
 
 # -- the GPU side -------------------------------------------------------------------------

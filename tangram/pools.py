@@ -6,20 +6,31 @@ capacity the elastic group shares, which DP operator describes that topology,
 and how to reserve and release the real units through its manager.
 
 Extension points, named as kube-scheduler names its plugins (a policy builds its
-pools from these; the core calls nothing else):
+pools from these; the core and the schedulers call nothing else). They are the
+:class:`PoolPoints` protocol below; :class:`Pool` implements each with a default.
 
-=================  =================================================================
-``unit_choices``   PreFilter: the feasible unit counts of an action on this pool
-``fits_min``       Filter: does the next candidate's minimum fit what is left
-``option_costs``   Score: what each feasible unit count costs the action now
+==================== ================================================================
+``unit_choices``     PreFilter: the feasible unit counts of an action on this pool
+``new_scratch``,     Filter: does the next candidate's minimum fit what is left
+``fits_min``
+``option_costs``     Score: what each feasible unit count costs the action now
 ``elastic_capacity`` the capacity the elastic group shares after the fixed ones
-``reserve``        Reserve: take the units (``None``: placement refused them)
-``release``        Unreserve: give them back (idempotent)
-``usage``          units in use, per resource, for utilisation sampling
-``arrived``        an action joined the queue (a GPU pool learns request rates)
-``batch``          queued actions that ride on a granted lease (continuous batching)
-``after_pass``     end of a scheduling pass (a GPU pool pre-restores while idle)
-=================  =================================================================
+``free_units``       units free now (a pass stops when none is left)
+``reserve``          Reserve: take the units (``None``: placement refused them)
+``release``          Unreserve: give them back (idempotent)
+``admit``,           an action joined the pool's queue(s) (a GPU pool learns request
+``arrived``          rates); ``queues``: every queue an action may wait in
+``take``,            actions left the queue: started (``take``), cancelled (``withdraw``),
+``withdraw``,        their node left (``drain``)
+``drain``
+``started``,         an action started on / ended its lease (``running``: what is
+``ended``            running, for the schedulers' expected ends)
+``batch``            queued actions that ride on a granted lease (continuous batching)
+``after_pass``       end of a scheduling pass (a GPU pool pre-restores while idle)
+``next_wakeup``      when the pool wants a pass although nothing arrives or ends
+``usage``            units in use, per resource, for utilisation sampling
+``lane``             the pool's light lane (:class:`LightLane`), or None
+==================== ================================================================
 
 Ordering (QueueSort) is the scheduler's: ``Ordering`` in tangram/scheduler.py.
 """
@@ -29,7 +40,7 @@ from __future__ import annotations
 import math
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 from tangram.arrange import CHUNK_SIZES, ChunkOperator, DPOperator, LinearOperator, take_chunk
 from tangram.batching import DEFAULT_BATCHING, BatchModel
@@ -74,11 +85,60 @@ class LaneSlot:
     node: str
 
 
+class LightLane(Protocol):
+    """A node's light lane (see :class:`CpuNodePool`): light actions wait in ``light``
+    and start on shared cores while fewer than ``lane_slots`` run there."""
+
+    light: deque[Pending]
+    #: actions expected to take at most this long (s) may use the lane (0: no lane)
+    light_s: float
+    lane_slots: int
+
+    def lane_reserve(self, p: Pending) -> Grant | None: ...
+
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None: ...
+
+
+class PoolPoints(Protocol):
+    """The extension points a pool offers the core and the schedulers."""
+
+    name: str
+    key: str | None
+    scheduler: Any
+    queue: deque[Pending]
+    running: dict[str, tuple[float, int, float]]
+    lane: LightLane | None
+
+    def admit(self, p: Pending) -> None: ...
+    def arrived(self, p: Pending, now: float) -> None: ...
+    def queues(self) -> tuple[deque[Pending], ...]: ...
+    def take(self, started: list[Pending]) -> None: ...
+    def withdraw(self, p: Pending) -> bool: ...
+    def drain(self) -> list[Pending]: ...
+    def unit_choices(self, action: Action) -> tuple[int, ...]: ...
+    def new_scratch(self) -> Any: ...
+    def fits_min(self, scratch: Any, p: Pending) -> bool: ...
+    def option_costs(self, p: Pending) -> dict[int, float]: ...
+    def elastic_capacity(self, nonelastic: list[Pending]) -> Any: ...
+    def free_units(self) -> int: ...
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None: ...
+    def release(self, part: Any) -> None: ...
+    def started(self, action_id: str, end_s: float, units: int, now: float) -> None: ...
+    def ended(self, action_id: str) -> None: ...
+    def batch(self, p: Pending, units: int, now: float,
+              estimates: Any) -> tuple[list[Pending], float | None]: ...
+    def after_pass(self, now: float, estimates: Any) -> None: ...
+    def next_wakeup(self, now: float) -> float | None: ...
+    def usage(self) -> dict[str, float]: ...
+
+
 class Pool:
     """Base: a pool with no key resource (API-only actions)."""
 
     key: str | None = None
     operator: DPOperator = LinearOperator()
+    #: no light lane
+    lane: LightLane | None = None
 
     def __init__(self, name: str, scheduler: Any = None) -> None:
         self.name = name
@@ -95,6 +155,39 @@ class Pool:
     def queues(self) -> tuple[deque[Pending], ...]:
         """Every queue an action of this pool may wait in."""
         return (self.queue,)
+
+    def take(self, started: list[Pending]) -> None:
+        """``started`` (granted by a pass) leave the queue."""
+        queue = self.queue
+        ids = {id(p) for p in started}
+        while queue and id(queue[0]) in ids:  # dispatches are mostly a queue prefix
+            ids.discard(id(queue.popleft()))
+        for p in started:
+            if id(p) in ids:
+                queue.remove(p)
+
+    def withdraw(self, p: Pending) -> bool:
+        """Take a cancelled ``p`` off whichever queue holds it (False: none does)."""
+        for q in self.queues():
+            if p in q:
+                q.remove(p)
+                return True
+        return False
+
+    def drain(self) -> list[Pending]:
+        """The pool's capacity left (its node did): empty its queues, returning what
+        waited there."""
+        waiting = [p for q in self.queues() for p in q]
+        for q in self.queues():
+            q.clear()
+        return waiting
+
+    def started(self, action_id: str, end_s: float, units: int, now: float) -> None:
+        """``action_id`` started on ``units``, expected to end at ``end_s``."""
+        self.running[action_id] = (end_s, units, now)
+
+    def ended(self, action_id: str) -> None:
+        self.running.pop(action_id, None)
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
         return ()
@@ -176,11 +269,20 @@ class CpuNodePool(Pool):
         #: light actions wait here, for the lane (or an idle core), never behind the queue
         self.light: deque[Pending] = deque()
 
+    @property
+    def lane(self) -> LightLane | None:  # type: ignore[override]
+        """The node's light lane: this pool itself (it holds the lane's queue and slots)."""
+        return self
+
     def admit(self, p: Pending) -> None:
         (self.light if p.light and self.lane_slots else self.queue).append(p)
 
     def queues(self) -> tuple[deque[Pending], ...]:
         return (self.queue, self.light)
+
+    def drain(self) -> list[Pending]:
+        self.lane_slots = 0  # no capacity left to report
+        return super().drain()
 
     def lane_reserve(self, p: Pending) -> Grant | None:
         """A lane place for ``p`` (None: the lane is full)."""

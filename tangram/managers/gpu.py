@@ -394,22 +394,38 @@ class GpuManager:
                 node.free[size].add(right)
                 start = left
 
+    # -- extension points of a manager variant (tangram/baseline_pools.py) ---------------
+    def restore_victims(self, node: GpuNode, variant: tuple[str, int, int]
+                        ) -> list[tuple[str, int, int]] | None:
+        """What restoring ``variant`` on ``node`` evicts (None: it never fits): the least
+        recently used variants on the GPUs short of memory, until it fits."""
+        service, k, start = variant
+        return self._victims(node, list(node.resident), start, k,
+                             self.services[service].size_gb / k, node.spec.gpu_mem_gb)
+
+    def start_overhead_s(self, variant: tuple[str, int, int]) -> float:
+        """Seconds a restore pays besides loading the weights (an instance's init)."""
+        return 0.0
+
+    def victims_at(self, service: str, site: Site) -> list[tuple[str, int, int]] | None:
+        """What restoring ``service`` at ``site`` would evict now (None: never fits)."""
+        name, start, k = site
+        return self.restore_victims(self.nodes[name], (service, k, start))
+
     def _restore(self, node: GpuNode, variant: tuple[str, int, int]) -> float:
         service, k, start = variant
         need = self.services[service].size_gb / k
-        gpus = range(start, start + k)
-        cap = node.spec.gpu_mem_gb
-        # evict least recently used variants on the GPUs short of memory until it fits
-        victims = self._victims(node, list(node.resident), start, k, need, cap)
+        victims = self.restore_victims(node, variant)
         if victims is None:  # pragma: no cover - check() guarantees a lone variant fits
             raise AssertionError("restore: GPU memory still short after eviction")
         for other in victims:
             self._evict(node, other)
-        for g in gpus:
+        for g in range(start, start + k):
             node.mem_used[g] += need
         node.resident[variant] = None
         self._sites.setdefault(service, set()).add((node.name, start, k))
-        return self.services[service].size_gb / (self.restore_gbps * k)
+        return self.services[service].size_gb / (self.restore_gbps * k) + \
+            self.start_overhead_s(variant)
 
     def _evict(self, node: GpuNode, variant: tuple[str, int, int]) -> None:
         service, k, start = variant
