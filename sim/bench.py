@@ -23,11 +23,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from sim.clock import SimClock
 from sim.modelled import ModelledBackend
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity
-from tangram.runtime import ManualClock, Runtime
+from tangram.runtime import Runtime
 
 
 def pin_one_core() -> int | None:
@@ -78,13 +79,13 @@ def gpu_scenario(n: int, rng: np.random.Generator) -> tuple[ClusterSpec, list[Ac
 def run_scheduler_scenario(name: str, cluster: ClusterSpec, actions: list[Action],
                            stopwatch=time.perf_counter) -> dict:
     """Queue every action at t=0 in one batch (one pass over a 2,048-deep queue: the
-    burst), then run in virtual time (ManualClock + the modelled backend) until all have
+    burst), then run in virtual time (SimClock + the modelled backend) until all have
     run, each finish followed by its trajectory's close (one action per trajectory).
     Every core call is timed by the runtime's stopwatch (wall clock by default;
     ``time.thread_time`` counts only this thread's CPU, not time the OS gave to other
     processes on a shared machine)."""
     core = Tangram(cluster)
-    clock = ManualClock()
+    clock = SimClock()
     runtime = Runtime(core, clock, ModelledBackend(clock, np.random.default_rng(0)),
                       stopwatch=stopwatch)
     runtime.timing.calls = []  # keep every call's seconds and dispatch count

@@ -16,33 +16,14 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from sim.clock import SimClock
 from sim.modelled import CONTAINER_START, POD_START, ModelledBackend, StartupModel
 from tangram.cluster import ClusterSpec
 from tangram.core import Tangram
 from tangram.policies import Pods, Policy, make_policy
-from tangram.runtime import ManualTimer, RunResult, Runtime
+from tangram.runtime import RunResult, Runtime
 from traces.fit import check_fits
 from traces.schema import TrajectorySpec, trajectories
-
-
-class SimClock:
-    """The Clock protocol on a SimPy environment."""
-
-    def __init__(self, env: simpy.Environment) -> None:
-        self.env = env
-
-    def now(self) -> float:
-        return self.env.now
-
-    def call_later(self, delay: float, fn: Callable[[], None]) -> ManualTimer:
-        timer = ManualTimer()
-
-        def fire(_event: Any) -> None:
-            if not timer.cancelled:
-                fn()
-
-        self.env.timeout(max(delay, 0.0)).callbacks.append(fire)
-        return timer
 
 
 @dataclass(slots=True)

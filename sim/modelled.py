@@ -1,7 +1,7 @@
 """The modelled backend: "executes" a dispatch by waiting its modelled duration.
 
-It runs on any Clock (the SimPy one in sim/driver.py, the ManualClock of
-tangram/runtime.py for experiments, benchmarks and tests). The duration comes
+It runs on any Clock (sim/clock.py: the simulator, experiments, benchmarks and
+tests). The duration comes
 from the action's ground truth (:class:`traces.schema.Truth`, keyed by action
 id) — never from what the scheduler was told — on the units it was granted,
 plus modelled overheads: environment start at a trajectory's first CPU action

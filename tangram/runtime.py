@@ -8,14 +8,11 @@ times, so two simulations with the same seed give identical rows. How long the
 core itself took is measured with an injected ``stopwatch`` (the drivers pass
 ``time.perf_counter``; tangram/ reads no wall clock) into :class:`Timing`.
 
-:class:`ManualClock` is the Clock for driving the core without SimPy or asyncio
-(experiments, benchmarks, tests): timers on a heap, run in time order.
+The virtual clock (SimPy) is sim/clock.py; the asyncio one is executor/driver.py.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
@@ -39,7 +36,7 @@ from tangram.protocol import (
     Submit,
 )
 
-__all__ = ["Backend", "Clock", "ManualClock", "Record", "RunResult", "Runtime", "Timing"]
+__all__ = ["Backend", "Clock", "Record", "RunResult", "Runtime", "Timing"]
 
 
 class Timer(Protocol):
@@ -293,53 +290,3 @@ class Runtime:
             self._carry_out(self._timed(Poll()))
 
         self._wakeup = self.clock.call_later(max(at - now, 0.0), fire)
-
-
-class ManualTimer:
-    """A timer that is cancelled by marking it (the clock skips it when it comes up)."""
-
-    __slots__ = ("cancelled",)
-
-    def __init__(self) -> None:
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class ManualClock:
-    """The Clock protocol on a heap of timers: ``run()`` fires them in time order
-    (ties in the order they were set), advancing ``now`` to each."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self._now = start
-        self._heap: list[tuple[float, int, ManualTimer, Callable[[], None]]] = []
-        self._seq = itertools.count()
-
-    def now(self) -> float:
-        return self._now
-
-    def call_later(self, delay: float, fn: Callable[[], None]) -> ManualTimer:
-        timer = ManualTimer()
-        heapq.heappush(self._heap, (self._now + max(delay, 0.0), next(self._seq), timer, fn))
-        return timer
-
-    def step(self) -> bool:
-        """Fire the next timer (False when none is left)."""
-        while self._heap:
-            at, _, timer, fn = heapq.heappop(self._heap)
-            if timer.cancelled:
-                continue
-            self._now = max(self._now, at)
-            fn()
-            return True
-        return False
-
-    def run(self, until: float | None = None) -> None:
-        """Fire timers until none is left (or the next is later than ``until``)."""
-        while self._heap:
-            if until is not None and self._heap[0][0] > until:
-                self._now = until
-                return
-            if not self.step():
-                return
