@@ -23,7 +23,7 @@ import os
 import sys
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -41,7 +41,7 @@ from tangram.model import Action, Dispatch, Outcome, quota_resource
 from tangram.policies import Policy
 from tangram.protocol import Sink
 from tangram.runtime import Record, RunResult
-from traces.fit import check_fits
+from traces.player import drive, play, refuse_misfits
 from traces.schema import Step, TrajectorySpec, trajectories
 from traces.select import head, scale_think
 
@@ -199,8 +199,7 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     if gpu is not None:
         cluster = replace(cluster, gpu_nodes=gpu.spec.gpu_nodes, services=gpu.spec.services,
                           restore_gbps=gpu.spec.restore_gbps)
-    # refuse the whole run before starting if any action cannot run here
-    check_fits(Tangram(cluster, policy), specs)
+    refuse_misfits(cluster, policy, specs)
     live_core = Tangram(cluster, policy)
     gpu_backend = None
     if gpu is not None:
@@ -227,28 +226,37 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     wall0 = time.perf_counter()
     measured: dict[str, Mapping[str, Any]] = {}
 
-    async def one(spec: TrajectorySpec) -> None:
-        nonlocal done
-        executor.open_trajectory(spec.id, spec.task, spec.mem_gb)
-        try:
-            for step in spec.steps:
-                if step.think_s > 0:
-                    await asyncio.sleep(step.think_s)
-                action = with_work(step)
-                if action.service:
-                    action = with_request(action, vocab, gpu_tokens)
-                _, outcome = await executor.run(action)
-                if action.service:
-                    measured[action.id] = outcome.extra
-                done += 1
-                if progress:
-                    progress(done, total)
-        finally:
-            executor.close_trajectory(spec.id)
+    class Door:
+        """The player's door on the asyncio clock."""
 
+        def open(self, spec: TrajectorySpec) -> None:
+            executor.open_trajectory(spec.id, spec.task, spec.mem_gb)
+
+        def sleep(self, seconds: float) -> Awaitable[None]:
+            return asyncio.sleep(seconds)
+
+        def run(self, action: Action) -> Awaitable[tuple[Record, Outcome]]:
+            return executor.submit(action)
+
+        def close(self, trajectory: str) -> None:
+            executor.close_trajectory(trajectory)
+
+    def prepare(step: Step) -> Action:
+        action = with_work(step)
+        return with_request(action, vocab, gpu_tokens) if action.service else action
+
+    def ended(action: Action, result: tuple[Record, Outcome]) -> None:
+        nonlocal done
+        if action.service:
+            measured[action.id] = result[1].extra
+        done += 1
+        if progress:
+            progress(done, total)
+
+    door = Door()
     t0 = executor.clock.now()
     try:
-        await asyncio.gather(*(one(s) for s in specs))
+        await asyncio.gather(*(drive(play(s, door, prepare, ended)) for s in specs))
     finally:
         executor.shutdown()
         log.write(out / "outputs.jsonl")

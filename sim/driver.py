@@ -20,9 +20,10 @@ from sim.clock import SimClock
 from sim.modelled import CONTAINER_START, POD_START, ModelledBackend, StartupModel
 from tangram.cluster import ClusterSpec
 from tangram.core import Tangram
+from tangram.model import Action
 from tangram.policies import Pods, Policy, make_policy
 from tangram.runtime import RunResult, Runtime
-from traces.fit import check_fits
+from traces.player import play, refuse_misfits
 from traces.schema import TrajectorySpec, trajectories
 
 
@@ -86,7 +87,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     core = Tangram(cluster, policy)
     steps_specs = [list(trajectories(df, prefix=f"s{k}/" if config.steps > 1 else ""))
                    for k in range(config.steps)]
-    check_fits(Tangram(cluster, policy), steps_specs[0])
+    refuse_misfits(cluster, policy, steps_specs[0])
     env = simpy.Environment()
     clock = SimClock(env)
     truth = {st.action.id: st.truth for specs in steps_specs for sp in specs for st in sp.steps
@@ -103,24 +104,37 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
 
     if config.env_hold not in ("trajectory", "rollout"):
         raise ValueError(f"env_hold: 'trajectory' or 'rollout', got {config.env_hold!r}")
-    def trajectory(spec: TrajectorySpec):
-        runtime.open_trajectory(spec.id, spec.task, spec.mem_gb)
-        # an environment requested at open starts now if its node is known (else once bound)
-        policy.env.opened(spec.id, lambda t: backend.open_env(t, core.node_of(t) is not None))
-        for step in spec.steps:
-            if step.think_s:
-                yield env.timeout(step.think_s)
+    class Door:
+        """The player's door on the SimPy clock."""
+
+        def open(self, spec: TrajectorySpec) -> None:
+            runtime.open_trajectory(spec.id, spec.task, spec.mem_gb)
+            # an environment requested at open starts now if its node is known (else
+            # once bound)
+            policy.env.opened(spec.id,
+                              lambda t: backend.open_env(t, core.node_of(t) is not None))
+
+        def sleep(self, seconds: float) -> simpy.Event:
+            return env.timeout(seconds)
+
+        def run(self, action: Action) -> simpy.Event:
             ev = env.event()
-            runtime.submit(step.action, lambda rec, out, ev=ev: ev.succeed())
-            yield ev
-            done[0] += 1
-            if progress and done[0] % 500 == 0:
-                progress(done[0], total)
-        if config.env_hold == "trajectory":
-            runtime.close_trajectory(spec.id)
+            runtime.submit(action, lambda rec, out: ev.succeed((rec, out)))
+            return ev
+
+        def close(self, trajectory: str) -> None:
+            if config.env_hold == "trajectory":
+                runtime.close_trajectory(trajectory)
+
+    def ended(action: Action, result: Any) -> None:
+        done[0] += 1
+        if progress and done[0] % 500 == 0:
+            progress(done[0], total)
+
+    door = Door()
 
     def rollout(specs: list[TrajectorySpec]):
-        yield simpy.AllOf(env, [env.process(trajectory(s)) for s in specs])
+        yield simpy.AllOf(env, [env.process(play(s, door, ended=ended)) for s in specs])
         if config.env_hold == "rollout":
             for s in specs:
                 runtime.close_trajectory(s.id)
