@@ -458,7 +458,7 @@ class Tangram:
             bound = True
         return bound
 
-    def _bind_waiting(self, touched: set[str]) -> None:
+    def _bind_waiting(self, touched: dict[str, None]) -> None:
         """Bind queued first actions to nodes, in FCFS order (paper 5.2). A first
         action whose environment still waits for a node in open order stays queued
         without blocking the ones behind it (their environments may be bound)."""
@@ -481,11 +481,14 @@ class Tangram:
             self.queued[p.action.id] = pending
             pool.admit(pending)
             pool.arrived(pending, p.submit_s)
-            touched.add(pool.name)
+            touched[pool.name] = None
         self.unbound.extendleft(reversed(waiting))
 
     def _schedule(self, now: float, pools: Iterable[PoolPoints]) -> list[Dispatch]:
-        names = {p.name for p in pools}
+        # an insertion-ordered set: the pools' passes run in a fixed order (a set of
+        # names would follow string hashing, which differs between processes, and the
+        # order matters where pools share a quota: same-seed runs must be identical)
+        names = dict.fromkeys(p.name for p in pools)
         self._bind_waiting(names)
         out: list[Dispatch] = []
         for name in list(names):
