@@ -1,6 +1,8 @@
-"""The layers hold (DESIGN: tangram/ <- traces/ <- {sim/, executor/} <- analysis/ <- cli.py):
-every module's imports are parsed, and an upward import, a sim<->executor import or an
-import cycle fails here, so the structure stays true as the code grows."""
+"""The layers hold (docs/design.md: tangram/ <- traces/ <- {sim/, executor/} <- analysis/ <-
+cli.py): every module's imports are parsed, and an upward import, a sim<->executor import or
+an import cycle fails here, so the structure stays true as the code grows; and the core has
+one door (tangram/protocol.py): nothing outside tangram/ imports its inside or reaches into
+its state, and backends declare capabilities instead of being probed."""
 
 from __future__ import annotations
 
