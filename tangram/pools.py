@@ -438,20 +438,7 @@ class GpuPool(Pool):
         self.demand = ServiceDemand()
         #: service -> the GPU counts its latest request accepted
         self.accepted: dict[str, tuple[int, ...]] = {}
-        #: service -> its queued requests in arrival order (EoeGpuPool; lazily pruned)
-        self.waiting: dict[str, deque[Pending]] = {}
-        self._queued: set[int] = set()
-        #: arrival order of the waiting requests (ties of submit time break by it)
-        self._seq: dict[int, int] = {}
-        self._arrivals = 0
-        self._count: dict[str, int] = {}
         self.total_gpus = sum(n.spec.gpus for n in manager.nodes.values())
-        #: when a request waiting by choice for its own busy variant stops waiting
-        self.wake_at: float | None = None
-        #: requests waiting by choice -> when they first chose to
-        self.deferred: dict[int, float] = {}
-        #: lease, riders and lead the EOE scheduler planned, by lead action id
-        self._planned: dict[str, tuple[GpuLease, list[Pending], Pending]] = {}
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
         return tuple(int(c) for c in action.cost["gpu"].choices
@@ -487,6 +474,67 @@ class GpuPool(Pool):
         service = p.action.service or ""
         self.demand.add(service, work_s(p, None) if p.action.t1_s is not None else 1.0, now)
         self.accepted[service] = accepts(p)
+
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
+        lease = self.manager.reserve(p.action.id, p.action.service or "", units, now)
+        return None if lease is None else self._grant(lease)
+
+    @staticmethod
+    def _grant(lease: GpuLease) -> Grant:
+        return Grant(lease, lease.node, gpus=lease.gpus, restore_s=lease.restore_s,
+                     plan=lease.plan)
+
+    def batch(self, p: Pending, units: int, now: float,
+              estimates: Any) -> tuple[list[Pending], float | None]:
+        riders = take_riders(self.queue, p, units, estimates, self.batching)
+        return self._batch(p, riders, units, estimates)
+
+    def _batch(self, p: Pending, riders: list[Pending], units: int,
+               estimates: Any) -> tuple[list[Pending], float | None]:
+        if not riders:
+            return [], None
+        return riders, batch_expected(p, riders, units, estimates, self.batching)
+
+    def release(self, part: Any) -> None:
+        self.manager.release(part)
+
+    def usage(self) -> dict[str, float]:
+        return {"gpu": float(self.manager.busy_gpus())}
+
+
+class EoeGpuPool(GpuPool):
+    """The ``tangram`` policy's GPU pool and the state of its scheduler,
+    :class:`tangram.eoe.EoeScheduler`: it keeps each service's queue in order
+    (``waiting``), lets the scheduler place whole batches on chosen chunks
+    (``plan_batch``), remembers the requests that wait by choice for a busy variant of
+    their own (``defer``), learns request rates and pre-restores while GPUs are idle
+    (when the backend carries pre-restores out)."""
+
+    def __init__(self, name: str, manager: GpuManager, scheduler: Any,
+                 batching: BatchModel = DEFAULT_BATCHING) -> None:
+        super().__init__(name, manager, scheduler, batching)
+        #: service -> its queued requests in arrival order (lazily pruned)
+        self.waiting: dict[str, deque[Pending]] = {}
+        self._queued: set[int] = set()
+        #: arrival order of the waiting requests (ties of submit time break by it)
+        self._seq: dict[int, int] = {}
+        self._arrivals = 0
+        self._count: dict[str, int] = {}
+        #: when a request waiting by choice for its own busy variant stops waiting
+        self.wake_at: float | None = None
+        #: requests waiting by choice -> when they first chose to
+        self.deferred: dict[int, float] = {}
+        #: lease, riders and lead the EOE scheduler planned, by lead action id
+        self._planned: dict[str, tuple[GpuLease, list[Pending], Pending]] = {}
+
+    def arrived(self, p: Pending, now: float) -> None:
+        super().arrived(p, now)
+        service = p.action.service or ""
+        self.waiting.setdefault(service, deque()).append(p)
+        self._queued.add(id(p))
+        self._seq[id(p)] = self._arrivals
+        self._arrivals += 1
+        self._count[service] = self._count.get(service, 0) + 1
 
     def groups(self) -> list[deque[Pending]]:
         """Each service's waiting requests (oldest first), services ordered by their
@@ -533,26 +581,18 @@ class GpuPool(Pool):
     def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
         planned = self._planned.get(p.action.id)
         if planned is not None:
-            lease = planned[0]
-        else:
-            lease = self.manager.reserve(p.action.id, p.action.service or "", units, now)
-            if lease is None:
-                return None
-        return Grant(lease, lease.node, gpus=lease.gpus, restore_s=lease.restore_s,
-                     plan=lease.plan)
+            return self._grant(planned[0])
+        return super().reserve(p, units, now)
 
     def batch(self, p: Pending, units: int, now: float,
               estimates: Any) -> tuple[list[Pending], float | None]:
         planned = self._planned.pop(p.action.id, None)
-        if planned is not None:
-            riders = planned[1]
-            for r in riders:
-                self.queue.remove(r)
-        else:
-            riders = take_riders(self.queue, p, units, estimates, self.batching)
-        if not riders:
-            return [], None
-        return riders, batch_expected(p, riders, units, estimates, self.batching)
+        if planned is None:
+            return super().batch(p, units, now, estimates)
+        riders = planned[1]
+        for r in riders:
+            self.queue.remove(r)
+        return self._batch(p, riders, units, estimates)
 
     def release(self, part: Any) -> None:
         planned = self._planned.pop(part.action_id, None)
@@ -562,35 +602,27 @@ class GpuPool(Pool):
                 self._queued.add(id(q))
             service = planned[2].action.service or ""
             self._count[service] += 1 + len(planned[1])
-        self.manager.release(part)
+        super().release(part)
 
     def next_wakeup(self, now: float) -> float | None:
         if self.wake_at is not None and (self.wake_at <= now or not self.queue):
             self.wake_at = None
         return self.wake_at
 
-    def usage(self) -> dict[str, float]:
-        return {"gpu": float(self.manager.busy_gpus())}
+    # -- requests waiting by choice for a busy variant of their own -----------------------
+    def new_pass(self) -> None:
+        """A pass starts: it decides afresh who waits by choice, and until when."""
+        self.wake_at = None
 
+    def deferred_since(self, p: Pending, now: float) -> float:
+        """When ``p`` first chose to wait for a busy variant of its own (``now``: never)."""
+        return self.deferred.get(id(p), now)
 
-class EoeGpuPool(GpuPool):
-    """The ``tangram`` policy's GPU pool, run by :class:`tangram.eoe.EoeScheduler`: it
-    keeps each service's queue in order (``waiting``), lets the scheduler place whole
-    batches on chosen chunks (``plan_batch``), learns request rates and pre-restores
-    while GPUs are idle (when the backend carries pre-restores out)."""
-
-    def __init__(self, name: str, manager: GpuManager, scheduler: Any,
-                 batching: BatchModel = DEFAULT_BATCHING) -> None:
-        super().__init__(name, manager, scheduler, batching)
-
-    def arrived(self, p: Pending, now: float) -> None:
-        super().arrived(p, now)
-        service = p.action.service or ""
-        self.waiting.setdefault(service, deque()).append(p)
-        self._queued.add(id(p))
-        self._seq[id(p)] = self._arrivals
-        self._arrivals += 1
-        self._count[service] = self._count.get(service, 0) + 1
+    def defer(self, p: Pending, since: float, until: float) -> None:
+        """``p`` waits by choice, since ``since``, at most until ``until`` (a pass then)."""
+        self.deferred[id(p)] = since
+        if self.wake_at is None or until < self.wake_at:
+            self.wake_at = until
 
     def after_pass(self, now: float, estimates: Any) -> None:
         if self.manager.prerestore_ok:
