@@ -24,7 +24,7 @@ from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.estimates import Estimates
 from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
 from tangram.policies import Policy
-from tangram.pools import Pending, PoolPoints
+from tangram.pools.base import Pending, PoolPoints
 from tangram.protocol import (
     Attach,
     Cancel,

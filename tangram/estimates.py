@@ -28,7 +28,7 @@ import numpy as np
 from tangram.model import Action
 
 if TYPE_CHECKING:
-    from tangram.pools import Pending
+    from tangram.pools.base import Pending
 
 Key = tuple[str, str]  # (task, kind)
 

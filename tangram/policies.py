@@ -20,7 +20,7 @@ These are parts (values with behaviour), never mode flags tested by the core or 
 drivers: the core asks the policy's parts (``build``, ``route``, ``env.opened``,
 ``api.core_quotas``, ``grow``) and the simulator asks ``api.provider``.
 
-The pools a policy builds implement the extension points of tangram/pools.py.
+The pools a policy builds implement the extension points of tangram/pools/ (PoolPoints).
 Baselines never subclass the core.
 """
 
@@ -30,14 +30,18 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Protocol
 
-from tangram.baseline_pools import ExclusiveGpuManager, PodManager, PodPool, ServicePool, static_placement
 from tangram.cluster import ClusterSpec, CpuNodeSpec, QuotaSpec
-from tangram.eoe import EoeScheduler
 from tangram.managers.cpu import CpuManager
 from tangram.managers.gpu import GpuManager
 from tangram.managers.quota import QuotaManager
 from tangram.model import Action
-from tangram.pools import CpuNodePool, EoeGpuPool, GpuPool, Pool
+from tangram.pools.base import Pool
+from tangram.pools.cold import ExclusiveGpuManager
+from tangram.pools.cpu import CpuNodePool
+from tangram.pools.eoe import EoeScheduler
+from tangram.pools.gpu import EoeGpuPool, GpuPool
+from tangram.pools.pods import PodManager, PodPool
+from tangram.pools.static import ServicePool, static_placement
 from tangram.scheduler import (
     FCFS,
     ElasticScheduler,
@@ -65,7 +69,7 @@ class Resources:
 @dataclass(frozen=True)
 class SharedCores:
     """Allocate-on-execution: one pool per node, cores granted per action (paper 5.2),
-    plus a light lane per node (tangram/pools.py, CpuNodePool): actions expected to take
+    plus a light lane per node (tangram/pools/cpu.py, CpuNodePool): actions expected to take
     at most ``light_s`` start at once on shared cores, at most one per ``lane_cores``
     cores of the node at a time (at least one). ``light_s`` 0: no lane.
 
@@ -136,7 +140,7 @@ class Pods:
 @dataclass(frozen=True)
 class SharedGpus:
     """Evict-on-execution from one pool of aligned chunks (paper 5.3) with the
-    burst-proof rules of tangram/eoe.py (residency affinity, per-service batches,
+    burst-proof rules of tangram/pools/eoe.py (residency affinity, per-service batches,
     restore-aware ordering, predictive pre-restore). Requests are batched
     (tangram/batching.py)."""
 

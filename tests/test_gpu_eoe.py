@@ -57,7 +57,7 @@ class Loop:
 
 
 def oldest_may_not_starve(core: Tangram, now: float) -> None:
-    """The stated bound (tangram/eoe.py), checked at every event: while a free chunk it
+    """The stated bound (tangram/pools/eoe.py), checked at every event: while a free chunk it
     could use exists, the oldest waiting request waits only by choice, for at most its
     cap (the restore time of its smallest variant) since it chose to; and nothing
     younger starts while it waits unless it waits by choice or can use a running

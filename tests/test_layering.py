@@ -106,8 +106,7 @@ def test_the_core_reads_no_wall_clock():
 # -- one door into the core (tangram/protocol.py) ------------------------------------------
 #: modules of tangram/ that are the core's inside: managers, pools and schedulers are reached
 #: through the core's commands, effects and snapshot, never directly
-CORE_INSIDE = ("tangram.managers", "tangram.pools", "tangram.baseline_pools", "tangram.eoe",
-               "tangram.scheduler")
+CORE_INSIDE = ("tangram.managers", "tangram.pools", "tangram.scheduler")
 #: the core's mutable state (attributes of a Tangram)
 CORE_STATE = {"cpu", "gpu", "quota", "pools", "running", "queued", "unbound", "opening",
               "trajectories", "passes", "scheduler", "estimates", "cluster", "policy"}

@@ -394,7 +394,7 @@ class GpuManager:
                 node.free[size].add(right)
                 start = left
 
-    # -- extension points of a manager variant (tangram/baseline_pools.py) ---------------
+    # -- extension points of a manager variant (tangram/pools/cold.py) ---------------
     def restore_victims(self, node: GpuNode, variant: tuple[str, int, int]
                         ) -> list[tuple[str, int, int]] | None:
         """What restoring ``variant`` on ``node`` evicts (None: it never fits): the least

@@ -48,11 +48,12 @@ from tangram.arrange import CHUNK_SIZES
 from tangram.estimates import Estimates
 from tangram.managers.gpu import GpuLease, Site
 from tangram.managers.quota import QuotaManager
-from tangram.pools import Pending, accepts, solo_s, work_s
+from tangram.pools.base import Pending
+from tangram.pools.gpu import accepts, solo_s, work_s
 from tangram.scheduler import Decision, ElasticScheduler
 
 if TYPE_CHECKING:
-    from tangram.pools import EoeGpuPool
+    from tangram.pools.gpu import EoeGpuPool
 
 
 def _chunk_floor(x: float) -> int:
