@@ -151,6 +151,25 @@ class OutputLog:
                 f.write(json.dumps(row) + "\n")
 
 
+class LiveDoor:
+    """The trajectory player's door (traces/player.py) on the asyncio clock."""
+
+    def __init__(self, executor: LiveExecutor) -> None:
+        self.executor = executor
+
+    def open(self, spec: TrajectorySpec) -> None:
+        self.executor.open_trajectory(spec.id, spec.task, spec.mem_gb)
+
+    def sleep(self, seconds: float) -> Awaitable[None]:
+        return asyncio.sleep(seconds)
+
+    def run(self, action: Action) -> Awaitable[tuple[Record, Outcome]]:
+        return self.executor.submit(action)
+
+    def close(self, trajectory: str) -> None:
+        self.executor.close_trajectory(trajectory)
+
+
 async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None = None,
                  think_scale: float = 1.0, quotas: tuple[QuotaSpec, ...] = (),
                  policy: Policy | None = None,
@@ -226,21 +245,6 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     wall0 = time.perf_counter()
     measured: dict[str, Mapping[str, Any]] = {}
 
-    class Door:
-        """The player's door on the asyncio clock."""
-
-        def open(self, spec: TrajectorySpec) -> None:
-            executor.open_trajectory(spec.id, spec.task, spec.mem_gb)
-
-        def sleep(self, seconds: float) -> Awaitable[None]:
-            return asyncio.sleep(seconds)
-
-        def run(self, action: Action) -> Awaitable[tuple[Record, Outcome]]:
-            return executor.submit(action)
-
-        def close(self, trajectory: str) -> None:
-            executor.close_trajectory(trajectory)
-
     def prepare(step: Step) -> Action:
         action = with_work(step)
         return with_request(action, vocab, gpu_tokens) if action.service else action
@@ -253,7 +257,7 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
         if progress:
             progress(done, total)
 
-    door = Door()
+    door = LiveDoor(executor)
     t0 = executor.clock.now()
     try:
         await asyncio.gather(*(drive(play(s, door, prepare, ended)) for s in specs))

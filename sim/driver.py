@@ -75,6 +75,36 @@ def busy_of(core: Tangram) -> Callable[[str], float]:
     return core.busy_fraction
 
 
+class SimDoor:
+    """The trajectory player's door (traces/player.py) on the SimPy clock."""
+
+    def __init__(self, env: simpy.Environment, runtime: Runtime, policy: Policy,
+                 backend: ModelledBackend, close_at_end: bool) -> None:
+        self.env, self.runtime, self.policy, self.backend = env, runtime, policy, backend
+        #: env_hold "trajectory": a trajectory closes when it ends (else with its rollout)
+        self.close_at_end = close_at_end
+
+    def open(self, spec: TrajectorySpec) -> None:
+        self.runtime.open_trajectory(spec.id, spec.task, spec.mem_gb)
+        # an environment requested at open starts now if its node is known (else once
+        # bound, at its first action)
+        node_of = self.runtime.core.node_of
+        self.policy.env.opened(spec.id,
+                               lambda t: self.backend.open_env(t, node_of(t) is not None))
+
+    def sleep(self, seconds: float) -> simpy.Event:
+        return self.env.timeout(seconds)
+
+    def run(self, action: Action) -> simpy.Event:
+        ev = self.env.event()
+        self.runtime.submit(action, lambda rec, out: ev.succeed((rec, out)))
+        return ev
+
+    def close(self, trajectory: str) -> None:
+        if self.close_at_end:
+            self.runtime.close_trajectory(trajectory)
+
+
 def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
              progress: Callable[[int, int], None] | None = None) -> RunResult:
     """Run a validated trace (traces.schema.load) through one policy."""
@@ -104,34 +134,13 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
 
     if config.env_hold not in ("trajectory", "rollout"):
         raise ValueError(f"env_hold: 'trajectory' or 'rollout', got {config.env_hold!r}")
-    class Door:
-        """The player's door on the SimPy clock."""
-
-        def open(self, spec: TrajectorySpec) -> None:
-            runtime.open_trajectory(spec.id, spec.task, spec.mem_gb)
-            # an environment requested at open starts now if its node is known (else
-            # once bound)
-            policy.env.opened(spec.id,
-                              lambda t: backend.open_env(t, core.node_of(t) is not None))
-
-        def sleep(self, seconds: float) -> simpy.Event:
-            return env.timeout(seconds)
-
-        def run(self, action: Action) -> simpy.Event:
-            ev = env.event()
-            runtime.submit(action, lambda rec, out: ev.succeed((rec, out)))
-            return ev
-
-        def close(self, trajectory: str) -> None:
-            if config.env_hold == "trajectory":
-                runtime.close_trajectory(trajectory)
 
     def ended(action: Action, result: Any) -> None:
         done[0] += 1
         if progress and done[0] % 500 == 0:
             progress(done[0], total)
 
-    door = Door()
+    door = SimDoor(env, runtime, policy, backend, config.env_hold == "trajectory")
 
     def rollout(specs: list[TrajectorySpec]):
         yield simpy.AllOf(env, [env.process(play(s, door, ended=ended)) for s in specs])
