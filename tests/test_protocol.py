@@ -80,37 +80,40 @@ def test_cancel_answers_with_an_effect():
     assert core.handle(Cancel("nobody"), 1.0) == []
 
 
-def test_pre_restores_are_effects_for_a_backend_that_declares_them():
+@pytest.mark.parametrize("declares", [True, False])
+def test_pre_restores_are_effects_for_a_backend_that_declares_them(declares):
     """The core plans pre-restores only after a backend with Capabilities.prerestores
     attached, and hands each one to it as a PreRestore effect."""
     sizes = (("a", 60.0), ("b", 600.0))
-    for declares in (True, False):
-        core = Tangram(ClusterSpec(gpu_nodes=(GpuNodeSpec("g0", 8, 80.0),),
-                                   services=tuple(ServiceSpec(n, s) for n, s in sizes),
-                                   restore_gbps=25.0), make_policy("tangram"))
-        clock = SimClock()
-        seen: list[PreRestore] = []
+    core = Tangram(ClusterSpec(gpu_nodes=(GpuNodeSpec("g0", 8, 80.0),),
+                               services=tuple(ServiceSpec(n, s) for n, s in sizes),
+                               restore_gbps=25.0), make_policy("tangram"))
+    clock = SimClock()
+    seen: list[PreRestore] = []
 
-        class Recording(ModelledBackend):
-            capabilities = Capabilities(batches=True, prerestores=declares)
+    class Recording(ModelledBackend):
+        capabilities = Capabilities(batches=True, prerestores=declares)
 
-            def prerestore(self, effect: PreRestore) -> None:
-                seen.append(effect)
+        def prerestore(self, effect: PreRestore) -> None:
+            seen.append(effect)
 
-        runtime = Runtime(core, clock, Recording(clock, np.random.default_rng(0)))
-        for i, (t, service, gpus) in enumerate([*((2.0 * k, "a", 1) for k in range(11)),
-                                                (21.0, "b", 8), (40.0, "a", 1)]):
-            def go(i=i, service=service, gpus=gpus):
-                core.handle(Open(f"j{i}"), clock.now())
-                runtime.submit(gpu_call(f"j{i}", service, t1=0.5, choices=(gpus,), aid=f"r{i}"),
-                               lambda rec, out: runtime.close_trajectory(rec.trajectory))
-            clock.call_later(t, go)
-        clock.run()
-        prerestores = core.snapshot(detail=False).counters["gpu_prerestores"]
-        assert len(seen) == prerestores
-        assert (prerestores >= 1) == declares
-        for e in seen:
-            assert e.plan.restore and e.plan.variant[0] == "a" and e.restore_s > 0
+    runtime = Runtime(core, clock, Recording(clock, np.random.default_rng(0)))
+
+    def go(i: int, service: str, gpus: int) -> None:
+        core.handle(Open(f"j{i}"), clock.now())
+        runtime.submit(gpu_call(f"j{i}", service, t1=0.5, choices=(gpus,), aid=f"r{i}"),
+                       lambda rec, out: runtime.close_trajectory(rec.trajectory))
+
+    # "a" asked steadily, evicted by a burst of a large "b", asked again later
+    for i, (t, service, gpus) in enumerate([*((2.0 * k, "a", 1) for k in range(11)),
+                                            (21.0, "b", 8), (40.0, "a", 1)]):
+        clock.call_later(t, lambda i=i, service=service, gpus=gpus: go(i, service, gpus))
+    clock.run()
+    prerestores = core.snapshot(detail=False).counters["gpu_prerestores"]
+    assert len(seen) == prerestores
+    assert (prerestores >= 1) == declares
+    for e in seen:
+        assert e.plan.restore and e.plan.variant[0] == "a" and e.restore_s > 0
 
 
 def test_the_snapshot_is_a_frozen_copy():
