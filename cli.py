@@ -756,6 +756,7 @@ def serve(
             why = chosen.gpu.live_refusal()
             if why is not None:
                 fail(f"--policy {policy}: {why}")
+
         def make_core() -> Tangram:
             return Tangram(cluster, chosen)
 
