@@ -51,8 +51,9 @@ class Capabilities:
     #: pre-restores only for such a backend, since another would not hold what the core
     #: then believes resident
     prerestores: bool = False
-    #: reports nodes joining and leaving (a multi-node backend, e.g. Ray): the driver
-    #: calls ``watch(sink)`` and the backend sends :class:`NodeJoined`/:class:`NodeLost`
+    #: reports what happens to its nodes: the driver calls ``watch(sink)`` and the
+    #: backend sends :class:`NodeJoined`/:class:`NodeLost` (a multi-node backend, e.g.
+    #: Ray) or :class:`WorkerLost` (a GPU node's worker died)
     watches_nodes: bool = False
     #: runs a trajectory's sandbox from a docker image (``open_trajectory_image``)
     images: bool = False
@@ -300,7 +301,7 @@ class PreRestoring(Backend, Protocol):
 
 
 class NodeWatching(Backend, Protocol):
-    """A backend with ``Capabilities.watches_nodes``: sends NodeJoined/NodeLost to
-    ``sink`` (on the driver's loop) from now on."""
+    """A backend with ``Capabilities.watches_nodes``: sends NodeJoined, NodeLost or
+    WorkerLost to ``sink`` (on the driver's loop) from now on."""
 
     def watch(self, sink: Sink) -> None: ...
