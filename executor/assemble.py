@@ -34,7 +34,7 @@ from executor.replay import make_backend
 from executor.server import create_app
 from tangram.cluster import ClusterError, ClusterSpec, QuotaSpec
 from tangram.core import Tangram
-from tangram.policies import Policy, SharedGpus
+from tangram.policies import Policy
 
 
 class AssemblyError(ValueError):
@@ -133,20 +133,17 @@ def serve_app(opts: ServeOptions, token: str, ray: RayBackend | None = None) -> 
     if gc is not None:
         cluster = replace(cluster, gpu_nodes=gc.spec.gpu_nodes, services=gc.spec.services,
                           restore_gbps=gc.spec.restore_gbps)
-        if not isinstance(opts.policy.gpu, SharedGpus):
-            raise AssemblyError(
-                f"--policy {opts.policy.label}: the GPU workers follow the evict-on-execution "
-                "GPU manager; static or cold-started GPU instances are not run live yet")
-    cores: list[Tangram] = []  # the app builds the core, then the backend (which reads it)
+        why = opts.policy.gpu.live_refusal()
+        if why is not None:
+            raise AssemblyError(f"--policy {opts.policy.label}: {why}")
 
     def make_core() -> Tangram:
-        cores.append(Tangram(cluster, opts.policy))
-        return cores[-1]
+        return Tangram(cluster, opts.policy)
 
     def make_live_backend() -> LiveBackend:
         gpu = None
         if gc is not None:
-            gpu = GpuBackend(lambda: cores[-1].gpu, gc.sources, opts.gpu_device, gc.physical)
+            gpu = GpuBackend(cluster, gc.sources, opts.gpu_device, gc.physical)
             gpu.start_workers()  # stage every service now, not at the first action
         return make_backend(opts.backend, opts.state_dir / "work", gpu=gpu,
                             mem_gb=opts.sandbox_mem_gb, pids=opts.sandbox_pids,

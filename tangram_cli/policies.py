@@ -18,5 +18,5 @@ def policies() -> None:
     table.add_column("what it models")
     table.add_column("API calls admitted by")
     for name, cls in REGISTRY.items():
-        table.add_row(name, cls.description, cls.api_admission)
+        table.add_row(name, cls.description, cls.api.name)
     out_console.print(table)

@@ -10,10 +10,11 @@ import pytest
 from helpers import EventLoop, cluster, gpu_call, shell, test_run
 
 import cli
-from tangram.baseline_pools import PodPool, ServicePool
 from tangram.core import Tangram
 from tangram.policies import REGISTRY, K8sPolicy, Pods, make_policy
 from tangram_cli.options import POLICY_OPTIONS
+from tangram.pools.pods import PodPool
+from tangram.pools.static import ServicePool
 
 ROOT = Path(__file__).parent.parent
 
