@@ -2,6 +2,12 @@
 # Both create .venv and install Tangram into it on first use.
 VENV ?= .venv
 PYTHON ?= python3
+# Two stamps: BASE_STAMP once the base package is in the venv (what a simulation needs),
+# STAMP once the extras of the test suite are too. `make test` after `make simulate` adds
+# the extras to the same venv; either is redone when pyproject.toml or this file changes.
+# --no-compile: pip would byte-compile every installed module (half of the install's CPU
+# time, measured); Python compiles the few a simulation imports on first use instead.
+BASE_STAMP := $(VENV)/.base
 STAMP := $(VENV)/.installed
 # verl is tested torch-free: installed without its dependencies (torch, vLLM, ...), its tool
 # modules are imported as tests/verl_torchfree.py explains. pyproject cannot say --no-deps.
@@ -9,16 +15,24 @@ VERL_VERSION := 0.9.1
 
 .PHONY: simulate test lint bench browser notebooks notebooks-run
 
-$(STAMP): pyproject.toml Makefile
+$(BASE_STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
 		{ echo "Tangram needs Python >= 3.11 (found $$($(PYTHON) --version 2>&1))" >&2; exit 1; }
+	@[ -e $(VENV)/bin/tangram ] || echo "first run: creating $(VENV)/ and installing Tangram's \
+	base package into it (numpy, pandas, SimPy, ...: what a simulation needs; under a minute \
+	with a warm pip cache). \`make test\` adds the test, Ray and integration extras later."
 	$(PYTHON) -m venv $(VENV)
-	$(VENV)/bin/pip install --quiet --upgrade pip
-	$(VENV)/bin/pip install --quiet -e '.[dev]'
-	$(VENV)/bin/pip install --quiet --no-deps verl==$(VERL_VERSION)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-compile -e .
+	@touch $(BASE_STAMP)
+
+$(STAMP): $(BASE_STAMP)
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(VENV)/bin/pip install --quiet --disable-pip-version-check --no-deps verl==$(VERL_VERSION)
 	@touch $(STAMP)
 
-simulate: $(STAMP)  ## simulate the shipped AI-coding sample on the default cluster
+simulate: $(BASE_STAMP)  ## simulate the shipped AI-coding sample on the default cluster
+	@echo "simulating traces/samples/coding.parquet (AI-coding trajectories) on the default \
+	cluster under the tangram policy, in virtual time; results go to runs/coding-tangram/"
 	$(VENV)/bin/tangram simulate
 
 test: $(STAMP) browser  ## the whole test suite (what CI runs)
@@ -35,7 +49,7 @@ browser:
 			chromium chromium-driver >/dev/null; }
 
 NB_STAMP := $(VENV)/.notebooks
-$(NB_STAMP): $(STAMP)
+$(NB_STAMP): $(BASE_STAMP)
 	$(VENV)/bin/pip install --quiet -e '.[notebooks]'
 	@touch $(NB_STAMP)
 
@@ -48,6 +62,6 @@ notebooks-run: $(STAMP)  ## execute every notebook into runs/notebooks/ (with ou
 lint: $(STAMP)
 	$(VENV)/bin/ruff check .
 
-bench: $(STAMP)
+bench: $(BASE_STAMP)
 	$(VENV)/bin/tangram bench scheduler
 	$(VENV)/bin/tangram bench simulate

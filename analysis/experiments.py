@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from analysis.outputs import analyse
+from sim.clock import SimClock
 from sim.cluster import load_cluster
 from sim.driver import SimConfig, simulate
 from sim.modelled import ModelledBackend
@@ -32,7 +33,7 @@ from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity
 from tangram.policies import make_policy
-from tangram.runtime import ManualClock, Runtime
+from tangram.runtime import Runtime
 from traces.generate import generate
 from traces.schema import Truth, validate
 
@@ -397,10 +398,10 @@ def hesrpt(inst: GapInstance) -> float:
 
 def tangram_total(inst: GapInstance, policy: str = "tangram") -> float:
     """Drive the real core on the instance (all submitted at t=0, FCFS order) on the
-    shared loop: ManualClock + the modelled backend, durations from the instance."""
+    shared loop: SimClock + the modelled backend, durations from the instance."""
     core = Tangram(ClusterSpec(cpu_nodes=(CpuNodeSpec("n", inst.cores, 1, 64.0),)),
                    make_policy(policy))
-    clock = ManualClock()
+    clock = SimClock()
     # E(m) = m^p / m: the instance's speedup m^p as a table the modelled backend applies
     table = Elasticity.from_table({m: m ** inst.p / m for m in inst.choices})
     actions = [Action(str(i), "gap", f"j{i}", "test_run", {"cpu": Demand.discrete(inst.choices)},

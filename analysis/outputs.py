@@ -189,12 +189,12 @@ def analyse(result: RunResult, extra: Mapping[str, Any] | None = None) -> Analys
     summary = summarise(frame, policy=result.policy, capacity=result.capacity,
                         utilisation=util, steps=result.steps,
                         extra={**result.counters, **(extra or {})})
-    gpu = getattr(result.core, "gpu", None)
+    gpu = result.snapshot.counters if result.snapshot is not None else None
     summary.update(gpu_summary(frame, result.capacity.get("gpu", 0.0), summary["makespan_s"],
-                               getattr(gpu, "restore_s_total", None),
-                               getattr(gpu, "restores", None)))
+                               gpu["gpu_restore_s_total"] if gpu else None,
+                               gpu["gpu_restores"] if gpu else None))
     if gpu is not None:
-        summary["gpu_prerestores"] = int(getattr(gpu, "prerestores", 0))
+        summary["gpu_prerestores"] = int(gpu["gpu_prerestores"])
     t = result.timing
     decisions = pd.DataFrame({"action_id": list(t.decision_s),
                               "decision_us": [v * 1e6 for v in t.decision_s.values()]})

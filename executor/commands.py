@@ -81,7 +81,7 @@ def elastic_argv(argv: list[str], units: int, elastic: bool) -> list[str]:
     return argv[:pos] + ["-n", str(units)] + argv[pos:]
 
 
-#: niceness of actions on exclusive cores; light-lane actions keep 0 (tangram/pools.py,
+#: niceness of actions on exclusive cores; light-lane actions keep 0 (tangram/pools/cpu.py,
 #: CpuNodePool): under CFS a nice-0 task sharing a core with a nice-10 one gets 1024/1134
 EXCLUSIVE_NICE = 10
 

@@ -54,6 +54,7 @@ from executor.files import MAX_FILE_BYTES, FileError
 from executor.local import allowed_cpus
 from executor.process import outcome_of
 from tangram.model import Dispatch, Outcome
+from tangram.protocol import Capabilities
 
 IMAGE = "tangram-sandbox:1"
 AGENT = Path(__file__).with_name("sandbox_agent.py")
@@ -161,6 +162,7 @@ class Sandbox:
 
 class DockerBackend:
     name = "docker"
+    capabilities = Capabilities(images=True, files=True)
 
     def __init__(self, image: str = IMAGE, cpu_map: list[int] | None = None,
                  idle_ttl_s: float = 600.0, workers: int = 16,

@@ -14,6 +14,7 @@ from typing import Protocol
 from tangram.cluster import CpuNodeSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome
+from tangram.protocol import Capabilities, NodeJoined, NodeLost, Sink, Snapshot, TrajectoryView
 from tangram.runtime import Record, Runtime
 
 
@@ -32,7 +33,12 @@ class AsyncioClock:
 
 
 class LiveBackend(Protocol):
-    """A Backend that also owns per-trajectory environments."""
+    """A Backend (tangram/protocol.py) that also owns per-trajectory environments: every
+    method the live driver and the API call. The ones under a capability are called only
+    when the backend's ``capabilities`` declare it."""
+
+    name: str
+    capabilities: Capabilities
 
     def start(self, dispatch: Dispatch, on_done: Callable[[Outcome], None]) -> None: ...
 
@@ -43,6 +49,18 @@ class LiveBackend(Protocol):
     def close_trajectory(self, trajectory: str) -> None: ...
 
     def shutdown(self) -> None: ...
+
+    # Capabilities.images
+    def open_trajectory_image(self, trajectory: str, mem_gb: float | None,
+                              image: str) -> None: ...
+
+    # Capabilities.watches_nodes: NodeJoined / NodeLost to ``sink``, on the loop
+    def watch(self, sink: Sink) -> None: ...
+
+    # Capabilities.files (executor/files_api.py)
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None: ...
+
+    def get_file(self, trajectory: str, parts: tuple[str, ...], limit: int) -> bytes: ...
 
 
 class LiveExecutor:
@@ -59,20 +77,19 @@ class LiveExecutor:
         self.clock = AsyncioClock(self.loop)
         self.runtime = Runtime(core, self.clock, backend, stopwatch=time.perf_counter)
         self.max_records = max_records
-        watch = getattr(backend, "watch_nodes", None)
-        if watch is not None:  # a multi-node backend (Ray) reports membership changes
-            watch(self.node_lost, self.node_joined)
+        if self.runtime.capabilities.watches_nodes:  # a multi-node backend (Ray)
+            backend.watch(self.runtime.apply)
 
     def open_trajectory(self, trajectory: str, task: str = "default",
                         mem_gb: float | None = None, image: str | None = None) -> None:
         """Open it in the core and the backend; ``image``: its sandbox's docker image
         (backends without images refuse one with ValueError)."""
         if image is not None:
-            opener = getattr(self.backend, "open_trajectory_image", None)
-            if opener is None:
-                raise ValueError(f"image: the {getattr(self.backend, 'name', '?')} backend "
+            if not self.runtime.capabilities.images:
+                raise ValueError(f"image: the {self.backend.name} backend "
                                  "runs no images (use --backend docker)")
-            opener(trajectory, mem_gb, image)  # checked before the core commits to it
+            # checked before the core commits to it
+            self.backend.open_trajectory_image(trajectory, mem_gb, image)
             self.runtime.open_trajectory(trajectory, task, mem_gb)
             return
         self.runtime.open_trajectory(trajectory, task, mem_gb)
@@ -109,6 +126,23 @@ class LiveExecutor:
     async def run(self, action: Action) -> tuple[Record, Outcome]:
         return await self.submit(action)
 
+    # -- reads (the core's door: tangram/protocol.py) -------------------------------------
+    def snapshot(self, detail: bool = True) -> Snapshot:
+        return self.runtime.snapshot(detail)
+
+    def trajectory(self, trajectory: str) -> TrajectoryView | None:
+        return self.core.trajectory(trajectory)
+
+    def has_trajectory(self, trajectory: str) -> bool:
+        return self.core.trajectory(trajectory) is not None
+
+    def is_running(self, action_id: str) -> bool:
+        return self.core.is_running(action_id)
+
+    def validate(self, action: Action) -> None:
+        """Raise ValueError/KeyError naming the field when the core would refuse it."""
+        self.core.validate(action)
+
     def shutdown(self) -> None:
         self.backend.shutdown()
 
@@ -116,8 +150,8 @@ class LiveExecutor:
     def node_lost(self, node: str) -> None:
         """A node left: the core drops its capacity and re-binds what waited for it.
         The backend then ends the node's in-flight actions (failed), once each."""
-        self.runtime._launch(self.core.remove_node(node, self.clock.now()))
+        self.runtime.apply(NodeLost(node))
 
     def node_joined(self, spec: CpuNodeSpec) -> None:
         """A node joined: its capacity becomes schedulable at once."""
-        self.runtime._launch(self.core.add_node(spec, self.clock.now()))
+        self.runtime.apply(NodeJoined(spec))

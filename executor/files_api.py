@@ -23,12 +23,11 @@ router = APIRouter(prefix="/v1/trajectories/{tid}/files", tags=["files"])
 
 def _backend(request: Request, tid: str) -> Any:
     executor = request.app.state.service.executor
-    if tid not in executor.core.trajectories:
+    if not executor.has_trajectory(tid):
         raise HTTPException(404, f"unknown trajectory {tid!r}")
     backend = executor.backend
-    backend = getattr(backend, "env", backend)  # the router's environment backend holds the files
-    if not hasattr(backend, "put_file"):
-        raise HTTPException(501, f"the {getattr(backend, 'name', '?')} backend has no file API")
+    if not backend.capabilities.files:
+        raise HTTPException(501, f"the {backend.name} backend has no file API")
     return backend
 
 

@@ -18,12 +18,14 @@ import httpx
 
 from tangram.backoff import Backoff
 from tangram.model import Dispatch, Outcome
+from tangram.protocol import NONE, Capabilities, Sink
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
 class HttpBackend:
     name = "http"
+    capabilities = NONE
 
     def __init__(self, attempts: int = 6, backoff: Backoff = Backoff(0.2, 5.0),
                  timeout_s: float = 30.0) -> None:
@@ -150,9 +152,24 @@ class RouterBackend:
         self.gpu = gpu  # GPU actions (a lease with GPUs): executor.gpu.backend.GpuBackend
         self.name = env_backend.name
         self._where: dict[str, object] = {}
-        opener = getattr(env_backend, "open_trajectory_image", None)
-        if opener is not None:  # only backends that run images offer it
-            self.open_trajectory_image = opener
+        # what the environment backend can do, and GPU actions when a GPU backend is given
+        self.capabilities: Capabilities = env_backend.capabilities | (
+            gpu.capabilities if gpu is not None else NONE)
+
+    def open_trajectory_image(self, trajectory: str, mem_gb: float | None, image: str) -> None:
+        self.env.open_trajectory_image(trajectory, mem_gb, image)
+
+    def watch(self, sink: Sink) -> None:
+        """Nodes joining or leaving (env), GPU workers lost (gpu): to ``sink``."""
+        for backend in (self.env, self.gpu):
+            if backend is not None and backend.capabilities.watches_nodes:
+                backend.watch(sink)
+
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None:
+        self.env.put_file(trajectory, parts, data)
+
+    def get_file(self, trajectory: str, parts: tuple[str, ...], limit: int) -> bytes:
+        return self.env.get_file(trajectory, parts, limit)
 
     def _pick(self, d: Dispatch):
         if d.lease.gpus and self.gpu is not None:

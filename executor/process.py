@@ -30,6 +30,7 @@ from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_arg
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
 from tangram.model import Dispatch, Outcome
+from tangram.protocol import Capabilities
 
 MAX_OUTPUT = 1 << 20  # keep at most the last 1 MiB of an action's output
 #: environment variables a command never inherits from the server
@@ -105,6 +106,7 @@ def use_pidfd_watcher() -> None:
 
 class ProcessBackend:
     name = "process"
+    capabilities = Capabilities(files=True)
 
     def __init__(self, root: str | Path, cpu_map: list[int] | None = None,
                  env: Mapping[str, str] | None = None, keep_workdirs: bool = False) -> None:

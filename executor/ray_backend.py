@@ -32,6 +32,7 @@ from executor.ray_agent import NodeAgent, NodeInfo
 from executor.ray_cluster import CPUS_LABEL, MEM_LABEL, RayConnection, parse_cpus, require_ray
 from tangram.cluster import ClusterSpec, CpuNodeSpec, QuotaSpec
 from tangram.model import Dispatch, Outcome
+from tangram.protocol import Capabilities, NodeJoined, NodeLost, Sink
 
 log = logging.getLogger("tangram.ray")
 
@@ -71,6 +72,7 @@ class RayBackend:
     """A LiveBackend over the nodes of a Ray cluster."""
 
     name = "ray"
+    capabilities = Capabilities(watches_nodes=True)
 
     def __init__(self, conn: RayConnection, env_backend: str = "process",
                  poll_s: float = 0.5, start_timeout_s: float = 120.0,
@@ -156,6 +158,10 @@ class RayBackend:
             pass
 
     # -- membership --------------------------------------------------------------------
+    def watch(self, sink: Sink) -> None:
+        """Send NodeLost / NodeJoined to ``sink`` (Capabilities.watches_nodes)."""
+        self.watch_nodes(lambda node: sink(NodeLost(node)), lambda spec: sink(NodeJoined(spec)))
+
     def watch_nodes(self, lost: Callable[[str], None],
                     joined: Callable[[CpuNodeSpec], None]) -> None:
         """Report nodes leaving (name) and joining (spec); polls on the running loop."""

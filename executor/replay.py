@@ -23,7 +23,7 @@ import os
 import sys
 import time
 import zlib
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -38,9 +38,10 @@ from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome, quota_resource
-from tangram.policies import Policy, SharedGpus
+from tangram.policies import Policy
+from tangram.protocol import Sink
 from tangram.runtime import Record, RunResult
-from traces.fit import check_fits
+from traces.player import drive, play, refuse_misfits
 from traces.schema import Step, TrajectorySpec, trajectories
 from traces.select import head, scale_think
 
@@ -111,10 +112,20 @@ class OutputLog:
 
     def __init__(self, inner: LiveBackend) -> None:
         self.inner = inner
+        self.name = inner.name
+        # a replay opens no images and serves no files: what else the inner one can do
+        self.capabilities = replace(inner.capabilities, images=False, files=False)
         self.rows: list[dict[str, Any]] = []
+        self.running = 0  # started, not finished (the progress bar's "running")
+
+    def watch(self, sink: Sink) -> None:
+        self.inner.watch(sink)
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        self.running += 1
+
         def done(out: Outcome) -> None:
+            self.running -= 1
             if out.status == "ok" and out.exit_code not in (0, None):
                 out = replace(out, status="failed", error=f"exit code {out.exit_code}")
             self.rows.append({"action_id": d.action.id, "status": out.status,
@@ -144,10 +155,29 @@ class OutputLog:
                 f.write(json.dumps(row) + "\n")
 
 
+class LiveDoor:
+    """The trajectory player's door (traces/player.py) on the asyncio clock."""
+
+    def __init__(self, executor: LiveExecutor) -> None:
+        self.executor = executor
+
+    def open(self, spec: TrajectorySpec) -> None:
+        self.executor.open_trajectory(spec.id, spec.task, spec.mem_gb)
+
+    def sleep(self, seconds: float) -> Awaitable[None]:
+        return asyncio.sleep(seconds)
+
+    def run(self, action: Action) -> Awaitable[tuple[Record, Outcome]]:
+        return self.executor.submit(action)
+
+    def close(self, trajectory: str) -> None:
+        self.executor.close_trajectory(trajectory)
+
+
 async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None = None,
                  think_scale: float = 1.0, quotas: tuple[QuotaSpec, ...] = (),
                  policy: Policy | None = None,
-                 progress: Callable[[int, int], None] | None = None,
+                 progress: Callable[..., None] | None = None,
                  live: LiveBackend | None = None, gpu: GpuCluster | None = None,
                  gpu_device: str = "cpu", gpu_tokens: int = 32
                  ) -> tuple[RunResult, dict[str, Any]]:
@@ -168,7 +198,7 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
 
 async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
                   think_scale: float, quotas: tuple[QuotaSpec, ...], policy: Policy,
-                  progress: Callable[[int, int], None] | None, live: LiveBackend | None,
+                  progress: Callable[..., None] | None, live: LiveBackend | None,
                   gpu: GpuCluster | None, gpu_device: str, gpu_tokens: int
                   ) -> tuple[RunResult, dict[str, Any]]:
     gpu_rows = df.index[df["gpus"] != ""]
@@ -192,16 +222,14 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     if gpu is not None:
         cluster = replace(cluster, gpu_nodes=gpu.spec.gpu_nodes, services=gpu.spec.services,
                           restore_gbps=gpu.spec.restore_gbps)
-    # refuse the whole run before starting if any action cannot run here
-    check_fits(Tangram(cluster, policy), specs)
+    refuse_misfits(cluster, policy, specs)
     live_core = Tangram(cluster, policy)
     gpu_backend = None
     if gpu is not None:
-        if not isinstance(policy.gpu, SharedGpus):
-            raise ValueError(f"--gpu-device: the GPU workers follow the evict-on-execution GPU "
-                             f"manager; policy {policy.label!r} places GPU actions otherwise "
-                             "(static or cold-started instances), which they do not run yet")
-        gpu_backend = GpuBackend(live_core.gpu, gpu.sources, gpu_device, gpu.physical)
+        why = policy.gpu.live_refusal()
+        if why is not None:
+            raise ValueError(f"--gpu-device: policy {policy.label!r}: {why}")
+        gpu_backend = GpuBackend(cluster, gpu.sources, gpu_device, gpu.physical)
         gpu_backend.start_workers()
     # commands like `python -m pytest` and `tangram burn` resolve to this installation
     env = dict(os.environ)
@@ -217,47 +245,49 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     vocab = min([dict(s.config).get("vocab_size", 32000) for s in (gpu.sources.values()
                  if gpu else ()) if s.kind == "random"] + [32000])
     total = sum(len(s.steps) for s in specs)
-    done = 0
+    done = submitted = 0
+
+    def report() -> None:  # done of total; of the rest, queued and running (others think)
+        if progress:
+            running = min(log.running, submitted - done)
+            progress(done, total, queued=submitted - done - running, running=running)
+
     wall0 = time.perf_counter()
     measured: dict[str, Mapping[str, Any]] = {}
 
-    async def one(spec: TrajectorySpec) -> None:
-        nonlocal done
-        executor.open_trajectory(spec.id, spec.task, spec.mem_gb)
-        try:
-            for step in spec.steps:
-                if step.think_s > 0:
-                    await asyncio.sleep(step.think_s)
-                action = with_work(step)
-                if action.service:
-                    action = with_request(action, vocab, gpu_tokens)
-                _, outcome = await executor.run(action)
-                if action.service:
-                    measured[action.id] = outcome.extra
-                done += 1
-                if progress:
-                    progress(done, total)
-        finally:
-            executor.close_trajectory(spec.id)
+    def prepare(step: Step) -> Action:  # called just before the action is submitted
+        nonlocal submitted
+        action = with_work(step)
+        submitted += 1
+        report()
+        return with_request(action, vocab, gpu_tokens) if action.service else action
 
+    def ended(action: Action, result: tuple[Record, Outcome]) -> None:
+        nonlocal done
+        if action.service:
+            measured[action.id] = result[1].extra
+        done += 1
+        report()
+
+    door = LiveDoor(executor)
     t0 = executor.clock.now()
     try:
-        await asyncio.gather(*(one(s) for s in specs))
+        await asyncio.gather(*(drive(play(s, door, prepare, ended)) for s in specs))
     finally:
         executor.shutdown()
         log.write(out / "outputs.jsonl")
     rollout = executor.clock.now() - t0
-    core = executor.core
+    final = executor.snapshot(detail=False)
     records = executor.runtime.records
     counters: dict[str, Any] = {"backend": backend, "live": True, "think_scale": think_scale,
-                                "gpu_restores": core.gpu.restores,
-                                "scheduler_passes": core.passes}
+                                "gpu_restores": final.counters["gpu_restores"],
+                                "scheduler_passes": final.counters["scheduler_passes"]}
     if gpu_backend is not None:
         records, counters["gpu"] = measured_restores(records, measured, gpu_backend)
     result = RunResult(policy.label, records,
-                       [{"step": 0, "rollout_s": rollout, "step_s": rollout}], core.capacity(),
-                       counters, executor.runtime.timing, None, time.perf_counter() - wall0,
-                       core)
+                       [{"step": 0, "rollout_s": rollout, "step_s": rollout}],
+                       dict(final.capacity), counters, executor.runtime.timing, None,
+                       time.perf_counter() - wall0, final)
     config = {"backend": backend, "ray": live is not None, "cluster": cluster.to_yaml(),
               "limit": limit,
               "think_scale": think_scale, "policy": policy.params()}

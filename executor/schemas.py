@@ -186,31 +186,38 @@ class ActionIn(BaseModel):
 
     def to_action(self, trajectory: str, task: str, argv: list[str] | None,
                   max_cores: int) -> Action:
-        """The core's Action; ``argv`` is the already split command."""
-        if self.service is not None:
-            from executor.gpu.actions import gpu_action
-
-            return gpu_action(self, trajectory, task)
+        """The core's Action: the one builder from a request body (commands, API calls
+        and GPU actions alike); ``argv`` is the already split command. ValueError names
+        the bad field."""
         cost: dict[str, Demand] = {}
-        if self.request is None:
-            demand = parse_cores(self.cpu)
-            fitting = tuple(c for c in demand.choices if c <= max_cores)
-            # counts the machine cannot grant are infeasible anyway; the smallest one is
-            # kept so that the core's check names the problem when none fits
-            cost["cpu"] = Demand(fitting or (demand.min,))
-        for key, units in self.quota.items():
+        elastic: str | None = None
+        if self.service is not None:  # a GPU action: its GPU counts and inputs
+            from executor.gpu.actions import gpu_fields
+
+            cost["gpu"], payload = gpu_fields(self)
+            elastic = "gpu" if self.elastic and cost["gpu"].elastic else None
+        else:
+            if self.request is None:
+                demand = parse_cores(self.cpu)
+                fitting = tuple(c for c in demand.choices if c <= max_cores)
+                # counts the machine cannot grant are infeasible anyway; the smallest one
+                # is kept so that the core's check names the problem when none fits
+                cost["cpu"] = Demand(fitting or (demand.min,))
+                elastic = "cpu" if self.elastic else None
+            request = (self.request.model_dump(by_alias=True, exclude_none=True)
+                       if self.request else None)
+            # every command has a timeout (the host enforces it); an API call left
+            # without one gets the HTTP backend's per-attempt default
+            timeout = self.timeout_s or (None if request else MAX_TIMEOUT_S)
+            payload = {"argv": argv, "command": self.command, "request": request,
+                       "timeout_s": timeout, "env": self.env}
+        for key, units in self.quota.items():  # checked by _quota: never a base resource
             cost[quota_resource(key)] = Demand.fixed(units)
-        request = self.request.model_dump(by_alias=True, exclude_none=True) if self.request else None
-        # every command has a timeout (the host enforces it); an API call left without
-        # one gets the HTTP backend's per-attempt default
-        timeout = self.timeout_s or (None if request else MAX_TIMEOUT_S)
-        payload = {"argv": argv, "command": self.command, "request": request,
-                   "timeout_s": timeout, "env": self.env}
         elasticity = (Elasticity.amdahl(self.parallel_fraction)
                       if self.parallel_fraction is not None else None)
-        return Action(self.id, task, trajectory, self.kind, cost,
-                      elastic="cpu" if self.elastic and self.request is None else None,
-                      t1_s=self.t1_s, elasticity=elasticity, payload=payload)
+        return Action(self.id, task, trajectory, self.kind, cost, elastic=elastic,
+                      t1_s=self.t1_s, elasticity=elasticity, service=self.service,
+                      payload=payload)
 
 
 class ErrorOut(BaseModel):

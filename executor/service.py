@@ -76,13 +76,13 @@ class Service:
         self.started = time.time()
         self.recovered = journal.recover()
         self.closing = asyncio.Event()
-        self.max_cores = int(executor.core.capacity().get("cpu", 1))
+        self.max_cores = int(executor.snapshot(detail=False).capacity.get("cpu", 1))
 
     # -- trajectories ------------------------------------------------------------------
     def open_trajectory(self, body: TrajectoryIn) -> dict[str, str]:
         self._not_closing()
         tid = body.id or secrets.token_hex(8)
-        if tid in self.executor.core.trajectories:
+        if self.executor.has_trajectory(tid):
             raise Refused(409, f"id: trajectory {tid!r} is already open")
         try:
             self.executor.open_trajectory(tid, body.task, body.mem_gb,
@@ -94,7 +94,7 @@ class Service:
         return {"id": tid, "task": body.task}
 
     def close_trajectory(self, tid: str) -> dict[str, str]:
-        if tid not in self.executor.core.trajectories:
+        if not self.executor.has_trajectory(tid):
             raise Refused(404, f"unknown trajectory {tid!r}")
         try:
             self.executor.close_trajectory(tid)
@@ -125,7 +125,7 @@ class Service:
         repeat = self._repeat(tid, body.id, raw)
         if repeat is not None:
             return repeat, False
-        state = self.executor.core.trajectories.get(tid)
+        state = self.executor.trajectory(tid)
         if state is None:
             raise Refused(404, f"unknown trajectory {tid!r}")
         public_only = self._check_destination(body) if body.request is not None else False
@@ -133,7 +133,7 @@ class Service:
         if public_only:
             action.payload["public_only"] = True  # type: ignore[index]
         try:
-            self.executor.core.validate(action)
+            self.executor.validate(action)
         except KeyError as e:
             raise Refused(404, str(e.args[0])) from None
         except ValueError as e:
@@ -203,7 +203,7 @@ class Service:
             return self.journal.get(aid)
         if t.result is not None:
             return t.result
-        st = "running" if aid in self.executor.core.running else "queued"
+        st = "running" if self.executor.is_running(aid) else "queued"
         return ActionOut(id=aid, trajectory=t.trajectory, status=st)
 
     async def wait(self, aid: str, wait_s: float) -> ActionOut:
@@ -265,8 +265,8 @@ class Service:
                 "uptime_s": time.time() - self.started, "recovered_as_failed": self.recovered}
 
     def metrics(self) -> str:
-        core = self.executor.core
-        use, cap = core.usage(), core.capacity()
+        snap = self.executor.snapshot(detail=False)
+        use, cap = snap.usage, snap.capacity
         lines = ["# HELP tangram_actions_total Finished actions by status.",
                  "# TYPE tangram_actions_total counter"]
         for st, n in sorted(self.counts.items()):
@@ -278,13 +278,13 @@ class Service:
                   f"tangram_act_seconds_count {done}",
                   "# HELP tangram_queued_actions Actions waiting for resources.",
                   "# TYPE tangram_queued_actions gauge",
-                  f"tangram_queued_actions {len(core.queued)}",
+                  f"tangram_queued_actions {snap.queued}",
                   "# HELP tangram_running_actions Actions executing.",
                   "# TYPE tangram_running_actions gauge",
-                  f"tangram_running_actions {len(core.running)}",
+                  f"tangram_running_actions {snap.running_count}",
                   "# HELP tangram_open_trajectories Open trajectories.",
                   "# TYPE tangram_open_trajectories gauge",
-                  f"tangram_open_trajectories {len(core.trajectories)}",
+                  f"tangram_open_trajectories {snap.open_trajectories}",
                   "# HELP tangram_tracked_results Results held in memory (the rest: journal).",
                   "# TYPE tangram_tracked_results gauge",
                   f"tangram_tracked_results {len(self.tracked)}",

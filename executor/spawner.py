@@ -131,17 +131,18 @@ async def create_subprocess_exec(*argv: str, **kw: Any) -> SpawnedProcess | Any:
     # Popen returns once the child has exec'd (it reads the exec's outcome from the
     # child): seconds of waiting on a loaded machine, never on the event loop
     started = loop.run_in_executor(_threads(), partial(subprocess.Popen, argv, **kw))
-    if pipe_out:  # the child has its copy once Popen returned (or failed)
-        started.add_done_callback(lambda _: os.close(write_end))
     try:
         popen = await asyncio.shield(started)
     except asyncio.CancelledError:
-        started.add_done_callback(partial(_abandon, read_end=read_end))
+        started.add_done_callback(partial(_abandon, pipe=(read_end, write_end)))
         raise
     except BaseException:
-        if pipe_out:
-            os.close(read_end)
+        for fd in (read_end, write_end) if pipe_out else ():
+            os.close(fd)
         raise
+    if pipe_out:
+        os.close(write_end)  # the child has its copy: EOF comes when it (and whatever it
+        # left holding the pipe) has gone
     try:
         reader = PipeReader(loop, read_end) if pipe_out else None
         return SpawnedProcess(loop, popen, reader)
@@ -150,10 +151,11 @@ async def create_subprocess_exec(*argv: str, **kw: Any) -> SpawnedProcess | Any:
         raise
 
 
-def _abandon(started: asyncio.Future, read_end: int) -> None:
+def _abandon(started: asyncio.Future, pipe: tuple[int, int]) -> None:
     """Its starter was cancelled while Popen ran: kill what it started."""
-    if read_end >= 0:
-        os.close(read_end)
+    for fd in pipe:
+        if fd >= 0:
+            os.close(fd)
     if not started.cancelled() and started.exception() is None:
         _threads().submit(_kill, started.result())
 

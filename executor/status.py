@@ -5,8 +5,8 @@ The page holds no data itself, so ``/`` needs no token; it asks for the server's
 token in a form, keeps it in the tab's sessionStorage (never in a URL or a cookie) and sends
 it as ``Authorization: Bearer`` on the two data endpoints, which use the API's own auth.
 
-Everything the page shows comes from :func:`snapshot`, a pure function of the core's state
-(the managers' nodes, leases and resident services, the pools' queues, the quota manager)
+Everything the page shows comes from :func:`snapshot`, a pure function of the core's
+:class:`~tangram.protocol.Snapshot` (nodes, leases and resident services, queues, quotas)
 and the runtime's finished records, so it is tested without a server and reads the same
 whether a policy shares cores (AOE) or holds pods.
 """
@@ -22,7 +22,8 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
-from tangram.core import Tangram
+from tangram.model import Dispatch
+from tangram.protocol import Snapshot
 from tangram.runtime import Record
 
 #: longest lists the snapshot carries (the page is a glance, not a log)
@@ -38,101 +39,89 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'se
        "img-src 'self' data:; frame-ancestors 'none'; base-uri 'none'; form-action 'none'")
 
 
-def _holder(rec: Any, now: float) -> dict[str, Any]:
-    d = rec.dispatch
+def _holder(d: Dispatch, now: float) -> dict[str, Any]:
     return {"action": d.action.id, "trajectory": d.action.trajectory, "kind": d.action.kind,
             "task": d.action.task, "units": d.lease.units, "running_s": round(now - d.start_s, 3)}
 
 
-def _nodes(core: Tangram, now: float) -> list[dict[str, Any]]:
+def _nodes(snap: Snapshot, now: float) -> list[dict[str, Any]]:
     """Per CPU node: who holds each core (a running action, or an idle pod), the light
     actions running on its shared lane, memory."""
     holders: dict[tuple[str, int], dict[str, Any]] = {}
     lanes: dict[str, list[dict[str, Any]]] = {}
-    for run in core.running.values():
-        lease = run.dispatch.lease
+    for d in snap.running.values():
+        lease = d.lease
         if lease.node is None or not lease.cores:
             continue
-        if getattr(lease, "lane", False):  # shares the node's cores: no core of its own
-            lanes.setdefault(lease.node, []).append(_holder(run, now))
+        if lease.lane:  # shares the node's cores: no core of its own
+            lanes.setdefault(lease.node, []).append(_holder(d, now))
             continue
         for c in lease.cores:
-            holders[(lease.node, c)] = _holder(run, now)
-    slots = {getattr(p, "node", None): getattr(p, "lane_slots", 0) for p in core.pools.values()}
-    # pod policies (k8s): a pod holds its cores between its trajectory's actions too
-    pods = {(lease.node, c): trajectory
-            for trajectory, lease in getattr(core.cpu, "pods", {}).items() for c in lease.cores}
+            holders[(lease.node, c)] = _holder(d, now)
     bound: dict[str, list[str]] = {}
-    for trajectory in core.trajectories:
-        node = core.cpu.node_of(trajectory)
-        if node is not None:
-            bound.setdefault(node, []).append(trajectory)
+    for trajectory, view in snap.trajectories.items():
+        if view.node is not None:
+            bound.setdefault(view.node, []).append(trajectory)
     out = []
-    for name, node in core.cpu.nodes.items():
-        free = {c for dom in node.domains for c in dom}
+    for node in snap.cpu_nodes:
+        name = node.name
         cores: list[dict[str, Any] | None] = []
-        for c in range(node.spec.cores):
+        for c in range(node.cores):
             held = holders.get((name, c))
-            if held is None and c not in free:
-                pod = pods.get((name, c))
+            if held is None and c not in node.free:
+                # pod policies (k8s): a pod holds its cores between its trajectory's actions
+                pod = node.pods.get(c)
                 held = {"action": None, "trajectory": pod, "kind": "pod" if pod else "reserved"}
             cores.append(held)
-        out.append({"name": name, "cores": cores, "numa": node.spec.numa,
-                    "domain_size": node.domain_size, "mem_gb": node.spec.mem_gb,
-                    "mem_reserved_gb": round(node.mem_reserved, 3),
+        out.append({"name": name, "cores": cores, "numa": node.numa,
+                    "domain_size": node.domain_size, "mem_gb": node.mem_gb,
+                    "mem_reserved_gb": round(node.mem_reserved_gb, 3),
                     "trajectories": sorted(bound.get(name, [])),
                     "lane": sorted(lanes.get(name, []), key=lambda h: h["action"]),
-                    "lane_slots": slots.get(name, 0)})
+                    "lane_slots": node.lane_slots})
     return out
 
 
-def _queues(core: Tangram, now: float) -> list[dict[str, Any]]:
+def _queues(snap: Snapshot, now: float) -> list[dict[str, Any]]:
     """Each pool's wait queue in order (plus trajectories waiting to be bound to a node)."""
-    queues = [("binding", "binding", list(core.unbound))]
-    for name, pool in core.pools.items():
-        queues.append((name, pool.key or "api", list(pool.queue)))
-        light = getattr(pool, "light", None)  # a CPU node's light actions wait apart
-        if light is not None:
-            queues.append((f"{name} light", "light lane", list(light)))
     out = []
-    for name, key, pending in queues:
-        out.append({"pool": name, "resource": key, "length": len(pending), "waiting": [
-            {"action": p.action.id, "trajectory": p.action.trajectory, "kind": p.action.kind,
-             "task": p.action.task, "units_min": p.key_min, "submit_s": round(p.submit_s, 3),
-             "waiting_s": round(now - p.submit_s, 3)}
-            for p in pending[:MAX_QUEUED]]})
+    for q in snap.queues:
+        out.append({"pool": q.pool, "resource": q.resource, "length": len(q.waiting), "waiting": [
+            {"action": w.action.id, "trajectory": w.action.trajectory, "kind": w.action.kind,
+             "task": w.action.task, "units_min": w.units_min, "submit_s": round(w.submit_s, 3),
+             "waiting_s": round(now - w.submit_s, 3)}
+            for w in q.waiting[:MAX_QUEUED]]})
     return out
 
 
-def _gpus(core: Tangram, now: float) -> list[dict[str, Any]]:
+def _gpus(snap: Snapshot, now: float) -> list[dict[str, Any]]:
     """Per GPU node: busy and free chunks, and the service variants resident in memory."""
     busy: dict[tuple[str, int], dict[str, Any]] = {}
-    for run in core.running.values():
-        lease = run.dispatch.lease
+    for d in snap.running.values():
+        lease = d.lease
         if lease.node is not None and lease.gpus:
             busy[(lease.node, min(lease.gpus))] = {
-                **_holder(run, now), "service": run.dispatch.action.service,
+                **_holder(d, now), "service": d.action.service,
                 "size": len(lease.gpus), "restore_s": lease.restore_s}
     out = []
-    for name, node in core.gpu.nodes.items():
-        chunks = [{"start": start, "size": size, "state": "free"}
-                  for size, starts in node.free.items() for start in starts]
+    for node in snap.gpu_nodes:
+        name = node.name
+        chunks = [{"start": start, "size": size, "state": "free"} for start, size in node.free]
         chunks += [{"start": start, "size": held["size"], "state": "busy", **held}
                    for (n, start), held in busy.items() if n == name]
         resident = [{"service": svc, "dop": size, "start": start,
-                     "mem_gb": core.gpu.services[svc].size_gb if svc in core.gpu.services else None}
-                    for svc, size, start in getattr(node, "resident", {})]
-        out.append({"name": name, "gpus": node.spec.gpus, "gpu_mem_gb": node.spec.gpu_mem_gb,
+                     "mem_gb": snap.service_gb.get(svc)}
+                    for svc, size, start in node.resident]
+        out.append({"name": name, "gpus": node.gpus, "gpu_mem_gb": node.gpu_mem_gb,
                     "chunks": sorted(chunks, key=lambda c: c["start"]), "resident": resident,
-                    "mem_used_gb": [round(m, 3) for m in getattr(node, "mem_used", [])]})
+                    "mem_used_gb": [round(m, 3) for m in node.mem_used]})
     return out
 
 
-def _quotas(core: Tangram) -> list[dict[str, Any]]:
-    used = core.quota.snapshot()
-    return [{"key": key.removeprefix("quota:"), "mode": spec.mode, "limit": spec.limit,
-             "window_s": spec.window_s, "used": used.get(key, 0.0)}
-            for key, spec in core.quota.specs.items()]
+def _quotas(snap: Snapshot) -> list[dict[str, Any]]:
+    return [{"key": q.key.removeprefix("quota:"), "mode": q.mode, "limit": q.limit,
+             "window_s": q.window_s, "used": q.used}
+            for q in snap.quotas]
 
 
 def _recent(records: Sequence[Record]) -> list[dict[str, Any]]:
@@ -143,19 +132,20 @@ def _recent(records: Sequence[Record]) -> list[dict[str, Any]]:
             for r in reversed(records[-MAX_RECENT:])]
 
 
-def snapshot(core: Tangram, records: Sequence[Record], now: float,
+def snapshot(snap: Snapshot, records: Sequence[Record], now: float,
              finished: dict[str, int] | None = None) -> dict[str, Any]:
-    """Everything the status page shows, as JSON-ready data (times in the core's seconds)."""
+    """Everything the status page shows, as JSON-ready data (times in the core's seconds),
+    from the core's :class:`~tangram.protocol.Snapshot` and the runtime's records."""
     return {
         "now_s": round(now, 3),
-        "policy": core.policy.label,
-        "totals": {"queued": len(core.queued), "running": len(core.running),
-                   "trajectories": len(core.trajectories),
+        "policy": snap.policy,
+        "totals": {"queued": snap.queued, "running": snap.running_count,
+                   "trajectories": snap.open_trajectories,
                    "finished": dict(sorted((finished or {}).items()))},
-        "nodes": _nodes(core, now),
-        "queues": _queues(core, now),
-        "gpu_nodes": _gpus(core, now),
-        "quotas": _quotas(core),
+        "nodes": _nodes(snap, now),
+        "queues": _queues(snap, now),
+        "gpu_nodes": _gpus(snap, now),
+        "quotas": _quotas(snap),
         "recent": _recent(records),
     }
 
@@ -178,7 +168,7 @@ def _live(request: Request) -> dict[str, Any]:
     """The one place that reads the server's state (the service object of server.py)."""
     service = request.app.state.service
     executor = service.executor
-    return snapshot(executor.core, executor.runtime.records, executor.clock.now(),
+    return snapshot(executor.snapshot(), executor.runtime.records, executor.clock.now(),
                     service.counts)
 
 

@@ -5,7 +5,7 @@ virtual time until every one has run, timing every core call (each call is one
 scheduling pass plus its bookkeeping) with ``perf_counter``.
 
 Where the time goes in the GPU scenario (cProfile, 2026-11-30, the ``tangram`` policy's
-EOE scheduler of tangram/eoe.py, which replaced Alg. 1's DP walk on the GPU pool): a
+EOE scheduler of tangram/pools/eoe.py, which replaced Alg. 1's DP walk on the GPU pool): a
 finish frees one chunk and runs one pass; the pass is ~60% the EOE plan (ordering the
 services' queues, idle resident variants from the free blocks, a restore site when a
 new variant is due), the rest the core's bookkeeping (release, reserve, the Dispatch).
@@ -31,11 +31,12 @@ from collections.abc import Iterator
 
 import numpy as np
 
+from sim.clock import SimClock
 from sim.modelled import ModelledBackend
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity
-from tangram.runtime import ManualClock, Runtime
+from tangram.runtime import Runtime
 
 
 def pin_one_core() -> int | None:
@@ -86,13 +87,13 @@ def gpu_scenario(n: int, rng: np.random.Generator) -> tuple[ClusterSpec, list[Ac
 def run_scheduler_scenario(name: str, cluster: ClusterSpec, actions: list[Action],
                            stopwatch=time.perf_counter) -> dict:
     """Queue every action at t=0 in one batch (one pass over a 2,048-deep queue: the
-    burst), then run in virtual time (ManualClock + the modelled backend) until all have
+    burst), then run in virtual time (SimClock + the modelled backend) until all have
     run, each finish followed by its trajectory's close (one action per trajectory).
     Every core call is timed by the runtime's stopwatch (wall clock by default;
     ``time.thread_time`` counts only this thread's CPU, not time the OS gave to other
     processes on a shared machine)."""
     core = Tangram(cluster)
-    clock = ManualClock()
+    clock = SimClock()
     runtime = Runtime(core, clock, ModelledBackend(clock, np.random.default_rng(0)),
                       stopwatch=stopwatch)
     runtime.timing.calls = []  # keep every call's seconds and dispatch count
@@ -119,7 +120,7 @@ def run_scheduler_scenario(name: str, cluster: ClusterSpec, actions: list[Action
         "dispatch_per_s": round(dispatched / (arr.sum() / 1e6), 1),
         # what the schedule was (the GPU scenario: restores under the EOE rules)
         "act_mean_s": round(float(np.mean([r.act_s for r in runtime.records])), 3),
-        "gpu_restores": core.gpu.restores,
+        "gpu_restores": core.snapshot(detail=False).counters["gpu_restores"],
         "batched_actions": sum(1 for r in runtime.records if r.batch_of),
     }
 

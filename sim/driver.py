@@ -16,34 +16,15 @@ import numpy as np
 import pandas as pd
 import simpy
 
+from sim.clock import SimClock
 from sim.modelled import CONTAINER_START, POD_START, ModelledBackend, StartupModel
 from tangram.cluster import ClusterSpec
 from tangram.core import Tangram
-from tangram.managers.quota import QuotaManager
+from tangram.model import Action
 from tangram.policies import Pods, Policy, make_policy
-from tangram.runtime import ManualTimer, RunResult, Runtime
-from traces.fit import check_fits
+from tangram.runtime import RunResult, Runtime
+from traces.player import play, refuse_misfits
 from traces.schema import TrajectorySpec, trajectories
-
-
-class SimClock:
-    """The Clock protocol on a SimPy environment."""
-
-    def __init__(self, env: simpy.Environment) -> None:
-        self.env = env
-
-    def now(self) -> float:
-        return self.env.now
-
-    def call_later(self, delay: float, fn: Callable[[], None]) -> ManualTimer:
-        timer = ManualTimer()
-
-        def fire(_event: Any) -> None:
-            if not timer.cancelled:
-                fn()
-
-        self.env.timeout(max(delay, 0.0)).callbacks.append(fire)
-        return timer
 
 
 @dataclass(slots=True)
@@ -91,8 +72,37 @@ def startup_of(policy: Policy, config: SimConfig,
 
 def busy_of(core: Tangram) -> Callable[[str], float]:
     """Fraction of a node's cores held exclusively (what a light-lane action shares)."""
-    cores = {n.name: n.cores for n in core.cluster.cpu_nodes}
-    return lambda node: core.cpu.in_use(node) / cores[node] if cores.get(node) else 0.0
+    return core.busy_fraction
+
+
+class SimDoor:
+    """The trajectory player's door (traces/player.py) on the SimPy clock."""
+
+    def __init__(self, env: simpy.Environment, runtime: Runtime, policy: Policy,
+                 backend: ModelledBackend, close_at_end: bool) -> None:
+        self.env, self.runtime, self.policy, self.backend = env, runtime, policy, backend
+        #: env_hold "trajectory": a trajectory closes when it ends (else with its rollout)
+        self.close_at_end = close_at_end
+
+    def open(self, spec: TrajectorySpec) -> None:
+        self.runtime.open_trajectory(spec.id, spec.task, spec.mem_gb)
+        # an environment requested at open starts now if its node is known (else once
+        # bound, at its first action)
+        node_of = self.runtime.core.node_of
+        self.policy.env.opened(spec.id,
+                               lambda t: self.backend.open_env(t, node_of(t) is not None))
+
+    def sleep(self, seconds: float) -> simpy.Event:
+        return self.env.timeout(seconds)
+
+    def run(self, action: Action) -> simpy.Event:
+        ev = self.env.event()
+        self.runtime.submit(action, lambda rec, out: ev.succeed((rec, out)))
+        return ev
+
+    def close(self, trajectory: str) -> None:
+        if self.close_at_end:
+            self.runtime.close_trajectory(trajectory)
 
 
 def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
@@ -107,12 +117,12 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     core = Tangram(cluster, policy)
     steps_specs = [list(trajectories(df, prefix=f"s{k}/" if config.steps > 1 else ""))
                    for k in range(config.steps)]
-    check_fits(Tangram(cluster, policy), steps_specs[0])
+    refuse_misfits(cluster, policy, steps_specs[0])
     env = simpy.Environment()
     clock = SimClock(env)
     truth = {st.action.id: st.truth for specs in steps_specs for sp in specs for st in sp.steps
              if st.truth is not None}
-    provider = QuotaManager(cluster.quotas) if policy.api_admission == "provider" else None
+    provider = policy.api.provider(cluster.quotas)
     backend = ModelledBackend(clock, np.random.default_rng(config.seed), truth,
                               startup_of(policy, config, cluster), provider,
                               busy=busy_of(core), aoe_s=config.aoe_s)
@@ -124,26 +134,16 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
 
     if config.env_hold not in ("trajectory", "rollout"):
         raise ValueError(f"env_hold: 'trajectory' or 'rollout', got {config.env_hold!r}")
-    opens_env = policy.env_start == "open"
 
-    def trajectory(spec: TrajectorySpec):
-        runtime.open_trajectory(spec.id, spec.task, spec.mem_gb)
-        if opens_env:
-            backend.open_env(spec.id, core.cpu.node_of(spec.id) is not None)
-        for step in spec.steps:
-            if step.think_s:
-                yield env.timeout(step.think_s)
-            ev = env.event()
-            runtime.submit(step.action, lambda rec, out, ev=ev: ev.succeed())
-            yield ev
-            done[0] += 1
-            if progress and done[0] % 500 == 0:
-                progress(done[0], total)
-        if config.env_hold == "trajectory":
-            runtime.close_trajectory(spec.id)
+    def ended(action: Action, result: Any) -> None:
+        done[0] += 1
+        if progress and done[0] % 500 == 0:
+            progress(done[0], total)
+
+    door = SimDoor(env, runtime, policy, backend, config.env_hold == "trajectory")
 
     def rollout(specs: list[TrajectorySpec]):
-        yield simpy.AllOf(env, [env.process(trajectory(s)) for s in specs])
+        yield simpy.AllOf(env, [env.process(play(s, door, ended=ended)) for s in specs])
         if config.env_hold == "rollout":
             for s in specs:
                 runtime.close_trajectory(s.id)
@@ -152,11 +152,12 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
 
     def sampler():
         while running[0]:
-            samples.append({"t_s": env.now, **core.usage()})
+            snap = core.snapshot(detail=False)
+            samples.append({"t_s": env.now, **snap.usage})
             # nothing else will ever happen: trajectories wait for what is never released
             # (e.g. pods held to the rollout's end on a cluster too small for the batch)
-            if not env._queue and not core.running:
-                waiting = len(core.opening) + len(core.unbound) + len(core.queued)
+            if env.peek() == simpy.core.Infinity and not snap.running_count:
+                waiting = snap.unbound + snap.queued
                 raise ValueError(
                     f"deadlock at t={env.now:.1f}s: {waiting} environment(s)/action(s) wait "
                     "for resources that nothing running will release (under env_hold="
@@ -175,15 +176,16 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
                 step_s = env.now - t0
             step_log.append({"step": k, "rollout_s": rollout_s, "step_s": step_s})
         running[0] = False
-        samples.append({"t_s": env.now, **core.usage()})
+        samples.append({"t_s": env.now, **core.snapshot(detail=False).usage})
 
     env.process(sampler())
     env.run(until=env.process(rl_loop()))
     if progress:
         progress(total, total)
+    final = core.snapshot(detail=False)
     counters = {"api_retries": backend.retries, "api_429s": backend.rejections,
-                "api_failed": backend.gave_up, "gpu_restores": core.gpu.restores,
-                "gpu_restore_hits": core.gpu.hits, "scheduler_passes": core.passes,
-                "seed": config.seed}
-    return RunResult(policy.label, runtime.records, step_log, core.capacity(), counters,
-                     runtime.timing, samples, time.perf_counter() - wall0, core)
+                "api_failed": backend.gave_up, "gpu_restores": final.counters["gpu_restores"],
+                "gpu_restore_hits": final.counters["gpu_restore_hits"],
+                "scheduler_passes": final.counters["scheduler_passes"], "seed": config.seed}
+    return RunResult(policy.label, runtime.records, step_log, dict(final.capacity), counters,
+                     runtime.timing, samples, time.perf_counter() - wall0, final)

@@ -1,7 +1,7 @@
 """The modelled backend: "executes" a dispatch by waiting its modelled duration.
 
-It runs on any Clock (the SimPy one in sim/driver.py, the ManualClock of
-tangram/runtime.py for experiments, benchmarks and tests). The duration comes
+It runs on any Clock (sim/clock.py: the simulator, experiments, benchmarks and
+tests). The duration comes
 from the action's ground truth (:class:`traces.schema.Truth`, keyed by action
 id) — never from what the scheduler was told — on the units it was granted,
 plus modelled overheads: environment start at a trajectory's first CPU action
@@ -23,8 +23,9 @@ import numpy as np
 
 from tangram.backoff import Backoff
 from tangram.batching import DEFAULT_BATCHING, BatchModel
-from tangram.managers.quota import QuotaManager
 from tangram.model import Dispatch, Outcome, counted
+from tangram.policies import ProviderLimit
+from tangram.protocol import Capabilities, PreRestore
 from tangram.runtime import Clock
 from traces.schema import Truth
 
@@ -115,15 +116,14 @@ def _declared_duration(d: Dispatch, truth: Truth, units: int) -> float:
 class ModelledBackend:
     """Models the execution of a dispatched action on a Clock."""
 
-    #: a batch dispatch runs as one batch (one Outcome per member)
-    serves_batches = True
-    #: a pre-restore is modelled by the GPU manager's own accounting (what is left of it
-    #: is paid by the action that lands on it)
-    prerestores = True
+    #: a batch dispatch runs as one batch (one Outcome per member); a pre-restore is
+    #: modelled by the GPU manager's own accounting (what is left of it is paid by the
+    #: action that lands on it)
+    capabilities = Capabilities(batches=True, prerestores=True)
 
     def __init__(self, clock: Clock, rng: np.random.Generator,
                  truth: Mapping[str, Truth] | None = None, startup: StartupModel = NO_START,
-                 provider: QuotaManager | None = None, backoff: Backoff = Backoff(),
+                 provider: ProviderLimit | None = None, backoff: Backoff = Backoff(),
                  busy: Callable[[str], float] | None = None,
                  batching: BatchModel = DEFAULT_BATCHING, aoe_s: float = 0.0) -> None:
         """``busy(node)``: fraction of the node's cores held exclusively (for the light
@@ -152,7 +152,7 @@ class ModelledBackend:
         self.gave_up = 0
 
     def open_env(self, trajectory: str, bound: bool) -> None:
-        """The trajectory's environment is requested at open (``env_start == "open"``):
+        """The trajectory's environment is requested at open (the policy's ``env`` part is ``AtOpen``):
         created when the control plane admits it, ready a start time later."""
         if bound:
             self._ready[trajectory] = self._plane.admit(self.clock.now()) + \
@@ -162,6 +162,11 @@ class ModelledBackend:
 
     def cancel(self, action_id: str) -> None:
         self._cancelled.add(action_id)
+
+    def prerestore(self, effect: PreRestore) -> None:
+        """Nothing to do: the core's accounting (the variant ready at ``at_s +
+        restore_s``) is the model; an action landing earlier pays what is left."""
+        return None
 
     def true_duration(self, d: Dispatch, truth: Truth) -> float:
         if d.lease.lane:  # time-shares a core with the node's exclusive actions

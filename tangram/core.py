@@ -18,12 +18,37 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
+from types import MappingProxyType
 
 from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.estimates import Estimates
-from tangram.model import Action, BatchMember, Dispatch, Lease, Outcome, counted
-from tangram.policies import Policy, SharedCores
-from tangram.pools import CpuNodePool, Pending, Pool
+from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
+from tangram.policies import Policy
+from tangram.pools.base import Pending, PoolPoints
+from tangram.protocol import (
+    Attach,
+    Cancel,
+    Cancelled,
+    Close,
+    Command,
+    CpuNodeView,
+    Effect,
+    Finish,
+    GpuNodeView,
+    NodeJoined,
+    NodeLost,
+    Open,
+    Poll,
+    PreRestore,
+    QueueView,
+    QuotaView,
+    Snapshot,
+    Stop,
+    Submit,
+    TrajectoryView,
+    Waiting,
+    WorkerLost,
+)
 
 
 @dataclass(slots=True)
@@ -42,7 +67,7 @@ class TrajectoryState:
 @dataclass(slots=True)
 class Running:
     dispatch: Dispatch
-    pool: Pool
+    pool: PoolPoints
     pending: Pending
     #: a batch (Dispatch.batch): ids of its actions still running, shared by all of them;
     #: the lease is released when the last one finishes
@@ -62,8 +87,8 @@ class Tangram:
         self.cpu, self.gpu, self.quota, self.pools = res.cpu, res.gpu, res.quota, res.pools
         self._resources = res
         self.unbound: deque[Pending] = deque()
-        #: trajectories whose environment starts at open (policy.env_start == "open") and
-        #: that no node has had room for yet, in open order (an insertion-ordered set)
+        #: trajectories whose environment starts at open (the policy's ``env`` part asked
+        #: for it) that no node has had room for yet, in open order (an insertion-ordered set)
         self.opening: dict[str, None] = {}
         self.trajectories: dict[str, TrajectoryState] = {}
         self.queued: dict[str, Pending] = {}
@@ -73,6 +98,127 @@ class Tangram:
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
         #: scheduling passes that dispatched something
         self.passes = 0
+
+    # -- the door (tangram/protocol.py) ------------------------------------------------
+    def handle(self, command: Command, now: float) -> list[Effect]:
+        """Carry out ``command`` at ``now``; the effects to carry out, in order.
+        Raises ValueError/KeyError (naming the field) for a command that cannot apply,
+        having changed nothing."""
+        out: list[Effect]
+        match command:
+            case Submit(actions):
+                out = list(self.submit_many(actions, now))
+            case Finish(action_id, outcome):
+                out = list(self.finish(action_id, now, outcome))
+            case Poll():
+                out = list(self.poll(now))
+            case Open(trajectory, task, mem_gb):
+                self.open_trajectory(trajectory, task, mem_gb)
+                out = []
+            case Close(trajectory):
+                out = list(self.close_trajectory(trajectory, now))
+            case Cancel(action_id):
+                if self.cancel(action_id):
+                    out = [Cancelled(action_id)]
+                else:
+                    out = [Stop(action_id)] if action_id in self.running else []
+            case NodeJoined(spec):
+                out = list(self.add_node(spec, now))
+            case NodeLost(node):
+                out = list(self.remove_node(node, now))
+            case WorkerLost(node):
+                if node in self.gpu.nodes:
+                    self.gpu.reset_node(node)
+                out = []
+            case Attach(capabilities):
+                # pre-restores only for a backend that carries them out: another would not
+                # hold what the core then believes resident
+                self.gpu.prerestore_ok = capabilities.prerestores
+                out = []
+            case _:
+                raise ValueError(f"command: unknown command {type(command).__name__}")
+        for plan, at, restore_s in self.gpu.take_prerestores():
+            out.append(PreRestore(plan, at, restore_s))
+        return out
+
+    def trajectory(self, trajectory: str) -> TrajectoryView | None:
+        """The open trajectory ``trajectory`` (None: not open)."""
+        s = self.trajectories.get(trajectory)
+        return None if s is None else TrajectoryView(s.task, self.cpu.node_of(trajectory),
+                                                     len(s.in_flight))
+
+    def is_running(self, action_id: str) -> bool:
+        return action_id in self.running
+
+    def node_of(self, trajectory: str) -> str | None:
+        """The CPU node ``trajectory`` is bound to (None: not bound, or unknown)."""
+        return self.cpu.node_of(trajectory)
+
+    def busy_fraction(self, node: str) -> float:
+        """Fraction of ``node``'s cores held exclusively (what a light-lane action shares)."""
+        spec = self.cpu.nodes.get(node)
+        return self.cpu.in_use(node) / spec.spec.cores if spec and spec.spec.cores else 0.0
+
+    def snapshot(self, detail: bool = True) -> Snapshot:
+        """A frozen copy of the core's state for readers (status page, service, sampler,
+        replay); ``detail`` False: only the counts, usage, capacity and counters."""
+        gpu = self.gpu
+        counters = {"gpu_restores": gpu.restores, "gpu_restore_hits": gpu.hits,
+                    "gpu_prerestores": gpu.prerestores,
+                    "gpu_restore_s_total": gpu.restore_s_total, "scheduler_passes": self.passes}
+        snap = Snapshot(self.policy.label, len(self.queued), len(self.running),
+                        len(self.trajectories), len(self.opening) + len(self.unbound),
+                        MappingProxyType(self.usage()), MappingProxyType(self.capacity()),
+                        MappingProxyType(counters))
+        if not detail:
+            return snap
+        return replace(
+            snap, detail=True,
+            trajectories=MappingProxyType({
+                t: TrajectoryView(s.task, self.cpu.node_of(t), len(s.in_flight))
+                for t, s in self.trajectories.items()}),
+            running=MappingProxyType({aid: r.dispatch for aid, r in self.running.items()}),
+            queues=self._queue_views(), cpu_nodes=self._cpu_views(),
+            gpu_nodes=self._gpu_views(), quotas=self._quota_views(),
+            service_gb=MappingProxyType({n: s.size_gb for n, s in gpu.services.items()}))
+
+    def _queue_views(self) -> tuple[QueueView, ...]:
+        def waiting(q: Iterable[Pending]) -> tuple[Waiting, ...]:
+            return tuple(Waiting(p.action, p.submit_s, p.key_min) for p in q)
+
+        out = [QueueView("binding", "binding", waiting(self.unbound))]
+        for name, pool in self.pools.items():
+            out.append(QueueView(name, pool.key or "api", waiting(pool.queue)))
+            if pool.lane is not None:  # a CPU node's light actions wait apart
+                out.append(QueueView(f"{name} light", "light lane", waiting(pool.lane.light)))
+        return tuple(out)
+
+    def _cpu_views(self) -> tuple[CpuNodeView, ...]:
+        slots = {p.name.removeprefix("cpu:"): p.lane.lane_slots for p in self.pools.values()
+                 if p.lane is not None}
+        pods: dict[str, dict[int, str]] = {}
+        for trajectory, lease in self.cpu.held_between_actions().items():
+            for c in lease.cores:
+                pods.setdefault(lease.node, {})[c] = trajectory
+        return tuple(
+            CpuNodeView(name, node.spec.cores, node.spec.numa, node.domain_size,
+                        node.spec.mem_gb, node.mem_reserved,
+                        frozenset(c for dom in node.domains for c in dom),
+                        MappingProxyType(pods.get(name, {})), slots.get(name, 0))
+            for name, node in self.cpu.nodes.items())
+
+    def _gpu_views(self) -> tuple[GpuNodeView, ...]:
+        return tuple(
+            GpuNodeView(name, node.spec.gpus, node.spec.gpu_mem_gb,
+                        tuple(sorted((start, size) for size, starts in node.free.items()
+                                     for start in starts)),
+                        tuple(node.resident), tuple(node.mem_used))
+            for name, node in self.gpu.nodes.items())
+
+    def _quota_views(self) -> tuple[QuotaView, ...]:
+        used = self.quota.snapshot()
+        return tuple(QuotaView(key, spec.mode, spec.limit, spec.window_s, used.get(key, 0.0))
+                     for key, spec in self.quota.specs.items())
 
     # -- trajectories ------------------------------------------------------------------
     def open_trajectory(self, trajectory: str, task: str = "default",
@@ -88,9 +234,8 @@ class Tangram:
         if mem_gb is not None and self.cluster.cpu_nodes and mem_gb > self._max_node_mem:
             raise ValueError(f"mem_gb: {mem_gb} GB exceeds the largest node ({self._max_node_mem})")
         self.trajectories[trajectory] = TrajectoryState(task, mem_gb)
-        if self.policy.env_start == "open" and self.cluster.cpu_nodes:
-            self.opening[trajectory] = None
-            self._bind_opening()
+        if self.cluster.cpu_nodes:
+            self.policy.env.opened(trajectory, self._request_env)
 
     def close_trajectory(self, trajectory: str, now: float) -> list[Dispatch]:
         """Release the trajectory's memory. Refused while actions are in flight."""
@@ -160,14 +305,14 @@ class Tangram:
             raise ValueError("action.id: duplicate ids in the batch")
         for action in actions:
             self.validate(action)
-        touched: dict[str, Pool] = {}
+        touched: dict[str, PoolPoints] = {}
         for action in actions:
             pool = self._enqueue(action, now)
             if pool is not None:
                 touched[pool.name] = pool
         return self._schedule(now, touched.values())
 
-    def _enqueue(self, action: Action, now: float) -> Pool | None:
+    def _enqueue(self, action: Action, now: float) -> PoolPoints | None:
         pool = self._route(action)
         state = self.trajectories[action.trajectory]
         if state.thinking_in is not None:  # it stopped thinking: learn how long that took
@@ -187,7 +332,7 @@ class Tangram:
         pool.arrived(pending, now)
         return pool
 
-    def _route(self, action: Action) -> Pool | None:
+    def _route(self, action: Action) -> PoolPoints | None:
         """The pool whose queue ``action`` waits in (None: not bound to a node yet)."""
         return self.policy.route(action, self._resources)
 
@@ -201,7 +346,7 @@ class Tangram:
             run.batch_left.discard(action_id)
         last = not run.batch_left
         if last:
-            run.pool.running.pop(run.dispatch.action.id, None)
+            run.pool.ended(run.dispatch.action.id)
             self._release(run.pool, run.dispatch.lease)
         state = self.trajectories.get(action.trajectory)
         if state is not None:
@@ -219,7 +364,7 @@ class Tangram:
             elapsed = now - run.dispatch.start_s - run.dispatch.lease.restore_s
             self.estimates.durations.observe(action, run.dispatch.units, max(elapsed, 0.0),
                                              run.pool.name, run.pending.elastic)
-        touched: Iterable[Pool] = [run.pool]
+        touched: Iterable[PoolPoints] = [run.pool]
         if run.dispatch.lease.parts[1] is not None:  # freed quota may unblock any pool's head
             touched = self.pools.values()
         return self._schedule(now, touched)
@@ -229,10 +374,12 @@ class Tangram:
         pending = self.queued.pop(action_id, None)
         if pending is None:
             return False
-        for q in [self.unbound, *(q for p in self.pools.values() for q in p.queues())]:
-            if pending in q:
-                q.remove(pending)
-                break
+        if pending in self.unbound:
+            self.unbound.remove(pending)
+        else:
+            for pool in self.pools.values():
+                if pool.withdraw(pending):
+                    break
         state = self.trajectories.get(pending.action.trajectory)
         if state:
             state.in_flight.discard(action_id)
@@ -263,7 +410,7 @@ class Tangram:
         state = self.trajectories[action.trajectory]
         return state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
 
-    def _pending(self, action: Action, now: float, pool: Pool) -> Pending:
+    def _pending(self, action: Action, now: float, pool: PoolPoints) -> Pending:
         quotas = {k: d.min for k, d in action.cost.items() if counted(k) and d.min > 0}
         if pool.key is None:
             return Pending(action, now, 0, quotas)
@@ -280,15 +427,21 @@ class Tangram:
         return Pending(action, now, key_min, quotas, elastic=bool(durations), choices=choices,
                        durations=durations, light=light)
 
-    def _light(self, action: Action, pool: Pool, quotas: dict[str, float]) -> bool:
+    def _light(self, action: Action, pool: PoolPoints, quotas: dict[str, float]) -> bool:
         """For a pool with a light lane: expected to take at most its ``light_s`` on one
         core, declared or from at least two observed runs of its (task, kind)."""
-        if not isinstance(pool, CpuNodePool) or not pool.light_s or quotas:
+        lane = pool.lane
+        if lane is None or not lane.light_s or quotas:
             return False
         if action.t1_s is not None:
-            return action.t1_s <= pool.light_s
+            return action.t1_s <= lane.light_s
         n, mean = self.estimates.durations.mean_n((action.task, action.kind))
-        return n >= 2 and mean <= pool.light_s
+        return n >= 2 and mean <= lane.light_s
+
+    def _request_env(self, trajectory: str) -> None:
+        """The trajectory's environment starts now: bind it in open order."""
+        self.opening[trajectory] = None
+        self._bind_opening()
 
     def _bind_opening(self) -> bool:
         """Environments that start at open (a pod per trajectory): bind them in open
@@ -304,7 +457,7 @@ class Tangram:
             bound = True
         return bound
 
-    def _bind_waiting(self, touched: set[str]) -> None:
+    def _bind_waiting(self, touched: dict[str, None]) -> None:
         """Bind queued first actions to nodes, in FCFS order (paper 5.2). A first
         action whose environment still waits for a node in open order stays queued
         without blocking the ones behind it (their environments may be bound)."""
@@ -327,22 +480,25 @@ class Tangram:
             self.queued[p.action.id] = pending
             pool.admit(pending)
             pool.arrived(pending, p.submit_s)
-            touched.add(pool.name)
+            touched[pool.name] = None
         self.unbound.extendleft(reversed(waiting))
 
-    def _schedule(self, now: float, pools: Iterable[Pool]) -> list[Dispatch]:
-        names = {p.name for p in pools}
+    def _schedule(self, now: float, pools: Iterable[PoolPoints]) -> list[Dispatch]:
+        # an insertion-ordered set: the pools' passes run in a fixed order (a set of
+        # names would follow string hashing, which differs between processes, and the
+        # order matters where pools share a quota: same-seed runs must be identical)
+        names = dict.fromkeys(p.name for p in pools)
         self._bind_waiting(names)
         out: list[Dispatch] = []
         for name in list(names):
             out.extend(self._pass(self.pools[name], now))
         return out
 
-    def _pass(self, pool: Pool, now: float) -> list[Dispatch]:
+    def _pass(self, pool: PoolPoints, now: float) -> list[Dispatch]:
         """Scheduling passes until nothing more starts. Greedy eviction may leave units
         free that an evicted action could have used (a DP prefix cannot always absorb
         them: an action takes at most 8 GPUs); the next pass offers them again."""
-        out = self._lane(pool, now) if isinstance(pool, CpuNodePool) and pool.light else []
+        out = self._lane(pool, now) if pool.lane is not None and pool.lane.light else []
         while pool.queue:
             got = self._pass_once(pool, now)
             out.extend(got)
@@ -351,27 +507,22 @@ class Tangram:
         pool.after_pass(now, self.estimates)  # e.g. a GPU pool pre-restores while idle
         return out
 
-    def _pass_once(self, pool: Pool, now: float) -> list[Dispatch]:
+    def _pass_once(self, pool: PoolPoints, now: float) -> list[Dispatch]:
         sched = pool.scheduler or self.scheduler
         decisions = sched.plan(pool, now, self.estimates, self.quota)
         if not decisions:
             return []
         # Largest grants first: NUMA placement is easiest while domains are whole.
         decisions.sort(key=lambda d: -d[1])
-        granted: list[tuple[Pending, Lease]] = []
+        granted: list[tuple[Pending, Lease, GpuPlan | None]] = []
         for p, units in decisions:
-            lease = self._reserve(pool, p, units, now)
-            if lease is not None:
-                granted.append((p, lease))
-        started = {id(p) for p, _ in granted}
-        queue = pool.queue
-        while queue and id(queue[0]) in started:  # dispatches are mostly a queue prefix
-            started.discard(id(queue.popleft()))
-        for p in [p for p, _ in granted if id(p) in started]:
-            queue.remove(p)
+            got = self._reserve(pool, p, units, now)
+            if got is not None:
+                granted.append((p, *got))
+        pool.take([p for p, _, _ in granted])
         self.passes += 1
         out = []
-        for p, lease in granted:
+        for p, lease, plan in granted:
             del self.queued[p.action.id]
             expected = p.durations.get(lease.units) or (
                 p.action.duration(lease.units) if p.action.t1_s is not None else self.estimate(p))
@@ -383,24 +534,26 @@ class Tangram:
             if riders and batch_s is not None:
                 expected = batch_s
             d = Dispatch(p.action, lease, p.submit_s, now, expected,
-                         batch=tuple(BatchMember(r.action, r.submit_s) for r in riders))
+                         batch=tuple(BatchMember(r.action, r.submit_s) for r in riders),
+                         gpu=plan)
             left = {p.action.id, *(r.action.id for r in riders)} if riders else None
             self.running[p.action.id] = Running(d, pool, p, left)
             for r in riders:
                 self.running[r.action.id] = Running(d, pool, r, left)
-            pool.running[p.action.id] = (now + lease.restore_s + (expected or 0.0), lease.units,
-                                         now)
+            pool.started(p.action.id, now + lease.restore_s + (expected or 0.0), lease.units, now)
             out.append(d)
         return out
 
-    def _lane(self, pool: CpuNodePool, now: float) -> list[Dispatch]:
+    def _lane(self, pool: PoolPoints, now: float) -> list[Dispatch]:
         """Start waiting light actions, in order, on the node's lane while it has room,
         then on idle exclusive cores (see CpuNodePool)."""
         out: list[Dispatch] = []
-        light = pool.light
+        lane = pool.lane
+        assert lane is not None
+        light = lane.light
         while light:
             p = light[0]
-            grant = pool.lane_reserve(p) or pool.reserve(p, 1, now)
+            grant = lane.lane_reserve(p) or lane.reserve(p, 1, now)
             if grant is None:
                 break
             light.popleft()
@@ -411,11 +564,12 @@ class Tangram:
             expected = self.estimates.estimate(p)
             d = Dispatch(p.action, lease, p.submit_s, now, expected)
             self.running[p.action.id] = Running(d, pool, p)
-            pool.running[p.action.id] = (now + expected, units, now)
+            pool.started(p.action.id, now + expected, units, now)
             out.append(d)
         return out
 
-    def _reserve(self, pool: Pool, p: Pending, units: int, now: float) -> Lease | None:
+    def _reserve(self, pool: PoolPoints, p: Pending, units: int,
+                 now: float) -> tuple[Lease, GpuPlan | None] | None:
         """Pool units then quotas, all or nothing. NUMA placement may refuse the
         planned count: fall back to smaller feasible counts down to the minimum."""
         tries = [units] + [u for u in reversed(p.choices) if p.key_min <= u < units]
@@ -430,10 +584,10 @@ class Tangram:
                     pool.release(grant.part)
                     return None
             return Lease(p.action.id, u, (grant.part, qlease), grant.node, grant.cores,
-                         grant.gpus, grant.restore_s, grant.lane)
+                         grant.gpus, grant.restore_s, grant.lane), grant.plan
         return None
 
-    def _release(self, pool: Pool, lease: Lease) -> None:
+    def _release(self, pool: PoolPoints, lease: Lease) -> None:
         part, qlease = lease.parts
         if qlease is not None:
             self.quota.release(qlease)
@@ -455,8 +609,8 @@ class Tangram:
         out = {"cpu": float(sum(n.cores for n in self.cluster.cpu_nodes)),
                "gpu": float(sum(n.gpus for n in self.cluster.gpu_nodes)),
                "mem_gb": float(sum(n.mem_gb for n in self.cluster.cpu_nodes)),
-               "cpu_lane": float(sum(p.lane_slots for p in self.pools.values()
-                                     if isinstance(p, CpuNodePool)))}
+               "cpu_lane": float(sum(p.lane.lane_slots for p in self.pools.values()
+                                     if p.lane is not None))}
         out.update({q.key: q.limit for q in self.cluster.quotas})
         return out
 
@@ -464,15 +618,8 @@ class Tangram:
     def add_node(self, spec: CpuNodeSpec, now: float) -> list[Dispatch]:
         """A CPU node joined: add its capacity and pool; return what can start now
         (trajectories waiting to be bound may fit on it)."""
-        shared = self.policy.cpu
-        if not isinstance(shared, SharedCores):
-            raise ValueError(f"node: nodes can join only under the shared-cores CPU policy, "
-                             f"not {type(shared).__name__}")
-        self.cpu.add_node(spec)
-        name = f"cpu:{spec.name}"
-        # the pool SharedCores.build would have made for this node
-        self.pools[name] = CpuNodePool(name, spec.name, self.cpu, light_s=shared.light_s,
-                                       lane_slots=max(1, spec.cores // shared.lane_cores))
+        pool = self.policy.cpu.grow(self.cpu, spec)  # the pool build would have made for it
+        self.pools[pool.name] = pool
         self._cpu_nodes_changed((*self.cluster.cpu_nodes, spec))
         return self._schedule(now, ())
 
@@ -491,12 +638,8 @@ class Tangram:
         self.cpu.remove_node(node)
         # The pool stays registered, empty, until its running actions are finished
         # (finish reschedules the pool it ran on); add_node of the same name replaces it.
-        waiting = sorted((p for q in pool.queues() for p in q), key=lambda p: p.submit_s)
+        waiting = sorted(pool.drain(), key=lambda p: p.submit_s)
         requeued = [Pending(p.action, p.submit_s, int(p.action.min("cpu"))) for p in waiting]
-        for q in pool.queues():
-            q.clear()
-        if isinstance(pool, CpuNodePool):
-            pool.lane_slots = 0  # no capacity left to report
         for p in requeued:
             self.queued[p.action.id] = p
         self.unbound = deque(sorted([*self.unbound, *requeued], key=lambda p: p.submit_s))

@@ -11,8 +11,8 @@ for them.
   its non-elastic actions (the expected length of a closed-loop arrival); and,
   for elastic actions nobody profiled, a :class:`SpeedupCurve` per (task, kind)
   fitted online from the runs observed at different unit counts.
-* :class:`ArrivalModel`: closed-loop arrivals (DESIGN: agentic workloads are
-  closed loop). Trajectories that are thinking after an action on a pool will
+* :class:`ArrivalModel`: closed-loop arrivals (docs/design.md: agentic
+  workloads are closed loop). Trajectories that are thinking after an action on a pool will
   most likely submit their next action there; each counts with the observed
   probability that an action of its last (task, kind) is followed by another.
 """
@@ -28,7 +28,7 @@ import numpy as np
 from tangram.model import Action
 
 if TYPE_CHECKING:
-    from tangram.pools import Pending
+    from tangram.pools.base import Pending
 
 Key = tuple[str, str]  # (task, kind)
 

@@ -255,13 +255,40 @@ class BatchMember:
     submit_s: float
 
 
+#: a service variant resident on a GPU node: (service, DoP, first GPU)
+Variant = tuple[str, int, int]
+
+
+@dataclass(frozen=True, slots=True)
+class GpuPlan:
+    """What the core decided for a GPU dispatch on its node, for the backend to carry out
+    in order: evict ``evict`` (least recently used first), load the action's variant
+    when ``restore`` (else it is resident already), then serve the request.
+
+    ``resident`` is the node's resident set the core holds right after this decision and
+    ``version`` numbers the node's residency changes (a later decision has a higher one):
+    once every dispatch up to the highest version has been carried out, the worker must
+    hold exactly that set (executor/gpu/backend.py checks it)."""
+
+    node: str
+    variant: Variant
+    evict: tuple[Variant, ...] = ()
+    restore: bool = False
+    resident: frozenset[Variant] = frozenset()
+    version: int = 0
+
+    def riding(self) -> GpuPlan:
+        """The plan of an action riding on an already started lease: nothing to load."""
+        return GpuPlan(self.node, self.variant, (), False, self.resident, self.version)
+
+
 @dataclass(frozen=True, slots=True)
 class Dispatch:
     """The scheduler's decision: start ``action`` now on ``lease``.
 
     ``batch`` (GPU services, continuous batching): further queued actions of the same
     service that the same lease serves, as one batch. A backend that can serve a batch
-    (``serves_batches = True``) reports one Outcome per action of :attr:`actions`; for
+    (``Capabilities.batches``) reports one Outcome per action of :attr:`actions`; for
     any other backend the runtime runs them one after another on the lease. Either way
     every action gets its own Record, and the lease is released after the last one.
     """
@@ -276,6 +303,8 @@ class Dispatch:
     #: scheduling decision time attributed to this dispatch (seconds of CPU)
     decision_s: float = 0.0
     batch: tuple[BatchMember, ...] = ()
+    #: GPU actions of the evict-on-execution manager: the residency plan (None otherwise)
+    gpu: GpuPlan | None = None
 
     @property
     def units(self) -> int:

@@ -8,33 +8,40 @@ simulate/run/serve --policy NAME``). It says
 * how the GPU side is held (:class:`SharedGpus`, evict-on-execution from one
   pool; :class:`StaticDeployments`, fixed replicas per service;
   :class:`ColdStart`, serverless instances),
-* who admits API calls (``api_admission``: ``"tangram"``, the quota manager
-  holds calls until the quota has room; ``"provider"``, every call is sent at
+* who admits API calls (``api``: :class:`TangramAdmits`, the quota manager
+  holds calls until the quota has room; :class:`ProviderAdmits`, every call is sent at
   once and the provider answers 429 past its quota, the caller retrying),
 * which scheduler runs each pool (a pool kind may bring its own: a pod or a
   static replica runs at a fixed DoP), and
-* when a trajectory's environment starts (``env_start``: at its first action, or
-  ``"open"``: when the trajectory opens, as a pod per trajectory is created).
+* when a trajectory's environment starts (``env``: :class:`AtFirstAction`, or
+  :class:`AtOpen`: when the trajectory opens, as a pod per trajectory is created).
 
-The core (tangram/core.py) calls only ``build`` and ``route``; the pools it gets
-implement the extension points listed in tangram/pools.py. Baselines never
-subclass the core.
+These are parts (values with behaviour), never mode flags tested by the core or the
+drivers: the core asks the policy's parts (``build``, ``route``, ``env.opened``,
+``api.core_quotas``, ``grow``) and the simulator asks ``api.provider``.
+
+The pools a policy builds implement the extension points of tangram/pools/ (PoolPoints).
+Baselines never subclass the core.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, replace
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol
 
-from tangram.baseline_pools import ExclusiveGpuManager, PodManager, PodPool, ServicePool, static_placement
-from tangram.cluster import ClusterSpec
-from tangram.eoe import EoeScheduler
+from tangram.cluster import ClusterSpec, CpuNodeSpec, QuotaSpec
 from tangram.managers.cpu import CpuManager
 from tangram.managers.gpu import GpuManager
 from tangram.managers.quota import QuotaManager
 from tangram.model import Action
-from tangram.pools import CpuNodePool, GpuPool, Pool
+from tangram.pools.base import Pool
+from tangram.pools.cold import ExclusiveGpuManager
+from tangram.pools.cpu import CpuNodePool
+from tangram.pools.eoe import EoeScheduler
+from tangram.pools.gpu import EoeGpuPool, GpuPool
+from tangram.pools.pods import PodManager, PodPool
+from tangram.pools.static import ServicePool, static_placement
 from tangram.scheduler import (
     FCFS,
     ElasticScheduler,
@@ -62,7 +69,7 @@ class Resources:
 @dataclass(frozen=True)
 class SharedCores:
     """Allocate-on-execution: one pool per node, cores granted per action (paper 5.2),
-    plus a light lane per node (tangram/pools.py, CpuNodePool): actions expected to take
+    plus a light lane per node (tangram/pools/cpu.py, CpuNodePool): actions expected to take
     at most ``light_s`` start at once on shared cores, at most one per ``lane_cores``
     cores of the node at a time (at least one). ``light_s`` 0: no lane.
 
@@ -82,9 +89,16 @@ class SharedCores:
 
     def build(self, cluster: ClusterSpec) -> tuple[CpuManager, list[Pool]]:
         cpu = CpuManager(cluster.cpu_nodes)
-        return cpu, [CpuNodePool(f"cpu:{n}", n, cpu, light_s=self.light_s,
-                                 lane_slots=max(1, cpu.nodes[n].spec.cores // self.lane_cores))
-                     for n in cpu.nodes]
+        return cpu, [self._pool(cpu, n) for n in cpu.nodes]
+
+    def _pool(self, cpu: CpuManager, node: str) -> Pool:
+        return CpuNodePool(f"cpu:{node}", node, cpu, light_s=self.light_s,
+                           lane_slots=max(1, cpu.nodes[node].spec.cores // self.lane_cores))
+
+    def grow(self, cpu: CpuManager, spec: CpuNodeSpec) -> Pool:
+        """A node joined: its capacity in ``cpu`` and the pool ``build`` would have made."""
+        cpu.add_node(spec)
+        return self._pool(cpu, spec.name)
 
 
 @dataclass(frozen=True)
@@ -115,25 +129,47 @@ class Pods:
         cpu = PodManager(cluster.cpu_nodes, self.pod_cores)
         return cpu, [PodPool(f"cpu:{n}", n, cpu, self.pod_dop) for n in cpu.nodes]
 
+    def grow(self, cpu: CpuManager, spec: CpuNodeSpec) -> Pool:
+        """A node joined: its capacity in ``cpu`` (a PodManager) and its pod pool."""
+        cpu.add_node(spec)
+        assert isinstance(cpu, PodManager)
+        return PodPool(f"cpu:{spec.name}", spec.name, cpu, self.pod_dop)
+
 
 # -- the GPU side -------------------------------------------------------------------------
 @dataclass(frozen=True)
 class SharedGpus:
-    """Evict-on-execution from one pool of aligned chunks (paper 5.3). ``eoe``: the
-    burst-proof rules of tangram/eoe.py (residency affinity, per-service batches,
-    restore-aware ordering, predictive pre-restore); off, the paper's placement with
-    the policy's scheduler. Requests are batched either way (tangram/batching.py)."""
-
-    eoe: bool = True
+    """Evict-on-execution from one pool of aligned chunks (paper 5.3) with the
+    burst-proof rules of tangram/pools/eoe.py (residency affinity, per-service batches,
+    restore-aware ordering, predictive pre-restore). Requests are batched
+    (tangram/batching.py)."""
 
     def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
         gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
-        if self.eoe:
-            return gpu, [GpuPool(GPU_POOL, gpu, EoeScheduler(), eoe=True, prerestore=True)]
-        return gpu, [GpuPool(GPU_POOL, gpu)]
+        return gpu, [EoeGpuPool(GPU_POOL, gpu, EoeScheduler())]
 
     def route(self, action: Action) -> str:
         return GPU_POOL
+
+    def live_refusal(self) -> str | None:
+        """Why the live GPU workers (executor/gpu) cannot run this GPU side (None: they
+        can: they carry out the evict-on-execution manager's residency plans)."""
+        return None
+
+
+@dataclass(frozen=True)
+class PaperGpus(SharedGpus):
+    """Evict-on-execution with the paper's placement (the manager's smallest-chunk rule)
+    and the policy's scheduler; requests are batched like every GPU pool."""
+
+    def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
+        gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
+        return gpu, [GpuPool(GPU_POOL, gpu)]
+
+
+#: the live GPU workers follow the evict-on-execution manager's plans only
+_NOT_LIVE = ("the GPU workers follow the evict-on-execution GPU manager; static or "
+             "cold-started GPU instances are not run live yet")
 
 
 @dataclass(frozen=True)
@@ -171,6 +207,9 @@ class StaticDeployments:
     def route(self, action: Action) -> str:
         return f"gpu:{action.service}"
 
+    def live_refusal(self) -> str | None:
+        return _NOT_LIVE
+
 
 @dataclass(frozen=True)
 class ColdStart:
@@ -188,6 +227,73 @@ class ColdStart:
     def route(self, action: Action) -> str:
         return GPU_POOL
 
+    def live_refusal(self) -> str | None:
+        return _NOT_LIVE
+
+
+# -- who admits API calls ------------------------------------------------------------------
+class ProviderLimit(Protocol):
+    """A provider's own quota, as a simulator models it (it answers 429 past it)."""
+
+    def reserve(self, action_id: str, demands: Mapping[str, float], now: float) -> Any: ...
+
+    def release(self, lease: Any) -> None: ...
+
+    def next_expiry(self, now: float) -> float | None: ...
+
+
+@dataclass(frozen=True)
+class TangramAdmits:
+    """The quota manager holds API calls until the quota has room."""
+
+    name: ClassVar[str] = "tangram"
+
+    def core_quotas(self, quotas: tuple[QuotaSpec, ...]) -> tuple[QuotaSpec, ...]:
+        return quotas
+
+    def provider(self, quotas: tuple[QuotaSpec, ...]) -> ProviderLimit | None:
+        """The provider's limit a simulator models (None: we never exceed it)."""
+        return None
+
+
+@dataclass(frozen=True)
+class ProviderAdmits:
+    """Every call is sent at once; the provider answers 429 past its quota and the caller
+    retries (tangram/backoff.py)."""
+
+    name: ClassVar[str] = "provider"
+
+    def core_quotas(self, quotas: tuple[QuotaSpec, ...]) -> tuple[QuotaSpec, ...]:
+        # quotas are the provider's to enforce (with 429s), not ours: admit every call
+        return tuple(replace(q, mode="concurrency", limit=float("inf")) for q in quotas)
+
+    def provider(self, quotas: tuple[QuotaSpec, ...]) -> ProviderLimit | None:
+        return QuotaManager(quotas)
+
+
+# -- when a trajectory's environment starts -------------------------------------------------
+@dataclass(frozen=True)
+class AtFirstAction:
+    """A trajectory's environment (container) starts with its first action, on the node
+    that action binds it to."""
+
+    name: ClassVar[str] = "first_action"
+
+    def opened(self, trajectory: str, request: Callable[[str], None]) -> None:
+        """At open: nothing is started (its first action binds it)."""
+        return None
+
+
+@dataclass(frozen=True)
+class AtOpen:
+    """The RL framework requests the environment (a pod) when the trajectory opens: it is
+    bound to a node in open order and holds its memory (and pod cores) until it closes."""
+
+    name: ClassVar[str] = "open"
+
+    def opened(self, trajectory: str, request: Callable[[str], None]) -> None:
+        request(trajectory)
+
 
 # -- policies -----------------------------------------------------------------------------
 ORDERINGS = ("fcfs", "sef")
@@ -201,10 +307,10 @@ class Policy:
     description: ClassVar[str] = (
         "action-level elastic scheduling with our extensions: closed-loop arrivals, "
         "bounded waiting for a wider grant, restore-aware DP (default)")
-    #: who admits API calls: "tangram" (the quota manager) or "provider" (429s, retries)
-    api_admission: ClassVar[str] = "tangram"
+    #: who admits API calls: the quota manager, or the provider (429s, retries)
+    api: ClassVar[TangramAdmits | ProviderAdmits] = TangramAdmits()
     #: when a trajectory's environment (container, pod) starts
-    env_start: ClassVar[str] = "first_action"
+    env: ClassVar[AtFirstAction | AtOpen] = AtFirstAction()
 
     depth: int = 2
     lookahead: int = 32
@@ -231,10 +337,7 @@ class Policy:
     def build(self, cluster: ClusterSpec) -> Resources:
         cpu, cpu_pools = self.cpu.build(cluster)
         gpu, gpu_pools = self.gpu.build(cluster)
-        quotas = cluster.quotas
-        if self.api_admission == "provider":
-            # quotas are the provider's to enforce (with 429s), not ours: admit every call
-            quotas = tuple(replace(q, mode="concurrency", limit=float("inf")) for q in quotas)
+        quotas = self.api.core_quotas(cluster.quotas)
         pools = [*cpu_pools, *gpu_pools, Pool(API_POOL)]
         return Resources(cpu, gpu, QuotaManager(quotas), {p.name: p for p in pools})
 
@@ -251,8 +354,8 @@ class Policy:
 
     def params(self) -> dict[str, Any]:
         """The policy's parameters (for config.json)."""
-        out: dict[str, Any] = {"name": self.label, "env_start": self.env_start,
-                               "api_admission": self.api_admission}
+        out: dict[str, Any] = {"name": self.label, "env_start": self.env.name,
+                               "api_admission": self.api.name}
         for f in fields(self):
             v = getattr(self, f.name)
             out[f.name] = {"kind": type(v).__name__, **v.__dict__} if f.name in ("cpu", "gpu") else v
@@ -265,7 +368,7 @@ class PaperPolicy(Policy):
     description: ClassVar[str] = ("the paper's Alg. 1-2 rules: the objective sees only the "
                                   "queue, no waiting, durations-only DP; the paper's GPU "
                                   "placement (no residency affinity or pre-restore)")
-    gpu: Any = field(default_factory=lambda: SharedGpus(eoe=False))
+    gpu: Any = field(default_factory=PaperGpus)
 
     def scheduler(self) -> ElasticScheduler:
         return PaperScheduler(self.depth, self.lookahead, self._ordering())
@@ -299,7 +402,7 @@ class K8sPolicy(Policy):
                                   "tests single-process")
     #: the RL framework requests the pod when the rollout starts the trajectory (paper 2.2:
     #: environments are created for the whole rollout, not at the first action)
-    env_start: ClassVar[str] = "open"
+    env: ClassVar[AtFirstAction | AtOpen] = AtOpen()
     cpu: Any = field(default_factory=Pods)
 
 
@@ -323,15 +426,15 @@ class PerTrajectoryApiPolicy(Policy):
     name: ClassVar[str] = "per-trajectory-api"
     description: ClassVar[str] = ("API calls sent by each trajectory on its own; 429s retried "
                                   "with exponential backoff")
-    api_admission: ClassVar[str] = "provider"
+    api: ClassVar[TangramAdmits | ProviderAdmits] = ProviderAdmits()
 
 
 @dataclass(frozen=True)
 class BaselinePolicy(Policy):
     name: ClassVar[str] = "baseline"
     description: ClassVar[str] = "today's stack: k8s + static GPU services + per-trajectory API calls"
-    api_admission: ClassVar[str] = "provider"
-    env_start: ClassVar[str] = "open"
+    api: ClassVar[TangramAdmits | ProviderAdmits] = ProviderAdmits()
+    env: ClassVar[AtFirstAction | AtOpen] = AtOpen()
     cpu: Any = field(default_factory=Pods)
     gpu: Any = field(default_factory=StaticDeployments)
 

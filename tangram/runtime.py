@@ -8,20 +8,35 @@ times, so two simulations with the same seed give identical rows. How long the
 core itself took is measured with an injected ``stopwatch`` (the drivers pass
 ``time.perf_counter``; tangram/ reads no wall clock) into :class:`Timing`.
 
-:class:`ManualClock` is the Clock for driving the core without SimPy or asyncio
-(experiments, benchmarks, tests): timers on a heap, run in time order.
+The virtual clock (SimPy) is sim/clock.py; the asyncio one is executor/driver.py.
 """
 
 from __future__ import annotations
 
-import heapq
-import itertools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Lease, Outcome
+from tangram.protocol import (
+    Attach,
+    Backend,
+    Cancel,
+    Cancelled,
+    Close,
+    Command,
+    Effect,
+    Finish,
+    Open,
+    Poll,
+    PreRestore,
+    Snapshot,
+    Stop,
+    Submit,
+)
+
+__all__ = ["Backend", "Clock", "Record", "RunResult", "Runtime", "Timing"]
 
 
 class Timer(Protocol):
@@ -32,23 +47,6 @@ class Clock(Protocol):
     def now(self) -> float: ...
 
     def call_later(self, delay: float, fn: Callable[[], None]) -> Timer: ...
-
-
-class Backend(Protocol):
-    """Runs one dispatched action on its lease and reports exactly one Outcome.
-
-    A backend that serves a batch dispatch (``Dispatch.batch``) as one batch sets a
-    class attribute ``serves_batches = True`` and reports one Outcome per action of
-    ``dispatch.actions`` (``Outcome.action_id`` says which); the runtime runs a batch
-    on any other backend as its actions one after another on the same lease. A backend
-    that can load a GPU service ahead of demand sets ``prerestores = True``; the core
-    pre-restores (the ``tangram`` policy's idle-time restores) only for such a backend,
-    since another one would not hold what the core then believes resident.
-    """
-
-    def start(self, dispatch: Dispatch, on_done: Callable[[Outcome], None]) -> None: ...
-
-    def cancel(self, action_id: str) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,7 +119,8 @@ class RunResult:
     utilisation: list[dict[str, float]] | None = None
     #: wall seconds the whole run took
     wall_s: float = 0.0
-    core: Tangram | None = None
+    #: the core's state at the end of the run (counters: restores, passes, ...)
+    snapshot: Snapshot | None = None
 
 
 class DoubleReport(RuntimeError):
@@ -129,46 +128,60 @@ class DoubleReport(RuntimeError):
 
 
 class Runtime:
+    """Drives the core through its door (tangram/protocol.py): every call is a command,
+    every effect is carried out here, in order, on the backend."""
+
     def __init__(self, core: Tangram, clock: Clock, backend: Backend,
                  stopwatch: Callable[[], float] = no_stopwatch) -> None:
         self.core = core
         self.clock = clock
         self.backend = backend
+        self.capabilities = backend.capabilities
         self.stopwatch = stopwatch
-        core.gpu.prerestore_ok = bool(getattr(backend, "prerestores", False))
+        core.handle(Attach(self.capabilities), clock.now())
         self.records: list[Record] = []
         self.timing = Timing()
         self._callbacks: dict[str, ResultCallback] = {}
         self._wakeup: Timer | None = None
         self._wakeup_at: float | None = None
 
-    def _timed(self, fn: Callable[..., list[Dispatch]], *args) -> list[Dispatch]:
+    def _timed(self, command: Command) -> list[Effect]:
         t0 = self.stopwatch()
-        out: list[Dispatch] = []
+        out: list[Effect] = []
         try:
-            out = fn(*args)
+            out = self.core.handle(command, self.clock.now())
             return out
         finally:
             dt = self.stopwatch() - t0
             t = self.timing
             t.core_s += dt
+            started = [e for e in out if isinstance(e, Dispatch)]
             if t.calls is not None:
-                t.calls.append((dt, len(out)))
-            if out:
+                t.calls.append((dt, len(started)))
+            if started:
                 t.dispatching_calls += 1
                 t.dispatching_s += dt
-                for d in out:
-                    t.decision_s[d.action.id] = dt / len(out)
-            if t.calls is not None and any(d.batch for d in out):
+                for d in started:
+                    t.decision_s[d.action.id] = dt / len(started)
+            if t.calls is not None and any(d.batch for d in started):
                 # benchmarks count actions started: a batch starts several
-                t.calls[-1] = (dt, sum(1 + len(d.batch) for d in out))
+                t.calls[-1] = (dt, sum(1 + len(d.batch) for d in started))
+
+    def snapshot(self, detail: bool = True) -> Snapshot:
+        """The core's state, frozen (tangram/protocol.py Snapshot)."""
+        return self.core.snapshot(detail)
+
+    def apply(self, command: Command) -> None:
+        """Carry out a command a driver or a backend originates (a node joined or was
+        lost, a GPU worker was lost, time passed) and the effects it has."""
+        self._carry_out(self._timed(command))
 
     def open_trajectory(self, trajectory: str, task: str = "default",
                         mem_gb: float | None = None) -> None:
-        self.core.open_trajectory(trajectory, task, mem_gb)
+        self._carry_out(self._timed(Open(trajectory, task, mem_gb)))
 
     def close_trajectory(self, trajectory: str) -> None:
-        self._launch(self._timed(self.core.close_trajectory, trajectory, self.clock.now()))
+        self._carry_out(self._timed(Close(trajectory)))
 
     def submit(self, action: Action, on_result: ResultCallback | None = None) -> None:
         """Queue ``action``; ``on_result`` is called once when it ends."""
@@ -176,34 +189,37 @@ class Runtime:
 
     def submit_many(self, actions: list[Action], on_result: ResultCallback | None = None) -> None:
         """Queue a batch with one scheduling pass per pool (all or nothing)."""
-        out = self._timed(self.core.submit_many, actions, self.clock.now())  # raises: none queued
+        out = self._timed(Submit(tuple(actions)))  # raises: none queued
         if on_result is not None:
             for a in actions:
                 self._callbacks[a.id] = on_result
-        self._launch(out)
+        self._carry_out(out)
 
     def cancel(self, action_id: str) -> bool:
         """Cancel a queued action (its callback gets a 'cancelled' outcome) or ask
         the backend to stop a running one (its outcome arrives as usual)."""
-        if self.core.cancel(action_id):
-            cb = self._callbacks.pop(action_id, None)
-            if cb:
-                now = self.clock.now()
-                out = Outcome(action_id, status="cancelled", exit_code=None)
-                cb(Record(action_id, "", "", "", now, now, now, 0, None, "", "", 0.0, 0.0,
-                          "cancelled", None, None), out)
-            return True
-        if action_id in self.core.running:
-            self.backend.cancel(action_id)
-            return True
-        return False
+        out = self.core.handle(Cancel(action_id), self.clock.now())
+        self._carry_out(out)
+        return bool(out)
 
-    def _launch(self, dispatches: list[Dispatch]) -> None:
-        for d in dispatches:
-            if d.batch and not getattr(self.backend, "serves_batches", False):
-                self._start_serial(d, 0)
-            else:
-                self.backend.start(d, self._done_callback(d))
+    def _carry_out(self, effects: list[Effect]) -> None:
+        for e in effects:
+            if isinstance(e, Dispatch):
+                if e.batch and not self.capabilities.batches:
+                    self._start_serial(e, 0)
+                else:
+                    self.backend.start(e, self._done_callback(e))
+            elif isinstance(e, PreRestore):
+                self.backend.prerestore(e)  # type: ignore[attr-defined]
+            elif isinstance(e, Stop):
+                self.backend.cancel(e.action_id)
+            elif isinstance(e, Cancelled):
+                cb = self._callbacks.pop(e.action_id, None)
+                if cb:
+                    now = self.clock.now()
+                    out = Outcome(e.action_id, status="cancelled", exit_code=None)
+                    cb(Record(e.action_id, "", "", "", now, now, now, 0, None, "", "", 0.0,
+                              0.0, "cancelled", None, None), out)
         self._arm_wakeup()
 
     def _start_serial(self, d: Dispatch, i: int) -> None:
@@ -215,8 +231,9 @@ class Runtime:
             m = d.batch[i - 1]
             action, submit = m.action, m.submit_s
             lease = replace(d.lease, action_id=action.id, restore_s=0.0)
+        plan = d.gpu if i == 0 or d.gpu is None else d.gpu.riding()
         single = Dispatch(action, lease, submit, self.clock.now() if i else d.start_s, None,
-                          d.decision_s)
+                          d.decision_s, gpu=plan)
         nxt = (lambda: self._start_serial(d, i + 1)) if i < len(d.batch) else None
         self.backend.start(single, self._done_callback(single, d.action.id, nxt))
 
@@ -247,13 +264,13 @@ class Runtime:
                 outcome.exit_code, d.expected_s, lease.lane, batch_of,
             )
             self.records.append(rec)
-            next_dispatches = self._timed(self.core.finish, aid, now, outcome)
+            effects = self._timed(Finish(aid, outcome))
             cb = self._callbacks.pop(aid, None)
             if cb:
                 cb(rec, outcome)
             if then is not None:
                 then()
-            self._launch(next_dispatches)
+            self._carry_out(effects)
 
         return on_done
 
@@ -270,56 +287,6 @@ class Runtime:
         def fire() -> None:
             self._wakeup = None
             self._wakeup_at = None
-            self._launch(self._timed(self.core.poll, self.clock.now()))
+            self._carry_out(self._timed(Poll()))
 
         self._wakeup = self.clock.call_later(max(at - now, 0.0), fire)
-
-
-class ManualTimer:
-    """A timer that is cancelled by marking it (the clock skips it when it comes up)."""
-
-    __slots__ = ("cancelled",)
-
-    def __init__(self) -> None:
-        self.cancelled = False
-
-    def cancel(self) -> None:
-        self.cancelled = True
-
-
-class ManualClock:
-    """The Clock protocol on a heap of timers: ``run()`` fires them in time order
-    (ties in the order they were set), advancing ``now`` to each."""
-
-    def __init__(self, start: float = 0.0) -> None:
-        self._now = start
-        self._heap: list[tuple[float, int, ManualTimer, Callable[[], None]]] = []
-        self._seq = itertools.count()
-
-    def now(self) -> float:
-        return self._now
-
-    def call_later(self, delay: float, fn: Callable[[], None]) -> ManualTimer:
-        timer = ManualTimer()
-        heapq.heappush(self._heap, (self._now + max(delay, 0.0), next(self._seq), timer, fn))
-        return timer
-
-    def step(self) -> bool:
-        """Fire the next timer (False when none is left)."""
-        while self._heap:
-            at, _, timer, fn = heapq.heappop(self._heap)
-            if timer.cancelled:
-                continue
-            self._now = max(self._now, at)
-            fn()
-            return True
-        return False
-
-    def run(self, until: float | None = None) -> None:
-        """Fire timers until none is left (or the next is later than ``until``)."""
-        while self._heap:
-            if until is not None and self._heap[0][0] > until:
-                self._now = until
-                return
-            if not self.step():
-                return

@@ -47,7 +47,7 @@ from tangram.arrange import arrange
 from tangram.estimates import Estimates
 from tangram.managers.quota import QuotaManager
 from tangram.model import Action
-from tangram.pools import Pending, Pool
+from tangram.pools.base import Pending, Pool
 
 
 class Ordering(Protocol):

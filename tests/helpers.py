@@ -7,11 +7,12 @@ import re
 
 import numpy as np
 
+from sim.clock import SimClock
 from sim.modelled import ModelledBackend
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, QuotaSpec, ServiceSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity
-from tangram.runtime import ManualClock, Runtime
+from tangram.runtime import Runtime
 
 _ids = itertools.count()
 
@@ -47,12 +48,12 @@ def gpu_call(traj, service, t1=1.0, choices=(1, 2, 4, 8), p=0.9, aid=None):
 
 
 class EventLoop:
-    """The shared loop (ManualClock + modelled backend, durations as declared) for core
+    """The shared loop (SimClock + modelled backend, durations as declared) for core
     tests, checking invariants after every submit and every completion."""
 
     def __init__(self, core: Tangram, check=None):
         self.core = core
-        self.clock = ManualClock()
+        self.clock = SimClock()
         self.runtime = Runtime(core, self.clock,
                                ModelledBackend(self.clock, np.random.default_rng(0)))
         self.check = check or (lambda c: None)

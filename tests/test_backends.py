@@ -1,4 +1,4 @@
-"""One conformance suite run against every live backend (DESIGN: tests)."""
+"""One conformance suite run against every live backend (the same checks for each)."""
 
 from __future__ import annotations
 

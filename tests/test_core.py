@@ -10,6 +10,7 @@ from tangram.core import Tangram
 from tangram.managers.cpu import CpuManager
 from tangram.managers.gpu import GpuManager
 from tangram.managers.quota import QuotaManager
+from tangram.model import Action, Demand
 from tangram.policies import PaperPolicy, Policy
 from tangram.pools import CpuNodePool, Pending
 
@@ -295,3 +296,17 @@ def test_submit_many_is_all_or_nothing():
     assert not core.queued and not core.running
     out = core.submit_many([good, shell("j", 2.0)], 0.0)
     assert len(out) == 2
+
+
+@pytest.mark.parametrize("cpu_first", [True, False])
+def test_pools_touched_together_pass_in_submit_order(cpu_first):
+    """Pools sharing a quota pass in a fixed order (the order they were touched), not in
+    the order of a set of their names (string hashing differs between processes, so
+    same-seed runs differed)."""
+    core = Tangram(cluster(cores=2, quotas=[("quota:x", "concurrency", 1)]))
+    core.open_trajectory("t")
+    core.finish(core.submit(shell("t", aid="bind"), 0.0)[0].action.id, 0.0)  # bound to n0
+    cpu = shell("t", aid="cpu", **{"quota:x": 1})
+    api = Action("api", "t", "t", "search", {"quota:x": Demand.fixed(1)})
+    out = core.submit_many([cpu, api] if cpu_first else [api, cpu], 1.0)
+    assert [d.action.id for d in out] == (["cpu"] if cpu_first else ["api"])

@@ -12,6 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.outputs import analyse
+from sim.clock import SimClock
 from sim.cluster import load_cluster
 from sim.driver import SimConfig, simulate
 from sim.modelled import ModelledBackend
@@ -20,7 +21,8 @@ from tangram.cluster import ClusterSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Outcome
 from tangram.policies import make_policy
-from tangram.runtime import DoubleReport, ManualClock, Runtime
+from tangram.protocol import NONE, Capabilities
+from tangram.runtime import DoubleReport, Runtime
 from traces.generate import generate
 from traces.schema import Truth, validate
 
@@ -31,12 +33,12 @@ def gpu_cluster(nodes=2, sizes=(("a", 16.0), ("b", 30.0), ("c", 120.0))) -> Clus
 
 
 class Loop:
-    """The shared loop on a ManualClock with the modelled backend; ``check`` runs after
+    """The shared loop on a SimClock with the modelled backend; ``check`` runs after
     every event (submission, completion, wakeup)."""
 
     def __init__(self, core: Tangram, check=None, backend=None):
         self.core = core
-        self.clock = ManualClock()
+        self.clock = SimClock()
         self.backend = backend or ModelledBackend(self.clock, np.random.default_rng(0))
         self.runtime = Runtime(core, self.clock, self.backend)
         self.check = check or (lambda: None)
@@ -55,7 +57,7 @@ class Loop:
 
 
 def oldest_may_not_starve(core: Tangram, now: float) -> None:
-    """The stated bound (tangram/eoe.py), checked at every event: while a free chunk it
+    """The stated bound (tangram/pools/eoe.py), checked at every event: while a free chunk it
     could use exists, the oldest waiting request waits only by choice, for at most its
     cap (the restore time of its smallest variant) since it chose to; and nothing
     younger starts while it waits unless it waits by choice or can use a running
@@ -133,7 +135,7 @@ def test_no_request_starves_past_the_stated_bound(reqs):
     was declared (so waiting for a busy variant can be a misjudgement)."""
     cluster = gpu_cluster(nodes=1)
     core = Tangram(cluster, make_policy("tangram"))
-    clock = ManualClock()
+    clock = SimClock()
     truth = {}
     loop = Loop(core, backend=ModelledBackend(clock, np.random.default_rng(0), truth))
     loop.clock = clock
@@ -233,6 +235,8 @@ def test_batch_curve_shares_the_fixed_overhead_only():
 class OneAtATime:
     """A backend without batch support (like the live ones): runs what it is given."""
 
+    capabilities = NONE
+
     def __init__(self, clock):
         self.clock = clock
         self.started = []
@@ -255,7 +259,7 @@ def batch_core():
 
 def test_a_batch_on_a_backend_without_batches_runs_one_by_one_on_its_lease():
     core = batch_core()
-    clock = ManualClock()
+    clock = SimClock()
     backend = OneAtATime(clock)
     runtime = Runtime(core, clock, backend)
     runtime.submit_many([gpu_call(f"j{i}", "a", t1=0.2, aid=f"r{i}") for i in range(5)])
@@ -274,7 +278,7 @@ def test_a_batch_on_a_backend_without_batches_runs_one_by_one_on_its_lease():
 
 def test_a_batch_is_one_batch_on_the_modelled_backend():
     core = batch_core()
-    clock = ManualClock()
+    clock = SimClock()
     runtime = Runtime(core, clock, ModelledBackend(clock, np.random.default_rng(0)))
     runtime.submit_many([gpu_call(f"j{i}", "a", t1=0.4, choices=(4,), aid=f"r{i}")
                          for i in range(5)])
@@ -291,10 +295,10 @@ def test_a_batch_is_one_batch_on_the_modelled_backend():
 
 def test_a_backend_reporting_a_stranger_in_a_batch_is_caught():
     core = batch_core()
-    clock = ManualClock()
+    clock = SimClock()
 
     class Liar:
-        serves_batches = True
+        capabilities = Capabilities(batches=True)
 
         def start(self, d, on_done):
             clock.call_later(0.1, lambda: on_done(Outcome("nobody")))

@@ -53,7 +53,7 @@ class Rig:
     def __init__(self, services: dict[str, dict], **kw: Any) -> None:
         self.core = Tangram(cluster(services, **kw))
         sources = {n: ModelSource.random(c, seed=i) for i, (n, c) in enumerate(services.items())}
-        self.backend = GpuBackend(self.core.gpu, sources, "cpu")
+        self.backend = GpuBackend(self.core.cluster, sources, "cpu")
         self.backend.start_workers()
         self.backend.wait_ready(60)
         self.ex = LiveExecutor(self.core, self.backend)

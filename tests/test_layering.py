@@ -1,6 +1,8 @@
-"""The layers hold (DESIGN: tangram/ <- traces/ <- {sim/, executor/} <- analysis/ <- cli.py):
-every module's imports are parsed, and an upward import, a sim<->executor import or an
-import cycle fails here, so the structure stays true as the code grows."""
+"""The layers hold (docs/design.md: tangram/ <- traces/ <- {sim/, executor/} <- analysis/ <-
+tangram_cli/ <- cli.py): every module's imports are parsed, and an upward import, a
+sim<->executor import or an import cycle fails here, so the structure stays true as the code
+grows; and the core has one door (tangram/protocol.py): nothing outside tangram/ imports its
+inside or reaches into its state, and backends declare capabilities instead of being probed."""
 
 from __future__ import annotations
 
@@ -10,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parent.parent
-PACKAGES = ("tangram", "traces", "sim", "executor", "analysis")
+PACKAGES = ("tangram", "traces", "sim", "executor", "analysis", "tangram_cli")
 #: package -> the packages it may import (besides itself)
 ALLOWED = {
     "tangram": set(),
@@ -18,6 +20,7 @@ ALLOWED = {
     "sim": {"tangram", "traces"},
     "executor": {"tangram", "traces"},
     "analysis": {"tangram", "traces", "sim", "executor"},
+    "tangram_cli": {"tangram", "traces", "sim", "executor", "analysis"},
     "cli": set(PACKAGES),
 }
 #: the HTTP client talks to a server, and the framework adapters built on it (idle TTL of
@@ -99,3 +102,97 @@ def test_the_core_reads_no_wall_clock():
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             clocks = [n for n in names if n.split(".")[0] in ("time", "datetime")]
             assert not clocks, f"{rel} imports {clocks}: the core must be given the time"
+
+
+# -- one door into the core (tangram/protocol.py) ------------------------------------------
+#: modules of tangram/ that are the core's inside: managers, pools and schedulers are reached
+#: through the core's commands, effects and snapshot, never directly
+CORE_INSIDE = ("tangram.managers", "tangram.pools", "tangram.scheduler")
+#: the core's mutable state (attributes of a Tangram)
+CORE_STATE = {"cpu", "gpu", "quota", "pools", "running", "queued", "unbound", "opening",
+              "trajectories", "passes", "scheduler", "estimates", "cluster", "policy"}
+OUTSIDE = ("sim", "executor", "analysis", "traces", "cli")
+
+
+def _coreish(node: ast.expr) -> bool:
+    """An expression that names the core or the runtime around it (``core``, ``live_core``,
+    ``executor.core``, ``cores[-1]``, ``self.runtime``...)."""
+    while isinstance(node, ast.Subscript):
+        node = node.value
+    name = node.id if isinstance(node, ast.Name) else \
+        node.attr if isinstance(node, ast.Attribute) else ""
+    return "core" in name.lower() or "runtime" in name.lower()
+
+
+def reach_ins(path: Path) -> list[str]:
+    """Places in ``path`` that reach past the core's door: an attribute of the core's state
+    or a private attribute of the core or the runtime (also through getattr)."""
+    out = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and _coreish(node.value) and (
+                node.attr in CORE_STATE or node.attr.startswith("_")):
+            out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+              and _coreish(node.args[0]) and isinstance(node.args[1], ast.Constant)
+              and (node.args[1].value in CORE_STATE or str(node.args[1].value).startswith("_"))):
+            out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
+    return out
+
+
+@pytest.mark.parametrize("name", sorted(n for n in GRAPH if n.split(".")[0] in OUTSIDE))
+def test_nothing_outside_the_core_imports_its_inside(name):
+    bad = sorted(m for m in GRAPH[name] if m.startswith(CORE_INSIDE))
+    assert not bad, (f"{name} imports {bad}: outside tangram/, use the core's door "
+                     "(tangram/protocol.py: commands, effects, Snapshot)")
+
+
+def test_nothing_outside_the_core_reaches_into_its_state():
+    found = [hit for name, path in modules().items() if name.split(".")[0] in OUTSIDE
+             for hit in reach_ins(path)]
+    assert not found, ("reach-ins past the core's door (use Tangram.handle / snapshot / "
+                       "the point queries of tangram/protocol.py):\n" + "\n".join(found))
+
+
+def test_the_reach_in_check_catches_one(tmp_path):
+    probe = tmp_path / "probe.py"
+    probe.write_text("def f(executor, core, runtime):\n"
+                     "    return executor.core.running, core.gpu.restores, runtime._launch, "
+                     "getattr(core, 'queued')\n")
+    assert len(reach_ins_of(probe)) == 4
+
+
+def reach_ins_of(path: Path) -> list[str]:
+    """reach_ins for a file outside the repository (the check's own test)."""
+    global ROOT
+    saved, ROOT = ROOT, path.parent
+    try:
+        return reach_ins(path)
+    finally:
+        ROOT = saved
+
+
+def test_the_simulator_reads_no_private_attribute():
+    """sim/ drives SimPy through its public API (``env.peek()``, not ``env._queue``)."""
+    for path in (ROOT / "sim").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Attribute) and node.attr.startswith("_")
+                    and not node.attr.startswith("__")
+                    and not (isinstance(node.value, ast.Name) and node.value.id in ("self", "cls"))):
+                pytest.fail(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)} is "
+                            "private to another object")
+
+
+def test_backends_declare_capabilities_instead_of_being_probed():
+    """No getattr/hasattr stands in for what a backend can do (tangram.protocol.Capabilities)."""
+    probes = {"serves_batches", "prerestores", "watch_nodes", "watch", "open_trajectory_image",
+              "env", "gpu", "put_file", "prerestore", "name", "capabilities"}
+    for name, path in modules().items():
+        if name.split(".")[0] not in (*OUTSIDE, "tangram"):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+                    and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
+                    and isinstance(node.args[1], ast.Constant) and node.args[1].value in probes):
+                pytest.fail(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)} probes "
+                            "a capability: declare it in the backend's Capabilities")

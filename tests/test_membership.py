@@ -14,6 +14,7 @@ from executor.ray_cluster import RaySpec, format_cpus, parse_cpus, split_cores
 from tangram.cluster import CpuNodeSpec
 from tangram.core import Tangram
 from tangram.model import Outcome
+from tangram.policies import make_policy
 
 
 def test_remove_node_rebinds_queued_actions_and_drops_capacity():
@@ -56,6 +57,18 @@ def test_add_node_starts_waiting_trajectories():
     assert core.capacity()["cpu"] == 5.0
     # validation follows the nodes present: 4 cores fit now
     core.validate(shell("a", cores=4, aid="a2"))
+
+
+def test_a_pod_policy_grows_too():
+    """add_node asks the policy's CPU part for the new node's pool: pods grow as well."""
+    core = Tangram(cluster(cores=2, nodes=1, mem_gb=4.0), make_policy("k8s", {"pod_cores": 2}))
+    core.open_trajectory("a", "t", 1.0)
+    core.open_trajectory("b", "t", 1.0)  # n0's two cores are a's pod
+    assert core.cpu.node_of("b") is None
+    assert core.add_node(CpuNodeSpec("n9", 2, 1, 4.0), 1.0) == []
+    assert core.cpu.node_of("b") == "n9"  # its pod was created on the new node
+    (d,) = core.submit(shell("b", aid="b1"), 1.0)
+    assert d.lease.node == "n9" and core.capacity()["cpu"] == 4.0
 
 
 def test_split_cores_disjoint_or_round_robin():

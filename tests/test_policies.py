@@ -7,25 +7,25 @@ import sys
 from pathlib import Path
 
 import pytest
-import typer.main
 from helpers import EventLoop, cluster, gpu_call, shell, test_run
 
 import cli
-from tangram.baseline_pools import PodPool, ServicePool
 from tangram.core import Tangram
 from tangram.policies import REGISTRY, K8sPolicy, Pods, make_policy
+from tangram.pools.pods import PodPool
+from tangram.pools.static import ServicePool
+from tangram_cli.options import POLICY_OPTIONS
 
 ROOT = Path(__file__).parent.parent
 
 
 def _options(command: str) -> set[str]:
-    group = typer.main.get_command(cli.app)
-    return {p.name for p in group.commands[command].params}
+    return {p.name for p in cli.load_command(command).params}
 
 
 def test_simulate_run_and_serve_accept_the_same_policy_options():
-    sets = {c: _options(c) & set(cli.POLICY_OPTIONS) for c in ("simulate", "run", "serve")}
-    assert sets["simulate"] == sets["run"] == sets["serve"] == set(cli.POLICY_OPTIONS)
+    sets = {c: _options(c) & set(POLICY_OPTIONS) for c in ("simulate", "run", "serve")}
+    assert sets["simulate"] == sets["run"] == sets["serve"] == set(POLICY_OPTIONS)
 
 
 @pytest.mark.parametrize("name", [n if n != "fixed-dop:N" else "fixed-dop:4" for n in REGISTRY])

@@ -18,7 +18,7 @@ from executor.commands import elastic_argv
 from tangram.cluster import ClusterError, ClusterSpec
 from traces.generate import generate
 from traces.schema import COLUMNS, write
-from traces.select import head, scale_think
+from traces.select import WORK_COLUMNS, fixed_work, head, scale_think, scale_work
 
 ROOT = Path(__file__).parent.parent
 CLI = [sys.executable, str(ROOT / "cli.py")]
@@ -73,6 +73,79 @@ def test_head_and_think_scale_select_like_run():
     assert scale_think(two, 0.5)["think_s"].tolist() == (two["think_s"] * 0.5).tolist()
     with pytest.raises(ValueError, match="think_scale"):
         scale_think(df, -1)
+
+
+def test_scale_work_scales_every_rows_work_but_a_real_commands():
+    df = generate("coding", 3, 4)
+    df.loc[1, "command"] = "true"
+    df.loc[:, "timeout_s"] = 90.0
+    scaled = scale_work(df, 0.25)
+    keep = fixed_work(df)
+    assert keep.sum() == 1 and bool(keep[1])
+    for col in WORK_COLUMNS:
+        assert scaled.loc[~keep, col].tolist() == pytest.approx((df.loc[~keep, col] * 0.25).tolist())
+        assert scaled.loc[keep, col].tolist() == df.loc[keep, col].tolist()
+    assert scaled["think_s"].tolist() == df["think_s"].tolist()  # --think-scale's
+    assert scale_work(df, 1.0) is df
+    for bad in (0.0, -1.0):
+        with pytest.raises(ValueError, match="work_scale"):
+            scale_work(df, bad)
+
+
+def _work_trace(path: Path) -> Path:
+    """One trajectory of burn rows (one elastic) and a row that runs a real command."""
+    base = {k: v[2] for k, v in COLUMNS.items()}
+    steps = [("shell", "1", 0.4, float("nan"), ""), ("test_run", "1-2", 0.8, 0.9, ""),
+             ("shell", "1", 0.3, float("nan"), "true"), ("shell", "1", 0.2, float("nan"), "")]
+    rows = [{**base, "task": "coding", "trajectory": "w", "seq": i, "kind": kind,
+             "think_s": 0.1, "t1_s": t1, "cpu_cores": cores, "mem_gb": 0.25,
+             "elastic": "cpu" if cores != "1" else "", "parallel_fraction": p,
+             "profiled": cores != "1", "setup_s": 0.1, "command": cmd}
+            for i, (kind, cores, t1, p, cmd) in enumerate(steps)]
+    return write(pd.DataFrame(rows), path)
+
+
+def test_a_scaled_simulation_models_s_times_the_work(tmp_path):
+    trace = _work_trace(tmp_path / "w.csv")
+    runs = {}
+    for scale in ("1", "0.25"):
+        out = tmp_path / f"sim-{scale}"
+        res = tangram("simulate", "--trace", str(trace), "--work-scale", scale, "--out",
+                      str(out), "--quiet")
+        assert res.returncode == 0, res.stderr
+        runs[scale] = pd.read_parquet(out / "actions.parquet").set_index("action_id")
+    full, quarter = runs["1"], runs["0.25"]
+    assert (quarter["units"] == full["units"]).all()  # one trajectory: nothing contends
+    scaled = ["w#1", "w#3"]
+    assert quarter.loc[scaled, "exec_s"].tolist() == \
+        pytest.approx((full.loc[scaled, "exec_s"] * 0.25).tolist())
+    # the first action also waits for its environment to start (the cluster's, not the
+    # row's work): only its 0.4 s + 0.1 s setup shrank, by 3/4
+    assert full.loc["w#0", "exec_s"] - quarter.loc["w#0", "exec_s"] == pytest.approx(0.375)
+    assert quarter.loc["w#2", "exec_s"] == pytest.approx(full.loc["w#2", "exec_s"])  # command
+    config = json.loads((tmp_path / "sim-0.25" / "config.json").read_text())
+    assert config["work_scale"] == 0.25 and config["work_unscaled_rows"] == 1
+    assert "1 of 4 row(s) run a real command" in res.stderr
+    bad = tangram("simulate", "--trace", str(trace), "--work-scale", "0", "--quiet")
+    assert bad.returncode == 2 and "--work-scale" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_scaled_replay_burns_s_times_the_work(tmp_path):
+    trace = _work_trace(tmp_path / "w.csv")
+    live = tmp_path / "live"
+    res = tangram("run", "--trace", str(trace), "--work-scale", "0.25", "--out", str(live),
+                  "--quiet")
+    assert res.returncode == 0, res.stderr
+    assert "1 of 4 row(s) run a real command" in res.stderr
+    summary = json.loads((live / "summary.json").read_text())
+    assert summary["actions"] == 4 and summary["failed"] == 0
+    by_id = {o["action_id"]: o for o in
+             map(json.loads, (live / "outputs.jsonl").read_text().splitlines())}
+    t1 = {aid: float(o["argv"][o["argv"].index("--t1") + 1]) for aid, o in by_id.items()
+          if "executor.burn" in o["argv"]}
+    assert t1 == pytest.approx({"w#0": 0.1, "w#1": 0.2, "w#3": 0.05})
+    config = json.loads((live / "config.json").read_text())
+    assert config["work_scale"] == 0.25 and config["work_unscaled_rows"] == 1
 
 
 def _tiny_trace(path: Path) -> Path:

@@ -35,7 +35,7 @@ def test_snapshot_shows_holders_queues_gpus_and_quotas():
     loop.runtime.submit(shell("td", t1=0.01, aid="ls"))  # light: on the lane, no core of its own
     loop.runtime.submit(shell("tb", t1=1.0, cores=2, aid="waits"))  # 1 core left: queued
     loop.runtime.submit(gpu_call("tc", "judge", t1=2.0, choices=(2,), aid="judge-1"))
-    snap = snapshot(core, loop.runtime.records, 0.5, {"ok": 0})
+    snap = snapshot(core.snapshot(), loop.runtime.records, 0.5, {"ok": 0})
     assert [h["action"] for h in snap["nodes"][0]["lane"]] == ["ls"]
     assert snap["nodes"][0]["lane_slots"] >= 1
 
@@ -62,7 +62,7 @@ def test_snapshot_shows_pods_holding_cores_between_actions():
     loop.runtime.open_trajectory("ta", "t", 1.0)
     loop.runtime.submit(shell("ta", t1=1.0, aid="first"))
     loop.clock.run()  # the action ends; the pod keeps its cores
-    held = [c for c in snapshot(core, loop.runtime.records, 2.0)["nodes"][0]["cores"] if c]
+    held = [c for c in snapshot(core.snapshot(), loop.runtime.records, 2.0)["nodes"][0]["cores"] if c]
     assert [(h["action"], h["trajectory"], h["kind"]) for h in held] == [(None, "ta", "pod")] * 2
 
 
@@ -268,7 +268,7 @@ def test_status_page_draws_gpu_chunks_and_quotas(server, browser):
     loop.runtime.submit(gpu_call("tg", "judge", t1=2.0, choices=(2,), aid="judge-1"))
     loop.runtime.open_trajectory("tl", "t", 1.0)
     loop.runtime.submit(shell("tl", t1=0.01, aid="light-ls"))
-    snap = snapshot(core, loop.runtime.records, 0.1)
+    snap = snapshot(core.snapshot(), loop.runtime.records, 0.1)
     snap["quotas"][0]["used"] = 3.0
     browser.get(server.url + "/")
     browser.execute_script("document.getElementById('view').hidden = false; show(arguments[0])",

@@ -1,7 +1,8 @@
 """GPU workers: evict-on-execution for real (paper 5.3).
 
-The core's :class:`~tangram.managers.gpu.GpuManager` decides placement,
-residency and eviction; the modules here execute those decisions:
+The core decides placement, residency and eviction and hands each GPU dispatch its
+plan (:class:`~tangram.model.GpuPlan`: evict these, restore this or not); the modules
+here execute those decisions:
 
 * ``model.py``: the model a service serves (weights in one flat buffer per
   layer-split shard, and its forward computation) and how it is loaded
@@ -10,7 +11,8 @@ residency and eviction; the modules here execute those decisions:
   importable, else numpy) and the device it copies to (``cuda`` or ``cpu``)
 * ``worker.py``: the worker process of one GPU node (stage, restore, evict, serve)
 * ``backend.py``: the Backend the runtime dispatches GPU actions to; it
-  mirrors the core's residency model and checks the worker against it
+  carries out each dispatch's plan, mirrors what it told the worker to hold and checks
+  the worker against it (and against the core's resident set carried by the plans)
 * ``config.py``: services with their loaders (YAML), NVML discovery
 * ``routes.py``: ``/v1/gpus`` and the per-GPU lines of ``/metrics``
 * ``bench.py``: ``tangram bench gpu``

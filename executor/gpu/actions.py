@@ -1,15 +1,17 @@
-"""A GPU action from the HTTP API's fields (``service``, ``gpus``, ``inputs``)."""
+"""The GPU fields of an HTTP API action (``gpus``, ``inputs``); executor/schemas.py
+``ActionIn.to_action`` builds the Action itself, for every kind of action."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from tangram.model import QUOTA_PREFIX, Action, Demand, Elasticity
+from tangram.model import Demand
 from traces.schema import parse_set
 
 
-def gpu_action(body: Any, trajectory: str, task: str) -> Action:
-    """The Action of an ``ActionIn`` that names a ``service``; ValueError names the bad field."""
+def gpu_fields(body: Any) -> tuple[Demand, dict[str, Any]]:
+    """The GPU counts and the payload of an ``ActionIn`` that names a ``service``;
+    ValueError names the bad field."""
     try:
         gpus = parse_set(body.gpus)
     except ValueError as e:
@@ -27,12 +29,4 @@ def gpu_action(body: Any, trajectory: str, task: str) -> Action:
         raise ValueError("inputs.tokens: expected a non-empty list of non-empty lists of token ids")
     if body.argv is not None or body.command is not None or body.request is not None:
         raise ValueError("service: a GPU action takes inputs, not argv/command/request")
-    cost: dict[str, Demand] = {"gpu": gpus}
-    for key, units in body.quota.items():
-        cost[key if key.startswith(QUOTA_PREFIX) else QUOTA_PREFIX + key] = Demand.fixed(units)
-    elastic = body.elastic and gpus.elastic
-    elasticity = (Elasticity.amdahl(body.parallel_fraction)
-                  if body.parallel_fraction is not None else None)
-    return Action(body.id, task, trajectory, body.kind, cost, elastic="gpu" if elastic else None,
-                  t1_s=body.t1_s, elasticity=elasticity, service=body.service,
-                  payload={**inputs, "timeout_s": body.timeout_s})
+    return gpus, {**inputs, "timeout_s": body.timeout_s}

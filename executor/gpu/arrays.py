@@ -238,3 +238,15 @@ def make_ops(device: str, dtype: str | None = None) -> NumpyOps:
     if torch_available():
         return TorchOps("cpu", "float32")
     return NumpyOps()
+
+
+def check_device(device: str) -> None:
+    """A --gpu-device value: ``cpu``, or ``cuda`` where torch sees a GPU (ValueError, in
+    the option's words, otherwise)."""
+    if device not in DEVICES:
+        raise ValueError(f"--gpu-device: unknown device {device!r} (cuda or cpu)")
+    if device == "cuda":
+        try:
+            make_ops("cuda")
+        except RuntimeError as e:
+            raise ValueError(f"--gpu-device cuda: {e}") from None

@@ -1,25 +1,25 @@
 """The GPU backend: runs dispatched GPU actions on the worker of their node.
 
-The core's GpuManager has already decided everything when ``start`` is
-called: the chunk (``lease.gpus``), whether the action's variant must be
-restored (``lease.restore_s > 0``) and which variants it evicted to make room
-(they are gone from its resident set). The backend turns that into one
-command for the node's worker: *evict these variants, restore this one (or
-not), serve the request*. It keeps a mirror of what it has told the worker to
-hold, and checks three things, each of which fails the action loudly (and
-resets the node, see below) when it does not hold, because a mismatch is a bug:
+The core has already decided everything when ``start`` is called, and the dispatch
+carries it (``Dispatch.gpu``, a :class:`~tangram.model.GpuPlan`): the chunk
+(``lease.gpus``), which variants to evict to make room (least recently used first) and
+whether the action's variant must be restored. The backend turns that into one command
+for the node's worker: *evict these variants, restore this one (or not), serve the
+request*. It reads nothing of the core: it keeps a mirror of what it has told the worker
+to hold, and checks three things, each of which fails the action loudly (and resets the
+node, see below) when it does not hold, because a mismatch is a bug:
 
-1. at start: the core's restore decision agrees with the mirror (restore iff
-   the variant is not held), and the core's resident set equals the mirror
-   plus the variants of dispatches not started yet;
+1. at start: the plan agrees with the mirror (restore iff the variant is not held; every
+   variant to evict is held);
 2. at the end of every action: the resident set the worker reports equals the
    mirror as it was after the last command the worker had applied;
-3. when the node is quiet (nothing running or dispatched there): the worker's
-   resident set equals the core's, exactly.
+3. when the node is quiet (nothing running there): the worker's resident set equals the
+   resident set of the newest plan carried out there (``GpuPlan.resident``: the core's,
+   right after its latest decision on the node), exactly.
 
-A worker that dies (crash, OOM kill) fails every action it was running, the
-core forgets the node's residency (``GpuManager.reset_node``), and the next
-action on that node gets a fresh worker that stages its services again.
+A worker that dies (crash, OOM kill) fails every action it was running, the core is
+told (a :class:`~tangram.protocol.WorkerLost` command: it forgets the node's residency)
+and the next action on that node gets a fresh worker that stages its services again.
 """
 
 from __future__ import annotations
@@ -42,8 +42,9 @@ from pathlib import Path
 from typing import Any
 
 from executor.gpu.model import ModelSource
-from tangram.managers.gpu import GpuManager
-from tangram.model import Dispatch, Outcome
+from tangram.cluster import ClusterSpec
+from tangram.model import Dispatch, GpuPlan, Outcome
+from tangram.protocol import Capabilities, Sink, WorkerLost
 
 log = logging.getLogger("tangram.gpu")
 Variant = tuple[str, int, int]
@@ -102,6 +103,10 @@ class NodeWorker:
         self.fatal: str | None = None
         self.ready_event = threading.Event()
         self.commanded: set[Variant] = set()
+        #: the variants of ``commanded``, least recently used first
+        self.lru: list[Variant] = []
+        #: the newest plan carried out on this node (check 3)
+        self.latest: GpuPlan | None = None
         self.expected: dict[int, frozenset[Variant]] = {0: frozenset()}
         self.seq = 0
         self.inflight: dict[str, InFlight] = {}
@@ -130,14 +135,20 @@ class NodeWorker:
 
 
 class GpuBackend:
-    """Backend for actions with a GPU lease (``service`` + ``gpus``)."""
+    """Backend for actions with a GPU lease (``service`` + ``gpus``) and a residency plan.
+
+    ``cluster``: its GPU nodes and services (the same the core schedules). A worker lost
+    is reported to the ``sink`` the driver gives (``watch``) as WorkerLost."""
 
     name = "gpu"
+    capabilities = Capabilities(gpu=True, watches_nodes=True)
 
-    def __init__(self, manager: GpuManager | Callable[[], GpuManager],
+    def __init__(self, cluster: ClusterSpec,
                  sources: Mapping[str, ModelSource], device: str = "cpu",
                  physical: Mapping[str, list[int]] | None = None) -> None:
-        self._manager = manager
+        self.nodes = {n.name: n for n in cluster.gpu_nodes}
+        self.services = {s.name: s for s in cluster.services}
+        self._sink: Sink | None = None
         self.sources = dict(sources)
         self.device = device
         self.physical = dict(physical or {})
@@ -150,15 +161,14 @@ class GpuBackend:
         self._req = itertools.count(1)
         self.started = time.time()
 
-    @property
-    def manager(self) -> GpuManager:
-        m = self._manager
-        return m if isinstance(m, GpuManager) else m()
+    def watch(self, sink: Sink) -> None:
+        """Report a lost worker to ``sink`` (WorkerLost), on the loop."""
+        self._sink = sink
 
     # -- workers ---------------------------------------------------------------------
     def start_workers(self) -> None:
         """Start (and stage) every node's worker now instead of at its first action."""
-        for node in self.manager.nodes:
+        for node in self.nodes:
             self._worker(node)
 
     def _worker(self, node: str) -> NodeWorker:
@@ -167,9 +177,9 @@ class GpuBackend:
             self._on_exit(nw)  # died while idle, before its reader thread reported it
         if nw is not None and not nw.dead:
             return nw
-        spec = self.manager.nodes[node].spec
+        spec = self.nodes[node]
         devices = self.physical.get(node) or list(range(spec.gpus))
-        missing = sorted(set(self.manager.services) - set(self.sources))
+        missing = sorted(set(self.services) - set(self.sources))
         if missing:
             raise ValueError(f"services: no model (loader) for {missing}")
         nw = NodeWorker(node, spec.gpus, self.device, devices, sorted(self.sources.items()))
@@ -228,11 +238,12 @@ class GpuBackend:
     # -- the Backend protocol ------------------------------------------------------------
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         self.loop = asyncio.get_running_loop()
-        lease, action = d.lease, d.action
+        lease, action, plan = d.lease, d.action, d.gpu
         aid = action.id
-        if not lease.gpus or lease.node is None or not action.service:
-            self.loop.call_soon(on_done, Outcome(aid, "failed", None,
-                                                 error="gpu backend: the action has no GPU lease"))
+        if not lease.gpus or lease.node is None or not action.service or plan is None:
+            self.loop.call_soon(on_done, Outcome(
+                aid, "failed", None, error="gpu backend: the action has no GPU lease and "
+                "residency plan (the evict-on-execution GPU manager makes them)"))
             return
         node = lease.node
         variant: Variant = (action.service, len(lease.gpus), lease.gpus[0])
@@ -241,26 +252,27 @@ class GpuBackend:
         except (ValueError, OSError) as e:
             self.loop.call_soon(on_done, Outcome(aid, "failed", None, error=str(e)))
             return
-        manager = self.manager
-        core_set = manager.resident_variants(node)
-        evict = sorted(nw.commanded - core_set)
+        evict = list(plan.evict)
         restore = variant not in nw.commanded
         new = (nw.commanded - set(evict)) | {variant}
-        unstarted = {(lz.service, lz.size, lz.start) for lz in manager.live_leases(node)
-                     if lz.action_id not in nw.inflight and lz.action_id != aid}
         problem = None
-        if restore != (lease.restore_s > 0):
-            problem = (f"the core {'restores' if lease.restore_s > 0 else 'reuses'} {variant} "
+        if plan.variant != variant or plan.node != node:
+            problem = f"the plan is for {plan.variant} on {plan.node}, the lease for {variant}"
+        elif restore != plan.restore:
+            problem = (f"the core {'restores' if plan.restore else 'reuses'} {variant} "
                        f"but the worker {'holds' if not restore else 'does not hold'} it")
-        elif not new <= core_set or not (core_set - new) <= unstarted:
-            problem = (f"the core has {sorted(core_set)} resident, the worker would hold "
-                       f"{sorted(new)}")
+        elif not set(evict) <= nw.commanded:
+            problem = (f"the core evicts {sorted(set(evict) - nw.commanded)}, which the "
+                       f"worker does not hold")
         if problem is not None:
             self._mismatch(nw, f"residency mismatch on {node} at the start of {aid}: {problem}")
             self.loop.call_soon(on_done, Outcome(aid, "failed", None,
                                                  error=f"residency mismatch: {problem}"))
             return
         nw.commanded = new
+        nw.lru = [v for v in nw.lru if v in new and v != variant] + [variant]
+        if nw.latest is None or plan.version > nw.latest.version:
+            nw.latest = plan
         nw.seq += 1
         nw.expected[nw.seq] = frozenset(new)
         for v in evict:
@@ -334,10 +346,9 @@ class GpuBackend:
         problem = None
         if want is not None and got != want:
             problem = f"the worker holds {sorted(got)}, it was told to hold {sorted(want)}"
-        elif not nw.inflight and not self.manager.live_leases(nw.node) and \
-                got != self.manager.resident_variants(nw.node):
+        elif not nw.inflight and nw.latest is not None and got != nw.latest.resident:
             problem = (f"the worker holds {sorted(got)}, the core has "
-                       f"{sorted(self.manager.resident_variants(nw.node))}")
+                       f"{sorted(nw.latest.resident)}")
         low = min([x.seq for x in nw.inflight.values()] + [nw.seq])
         for s in [s for s in nw.expected if s < low]:
             del nw.expected[s]
@@ -394,7 +405,8 @@ class GpuBackend:
         if self.workers.get(nw.node) is nw:
             del self.workers[nw.node]
         nw.stop(timeout=1.0)
-        self.manager.reset_node(nw.node)
+        if self._sink is not None:  # the core forgets the node's residency
+            self._sink(WorkerLost(nw.node))
         failed = list(nw.inflight.values())
         nw.inflight.clear()
         for f in failed:
@@ -437,33 +449,41 @@ class GpuBackend:
                    for nw in self.workers.values())
 
     def snapshot(self) -> dict[str, Any]:
-        """Per-node, per-GPU and per-service figures (``/v1/gpus``, ``/metrics``)."""
-        m = self.manager
+        """Per-node, per-GPU and per-service figures (``/v1/gpus``, ``/metrics``). The
+        resident variants and their memory are the worker's mirror (which the checks keep
+        equal to the core's: what the core accounts for each GPU is ``core_mem_gb``)."""
         wall = max(time.time() - self.started, 1e-9)
         nodes = {}
-        for name, node in m.nodes.items():
+        resident_all: list[Variant] = []
+        for name, spec in self.nodes.items():
             nw = self.workers.get(name)
-            per_gpu = [0] * node.spec.gpus
-            if nw is not None:
+            per_gpu = [0] * spec.gpus
+            mem_gb = [0.0] * spec.gpus
+            lru: list[Variant] = []
+            busy_now: set[int] = set()
+            if nw is not None and not nw.dead:
                 for v, parts in nw.variant_bytes.items():
                     for i, b in enumerate(parts):
                         per_gpu[v[2] + i] += b
-            busy_now = {g for lz in m.live_leases(name) for g in lz.gpus}
+                lru = list(nw.lru)
+                busy_now = {g for f in nw.inflight.values() for g in f.dispatch.lease.gpus}
+            for svc, k, start in lru:
+                for g in range(start, start + k):
+                    mem_gb[g] += self.services[svc].size_gb / k
+            resident_all += lru
             nodes[name] = {
                 "worker_pid": self.worker_pid(name),
                 "ready": bool(nw and nw.ready),
                 "gpus": [{"gpu": g, "leased": g in busy_now,
                           "busy_fraction": self.gpu_busy_s.get((name, g), 0.0) / wall,
                           "weights_bytes": per_gpu[g],
-                          "core_mem_gb": m.gpu_mem_used(name)[g]}
-                         for g in range(node.spec.gpus)],
-                "resident": [list(v) for v in m.lru_order(name)],
+                          "core_mem_gb": mem_gb[g]}
+                         for g in range(spec.gpus)],
+                "resident": [list(v) for v in lru],
             }
         services = {}
         for s, st in self.stats.items():
-            services[s] = {"resident_variants": sum(1 for n in m.nodes
-                                                    for v in m.resident_variants(n)
-                                                    if v[0] == s),
+            services[s] = {"resident_variants": sum(1 for v in resident_all if v[0] == s),
                            "restores": st.restores, "restore_seconds": st.restore_s,
                            "restore_bytes": st.restore_bytes, "evictions": st.evictions,
                            "requests": st.requests, "failed": st.failed,

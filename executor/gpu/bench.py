@@ -79,7 +79,7 @@ def gpu_bench(device: str, sizes_gb: list[float], batches: list[int], tokens: in
 
     async def go() -> None:
         core = Tangram(cluster)
-        backend = GpuBackend(core.gpu, sources, device, {"bench": [0]})
+        backend = GpuBackend(cluster, sources, device, {"bench": [0]})
         backend.start_workers()
         t0 = time.perf_counter()
         ready = await asyncio.to_thread(backend.wait_ready)
@@ -105,7 +105,8 @@ def gpu_bench(device: str, sizes_gb: list[float], batches: list[int], tokens: in
                     if out.extra.get("evicted"):
                         evicts.append(out.extra["evict_s"])
             # the device copies equal their host stage, and the worker holds what the core says
-            resident = core.gpu.resident_variants("bench")
+            (node,) = ex.snapshot().gpu_nodes
+            resident = frozenset(node.resident)
             if await backend.worker_resident("bench") != resident:
                 raise RuntimeError("bench: the worker's resident set differs from the core's")
             result["verify"] = [{"variant": list(v), **(await backend.verify("bench", v))}

@@ -12,10 +12,9 @@ from executor.gpu.config import NvmlUnavailable, readings
 
 def gpu_backend(backend: Any) -> GpuBackend | None:
     """The GPU backend behind the server's backend (a RouterBackend), if any."""
-    if isinstance(backend, GpuBackend):
-        return backend
-    gpu = getattr(backend, "gpu", None)
-    return gpu if isinstance(gpu, GpuBackend) else None
+    if not backend.capabilities.gpu:
+        return None
+    return backend if isinstance(backend, GpuBackend) else backend.gpu  # a RouterBackend
 
 
 def telemetry(gpu: GpuBackend) -> dict[str, Any]:

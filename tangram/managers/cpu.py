@@ -97,9 +97,14 @@ class CpuManager:
                 best = node
         if best is None:
             return None
-        best.mem_reserved += mem_gb
-        self._binding[trajectory] = (best.name, mem_gb)
+        self.hold_memory(trajectory, best.name, mem_gb)
         return best.name
+
+    def hold_memory(self, trajectory: str, node: str, mem_gb: float) -> None:
+        """Bind ``trajectory`` to ``node``, holding ``mem_gb`` there until it is unbound
+        (what ``bind`` does once it chose the node; a subclass choosing otherwise calls it)."""
+        self.nodes[node].mem_reserved += mem_gb
+        self._binding[trajectory] = (node, mem_gb)
 
     def unbind(self, trajectory: str) -> None:
         """Release a closed trajectory's memory (idempotent)."""
@@ -141,6 +146,10 @@ class CpuManager:
         if host is None:  # removed (remove_node): nothing in use there any more
             return 0
         return host.spec.cores - host.free_cores
+
+    def held_between_actions(self) -> dict[str, CpuLease]:
+        """Trajectory -> the cores it holds while no action of it runs (a pod; none here)."""
+        return {}
 
     # -- membership (multi-node executors: a node joins or leaves) -------------------
     def add_node(self, spec: CpuNodeSpec) -> None:

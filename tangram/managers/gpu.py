@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from tangram.arrange import CHUNK_SIZES
 from tangram.cluster import GpuNodeSpec, ServiceSpec
+from tangram.model import GpuPlan, Variant
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +35,8 @@ class GpuLease:
     size: int
     service: str
     restore_s: float
+    #: the residency plan behind this lease (what it evicted, whether it restores)
+    plan: GpuPlan | None = None
 
     @property
     def gpus(self) -> tuple[int, ...]:
@@ -83,6 +86,10 @@ class GpuManager:
         self._sites: dict[str, set[Site]] = {}
         #: service -> ids of the actions running on it
         self._live_of: dict[str, set[str]] = {}
+        #: numbers the residency decisions (GpuPlan.version), over all nodes
+        self._version = 0
+        #: pre-restores decided and not yet handed out (the core turns them into effects)
+        self._prerestored: list[tuple[GpuPlan, float, float]] = []
         self._counts: tuple[int, int, int, int] | None = None
         self._nfree = sum(n.spec.gpus for n in self.nodes.values())
         #: restore estimates of the current state; cleared with _counts on any change
@@ -235,6 +242,8 @@ class GpuManager:
         self._carve(node, start, size, sub, k)
         restore_s = 0.0
         variant = (service, k, sub)
+        before = list(node.resident)  # LRU order: the evicted, oldest first
+        restored = variant not in node.resident
         if variant in node.resident:
             self.hits += 1
             node.resident.move_to_end(variant)
@@ -245,10 +254,23 @@ class GpuManager:
             self.restores += 1
             restore_s = self._restore(node, variant)
             self.restore_s_total += restore_s
-        lease = GpuLease(action_id, node.name, sub, k, service, restore_s)
+        lease = GpuLease(action_id, node.name, sub, k, service, restore_s,
+                         self._plan(node, variant, before, restored))
         self._live[action_id] = lease
         self._live_of.setdefault(service, set()).add(action_id)
         return lease
+
+    def _plan(self, node: GpuNode, variant: Variant, before: list[Variant],
+              restored: bool) -> GpuPlan:
+        self._version += 1
+        gone = tuple(v for v in before if v not in node.resident)
+        return GpuPlan(node.name, variant, gone, restored, frozenset(node.resident),
+                       self._version)
+
+    def take_prerestores(self) -> list[tuple[GpuPlan, float, float]]:
+        """The pre-restores decided since the last call: (plan, at, restore seconds)."""
+        out, self._prerestored = self._prerestored, []
+        return out
 
     def live_of(self, service: str) -> set[str]:
         """Ids of the actions running on ``service``'s variants."""
@@ -363,9 +385,11 @@ class GpuManager:
         self._restore_est.clear()
         self.restores += 1
         self.prerestores += 1
+        before = list(node.resident)
         restore_s = self._restore(node, variant)
         self.restore_s_total += restore_s
         node.ready[variant] = now + restore_s
+        self._prerestored.append((self._plan(node, variant, before, True), now, restore_s))
         return restore_s
 
     def check_invariants(self) -> None:
@@ -407,22 +431,38 @@ class GpuManager:
                 node.free[size].add(right)
                 start = left
 
+    # -- extension points of a manager variant (tangram/pools/cold.py) ---------------
+    def restore_victims(self, node: GpuNode, variant: tuple[str, int, int]
+                        ) -> list[tuple[str, int, int]] | None:
+        """What restoring ``variant`` on ``node`` evicts (None: it never fits): the least
+        recently used variants on the GPUs short of memory, until it fits."""
+        service, k, start = variant
+        return self._victims(node, list(node.resident), start, k,
+                             self.services[service].size_gb / k, node.spec.gpu_mem_gb)
+
+    def start_overhead_s(self, variant: tuple[str, int, int]) -> float:
+        """Seconds a restore pays besides loading the weights (an instance's init)."""
+        return 0.0
+
+    def victims_at(self, service: str, site: Site) -> list[tuple[str, int, int]] | None:
+        """What restoring ``service`` at ``site`` would evict now (None: never fits)."""
+        name, start, k = site
+        return self.restore_victims(self.nodes[name], (service, k, start))
+
     def _restore(self, node: GpuNode, variant: tuple[str, int, int]) -> float:
         service, k, start = variant
         need = self.services[service].size_gb / k
-        gpus = range(start, start + k)
-        cap = node.spec.gpu_mem_gb
-        # evict least recently used variants on the GPUs short of memory until it fits
-        victims = self._victims(node, list(node.resident), start, k, need, cap)
+        victims = self.restore_victims(node, variant)
         if victims is None:  # pragma: no cover - check() guarantees a lone variant fits
             raise AssertionError("restore: GPU memory still short after eviction")
         for other in victims:
             self._evict(node, other)
-        for g in gpus:
+        for g in range(start, start + k):
             node.mem_used[g] += need
         node.resident[variant] = None
         self._sites.setdefault(service, set()).add((node.name, start, k))
-        return self.services[service].size_gb / (self.restore_gbps * k)
+        return self.services[service].size_gb / (self.restore_gbps * k) + \
+            self.start_overhead_s(variant)
 
     def _evict(self, node: GpuNode, variant: tuple[str, int, int]) -> None:
         service, k, start = variant
@@ -477,6 +517,10 @@ class GpuManager:
         """Forget every resident variant of ``node`` (its worker died and lost its GPU
         copies); leases stay until their actions are finished."""
         n = self.nodes[node]
+        for service, k, start in n.resident:
+            self._sites.get(service, set()).discard((node, start, k))
         n.resident.clear()
+        n.ready.clear()
         n.mem_used = [0.0] * n.spec.gpus
         self._restore_est.clear()
+        self._version += 1

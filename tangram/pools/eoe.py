@@ -48,11 +48,12 @@ from tangram.arrange import CHUNK_SIZES
 from tangram.estimates import Estimates
 from tangram.managers.gpu import GpuLease, Site
 from tangram.managers.quota import QuotaManager
-from tangram.pools import Pending, accepts, solo_s, work_s
+from tangram.pools.base import Pending
+from tangram.pools.gpu import accepts, solo_s, work_s
 from tangram.scheduler import Decision, ElasticScheduler
 
 if TYPE_CHECKING:
-    from tangram.pools import GpuPool
+    from tangram.pools.gpu import EoeGpuPool
 
 
 def _chunk_floor(x: float) -> int:
@@ -68,7 +69,7 @@ class EoeScheduler(ElasticScheduler):
     name = "tangram-eoe"
 
     # -- the DoP of a new variant --------------------------------------------------------
-    def target_dop(self, pool: GpuPool, service: str, choices: tuple[int, ...],
+    def target_dop(self, pool: EoeGpuPool, service: str, choices: tuple[int, ...],
                    now: float, shares: dict[str, float] | None = None) -> int:
         """Chunk size of a new variant of ``service`` (one of ``choices``): its share of
         recent demand, a fair share at least."""
@@ -81,13 +82,13 @@ class EoeScheduler(ElasticScheduler):
         return fits[-1] if fits else choices[0]
 
     # -- one pass ------------------------------------------------------------------------
-    def plan(self, pool: GpuPool, now: float, estimates: Estimates,  # type: ignore[override]
+    def plan(self, pool: EoeGpuPool, now: float, estimates: Estimates,  # type: ignore[override]
              quota: QuotaManager) -> list[Decision]:
         mgr = pool.manager
         if mgr.free_gpus() <= 0:
             return []  # every chunk is running something: nothing can start
         decisions: list[Decision] = []
-        pool.wake_at = None
+        pool.new_pass()
         groups = pool.groups()
         # the services with requests waiting (what a restore should not evict): only a
         # pass that restores needs them
@@ -132,16 +133,13 @@ class EoeScheduler(ElasticScheduler):
                 mine = [end for end, units in ends if units in accepts(nxt)]
                 mine += [now + lease.restore_s + solo_s(lead, units, estimates)
                          for lead, lease, units in placed if units in accepts(nxt)]
-                since = pool.deferred.get(id(nxt), now)
+                since = pool.deferred_since(nxt, now)
                 if mine and now - since < restore_s - 1e-9:
                     backlog = pool.waiting_count(service) * solo_s(nxt, k, estimates)
                     if min(mine) - now + backlog / (2 * len(mine)) <= restore_s:
                         # waiting for its own variants costs less than a restore; it
                         # waits so at most as long as the restore would have taken
-                        pool.deferred[id(nxt)] = since
-                        cap = since + restore_s
-                        if pool.wake_at is None or cap < pool.wake_at:
-                            pool.wake_at = cap
+                        pool.defer(nxt, since, since + restore_s)
                         break
                 site = None
                 if waiting_services is None:
@@ -173,7 +171,7 @@ class EoeScheduler(ElasticScheduler):
         return decisions
 
     @staticmethod
-    def _busy_ends(pool: GpuPool, service: str, now: float) -> list[tuple[float, int]]:
+    def _busy_ends(pool: EoeGpuPool, service: str, now: float) -> list[tuple[float, int]]:
         """(expected end, DoP) of the running batches of ``service``."""
         out = []
         running = pool.running
@@ -185,7 +183,7 @@ class EoeScheduler(ElasticScheduler):
                 out.append((end if end > now else now + (now - start), units))
         return out
 
-    def _fill_batches(self, pool: GpuPool, placed: list[tuple[Pending, GpuLease, int]],
+    def _fill_batches(self, pool: EoeGpuPool, placed: list[tuple[Pending, GpuLease, int]],
                       left: _Cursor, busy_ends: list[float], now: float,
                       estimates: Estimates) -> None:
         """Spread the requests left over this pass's placements as batch riders, each
@@ -231,7 +229,7 @@ class EoeScheduler(ElasticScheduler):
             pool.plan_batch(lead, lease, batch[1:])
 
     # -- predictive pre-restore ----------------------------------------------------------
-    def prerestore(self, pool: GpuPool, now: float, estimates: Estimates) -> None:
+    def prerestore(self, pool: EoeGpuPool, now: float, estimates: Estimates) -> None:
         """Restore, into free chunks, the services whose resident variants fall short of
         their recent demand; a pre-restore evicts only variants of services asked at
         most half as often (so two services never evict each other back and forth),
@@ -265,13 +263,9 @@ class EoeScheduler(ElasticScheduler):
                 mgr.prerestore(service, site, now)
 
     @staticmethod
-    def _evicts(pool: GpuPool, service: str, site: Site, keep: frozenset[str]) -> bool:
+    def _evicts(pool: EoeGpuPool, service: str, site: Site, keep: frozenset[str]) -> bool:
         """Whether restoring ``service`` at ``site`` would evict a variant of ``keep``."""
-        mgr = pool.manager
-        name, start, k = site
-        node = mgr.nodes[name]
-        need = mgr.services[service].size_gb / k
-        victims = mgr._victims(node, list(node.resident), start, k, need, node.spec.gpu_mem_gb)
+        victims = pool.manager.victims_at(service, site)
         return victims is None or any(v[0] in keep for v in victims)
 
 

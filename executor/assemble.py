@@ -1,0 +1,168 @@
+"""The composition root of the live executor: ``tangram serve`` and ``tangram run`` parse
+and check their options, then ask here for the pieces — the Ray backend, the GPU part of
+the cluster, the server app with its core, env backend, quotas and GPU workers.
+
+Every refusal is an :class:`AssemblyError` whose message names the option at fault; what
+was started before it (a Ray connection, its agents) is stopped first, so a refused
+assembly leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+
+from fastapi import FastAPI
+
+from executor.driver import LiveBackend
+from executor.gpu.arrays import check_device
+from executor.gpu.backend import GpuBackend
+from executor.gpu.config import (
+    GpuCluster,
+    NvmlUnavailable,
+    discover,
+    read_gpu_cluster,
+    scaled_cluster,
+)
+from executor.gpu.model import ModelError
+from executor.local import local_cluster
+from executor.ray_backend import RayBackend
+from executor.ray_cluster import RaySpec, connect
+from executor.replay import make_backend
+from executor.server import create_app
+from tangram.cluster import ClusterError, ClusterSpec, QuotaSpec
+from tangram.core import Tangram
+from tangram.policies import Policy
+
+
+class AssemblyError(ValueError):
+    """The options cannot be put together on this machine (the message says which)."""
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    """What `tangram serve` serves, checked and parsed (the CLI's options as values)."""
+
+    backend: str  # process | docker: the env backend (on each Ray node with a Ray backend)
+    state_dir: Path
+    policy: Policy
+    quotas: tuple[QuotaSpec, ...] = ()
+    allow_urls: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
+    task_images: Mapping[str, str] = field(default_factory=dict)
+    result_ttl_s: float = 60.0
+    sandbox_mem_gb: float = 2.0
+    sandbox_pids: int = 512
+    warm_pool: int = 0
+    gpu: GpuCluster | None = None
+    gpu_device: str = "cuda"
+
+
+def check_local_policy(quotas: tuple[QuotaSpec, ...], policy: Policy) -> None:
+    """Refuse a policy that cannot hold this machine before anything is served."""
+    try:
+        Tangram(local_cluster(quotas), policy)
+    except ValueError as e:
+        raise AssemblyError(str(e)) from None
+
+
+def ray_backend(spec: RaySpec, backend: str) -> RayBackend:
+    """Connect to Ray and start one agent per node."""
+    try:
+        conn = connect(spec)
+    except ConnectionError as e:
+        raise AssemblyError(str(e)) from None
+    try:
+        return RayBackend(conn, backend, owns_connection=True)
+    except (RuntimeError, ValueError) as e:
+        conn.close()
+        raise AssemblyError(str(e)) from None
+
+
+def replay_gpu_cluster(device: str, path: Path | None, cluster: ClusterSpec | None,
+                       scale: float) -> GpuCluster:
+    """`run --gpu-device`: the GPU nodes and services of --gpu-cluster's YAML, or else
+    ``cluster``'s scaled by ``scale`` as random-weight models."""
+    try:
+        check_device(device)
+        if path is not None:
+            return read_gpu_cluster(path, device)
+        if cluster is None:
+            raise AssemblyError("--gpu-device: give --gpu-cluster or a --cluster to scale")
+        return scaled_cluster(cluster, scale)
+    except (ClusterError, ModelError, ValueError) as e:
+        raise AssemblyError(str(e)) from None
+
+
+def serve_gpu_cluster(gpus: str | None, path: Path | None, device: str) -> GpuCluster | None:
+    """The GPU part of `serve`: nodes from NVML (--gpus auto) or the YAML; services from it."""
+    if gpus not in (None, "auto"):
+        raise AssemblyError(f"--gpus: expected 'auto' (discover this machine's GPUs with "
+                            f"NVML), got {gpus!r}")
+    if gpus is None and path is None:
+        return None
+    discovered = physical = info = None
+    if gpus == "auto":
+        try:
+            discovered, physical, info = discover()
+        except NvmlUnavailable as e:
+            raise AssemblyError(f"--gpus auto: {e}") from None
+    if path is None:
+        raise AssemblyError("--gpu-cluster: give the YAML that lists the services to serve "
+                            "(name, model)")
+    try:
+        check_device(device)
+        gc = read_gpu_cluster(path, device, discovered, physical)
+    except (ClusterError, ModelError, ValueError) as e:
+        raise AssemblyError(str(e)) from None
+    if info is not None:
+        gc = replace(gc, discovery=info)
+    return gc
+
+
+def serve_app(opts: ServeOptions, token: str, ray: RayBackend | None = None) -> FastAPI:
+    """The server app: over the Ray cluster behind ``ray``, or over this machine (its
+    cores, the env backend, GPU workers when ``opts.gpu``)."""
+    hardening = {"allow_urls": opts.allow_urls, "task_images": opts.task_images,
+                 "result_ttl_s": opts.result_ttl_s}
+    if ray is not None:
+        return _ray_app(opts, token, ray, hardening)
+    cluster = local_cluster(opts.quotas)
+    gc = opts.gpu
+    if gc is not None:
+        cluster = replace(cluster, gpu_nodes=gc.spec.gpu_nodes, services=gc.spec.services,
+                          restore_gbps=gc.spec.restore_gbps)
+        why = opts.policy.gpu.live_refusal()
+        if why is not None:
+            raise AssemblyError(f"--policy {opts.policy.label}: {why}")
+
+    def make_core() -> Tangram:
+        return Tangram(cluster, opts.policy)
+
+    def make_live_backend() -> LiveBackend:
+        gpu = None
+        if gc is not None:
+            gpu = GpuBackend(cluster, gc.sources, opts.gpu_device, gc.physical)
+            gpu.start_workers()  # stage every service now, not at the first action
+        return make_backend(opts.backend, opts.state_dir / "work", gpu=gpu,
+                            mem_gb=opts.sandbox_mem_gb, pids=opts.sandbox_pids,
+                            warm=opts.warm_pool)
+
+    app = create_app(make_live_backend, make_core, token, opts.state_dir, **hardening)
+    if gc is not None:
+        app.state.gpu_discovery = gc.discovery
+    return app
+
+
+def _ray_app(opts: ServeOptions, token: str, live: RayBackend, hardening: dict) -> FastAPI:
+    try:  # the policy must hold the Ray nodes too
+        Tangram(live.cluster(opts.quotas), opts.policy)
+    except ValueError as e:
+        live.shutdown()
+        raise AssemblyError(str(e)) from None
+    # ray.init installs a SIGTERM handler that exits with status 15; uvicorn re-raises
+    # the signal after its graceful shutdown (which stops the agents): keep the default
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    return create_app(lambda: live, lambda: Tangram(live.cluster(opts.quotas), opts.policy),
+                      token, opts.state_dir, **hardening)

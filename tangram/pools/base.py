@@ -1,0 +1,199 @@
+"""What every pool is: the queued action (:class:`Pending`), a grant, the extension
+points (:class:`PoolPoints`, the light lane :class:`LightLane`) and their defaults
+(:class:`Pool`, a pool with no key resource: API-only actions). See the package's
+docstring for the table of extension points."""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from tangram.arrange import DPOperator, LinearOperator
+from tangram.model import Action, GpuPlan
+
+
+@dataclass(slots=True, eq=False)
+class Pending:
+    """A queued action with what the scheduler reads of it on every pass."""
+
+    action: Action
+    submit_s: float
+    key_min: int  # minimum units of the pool's key resource
+    quotas: dict[str, float] = field(default_factory=dict)
+    elastic: bool = False  # schedulable elastic on this pool's key resource
+    #: expected to be short enough for the pool's light lane (tangram/pools/cpu.py CpuNodePool)
+    light: bool = False
+    choices: tuple[int, ...] = ()
+    #: modelled duration per feasible unit count (elastic actions only)
+    durations: dict[int, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    part: Any
+    node: str | None
+    cores: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+    restore_s: float = 0.0
+    lane: bool = False
+    #: a GPU grant of the evict-on-execution manager: its residency plan
+    plan: GpuPlan | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class LaneSlot:
+    """A place on a node's light lane (shared cores, no exclusive grant)."""
+
+    action_id: str
+    node: str
+
+
+class LightLane(Protocol):
+    """A node's light lane (see :class:`CpuNodePool`): light actions wait in ``light``
+    and start on shared cores while fewer than ``lane_slots`` run there."""
+
+    light: deque[Pending]
+    #: actions expected to take at most this long (s) may use the lane (0: no lane)
+    light_s: float
+    lane_slots: int
+
+    def lane_reserve(self, p: Pending) -> Grant | None: ...
+
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None: ...
+
+
+class PoolPoints(Protocol):
+    """The extension points a pool offers the core and the schedulers."""
+
+    name: str
+    key: str | None
+    scheduler: Any
+    queue: deque[Pending]
+    running: dict[str, tuple[float, int, float]]
+    lane: LightLane | None
+
+    def admit(self, p: Pending) -> None: ...
+    def arrived(self, p: Pending, now: float) -> None: ...
+    def queues(self) -> tuple[deque[Pending], ...]: ...
+    def take(self, started: list[Pending]) -> None: ...
+    def withdraw(self, p: Pending) -> bool: ...
+    def drain(self) -> list[Pending]: ...
+    def unit_choices(self, action: Action) -> tuple[int, ...]: ...
+    def new_scratch(self) -> Any: ...
+    def fits_min(self, scratch: Any, p: Pending) -> bool: ...
+    def option_costs(self, p: Pending) -> dict[int, float]: ...
+    def elastic_capacity(self, nonelastic: list[Pending]) -> Any: ...
+    def free_units(self) -> int: ...
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None: ...
+    def release(self, part: Any) -> None: ...
+    def started(self, action_id: str, end_s: float, units: int, now: float) -> None: ...
+    def ended(self, action_id: str) -> None: ...
+    def batch(self, p: Pending, units: int, now: float,
+              estimates: Any) -> tuple[list[Pending], float | None]: ...
+    def after_pass(self, now: float, estimates: Any) -> None: ...
+    def next_wakeup(self, now: float) -> float | None: ...
+    def usage(self) -> dict[str, float]: ...
+
+
+class Pool:
+    """Base: a pool with no key resource (API-only actions)."""
+
+    key: str | None = None
+    operator: DPOperator = LinearOperator()
+    #: no light lane
+    lane: LightLane | None = None
+
+    def __init__(self, name: str, scheduler: Any = None) -> None:
+        self.name = name
+        #: a pool-specific scheduler (a baseline's fixed DoP); None: the policy's
+        self.scheduler = scheduler
+        self.queue: deque[Pending] = deque()
+        #: action id -> (expected end, units of the key resource, start)
+        self.running: dict[str, tuple[float, int, float]] = {}
+
+    def admit(self, p: Pending) -> None:
+        """Queue ``p`` (a pool may keep some actions in a queue of their own)."""
+        self.queue.append(p)
+
+    def queues(self) -> tuple[deque[Pending], ...]:
+        """Every queue an action of this pool may wait in."""
+        return (self.queue,)
+
+    def take(self, started: list[Pending]) -> None:
+        """``started`` (granted by a pass) leave the queue."""
+        queue = self.queue
+        ids = {id(p) for p in started}
+        while queue and id(queue[0]) in ids:  # dispatches are mostly a queue prefix
+            ids.discard(id(queue.popleft()))
+        for p in started:
+            if id(p) in ids:
+                queue.remove(p)
+
+    def withdraw(self, p: Pending) -> bool:
+        """Take a cancelled ``p`` off whichever queue holds it (False: none does)."""
+        for q in self.queues():
+            if p in q:
+                q.remove(p)
+                return True
+        return False
+
+    def drain(self) -> list[Pending]:
+        """The pool's capacity left (its node did): empty its queues, returning what
+        waited there."""
+        waiting = [p for q in self.queues() for p in q]
+        for q in self.queues():
+            q.clear()
+        return waiting
+
+    def started(self, action_id: str, end_s: float, units: int, now: float) -> None:
+        """``action_id`` started on ``units``, expected to end at ``end_s``."""
+        self.running[action_id] = (end_s, units, now)
+
+    def ended(self, action_id: str) -> None:
+        self.running.pop(action_id, None)
+
+    def unit_choices(self, action: Action) -> tuple[int, ...]:
+        return ()
+
+    def new_scratch(self) -> Any:
+        return None
+
+    def option_costs(self, p: Pending) -> dict[int, float]:
+        """What each feasible unit count would cost ``p`` now (its duration, plus any
+        state-dependent overhead the pool knows of)."""
+        return p.durations
+
+    def fits_min(self, scratch: Any, p: Pending) -> bool:
+        return True
+
+    def elastic_capacity(self, nonelastic: list[Pending]) -> Any:
+        return 0
+
+    def free_units(self) -> int:
+        return 1 << 30
+
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
+        return Grant(None, None)
+
+    def release(self, part: Any) -> None:
+        return None
+
+    def usage(self) -> dict[str, float]:
+        return {}
+
+    def arrived(self, p: Pending, now: float) -> None:
+        return None
+
+    def batch(self, p: Pending, units: int, now: float,
+              estimates: Any) -> tuple[list[Pending], float | None]:
+        """Queued actions (taken off the queue) that ``p``'s lease of ``units`` also
+        serves, and the batch's expected time; ([], None): ``p`` runs alone."""
+        return [], None
+
+    def after_pass(self, now: float, estimates: Any) -> None:
+        return None
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When this pool wants a pass although nothing arrives or ends (None: never)."""
+        return None

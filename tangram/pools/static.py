@@ -1,0 +1,115 @@
+"""Static GPU deployments (a baseline, SGLang-like): each GPU service on fixed dedicated
+replicas of a fixed DoP, with its own queue; no restores, no sharing."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from tangram.batching import DEFAULT_BATCHING, BatchModel
+from tangram.cluster import ClusterSpec
+from tangram.managers.gpu import GpuManager
+from tangram.model import Action
+from tangram.pools.base import Grant, Pending, Pool
+from tangram.pools.gpu import batch_expected, take_riders
+from tangram.scheduler import FixedDopScheduler
+
+
+@dataclass(frozen=True, slots=True)
+class Replica:
+    service: str
+    node: str
+    start: int
+    size: int
+
+    @property
+    def gpus(self) -> tuple[int, ...]:
+        return tuple(range(self.start, self.start + self.size))
+
+
+class ServicePool(Pool):
+    """One service's fixed replicas and its own FIFO queue."""
+
+    key = "gpu"
+
+    def __init__(self, service: str, replicas: list[Replica],
+                 batching: BatchModel = DEFAULT_BATCHING) -> None:
+        super().__init__(f"gpu:{service}", FixedDopScheduler(replicas[0].size))
+        self.batching = batching
+        self.replicas = replicas
+        self.idle = list(replicas)
+        self.dop = replicas[0].size
+
+    def unit_choices(self, action: Action) -> tuple[int, ...]:
+        return (self.dop,)
+
+    def new_scratch(self) -> list[int]:
+        return [len(self.idle)]
+
+    def fits_min(self, scratch: list[int], p: Pending) -> bool:
+        if scratch[0] == 0:
+            return False
+        scratch[0] -= 1
+        return True
+
+    def free_units(self) -> int:
+        return len(self.idle) * self.dop
+
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
+        if not self.idle:
+            return None
+        r = self.idle.pop(0)
+        return Grant(r, r.node, gpus=r.gpus)
+
+    def release(self, part: Any) -> None:
+        if part not in self.idle and part in self.replicas:
+            self.idle.append(part)
+
+    def batch(self, p: Pending, units: int, now: float,
+              estimates: Any) -> tuple[list[Pending], float | None]:
+        # continuous batching, the same model as every GPU pool: a replica that starts
+        # takes the queued requests no other idle replica will start now
+        riders = take_riders(self.queue, p, units, estimates, self.batching)
+        if not riders:
+            return [], None
+        return riders, batch_expected(p, riders, units, estimates, self.batching)
+
+    def usage(self) -> dict[str, float]:
+        return {"gpu": float(sum(r.size for r in self.replicas if r not in self.idle))}
+
+
+def static_placement(cluster: ClusterSpec, services: list[str], dop: int | None,
+                     replicas: int | None = None) -> dict[str, list[Replica]]:
+    """Replicas per service: each service at the smallest DoP its weights fit
+    (at least ``dop``), one replica each first, then more round-robin while
+    aligned chunks remain (at most ``replicas`` each) — how a team sizes fixed
+    SGLang deployments."""
+    if dop is not None and dop not in (1, 2, 4, 8):
+        raise ValueError(f"static dop: must be 1, 2, 4 or 8, got {dop}")
+    carve = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
+    sizes: dict[str, int] = {}
+    for s in services:
+        fits = [k for k in (1, 2, 4, 8) if carve.check(s, k) is None and k >= (dop or 1)]
+        if not fits:
+            raise ValueError(f"static: service {s!r} fits on no GPU chunk of this cluster")
+        sizes[s] = fits[0]
+    per: dict[str, list[Replica]] = {s: [] for s in services}
+    order = sorted(services, key=lambda s: -sizes[s])  # widest first: less fragmentation
+    round_no = 0
+    while True:
+        placed = False
+        for s in order:
+            if replicas is not None and len(per[s]) >= replicas:
+                continue
+            lease = carve.reserve(f"{s}/{round_no}", s, sizes[s])
+            if lease is None:
+                if round_no == 0:
+                    raise ValueError(f"static: no GPUs left for one replica of {s!r} "
+                                     f"({len(services)} services on "
+                                     f"{sum(n.gpus for n in cluster.gpu_nodes)} GPUs)")
+                continue
+            per[s].append(Replica(s, lease.node, lease.start, lease.size))
+            placed = True
+        if not placed:
+            return per
+        round_no += 1

@@ -1,0 +1,307 @@
+"""The one door into the core: commands in, effects out, a snapshot for readers.
+
+Everything outside tangram/ (the runtime's drivers, the backends, the status page, the
+service, the simulator's sampler, the replay) talks to the core through this module:
+
+* **Commands** (frozen values) go in through :meth:`tangram.core.Tangram.handle`:
+  :class:`Attach`, :class:`Open`, :class:`Submit`, :class:`Finish`, :class:`Cancel`,
+  :class:`Close`, :class:`Poll`, :class:`NodeJoined`, :class:`NodeLost`,
+  :class:`WorkerLost`.
+* **Effects** (frozen values) come out, in the order they must be carried out:
+  :class:`~tangram.model.Dispatch` (start an action; a GPU dispatch carries its whole
+  residency plan, :class:`~tangram.model.GpuPlan`: what to evict, whether to restore, and
+  the batch riding on its lease), :class:`PreRestore` (load a variant ahead of demand),
+  :class:`Stop` (ask the backend to stop a running action) and :class:`Cancelled` (a
+  queued action was dropped; it has no outcome to wait for).
+* **Reads** go through :class:`Snapshot` (``Tangram.snapshot()``), a frozen copy of what
+  the core holds, and point queries cheap enough for every request or start
+  (``Tangram.trajectory``, ``is_running``, ``node_of``, ``busy_fraction``, ``validate``:
+  would this action be refused).
+
+Backends declare what they can do with a :class:`Capabilities` value; the
+:class:`Backend` protocol lists every method a driver calls, and which capability makes
+a driver call it. tests/test_layering.py fails on code outside tangram/ that reaches
+past this door (an attribute of the core's internals, a manager or pool import).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import astuple, dataclass, field
+from types import MappingProxyType
+from typing import Protocol
+
+from tangram.cluster import CpuNodeSpec
+from tangram.model import Action, Dispatch, GpuPlan, Outcome, Variant
+
+
+def _empty() -> Mapping:
+    return MappingProxyType({})
+
+
+# -- what a backend can do -------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend declares it can do (instead of attributes probed with getattr)."""
+
+    #: serves a dispatch's batch (``Dispatch.batch``) as one batch, reporting one Outcome
+    #: per action; otherwise the runtime runs the batch's actions one after another
+    batches: bool = False
+    #: loads a GPU service variant ahead of demand (:class:`PreRestore`); the core plans
+    #: pre-restores only for such a backend, since another would not hold what the core
+    #: then believes resident
+    prerestores: bool = False
+    #: reports what happens to its nodes: the driver calls ``watch(sink)`` and the
+    #: backend sends :class:`NodeJoined`/:class:`NodeLost` (a multi-node backend, e.g.
+    #: Ray) or :class:`WorkerLost` (a GPU node's worker died)
+    watches_nodes: bool = False
+    #: runs a trajectory's sandbox from a docker image (``open_trajectory_image``)
+    images: bool = False
+    #: runs GPU actions (a lease with GPUs) on real workers
+    gpu: bool = False
+    #: holds per-trajectory files (``put_file``/``get_file``, the files API)
+    files: bool = False
+
+    def __or__(self, other: Capabilities) -> Capabilities:
+        """What a router over two backends can do (either one can)."""
+        return Capabilities(*(a or b for a, b in zip(astuple(self), astuple(other),
+                                                       strict=True)))
+
+
+NONE = Capabilities()
+
+
+# -- commands (in) -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class Attach:
+    """A backend with these capabilities carries out the effects from now on."""
+
+    capabilities: Capabilities
+
+
+@dataclass(frozen=True, slots=True)
+class Open:
+    """Register a trajectory; ``mem_gb`` is held on its node for its whole life (None:
+    the memory demand of its first CPU action)."""
+
+    trajectory: str
+    task: str = "default"
+    mem_gb: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Submit:
+    """Queue actions, all or nothing, with one scheduling pass per pool touched."""
+
+    actions: tuple[Action, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Finish:
+    """A running action ended (its backend reported ``outcome``)."""
+
+    action_id: str
+    outcome: Outcome | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Cancel:
+    """Drop a queued action (effect :class:`Cancelled`) or stop a running one
+    (effect :class:`Stop`; its outcome arrives through :class:`Finish` as usual)."""
+
+    action_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Close:
+    """Release a trajectory (refused while it has actions in flight)."""
+
+    trajectory: str
+
+
+@dataclass(frozen=True, slots=True)
+class Poll:
+    """Time passed: window quotas regain room, a pool may want a pass."""
+
+
+@dataclass(frozen=True, slots=True)
+class NodeJoined:
+    """A CPU node joined (its capacity becomes schedulable)."""
+
+    spec: CpuNodeSpec
+
+
+@dataclass(frozen=True, slots=True)
+class NodeLost:
+    """A CPU node left: its trajectories are re-bound elsewhere; its running actions
+    are finished by the backend (failed), once each."""
+
+    node: str
+
+
+@dataclass(frozen=True, slots=True)
+class WorkerLost:
+    """A GPU node's worker died and lost its device copies: the core forgets what it
+    held resident there (its running actions are finished by the backend, failed)."""
+
+    node: str
+
+
+Command = (Attach | Open | Submit | Finish | Cancel | Close | Poll | NodeJoined | NodeLost
+           | WorkerLost)
+#: where a backend sends the commands it originates (nodes joining or leaving, workers lost)
+Sink = Callable[[Command], None]
+
+
+# -- effects (out) -----------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class PreRestore:
+    """Load ``plan.variant`` onto its node ahead of demand, evicting ``plan.evict`` first.
+    The load takes ``restore_s`` from ``at_s``; the chunk stays free meanwhile."""
+
+    plan: GpuPlan
+    at_s: float
+    restore_s: float
+
+
+@dataclass(frozen=True, slots=True)
+class Stop:
+    """Stop the running action ``action_id`` (a cancel); its outcome comes as usual."""
+
+    action_id: str
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """The queued action ``action_id`` was dropped: it never started."""
+
+    action_id: str
+
+
+Effect = Dispatch | PreRestore | Stop | Cancelled
+
+
+# -- the snapshot (reads) -----------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class TrajectoryView:
+    task: str
+    #: the CPU node it is bound to (None: not yet)
+    node: str | None
+    in_flight: int
+
+
+@dataclass(frozen=True, slots=True)
+class Waiting:
+    """A queued action as a queue shows it."""
+
+    action: Action
+    submit_s: float
+    units_min: int
+
+
+@dataclass(frozen=True, slots=True)
+class QueueView:
+    #: the pool ("binding": trajectories waiting for a node; "<pool> light": a CPU
+    #: node's light lane)
+    pool: str
+    #: the pool's key resource ("cpu", "gpu", "binding", "light lane", "api")
+    resource: str
+    waiting: tuple[Waiting, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class CpuNodeView:
+    name: str
+    cores: int
+    numa: int
+    domain_size: int
+    mem_gb: float
+    mem_reserved_gb: float
+    #: cores nobody holds
+    free: frozenset[int]
+    #: core -> the trajectory whose pod holds it between actions (pod policies)
+    pods: Mapping[int, str]
+    #: light actions its lane runs at a time (0: no lane)
+    lane_slots: int
+
+
+@dataclass(frozen=True, slots=True)
+class GpuNodeView:
+    name: str
+    gpus: int
+    gpu_mem_gb: float
+    #: free aligned chunks (start, size)
+    free: tuple[tuple[int, int], ...]
+    #: resident variants, least recently used first
+    resident: tuple[Variant, ...]
+    #: GB of resident weights per GPU, as the core accounts them
+    mem_used: tuple[float, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class QuotaView:
+    key: str
+    mode: str
+    limit: float
+    window_s: float | None
+    used: float
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot:
+    """A frozen copy of what the core holds (``Tangram.snapshot``). The counts, usage,
+    capacity and counters are always filled; the per-node, per-queue and per-action
+    views only with ``detail`` (the simulator's sampler reads the cheap part)."""
+
+    policy: str
+    queued: int
+    running_count: int
+    open_trajectories: int
+    #: environments and first actions waiting for a node (binding, open order)
+    unbound: int
+    usage: Mapping[str, float]
+    capacity: Mapping[str, float]
+    #: deterministic counts: gpu_restores, gpu_restore_hits, gpu_prerestores,
+    #: gpu_restore_s_total, scheduler_passes
+    counters: Mapping[str, float]
+    detail: bool = False
+    trajectories: Mapping[str, TrajectoryView] = field(default_factory=_empty)
+    #: running action id -> its dispatch (the members of a batch share the lead's)
+    running: Mapping[str, Dispatch] = field(default_factory=_empty)
+    queues: tuple[QueueView, ...] = ()
+    cpu_nodes: tuple[CpuNodeView, ...] = ()
+    gpu_nodes: tuple[GpuNodeView, ...] = ()
+    quotas: tuple[QuotaView, ...] = ()
+    #: service -> GB of its weights
+    service_gb: Mapping[str, float] = field(default_factory=_empty)
+
+
+# -- what a driver calls on a backend -----------------------------------------------------
+class Backend(Protocol):
+    """Runs dispatched actions and reports exactly one Outcome per action.
+
+    Every driver calls ``start`` and ``cancel``; the rest only when the backend's
+    ``capabilities`` say so: ``prerestore`` (``prerestores``), ``watch``
+    (``watches_nodes``). A live backend (executor/driver.py ``LiveBackend``) adds the
+    trajectory's environment (``open_trajectory``, ``close_trajectory``,
+    ``open_trajectory_image`` when ``images``) and ``shutdown``.
+    """
+
+    capabilities: Capabilities
+
+    def start(self, dispatch: Dispatch, on_done: Callable[[Outcome], None]) -> None: ...
+
+    def cancel(self, action_id: str) -> None: ...
+
+
+class PreRestoring(Backend, Protocol):
+    """A backend with ``Capabilities.prerestores``."""
+
+    def prerestore(self, effect: PreRestore) -> None: ...
+
+
+class NodeWatching(Backend, Protocol):
+    """A backend with ``Capabilities.watches_nodes``: sends NodeJoined, NodeLost or
+    WorkerLost to ``sink`` (on the driver's loop) from now on."""
+
+    def watch(self, sink: Sink) -> None: ...

@@ -1,0 +1,167 @@
+"""`tangram bench ...`: benchmarks that print their figures as JSON lines."""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import typer
+
+from analysis.experiments import gpu_target_jobs, gpu_target_verdict, run_jobs
+from executor.bench import executor_bench, ray_executor_bench, serve_bench
+from executor.bench_adapters import main as adapters_main
+from executor.gpu.bench import gpu_bench
+from sim.bench import learning_bench, scheduler_bench, simulate_bench
+from tangram_cli.common import command_app, fail
+from tangram_cli.options import RAY_HELP, check_gpu_device, ray_spec
+
+app = command_app(help="Benchmarks that print their figures as JSON lines.", no_args_is_help=True)
+
+
+def _emit(row: dict) -> None:
+    print(json.dumps(row), flush=True)
+
+
+@app.command("scheduler")
+def bench_scheduler(
+    actions: Annotated[int, typer.Option(help="Queued actions per scenario.")] = 2048,
+    seed: int = 0,
+) -> None:
+    """Scheduling pass latency and dispatch throughput on one core (JSON lines)."""
+    for row in scheduler_bench(actions, seed):
+        _emit(row)
+
+
+@app.command("gpu-target")
+def bench_gpu_target(
+    trajectories: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")]
+    = "256,1024,2048",
+    seeds: Annotated[str, typer.Option(help="Trace seeds, comma-separated.")] = "0",
+    think_scale: Annotated[float, typer.Option(
+        min=0.01, help="Scale generation times (< 1: the same requests in less time).")] = 1.0,
+    arrival: Annotated[str, typer.Option(help="burst | spread")] = "burst",
+    workers: Annotated[int, typer.Option(min=1, help="Parallel simulations.")] = 2,
+) -> None:
+    """The GPU target: burst MOPD on the paper's cluster under tangram, tangram-paper,
+    static (every teacher on 4 GPUs) and serverless, one JSON line per run, then the
+    verdict (Tangram's mean ACT <= static's, restore overhead <= 0.25, not growing)."""
+    try:
+        sizes = [int(x) for x in trajectories.split(",") if x.strip()]
+        seed_list = [int(x) for x in seeds.split(",") if x.strip()]
+        jobs = gpu_target_jobs(sizes, seed_list, think_scale, arrival)
+    except ValueError as e:
+        fail(f"bench gpu-target: {e}")
+    keep = ("seed", "trajectories", "policy", "act_mean_s", "act_p99_s", "queue_mean_s",
+            "exec_mean_s", "restores", "restore_overhead", "gpu_busy", "error")
+    rows = run_jobs(jobs, workers)
+    for row in rows:
+        _emit({k: row[k] for k in keep if k in row})
+    _emit(gpu_target_verdict(rows))
+
+
+@app.command("learning")
+def bench_learning(
+    seeds: Annotated[int, typer.Option(min=1, help="Repetitions per curve.")] = 20,
+) -> None:
+    """Runs the online speedup model needs to come within 10% of the true curve (JSON lines)."""
+    for row in learning_bench(seeds):
+        _emit(row)
+
+
+@app.command("simulate")
+def bench_simulate(
+    trajectories: Annotated[int, typer.Option(help="Trajectories in the AI-coding batch.")] = 2048,
+    seed: int = 0,
+) -> None:
+    """Wall time of one paper-scale AI-coding step on the paper's CPU cluster (JSON)."""
+    _emit(simulate_bench(trajectories, seed))
+
+
+@app.command("executor")
+def bench_executor(
+    backend: Annotated[str, typer.Option(help="process, docker or all.")] = "all",
+    actions: Annotated[int, typer.Option(min=5, help="Short actions timed per backend.")] = 60,
+    ray: Annotated[str | None, typer.Option(help=RAY_HELP + " Compares local vs via agents.")] = None,
+) -> None:
+    """Per-action overhead of the live backends: submit->start, end->result (JSON lines).
+
+    With --ray: the same figures on this machine's executor and through Ray node agents
+    (p50/p99), plus dispatch throughput across the nodes.
+    """
+    if ray is not None:
+        name = "process" if backend == "all" else backend
+        ray_spec(ray)
+        try:
+            rows = ray_executor_bench(ray, name, actions)
+        except (ConnectionError, RuntimeError) as e:
+            fail(str(e))
+        for row in rows:
+            _emit(row)
+        return
+    for name in (("process", "docker") if backend == "all" else (backend,)):
+        _emit(executor_bench(name, actions))
+
+
+@app.command("serve")
+def bench_serve(
+    backend: Annotated[str, typer.Option(help="process or docker.")] = "process",
+    trajectories: Annotated[int, typer.Option(min=1, help="Concurrent trajectories.")] = 64,
+    actions: Annotated[int, typer.Option(min=1, help="Trivial actions per trajectory.")] = 5,
+    warm_pool: Annotated[int, typer.Option(min=0, help="docker: the server's --warm-pool.")] = 0,
+) -> None:
+    """Load on a real `tangram serve`: server CPU per action, throughput, first-action
+    latency, RSS over the run (one JSON line). For a soak: many actions, e.g.
+    --trajectories 200 --actions 100 (20,000 actions)."""
+    _emit(serve_bench(backend, trajectories, actions, warm_pool))
+
+
+@app.command("serve-scale")
+def bench_serve_scale(
+    trajectories: Annotated[int, typer.Option(min=1, help="Concurrent trajectories.")] = 2048,
+    actions: Annotated[int, typer.Option(min=1, help="Trivial actions per trajectory.")] = 30,
+    every: Annotated[float, typer.Option(min=0.5, help="Seconds between samples.")] = 10.0,
+    clients: Annotated[int, typer.Option(
+        min=1, help="Client processes the trajectories are spread over (as rollout workers; "
+                    "one asyncio client cannot drive thousands of connections).")] = 8,
+) -> None:
+    """One paper-scale RL step through a real `tangram serve` (process backend): by
+    default 2,048 trajectories x 30 trivial actions (`true`) at once. Prints a JSON line
+    every --every seconds (actions done, actions/s and server CPU per action in the
+    interval, server RSS), then the run's summary (`tangram bench serve`'s figures, the
+    timeline, and how much the server's RSS grew from the first sample to the end).
+    Takes minutes: the actions run on this machine's cores."""
+    def show(row: dict) -> None:
+        _emit({"sample": True, **row})
+
+    _emit(serve_bench("process", trajectories, actions, every_s=every, on_sample=show,
+                      clients=clients))
+
+
+@app.command("gpu")
+def bench_gpu(
+    device: Annotated[str, typer.Option(help="cuda or cpu.")] = "cpu",
+    sizes_gb: Annotated[str | None, typer.Option(
+        help="Service sizes (GB), comma-separated. Default: 1,3,8 on cuda; 0.02,0.05,0.1 on cpu.")] = None,
+    batches: Annotated[str, typer.Option(help="Request batch sizes.")] = "1,8,32",
+    tokens: Annotated[int, typer.Option(min=2, help="Tokens per sequence of a request.")] = 128,
+    cycles: Annotated[int, typer.Option(min=1, help="Restore cycles over all services.")] = 3,
+) -> None:
+    """Restore GB/s per service size (beside a plain host-to-device copy), evict latency,
+    request latency per batch size, NVML readings on cuda (JSON)."""
+    check_gpu_device(device)
+    try:
+        sizes = [float(x) for x in (sizes_gb or ("1,3,8" if device == "cuda" else
+                                                 "0.02,0.05,0.1")).split(",")]
+        batch = [int(x) for x in batches.split(",")]
+    except ValueError:
+        fail("--sizes-gb/--batches: comma-separated numbers")
+    _emit(gpu_bench(device, sizes, batch, tokens, cycles))
+
+
+@app.command("adapters")
+def bench_adapters(
+    backend: Annotated[str, typer.Option(help="Backend of the server it starts.")] = "process",
+    calls: Annotated[int, typer.Option(min=10, help="Calls timed per path.")] = 200,
+) -> None:
+    """Per-call overhead of the verl, gymnasium and SkyRL adapters over the plain client (JSON)."""
+    adapters_main(["--backend", backend, "--calls", str(calls)])

@@ -1,0 +1,113 @@
+"""`tangram serve`: parse and check the options, print the token, then serve what
+executor/assemble.py puts together."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from executor.assemble import (
+    AssemblyError,
+    ServeOptions,
+    check_local_policy,
+    ray_backend,
+    serve_app,
+    serve_gpu_cluster,
+)
+from executor.server import serve as run_server
+from tangram_cli.common import command_app, err, fail, settle
+from tangram_cli.options import (
+    RAY_HELP,
+    DepthOpt,
+    GpuDopOpt,
+    LookaheadOpt,
+    OrderingOpt,
+    PodCoresOpt,
+    PolicyOpt,
+    chosen_policy,
+    pairs,
+    quota_specs,
+    ray_spec,
+)
+
+app = command_app()
+
+
+@app.command()
+def serve(
+    host: Annotated[str, typer.Option(help="Address to bind.")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port.")] = 8000,
+    backend: Annotated[str, typer.Option(help="process or docker.")] = "process",
+    state_dir: Annotated[Path, typer.Option(help="Journal and working directories.")] = Path(".tangram"),
+    quota: Annotated[list[str], typer.Option(help="KEY=concurrency:N or KEY=window:N:SECONDS.")] = [],  # noqa: B006
+    policy: PolicyOpt = "tangram",
+    depth: DepthOpt = 2,
+    lookahead: LookaheadOpt = 32,
+    ordering: OrderingOpt = "fcfs",
+    pod_cores: PodCoresOpt = 4,
+    gpu_dop: GpuDopOpt = None,
+    allow_url: Annotated[list[str], typer.Option(
+        help="KEY=URL_PREFIX: `request` actions of quota KEY may call URLs starting with it; "
+             "KEY=* allows any public host (loopback/private addresses only when listed).")] = [],  # noqa: B006
+    image: Annotated[list[str], typer.Option(
+        help="TASK=IMAGE: the docker image of that task's sandboxes (docker backend; default "
+             "tangram-sandbox:1, see `tangram image build`).")] = [],  # noqa: B006
+    sandbox_mem_gb: Annotated[float, typer.Option(
+        min=0.01, help="docker: memory limit of a sandbox whose trajectory gives no mem_gb.")] = 2.0,
+    sandbox_pids: Annotated[int, typer.Option(min=8, help="docker: most processes in a sandbox.")] = 512,
+    warm_pool: Annotated[int, typer.Option(
+        min=0, help="docker: sandboxes created ahead of time (default image only).")] = 0,
+    result_ttl_s: Annotated[float, typer.Option(
+        min=0, help="Seconds a finished result stays in memory (then: read from the journal).")] = 60.0,
+    ray: Annotated[str | None, typer.Option(help=RAY_HELP)] = None,
+    gpus: Annotated[str | None, typer.Option(
+        help="'auto': this machine's GPUs (NVML) are the GPU node. Default: --gpu-cluster's "
+             "gpu_nodes.")] = None,
+    gpu_cluster: Annotated[Path | None, typer.Option(
+        help="YAML: GPU services with their model loaders (and gpu_nodes without --gpus auto).")] = None,
+    gpu_device: Annotated[str, typer.Option(
+        help="cuda, or cpu (no GPU: workers hold 'GPU' copies in memory; tests the EOE path).")] = "cuda",
+    access_log: Annotated[bool, typer.Option(
+        help="Log every HTTP request to stderr (off: at thousands of actions a second the "
+             "log line costs a few percent of the server's CPU; the journal and /metrics "
+             "keep what ran).")] = False,
+) -> None:
+    """Serve the live executor over HTTP (OpenAPI at /docs).
+
+    With --ray, one scheduler serves every node of a Ray cluster (see README). GPU actions
+    (`service`, `gpus`) run on one GPU worker per node when --gpus auto or --gpu-cluster
+    is given.
+
+    The bearer token is read from TANGRAM_TOKEN, or generated and printed.
+    """
+    if backend not in ("process", "docker"):
+        fail(f"--backend: unknown backend {backend!r} (process or docker)")
+    chosen = chosen_policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
+    specs = quota_specs(quota)
+    try:
+        if ray:
+            if gpus or gpu_cluster:
+                fail("--ray with GPU workers: GPU workers do not run through Ray agents yet")
+            spec = ray_spec(ray)  # a bad --ray, or no Ray, before anything is printed or started
+        else:
+            check_local_policy(specs, chosen)
+        allow = pairs(allow_url, "--allow-url", "KEY=URL_PREFIX")
+        images = {k: v[-1] for k, v in pairs(image, "--image", "TASK=IMAGE").items()}
+        if images and backend != "docker":
+            fail("--image: only the docker backend runs images")
+        opts = ServeOptions(backend, state_dir, chosen, specs, allow, images, result_ttl_s,
+                            sandbox_mem_gb, sandbox_pids, warm_pool,
+                            None if ray else serve_gpu_cluster(gpus, gpu_cluster, gpu_device),
+                            gpu_device)
+        token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
+        if not os.environ.get("TANGRAM_TOKEN"):
+            err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)
+        app_ = serve_app(opts, token, ray_backend(spec, backend) if ray else None)
+    except AssemblyError as e:
+        fail(str(e))
+    settle()
+    run_server(app_, host, port, access_log=access_log)

@@ -1,0 +1,55 @@
+"""`tangram trace validate|generate`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from sim.cluster import load_cluster
+from tangram.cluster import ClusterError
+from tangram.core import Tangram
+from tangram_cli.common import command_app, fail, out_console
+from traces.fit import misfits
+from traces.generate import generate
+from traces.schema import TraceError, load, write
+from traces.schema import trajectories as trajectory_specs
+
+app = command_app(help="Validate and generate workload traces.", no_args_is_help=True)
+
+
+@app.command("validate")
+def trace_validate(path: Path, cluster: Annotated[str | None, typer.Option(
+        help="Also check that every action fits this cluster (YAML or built-in name).")] = None) -> None:
+    """Exit 0 when PATH is a valid trace; else exit 2 listing every problem."""
+    try:
+        df = load(path)
+        if cluster:
+            spec = load_cluster(cluster)
+            problems = misfits(Tangram(spec), trajectory_specs(df))
+            if problems:
+                raise TraceError(problems)
+    except (TraceError, ClusterError) as e:
+        fail(str(e))
+    out_console.print(f"{path}: valid ({len(df)} actions, {df['trajectory'].nunique()} trajectories)")
+
+
+@app.command("generate")
+def trace_generate(
+    workload: Annotated[str, typer.Option(help="coding | deepsearch | mopd | mixed")],
+    out: Annotated[Path, typer.Option(help="Output file; format from the extension.")],
+    trajectories: Annotated[int, typer.Option(min=1, help="Trajectories in the batch.")] = 256,
+    seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
+    arrival: Annotated[str | None, typer.Option(
+        help="mopd / mixed: 'burst' (default; every trajectory starts together and sends "
+             "its teacher request when its own generation ends) or 'spread' (starts spread "
+             "over ~20 min by the Azure trace's inter-arrival gaps).")] = None,
+) -> None:
+    """Generate a calibrated synthetic trace (sources in traces/README.md)."""
+    try:
+        df = generate(workload, trajectories, seed, arrival)
+        write(df, out)
+    except (ValueError, TraceError) as e:
+        fail(str(e))
+    out_console.print(f"wrote {out} ({len(df)} actions, {trajectories} trajectories)")
