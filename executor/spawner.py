@@ -1,15 +1,18 @@
-"""Starting an action's process for the process backend, off the event loop and cheaply.
+"""Starting an action's process for the process backend: cheaply, and off the event loop
+when the machine is loaded.
 
 What ``asyncio.create_subprocess_exec`` costs a server, measured on this kind of
 machine: it blocks the event loop until the child has exec'd (``Popen`` waits for the
 exec's outcome): ~1 ms quiet, tens of ms on a loaded machine, during which the server
 serves nothing - it capped `true` starts at ~300-450/s with 8 in flight on 2 loaded
-cores. :func:`create_subprocess_exec` here runs ``Popen`` (its own ``vfork``/``exec``) in
-a few threads of its own, so the loop goes on and starts overlap (~900-1,150/s, same
-machine, same run), and waits for the process on the loop with a pidfd (Linux >= 5.3)
-and a non-blocking read of its one output pipe, without asyncio's transport and
-protocols: ~0.24 ms of server CPU per start with starts overlapping, as asyncio's (one
-at a time: ~0.3 ms against asyncio's ~0.37-0.48 ms). It returns an object with what the
+cores. :func:`create_subprocess_exec` here starts the process with ``Popen`` (its own
+``vfork``/``exec``) on the loop while starts are quick, and in a few threads of its own
+once one took longer than ``SLOW_START_S`` (a loaded machine: the loop goes on, starts
+overlap: ~900-1,150/s in that run), and waits for the process on the loop with a pidfd
+(Linux >= 5.3) and a non-blocking read of its one output pipe, without asyncio's
+transport and protocols. Measured through `tangram bench serve` (32 x 25 `true`, load
+~4.5): ~1.2-1.4 ms of server CPU per action and ~370-400 actions/s starting on the loop,
+~1.4-1.5 ms and ~300/s always in threads. It returns an object with what the
 backend uses of an asyncio ``Process`` (``pid``, ``returncode``, ``stdout.read(n)``,
 ``wait()``), and falls back to asyncio for anything else (another stdio layout, a
 ``preexec_fn``, a ``user``, no pidfd).
@@ -26,6 +29,7 @@ import asyncio
 import os
 import signal
 import subprocess
+import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 from typing import Any
@@ -129,8 +133,21 @@ async def create_subprocess_exec(*argv: str, **kw: Any) -> SpawnedProcess | Any:
         read_end, write_end = os.pipe2(os.O_CLOEXEC)
         kw["stdout"] = write_end
     # Popen returns once the child has exec'd (it reads the exec's outcome from the
-    # child): seconds of waiting on a loaded machine, never on the event loop
-    started = loop.run_in_executor(_threads(), partial(subprocess.Popen, argv, **kw))
+    # child): ~1 ms on a quiet machine, where starting it here costs the least CPU; tens
+    # of ms on a loaded one, where the loop must not wait: then starts go to threads
+    # (for a second, then one start here tells whether the machine is still loaded)
+    global _threads_until
+    if time.monotonic() >= _threads_until:
+        started = loop.create_future()
+        t0 = time.perf_counter()
+        try:
+            started.set_result(subprocess.Popen(argv, **kw))
+        except Exception as e:  # (raised below, as from a thread)
+            started.set_exception(e)
+        if time.perf_counter() - t0 > SLOW_START_S:
+            _threads_until = time.monotonic() + THREADS_FOR_S
+    else:
+        started = loop.run_in_executor(_threads(), partial(subprocess.Popen, argv, **kw))
     try:
         popen = await asyncio.shield(started)
     except asyncio.CancelledError:
@@ -169,6 +186,10 @@ def _kill(popen: subprocess.Popen) -> None:
 
 
 _pool: ThreadPoolExecutor | None = None
+#: a start on the loop that took longer than this moves starts to threads for a while
+SLOW_START_S = 0.003
+THREADS_FOR_S = 1.0
+_threads_until = 0.0
 
 
 def _threads() -> ThreadPoolExecutor:

@@ -10,6 +10,16 @@ import pytest
 
 from executor import spawner
 
+
+@pytest.fixture(autouse=True, params=["on the loop", "in threads"])
+def where(request, monkeypatch):
+    """Every test on both paths: starts on the loop (a quiet machine) and in threads."""
+    monkeypatch.setattr(spawner, "_threads_until",
+                        float("inf") if request.param == "in threads" else 0.0)
+    monkeypatch.setattr(spawner, "SLOW_START_S", float("inf"))  # no switching meanwhile
+    return request.param
+
+
 PIPE = {"stdin": subprocess.DEVNULL, "stdout": subprocess.PIPE, "stderr": subprocess.STDOUT,
         "start_new_session": True}
 
@@ -88,7 +98,9 @@ def test_other_arguments_take_asyncio_s_path(tmp_path):
     assert asyncio.run(go()) == b"y\n"
 
 
-def test_cancelled_while_starting_leaves_nothing_running(tmp_path):
+def test_cancelled_while_starting_leaves_nothing_running(tmp_path, where):
+    if where == "on the loop":
+        pytest.skip("a start on the loop completes before its caller can be cancelled")
     before = _pipes()
 
     async def go():
@@ -103,3 +115,15 @@ def test_cancelled_while_starting_leaves_nothing_running(tmp_path):
     asyncio.run(go())
     assert not (tmp_path / "survived").exists()
     assert not _pipes() - before
+
+
+def test_a_slow_start_moves_starts_to_threads(tmp_path, monkeypatch):
+    monkeypatch.setattr(spawner, "_threads_until", 0.0)
+    monkeypatch.setattr(spawner, "SLOW_START_S", 0.0)  # every start is "slow"
+
+    async def go():
+        proc = await spawner.create_subprocess_exec("true", cwd=tmp_path, **PIPE)
+        await proc.wait()
+
+    asyncio.run(go())
+    assert spawner._threads_until > 0, "the next starts go to threads for a while"
