@@ -187,7 +187,8 @@ def _kill(popen: subprocess.Popen) -> None:
 
 _pool: ThreadPoolExecutor | None = None
 #: a start on the loop that took longer than this moves starts to threads for a while
-SLOW_START_S = 0.003
+#: (3 ms switched too often at load ~4 on 2 cores, and cost CPU; 20 ms is a loaded machine)
+SLOW_START_S = 0.02
 THREADS_FOR_S = 1.0
 _threads_until = 0.0
 
