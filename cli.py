@@ -684,6 +684,13 @@ def serve(
         min=0, help="docker: sandboxes created ahead of time (default image only).")] = 0,
     result_ttl_s: Annotated[float, typer.Option(
         min=0, help="Seconds a finished result stays in memory (then: read from the journal).")] = 60.0,
+    mem_overcommit: Annotated[float, typer.Option(
+        min=1.0, help="Sandboxes' declared mem_gb may add up to this many times the machine's "
+                      "memory; each is a cap, admission goes by observed free memory "
+                      "(1: reserve every declared limit in full).")] = 16.0,
+    mem_headroom: Annotated[float, typer.Option(
+        min=0.0, max=0.9, help="Fraction of the machine's memory kept free (observed) when a "
+                               "sandbox is admitted.")] = 0.10,
     ray: Annotated[str | None, typer.Option(help=RAY_HELP)] = None,
     gpus: Annotated[str | None, typer.Option(
         help="'auto': this machine's GPUs (NVML) are the GPU node. Default: --gpu-cluster's "
@@ -727,7 +734,11 @@ def serve(
     images = {k: v[-1] for k, v in _pairs(image, "--image", "TASK=IMAGE").items()}
     if images and backend != "docker":
         fail("--image: only the docker backend runs images")
-    hardening = {"allow_urls": allow, "task_images": images, "result_ttl_s": result_ttl_s}
+    from tangram.managers.memory import MemoryAdmission
+
+    admission = MemoryAdmission(overcommit=mem_overcommit, headroom=mem_headroom)
+    hardening = {"allow_urls": allow, "task_images": images, "result_ttl_s": result_ttl_s,
+                 "admission": admission}
     gc = None if ray else _serve_gpu_cluster(gpus, gpu_cluster, gpu_device)
     token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
     if not os.environ.get("TANGRAM_TOKEN"):

@@ -1,0 +1,54 @@
+"""Memory admission (tangram/managers/memory.py): declared limits as caps, admission
+by observed free memory with headroom; a node nobody observes reserves in full."""
+
+from __future__ import annotations
+
+import pytest
+
+from tangram.cluster import CpuNodeSpec
+from tangram.managers.cpu import CpuManager
+from tangram.managers.memory import LIVE, RESERVE, MemoryAdmission
+
+
+def manager(admission: MemoryAdmission) -> CpuManager:
+    return CpuManager([CpuNodeSpec("n", 4, 1, 16.0)], admission)
+
+
+def test_unobserved_node_reserves_declared_limits_in_full():
+    cpu = manager(LIVE)  # LIVE, but nobody observed the node: the paper's rule
+    assert [cpu.bind(f"t{i}", 4.0, 0) for i in range(5)] == ["n"] * 4 + [None]
+    assert "16 of 16 GB reserved" in cpu.why_unbound(4.0, 0)
+    cpu.unbind("t0")
+    assert cpu.bind("t4", 4.0, 0) == "n"
+
+
+def test_observed_node_admits_by_use_up_to_the_overcommit_cap():
+    cpu = manager(LIVE)
+    cpu.observe_free("n", 15.0)
+    # 64 sandboxes declaring 4 GB on a 16 GB node: 256 GB = 16 x 16 GB, within the cap;
+    # 0.25 GB assumed each until the next observation: 15 - 1.6 headroom -> 53 of them
+    bound = [cpu.bind(f"t{i}", 4.0, 0) for i in range(64)]
+    assert bound.count("n") == 53 and bound[53:] == [None] * 11
+    assert "headroom" in cpu.why_unbound(4.0, 0)
+    cpu.observe_free("n", 14.0)  # the next observation: they use little
+    assert all(cpu.bind(f"t{i}", 4.0, 0) == "n" for i in range(53, 64))
+    assert cpu.bind("t64", 4.0, 0) is None  # 260 GB would pass 16 x 16
+    assert "overcommit" in cpu.why_unbound(4.0, 0)
+
+
+def test_observed_shortage_holds_admission_until_memory_frees():
+    cpu = manager(LIVE)
+    cpu.observe_free("n", 1.0)  # the machine really is short: under 10% headroom
+    assert cpu.bind("t", 4.0, 0) is None
+    assert "1.0 GB free (observed)" in cpu.why_unbound(4.0, 0)
+    cpu.observe_free("n", 6.0)
+    assert cpu.bind("t", 4.0, 0) == "n"
+
+
+def test_reserve_rule_unchanged_and_values_validated():
+    cpu = manager(RESERVE)
+    cpu.observe_free("n", 16.0)
+    assert [cpu.bind(f"t{i}", 8.0, 0) for i in range(3)] == ["n", "n", None]
+    for bad in ({"overcommit": 0.5}, {"headroom": 1.0}, {"start_gb": -1.0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            MemoryAdmission(**bad)
