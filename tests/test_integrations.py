@@ -3,13 +3,11 @@
 * verl 0.9.1: its tool modules are imported torch-free (see verl_torchfree.py: the
   package ``__init__`` files that import torch are skipped, the modules themselves
   are verl's own). The tool is constructed by verl's real loader
-  ``initialize_tools_from_config`` from ``examples/verl_tool.yaml``. verl's
-  ``ToolAgentLoop`` itself imports torch and PIL at module level and needs a
-  tokenizer and a rollout server, so it cannot run here; ``verl_call_tool`` below
-  makes the calls its ``_call_tool`` makes, in its order and with its arguments
-  (``create(create_kwargs=...)``, ``execute(instance_id, args, agent_data=...)``,
-  ``release(instance_id)`` in a ``finally``), with an ``agent_data`` that carries
-  the ``request_id`` attribute verl's ``AgentData`` has.
+  ``initialize_tools_from_config`` from ``examples/verl_tool.yaml``; every tool call
+  goes through ``ToolAgentLoop._call_tool`` compiled from verl's installed source
+  (its module imports torch, the method does not need it), with verl's own
+  ``FunctionCall``; the reward through ``compute_score`` loaded by verl's
+  ``load_extern_object`` and called the way its reward managers call it.
 * gymnasium 1.4: ``gymnasium.make`` and the real ``check_env``.
 * skyrl-gym 0.4: ``skyrl_gym.make`` and the real ``BaseTextEnv`` contract.
 """
@@ -24,13 +22,12 @@ import re
 import subprocess
 import sys
 import time
-import types
 import warnings
 from pathlib import Path
 
 import pytest
 from conftest import ROOT, TOKEN
-from verl_torchfree import load_verl_tools
+from verl_torchfree import AgentData, function_call, load_verl_tools, stock_loop
 
 from tangram.client import TangramClient, TangramError
 
@@ -48,21 +45,23 @@ def run(coro):
 
 
 async def verl_call_tool(tool, args: dict, agent_data) -> tuple:
-    """What verl 0.9.1's ToolAgentLoop._call_tool does for a BaseTool, in its order."""
-    instance_id = None
-    try:
-        instance_id, _ = await tool.create(create_kwargs={})
-        response, reward, metrics = await tool.execute(instance_id, args, agent_data=agent_data)
-    except Exception as e:  # verl turns any error into the text the model sees
-        return ToolResponse(text=f"Error executing tool '{tool.name}': {e}"), 0.0, {}
-    finally:
-        if instance_id:
-            await tool.release(instance_id)
-    return response, reward, metrics
+    """verl 0.9.1's own ToolAgentLoop._call_tool (its source, unmodified) on ``tool``."""
+    loop = stock_loop([tool], max_tool_response_length=4096)
+    return await loop._call_tool(function_call(tool.name, json.dumps(args)),
+                                 agent_data.tools_kwargs, agent_data)
 
 
-def agent(request_id: str) -> types.SimpleNamespace:
-    return types.SimpleNamespace(request_id=request_id)
+_AGENTS: dict[str, AgentData] = {}
+
+
+def agent(request_id: str) -> AgentData:
+    """The rollout's AgentData (one per name in a test, like one rollout's)."""
+    return _AGENTS.setdefault(request_id, AgentData(request_id))
+
+
+def key(request_id: str) -> str:
+    """The sandbox key TangramTool gave that rollout (in its extra_fields)."""
+    return _AGENTS[request_id].extra_fields["tangram"]["rollout"]
 
 
 async def _gone(url: str, trajectory: str) -> bool:
@@ -135,14 +134,14 @@ async def _verl(url: str, yaml_path: Path) -> None:
             tool, {"command": "echo 42 > answer.txt && pwd"}, a)
         assert isinstance(resp, ToolResponse) and reward == 0.0
         assert resp.text.rstrip().endswith("[exit code 0]") and metrics["exit_code"] == 0
-        sandbox = tool.sandbox_of("rollout-a")
+        sandbox = tool.sandbox_of(key("rollout-a"))
         resp, _, _ = await verl_call_tool(tool, {"command": "cat answer.txt"}, a)
-        assert resp.text.startswith("42\n") and tool.sandbox_of("rollout-a") == sandbox
+        assert resp.text.startswith("42\n") and tool.sandbox_of(key("rollout-a")) == sandbox
         # another rollout has its own sandbox; a failure's exit code reaches the model
         resp, _, metrics = await verl_call_tool(tool, {"command": "cat answer.txt"},
                                                 agent("rollout-b"))
         assert "No such file" in resp.text and re.search(r"\[exit code [1-9]\d*\]$", resp.text)
-        assert tool.sandbox_of("rollout-b") not in (None, sandbox)
+        assert tool.sandbox_of(key("rollout-b")) not in (None, sandbox)
         # parallel calls of one rollout (max_parallel_calls) open one sandbox
         outs = await asyncio.gather(*(verl_call_tool(tool, {"command": f"echo {i} >> par.txt"},
                                                      agent("rollout-c")) for i in range(4)))
@@ -160,9 +159,9 @@ async def _verl(url: str, yaml_path: Path) -> None:
             tool.settings, reward=RewardConfig('test "$(cat answer.txt)" = 42'))
         assert await tool.calc_reward("any", agent_data=a) == 1.0
         assert await tool.calc_reward("any", agent_data=agent("rollout-b")) == 0.0
-        opened = [tool.sandbox_of(r) for r in ("rollout-a", "rollout-b", "rollout-c")]
+        opened = [tool.sandbox_of(key(r)) for r in ("rollout-a", "rollout-b", "rollout-c")]
     # leaving the rollout scope closed every sandbox it opened
-    assert all(tool.sandbox_of(r) is None for r in ("rollout-a", "rollout-b", "rollout-c"))
+    assert all(tool.sandbox_of(key(r)) is None for r in ("rollout-a", "rollout-b", "rollout-c"))
     for tid in opened:
         assert await _gone(url, tid)
 
@@ -171,20 +170,20 @@ async def _verl(url: str, yaml_path: Path) -> None:
                          "idle_ttl_s": 0.5})
     resp, _, metrics = await verl_call_tool(quick, {"command": "sleep 5"}, agent("slow"))
     assert metrics["status"] == "timeout" and "[timed out" in resp.text
-    abandoned = quick.sandbox_of("slow")
+    abandoned = quick.sandbox_of(key("slow"))
     deadline = time.monotonic() + 10
-    while quick.sandbox_of("slow") is not None and time.monotonic() < deadline:
+    while quick.sandbox_of(key("slow")) is not None and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    assert quick.sandbox_of("slow") is None and await _gone(url, abandoned)
+    assert quick.sandbox_of(key("slow")) is None and await _gone(url, abandoned)
 
     # closing a rollout while one of its calls runs waits for the call, then closes
     busy = asyncio.create_task(verl_call_tool(quick, {"command": "sleep 0.3; echo done"},
                                               agent("busy")))
-    while quick.sandbox_of("busy") is None:
+    while "tangram" not in agent("busy").extra_fields or quick.sandbox_of(key("busy")) is None:
         await asyncio.sleep(0.02)
-    busy_tid = quick.sandbox_of("busy")
+    busy_tid = quick.sandbox_of(key("busy"))
     await asyncio.sleep(0.1)
-    await quick.close_rollout("busy")
+    await quick.close_rollout(key("busy"))
     assert (await busy)[0].text.startswith("done") and await _gone(url, busy_tid)
 
     # the classic lifecycle (no agent_data): a sandbox per instance, closed by release
@@ -205,6 +204,64 @@ def test_verl_loader_builds_the_tool_and_a_rollout_keeps_its_sandbox(process_ser
     monkeypatch.setenv("TANGRAM_URL", process_server.url)  # the YAML reads both from the env
     monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
     run(_verl(process_server.url, ROOT / "examples" / "verl_tool.yaml"))
+
+
+async def _verl_reward_path(url: str) -> None:
+    """The stock loop, then verl's reward path: tool_extra_fields -> extra_info ->
+    compute_score (loaded as verl loads custom_reward_function) -> sandbox closed."""
+    from verl.utils.import_utils import load_extern_object
+
+    tools = tool_registry.initialize_tools_from_config(str(ROOT / "examples" / "verl_tool.yaml"))
+    tool = tools[0]
+    # the shipped reward (pytest -n <cores>) needs pytest in the sandbox: the process
+    # backend has the server's python; a plain command keeps this test about the path
+    tool.settings = dataclasses.replace(
+        tool.settings, reward=RewardConfig('test "$(cat answer.txt)" = 42'))
+    compute_score = load_extern_object(module_path="pkg://tangram.integrations.verl",
+                                       object_name="compute_score")
+    import inspect
+
+    assert inspect.iscoroutinefunction(compute_score)  # what verl's managers check
+
+    # full_determinism: every step names its rollouts det-<priority>; each step's
+    # rollout gets its own sandbox, never the previous step's files
+    step1, step2 = AgentData("det-0"), AgentData("det-0")
+    await verl_call_tool(tool, {"command": "echo 42 > answer.txt"}, step1)
+    resp, _, _ = await verl_call_tool(tool, {"command": "cat answer.txt"}, step2)
+    assert "No such file" in resp.text
+    tid1 = step1.extra_fields["tangram"]["trajectory"]
+    tid2 = step2.extra_fields["tangram"]["trajectory"]
+    assert tid1 != tid2
+
+    async def score(agent_data: AgentData) -> dict:
+        # NaiveRewardManager.run_single: extra_info updated with tool_extra_fields' items
+        tool_extra_fields = {**agent_data.extra_fields, "turn_scores": [], "tool_rewards": []}
+        extra_info = {"index": 0}
+        extra_info.update(tool_extra_fields.items())
+        return await compute_score(data_source="tangram", solution_str="...",
+                                   ground_truth=None, extra_info=extra_info)
+
+    assert await score(step1) == {"score": 1.0, "reward_exit_code": 0, "reward_status": "ok"}
+    assert await score(step2) == {"score": 0.0, "reward_exit_code": 1, "reward_status": "ok"}
+    assert await _gone(url, tid1) and await _gone(url, tid2)  # scored, then closed
+    # scoring again (or after the idle TTL closed it) is 0.0 and says why; no tool call: same
+    assert (await score(step1))["reward_status"] == "sandbox closed"
+    assert (await score(AgentData("det-1")))["reward_status"] == "no sandbox"
+    # reward_kwargs (custom_reward_function.reward_kwargs) override the tool's command
+    step3 = AgentData("det-2")
+    await verl_call_tool(tool, {"command": "echo 7 > answer.txt"}, step3)
+    extra = dict(step3.extra_fields)
+    out = await compute_score(data_source="x", solution_str="", ground_truth=None,
+                              extra_info=extra, command='test "$(cat answer.txt)" = 7')
+    assert out["score"] == 1.0
+    await tool.close_all()
+
+
+def test_verl_reward_path_scores_in_the_rollouts_sandbox_and_closes_it(process_server,
+                                                                      monkeypatch):
+    monkeypatch.setenv("TANGRAM_URL", process_server.url)
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    run(_verl_reward_path(process_server.url))
 
 
 # -- gymnasium -----------------------------------------------------------------------------
@@ -318,7 +375,7 @@ async def _verl_docker(url: str) -> None:
         resp, _, metrics = await verl_call_tool(
             tool, {"command": "python3 -c 'b = bytearray(600 * 2**20); print(len(b))'"}, a)
         assert "out of memory" in resp.text and metrics["exit_code"] in (137, -9), resp.text
-        tid = tool.sandbox_of("docker-rollout")
+        tid = tool.sandbox_of(key("docker-rollout"))
     assert await _gone(url, tid)
 
 
