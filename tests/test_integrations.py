@@ -265,7 +265,9 @@ def test_verl_reward_path_scores_in_the_rollouts_sandbox_and_closes_it(process_s
 
 
 # -- gymnasium -----------------------------------------------------------------------------
-def test_gymnasium_check_env_and_an_episode(process_server):
+def test_gymnasium_check_env_and_an_episode(docker_server):
+    """check_env sends random text as commands: the docker backend sandboxes them."""
+    process_server = docker_server
     import gymnasium
     from gymnasium.utils.env_checker import check_env
 
@@ -286,6 +288,7 @@ def test_gymnasium_check_env_and_an_episode(process_server):
     assert obs.startswith("hello world\n") and obs.rstrip().endswith("[exit code 2]")
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert info == {"step": 1, "exit_code": 2, "status": "ok"}
+    assert "No such file" not in obs
     obs, reward, terminated, truncated, info = env.step("submit")
     assert (reward, terminated) == (1.0, True) and info["reward_exit_code"] == 0
     env.close()
@@ -297,6 +300,55 @@ def test_gymnasium_check_env_and_an_episode(process_server):
     obs, reward, terminated, _, info = plain.step("submit")
     assert terminated and reward == 0.0 and "no reward command" in obs
     plain.close()
+
+
+def _vector_run(envs, n: int) -> list[dict]:
+    """Env i submits at step i + 1 (staggered); the others run a command."""
+    obs, info = envs.reset(seed=0, options={"files": {"task.md": "hello\n"}})
+    assert list(obs) == [""] * n
+    steps = []
+    for t in range(n):
+        actions = tuple("submit" if i == t else f"echo env{i} step{t}; grep -c hello task.md"
+                        for i in range(n))
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        steps.append({"obs": list(obs), "reward": list(reward),
+                      "terminated": list(terminated), "info": info})
+    return steps
+
+
+def _check_vector(steps: list[dict], n: int) -> None:
+    for t, s in enumerate(steps):
+        assert s["terminated"] == [i == t for i in range(n)]
+        assert s["reward"][t] == 1.0 and sum(s["reward"]) == 1.0
+        info = s["info"]
+        # one type per key: exit codes of the envs that ran a command, masked elsewhere
+        for i in range(n):
+            if i == t:
+                assert info["status"][i] == "submitted" and info["reward_exit_code"][i] == 0
+                assert not info["_exit_code"][i]
+            elif i > t:
+                assert info["exit_code"][i] == 0 and info["_exit_code"][i]
+                assert s["obs"][i].startswith(f"env{i} step{t}\n1\n")
+        assert str(info["exit_code"].dtype).startswith("int")
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_gymnasium_vector_envs_with_staggered_submits(process_server, kind):
+    import gymnasium
+
+    import tangram.integrations.gym  # noqa: F401
+
+    def make():
+        return gymnasium.make("tangram/Shell-v0", base_url=process_server.url, token=TOKEN,
+                              task="gym-vec", reward={"command": "grep -q hello task.md"})
+
+    n = 4
+    envs = (gymnasium.vector.SyncVectorEnv([make] * n) if kind == "sync" else
+            gymnasium.vector.AsyncVectorEnv([make] * n, shared_memory=False))
+    try:
+        _check_vector(_vector_run(envs, n), n)
+    finally:
+        envs.close()
 
 
 # -- SkyRL-gym -----------------------------------------------------------------------------
@@ -337,6 +389,43 @@ def test_skyrl_make_and_an_episode(process_server):
     out = env.step("<submit/>")
     assert out["done"] and out["reward"] == 0.0
     env.close()
+
+
+def test_skyrl_many_envs_the_way_its_generator_runs_them(process_server):
+    """SkyRL's generator makes one env per sample (skyrl_gym.make with the sample's
+    extras) and runs their init / step / close in a thread pool, all samples at once."""
+    import concurrent.futures
+
+    import skyrl_gym
+
+    import tangram.integrations.skyrl  # noqa: F401
+
+    config = {"base_url": process_server.url, "token": TOKEN, "task": "skyrl-many"}
+
+    async def agent_loop(i: int, pool) -> tuple[float, str]:
+        loop = asyncio.get_running_loop()
+        env = skyrl_gym.make("tangram-shell", env_config=config,
+                             extras={"max_turns": 4, "files": {"n.txt": f"{i}\n"},
+                                     "reward_command": f'test "$(cat out.txt)" = {i * i}'})
+        await loop.run_in_executor(pool, env.init, [{"role": "user", "content": "square n"}])
+        # odd samples answer wrong: their reward must be theirs, not a neighbour's
+        square = i * i if i % 2 == 0 else i * i + 1
+        out = await loop.run_in_executor(pool, env.step,
+                                         f"<bash>echo {square} > out.txt; cat n.txt</bash>")
+        seen = out["observations"][0]["content"]
+        out = await loop.run_in_executor(pool, env.step, "<submit/>")
+        tid = env.trajectory
+        await loop.run_in_executor(pool, env.close)
+        assert await _gone(process_server.url, tid)
+        return out["reward"], seen
+
+    async def main() -> list[tuple[float, str]]:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            return await asyncio.gather(*(agent_loop(i, pool) for i in range(6)))
+
+    results = run(main())
+    assert [r for r, _ in results] == [1.0 if i % 2 == 0 else 0.0 for i in range(6)]
+    assert [seen.split("\n")[0] for _, seen in results] == [str(i) for i in range(6)]
 
 
 # -- the README's Python example, as written ----------------------------------------------
