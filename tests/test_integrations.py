@@ -109,12 +109,35 @@ def test_adapter_config_errors_name_the_field():
                           ({"base_url": "u", "token": "t", "reward": {"cmd": "x"}}, "config.reward"),
                           ({"base_url": "u", "token": "t",
                             "reward": {"command": "pytest", "elastic": True, "shell": True}},
-                           "config.reward.elastic")):
+                           "config.reward.elastic"),
+                          ({"base_url": "u", "token": "t", "cpu": "two"}, "config.cpu"),
+                          ({"base_url": "u", "token": "t", "cpu": "8-1"}, "config.cpu"),
+                          ({"base_url": "u", "token": "t", "cpu": 1.5}, "config.cpu"),
+                          ({"base_url": "u", "token": "t", "mem_gb": 5000}, "config.mem_gb"),
+                          ({"base_url": "u", "token": "t", "timeout_s": 1e9}, "config.timeout_s"),
+                          ({"base_url": "u", "token": "t", "idle_ttl_s": 0}, "config.idle_ttl_s"),
+                          ({"base_url": "u", "token": "t", "reward": {"command": "x", "cpu": "1-x"}},
+                           "config.reward.cpu")):
         env = {k: v for k, v in os.environ.items() if k != "TANGRAM_URL"}
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(os, "environ", env)
             with pytest.raises(ValueError, match=re.escape(field)):
                 TangramTool(config)
+
+
+def test_verl_loader_refuses_a_malformed_tool_config_at_load(tmp_path, monkeypatch):
+    """A bad `cpu` fails when verl builds the tool, naming the field, not as a 422 the
+    model reads on every call."""
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    good = (ROOT / "examples" / "verl_tool.yaml").read_text()
+    assert 'cpu: "1"  ' in good
+    bad = tmp_path / "tool.yaml"
+    bad.write_text(good.replace('cpu: "1"  ', 'cpu: "one"', 1))
+    with pytest.raises(ValueError, match=r"config\.cpu: expected core counts"):
+        tool_registry.initialize_tools_from_config(str(bad))
+    for n_cores in ("2", "1-8", "1,2,4", 3):
+        assert TangramTool({"base_url": "u", "token": "t", "cpu": n_cores}).settings.cpu == \
+            str(n_cores)
 
 
 # -- verl ----------------------------------------------------------------------------------
