@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import os
@@ -493,3 +494,69 @@ async def _verl_docker(url: str) -> None:
 
 def test_verl_tool_on_docker_shares_a_container_and_reports_oom(docker_server):
     run(_verl_docker(docker_server.url))
+
+
+# -- the shipped reward on the docker backend's sandbox image (pytest + pytest-xdist) -------
+PYTEST_IMAGE = "tangram-sandbox-test-pytest:1"
+
+
+@pytest.fixture(scope="module")
+def pytest_image_server(tmp_path_factory):
+    """A docker server whose `coding` task (the shipped tool config's) runs in the image
+    `tangram image build` makes: wheels from PyPI (or TANGRAM_WHEELS, a directory)."""
+    wheels = os.environ.get("TANGRAM_WHEELS")
+    args = [sys.executable, str(ROOT / "cli.py"), "image", "build", "--tag", PYTEST_IMAGE]
+    out = subprocess.run(args + (["--wheels", wheels] if wheels else []), capture_output=True,
+                         text=True, timeout=900, cwd=ROOT)
+    if out.returncode != 0 and "cannot download" in out.stderr + out.stdout:
+        pytest.skip("PyPI unreachable and no TANGRAM_WHEELS: " + out.stderr[-300:])
+    assert out.returncode == 0 and "pytest + pytest-xdist" in out.stdout, out.stdout + out.stderr
+    from conftest import start_server
+
+    server = start_server(tmp_path_factory.mktemp("serve-pytest-image"), "docker",
+                          extra_args=("--image", f"coding={PYTEST_IMAGE}"))
+    yield server
+    server.stop()
+
+
+async def _reward_scores_a_real_fix(url: str) -> None:
+    import base64
+
+    from verl.utils.import_utils import load_extern_object
+
+    with contextlib.redirect_stdout(sys.stderr):  # verl's loader prints the schema
+        tool = tool_registry.initialize_tools_from_config(
+            str(ROOT / "examples" / "verl_tool.yaml"))[0]
+    reward = tool.settings.reward
+    assert reward is not None and reward.elastic and reward.command == "python3 -m pytest -q tests"
+    compute_score = load_extern_object(module_path="pkg://tangram.integrations.verl",
+                                       object_name="compute_score")
+    task = ROOT / "examples" / "reward_fix"
+    setup = " && ".join(
+        f"mkdir -p {Path(rel).parent} && echo {base64.b64encode(p.read_bytes()).decode()} "
+        f"| base64 -d > {rel}"
+        for p in sorted(task.rglob("*.py")) for rel in [str(p.relative_to(task))])
+
+    async def rollout(request_id: str, fix: bool) -> dict:
+        a = AgentData(request_id)
+        resp, _, metrics = await verl_call_tool(tool, {"command": setup}, a)
+        assert metrics["exit_code"] == 0, resp.text
+        if fix:  # the model's fix
+            resp, _, _ = await verl_call_tool(tool, {"command": "sed -i 's/a - b/a + b/' calc.py"}, a)
+        tid = a.extra_fields["tangram"]["trajectory"]
+        extra_info = dict(a.extra_fields)
+        out = await compute_score(data_source="reward_fix", solution_str="", ground_truth=None,
+                                  extra_info=extra_info)
+        assert await _gone(url, tid)
+        return out
+
+    unfixed, fixed = await asyncio.gather(rollout("det-0", False), rollout("det-1", True))
+    assert unfixed == {"score": 0.0, "reward_exit_code": 1, "reward_status": "ok"}, unfixed
+    assert fixed == {"score": 1.0, "reward_exit_code": 0, "reward_status": "ok"}, fixed
+    await tool.close_all()
+
+
+def test_shipped_reward_scores_a_real_fix_in_the_pytest_image(pytest_image_server, monkeypatch):
+    monkeypatch.setenv("TANGRAM_URL", pytest_image_server.url)
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    run(_reward_scores_a_real_fix(pytest_image_server.url))
