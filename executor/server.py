@@ -28,6 +28,7 @@ from executor.files_api import router as files_router
 from executor.gpu.routes import router as gpu_router
 from executor.journal import Journal
 from executor.limits import BodyLimit
+from executor.openai_api import router as openai_router
 from executor.routes import actions, ops
 from executor.routes.deps import bearer, check_token
 from executor.schemas import MAX_BODY_BYTES
@@ -72,6 +73,7 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     app.include_router(actions.router, dependencies=[Depends(auth)])
     app.include_router(files_router, dependencies=[Depends(auth)])
     app.include_router(gpu_router, dependencies=[Depends(auth)])
+    app.include_router(openai_router, dependencies=[Depends(auth)])  # teachers, reward models
     app.include_router(status_router(auth))  # the live status page at / (executor/status.py)
     app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(ValueError, _value_error)

@@ -23,9 +23,11 @@ import re
 import subprocess
 import sys
 import time
+import types
 import warnings
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import ROOT, TOKEN
 from verl_torchfree import AgentData, function_call, load_verl_tools, stock_loop
@@ -560,3 +562,75 @@ def test_shipped_reward_scores_a_real_fix_in_the_pytest_image(pytest_image_serve
     monkeypatch.setenv("TANGRAM_URL", pytest_image_server.url)
     monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
     run(_reward_scores_a_real_fix(pytest_image_server.url))
+
+
+# -- teachers and reward models from Tangram's GPU pool (the cpu GPU device) ---------------
+@pytest.fixture(scope="module")
+def gpu_server(tmp_path_factory):
+    from conftest import start_server
+
+    server = start_server(tmp_path_factory.mktemp("serve-gpu"), "process", extra_args=(
+        "--gpu-cluster", str(ROOT / "executor" / "gpu" / "clusters" / "cpu-tiny.yaml"),
+        "--gpu-device", "cpu"))
+    yield server
+    server.stop()
+
+
+def test_verl_teachers_and_a_reward_model_served_from_the_gpu_pool(gpu_server):
+    """verl's teacher request (its own _get_teacher_sampling_params) through
+    TangramTeacherClient: the rows equal what verl's vLLM server makes of the same
+    vLLM-shaped answer (its own extract_prompt_logprobs)."""
+    from verl_torchfree import compile_function
+
+    from tangram.integrations.teacher import teacher_clients
+
+    sampling = compile_function("experimental/teacher_loop/teacher_manager.py",
+                                "_get_teacher_sampling_params", {"Any": object})
+    params = sampling(types.SimpleNamespace(inference=types.SimpleNamespace(temperature=0.7)),
+                      types.SimpleNamespace(topk=8, loss_settings=types.SimpleNamespace(
+                          use_topk=False)))
+    assert params == {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0,
+                      "detokenize": False}
+    extract = compile_function("workers/rollout/vllm_rollout/utils.py",
+                               "extract_prompt_logprobs", {"Optional": object})
+    clients = teacher_clients({"math": "teacher0", "code": "teacher1"}, gpu_server.url, TOKEN)
+    seqs = {"math": [5, 17, 300, 2, 9], "code": [1, 2, 3, 4, 5, 6, 7]}
+
+    async def ask() -> dict:
+        outs = await asyncio.gather(*(clients[k].generate(request_id=k, prompt_ids=seqs[k],
+                                                          sampling_params=params)
+                                      for k in seqs))
+        return dict(zip(seqs, outs, strict=True))
+
+    outs = run(ask())
+    for k, seq in seqs.items():
+        ids, lps = outs[k].extra_fields["prompt_ids"], outs[k].extra_fields["prompt_logprobs"]
+        assert len(ids) == len(lps) == len(seq)  # verl's assert in compute_teacher_logprobs
+        # the raw answer, as vLLM objects, through verl's own extraction
+        raw = httpx.post(gpu_server.url + "/v1/completions", json={
+            "model": clients[k].service, "prompt": seq, **params},
+            headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120).json()
+        entries = [None] + [{t: types.SimpleNamespace(**v) for t, v in e.items()}
+                            for e in raw["choices"][0]["prompt_logprobs"][1:]]
+        verl_view: dict = {}
+        extract(types.SimpleNamespace(prompt_logprobs=entries), 0, verl_view)
+        assert verl_view == {"prompt_ids": ids, "prompt_logprobs": lps}
+        assert [i[0] for i in ids[:-1]] == seq[1:] and all(lp[0] <= 0 for lp in lps)
+    assert outs["math"].extra_fields != outs["code"].extra_fields
+
+    h = {"Authorization": f"Bearer {TOKEN}"}
+    judged = httpx.post(gpu_server.url + "/classify", json={
+        "model": "judge", "input": [[3, 4, 5], [6, 7]], "use_activation": False},
+        headers=h, timeout=120).json()
+    assert len(judged["data"]) == 2 and judged["data"][-1]["probs"][-1] <= 0  # a log-prob
+    for body, why in (({"model": "teacher0", "prompt": "text"}, "token ids, not text"),
+                      ({"model": "teacher0", "prompt": [1, 2], "max_tokens": 5}, "max_tokens"),
+                      ({"model": "teacher0", "prompt": [1, 2], "prompt_logprobs": 5},
+                       "top-k is not served"),
+                      ({"model": "nope", "prompt": [1, 2]}, "unknown service 'nope'"),
+                      ({"model": "teacher0", "prompt": [1, 99999]}, "not an id")):
+        r = httpx.post(gpu_server.url + "/v1/completions", json=body, headers=h, timeout=120)
+        assert r.status_code == 422 and why in r.text, (body, r.text)
+    gpus = httpx.get(gpu_server.url + "/v1/gpus", headers=h, timeout=30).json()
+    assert gpus["services"]["teacher0"]["requests"] >= 2
+    assert gpus["services"]["teacher1"]["requests"] >= 2 and gpus["services"]["judge"]["requests"]

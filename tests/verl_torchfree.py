@@ -56,29 +56,38 @@ def load_verl_tools() -> types.ModuleType:
     return importlib.import_module("verl.tools.tool_registry")
 
 
+def compile_function(relpath: str, name: str, namespace: dict[str, Any],
+                     cls: str | None = None) -> Any:
+    """Function ``name`` (a method of ``cls``) of verl's installed ``relpath`` (e.g.
+    ``experimental/agent_loop/tool_agent_loop.py``), compiled from its source as it is,
+    its annotations unevaluated, with ``namespace`` as its module globals."""
+    load_verl_tools()
+    spec = importlib.util.find_spec("verl.tools.base_tool")
+    assert spec is not None and spec.origin is not None
+    path = Path(spec.origin).parent.parent / relpath
+    tree = ast.parse(path.read_text())
+    body = tree.body
+    if cls is not None:
+        body = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == cls).body
+    fn = next(n for n in body if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef)
+              and n.name == name)
+    code = compile(ast.Module(body=[fn], type_ignores=[]), str(path), "exec",
+                   flags=__future__.annotations.compiler_flag, dont_inherit=True)
+    namespace = {"logger": logging.getLogger(str(path)), **namespace}
+    exec(code, namespace)
+    return namespace[name]
+
+
 def load_call_tool() -> Any:
     """verl 0.9.1's ``ToolAgentLoop._call_tool``, compiled from its installed source."""
     load_verl_tools()
     function_tool = importlib.import_module("verl.tools.function_tool")
     schemas = importlib.import_module("verl.tools.schemas")
-    spec = importlib.util.find_spec("verl.tools.base_tool")
-    assert spec is not None and spec.origin is not None
-    path = Path(spec.origin).parent.parent / "experimental" / "agent_loop" / "tool_agent_loop.py"
-    source = path.read_text()
-    tree = ast.parse(source)
-    cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "ToolAgentLoop")
-    fn = next(n for n in cls.body
-              if isinstance(n, ast.AsyncFunctionDef) and n.name == "_call_tool")
-    module = ast.Module(body=[fn], type_ignores=[])
-    code = compile(module, str(path), "exec", flags=__future__.annotations.compiler_flag,
-                   dont_inherit=True)
-    namespace: dict[str, Any] = {
-        "json": json, "logger": logging.getLogger(str(path)), "Any": Any,
-        "FunctionTool": function_tool.FunctionTool,
-        "normalize_function_tool_return": function_tool.normalize_function_tool_return,
-        "ToolResponse": schemas.ToolResponse}
-    exec(code, namespace)
-    return namespace["_call_tool"]
+    return compile_function(
+        "experimental/agent_loop/tool_agent_loop.py", "_call_tool",
+        {"json": json, "Any": Any, "FunctionTool": function_tool.FunctionTool,
+         "normalize_function_tool_return": function_tool.normalize_function_tool_return,
+         "ToolResponse": schemas.ToolResponse}, cls="ToolAgentLoop")
 
 
 class StockLoop:
