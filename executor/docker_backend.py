@@ -273,6 +273,22 @@ class DockerBackend:
             except RuntimeError:  # the pool is shut down: the server is stopping
                 self._discard(box)
 
+    def evict(self, trajectory: str) -> bool:
+        """Remove an idle trajectory's container to free its memory (memory admission
+        reclaims it for one waiting to start: executor/memwatch.py). Its next action
+        gets a fresh container and ``state_lost``. False if it is busy or has none."""
+        with self._lock:
+            box = self._boxes.get(trajectory)
+            if box is None or box.busy:
+                return False
+            del self._boxes[trajectory]
+            self._lost.add(trajectory)
+        try:
+            self._removers.submit(self._discard, box)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            self._discard(box)
+        return True
+
     def shutdown(self) -> None:
         self._closed = True
         with self._lock:
@@ -644,6 +660,7 @@ class DockerBackend:
                          if not b.busy and now - b.last_used > self.idle_ttl_s]
                 for t, _ in stale:
                     del self._boxes[t]
+                    self._lost.add(t)  # its next action, if any, must hear its files are gone
             for _, box in stale:
                 self._discard(box)
 

@@ -52,3 +52,38 @@ def test_reserve_rule_unchanged_and_values_validated():
     for bad in ({"overcommit": 0.5}, {"headroom": 1.0}, {"start_gb": -1.0}):
         with pytest.raises(ValueError, match=next(iter(bad))):
             MemoryAdmission(**bad)
+
+
+@pytest.mark.parametrize("backend", ["process", "docker"])
+def test_an_idle_sandbox_gives_its_place_to_a_waiting_one(backend, tmp_path):
+    """Two trajectories whose declared memory cannot both be held (--mem-overcommit 1,
+    60% of the machine each): the idle one is reclaimed for the waiting one instead of
+    both waiting for an idle TTL; on docker its next action says its state was lost."""
+    from conftest import TOKEN, start_server
+
+    from executor.local import mem_total_gb
+    from tangram.client import TangramSyncClient
+
+    server = start_server(tmp_path, backend, extra_args=("--mem-overcommit", "1"))
+    big = round(mem_total_gb() * 0.6, 2)
+    try:
+        with TangramSyncClient(server.url, TOKEN, timeout_s=120) as c:
+            a = c.open_trajectory(task="reclaim", mem_gb=big)
+            first = c.run(a, command="echo kept > f.txt", shell=True, id="a1")
+            assert first["status"] == "ok" and not first["state_lost"], first
+            b = c.open_trajectory(task="reclaim", mem_gb=big)
+            queued = c.submit(b, command="echo b", shell=True, id="b1")
+            if queued["status"] == "queued":  # its reason, while it waits
+                assert "waiting for a node" in queued["error"] and "overcommit" in queued["error"]
+            done = c.wait("b1", 120)
+            assert done["status"] == "ok" and done["output"] == "b\n", done
+            again = c.run(a, command="cat f.txt", shell=True, id="a2")  # b is reclaimed now
+            assert again["status"] == "ok", again
+            if backend == "process":  # its files stayed on disk: nothing was lost
+                assert again["output"] == "kept\n" and not again["state_lost"]
+            else:  # its container was removed to free the memory: said so
+                assert again["state_lost"] and again["exit_code"] != 0, again
+            c.close_trajectory(a)
+            c.close_trajectory(b)
+    finally:
+        server.stop()
