@@ -81,7 +81,8 @@ def start_server(state: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
     raise SystemExit(f"server did not start: {(state / 'server.log').read_text()}")
 
 
-async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s: float) -> dict:
+async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s: float,
+                steps: int) -> dict:
     os.environ.update(TANGRAM_URL=url, TANGRAM_TOKEN=TOKEN)
     registry = load_verl_tools()
     with contextlib.redirect_stdout(sys.stderr):  # verl's loader prints the tool schema
@@ -94,7 +95,7 @@ async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s:
     base = used_gb()
 
     async def rollout(i: int) -> None:
-        agent = AgentData(f"det-{i}")
+        agent = AgentData(f"det-{i % rollouts}")  # full_determinism's ids, reused every step
         for c in range(calls):
             await asyncio.sleep(rng.uniform(0.2, 1.8) * think_s)  # the model generating
             call = function_call("shell", json.dumps(
@@ -119,17 +120,22 @@ async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s:
             as http:
         sampler = asyncio.create_task(sample(http))
         t0 = time.monotonic()
-        tasks = [asyncio.create_task(rollout(i)) for i in range(rollouts)]
-        done, pending = await asyncio.wait(tasks, timeout=deadline_s)
+        pending: set = set()
+        for step in range(steps):  # the stock loop closes nothing: earlier steps' sandboxes idle
+            tasks = [asyncio.create_task(rollout(step * rollouts + i)) for i in range(rollouts)]
+            _, pending = await asyncio.wait(tasks, timeout=deadline_s)
+            for t in pending:
+                t.cancel()
+            if pending:
+                break
         wall = time.monotonic() - t0
-        for t in pending:
-            t.cancel()
         await asyncio.sleep(0.5)
         sampler.cancel()
     first = [w for c, w in waits if c == 0]
     every = [w for _, w in waits]
     return {
-        "rollouts": rollouts, "calls_per_rollout": calls, "mem_gb_declared_each": tool.settings.mem_gb,
+        "rollouts": rollouts, "steps": steps, "calls_per_rollout": calls,
+        "mem_gb_declared_each": tool.settings.mem_gb,
         "calls_done": len(waits), "calls_failed": len(errors), "rollouts_unfinished": len(pending),
         "first_error": errors[0] if errors else None,
         "admission_wait_s": {"p50": percentile(first, 0.5), "p99": percentile(first, 0.99),
@@ -146,7 +152,9 @@ def main() -> None:
     ap.add_argument("--rollouts", type=int, default=64)
     ap.add_argument("--calls", type=int, default=4)
     ap.add_argument("--think-s", type=float, default=0.5, help="mean generation time per turn")
-    ap.add_argument("--deadline-s", type=float, default=120.0, help="give up on rollouts after")
+    ap.add_argument("--deadline-s", type=float, default=120.0, help="give up on a step after")
+    ap.add_argument("--steps", type=int, default=1,
+                    help="batches one after another (a step's sandboxes stay open, idle)")
     ap.add_argument("--mem-overcommit", type=float, default=None,
                     help="passed to tangram serve (default: its own)")
     args = ap.parse_args()
@@ -156,7 +164,7 @@ def main() -> None:
         proc, url = start_server(Path(tmp), extra)
         try:
             out = asyncio.run(bench(url, args.rollouts, args.calls, args.think_s,
-                                    args.deadline_s))
+                                    args.deadline_s, args.steps))
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)

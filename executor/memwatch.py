@@ -64,24 +64,26 @@ class MemoryWatch:
             return
         core = self.executor.core
         core.cpu.observe_free(self.node, free)
-        if core.unbound or core.opening:  # someone waits for memory: try to bind now
-            self.reclaim()
-            runtime = self.executor.runtime
+        runtime = self.executor.runtime
+        again = True
+        while again and (core.unbound or core.opening):  # someone waits for memory
+            again = self.reclaim()  # for the first one waiting; the pass binds it
             runtime._launch(runtime._timed(core.poll, self.executor.clock.now()))
 
-    def reclaim(self) -> None:
-        """Unbind idle trajectories (least recently used first) for the first one waiting."""
+    def reclaim(self) -> bool:
+        """Unbind idle trajectories (least recently used first) for the first one waiting;
+        True when they made room under the declared cap (the next one may need more)."""
         core = self.executor.core
         node = core.cpu.nodes.get(self.node)
         if node is None or not core.unbound or core.policy.env_start == "open":
-            return  # a pod per trajectory holds its place until it closes
+            return False  # a pod per trajectory holds its place until it closes
         first = core.unbound[0].action
         state = core.trajectories.get(first.trajectory)
         if state is None:
-            return
+            return False
         need = state.mem_gb if state.mem_gb is not None else first.min("mem_gb")
         if core.cpu.mem_refusal(node, need) is None:
-            return
+            return False
         env = getattr(self.executor.backend, "env", self.executor.backend)
         evict = getattr(env, "evict", None)
         now = self.executor.clock.now()
@@ -92,13 +94,16 @@ class MemoryWatch:
             over_cap = node.mem_reserved + need > \
                 core.cpu.admission.overcommit * node.spec.mem_gb + 1e-9
             if not over_cap and evict is None:
-                return  # nothing held in memory to free: the shortage is not theirs
+                return False  # nothing held in memory to free: the shortage is not theirs
             if evict is not None and not evict(tid):
                 continue  # busy after all
             core.cpu.unbind(tid)
             self.reclaimed += 1
-            if not over_cap or core.cpu.mem_refusal(node, need) is None:
-                return  # observed shortage: one per observation
+            if not over_cap:
+                return False  # observed shortage: one per observation
+            if core.cpu.mem_refusal(node, need) is None:
+                return True
+        return False
 
     def start(self) -> None:
         self.observe()
