@@ -19,8 +19,9 @@ log-prob of token ``i + 1`` given its prefix, the last row is padding (``[0]``,
 verl 0.9.1 has no config key for an external teacher: it builds its clients from
 its own teacher servers (``MultiTeacherModelManager.get_client``). To use
 Tangram's, hand verl these clients where it takes ``teacher_client`` (a
-``dict[str, LLMServerClient]`` keyed like ``distillation.teacher_models``), e.g.
-``teacher_clients({"math": "teacher0", "code": "teacher1"})``.
+``dict[str, LLMServerClient]`` keyed by each teacher's ``key``, the samples'
+``data_source``), e.g. ``teacher_clients({"openai/gsm8k": "teacher0"})``;
+``examples/verl_mopd.yaml`` shows the rest.
 """
 
 from __future__ import annotations
