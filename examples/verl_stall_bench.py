@@ -4,7 +4,7 @@ each declaring more memory than the machine has in total.
     python examples/verl_stall_bench.py                      # 64 rollouts x 4 calls
     python examples/verl_stall_bench.py --mem-overcommit 1   # every limit reserved
 
-It starts `tangram serve` (process backend) on a free loopback port, builds the
+It starts `tangram serve` (``--backend``, default process) on a free loopback port, builds the
 tool with verl's own loader from examples/verl_tool.yaml (mem_gb 4 per sandbox),
 and runs ``--rollouts`` rollouts concurrently; each makes ``--calls`` tool calls
 through verl 0.9.1's ``ToolAgentLoop._call_tool`` (compiled from verl's source,
@@ -13,9 +13,11 @@ the stock loop nothing closes a rollout's sandbox when it ends.
 
 Prints one JSON object: the wait of each call in Tangram's queue (``queue_s``:
 admission to a node plus waiting for a core; the first call of a rollout is the
-one admitted), the peak of open sandboxes, the memory they declare vs the memory
-the machine actually used (MemTotal - MemAvailable, less the baseline), the load
-average, and how many calls did not finish within ``--deadline-s``.
+one admitted, ``admission_wait_s``), how many calls waited for memory admission
+(``tangram_actions_waiting_for_node``, sampled every 0.2 s), the peak of open
+sandboxes, the memory they declare vs the memory the machine actually used
+(MemTotal - MemAvailable, less the baseline: other work on the machine counts too),
+the load average, and how many calls did not finish within ``--deadline-s``.
 """
 
 from __future__ import annotations
@@ -91,7 +93,8 @@ async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s:
     rng = random.Random(0)
     waits: list[tuple[int, float]] = []  # (call index, queue_s)
     errors: list[str] = []
-    peak = {"open": 0, "declared_gb": 0.0, "used_gb": 0.0}
+    peak = {"open": 0, "declared_gb": 0.0, "used_gb": 0.0, "waiting": 0, "samples": 0,
+            "waiting_samples": 0}
     base = used_gb()
 
     async def rollout(i: int) -> None:
@@ -114,6 +117,11 @@ async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s:
             peak["open"] = max(peak["open"], int(float(m.group(1))) if m else 0)
             peak["declared_gb"] = max(peak["declared_gb"], float(d.group(1)) if d else 0.0)
             peak["used_gb"] = max(peak["used_gb"], used_gb() - base)
+            w = re.search(r"^tangram_actions_waiting_for_node (\S+)", text, re.M)
+            waiting = int(float(w.group(1))) if w else 0
+            peak["waiting"] = max(peak["waiting"], waiting)
+            peak["samples"] += 1
+            peak["waiting_samples"] += waiting > 0
             await asyncio.sleep(0.2)
 
     async with httpx.AsyncClient(base_url=url, headers={"Authorization": f"Bearer {TOKEN}"}) \
@@ -142,6 +150,10 @@ async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s:
                              "max": max(first) if first else None},
         "queue_wait_all_calls_s": {"p50": percentile(every, 0.5), "p99": percentile(every, 0.99),
                                    "max": max(every) if every else None},
+        # sampled every 0.2 s: calls waiting for memory admission (not for a core)
+        "peak_waiting_for_memory": peak["waiting"],
+        "share_of_samples_with_a_wait_for_memory": round(
+            peak["waiting_samples"] / max(peak["samples"], 1), 3),
         "peak_open_sandboxes": peak["open"], "peak_declared_gb": peak["declared_gb"],
         "peak_used_gb": round(peak["used_gb"], 2), "wall_s": round(wall, 2),
     }
@@ -155,10 +167,12 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=120.0, help="give up on a step after")
     ap.add_argument("--steps", type=int, default=1,
                     help="batches one after another (a step's sandboxes stay open, idle)")
+    ap.add_argument("--backend", default="process", help="process or docker (a container each)")
     ap.add_argument("--mem-overcommit", type=float, default=None,
                     help="passed to tangram serve (default: its own)")
     args = ap.parse_args()
-    extra = ["--mem-overcommit", str(args.mem_overcommit)] if args.mem_overcommit else []
+    extra = ["--backend", args.backend]
+    extra += ["--mem-overcommit", str(args.mem_overcommit)] if args.mem_overcommit else []
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(Path(tmp), extra)

@@ -307,6 +307,10 @@ class Service:
                   "# HELP tangram_queued_actions Actions waiting for resources.",
                   "# TYPE tangram_queued_actions gauge",
                   f"tangram_queued_actions {len(core.queued)}",
+                  "# HELP tangram_actions_waiting_for_node First actions waiting for a node to "
+                  "admit their sandbox (memory; also counted in tangram_queued_actions).",
+                  "# TYPE tangram_actions_waiting_for_node gauge",
+                  f"tangram_actions_waiting_for_node {len(core.unbound)}",
                   "# HELP tangram_running_actions Actions executing.",
                   "# TYPE tangram_running_actions gauge",
                   f"tangram_running_actions {len(core.running)}",
