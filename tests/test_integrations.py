@@ -7,7 +7,11 @@
   goes through ``ToolAgentLoop._call_tool`` compiled from verl's installed source
   (its module imports torch, the method does not need it), with verl's own
   ``FunctionCall``; the reward through ``compute_score`` loaded by verl's
-  ``load_extern_object`` and called the way its reward managers call it.
+  ``get_custom_reward_fn`` and called by ``NaiveRewardManager.run_single`` (both
+  compiled from verl's source the same way, their modules import torch), on a
+  one-row stand-in for ``DataProto`` (numpy arrays where verl has tensors);
+  teachers with verl's ``_get_teacher_sampling_params`` and
+  ``extract_prompt_logprobs`` (sources).
 * gymnasium 1.4: ``gymnasium.make`` and the real ``check_env``.
 * skyrl-gym 0.4: ``skyrl_gym.make`` and the real ``BaseTextEnv`` contract.
 """
@@ -17,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import inspect
 import json
 import os
 import re
@@ -30,7 +35,15 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import ROOT, TOKEN
-from verl_torchfree import AgentData, function_call, load_verl_tools, stock_loop
+from verl_torchfree import (
+    AgentData,
+    OneRowData,
+    custom_reward_fn,
+    function_call,
+    load_verl_tools,
+    naive_reward_manager,
+    stock_loop,
+)
 
 from tangram.client import TangramClient, TangramError
 
@@ -233,8 +246,10 @@ def test_verl_loader_builds_the_tool_and_a_rollout_keeps_its_sandbox(process_ser
 
 
 async def _verl_reward_path(url: str) -> None:
-    """The stock loop, then verl's reward path: tool_extra_fields -> extra_info ->
-    compute_score (loaded as verl loads custom_reward_function) -> sandbox closed."""
+    """The stock loop, then verl's reward path: its NaiveRewardManager.run_single (source)
+    merges tool_extra_fields into extra_info and calls compute_score, loaded by verl's
+    get_custom_reward_fn (source) from the two config lines; the sandbox is then closed."""
+    import numpy as np
     from verl.utils.import_utils import load_extern_object
 
     tools = tool_registry.initialize_tools_from_config(str(ROOT / "examples" / "verl_tool.yaml"))
@@ -243,11 +258,16 @@ async def _verl_reward_path(url: str) -> None:
     # backend has the server's python; a plain command keeps this test about the path
     tool.settings = dataclasses.replace(
         tool.settings, reward=RewardConfig('test "$(cat answer.txt)" = 42'))
-    compute_score = load_extern_object(module_path="pkg://tangram.integrations.verl",
-                                       object_name="compute_score")
-    import inspect
+    compute_score = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+    raw = load_extern_object(module_path="pkg://tangram.integrations.verl",
+                             object_name="compute_score")
+    assert inspect.iscoroutinefunction(raw) and inspect.iscoroutinefunction(compute_score)
 
-    assert inspect.iscoroutinefunction(compute_score)  # what verl's managers check
+    class Tokenizer:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    manager = naive_reward_manager(compute_score, Tokenizer())
 
     # full_determinism: every step names its rollouts det-<priority>; each step's
     # rollout gets its own sandbox, never the previous step's files
@@ -260,15 +280,21 @@ async def _verl_reward_path(url: str) -> None:
     assert tid1 != tid2
 
     async def score(agent_data: AgentData) -> dict:
-        # NaiveRewardManager.run_single: extra_info updated with tool_extra_fields' items
-        tool_extra_fields = {**agent_data.extra_fields, "turn_scores": [], "tool_rewards": []}
-        extra_info = {"index": 0}
-        extra_info.update(tool_extra_fields.items())
-        return await compute_score(data_source="tangram", solution_str="...",
-                                   ground_truth=None, extra_info=extra_info)
+        # what the agent loop hands the reward loop for one rollout: its output's
+        # extra_fields (agent_data.extra_fields plus turn_scores / tool_rewards)
+        extra_fields = {**agent_data.extra_fields, "turn_scores": [], "tool_rewards": []}
+        data = OneRowData(
+            {"responses": np.array([5, 6, 7, 0]), "attention_mask": np.array([1, 1, 1, 1, 1, 0])},
+            {"data_source": "tangram", "reward_model": {"ground_truth": None},
+             "extra_info": {"index": 0}, "tool_extra_fields": extra_fields,
+             "__num_turns__": 3, "reward_scores": {}})
+        out = await manager(data)
+        return out["reward_extra_info"] | {"reward_score": out["reward_score"]}
 
-    assert await score(step1) == {"score": 1.0, "reward_exit_code": 0, "reward_status": "ok"}
-    assert await score(step2) == {"score": 0.0, "reward_exit_code": 1, "reward_status": "ok"}
+    first = await score(step1)
+    assert first == {"score": 1.0, "reward_exit_code": 0, "reward_status": "ok",
+                     "reward_score": 1.0}, first
+    assert (await score(step2))["reward_exit_code"] == 1
     assert await _gone(url, tid1) and await _gone(url, tid2)  # scored, then closed
     # scoring again (or after the idle TTL closed it) is 0.0 and says why; no tool call: same
     assert (await score(step1))["reward_status"] == "sandbox closed"
@@ -276,10 +302,13 @@ async def _verl_reward_path(url: str) -> None:
     # reward_kwargs (custom_reward_function.reward_kwargs) override the tool's command
     step3 = AgentData("det-2")
     await verl_call_tool(tool, {"command": "echo 7 > answer.txt"}, step3)
-    extra = dict(step3.extra_fields)
-    out = await compute_score(data_source="x", solution_str="", ground_truth=None,
-                              extra_info=extra, command='test "$(cat answer.txt)" = 7')
-    assert out["score"] == 1.0
+    seven = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score",
+                             {"command": 'test "$(cat answer.txt)" = 7'})
+    out = await naive_reward_manager(seven, Tokenizer())(OneRowData(
+        {"responses": np.array([1]), "attention_mask": np.array([1, 1])},
+        {"data_source": "x", "reward_model": {"ground_truth": None}, "extra_info": {},
+         "tool_extra_fields": dict(step3.extra_fields)}))
+    assert out["reward_score"] == 1.0
     await tool.close_all()
 
 

@@ -133,3 +133,56 @@ class AgentData:
         self.request_id = request_id
         self.extra_fields: dict[str, Any] = {}
         self.tools_kwargs: dict[str, Any] = {}
+
+
+class _Row:
+    """One row of a DataProto: ``batch`` (arrays) and ``non_tensor_batch`` (objects)."""
+
+    def __init__(self, batch: dict[str, Any], non_tensor_batch: dict[str, Any]) -> None:
+        self.batch = batch
+        self.non_tensor_batch = non_tensor_batch
+
+
+class OneRowData:
+    """What a reward manager's ``run_single`` reads of verl's ``DataProto`` (whose module
+    imports torch) for one rollout: ``data[-1:]``, ``data[0]``, ``.batch`` arrays (numpy:
+    slicing, ``shape``, ``sum`` as on tensors) and ``.non_tensor_batch``."""
+
+    def __init__(self, batch: dict[str, Any], non_tensor_batch: dict[str, Any]) -> None:
+        self.row = _Row(batch, non_tensor_batch)
+
+    def __getitem__(self, index: Any) -> Any:
+        return self if isinstance(index, slice) else self.row
+
+
+def naive_reward_manager(compute_score: Any, tokenizer: Any) -> Any:
+    """verl's ``NaiveRewardManager`` with its ``run_single`` compiled from its source; the
+    attributes its ``__init__`` sets (the base class imports torch)."""
+    import asyncio
+    import inspect
+
+    run_single = compile_function("experimental/reward_loop/reward_manager/naive.py",
+                                  "run_single", {}, cls="NaiveRewardManager")
+    manager = types.SimpleNamespace(
+        tokenizer=tokenizer, loop=asyncio.get_running_loop(), compute_score=compute_score,
+        is_async_reward_score=inspect.iscoroutinefunction(compute_score),
+        reward_router_address=None, reward_model_tokenizer=None)
+    return types.MethodType(run_single, manager)
+
+
+def custom_reward_fn(path: str, name: str, reward_kwargs: dict[str, Any] | None = None) -> Any:
+    """verl's ``get_custom_reward_fn`` (trainer/ppo/reward.py, compiled from its source:
+    its module imports torch) on a ``reward.custom_reward_function`` config."""
+    import functools
+    import inspect
+
+    from omegaconf import OmegaConf
+
+    rel = "trainer/ppo/reward.py"
+    helpers = {name: compile_function(rel, name, {})
+               for name in ("_call_with_kwargs", "_call_with_kwargs_async")}
+    loader = compile_function(rel, "get_custom_reward_fn",
+                              {"inspect": inspect, "partial": functools.partial, **helpers})
+    config = OmegaConf.create({"reward": {"custom_reward_function": {
+        "path": path, "name": name, "reward_kwargs": reward_kwargs or {}}}})
+    return loader(config)
