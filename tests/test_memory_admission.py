@@ -87,3 +87,46 @@ def test_an_idle_sandbox_gives_its_place_to_a_waiting_one(backend, tmp_path):
             c.close_trajectory(b)
     finally:
         server.stop()
+
+
+def test_a_verl_call_waiting_for_memory_logs_why_then_runs(tmp_path, caplog):
+    """A rollout whose sandbox no node can admit yet (the machine's memory declared by a
+    busy one) is not a silent hang: verl's log says why; it runs once that one is idle."""
+    import asyncio
+    import logging
+    import time
+    import types
+
+    from conftest import TOKEN, start_server
+
+    from executor.local import mem_total_gb
+    from tangram.client import TangramSyncClient
+    from tangram.integrations.verl import TangramTool
+
+    server = start_server(tmp_path, "process", extra_args=("--mem-overcommit", "1"))
+    big = round(mem_total_gb() * 0.6, 2)
+    try:
+        with TangramSyncClient(server.url, TOKEN, timeout_s=120) as c:
+            other = c.open_trajectory(task="busy", mem_gb=big)
+            c.submit(other, command="sleep 3", shell=True, id="busy1")
+            while c.wait("busy1", 0)["status"] == "queued":
+                time.sleep(0.05)  # then running: it holds the memory until it idled 2 s
+            tool = TangramTool({"base_url": server.url, "token": TOKEN, "mem_gb": big})
+            tool.admission_warn_s = 0.5
+            agent = types.SimpleNamespace(request_id="r", extra_fields={})
+
+            async def call():
+                iid, _ = await tool.create()
+                out = await tool.execute(iid, {"command": "echo ran"}, agent_data=agent)
+                await tool.release(iid)
+                await tool.close_all()
+                return out
+
+            with caplog.at_level(logging.WARNING, logger="tangram.integrations.verl"):
+                resp, _, metrics = asyncio.run(call())
+            assert resp.text.startswith("ran") and metrics["exit_code"] == 0
+            why = [r.getMessage() for r in caplog.records if "waited" in r.getMessage()]
+            assert why and "waiting for a node" in why[0] and "overcommit" in why[0], why
+            c.close_trajectory(other)
+    finally:
+        server.stop()

@@ -143,6 +143,10 @@ class _Sandbox:
 class TangramTool(_Base):
     """verl ``BaseTool``: runs the model's ``command`` in the rollout's sandbox."""
 
+    #: a call still queued after this long logs why it waits (the server's reason: no node
+    #: has memory for the sandbox, or cores are busy)
+    admission_warn_s: float = 10.0
+
     def __init__(self, config: dict, tool_schema: Any = None) -> None:
         # `type` is verl's own key (native); everything else is ours and validated
         self.settings = SandboxConfig.from_dict(config or {}, "config", ignore=("type",))
@@ -286,7 +290,21 @@ class TangramTool(_Base):
         self._publish(agent_data, key, box.trajectory)
         box.busy += 1
         try:
-            return await self._http().run(box.trajectory, **action)
+            http = self._http()
+            aid = uuid.uuid4().hex
+            call = asyncio.ensure_future(http.run(box.trajectory, action_id=aid, **action))
+            try:
+                done, _ = await asyncio.wait({call}, timeout=self.admission_warn_s)
+                if not done:  # still waiting: say why in verl's log (a full machine?)
+                    with contextlib.suppress(TangramError, httpx.HTTPError):
+                        state = await http.wait(aid, 0)
+                        if state.get("status") == "queued" and state.get("error"):
+                            log.warning("rollout %s: its call has waited %g s: %s", key,
+                                        self.admission_warn_s, state["error"])
+                return await call
+            except BaseException:
+                call.cancel()
+                raise
         finally:
             box.busy -= 1
             box.last_used = time.monotonic()
