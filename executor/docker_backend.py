@@ -41,7 +41,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -88,27 +88,40 @@ class AgentSilent(OSError):
     """The agent did not answer within the action's timeout plus GRACE_S."""
 
 
-def build_image(client: docker.DockerClient | None = None, tag: str = IMAGE) -> str:
-    """Import a minimal root filesystem (directories only) as ``tag``; no registry."""
+def build_image(client: docker.DockerClient | None = None, tag: str = IMAGE,
+                files: Mapping[str, bytes] | None = None,
+                env: Mapping[str, str] | None = None) -> str:
+    """Import a minimal root filesystem (directories only) as ``tag``; no registry.
+    ``files`` (path -> bytes, e.g. python packages: executor/sandbox_image.py) are added
+    to it and ``env`` set in the image (commands see it; the run's own env wins)."""
     client = client or docker.from_env()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, mode in (("tmp", 0o1777), ("work", 0o777), ("proc", 0o555), ("sys", 0o555),
-                           ("dev", 0o755), ("etc", 0o755), ("root", 0o700)):
+        dirs = {"tmp": 0o1777, "work": 0o777, "proc": 0o555, "sys": 0o555, "dev": 0o755,
+                "etc": 0o755, "root": 0o700}
+        for path in files or {}:  # every parent directory, readable by the sandbox user
+            parts = path.strip("/").split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                dirs.setdefault("/".join(parts[:i]), 0o755)
+        for name, mode in dirs.items():
             info = tarfile.TarInfo(name)
             info.type = tarfile.DIRTYPE
             info.mode = mode
             tar.addfile(info)
-        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"
-                            "nobody:x:65534:65534:nobody:/tmp:/bin/sh\n"),
-                           ("etc/group", "root:x:0:\nnogroup:x:65534:\n")):
-            data = text.encode()
+        contents = {"etc/passwd": (b"root:x:0:0:root:/root:/bin/sh\n"
+                                   b"nobody:x:65534:65534:nobody:/tmp:/bin/sh\n"),
+                    "etc/group": b"root:x:0:\nnogroup:x:65534:\n"}
+        contents.update({path.strip("/"): data for path, data in (files or {}).items()})
+        for name, data in contents.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
+            info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
     repo, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
+    changes = ["WORKDIR /work", f"LABEL {HOST_ROOTFS}=host"]
+    changes += [f"ENV {k}={v}" for k, v in (env or {}).items()]
     client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=version,
-                                      changes=["WORKDIR /work", f"LABEL {HOST_ROOTFS}=host"])
+                                      changes=changes)
     return tag
 
 
@@ -261,6 +274,22 @@ class DockerBackend:
                 self._removers.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
             except RuntimeError:  # the pool is shut down: the server is stopping
                 self._discard(box)
+
+    def evict(self, trajectory: str) -> bool:
+        """Remove an idle trajectory's container to free its memory (memory admission
+        reclaims it for one waiting to start: executor/memwatch.py). Its next action
+        gets a fresh container and ``state_lost``. False if it is busy or has none."""
+        with self._lock:
+            box = self._boxes.get(trajectory)
+            if box is None or box.busy:
+                return False
+            del self._boxes[trajectory]
+            self._lost.add(trajectory)
+        try:
+            self._removers.submit(self._discard, box)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            self._discard(box)
+        return True
 
     def shutdown(self) -> None:
         self._closed = True
@@ -633,6 +662,7 @@ class DockerBackend:
                          if not b.busy and now - b.last_used > self.idle_ttl_s]
                 for t, _ in stale:
                     del self._boxes[t]
+                    self._lost.add(t)  # its next action, if any, must hear its files are gone
             for _, box in stale:
                 self._discard(box)
 

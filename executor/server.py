@@ -28,12 +28,14 @@ from executor.files_api import router as files_router
 from executor.gpu.routes import router as gpu_router
 from executor.journal import Journal
 from executor.limits import BodyLimit
+from executor.openai_api import router as openai_router
 from executor.routes import actions, ops
 from executor.routes.deps import bearer, check_token
 from executor.schemas import MAX_BODY_BYTES
 from executor.service import Refused, Service
 from executor.status import status_router
 from tangram.core import Tangram
+from tangram.managers.memory import LIVE, MemoryAdmission
 
 #: how long SIGTERM waits for open requests before cancelling them (then: lifespan shutdown)
 GRACEFUL_S = 2.0
@@ -47,13 +49,14 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
                token: str, state_dir: Path,
                allow_urls: Mapping[str, tuple[str, ...]] | None = None,
                task_images: Mapping[str, str] | None = None,
-               result_ttl_s: float = 60.0) -> FastAPI:
+               result_ttl_s: float = 60.0,
+               admission: MemoryAdmission = LIVE) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         journal = Journal(state_dir / "journal.sqlite")
         executor = LiveExecutor(make_core(), make_backend(), max_records=RECENT_RECORDS)
         app.state.service = Service(executor, journal, allow_urls, result_ttl_s=result_ttl_s,
-                                    task_images=task_images)
+                                    task_images=task_images, admission=admission)
         try:
             yield
         finally:
@@ -70,6 +73,7 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     app.include_router(actions.router, dependencies=[Depends(auth)])
     app.include_router(files_router, dependencies=[Depends(auth)])
     app.include_router(gpu_router, dependencies=[Depends(auth)])
+    app.include_router(openai_router, dependencies=[Depends(auth)])  # teachers, reward models
     app.include_router(status_router(auth))  # the live status page at / (executor/status.py)
     app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(ValueError, _value_error)

@@ -23,7 +23,9 @@ from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
 from executor.gpu.routes import metric_lines
 from executor.journal import RESTARTED, SHUTDOWN, Journal
+from executor.memwatch import MemoryWatch
 from executor.schemas import MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
+from tangram.managers.memory import LIVE, MemoryAdmission
 from tangram.model import Outcome, quota_resource
 from tangram.runtime import Record
 
@@ -62,8 +64,16 @@ class Service:
     def __init__(self, executor: LiveExecutor, journal: Journal,
                  allow_urls: Mapping[str, tuple[str, ...]] | None = None,
                  result_ttl_s: float = 60.0,
-                 task_images: Mapping[str, str] | None = None) -> None:
+                 task_images: Mapping[str, str] | None = None,
+                 admission: MemoryAdmission = LIVE) -> None:
         self.executor = executor
+        #: one local node: sandboxes are admitted by observed memory (MemoryAdmission);
+        #: a multi-node backend keeps reserving declared limits in full
+        self.memwatch: MemoryWatch | None = None
+        if getattr(executor.backend, "watch_nodes", None) is None and \
+                list(executor.core.cpu.nodes) == ["local"]:
+            self.memwatch = MemoryWatch(executor, admission)
+            self.memwatch.start()
         #: task -> docker image of its sandboxes, unless the trajectory names one
         self.task_images = dict(task_images or {})
         self.journal = journal
@@ -203,8 +213,24 @@ class Service:
             return self.journal.get(aid)
         if t.result is not None:
             return t.result
-        st = "running" if self.executor.is_running(aid) else "queued"
-        return ActionOut(id=aid, trajectory=t.trajectory, status=st)
+        core = self.executor.core
+        if self.executor.is_running(aid):
+            return ActionOut(id=aid, trajectory=t.trajectory, status="running")
+        return ActionOut(id=aid, trajectory=t.trajectory, status="queued",
+                         error=self._waiting_for(aid, t.trajectory))
+
+    def _waiting_for(self, aid: str, tid: str) -> str:
+        """Why a queued action waits, when it is for a node (memory) rather than cores:
+        a client can tell a full machine from a busy one."""
+        core = self.executor.core
+        if core.cpu.node_of(tid) is not None or tid not in core.trajectories:
+            return ""
+        first = next((p for p in core.unbound if p.action.id == aid), None)
+        mem = core.trajectories[tid].mem_gb
+        if first is None and tid not in core.opening:
+            return ""
+        need = first.action.min("mem_gb") if first is not None and mem is None else (mem or 0.0)
+        return core.cpu.why_unbound(need, first.key_min if first is not None else 0)
 
     async def wait(self, aid: str, wait_s: float) -> ActionOut:
         """The action's state, after waiting up to ``wait_s`` for its end (or shutdown)."""
@@ -248,6 +274,8 @@ class Service:
     def shutdown(self) -> None:
         """Record every unfinished action as failed, then stop the backend."""
         self.closing.set()
+        if self.memwatch is not None:
+            self.memwatch.stop()
         for aid, t in list(self.tracked.items()):
             if t.result is None:
                 t.result = ActionOut(id=aid, trajectory=t.trajectory, status="failed",
@@ -279,6 +307,10 @@ class Service:
                   "# HELP tangram_queued_actions Actions waiting for resources.",
                   "# TYPE tangram_queued_actions gauge",
                   f"tangram_queued_actions {snap.queued}",
+                  "# HELP tangram_actions_waiting_for_node First actions waiting for a node to "
+                  "admit their sandbox (memory; also counted in tangram_queued_actions).",
+                  "# TYPE tangram_actions_waiting_for_node gauge",
+                  f"tangram_actions_waiting_for_node {len(core.unbound)}",
                   "# HELP tangram_running_actions Actions executing.",
                   "# TYPE tangram_running_actions gauge",
                   f"tangram_running_actions {snap.running_count}",
