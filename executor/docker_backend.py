@@ -175,7 +175,7 @@ class Sandbox:
 
 class DockerBackend:
     name = "docker"
-    capabilities = Capabilities(images=True, files=True)
+    capabilities = Capabilities(images=True, files=True, evicts=True)
 
     def __init__(self, image: str = IMAGE, cpu_map: list[int] | None = None,
                  idle_ttl_s: float = 600.0, workers: int = 16,
@@ -276,9 +276,10 @@ class DockerBackend:
                 self._discard(box)
 
     def evict(self, trajectory: str) -> bool:
-        """Remove an idle trajectory's container to free its memory (memory admission
-        reclaims it for one waiting to start: executor/memwatch.py). Its next action
-        gets a fresh container and ``state_lost``. False if it is busy or has none."""
+        """Remove an idle trajectory's container to free its memory (the core reclaimed
+        it for one waiting to start: tangram.protocol.Reclaim, Capabilities.evicts). Its
+        next action gets a fresh container and ``state_lost``. False if it is busy or has
+        none."""
         with self._lock:
             box = self._boxes.get(trajectory)
             if box is None or box.busy:

@@ -165,6 +165,10 @@ class RouterBackend:
             if backend is not None and backend.capabilities.watches_nodes:
                 backend.watch(sink)
 
+    def evict(self, trajectory: str) -> bool:
+        """Capabilities.evicts (the env backend's): free an idle trajectory's memory."""
+        return self.env.evict(trajectory)
+
     def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None:
         self.env.put_file(trajectory, parts, data)
 

@@ -35,7 +35,6 @@ from executor.schemas import MAX_BODY_BYTES
 from executor.service import Refused, Service
 from executor.status import status_router
 from tangram.core import Tangram
-from tangram.managers.memory import LIVE, MemoryAdmission
 
 #: how long SIGTERM waits for open requests before cancelling them (then: lifespan shutdown)
 GRACEFUL_S = 2.0
@@ -50,13 +49,13 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
                allow_urls: Mapping[str, tuple[str, ...]] | None = None,
                task_images: Mapping[str, str] | None = None,
                result_ttl_s: float = 60.0,
-               admission: MemoryAdmission = LIVE) -> FastAPI:
+               memory_node: str | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         journal = Journal(state_dir / "journal.sqlite")
         executor = LiveExecutor(make_core(), make_backend(), max_records=RECENT_RECORDS)
         app.state.service = Service(executor, journal, allow_urls, result_ttl_s=result_ttl_s,
-                                    task_images=task_images, admission=admission)
+                                    task_images=task_images, memory_node=memory_node)
         try:
             yield
         finally:

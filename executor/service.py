@@ -25,7 +25,6 @@ from executor.gpu.routes import metric_lines
 from executor.journal import RESTARTED, SHUTDOWN, Journal
 from executor.memwatch import MemoryWatch
 from executor.schemas import MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
-from tangram.managers.memory import LIVE, MemoryAdmission
 from tangram.model import Outcome, quota_resource
 from tangram.runtime import Record
 
@@ -65,14 +64,14 @@ class Service:
                  allow_urls: Mapping[str, tuple[str, ...]] | None = None,
                  result_ttl_s: float = 60.0,
                  task_images: Mapping[str, str] | None = None,
-                 admission: MemoryAdmission = LIVE) -> None:
+                 memory_node: str | None = None) -> None:
+        """``memory_node``: the CPU node this machine is, whose free memory is observed
+        for the core's memory admission (None: none observed; e.g. a Ray cluster's nodes
+        keep reserving every declared limit in full)."""
         self.executor = executor
-        #: one local node: sandboxes are admitted by observed memory (MemoryAdmission);
-        #: a multi-node backend keeps reserving declared limits in full
         self.memwatch: MemoryWatch | None = None
-        if getattr(executor.backend, "watch_nodes", None) is None and \
-                list(executor.core.cpu.nodes) == ["local"]:
-            self.memwatch = MemoryWatch(executor, admission)
+        if memory_node is not None:
+            self.memwatch = MemoryWatch(executor, memory_node)
             self.memwatch.start()
         #: task -> docker image of its sandboxes, unless the trajectory names one
         self.task_images = dict(task_images or {})
@@ -213,24 +212,12 @@ class Service:
             return self.journal.get(aid)
         if t.result is not None:
             return t.result
-        core = self.executor.core
         if self.executor.is_running(aid):
             return ActionOut(id=aid, trajectory=t.trajectory, status="running")
+        # why it waits, when it is for a node (memory) rather than cores: a client can
+        # tell a full machine from a busy one
         return ActionOut(id=aid, trajectory=t.trajectory, status="queued",
-                         error=self._waiting_for(aid, t.trajectory))
-
-    def _waiting_for(self, aid: str, tid: str) -> str:
-        """Why a queued action waits, when it is for a node (memory) rather than cores:
-        a client can tell a full machine from a busy one."""
-        core = self.executor.core
-        if core.cpu.node_of(tid) is not None or tid not in core.trajectories:
-            return ""
-        first = next((p for p in core.unbound if p.action.id == aid), None)
-        mem = core.trajectories[tid].mem_gb
-        if first is None and tid not in core.opening:
-            return ""
-        need = first.action.min("mem_gb") if first is not None and mem is None else (mem or 0.0)
-        return core.cpu.why_unbound(need, first.key_min if first is not None else 0)
+                         error=self.executor.why_queued(aid))
 
     async def wait(self, aid: str, wait_s: float) -> ActionOut:
         """The action's state, after waiting up to ``wait_s`` for its end (or shutdown)."""
@@ -310,7 +297,7 @@ class Service:
                   "# HELP tangram_actions_waiting_for_node First actions waiting for a node to "
                   "admit their sandbox (memory; also counted in tangram_queued_actions).",
                   "# TYPE tangram_actions_waiting_for_node gauge",
-                  f"tangram_actions_waiting_for_node {len(core.unbound)}",
+                  f"tangram_actions_waiting_for_node {snap.waiting_for_node}",
                   "# HELP tangram_running_actions Actions executing.",
                   "# TYPE tangram_running_actions gauge",
                   f"tangram_running_actions {snap.running_count}",

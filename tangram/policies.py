@@ -278,6 +278,9 @@ class AtFirstAction:
     that action binds it to."""
 
     name: ClassVar[str] = "first_action"
+    #: an idle trajectory may give its node to one waiting for memory (Tangram's
+    #: MemoryObserved): its next action binds it again, like a first action
+    reclaimable: ClassVar[bool] = True
 
     def opened(self, trajectory: str, request: Callable[[str], None]) -> None:
         """At open: nothing is started (its first action binds it)."""
@@ -290,6 +293,8 @@ class AtOpen:
     bound to a node in open order and holds its memory (and pod cores) until it closes."""
 
     name: ClassVar[str] = "open"
+    #: the pod holds its place (memory, cores) until the trajectory closes
+    reclaimable: ClassVar[bool] = False
 
     def opened(self, trajectory: str, request: Callable[[str], None]) -> None:
         request(trajectory)

@@ -1,13 +1,13 @@
-"""Memory admission (tangram/managers/memory.py): declared limits as caps, admission
+"""Memory admission (tangram/admission.py): declared limits as caps, admission
 by observed free memory with headroom; a node nobody observes reserves in full."""
 
 from __future__ import annotations
 
 import pytest
 
+from tangram.admission import LIVE, RESERVE, MemoryAdmission
 from tangram.cluster import CpuNodeSpec
 from tangram.managers.cpu import CpuManager
-from tangram.managers.memory import LIVE, RESERVE, MemoryAdmission
 
 
 def manager(admission: MemoryAdmission) -> CpuManager:

@@ -6,7 +6,7 @@ depends on core distance). A trajectory is bound at its first action to a
 node with enough free cores for that action and memory for the whole
 trajectory, chosen by memory balance; its memory stays reserved until it is
 closed (its container keeps its state between actions). Whether a node has
-room for a trajectory's memory is ``admission``'s rule (tangram/managers/memory.py:
+room for a trajectory's memory is ``admission``'s rule (tangram/admission.py:
 declared limits reserved in full unless the node's free memory is observed).
 """
 
@@ -15,8 +15,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tangram.admission import RESERVE, MemoryAdmission
 from tangram.cluster import CpuNodeSpec
-from tangram.managers.memory import RESERVE, MemoryAdmission
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,9 +16,12 @@ declared limits as a cap:
   each, at most their limit), keeps ``headroom`` (a fraction of its memory) free.
 
 Observed free memory is what a deployment knows about a node (the executor reads
-it, e.g. ``MemAvailable``); a node with no observation falls back to reserving
-every declared limit in full, so the simulator and nodes nobody observes behave
-as before.
+it, e.g. ``MemAvailable``, and sends the core ``MemoryObserved``); a node with no
+observation falls back to reserving every declared limit in full, so the simulator
+and nodes nobody observes behave as before.
+
+A value, like the cluster's specs: the core is given one at construction
+(``Tangram(cluster, policy, admission=...)``); its CPU manager applies it.
 """
 
 from __future__ import annotations
@@ -54,8 +57,7 @@ class MemoryAdmission:
                 return (f"node {node}: {declared_gb:g} of {mem_gb:g} GB reserved by open "
                         f"sandboxes, {new_gb:g} GB more does not fit")
             return None
-        cap = self.overcommit * mem_gb
-        if declared_gb + new_gb > cap + 1e-9:
+        if self.over_cap(mem_gb, declared_gb, new_gb):
             return (f"node {node}: sandboxes declare {declared_gb:g} GB, {new_gb:g} GB more "
                     f"would pass {self.overcommit:g} x its {mem_gb:g} GB (overcommit)")
         keep = self.headroom * mem_gb
@@ -64,6 +66,10 @@ class MemoryAdmission:
             return (f"node {node}: {observed_free_gb:.1f} GB free (observed), "
                     f"{keep:.1f} GB headroom kept; waiting for a sandbox to close")
         return None
+
+    def over_cap(self, mem_gb: float, declared_gb: float, new_gb: float) -> bool:
+        """Would ``new_gb`` more of declared limits pass ``overcommit`` x the node's memory."""
+        return declared_gb + new_gb > self.overcommit * mem_gb + 1e-9
 
 
 #: the paper's rule: every declared limit reserved in full
