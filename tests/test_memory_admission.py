@@ -130,3 +130,105 @@ def test_a_verl_call_waiting_for_memory_logs_why_then_runs(tmp_path, caplog):
             c.close_trajectory(other)
     finally:
         server.stop()
+
+
+# -- through the core's door (tangram/protocol.py): MemoryObserved, Reclaim, why_queued ----
+def _core(admission: MemoryAdmission, evicts: bool = False):
+    from helpers import cluster
+
+    from tangram.core import Tangram
+    from tangram.protocol import Attach, Capabilities
+
+    core = Tangram(cluster(cores=4, mem_gb=16.0), admission=admission)
+    core.handle(Attach(Capabilities(evicts=evicts)), 0.0)
+    return core
+
+
+def _ran(core, trajectory: str, aid: str, start: float, end: float) -> None:
+    """The open ``trajectory`` ran ``aid`` from ``start`` to ``end`` (then idle)."""
+    from helpers import shell
+
+    from tangram.protocol import Finish, Submit
+
+    (d,) = core.handle(Submit((shell(trajectory, aid=aid),)), start)
+    assert d.action.id == aid
+    core.handle(Finish(aid), end)
+
+
+def test_an_idle_trajectory_over_the_cap_is_reclaimed_for_a_waiting_one():
+    from helpers import shell
+
+    from tangram.model import Dispatch
+    from tangram.protocol import MemoryObserved, Open, Reclaim, Submit
+
+    core = _core(MemoryAdmission(overcommit=1.0, headroom=0.1))  # --mem-overcommit 1
+    for t in "ab":
+        core.handle(Open(t, mem_gb=10.0), 0.0)
+    _ran(core, "a", "a1", 0.0, 1.0)
+    assert core.handle(Submit((shell("b", aid="b1"),)), 2.0) == []  # 20 GB > 16 GB
+    snap = core.snapshot(detail=False)
+    assert (snap.waiting_for_node, snap.queued) == (1, 1)
+    assert "waiting for a node" in core.why_queued("b1") and "reserved" in core.why_queued("b1")
+    # observed: a has been idle 1.5 s, not the 2 s asked: nobody is reclaimed yet
+    assert core.handle(MemoryObserved("n0", 15.0, idle_after_s=2.0), 2.5) == []
+    assert "overcommit" in core.why_queued("b1")
+    out = core.handle(MemoryObserved("n0", 15.0, idle_after_s=2.0), 3.5)
+    assert out[0] == Reclaim("a") and isinstance(out[1], Dispatch) and len(out) == 2
+    assert out[1].action.id == "b1" and core.why_queued("b1") == ""
+    assert core.node_of("a") is None and core.node_of("b") == "n0"
+    snap = core.snapshot(detail=False)
+    assert (snap.waiting_for_node, snap.counters["trajectories_reclaimed"]) == (0, 1)
+    # a's next action binds it again like a first action: it waits for b's memory now
+    assert core.handle(Submit((shell("a", aid="a2"),)), 4.0) == []
+    assert core.snapshot(detail=False).waiting_for_node == 1
+
+
+@pytest.mark.parametrize("evicts", [True, False])
+def test_an_observed_shortage_reclaims_one_per_observation_only_if_the_backend_evicts(evicts):
+    from helpers import shell
+
+    from tangram.protocol import MemoryObserved, Open, Reclaim, Submit
+
+    core = _core(LIVE, evicts=evicts)
+    core.handle(MemoryObserved("n0", 15.0), 0.0)
+    for t in "abc":
+        core.handle(Open(t, mem_gb=4.0), 0.0)
+    _ran(core, "a", "a1", 0.0, 1.0)  # least recently used
+    _ran(core, "c", "c1", 1.0, 2.0)
+    core.handle(MemoryObserved("n0", 1.0), 3.0)  # short by observation: under 10% headroom
+    assert core.handle(Submit((shell("b", aid="b1"),)), 4.0) == []
+    assert "1.0 GB free (observed)" in core.why_queued("b1")
+    out = core.handle(MemoryObserved("n0", 1.0, idle_after_s=2.0), 5.0)
+    # one per observation (its freed memory shows in the next one), and only when the
+    # backend frees memory: the process backend's idle trajectories hold none
+    assert out == ([Reclaim("a")] if evicts else [])
+    (d,) = core.handle(MemoryObserved("n0", 6.0), 6.0)  # memory freed: b is admitted
+    assert d.action.id == "b1" and core.node_of("c") == "n0"
+
+
+def test_memory_observed_refuses_an_unknown_node_or_a_bad_value():
+    from tangram.protocol import MemoryObserved
+
+    core = _core(LIVE)
+    with pytest.raises(KeyError, match="node"):
+        core.handle(MemoryObserved("elsewhere", 1.0), 0.0)
+    for bad in ({"free_gb": float("nan")}, {"free_gb": -1.0}, {"idle_after_s": -1.0}):
+        args = {"free_gb": 1.0, **bad}
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            core.handle(MemoryObserved("n0", **args), 0.0)
+
+
+def test_a_pod_per_trajectory_is_never_reclaimed():
+    from helpers import cluster
+
+    from tangram.core import Tangram
+    from tangram.policies import make_policy
+    from tangram.protocol import MemoryObserved, Open
+
+    core = Tangram(cluster(cores=8, mem_gb=16.0), make_policy("k8s"),
+                   admission=MemoryAdmission(overcommit=1.0))
+    for t in "ab":
+        core.handle(Open(t, mem_gb=10.0), 0.0)  # the pod starts at open: b waits for a's
+    assert core.snapshot(detail=False).unbound == 1
+    assert core.handle(MemoryObserved("n0", 15.0, idle_after_s=0.0), 10.0) == []
+    assert core.node_of("a") == "n0" and core.node_of("b") is None
