@@ -540,7 +540,12 @@ def pytest_image_server(tmp_path_factory):
     out = subprocess.run(args + (["--wheels", wheels] if wheels else []), capture_output=True,
                          text=True, timeout=900, cwd=ROOT)
     if out.returncode != 0 and "cannot download" in out.stderr + out.stdout:
-        pytest.skip("PyPI unreachable and no TANGRAM_WHEELS: " + out.stderr[-300:])
+        # a required component is missing: CI fails, it does not skip past the test
+        pytest.fail("the pytest sandbox image needs wheels of pytest + pytest-xdist: PyPI is "
+                    "unreachable and TANGRAM_WHEELS is not set. Download them where PyPI is "
+                    "reachable (pip download --only-binary=:all: pytest pytest-xdist -d DIR) "
+                    "and set TANGRAM_WHEELS=DIR. pip said: " + out.stderr[-300:],
+                    pytrace=False)
     assert out.returncode == 0 and "pytest + pytest-xdist" in out.stdout, out.stdout + out.stderr
     from conftest import start_server
 
