@@ -55,6 +55,11 @@ SCALES: dict[str, dict[str, Any]] = {
              "decomp_nodes": {"paper (15 nodes)": 15, "oversubscribed (4 nodes)": 4}},
 }
 
+def scale_of(scale: str | dict[str, Any]) -> dict[str, Any]:
+    """A named scale (SCALES), or a scale given as a dict of the same keys (tests)."""
+    return SCALES[scale] if isinstance(scale, str) else scale
+
+
 BASELINE_OF = {"coding": "k8s", "deepsearch": "baseline", "mopd": "static", "mixed": "baseline"}
 
 #: The paper's baseline deployments (section 6), as policy parameters. k8s: the pod size
@@ -523,8 +528,8 @@ def table1_job(scale: str, aoe_s: float) -> Job:
                options=(("aoe_s", round(aoe_s, 6)),))
 
 
-def jobs_for(names: Iterable[str], scale: str) -> list[Job]:
-    sc = SCALES[scale]
+def jobs_for(names: Iterable[str], scale: str | dict[str, Any]) -> list[Job]:
+    sc = scale_of(scale)
     jobs: list[Job] = []
     for name in names:
         if name in EXPERIMENTS:

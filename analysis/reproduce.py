@@ -30,6 +30,7 @@ from analysis.experiments import (
     jobs_for,
     optgap,
     run_jobs,
+    scale_of,
     table1_job,
 )
 from analysis.paper import CITATION, PAPER, TEACHER_DEMAND_NOTE
@@ -86,7 +87,7 @@ def _attach(row: dict[str, Any], ev: dict[str, Any] | None) -> None:
     row["evidence"] = ev
 
 
-def headline(rows: pd.DataFrame, gaps: pd.DataFrame | None, scale: str,
+def headline(rows: pd.DataFrame, gaps: pd.DataFrame | None, scale: str | dict[str, Any],
              savings: pd.DataFrame | None = None,
              overheads: list[dict[str, Any]] | None = None,
              evidence: dict[str, dict[str, Any]] | None = None,
@@ -96,7 +97,7 @@ def headline(rows: pd.DataFrame, gaps: pd.DataFrame | None, scale: str,
     says which runs (and which point of a sweep) it comes from. With ``evidence``
     (analysis/evidence.py), a paper row also carries its range (seeds and unswept
     assumptions) and its ratio against the default and the best-tuned baseline."""
-    sc = SCALES[scale]
+    sc = scale_of(scale)
     ev = evidence or {}
     out: list[dict[str, Any]] = []
 
