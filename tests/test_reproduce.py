@@ -1,11 +1,10 @@
 """`tangram reproduce --quick` (a tiny subset) and `tangram plot`, through the CLI."""
 
 import json
+import math
 import subprocess
 import sys
 from pathlib import Path
-
-import math
 
 import pandas as pd
 
