@@ -142,9 +142,9 @@ class CommandCurves:
 
     least squares over per-(command, m) sufficient statistics: for each ``p`` of a grid
     the sizes ``a`` and the start-up cost ``C`` have a closed form, and the ``p`` with the
-    least residual wins (residuals relative to each cell's mean). The shape is learnt only from commands observed at two or more
-    unit counts; the others only set their own size. A command never seen gets the
-    kind's mean size.
+    least residual wins (residuals relative to each cell's mean). The shape is learnt
+    only from commands observed at two or more unit counts; the others only set their
+    own size. A command never seen gets the kind's curve (DurationModel).
     """
 
     #: the grid of parallel fractions tried (0.01 steps)

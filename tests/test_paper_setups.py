@@ -110,9 +110,9 @@ def test_provider_calls_retried_until_they_succeed_do_the_same_work():
 
 
 def test_static_split_gives_the_hot_teacher_more_replicas():
-    from sim.cluster import load_cluster
-
     from dataclasses import replace
+
+    from sim.cluster import load_cluster
 
     paper = load_cluster("paper")  # the teachers alone (simulate keeps the services used)
     paper = replace(paper, services=tuple(s for s in paper.services if s.name != "judge"))
