@@ -243,10 +243,12 @@ def _span(vals: list[float]) -> list[float] | None:
 
 
 def run_evidence(sc: dict[str, Any], workers: int = 2,
-                 progress: Callable[[int, int], None] | None = None
+                 progress: Callable[[int, int], None] | None = None,
+                 only: tuple[str, ...] | None = None
                  ) -> tuple[dict[str, dict[str, Any]], list[dict[str, Any]]]:
-    """Every claim's evidence (by metric key), and every run's row."""
-    cl = claims(sc)
+    """Every claim's evidence (by metric key), and every run's row; ``only``: the claims
+    with these keys."""
+    cl = [c for c in claims(sc) if only is None or c.key in only]
     pts = {c.key: points(c) for c in cl}
     # phase 1: ours and the default at every point; every candidate at the lead (seed 0)
     want: dict[Job, None] = {}
