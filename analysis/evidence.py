@@ -189,7 +189,7 @@ def claims(sc: dict[str, Any]) -> list[Claim]:
     pod = PAPER_BASELINE["coding"]["pod_cores"]
     k8s_default = Candidate(f"k8s {pod}c -n 1 (paper)", "k8s",
                             (("pod_cores", pod), ("pod_dop", 1)))
-    grid = k8s_grid(sc["pod_sizes"])
+    grid = k8s_grid(sc.get("evidence_pods", sc["pod_sizes"]))
     nodes = len(load_cluster(base).cpu_nodes)
     capacity = Assumption("cpu_nodes", tuple(sc["evidence_nodes"]), nodes,
                           f"cluster '{base}' (the paper's testbed in the full run: 15 nodes x "

@@ -44,7 +44,7 @@ SCALES: dict[str, dict[str, Any]] = {
               "gpu_batches": [64, 128, 256], "gpu_total": 40, "abl_batches": [32, 64, 128],
               "abl_nodes": [1, 2], "pod_sizes": [2, 4, 8, 16],
               "sens": 64, "optgap_instances": 24, "ablation_ref": 128,
-              "evidence_nodes": [1, 6], "decomp_nodes": {"ample (6 nodes)": 6,
+              "evidence_nodes": [1, 6], "evidence_pods": [2, 4, 8], "decomp_nodes": {"ample (6 nodes)": 6,
                                                          "oversubscribed (1 node)": 1}},
     "full": {"base": "paper", "coding": 1024, "deepsearch": 256, "mopd": 1024, "mixed": 512,
              "cpu_batches": [256, 512, 1024, 2048], "cpu_nodes": [4, 8, 15],
