@@ -86,7 +86,8 @@ def test_optgap_references_bound_each_other():
 #: a scale small enough for a test, with every key the experiments read
 TINY = {**SCALES["quick"], "coding": 12, "deepsearch": 6, "mopd": 32, "mixed": 12,
         "cpu_batches": [8, 16], "cpu_nodes": [1], "cpu_cap_batch": 12, "gpu_batches": [32],
-        "abl_batches": [16], "ablation_ref": 16, "pod_sizes": [2, 4], "evidence_nodes": [1],
+        "abl_batches": [16], "ablation_ref": 16, "pod_sizes": [2, 4], "evidence_pods": [2, 4],
+        "evidence_nodes": [1],
         "abl_nodes": [1], "decomp_nodes": {"ample": 2, "oversubscribed": 1}}
 #: every paper headline that is a ratio against a baseline Tangram can be tuned against
 RANGED = ("coding_act", "coding_env", "coding_reward", "coding_step", "deepsearch_step",
