@@ -608,8 +608,9 @@ def decomposition_lines(decomp: list[dict[str, Any]]) -> list[str]:
              "Each rung adds one mechanism to the one above it (same trace, same cluster). "
              "Ratios are the baseline's over the rung's: `k8s default` is the paper's pods "
              "(4 cores, tests single-process), `k8s best` the best pod size x `pytest -n` "
-             "of the tuning grid. Learning (curves of unprofiled tests) is not a separate "
-             "rung: the core has no switch for it.", "",
+             "of the tuning grid. Learning (curves of the unprofiled agent test runs) shares a "
+             "rung with our scheduler: the paper's rule runs unprofiled tests at their "
+             "minimum, and no switch separates learning from the rest.", "",
              "| cluster | rung | mean ACT (s) | queue (s) | env / traj (s) | reward / traj (s) "
              "| default / rung | best / rung |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for cl in dict.fromkeys(d["cluster"] for d in decomp):
