@@ -45,7 +45,7 @@ def clean_path(path: str) -> tuple[str, ...]:
     return parts
 
 
-def _open_dir(root: Path, dirs: tuple[str, ...], create: bool) -> int:
+def _open_dir(root: Path, dirs: tuple[str, ...], create: bool, owner: int | None = None) -> int:
     """A descriptor of ``root/dirs...``, never following a symlink on the way."""
     # the working directory itself must not have been swapped for a symlink either
     try:
@@ -60,6 +60,8 @@ def _open_dir(root: Path, dirs: tuple[str, ...], create: bool) -> int:
             if create:
                 try:
                     os.mkdir(name, 0o755, dir_fd=fd)
+                    if owner is not None:
+                        os.chown(name, owner, owner, dir_fd=fd, follow_symlinks=False)
                 except FileExistsError:
                     pass
             try:
@@ -79,13 +81,16 @@ def _open_dir(root: Path, dirs: tuple[str, ...], create: bool) -> int:
     return fd
 
 
-def write_file(root: Path, parts: tuple[str, ...], data: bytes) -> None:
-    """Write ``data`` to ``root/parts`` atomically (a temporary file, then rename)."""
-    fd = _open_dir(root, parts[:-1], create=True)
+def write_file(root: Path, parts: tuple[str, ...], data: bytes, owner: int | None = None) -> None:
+    """Write ``data`` to ``root/parts`` atomically (a temporary file, then rename);
+    ``owner``: the sandbox's user id (root server), which then owns what is made."""
+    fd = _open_dir(root, parts[:-1], create=True, owner=owner)
     tmp = f".tangram-upload-{secrets.token_hex(6)}"
     try:
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd)
         try:
+            if owner is not None:
+                os.fchown(out, owner, owner)
             view = memoryview(data)
             while view:
                 view = view[os.write(out, view):]

@@ -91,3 +91,77 @@ def test_huge_output_is_bounded(http, process_server):
     assert res["status"] == "ok" and len(res["output"]) == 1 << 20  # the last 1 MiB
     assert after - before < 60, (before, after)  # was +480 MB: read whole, then cut
     http.delete("/v1/trajectories/flood")
+
+
+def test_a_background_child_does_not_hold_the_action(http):
+    """Issue 21 #1: ``sleep & echo`` kept the action (and its cores) until the child
+    ended - asyncio's wait() returns only when the pipe closes. Now the action ends when
+    the command exits and the child still holding the pipe is killed."""
+    http.post("/v1/trajectories", json={"id": "bg-child"})
+    r = http.post("/v1/trajectories/bg-child/actions", json={
+        "id": "bg1", "command": "sleep 3141.5 & echo started", "shell": True})
+    assert r.status_code == 202, r.text
+    # a stuck action is still "running" when the 60 s long-poll returns
+    res = http.get("/v1/actions/bg1", params={"wait": 60}).json()
+    assert res["status"] == "ok", res
+    assert res["output"].strip() == "started"
+    deadline = time.time() + 5
+    while _procs_with("3141.5") and time.time() < deadline:
+        time.sleep(0.1)
+    assert _procs_with("3141.5") == []
+    http.delete("/v1/trajectories/bg-child")
+
+
+def test_a_child_that_clears_its_environment_is_detached(http):
+    """A child that escapes the mark (``env -i``) and the group (``setsid``) still
+    does not hold the action: its pipe is dropped; the trajectory's close kills it
+    (as root: by its user id, which it cannot drop)."""
+    http.post("/v1/trajectories", json={"id": "bg-env"})
+    r = http.post("/v1/trajectories/bg-env/actions", json={
+        "id": "bge1", "command": "env -i setsid sleep 2718.2 & echo started", "shell": True})
+    assert r.status_code == 202, r.text
+    res = http.get("/v1/actions/bge1", params={"wait": 60}).json()
+    assert res["status"] == "ok", res
+    http.delete("/v1/trajectories/bg-env")
+    if os.geteuid() == 0:
+        deadline = time.time() + 5
+        while _procs_with("2718.2") and time.time() < deadline:
+            time.sleep(0.1)
+        assert _procs_with("2718.2") == []
+    else:  # not ours to find: clean up after the test
+        for pid in _procs_with("2718.2"):
+            os.kill(pid, 9)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="commands switch user only under a root server")
+def test_commands_of_a_root_server_cannot_touch_it(http, process_server):
+    """Issue 21 #4: as root, a command read the token from /proc/$PPID/environ and could
+    kill the server. Now it runs under a user id of its own: both are refused by the
+    kernel, not by a filter."""
+    pid = process_server.proc.pid
+    http.post("/v1/trajectories", json={"id": "root-spy"})
+    res = _run(http, "root-spy", "rs1", shell=True, command=(
+        f"id -u; cat /proc/{pid}/environ; echo cat=$?; kill -0 {pid}; echo kill=$?; "
+        "touch mine && echo wrote"))
+    assert res["status"] == "ok", res
+    out = res["output"]
+    assert out.splitlines()[0] != "0"
+    assert TOKEN not in out and "cat=1" in out and "kill=1" in out, out
+    assert "wrote" in out  # its own directory is its own
+    # another trajectory's commands run as another user: its files are out of reach
+    http.post("/v1/trajectories", json={"id": "root-spy2"})
+    _run(http, "root-spy2", "rs2", shell=True, command="echo secret > s")
+    res = _run(http, "root-spy", "rs3", shell=True, command="cat ../root-spy2/s; echo rc=$?")
+    assert "secret" not in res["output"] and "rc=1" in res["output"], res
+    assert process_server.proc.poll() is None
+    http.delete("/v1/trajectories/root-spy")
+    http.delete("/v1/trajectories/root-spy2")
+
+
+def test_secret_looking_names_are_scrubbed():
+    from executor.process import scrubbed_env
+
+    env = scrubbed_env({"MY_PRIVATE_PASSPHRASE": "x", "DB_PASSWORD": "x", "AWS_ACCESS_KEY_ID": "x",
+                        "GH_AUTH": "x", "OPENAI_API_KEY": "x", "PATH": "/bin", "LANG": "C",
+                        "KEYBOARD": "us"})
+    assert env == {"PATH": "/bin", "LANG": "C", "KEYBOARD": "us"}
