@@ -179,6 +179,11 @@ class ProcessBackend:
         return None if self._uids is None else (self._uids.first,
                                                 self._uids.first + BLOCK - 1)
 
+    @property
+    def uid_lock(self) -> int | None:
+        """The descriptor whose ``flock`` holds the uid block (a guard inherits it)."""
+        return None if self._uids is None else self._uids.fd
+
     def workdir(self, trajectory: str) -> Path:
         path = self.root / dir_name(trajectory)
         # the name cannot escape by construction; this check keeps it that way
