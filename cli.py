@@ -724,6 +724,12 @@ def serve(
         except ValueError as e:
             fail(str(e))
     allow = _pairs(allow_url, "--allow-url", "KEY=URL_PREFIX")
+    try:  # parsed once here so a malformed entry stops the start (executor/urls.py)
+        from executor.urls import parse_allow_list
+
+        parse_allow_list(allow)
+    except ValueError as e:
+        fail(str(e))
     images = {k: v[-1] for k, v in _pairs(image, "--image", "TASK=IMAGE").items()}
     if images and backend != "docker":
         fail("--image: only the docker backend runs images")

@@ -17,13 +17,13 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
 from executor.gpu.routes import metric_lines
 from executor.journal import RESTARTED, SHUTDOWN, Journal
 from executor.schemas import MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
+from executor.urls import UrlRefused, check_headers, listed, parse_allow_list, parse_target
 from tangram.model import Outcome, quota_resource
 from tangram.runtime import Record
 
@@ -68,7 +68,8 @@ class Service:
         self.task_images = dict(task_images or {})
         self.journal = journal
         #: quota key -> URL prefixes its `request` actions may reach ('*': any public host)
-        self.allow_urls = {quota_resource(k): v for k, v in (allow_urls or {}).items()}
+        self.allow_urls = {quota_resource(k): v
+                           for k, v in parse_allow_list(allow_urls or {}).items()}
         self.result_ttl_s = result_ttl_s
         self.tracked: dict[str, Tracked] = {}
         self.counts: dict[str, int] = {}
@@ -160,14 +161,20 @@ class Service:
 
     def _check_destination(self, body: ActionIn) -> bool:
         """Refuse a URL no quota key of the action allows; True if only '*' allows it
-        (the backend then refuses non-public addresses when it resolves the name)."""
+        (the backend then refuses non-public addresses when it resolves the name).
+        URLs are compared parsed and normalised (executor/urls.py), never as strings."""
         assert body.request is not None
         url = body.request.url
         keys = [quota_resource(k) for k in body.quota]
         prefixes = [p for k in keys for p in self.allow_urls.get(k, ())]
-        if any(p != "*" and url.startswith(p) for p in prefixes):
+        try:
+            check_headers(body.request.headers)
+            target = parse_target(url)
+        except UrlRefused as e:
+            raise Refused(403, str(e)) from None
+        if listed(target, prefixes):
             return False
-        host = urlsplit(url).hostname or ""
+        host = target.host
         if "*" in prefixes:
             try:
                 literal = not ipaddress.ip_address(host.strip("[]")).is_global
