@@ -45,6 +45,7 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import docker
 import docker.errors
@@ -635,22 +636,23 @@ class DockerBackend:
                 self._discard(box)
 
 
-    # -- files (executor/files_api.py): through the engine's archive API, so a path is
-    # resolved inside the container's root filesystem (a symlink cannot reach the host) --
-    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None:
+    # -- files (executor/files_api.py) -------------------------------------------------------
+    # Through the sandbox's agent, which opens each path component inside the container
+    # without following a symlink (executor/sandbox_agent.py). The engine's archive API
+    # follows links the sandbox made (``ln -s /etc x``; ``ln -s /tangram t`` reached the
+    # agent's socket): it is used only for a sandbox without an agent, after checking no
+    # component is a link (the check and the copy are two engine calls: a command running
+    # between them could still swap one in, so such sandboxes should not run untrusted code).
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int:
         box, _ = self._sandbox(trajectory)  # a file may arrive before the first action
         box.last_used = time.monotonic()
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo("/".join(parts))
-            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
-            info.uid = info.gid = int(SANDBOX_USER.split(":")[0])  # the commands' own file
-            tar.addfile(info, io.BytesIO(data))
-        try:
-            self.client.api.put_archive(box.container_id, SANDBOX_WORKDIR, buf.getvalue())
-        except docker.errors.APIError as e:
-            raise FileError(409, f"{'/'.join(parts)}: cannot write it in the sandbox: "
-                            f"{e.explanation or e}") from None
+        src = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
+        if box.socket:
+            size = _size_of(src)
+            ans = self._agent_file(box, {"op": "put", "parts": list(parts), "size": size}, src)
+            return int(ans["size"])
+        self._no_links(box, parts[:-1])
+        return self._archive_put(box, parts, src)
 
     def get_file(self, trajectory: str, parts: tuple[str, ...],
                  limit: int = MAX_FILE_BYTES) -> bytes:
@@ -660,6 +662,76 @@ class DockerBackend:
         if box is None:  # no container yet (or it was reaped): nothing was written
             raise FileError(404, f"{rel}: no such file")
         box.last_used = time.monotonic()
+        if box.socket:
+            return self._agent_file(box, {"op": "get", "parts": list(parts), "limit": limit})
+        self._no_links(box, parts[:-1])
+        return self._archive_get(box, parts, limit)
+
+    def _agent_file(self, box: Sandbox, req: dict, src: BinaryIO | None = None) -> Any:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(60)
+            try:
+                conn.connect(box.socket)  # type: ignore[arg-type]
+            except OSError as e:
+                raise FileError(409, f"the sandbox agent is gone: {e}") from None
+            conn.sendall(json.dumps(req).encode() + b"\n")
+            while src is not None and (chunk := src.read(1 << 20)):
+                conn.sendall(chunk)
+            data = b""
+            while b"\n" not in data:
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    raise FileError(409, "the sandbox agent closed the connection")
+                data += chunk
+            line, _, rest = data.partition(b"\n")
+            ans = json.loads(line)
+            if "error" in ans:
+                raise FileError(int(ans.get("status", 400)), ans["error"])
+            if req["op"] == "put":
+                return ans
+            size, chunks = int(ans["size"]), [rest]
+            got = len(rest)
+            while got < size:
+                chunk = conn.recv(min(1 << 20, size - got))
+                if not chunk:
+                    raise FileError(409, "the sandbox agent closed the connection")
+                chunks.append(chunk)
+                got += len(chunk)
+            return b"".join(chunks)[:size]
+
+    def _no_links(self, box: Sandbox, dirs: tuple[str, ...]) -> None:
+        for i in range(1, len(dirs) + 1):
+            rel = "/".join(dirs[:i])
+            try:
+                stream, st = self.client.api.get_archive(box.container_id,
+                                                         f"{SANDBOX_WORKDIR}/{rel}")
+                stream.close()  # only the stat header is wanted
+            except docker.errors.NotFound:
+                return  # made by the copy: not a link
+            except docker.errors.APIError as e:
+                raise FileError(400, f"{rel}: {e.explanation or e}") from None
+            if st.get("linkTarget") or not int(st.get("mode", 0)) & GO_MODE_DIR:
+                raise FileError(400, f"{rel}: is a symlink or not a directory (files stay "
+                                "inside the sandbox)")
+
+    def _archive_put(self, box: Sandbox, parts: tuple[str, ...], src: BinaryIO) -> int:
+        with tempfile.TemporaryFile() as buf:  # the tar on disk, not in memory
+            size = _size_of(src)
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                info = tarfile.TarInfo("/".join(parts))
+                info.size, info.mode, info.mtime = size, 0o644, int(time.time())
+                info.uid = info.gid = int(SANDBOX_USER.split(":")[0])  # the commands' own
+                tar.addfile(info, src)
+            buf.seek(0)
+            try:
+                self.client.api.put_archive(box.container_id, SANDBOX_WORKDIR, buf)
+            except docker.errors.APIError as e:
+                raise FileError(409, f"{'/'.join(parts)}: cannot write it in the sandbox: "
+                                f"{e.explanation or e}") from None
+        return size
+
+    def _archive_get(self, box: Sandbox, parts: tuple[str, ...], limit: int) -> bytes:
+        rel = "/".join(parts)
         try:
             chunks, st = self.client.api.get_archive(box.container_id, f"{SANDBOX_WORKDIR}/{rel}")
         except docker.errors.NotFound:
@@ -681,6 +753,15 @@ class DockerBackend:
             if f is None:
                 raise FileError(400, f"{rel}: is not a regular file")
             return f.read(limit + 1)[:limit]
+
+
+def _size_of(f: BinaryIO) -> int:
+    """Bytes left in a seekable file object."""
+    here = f.tell()
+    end = f.seek(0, io.SEEK_END)
+    f.seek(here)
+    return end - here
+
 
 def _cgroup_files(client: docker.DockerClient, cid: str) -> tuple[str | None, str | None]:
     """The container's cpuset and CPU-quota files, if this process may write them."""

@@ -17,6 +17,7 @@ command printing gigabytes costs the server 1 MiB.
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import secrets
@@ -28,14 +29,17 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import quote
 
 from executor import marks
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv, priority_prefix
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
-from executor.sandbox_uid import BLOCK, UidBlock, dropping, kill_uids
+from executor.sandbox_uid import BLOCK, UidBlock, dropping, kill_uids, unreachable
 from tangram.model import Dispatch, Outcome
+
+log = logging.getLogger("tangram.process")
 
 MAX_OUTPUT = 1 << 20  # keep at most the last 1 MiB of an action's output
 #: environment variables a command never inherits from the server
@@ -171,6 +175,13 @@ class ProcessBackend:
         self._uid_of: dict[str, int] = {}
         if self._uids is not None:
             self.root.chmod(0o711)  # sandboxes may enter their own directory, not list others
+            for path in (sys.executable, self.root):
+                blocked = unreachable(path)
+                if blocked:
+                    log.warning("commands run as sandbox users, who cannot pass through %s "
+                                "to reach %s (no o+x): programs commands run, and the work "
+                                "root, must be reachable by other users",
+                                ", ".join(map(str, blocked)), path)
         use_pidfd_watcher()
 
     @property
@@ -387,8 +398,8 @@ class ProcessBackend:
             kill_uids(*self.uid_range)  # type: ignore[misc]
 
     # -- files (executor/files_api.py): confined to the trajectory's working directory ------
-    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None:
-        write_file(self.workdir(trajectory), parts, data, owner=self._uid(trajectory))
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int:
+        return write_file(self.workdir(trajectory), parts, data, owner=self._uid(trajectory))
 
     def get_file(self, trajectory: str, parts: tuple[str, ...],
                  limit: int = MAX_FILE_BYTES) -> bytes:

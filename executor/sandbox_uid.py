@@ -96,3 +96,17 @@ def kill_uids(first: int, last: int | None = None) -> int:
             except OSError:
                 pass
     return killed
+
+
+def unreachable(path: str | Path) -> list[Path]:
+    """The directories on the way to ``path`` that another user cannot pass through
+    (no ``o+x``): a sandbox user cannot run a program below them (a Python in /root)."""
+    out = []
+    p = Path(os.path.realpath(path))
+    for d in reversed(p.parents):
+        try:
+            if not os.stat(d).st_mode & 0o001:
+                out.append(d)
+        except OSError:
+            out.append(d)
+    return out

@@ -21,6 +21,25 @@ sys.path.insert(0, str(Path(__file__).parent))
 TOKEN = "test-token-123"
 
 
+@pytest.fixture(scope="session", autouse=True)
+def sandbox_users_reach_python() -> None:
+    """As root, commands run under sandbox user ids (executor/sandbox_uid.py), which must
+    be able to run this Python: a Python below /root (pyenv) is made reachable by
+    allowing others to pass through (o+x, not list) the directories on its way."""
+    reachable_by_sandboxes(Path(sys.executable))
+
+
+def reachable_by_sandboxes(path: Path) -> None:
+    """Let other users pass through (o+x, not list) the directories above ``path``:
+    as root, commands run as sandbox users, and pytest's temporary directories are 0700."""
+    if os.geteuid() != 0:
+        return
+    from executor.sandbox_uid import unreachable
+
+    for d in unreachable(path):
+        d.chmod(d.stat().st_mode | 0o001)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -50,6 +69,7 @@ def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, .
     port = free_port()
     log = state_dir / f"server-{port}.log"
     state_dir.mkdir(parents=True, exist_ok=True)
+    reachable_by_sandboxes(state_dir / "work")
     args = [sys.executable, str(ROOT / "cli.py"), "serve", "--port", str(port), "--backend",
             backend, "--state-dir", str(state_dir)]
     for q in quotas:

@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import TOKEN, start_server
+from conftest import TOKEN, reachable_by_sandboxes, start_server
 from helpers import cpus_of
 
 from executor.driver import LiveExecutor
@@ -101,11 +101,9 @@ def test_node_loss_mid_action_fails_once_and_rebinds(ray_cluster, tmp_path):
                             if n.node_id == backend.agents[lost_node].info.ray_node_id)
             # as root, commands run under a user id of their own: a directory they may write
             shared = tmp_path / "shared"
-            shared.mkdir(mode=0o777)
+            shared.mkdir()
             shared.chmod(0o777)
-            tmp_path.chmod(0o755)
-            tmp_path.parent.chmod(0o755)
-            tmp_path.parent.parent.chmod(0o755)
+            reachable_by_sandboxes(shared)
             runs = shared / "runs"
             # kinds never seen before: not expected light, so each needs a core of its own
             running = ex.submit(shell("long", victim, f"sh -c 'echo $$ >> {runs}; exec sleep 60'",
