@@ -23,6 +23,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
+from executor.connections import guarded
 from executor.driver import LiveBackend, LiveExecutor
 from executor.files_api import router as files_router
 from executor.gpu.routes import router as gpu_router
@@ -123,4 +124,7 @@ def serve(app: FastAPI, host: str, port: int) -> None:
     # connection first, so it never sends on one the server is closing (a ReadError)
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=75)
+    config.load()
+    # a deadline for request headers and a cap on connections (executor/connections.py)
+    config.http_protocol_class = guarded(config.http_protocol_class)
     _Server(config, app).run()

@@ -21,6 +21,29 @@ sys.path.insert(0, str(Path(__file__).parent))
 TOKEN = "test-token-123"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, commands run as sandbox users, who must reach the servers' work roots;
+    pytest resets its shared ``/tmp/pytest-of-root`` to 0700 at every session start (a
+    concurrent session would cut the sandboxes off), so root sessions get a base
+    directory of their own (the last 3 are kept, as pytest does, and none younger
+    than a day: a concurrent session may still use it)."""
+    if os.geteuid() != 0 or config.option.basetemp:
+        return
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.gettempdir()) / "tangram-pytest-of-root"
+    top.mkdir(mode=0o711, exist_ok=True)
+    top.chmod(0o711)
+    old = sorted(top.iterdir(), key=lambda p: p.stat().st_mtime)
+    for stale in old[:-3]:
+        if time.time() - stale.stat().st_mtime > 86_400:
+            shutil.rmtree(stale, ignore_errors=True)
+    base = Path(tempfile.mkdtemp(dir=top))
+    base.chmod(0o711)
+    config.option.basetemp = str(base / "t")
+
+
 @pytest.fixture(scope="session", autouse=True)
 def sandbox_users_reach_python() -> None:
     """As root, commands run under sandbox user ids (executor/sandbox_uid.py), which must

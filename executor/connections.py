@@ -1,0 +1,71 @@
+"""Connection limits uvicorn does not have: a deadline for a request's headers, and a
+cap on open connections.
+
+uvicorn times out an idle keep-alive connection, but not one whose request headers
+never finish: 1,010 connections that send half a request line held the server's file
+descriptors until every action failed "Too many open files". So each connection here
+must complete a request's headers within ``header_timeout_s`` of opening (and of its
+previous response, after the keep-alive time), or it is closed; and past
+``max_connections`` open ones, a new connection is closed at once, before it can
+take the descriptors the server's own work needs.
+
+It wraps uvicorn's HTTP protocol class (``config.http_protocol_class``) and uses its
+``cycle`` (the request in progress, set once its headers are parsed), ``connections``
+(the server's open ones) and ``transport``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import resource
+from typing import Any
+
+#: seconds a client has to send a request's headers
+HEADER_TIMEOUT_S = 10.0
+
+
+def fd_budget(reserve: int = 256) -> int:
+    """Raise this process's open-file limit to its hard limit; the connections that
+    leaves room for once ``reserve`` descriptors are kept for the server's own work."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard != resource.RLIM_INFINITY and soft < hard:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+            soft = hard
+        except (ValueError, OSError):
+            pass
+    return max(16, min(soft - reserve, soft // 2, 10_000))
+
+
+def guarded(base: type, header_timeout_s: float = HEADER_TIMEOUT_S,
+            max_connections: int | None = None) -> type:
+    """``base`` (uvicorn's H11Protocol or HttpToolsProtocol) with the two limits."""
+    limit = max_connections if max_connections is not None else fd_budget()
+
+    class Guarded(base):  # type: ignore[misc, valid-type]
+        def connection_made(self, transport: Any) -> None:
+            super().connection_made(transport)
+            if len(self.connections) > limit:
+                transport.abort()  # no reply: writing one could block on a slow reader
+                self.connections.discard(self)
+                return
+            self._arm(header_timeout_s)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            # the next request's headers: after the keep-alive time uvicorn allows
+            self._arm(self.timeout_keep_alive + header_timeout_s)
+
+        def _arm(self, delay: float) -> None:
+            seen = self.cycle
+            loop: asyncio.AbstractEventLoop = self.loop
+
+            def check() -> None:
+                if self.cycle is seen and not self.transport.is_closing():
+                    self.transport.close()  # no request headers since: a slow client
+                    self.connections.discard(self)
+
+            loop.call_later(delay, check)
+
+    Guarded.__name__ = f"Guarded{base.__name__}"
+    return Guarded
