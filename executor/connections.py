@@ -6,8 +6,9 @@ never finish: 1,010 connections that send half a request line held the server's 
 descriptors until every action failed "Too many open files". So each connection here
 must complete a request's headers within ``header_timeout_s`` of opening (and of its
 previous response, after the keep-alive time), or it is closed; and past
-``max_connections`` open ones, a new connection is closed at once, before it can
-take the descriptors the server's own work needs.
+``max_connections`` open ones, the oldest connection that has not finished a
+request's headers is closed to make room (a client that sends its request at once
+is never the one dropped), or, when there is none, the new one.
 
 It wraps uvicorn's HTTP protocol class (``config.http_protocol_class``) and uses its
 ``cycle`` (the request in progress, set once its headers are parsed), ``connections``
@@ -45,11 +46,17 @@ def guarded(base: type, header_timeout_s: float = HEADER_TIMEOUT_S,
     class Guarded(base):  # type: ignore[misc, valid-type]
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
-            if len(self.connections) > limit:
-                transport.abort()  # no reply: writing one could block on a slow reader
-                self.connections.discard(self)
-                return
+            self._opened_at = self.loop.time()
             self._arm(header_timeout_s)
+            if len(self.connections) > limit:
+                idle = [c for c in self.connections if c is not self
+                        and getattr(c, "cycle", True) is None and hasattr(c, "_opened_at")]
+                victim = min(idle, key=lambda c: c._opened_at) if idle else self
+                victim._drop()
+
+        def _drop(self) -> None:
+            self.transport.abort()  # no reply: writing one could block on a slow reader
+            self.connections.discard(self)
 
         def on_response_complete(self) -> None:
             super().on_response_complete()
@@ -62,8 +69,7 @@ def guarded(base: type, header_timeout_s: float = HEADER_TIMEOUT_S,
 
             def check() -> None:
                 if self.cycle is seen and not self.transport.is_closing():
-                    self.transport.close()  # no request headers since: a slow client
-                    self.connections.discard(self)
+                    self._drop()  # no request headers since: a slow client
 
             loop.call_later(delay, check)
 

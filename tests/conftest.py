@@ -88,7 +88,7 @@ class Server:
 
 
 def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, ...] = (),
-                 extra_args: tuple[str, ...] = ()) -> Server:
+                 extra_args: tuple[str, ...] = (), max_fds: int | None = None) -> Server:
     port = free_port()
     log = state_dir / f"server-{port}.log"
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -99,8 +99,13 @@ def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, .
         args += ["--quota", q]
     args += extra_args
     env = {**os.environ, "TANGRAM_TOKEN": TOKEN}
+    def limit_fds() -> None:  # a host's usual 1,024, or lower
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))
+
     proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
-                            cwd=ROOT)
+                            cwd=ROOT, preexec_fn=limit_fds if max_fds else None)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while time.time() < deadline:
