@@ -4,6 +4,7 @@ outlive their action or trajectory, or flood the server's memory."""
 from __future__ import annotations
 
 import os
+import sys
 import time
 
 import httpx
@@ -165,3 +166,21 @@ def test_secret_looking_names_are_scrubbed():
                         "GH_AUTH": "x", "OPENAI_API_KEY": "x", "PATH": "/bin", "LANG": "C",
                         "KEYBOARD": "us"})
     assert env == {"PATH": "/bin", "LANG": "C", "KEYBOARD": "us"}
+
+
+def test_a_deep_tree_is_removed_when_its_trajectory_closes(http, process_server):
+    """Issue 21 #8: ``shutil.rmtree`` recurses once per level; past ~1,000 it raised
+    RecursionError (not caught by ignore_errors) and the "closing" directory stayed
+    forever. A tree 5,000 directories deep is now removed."""
+    http.post("/v1/trajectories", json={"id": "deep"})
+    res = _run(http, "deep", "deep1", argv=[sys.executable, "-c", (
+        "import os\nfor _ in range(5000):\n    os.mkdir('d')\n    os.chdir('d')\n"
+        "open('leaf', 'w').write('x')\nprint('made')")])
+    assert res["status"] == "ok" and "made" in res["output"], res
+    work = process_server.state_dir / "work"
+    assert http.delete("/v1/trajectories/deep").status_code == 200
+    deadline = time.time() + 60
+    while any(p.name.startswith(" closing") for p in work.iterdir()) and time.time() < deadline:
+        time.sleep(0.2)
+    assert not any(p.name.startswith(" closing") for p in work.iterdir())
+    assert not (work / "deep").exists()
