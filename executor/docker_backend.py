@@ -27,6 +27,16 @@ The host enforces every timeout itself: an agent that does not answer in time
 gets its container killed (the action ends ``timeout``, the trajectory's next
 action gets a fresh container and ``state_lost``). An OOM kill is reported as
 status ``oom``.
+
+Disk (``disk_gb``): the engine's ``--storage-opt size`` works only on overlay2 over
+xfs with project quotas (and devicemapper, btrfs, zfs); elsewhere (fuse-overlayfs,
+overlay2 on ext4) it is refused. There, the places the sandbox user can write -
+``/work``, ``/tmp``, ``/var/tmp`` - are tmpfs mounts: what a command writes never
+reaches the host's disk. Being memory, they count against the sandbox's ``mem_gb``
+too, so they are bounded below it (``/work``: ``disk_gb`` and at most half of
+``mem_gb``; ``/tmp``: a quarter; ``/var/tmp``: 64 MiB), and an image's own files under
+``/work`` are hidden by the mount. An action that leaves ``/work`` full ends
+``failed`` with an error starting ``disk_full:``.
 """
 
 from __future__ import annotations
@@ -75,6 +85,10 @@ PERIOD_US = 100_000
 IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
 #: where a trajectory's commands run and its files live, inside the container
 SANDBOX_WORKDIR = "/work"
+#: each sandbox's disk (see the module's docstring: storage-opt, else tmpfs mounts)
+DEFAULT_DISK_GB = 4.0
+#: /work with less free than this after an action: the action ends ``disk_full``
+DISK_FULL_BYTES = 1 << 20
 #: Go's os.FileMode bits in the engine's archive stat (directory; device, pipe, socket, ...)
 GO_MODE_DIR = 1 << 31
 GO_MODE_IRREGULAR = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
@@ -158,6 +172,8 @@ class Sandbox:
     grants: int = 0
     #: serialises cgroup updates: a late reclaim must not undo the next action's grant
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: bytes free on /work after the last action (the agent's statvfs; None: unknown)
+    work_free: int | None = None
 
 
 class DockerBackend:
@@ -167,13 +183,15 @@ class DockerBackend:
                  idle_ttl_s: float = 600.0, workers: int = 16,
                  client: docker.DockerClient | None = None, owner: str | None = None,
                  agent: bool = True, default_mem_gb: float = 2.0, pids_limit: int = 512,
-                 warm: int = 0) -> None:
+                 warm: int = 0, disk_gb: float = DEFAULT_DISK_GB) -> None:
         self.client = client or docker.from_env()
         self.image = ensure_image(self.client, image)
         self.cpu_map = cpu_map or allowed_cpus()
         self.idle_ttl_s = idle_ttl_s
         self.default_mem_gb = default_mem_gb
         self.pids_limit = pids_limit
+        self.disk_gb = disk_gb
+        self._storage_opt = _quota_capable(self.client)
         self.warm_size = warm
         self.run_id = uuid.uuid4().hex[:12]
         # the agent runs on the host's python3: at /usr in the default image, under
@@ -315,6 +333,7 @@ class DockerBackend:
                 env.update({"PYTHONHOME": HOST_PREFIX + "/usr",
                             "TANGRAM_AGENT_DROP": "PYTHONHOME"})
         labels = {LABEL: self.run_id, OWNER: self.owner, "tangram.trajectory": trajectory[:200]}
+        disk = self._disk(mem)
         try:
             c = self.client.containers.create(
                 image, command, detach=True, init=True, labels=labels, volumes=mounts,
@@ -324,7 +343,7 @@ class DockerBackend:
                 security_opt=["no-new-privileges"],
                 # unthrottled while the agent starts; idle quota once it listens
                 cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
-                cpu_quota=len(self.cpu_map) * PERIOD_US)
+                cpu_quota=len(self.cpu_map) * PERIOD_US, **disk)
         except Exception:
             if agent_dir:
                 shutil.rmtree(agent_dir, ignore_errors=True)
@@ -344,6 +363,19 @@ class DockerBackend:
             self._discard(box)  # a container that never started must not linger
             raise
         return box
+
+    def _disk(self, mem_gb: float) -> dict:
+        """The container options that bound what its commands write."""
+        mb = int(self.disk_gb * 1024)
+        if self._storage_opt:
+            return {"storage_opt": {"size": f"{mb}m"}}
+        # tmpfs pages count against the memory limit and cannot be swapped: bounded well
+        # below it, so a full disk is ENOSPC for the writer, not an OOM kill of the agent
+        work = max(16, min(mb, int(mem_gb * 1024 / 2)))
+        tmp = max(16, min(mb, int(mem_gb * 1024 / 4)))
+        uid = SANDBOX_USER.split(":")[0]  # /work is the sandbox user's
+        return {"tmpfs": {SANDBOX_WORKDIR: f"size={work}m,mode=0700,uid={uid},gid={uid},exec",
+                          "/tmp": f"size={tmp}m,mode=1777,exec", "/var/tmp": "size=64m,mode=1777"}}
 
     def _refill_soon(self) -> None:
         with self._lock:
@@ -381,8 +413,12 @@ class DockerBackend:
             box = self._warm.pop() if self._warm else None
         if box is None:
             return None
-        self._refill_soon()
         mem = mem_gb or self.default_mem_gb
+        if mem < box.mem_gb and not self._storage_opt:  # its tmpfs is sized for more memory
+            with self._lock:
+                self._warm.append(box)
+            return None
+        self._refill_soon()
         if mem != box.mem_gb:  # one engine call (~20 ms), still far cheaper than a container
             try:
                 limit = f"{int(mem * 1024)}m"
@@ -493,6 +529,12 @@ class DockerBackend:
         extra = {"argv": argv, "cores": cores, "update_s": update_s, "t_spawned": t_exec,
                  "t_exited": t_exited, "state_lost": lost, "container": box.container_id[:12],
                  "via": "agent" if box.socket else "docker exec"}
+        if box.work_free is not None and box.work_free < DISK_FULL_BYTES:
+            return Outcome(d.action.id, "failed", code, (output or b"")[-(1 << 20):].decode(
+                errors="replace"), f"disk_full: {SANDBOX_WORKDIR} is full (the sandbox's "
+                f"disk limit: {self.disk_gb:g} GB, and at most half its mem_gb on this engine's "
+                "storage driver); remove files, or give the trajectory more mem_gb",
+                t_exec - t_start, {**extra, "reason": "disk_full"}), box
         if ooms:
             return Outcome(d.action.id, "oom", code, (output or b"")[-(1 << 20):].decode(
                 errors="replace"), self._oom_message(box), t_exec - t_start, extra), box
@@ -533,6 +575,7 @@ class DockerBackend:
         if not data.endswith(b"\n"):
             raise OSError("the sandbox agent closed the connection")
         ans = json.loads(data)
+        box.work_free = ans.get("work_free")
         return (ans["code"], ans["output"].encode(), ans["t_start"], ans["t_end"],
                 ans["timed_out"], int(ans.get("oom_kills", 0)))
 
@@ -761,6 +804,21 @@ def _size_of(f: BinaryIO) -> int:
     end = f.seek(0, io.SEEK_END)
     f.seek(here)
     return end - here
+
+
+def _quota_capable(client: docker.DockerClient) -> bool:
+    """Whether the engine can bound a container's writable layer (``--storage-opt size``):
+    overlay2 over xfs (mounted with pquota, which only a create can tell), devicemapper,
+    btrfs, zfs."""
+    try:
+        info = client.info()
+    except docker.errors.APIError:
+        return False
+    driver = info.get("Driver", "")
+    status = dict(info.get("DriverStatus") or [])
+    if driver == "overlay2":
+        return status.get("Backing Filesystem", "") == "xfs"
+    return driver in ("devicemapper", "btrfs", "zfs")
 
 
 def _cgroup_files(client: docker.DockerClient, cid: str) -> tuple[str | None, str | None]:

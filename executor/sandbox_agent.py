@@ -155,7 +155,12 @@ def run(req: dict) -> dict:
     proc.stdout.close()
     t_end = time.time()
     after = oom_kills()
-    return {"code": proc.returncode,
+    try:  # the host tells a full disk from it
+        st = os.statvfs(req.get("cwd", "/work"))
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = None
+    return {"code": proc.returncode, "work_free": free,
             "output": (sink[0] if sink else b"").decode(errors="replace"),
             "t_start": t_start, "t_end": t_end, "timed_out": timed_out,
             "oom_kills": max(after - ooms, 0) if ooms >= 0 else 0}

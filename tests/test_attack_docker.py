@@ -5,6 +5,7 @@ real `tangram serve --backend docker` and real containers."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
 import time
 
 import docker
@@ -172,3 +173,22 @@ def test_the_file_api_follows_no_link_the_sandbox_made(http):
     res = _run(http, "links", "l4", shell=True, command="stat -c %u d/own.txt && echo more >> d/own.txt")
     assert res["output"].split()[0] == "65534" and res["exit_code"] == 0, res
     http.delete("/v1/trajectories/links")
+
+
+def test_a_sandbox_cannot_fill_the_hosts_disk(http, docker_server):
+    """Issue 21 #9: 1.5 GB written to /work landed on the host's disk. Now /work is
+    bounded (storage-opt where the engine supports it, else a tmpfs below the memory
+    limit): the write stops at the limit, the action says ``disk_full``, nothing
+    reached the container's writable layer, and the sandbox keeps working."""
+    _open(http, "filler", mem_gb=1.0)
+    res = _run(http, "filler", "fill1", shell=True,
+               command="head -c 1536M /dev/zero > big; echo rc=$?; ls -l big")
+    assert res["status"] == "failed" and res["error"].startswith("disk_full:"), res
+    assert "rc=1" in res["output"] and "No space left" in res["output"], res
+    layer = int(subprocess.run(["docker", "inspect", "--size", "-f", "{{.SizeRw}}",
+                                _box(docker_server, "filler").id], capture_output=True,
+                               text=True, check=True).stdout.strip() or 0)
+    assert layer < 64 << 20, layer  # before: 1.5 GB in the writable layer
+    res = _run(http, "filler", "fill2", shell=True, command="rm big && echo ok > f && cat f")
+    assert res["status"] == "ok" and res["output"].strip() == "ok", res
+    http.delete("/v1/trajectories/filler")
