@@ -98,6 +98,12 @@ class BodyLimit:
             chunks.append(chunk)
             more = message.get("more_body", False)
         body, replayed = b"".join(chunks), False
+        if body.startswith(b"\xef\xbb\xbf"):
+            # JSON senders must not add one (RFC 8259 8.1); accepting it here but not in
+            # other parsers of the same body is how two readers come to disagree
+            await self._reply(send, 400, "request body: starts with a UTF-8 byte order mark "
+                                         "(send JSON without one)")
+            return
 
         async def replay() -> Message:
             nonlocal replayed
@@ -109,9 +115,13 @@ class BodyLimit:
         await self.app(scope, replay, send)
 
     async def _stalled(self, send: Send) -> None:
-        data = json.dumps({"detail": f"request body: nothing received for "
-                                     f"{self.read_timeout_s:g} s"}).encode()
-        await send({"type": "http.response.start", "status": 408,
+        await self._reply(send, 408, f"request body: nothing received for "
+                                     f"{self.read_timeout_s:g} s")
+
+    @staticmethod
+    async def _reply(send: Send, status: int, detail: str) -> None:
+        data = json.dumps({"detail": detail}).encode()
+        await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(data)).encode()),
                                 (b"connection", b"close")]})

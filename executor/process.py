@@ -47,6 +47,11 @@ SECRET_NAME = re.compile(r"^TANGRAM_|TOKEN|SECRET|PASS|PRIVATE|CREDENTIAL|AUTH|C
                          r"|(^|_)(API_?|ACCESS_?)?KEY(_|$)|APIKEY", re.IGNORECASE)
 #: how long a background child may keep the output pipe after the command exited
 PIPE_GRACE_S = 0.5
+#: a light-lane action still running after this long is demoted to the lowest priority:
+#: the lane's nice 0 is for actions declared (or seen) to take a fraction of a second
+#: (8x the default light_s), not for one whose declaration was wrong
+LANE_DEMOTE_S = 2.0
+DEMOTED_NICE = 19
 #: set in every command's environment; how its processes are found again to be killed
 MARK = "TANGRAM_SANDBOX"
 
@@ -297,10 +302,14 @@ class ProcessBackend:
         self._procs[d.action.id] = proc
         assert proc.stdout is not None
         reader = asyncio.ensure_future(read_tail(proc.stdout))
+        demote = asyncio.get_running_loop().call_later(
+            LANE_DEMOTE_S, self._demote, proc) if d.lease.lane else None
         try:
             timed_out = await self._wait_exit(proc, watched, timeout)
         finally:
             self._procs.pop(d.action.id, None)
+            if demote is not None:
+                demote.cancel()
         output = await self._drain(proc, reader, mark, timed_out)
         t_exited = time.time()
         extra = {"argv": argv, "cores": sorted(cores), "spawn_s": t_spawned - t_start,
@@ -342,6 +351,15 @@ class ProcessBackend:
             return await reader
         finally:
             proc._transport.close()  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _demote(proc: asyncio.subprocess.Process) -> None:
+        """A lane action that runs long yields to the exclusive-core actions it shares
+        cores with (their nice 10), instead of preempting them."""
+        try:
+            os.setpriority(os.PRIO_PGRP, proc.pid, DEMOTED_NICE)
+        except OSError:
+            pass
 
     def _kill_action(self, proc: asyncio.subprocess.Process, mark: str) -> None:
         self._kill_group(proc)

@@ -228,6 +228,10 @@ class Service:
         view = self.view(aid)
         if view is None:
             raise Refused(404, f"unknown action {aid!r}")
+        if self.closing.is_set() and view.status in ("queued", "running"):
+            # stopping: it will not finish here (shutdown() journals it so); a waiter told
+            # "running" would wait for a result that never comes
+            view = view.model_copy(update={"status": "failed", "error": SHUTDOWN})
         return view
 
     async def events(self, aid: str) -> AsyncIterator[bytes]:

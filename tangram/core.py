@@ -286,9 +286,11 @@ class Tangram:
         core, declared or from at least two observed runs of its (task, kind)."""
         if not isinstance(pool, CpuNodePool) or not pool.light_s or quotas:
             return False
-        if action.t1_s is not None:
-            return action.t1_s <= pool.light_s
         n, mean = self.estimates.durations.mean_n((action.task, action.kind))
+        if action.t1_s is not None:
+            # a declaration is bounded by what is observed (issue 21): once two runs of
+            # its (task, kind) took longer than the lane allows, ``t1_s: 0`` is not believed
+            return action.t1_s <= pool.light_s and not (n >= 2 and mean > pool.light_s)
         return n >= 2 and mean <= pool.light_s
 
     def _bind_opening(self) -> bool:

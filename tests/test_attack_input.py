@@ -175,3 +175,11 @@ def test_long_commands_do_not_stall_the_loop(http):
     assert lat, "no /healthz answer while the commands arrived"
     res = http.get("/v1/actions/lc31", params={"wait": 60}).json()
     assert res["status"] == "ok" and len(res["output"]) == 64 * 1024 - 4
+
+
+def test_json_with_a_byte_order_mark_is_refused(http):
+    """Issue 21 #10: a body starting with a UTF-8 BOM was accepted as JSON."""
+    r = http.post("/v1/trajectories", content=b"\xef\xbb\xbf" + b'{"id": "bom"}',
+                  headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "byte order mark" in r.json()["detail"], r.text
+    assert http.post("/v1/trajectories", json={"id": "bom"}).status_code == 201  # not opened

@@ -184,3 +184,25 @@ def test_a_deep_tree_is_removed_when_its_trajectory_closes(http, process_server)
         time.sleep(0.2)
     assert not any(p.name.startswith(" closing") for p in work.iterdir())
     assert not (work / "deep").exists()
+
+
+def test_a_declared_light_action_that_runs_long_is_demoted(http):
+    """Issue 21 #10: ``t1_s: 0`` put an action on the shared lane (nice 0, preempting
+    exclusive-core work) for as long as it ran. Now a lane action running past
+    LANE_DEMOTE_S drops to nice 19, and once two runs of its kind were seen to be long,
+    the declaration is not believed: the next one gets a core of its own."""
+    from executor.process import DEMOTED_NICE, LANE_DEMOTE_S
+
+    http.post("/v1/trajectories", json={"id": "liar"})
+    wait = LANE_DEMOTE_S * 3
+    lanes = []
+    for i in range(3):
+        res = _run(http, "liar", f"liar{i}", kind="liar-kind", t1_s=0, shell=True,
+                   command=f"nice; sleep {wait}; nice")
+        assert res["status"] == "ok", res
+        lanes.append(res["lane"])
+        if res["lane"]:  # the server's own niceness at first (0, or what it was started at)
+            before, after = map(int, res["output"].split())
+            assert before < DEMOTED_NICE and after == DEMOTED_NICE, res
+    assert lanes == [True, True, False], lanes
+    http.delete("/v1/trajectories/liar")
