@@ -413,11 +413,10 @@ class DockerBackend:
             box = self._warm.pop() if self._warm else None
         if box is None:
             return None
+        # (its tmpfs mounts keep the size set for the pool's memory limit: with a smaller
+        # limit, a full /work may end in an OOM kill rather than ENOSPC - still never on
+        # the host's disk)
         mem = mem_gb or self.default_mem_gb
-        if mem < box.mem_gb and not self._storage_opt:  # its tmpfs is sized for more memory
-            with self._lock:
-                self._warm.append(box)
-            return None
         self._refill_soon()
         if mem != box.mem_gb:  # one engine call (~20 ms), still far cheaper than a container
             try:
