@@ -52,6 +52,8 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         journal = Journal(state_dir / "journal.sqlite")
+        for path in state_dir.glob("journal.sqlite*"):  # every trajectory's outputs: not
+            path.chmod(0o600)  # for a root server's sandbox users (executor/sandbox_uid.py)
         executor = LiveExecutor(make_core(), make_backend(), max_records=RECENT_RECORDS)
         app.state.service = Service(executor, journal, allow_urls, result_ttl_s=result_ttl_s,
                                     task_images=task_images)

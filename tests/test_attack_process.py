@@ -143,11 +143,12 @@ def test_commands_of_a_root_server_cannot_touch_it(http, process_server):
     http.post("/v1/trajectories", json={"id": "root-spy"})
     res = _run(http, "root-spy", "rs1", shell=True, command=(
         f"id -u; cat /proc/{pid}/environ; echo cat=$?; kill -0 {pid}; echo kill=$?; "
-        "touch mine && echo wrote"))
+        "cat ../../journal.sqlite > /dev/null; echo journal=$?; touch mine && echo wrote"))
     assert res["status"] == "ok", res
     out = res["output"]
     assert out.splitlines()[0] != "0"
     assert TOKEN not in out and "cat=1" in out and "kill=1" in out, out
+    assert "journal=1" in out, out  # other trajectories' outputs
     assert "wrote" in out  # its own directory is its own
     # another trajectory's commands run as another user: its files are out of reach
     http.post("/v1/trajectories", json={"id": "root-spy2"})
