@@ -23,6 +23,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
+from executor.connections import guarded
 from executor.driver import LiveBackend, LiveExecutor
 from executor.files_api import router as files_router
 from executor.gpu.routes import router as gpu_router
@@ -53,6 +54,8 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         journal = Journal(state_dir / "journal.sqlite")
+        for path in state_dir.glob("journal.sqlite*"):  # every trajectory's outputs: not
+            path.chmod(0o600)  # for a root server's sandbox users (executor/sandbox_uid.py)
         executor = LiveExecutor(make_core(), make_backend(), max_records=RECENT_RECORDS)
         app.state.service = Service(executor, journal, allow_urls, result_ttl_s=result_ttl_s,
                                     task_images=task_images, memory_node=memory_node)
@@ -126,4 +129,7 @@ def serve(app: FastAPI, host: str, port: int) -> None:
     # connection first, so it never sends on one the server is closing (a ReadError)
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=75)
+    config.load()
+    # a deadline for request headers and a cap on connections (executor/connections.py)
+    config.http_protocol_class = guarded(config.http_protocol_class)
     _Server(config, app).run()

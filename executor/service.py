@@ -17,7 +17,6 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
@@ -25,6 +24,7 @@ from executor.gpu.routes import metric_lines
 from executor.journal import RESTARTED, SHUTDOWN, Journal
 from executor.memwatch import MemoryWatch
 from executor.schemas import MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
+from executor.urls import UrlRefused, check_headers, listed, parse_allow_list, parse_target
 from tangram.model import Outcome, quota_resource
 from tangram.runtime import Record
 
@@ -77,7 +77,8 @@ class Service:
         self.task_images = dict(task_images or {})
         self.journal = journal
         #: quota key -> URL prefixes its `request` actions may reach ('*': any public host)
-        self.allow_urls = {quota_resource(k): v for k, v in (allow_urls or {}).items()}
+        self.allow_urls = {quota_resource(k): v
+                           for k, v in parse_allow_list(allow_urls or {}).items()}
         self.result_ttl_s = result_ttl_s
         self.tracked: dict[str, Tracked] = {}
         self.counts: dict[str, int] = {}
@@ -169,14 +170,20 @@ class Service:
 
     def _check_destination(self, body: ActionIn) -> bool:
         """Refuse a URL no quota key of the action allows; True if only '*' allows it
-        (the backend then refuses non-public addresses when it resolves the name)."""
+        (the backend then refuses non-public addresses when it resolves the name).
+        URLs are compared parsed and normalised (executor/urls.py), never as strings."""
         assert body.request is not None
         url = body.request.url
         keys = [quota_resource(k) for k in body.quota]
         prefixes = [p for k in keys for p in self.allow_urls.get(k, ())]
-        if any(p != "*" and url.startswith(p) for p in prefixes):
+        try:
+            check_headers(body.request.headers)
+            target = parse_target(url)
+        except UrlRefused as e:
+            raise Refused(403, str(e)) from None
+        if listed(target, prefixes):
             return False
-        host = urlsplit(url).hostname or ""
+        host = target.host
         if "*" in prefixes:
             try:
                 literal = not ipaddress.ip_address(host.strip("[]")).is_global
@@ -234,6 +241,10 @@ class Service:
         view = self.view(aid)
         if view is None:
             raise Refused(404, f"unknown action {aid!r}")
+        if self.closing.is_set() and view.status in ("queued", "running"):
+            # stopping: it will not finish here (shutdown() journals it so); a waiter told
+            # "running" would wait for a result that never comes
+            view = view.model_copy(update={"status": "failed", "error": SHUTDOWN})
         return view
 
     async def events(self, aid: str) -> AsyncIterator[bytes]:

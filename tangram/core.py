@@ -526,9 +526,11 @@ class Tangram:
         lane = pool.lane
         if lane is None or not lane.light_s or quotas:
             return False
-        if action.t1_s is not None:
-            return action.t1_s <= lane.light_s
         n, mean = self.estimates.durations.mean_n((action.task, action.kind))
+        if action.t1_s is not None:
+            # a declaration is bounded by what is observed (issue 21): once two runs of
+            # its (task, kind) took longer than the lane allows, ``t1_s: 0`` is not believed
+            return action.t1_s <= lane.light_s and not (n >= 2 and mean > lane.light_s)
         return n >= 2 and mean <= lane.light_s
 
     def _request_env(self, trajectory: str) -> None:

@@ -19,6 +19,7 @@ from executor.assemble import (
     serve_gpu_cluster,
 )
 from executor.server import serve as run_server
+from executor.urls import parse_allow_list
 from tangram.admission import LIVE, MemoryAdmission
 from tangram_cli.common import command_app, err, fail, settle
 from tangram_cli.options import (
@@ -105,6 +106,10 @@ def serve(
         else:
             check_local_policy(specs, chosen)
         allow = pairs(allow_url, "--allow-url", "KEY=URL_PREFIX")
+        try:  # parsed once here so a malformed entry stops the start (executor/urls.py)
+            parse_allow_list(allow)
+        except ValueError as e:
+            fail(str(e))
         images = {k: v[-1] for k, v in pairs(image, "--image", "TASK=IMAGE").items()}
         if images and backend != "docker":
             fail("--image: only the docker backend runs images")
