@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from tangram.cluster import CpuNodeSpec
 from tangram.core import Tangram
@@ -61,7 +61,7 @@ class LiveBackend(Protocol):
     def evict(self, trajectory: str) -> bool: ...
 
     # Capabilities.files (executor/files_api.py)
-    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None: ...
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int: ...
 
     def get_file(self, trajectory: str, parts: tuple[str, ...], limit: int) -> bytes: ...
 

@@ -12,6 +12,7 @@ import random
 import socket
 import time
 from collections.abc import Callable
+from typing import BinaryIO
 
 import httpx
 
@@ -173,8 +174,8 @@ class RouterBackend:
         """Capabilities.evicts (the env backend's): free an idle trajectory's memory."""
         return self.env.evict(trajectory)
 
-    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None:
-        self.env.put_file(trajectory, parts, data)
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int:
+        return self.env.put_file(trajectory, parts, data)
 
     def get_file(self, trajectory: str, parts: tuple[str, ...], limit: int) -> bytes:
         return self.env.get_file(trajectory, parts, limit)
