@@ -139,6 +139,9 @@ class OutputLog:
     def cancel(self, action_id: str) -> None:
         self.inner.cancel(action_id)
 
+    def evict(self, trajectory: str) -> bool:
+        return self.inner.evict(trajectory)  # type: ignore[attr-defined]
+
     def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
         self.inner.open_trajectory(trajectory, mem_gb)
 
