@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import BinaryIO
 from urllib.parse import quote
 
-from executor import marks
+from executor import marks, spawner
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv, priority_prefix
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
@@ -258,7 +258,8 @@ class ProcessBackend:
 
     async def _spawn(self, argv: list[str], d: Dispatch, cores: set[int], cwd: Path,
                      env: dict[str, str], uid: int | None
-                     ) -> tuple[asyncio.subprocess.Process, _Watched]:
+                     ) -> tuple[asyncio.subprocess.Process | spawner.SpawnedProcess,
+                                _Watched | spawner.SpawnedProcess]:
         """Start ``argv`` pinned to ``cores``, in a session of its own, as ``uid``."""
         if self._taskset:
             pin: dict = {}
@@ -272,6 +273,14 @@ class ProcessBackend:
 
             pin = {"preexec_fn": pin_and_nice}
             full = argv
+        if not pin and uid is None and spawner.usable():
+            # pinned by taskset, no user to become: the cheap start (executor/spawner.py),
+            # whose process is also its own watch (``exited``: the process, not its pipes)
+            proc = await spawner.create_subprocess_exec(
+                *full, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
+                start_new_session=True)
+            return proc, proc
         if uid is not None:  # no supplementary group of the server's either
             pin.update(user=uid, group=uid, extra_groups=[])
         loop = asyncio.get_running_loop()

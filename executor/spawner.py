@@ -66,11 +66,13 @@ class PipeReader:
             self._waiter.set_result(None)
 
     def close(self) -> None:
-        """Stop reading and close the pipe (idempotent)."""
+        """Stop reading and close the pipe (idempotent): a pending read gets the end."""
         if not self._eof:
             self._eof = True
             self._loop.remove_reader(self._fd)
             os.close(self._fd)
+            if self._waiter is not None and not self._waiter.done():
+                self._waiter.set_result(None)
 
     async def read(self, n: int = -1) -> bytes:
         """Up to ``n`` bytes (all there is with -1); b"" at the end of the output."""
@@ -106,6 +108,24 @@ class SpawnedProcess:
     def returncode(self) -> int | None:
         return self._popen.returncode
 
+    @property
+    def exited(self) -> asyncio.Future[int]:
+        """Set when the process itself exits, whoever still holds its pipe."""
+        return self._exited
+
+    # What the process backend also reads of an asyncio Process and its protocol: the
+    # transport, to stop reading a pipe that a background child keeps open, and to close.
+    @property
+    def _transport(self) -> SpawnedProcess:
+        return self
+
+    def get_pipe_transport(self, fd: int) -> PipeReader | None:
+        return self.stdout if fd == 1 else None
+
+    def close(self) -> None:
+        if self.stdout is not None:
+            self.stdout.close()
+
     def _reap(self) -> None:
         self._loop.remove_reader(self._pidfd)
         os.close(self._pidfd)
@@ -116,6 +136,11 @@ class SpawnedProcess:
     async def wait(self) -> int:
         # shielded: a caller's timeout cancels its wait, not the process's exit
         return await asyncio.shield(self._exited)
+
+
+def usable() -> bool:
+    """Whether this path works here (a pidfd: Linux >= 5.3)."""
+    return hasattr(os, "pidfd_open")
 
 
 async def create_subprocess_exec(*argv: str, **kw: Any) -> SpawnedProcess | Any:
