@@ -273,11 +273,13 @@ class ProcessBackend:
 
             pin = {"preexec_fn": pin_and_nice}
             full = argv
-        if not pin and uid is None and spawner.usable():
-            # pinned by taskset, no user to become: the cheap start (executor/spawner.py),
-            # whose process is also its own watch (``exited``: the process, not its pipes)
+        drop = [] if uid is None else spawner.as_user(uid)
+        if not pin and drop is not None and spawner.usable():
+            # pinned by taskset, the user become by an exec: the cheap start
+            # (executor/spawner.py), whose process is also its own watch (``exited``: the
+            # process, not its pipes)
             proc = await spawner.create_subprocess_exec(
-                *full, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
+                *drop, *full, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True)
             return proc, proc

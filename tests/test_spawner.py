@@ -127,3 +127,27 @@ def test_a_slow_start_moves_starts_to_threads(tmp_path, monkeypatch):
 
     asyncio.run(go())
     assert spawner._threads_until > 0, "the next starts go to threads for a while"
+
+
+@pytest.mark.skipif(os.geteuid() != 0 or spawner.as_user(65534) is None,
+                    reason="switching user needs root and setpriv")
+def test_as_user_leaves_what_popen_user_leaves(tmp_path):
+    """The setpriv prefix (a vfork start) drops to the same ids, groups and capabilities
+    as Popen(user=, group=, extra_groups=[]) (a full fork of the server)."""
+    keys = ("Uid:", "Gid:", "Groups:", "CapInh:", "CapPrm:", "CapEff:", "CapAmb:")
+
+    def creds(text: str) -> list[str]:
+        return [line.split(None, 1)[-1].strip() for line in text.splitlines()
+                if line.startswith(keys)]
+
+    async def via_spawner() -> str:
+        proc = await spawner.create_subprocess_exec(
+            *spawner.as_user(65534), "cat", "/proc/self/status", cwd=tmp_path, **PIPE)
+        out = await _read_all(proc)
+        await proc.wait()
+        return out.decode()
+
+    ours = creds(asyncio.run(via_spawner()))
+    theirs = creds(subprocess.run(["cat", "/proc/self/status"], user=65534, group=65534,
+                                  extra_groups=[], capture_output=True, text=True).stdout)
+    assert ours == theirs and ours[0].split() == ["65534"] * 4
