@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import fcntl
 import os
-import signal
 import tempfile
 from pathlib import Path
+
+from executor.marks import kill_until_gone
 
 #: first id handed out (far above distributions' ranges and docker's userns maps)
 BASE = 3_000_000
@@ -84,18 +85,7 @@ def pids_of_uids(first: int, last: int) -> list[int]:
 def kill_uids(first: int, last: int | None = None) -> int:
     """SIGKILL every process of the ids ``[first, last]``; repeated while forks race."""
     last = first if last is None else last
-    killed = 0
-    for _ in range(10):
-        pids = pids_of_uids(first, last)
-        if not pids:
-            break
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-    return killed
+    return kill_until_gone(lambda: pids_of_uids(first, last), rounds=10)
 
 
 def unreachable(path: str | Path) -> list[Path]:
