@@ -20,6 +20,13 @@ resets the node, see below) when it does not hold, because a mismatch is a bug:
 A worker that dies (crash, OOM kill) fails every action it was running, the
 core forgets the node's residency (``GpuManager.reset_node``), and the next
 action on that node gets a fresh worker that stages its services again.
+
+A batch dispatch (``Dispatch.batch``, the core's continuous batching) is ONE
+``run`` command: the worker serves its members with one forward pass and
+reports each member on its own (``serves_batches``). A pre-restore is a
+``prerestore`` command (:meth:`GpuBackend.prerestore`), which the core's
+pre-restore effect is to call once it exists; until then nothing calls it, so
+the backend does not say ``prerestores`` and the core pre-restores nothing live.
 """
 
 from __future__ import annotations
@@ -51,26 +58,48 @@ ROOT = str(Path(__file__).resolve().parent.parent.parent)  # where the executor 
 
 
 @dataclass(slots=True)
-class InFlight:
+class Running:
+    """One ``run`` command: a dispatch's members on its lease (one, or a batch)."""
+
     dispatch: Dispatch
     on_done: Callable[[Outcome], None]
     seq: int
     t_start: float
     variant: Variant
+    left: set[str]  # members not reported yet
+    counted: bool = False  # its restore is in the stats
+
+
+@dataclass(slots=True)
+class InFlight:
+    """One member of a running command."""
+
+    run: Running
     computing: bool = False
     timer: asyncio.TimerHandle | None = None
     timed_out: float = 0.0
+
+    @property
+    def seq(self) -> int:
+        return self.run.seq
+
+    @property
+    def variant(self) -> Variant:
+        return self.run.variant
 
 
 @dataclass(slots=True)
 class ServiceStats:
     restores: int = 0
+    prerestores: int = 0
     restore_s: float = 0.0
     restore_bytes: int = 0
     evictions: int = 0
     requests: int = 0
     failed: int = 0
     compute_s: float = 0.0
+    #: run commands (a batch is one) and the members they served
+    batches: int = 0
 
 
 class NodeWorker:
@@ -105,6 +134,9 @@ class NodeWorker:
         self.expected: dict[int, frozenset[Variant]] = {0: frozenset()}
         self.seq = 0
         self.inflight: dict[str, InFlight] = {}
+        #: variants pre-restored and not used by a dispatch yet (the core may charge an
+        #: action landing on one the rest of its load: a reuse with restore_s > 0)
+        self.prerestored: set[Variant] = set()
         self.replies: dict[int, concurrent.futures.Future] = {}
         self.send_lock = threading.Lock()
         self.dead = False
@@ -133,6 +165,8 @@ class GpuBackend:
     """Backend for actions with a GPU lease (``service`` + ``gpus``)."""
 
     name = "gpu"
+    #: a batch dispatch is one worker command and one forward pass (one Outcome per member)
+    serves_batches = True
 
     def __init__(self, manager: GpuManager | Callable[[], GpuManager],
                  sources: Mapping[str, ModelSource], device: str = "cpu",
@@ -229,57 +263,100 @@ class GpuBackend:
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         self.loop = asyncio.get_running_loop()
         lease, action = d.lease, d.action
-        aid = action.id
         if not lease.gpus or lease.node is None or not action.service:
-            self.loop.call_soon(on_done, Outcome(aid, "failed", None,
-                                                 error="gpu backend: the action has no GPU lease"))
+            self._fail_all(d, on_done, "gpu backend: the action has no GPU lease")
             return
         node = lease.node
         variant: Variant = (action.service, len(lease.gpus), lease.gpus[0])
         try:
             nw = self._worker(node)
         except (ValueError, OSError) as e:
-            self.loop.call_soon(on_done, Outcome(aid, "failed", None, error=str(e)))
+            self._fail_all(d, on_done, str(e))
             return
+        # the plan: what to evict, whether to restore (read off the core's model today;
+        # the core's Dispatch is to carry both, and this block then reads them off it)
         manager = self.manager
         core_set = manager.resident_variants(node)
         evict = sorted(nw.commanded - core_set)
         restore = variant not in nw.commanded
         new = (nw.commanded - set(evict)) | {variant}
         unstarted = {(lz.service, lz.size, lz.start) for lz in manager.live_leases(node)
-                     if lz.action_id not in nw.inflight and lz.action_id != aid}
+                     if lz.action_id not in nw.inflight and lz.action_id != action.id}
         problem = None
-        if restore != (lease.restore_s > 0):
+        if restore != (lease.restore_s > 0) and not (not restore and variant in nw.prerestored):
             problem = (f"the core {'restores' if lease.restore_s > 0 else 'reuses'} {variant} "
                        f"but the worker {'holds' if not restore else 'does not hold'} it")
         elif not new <= core_set or not (core_set - new) <= unstarted:
             problem = (f"the core has {sorted(core_set)} resident, the worker would hold "
                        f"{sorted(new)}")
         if problem is not None:
-            self._mismatch(nw, f"residency mismatch on {node} at the start of {aid}: {problem}")
-            self.loop.call_soon(on_done, Outcome(aid, "failed", None,
-                                                 error=f"residency mismatch: {problem}"))
+            self._mismatch(nw, f"residency mismatch on {node} at the start of {action.id}: "
+                               f"{problem}")
+            self._fail_all(d, on_done, f"residency mismatch: {problem}")
             return
-        nw.commanded = new
+        self._run(nw, d, on_done, variant, evict, restore)
+
+    def _run(self, nw: NodeWorker, d: Dispatch, on_done: Callable[[Outcome], None],
+             variant: Variant, evict: list[Variant], restore: bool) -> None:
+        """Send one ``run`` command for the dispatch's members (the lead, then its batch)."""
+        assert self.loop is not None
+        self._command(nw, evict, (nw.commanded - set(evict)) | {variant})
+        nw.prerestored.discard(variant)
+        actions = d.actions
+        r = Running(d, on_done, nw.seq, time.perf_counter(), variant, {a.id for a in actions})
+        for a in actions:
+            f = nw.inflight[a.id] = InFlight(r)
+            timeout = float((a.payload or {}).get("timeout_s") or 0) \
+                if isinstance(a.payload, Mapping) else 0.0
+            if timeout > 0:
+                f.timer = self.loop.call_later(timeout, self._timeout, a.id, timeout)
+        try:
+            nw.send(("run", nw.seq, variant, list(d.lease.gpus), evict, restore,
+                     [(a.id, a.payload) for a in actions]))
+        except (OSError, ValueError) as e:  # the pipe broke: the worker is gone
+            for a in actions:
+                f = nw.inflight.pop(a.id, None)
+                if f is not None and f.timer is not None:
+                    f.timer.cancel()
+            self._fail_all(d, on_done, f"GPU worker of {nw.node} unreachable: {e}")
+
+    def _command(self, nw: NodeWorker, evict: list[Variant], new: set[Variant]) -> None:
+        """Record a residency command in the mirror (the worker applies it in this order)."""
+        nw.commanded = set(new)
         nw.seq += 1
         nw.expected[nw.seq] = frozenset(new)
         for v in evict:
             nw.variant_bytes.pop(v, None)
+            nw.prerestored.discard(v)
             self.stats[v[0]].evictions += 1
-        f = nw.inflight[aid] = InFlight(d, on_done, nw.seq, time.perf_counter(), variant)
-        timeout = float((action.payload or {}).get("timeout_s") or 0) \
-            if isinstance(action.payload, Mapping) else 0.0
-        if timeout > 0:
-            f.timer = self.loop.call_later(timeout, self._timeout, aid, timeout)
-        try:
-            nw.send(("run", nw.seq, aid, variant, list(lease.gpus), evict, restore,
-                     action.payload))
-        except (OSError, ValueError) as e:  # the pipe broke: the worker is gone
-            nw.inflight.pop(aid, None)
-            self.loop.call_soon(on_done, Outcome(aid, "failed", None,
-                                                 error=f"GPU worker of {node} unreachable: {e}"))
 
-    def _timeout(self, action_id: str, timeout: float) -> None:
+    def _fail_all(self, d: Dispatch, on_done: Callable[[Outcome], None], error: str) -> None:
+        assert self.loop is not None
+        for a in d.actions:
+            self.loop.call_soon(on_done, Outcome(a.id, "failed", None, error=error))
+
+    def prerestore(self, node: str, variant: Variant) -> None:
+        """Load ``variant`` on ``node`` ahead of demand: the core has just pre-restored it
+        (made it resident on a free chunk, evicting what it had to). The worker applies
+        the evictions at once and loads in the background; an action that lands on the
+        variant meanwhile waits for the load. To be called by the core's pre-restore
+        effect (nothing calls it before that effect exists)."""
+        self.loop = asyncio.get_running_loop()
+        nw = self._worker(node)
+        core_set = self.manager.resident_variants(node)
+        if variant not in core_set or variant in nw.commanded:
+            raise ValueError(f"prerestore: the core does not hold {variant} as newly "
+                             f"resident on {node} (core: {sorted(core_set)})")
+        evict = sorted(nw.commanded - core_set)
+        self._command(nw, evict, (nw.commanded - set(evict)) | {variant})
+        nw.prerestored.add(variant)
+        gpus = list(range(variant[2], variant[2] + variant[1]))
+        try:
+            nw.send(("prerestore", nw.seq, variant, gpus, evict))
+        except (OSError, ValueError):
+            pass  # the worker is gone: its reader resets the node
+
+    def _timeout(self, action_id: str, timeout: float) -> None:  # one member
         for nw in self.workers.values():
             f = nw.inflight.get(action_id)
             if f is not None:
@@ -310,9 +387,13 @@ class GpuBackend:
     def _on_message(self, nw: NodeWorker, msg: tuple) -> None:
         kind = msg[0]
         if kind == "started":
-            f = nw.inflight.get(msg[1])
-            if f is not None:
-                f.computing = True
+            for aid in msg[1]:
+                f = nw.inflight.get(aid)
+                if f is not None:
+                    f.computing = True
+            return
+        if kind == "prerestored":
+            self._on_prerestored(nw, msg)
             return
         if kind != "done":
             return
@@ -324,11 +405,48 @@ class GpuBackend:
             f.timer.cancel()
         if f.timed_out and status == "cancelled":
             status, error = "timeout", f"stopped after the {f.timed_out:g} s timeout"
-        lease = f.dispatch.lease
-        now = time.perf_counter()
-        for g in lease.gpus:
-            key = (lease.node or "", g)
-            self.gpu_busy_s[key] = self.gpu_busy_s.get(key, 0.0) + now - f.t_start
+        r = f.run
+        r.left.discard(aid)
+        lease = r.dispatch.lease
+        if not r.left:  # the lease's GPUs were busy from the command to its last member
+            now = time.perf_counter()
+            for g in lease.gpus:
+                key = (lease.node or "", g)
+                self.gpu_busy_s[key] = self.gpu_busy_s.get(key, 0.0) + now - r.t_start
+        problem = self._check_reported(nw, applied, resident)
+        st = self.stats[r.variant[0]]
+        st.requests += 1
+        if not r.counted and info.get("restore_bytes"):  # a batch restores once
+            r.counted = True
+            st.restores += 1
+            st.restore_s += float(info.get("restore_s", 0.0))
+            st.restore_bytes += int(info.get("restore_bytes", 0))
+            k = r.variant[1]
+            nw.variant_bytes[r.variant] = [int(info["restore_bytes"]) // k] * k
+        if not r.left:
+            st.batches += 1
+            st.compute_s += float(info.get("compute_s", 0.0))
+        extra = {"node": nw.node, "gpus": list(lease.gpus), "service": r.variant[0],
+                 "restored": bool(info.get("restored")),
+                 "restore_s": float(info.get("restore_s", 0.0)),
+                 "evicted": [list(v) for v in info.get("evicted", [])],
+                 "evict_s": float(info.get("evict_s", 0.0)),
+                 "restore_bytes": int(info.get("restore_bytes", 0)),
+                 "compute_s": float(info.get("compute_s", 0.0)), "device": self.device,
+                 "batch": int(info.get("batch", 1)), "batch_of": str(info.get("lead", aid))}
+        if problem is not None:
+            self._mismatch(nw, f"residency mismatch on {nw.node} after {aid}: {problem}")
+            status, error = "failed", f"residency mismatch: {problem}"
+        if status != "ok":
+            st.failed += 1
+            out = Outcome(aid, status, None, "", error, float(info.get("restore_s", 0.0)), extra)
+        else:
+            out = Outcome(aid, "ok", 0, json.dumps(output), "",
+                          float(info.get("restore_s", 0.0)), extra)
+        r.on_done(out)
+
+    def _check_reported(self, nw: NodeWorker, applied: int, resident: list) -> str | None:
+        """Check 2 and 3 of the module doc on a resident set the worker reported."""
         got = frozenset(tuple(v) for v in resident)
         want = nw.expected.get(applied)
         problem = None
@@ -341,33 +459,27 @@ class GpuBackend:
         low = min([x.seq for x in nw.inflight.values()] + [nw.seq])
         for s in [s for s in nw.expected if s < low]:
             del nw.expected[s]
-        st = self.stats[f.variant[0]]
-        st.requests += 1
-        if info.get("restored") and status == "ok":
+        return problem
+
+    def _on_prerestored(self, nw: NodeWorker, msg: tuple) -> None:
+        _, variant, status, error, info, applied, resident = msg
+        variant = tuple(variant)
+        st = self.stats[variant[0]]
+        for v in info.get("evicted", []):
+            nw.variant_bytes.pop(tuple(v), None)
+        if status == "ok":
+            st.prerestores += 1
             st.restores += 1
             st.restore_s += float(info.get("restore_s", 0.0))
             st.restore_bytes += int(info.get("restore_bytes", 0))
-        st.compute_s += float(info.get("compute_s", 0.0))
-        if info.get("restore_bytes"):
-            k = f.variant[1]
-            nw.variant_bytes[f.variant] = [int(info["restore_bytes"]) // k] * k
-        extra = {"node": nw.node, "gpus": list(lease.gpus), "service": f.variant[0],
-                 "restored": bool(info.get("restored")),
-                 "restore_s": float(info.get("restore_s", 0.0)),
-                 "evicted": [list(v) for v in info.get("evicted", [])],
-                 "evict_s": float(info.get("evict_s", 0.0)),
-                 "restore_bytes": int(info.get("restore_bytes", 0)),
-                 "compute_s": float(info.get("compute_s", 0.0)), "device": self.device}
+            k = variant[1]
+            nw.variant_bytes[variant] = [int(info.get("restore_bytes", 0)) // k] * k
+        problem = self._check_reported(nw, applied, resident)
+        if status != "ok":  # the worker does not hold what the core believes resident
+            problem = f"the pre-restore of {variant} failed: {error}"
         if problem is not None:
-            self._mismatch(nw, f"residency mismatch on {nw.node} after {aid}: {problem}")
-            status, error = "failed", f"residency mismatch: {problem}"
-        if status != "ok":
-            st.failed += 1
-            out = Outcome(aid, status, None, "", error, float(info.get("restore_s", 0.0)), extra)
-        else:
-            out = Outcome(aid, "ok", 0, json.dumps(output), "",
-                          float(info.get("restore_s", 0.0)), extra)
-        f.on_done(out)
+            self._mismatch(nw, f"residency mismatch on {nw.node} after a pre-restore: "
+                               f"{problem}")
 
     def _mismatch(self, nw: NodeWorker, message: str) -> None:
         """A residency mismatch is a bug: say so loudly and start the node afresh."""
@@ -395,19 +507,19 @@ class GpuBackend:
             del self.workers[nw.node]
         nw.stop(timeout=1.0)
         self.manager.reset_node(nw.node)
-        failed = list(nw.inflight.values())
+        failed = list(nw.inflight.items())
         nw.inflight.clear()
-        for f in failed:
+        for aid, f in failed:
             if f.timer is not None:
                 f.timer.cancel()
             self.stats[f.variant[0]].failed += 1
-            out = Outcome(f.dispatch.action.id, "failed", None, error=error,
+            out = Outcome(aid, "failed", None, error=error,
                           extra={"node": nw.node, "worker_lost": True})
             # reported from the loop, not from inside a start() that found the worker dead
             if self.loop is not None:
-                self.loop.call_soon(f.on_done, out)
+                self.loop.call_soon(f.run.on_done, out)
             else:  # pragma: no cover - nothing was started without a loop
-                f.on_done(out)
+                f.run.on_done(out)
 
     # -- inspection (tests, /v1/gpus, metrics) -------------------------------------------
     def _ask(self, node: str, *msg: Any) -> concurrent.futures.Future:
@@ -426,6 +538,11 @@ class GpuBackend:
     async def verify(self, node: str, variant: Variant) -> dict[str, Any]:
         """Whether ``variant``'s device copy equals its host stage, byte for byte."""
         return await asyncio.wrap_future(self._ask(node, "verify", list(variant)))
+
+    async def worker_counters(self, node: str) -> dict[str, int]:
+        """Commands the node's worker ran (a batch is one), forward passes, restores and
+        pre-restores (asks the worker process)."""
+        return await asyncio.wrap_future(self._ask(node, "counters"))
 
     def worker_pid(self, node: str) -> int | None:
         nw = self.workers.get(node)
@@ -464,10 +581,11 @@ class GpuBackend:
             services[s] = {"resident_variants": sum(1 for n in m.nodes
                                                     for v in m.resident_variants(n)
                                                     if v[0] == s),
-                           "restores": st.restores, "restore_seconds": st.restore_s,
+                           "restores": st.restores, "prerestores": st.prerestores,
+                           "restore_seconds": st.restore_s,
                            "restore_bytes": st.restore_bytes, "evictions": st.evictions,
                            "requests": st.requests, "failed": st.failed,
-                           "compute_seconds": st.compute_s}
+                           "batches": st.batches, "compute_seconds": st.compute_s}
         return {"device": self.device, "nodes": nodes, "services": services,
                 "crashes": self.crashes, "mismatches": self.mismatches}
 
