@@ -367,3 +367,91 @@ def test_run_replays_gpu_rows_with_measured_restores(tmp_path: Path) -> None:
     res = _cli("run", "--trace", str(ROOT / "traces/samples/mopd.parquet"), "--limit", "1",
                "--gpu-device", "cpu", "--policy", "static", "--out", str(tmp_path / "st"), "-q")
     assert res.returncode == 2 and "static or cold-started" in res.stderr
+
+
+# -- batches: one command, one forward pass, one result per member ----------------------------
+def _submit_behind_blocker(rig: Rig, service: str, payloads: list[dict],
+                           blocker_tokens: list[list[int]]) -> tuple[Any, list[Any], list[str]]:
+    """A blocker holds the node's only GPU; the actions submitted behind it queue and then
+    start as one batch (the core's continuous batching: the first queued one leads, the
+    others ride its lease)."""
+    rig.n += 1
+    blocker = Action(f"blk{rig.n}", "mopd", "t", "teacher_logprob", {"gpu": Demand.fixed(1)},
+                     service=service, t1_s=0.01,
+                     payload={"op": "logprobs", "tokens": blocker_tokens})
+    first = rig.ex.submit(blocker)
+    futs, ids = [], []
+    for i, payload in enumerate(payloads):
+        rig.n += 1
+        a = Action(f"m{rig.n}", "mopd", f"t{i}", "teacher_logprob", {"gpu": Demand.fixed(1)},
+                   service=service, t1_s=0.01, payload=payload)
+        rig.ex.open_trajectory(f"t{i}")
+        ids.append(a.id)
+        futs.append(rig.ex.submit(a))
+    return first, futs, ids
+
+
+def test_a_batch_of_8_is_one_worker_call_and_one_forward_pass_equal_to_8_solo_runs() -> None:
+    rng = np.random.default_rng(3)
+    payloads = [{"op": "logprobs", "tokens": [rng.integers(0, 128, size=int(n)).tolist()
+                                              for n in rng.integers(3, 20, size=2)]}
+                for _ in range(7)]
+    payloads.append({"op": "score", "tokens": [[5, 6, 7]], "yes_token": 9})
+
+    async def body(rig: Rig) -> None:
+        solo = []
+        for p in payloads:  # each alone, one after another: 8 commands, 8 forward passes
+            out = await rig.run("a", tokens=p["tokens"], op=p["op"]) if "yes_token" not in p \
+                else (await rig.ex.run(Action("solo-score", "mopd", "t", "judge",
+                                              {"gpu": Demand.fixed(1)}, service="a",
+                                              payload=p)))[1]
+            assert out.ok, out.error
+            solo.append(json.loads(out.output))
+        before = await rig.backend.worker_counters("g0")
+        first, futs, ids = _submit_behind_blocker(rig, "a", payloads, [[1, 2, 3]])
+        assert (await first)[1].ok
+        results = await asyncio.gather(*futs)
+        after = await rig.backend.worker_counters("g0")
+        # the blocker, then the 8 as ONE command and ONE forward pass
+        assert after["runs"] - before["runs"] == 2
+        assert after["forwards"] - before["forwards"] == 2
+        for (rec, out), want, aid in zip(results, solo, ids, strict=True):
+            assert out.ok, out.error
+            assert rec.batch_of == ids[0] and out.extra["batch"] == 8
+            got = json.loads(out.output)
+            assert got.keys() == want.keys()
+            for key in got:
+                assert np.allclose(np.concatenate([np.ravel(x) for x in got[key]]),
+                                   np.concatenate([np.ravel(x) for x in want[key]]),
+                                   atol=1e-4), aid
+        assert rig.backend.snapshot()["services"]["a"]["batches"] >= 2
+        await rig.check()
+
+    on_loop({"a": TINY}, body, gpus=1)
+
+
+def test_a_bad_or_cancelled_member_ends_alone_and_the_batch_goes_on() -> None:
+    rng = np.random.default_rng(5)
+    rows = [rng.integers(0, 2048, size=(6, 64)).tolist() for _ in range(4)]
+    payloads = [{"op": "logprobs", "tokens": r} for r in rows]
+    payloads[1] = {"op": "logprobs", "tokens": [[1, 99999]]}  # not a token id: fails alone
+    payloads[3] = {**payloads[3], "timeout_s": 0.05}  # stopped between two layers
+
+    async def body(rig: Rig) -> None:
+        solo0 = json.loads((await rig.run("big", tokens=rows[0])).output)
+        first, futs, ids = _submit_behind_blocker(rig, "big", payloads, [[1, 2, 3]])
+        await first
+        deadline = time.monotonic() + 30
+        while not rig.backend.computing(ids[2]):
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+        assert rig.ex.runtime.cancel(ids[2])
+        results = [out for _, out in await asyncio.gather(*futs)]
+        assert [o.status for o in results] == ["ok", "failed", "cancelled", "timeout"]
+        assert "payload.tokens[0]: token 99999" in results[1].error
+        assert np.allclose(json.loads(results[0].output)["logprobs"], solo0["logprobs"],
+                           atol=1e-4)
+        assert rig.core.gpu.busy_gpus() == 0  # the lease went with the last member
+        await rig.check()
+
+    on_loop({"big": BIG}, body, gpus=1)
