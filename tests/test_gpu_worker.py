@@ -40,11 +40,13 @@ BIG = {"vocab_size": 2048, "hidden_size": 512, "num_hidden_layers": 8,
        "num_attention_heads": 8}
 
 
-def cluster(services: dict[str, dict], gpus: int = 8, fit: float = 2.5) -> ClusterSpec:
+def cluster(services: dict[str, dict], gpus: int = 8, fit: float = 2.5,
+            restore_gbps: float = 20.0) -> ClusterSpec:
     """One GPU node whose GPUs each hold ``fit`` copies of the largest service."""
     sizes = {n: random_size_bytes(c, 4) / 1e9 for n, c in services.items()}
     return ClusterSpec(gpu_nodes=(GpuNodeSpec("g0", gpus, max(sizes.values()) * fit),),
-                       services=tuple(ServiceSpec(n, s) for n, s in sizes.items()))
+                       services=tuple(ServiceSpec(n, s) for n, s in sizes.items()),
+                       restore_gbps=restore_gbps)
 
 
 class Rig:
@@ -455,3 +457,35 @@ def test_a_bad_or_cancelled_member_ends_alone_and_the_batch_goes_on() -> None:
         await rig.check()
 
     on_loop({"big": BIG}, body, gpus=1)
+
+
+def test_a_prerestore_loads_ahead_of_demand_is_counted_and_the_residency_check_holds() -> None:
+    async def body(rig: Rig) -> None:
+        for s in ("a", "b"):  # GPU 0 full: a and b resident
+            assert (await rig.run(s)).ok
+        gpu = rig.core.gpu
+        # what the core's pre-restore effect will do: the core restores c into GPU 0 ahead
+        # of demand (evicting its LRU variant, a), and the backend has the worker load it
+        gpu.prerestore("c", ("g0", 0, 1), rig.ex.clock.now())
+        assert gpu.resident_variants("g0") == {("b", 1, 0), ("c", 1, 0)}
+        rig.backend.prerestore("g0", ("c", 1, 0))
+        rec, out = await rig.ex.run(rig.action("c"))
+        # it lands on the pre-restored copy: no restore of its own; the core still models
+        # the load as under way (a slow link), and charges the action the rest of it
+        assert out.ok and not out.extra["restored"] and out.extra["evicted"] == []
+        assert rec.restore_s > 0
+        counters = await rig.backend.worker_counters("g0")
+        assert counters["prerestores"] == 1 and counters["restores"] == 3
+        snap = rig.backend.snapshot()["services"]
+        assert snap["c"]["prerestores"] == 1 and snap["c"]["restores"] == 1
+        assert snap["a"]["evictions"] == 1
+        report = await rig.backend.verify("g0", ("c", 1, 0))
+        assert report["equal"] and report["bytes"] == random_size_bytes(TINY, 4)
+        assert await rig.check() == {("b", 1, 0), ("c", 1, 0)}
+        with pytest.raises(ValueError, match="does not hold"):
+            rig.backend.prerestore("g0", ("a", 1, 0))  # the core did not pre-restore it
+        assert rig.backend.mismatches == 0
+
+    # modelled restores of about 100 s: the core's pre-restore is still loading when the
+    # action lands (the worker's real one took microseconds)
+    on_loop({s: TINY for s in "abc"}, body, gpus=1, fit=2.5, restore_gbps=1e-6)
