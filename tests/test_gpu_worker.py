@@ -489,3 +489,83 @@ def test_a_prerestore_loads_ahead_of_demand_is_counted_and_the_residency_check_h
     # modelled restores of about 100 s: the core's pre-restore is still loading when the
     # action lands (the worker's real one took microseconds)
     on_loop({s: TINY for s in "abc"}, body, gpus=1, fit=2.5, restore_gbps=1e-6)
+
+
+# -- dtypes: the YAML's in the worker; transformers' float32 buffers kept -------------------------
+def test_the_yaml_dtype_is_the_workers_and_the_cores_size() -> None:
+    data = {"gpu_nodes": [{"gpus": 1, "gpu_mem_gb": 1}],
+            "services": [{"name": "h", "model": {"init": "random", "config": TINY,
+                                                 "dtype": "float16"}},
+                         {"name": "f", "model": {"init": "random", "config": TINY}}]}
+    spec = load_gpu_cluster(data, "cpu")
+    sizes = {s.name: s.size_gb for s in spec.spec.services}
+    assert sizes == {"h": pytest.approx(TINY_GB / 2), "f": pytest.approx(TINY_GB)}
+
+    async def go() -> None:
+        core = Tangram(spec.spec)
+        backend = GpuBackend(core.gpu, spec.sources, "cpu")
+        backend.start_workers()
+        ready = backend.wait_ready(60)["gpu0-0"]
+        assert ready["dtypes"] == {"h": "float16", "f": "float32"}
+        assert ready["services"]["h"] == random_size_bytes(TINY, 2)
+        ex = LiveExecutor(core, backend)
+        ex.open_trajectory("t")
+        try:
+            outs = [(await ex.run(Action(f"d{s}", "mopd", "t", "teacher_logprob",
+                                         {"gpu": Demand.fixed(1)}, service=s,
+                                         payload={"op": "logprobs",
+                                                  "tokens": [[1, 2, 3, 4]]})))[1]
+                    for s in ("h", "f")]
+            assert all(o.ok for o in outs), [o.error for o in outs]
+            half, full = (np.array(json.loads(o.output)["logprobs"]) for o in outs)
+            assert half.shape == full.shape == (1, 3)
+            assert (await backend.verify("gpu0-0", ("h", 1, 0)))["bytes"] == \
+                random_size_bytes(TINY, 2)
+        finally:
+            ex.shutdown()
+
+    asyncio.run(go())
+    bad = {**data, "services": [{"name": "x", "model": {"init": "random", "config": TINY,
+                                                         "dtype": "int8"}}]}
+    with pytest.raises(ClusterError, match=r"services\[0\].model.dtype: expected one of"):
+        load_gpu_cluster(bad, "cpu")
+    from executor.gpu.arrays import torch_available
+
+    bf16 = {**data, "services": [{"name": "x", "model": {"init": "random", "config": TINY,
+                                                          "dtype": "bfloat16"}}]}
+    if torch_available():  # torch computes in bfloat16 on the cpu device too
+        assert load_gpu_cluster(bf16, "cpu").spec.services[0].size_gb == \
+            pytest.approx(TINY_GB / 2)
+    else:
+        with pytest.raises(ClusterError, match="numpy here, which has no bfloat16"):
+            load_gpu_cluster(bf16, "cpu")
+
+
+def _torch_check() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("torch_check", ROOT / "scripts/torch_check.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_torch_check_catches_a_bfloat16_rotary_table(tmp_path: Path) -> None:
+    """The loader keeps transformers' float32 rotary buffers in a bfloat16 model, and the
+    float32-reference comparison of torch_check fails a model whose rotary table was
+    converted to bfloat16 (what staging every tensor in the model's dtype did)."""
+    from executor.gpu.arrays import torch_available
+
+    if not torch_available():
+        pytest.skip("torch is not installed (the Hugging Face loader needs it)")
+    tc = _torch_check()
+    path = tc.llama_checkpoint(str(tmp_path), 4096)
+    tokens = tc.sequence(4096)
+    want = tc.reference(path, "cpu", tokens)
+    drift = tc.rotary_drift(path, "cpu", tokens, want)
+    assert drift["staged_rotary_dtypes"] == {"model.rotary_emb.inv_freq": "float32",
+                                             "model.rotary_emb.original_inv_freq": "float32"}
+    assert drift["staged"]["ok"], drift
+    assert drift["rotary_bf16_detected"] and \
+        drift["rotary_bf16"]["max_abs_diff_long"] > tc.TOLERANCE, drift
