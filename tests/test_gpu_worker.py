@@ -569,3 +569,27 @@ def test_torch_check_catches_a_bfloat16_rotary_table(tmp_path: Path) -> None:
     assert drift["staged"]["ok"], drift
     assert drift["rotary_bf16_detected"] and \
         drift["rotary_bf16"]["max_abs_diff_long"] > tc.TOLERANCE, drift
+
+
+def test_gpu_check_prints_one_json_with_verdicts_and_the_reason_of_a_failed_step() -> None:
+    """The cpu dry run of scripts/gpu_check.sh, its torch step given 1 s: it fails (too
+    short, or no torch here) and the JSON says why; the bench step's figures are there."""
+    env = {**os.environ, "DEVICE": "cpu", "SIZES": "0.004,0.008", "TORCH_LIMIT": "1",
+           "PYTHON": sys.executable}
+    res = subprocess.run(["bash", str(ROOT / "scripts/gpu_check.sh")], capture_output=True,
+                         text=True, timeout=300, env=env, cwd=ROOT)
+    out = json.loads(res.stdout)  # one JSON object, nothing else on stdout
+    assert res.returncode == 1 and out["ok"] is False
+    assert out["steps"]["bench"] == {"ok": True, "rc": 0, "reason": ""}
+    torch_step = out["steps"]["torch"]
+    assert not torch_step["ok"] and torch_step["rc"] in (1, 124)
+    assert torch_step["reason"].startswith("timed out after 1 s" if torch_step["rc"] == 124
+                                           else "exit status 1: ")
+    targets = out["targets"]
+    assert set(targets) == {"restore_vs_pinned_copy", "numerics", "nvml", "layer_split"}
+    restore = targets["restore_vs_pinned_copy"]
+    assert restore["pass"] is None and "cpu device" in restore["reason"]  # a GPU's target
+    assert len(restore["per_service"]) == 2 and restore["value"] > 0
+    assert targets["nvml"]["pass"] is None
+    assert targets["numerics"]["pass"] is False
+    assert targets["numerics"]["reason"] == "torch check did not finish: " + torch_step["reason"]
