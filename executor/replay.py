@@ -34,6 +34,7 @@ import pandas as pd
 from executor.driver import LiveBackend, LiveExecutor
 from executor.gpu.backend import GpuBackend
 from executor.gpu.config import GpuCluster
+from executor.gpu.measure import measure, overhead_s
 from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
@@ -208,9 +209,12 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     log = OutputLog(live or make_backend(backend, out / "work", gpu=gpu_backend, env=env))
     executor = LiveExecutor(live_core, log)
+    costs: dict[str, Any] = {}
     if gpu_backend is not None:  # staging is not part of any action's time
         try:
             await asyncio.to_thread(gpu_backend.wait_ready)
+            # what the simulator needs to model these services (cluster.yaml's extra)
+            costs = await asyncio.to_thread(measure, gpu_backend, gpu_tokens)
         except (RuntimeError, TimeoutError):
             executor.shutdown()
             raise
@@ -253,7 +257,10 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
                                 "gpu_restores": core.gpu.restores,
                                 "scheduler_passes": core.passes}
     if gpu_backend is not None:
+        spans = {r.action_id: r.end_s - r.start_s for r in records}
         records, counters["gpu"] = measured_restores(records, measured, gpu_backend)
+        costs["overhead_s"] = overhead_s(spans, measured) or 0.0
+        cluster = replace(cluster, extra={**cluster.extra, "gpu_measured": costs})
     result = RunResult(policy.label, records,
                        [{"step": 0, "rollout_s": rollout, "step_s": rollout}], core.capacity(),
                        counters, executor.runtime.timing, None, time.perf_counter() - wall0,
@@ -286,9 +293,10 @@ def measured_restores(records: list[Record], measured: Mapping[str, Mapping[str,
     out = []
     for rec in records:
         extra = measured.get(rec.action_id)
-        if extra is not None:
+        if extra is not None and rec.batch_of in ("", rec.action_id):  # a batch: once
             modelled_n += rec.restore_s > 0
             modelled_s += rec.restore_s
+        if extra is not None:
             rec = replace(rec, restore_s=float(extra.get("restore_s", 0.0)))
         out.append(rec)
     snap = gpu.snapshot()

@@ -28,6 +28,7 @@ from executor.gpu.arrays import NumpyOps
 from executor.gpu.backend import GpuBackend
 from executor.gpu.config import load_gpu_cluster, read_gpu_cluster
 from executor.gpu.model import ModelError, ModelSource, TinyLM, load_model, random_size_bytes
+from tangram.batching import MeasuredGpu
 from tangram.cluster import ClusterError, ClusterSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand
@@ -363,6 +364,42 @@ def test_run_replays_gpu_rows_with_measured_restores(tmp_path: Path) -> None:
     assert gpu["restores_measured"] == gpu["restores_modelled"] > 0
     assert gpu["restore_s_measured"] > 0 and gpu["restore_bytes"] > 0
     assert gpu["residency_mismatches"] == 0
+    # what the run measured, in its cluster.yaml for the simulator
+    written = yaml.safe_load((out / "cluster.yaml").read_text())
+    spec = ClusterSpec.from_dict(written)
+    measured = MeasuredGpu.from_extra(spec.extra, spec.restore_gbps)
+    assert measured is not None and measured.tokens == 32 and not measured.parallel_restore
+    assert set(measured.restore_gbps) == {n.name for n in spec.gpu_nodes}
+    assert all(v > 0 for v in measured.restore_gbps.values())
+    assert set(measured.forward) == {s.name for s in spec.services}
+    assert all(f.seconds([32]) > 0 for f in measured.forward.values())
+    assert measured.overhead_s > 0
+    # the simulator models those services: a GPU action takes the measured forward pass
+    # of its batch, plus the workers' overhead (and a restore at the measured bandwidth)
+    sim = tmp_path / "sim"
+    res = _cli("simulate", "--trace", str(ROOT / "traces/samples/mopd.parquet"), "--cluster",
+               str(out / "cluster.yaml"), "--limit", "12", "--think-scale", "0", "--out",
+               str(sim), "-q")
+    assert res.returncode == 0, res.stderr
+    import pandas as pd
+
+    from traces.schema import load
+
+    trace = load(ROOT / "traces/samples/mopd.parquet")
+    service = {f"{r.trajectory}#{r.seq}": r.service for r in trace.itertuples()}
+    acts = pd.read_parquet(sim / "actions.parquet")
+    gpu_rows = acts[acts["gpus"].astype(bool)]
+    assert len(gpu_rows) == 12
+    lead = gpu_rows["batch_of"].where(gpu_rows["batch_of"].astype(bool), gpu_rows["action_id"])
+    size = lead.map(lead.value_counts())
+    checked = 0
+    for (_, row), n in zip(gpu_rows.iterrows(), size, strict=True):
+        if row["restore_s"] == 0:
+            want = measured.exec_s(service[row["action_id"]], n)
+            assert want is not None
+            assert row["end_s"] - row["start_s"] == pytest.approx(want + measured.overhead_s)
+            checked += 1
+    assert checked > 0
     res = _cli("run", "--trace", str(ROOT / "traces/samples/mopd.parquet"), "--limit", "1",
                "--out", str(tmp_path / "no"), "-q")
     assert res.returncode == 2 and "--gpu-device cpu" in res.stderr
@@ -593,3 +630,26 @@ def test_gpu_check_prints_one_json_with_verdicts_and_the_reason_of_a_failed_step
     assert targets["nvml"]["pass"] is None
     assert targets["numerics"]["pass"] is False
     assert targets["numerics"]["reason"] == "torch check did not finish: " + torch_step["reason"]
+
+
+def test_measured_costs_fit_and_read_back() -> None:
+    from executor.gpu.measure import fit_forward, shapes_for
+
+    truth = {"fixed_s": 0.004, "per_member_s": 0.001, "per_token_s": 2e-5}
+    points = [[m, t, truth["fixed_s"] + truth["per_member_s"] * m + truth["per_token_s"] * m * t]
+              for m, t in shapes_for(32)]
+    fitted = fit_forward(points)
+    assert fitted == pytest.approx(truth, rel=1e-6)
+    extra = {"gpu_measured": {"tokens": 32, "forward": {"a": fitted},
+                              "restore_gbps": {"g0": 2.0}, "parallel_restore": False,
+                              "overhead_s": 0.01}}
+    m = MeasuredGpu.from_extra(extra, modelled_gbps=20.0)
+    assert m is not None
+    assert m.exec_s("a", 3) == pytest.approx(0.004 + 0.003 + 2e-5 * 96)
+    assert m.exec_s("b", 1) is None
+    # the core modelled 0.1 s at 20 GB/s on 2 GPUs; measured 2 GB/s, shards one by one
+    assert m.restore_s("g0", 0.1, 2) == pytest.approx(0.1 * 10 * 2)
+    assert MeasuredGpu.from_extra({}, 20.0) is None
+    with pytest.raises(ValueError, match=r"gpu_measured.forward.a.per_token_s: expected"):
+        MeasuredGpu.from_extra({"gpu_measured": {"tokens": 32, "forward": {
+            "a": {"per_token_s": -1}}}}, 20.0)

@@ -544,6 +544,17 @@ class GpuBackend:
         pre-restores (asks the worker process)."""
         return await asyncio.wrap_future(self._ask(node, "counters"))
 
+    def probe(self, node: str, service: str, k: int, shapes: list[tuple[int, int]],
+              repeats: int = 3, timeout: float = 300.0) -> dict[str, Any]:
+        """Time a restore of ``service`` onto the node's GPUs 0..k-1 and forward passes of
+        ``(members, tokens)`` shapes on a temporary copy (residency untouched). Only while
+        the node runs nothing (before a run: ``executor.gpu.measure``)."""
+        reply = self._ask(node, "probe", service, k, [list(s) for s in shapes],
+                          repeats).result(timeout)
+        if "error" in reply:
+            raise RuntimeError(f"GPU worker of {node}: probe of {service}: {reply['error']}")
+        return reply
+
     def worker_pid(self, node: str) -> int | None:
         nw = self.workers.get(node)
         return nw.proc.pid if nw is not None and not nw.dead else None

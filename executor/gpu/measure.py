@@ -1,0 +1,73 @@
+"""What a live GPU replay measures on its machine, for the simulator to model the same
+services (``extra.gpu_measured`` of the run's cluster.yaml, read back by
+:class:`tangram.batching.MeasuredGpu`).
+
+Before the first action (the workers idle), every service is probed on a temporary copy
+(residency untouched): one restore per node (host-to-device bandwidth of that node) and,
+on the first node, forward passes of ``(members, tokens)`` shapes, fitted by least
+squares to ``fixed_s + per_member_s * members + per_token_s * tokens``. After the run,
+the workers' overhead per action is what an action took beyond its restore and its
+forward pass (dispatch, pipe, thread start, result hand-back), the median over the run.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from executor.gpu.backend import GpuBackend
+
+
+def shapes_for(tokens: int) -> list[tuple[int, int]]:
+    """Shapes that separate the three costs: one member of 1/2, 1 and 2x ``tokens``, and
+    2, 4 and 8 members of ``tokens`` each."""
+    half = max(tokens // 2, 2)
+    return [(1, half), (1, tokens), (1, 2 * tokens), (2, tokens), (4, tokens), (8, tokens)]
+
+
+def fit_forward(points: Sequence[Sequence[float]]) -> dict[str, float]:
+    """``[members, tokens per member, seconds]`` points -> the three costs (least squares,
+    each clipped at 0: a cost too small to see is 0, not negative)."""
+    a = np.array([[1.0, m, m * t] for m, t, _ in points])
+    y = np.array([s for _, _, s in points])
+    coef, *_ = np.linalg.lstsq(a, y, rcond=None)
+    fixed, member, token = (max(float(c), 0.0) for c in coef)
+    return {"fixed_s": fixed, "per_member_s": member, "per_token_s": token}
+
+
+def measure(backend: GpuBackend, tokens: int, repeats: int = 3) -> dict[str, Any]:
+    """Probe every service (workers started and staged, nothing running yet)."""
+    nodes = sorted(backend.workers)
+    services = sorted(backend.sources)
+    restore: dict[str, float] = {}
+    forward: dict[str, dict[str, float]] = {}
+    points: dict[str, list] = {}
+    for i, node in enumerate(nodes):
+        moved, seconds = 0, 0.0
+        for s in services:
+            shapes = shapes_for(tokens) if i == 0 else []
+            reply = backend.probe(node, s, 1, shapes, repeats)
+            moved += int(reply["bytes"])
+            seconds += float(reply["restore_s"])
+            if i == 0:
+                points[s] = reply["forwards"]
+                forward[s] = fit_forward(reply["forwards"])
+        if seconds > 0:
+            restore[node] = moved / 1e9 / seconds
+    return {"device": backend.device, "tokens": tokens, "restore_gbps": restore,
+            "forward": forward, "parallel_restore": backend.device == "cuda",
+            "probe_points": points, "repeats": repeats,
+            "loadavg": os.getloadavg()[0]}
+
+
+def overhead_s(spans: Mapping[str, float], measured: Mapping[str, Mapping[str, Any]]
+               ) -> float | None:
+    """Median seconds a GPU action took beyond its restore and its forward pass:
+    ``spans`` (action id -> end - start of its record) against what its worker measured."""
+    extra = [spans[a] - float(m.get("restore_s", 0.0)) - float(m.get("compute_s", 0.0))
+             for a, m in measured.items() if a in spans and m.get("node")]
+    return max(statistics.median(extra), 0.0) if extra else None
