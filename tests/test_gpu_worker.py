@@ -653,3 +653,41 @@ def test_measured_costs_fit_and_read_back() -> None:
     with pytest.raises(ValueError, match=r"gpu_measured.forward.a.per_token_s: expected"):
         MeasuredGpu.from_extra({"gpu_measured": {"tokens": 32, "forward": {
             "a": {"per_token_s": -1}}}}, 20.0)
+
+
+def test_a_hugging_face_batch_is_one_forward_pass_with_an_attention_mask(tmp_path: Path) -> None:
+    """The Hugging Face path pads the members' sequences with an attention mask: each
+    member's result equals its solo run; a cancelled member ends alone."""
+    from executor.gpu.arrays import torch_available
+
+    if not torch_available():
+        pytest.skip("torch is not installed (the Hugging Face loader needs it)")
+    import transformers
+
+    from executor.gpu.arrays import make_ops
+    from executor.gpu.model import Batch, HFModel, Request
+
+    cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
+                                   num_hidden_layers=3, num_attention_heads=4,
+                                   num_key_value_heads=2)
+    transformers.LlamaForCausalLM(cfg).save_pretrained(tmp_path / "m")
+    model = HFModel(make_ops("cpu"), str(tmp_path / "m"), "float32")
+    placed = model.place(2, [0, 1])
+    rng = np.random.default_rng(2)
+    payloads = [{"op": "logprobs", "tokens": [rng.integers(0, 256, size=int(n)).tolist()]}
+                for n in (5, 17, 9)] + [{"op": "score", "tokens": [[3, 4, 5]], "yes_token": 7}]
+    solo = [model.run(placed, [0, 1], p, lambda: False) for p in payloads]
+    before = model.forwards
+    reqs = [Request(f"r{i}", p) for i, p in enumerate(payloads)]
+    ended: list[str] = []
+    model.run_batch(placed, [0, 1], Batch(reqs, lambda _id: False, lambda r: ended.append(r.id)))
+    assert model.forwards == before + 1 and sorted(ended) == ["r0", "r1", "r2", "r3"]
+    for r, want in zip(reqs, solo, strict=True):
+        assert r.status == "ok", r.error
+        key = next(iter(want))
+        assert np.allclose(np.concatenate([np.ravel(x) for x in r.output[key]]),
+                           np.concatenate([np.ravel(x) for x in want[key]]), atol=1e-4)
+    reqs = [Request(f"c{i}", p) for i, p in enumerate(payloads)]
+    model.run_batch(placed, [0, 1], Batch(reqs, lambda aid: aid == "c1"))
+    assert [r.status for r in reqs] == ["ok", "cancelled", "ok", "ok"]
+    assert np.allclose(reqs[2].output["logprobs"], solo[2]["logprobs"], atol=1e-4)

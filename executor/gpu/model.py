@@ -585,6 +585,7 @@ class HFModel(StagedModel):
     def _forward(self, placed: Placed, devices: list[int], batch: Batch) -> None:
         torch = self._torch
         rows = batch.rows()
+        owners = [r for r in batch.live for _ in r.rows]  # whose each row is
         lengths = [len(r) for r in rows]
         owner = self.layout.shard_of_block(len(devices))
         first = torch.device("cuda", devices[owner[0]]) if self.ops.device == "cuda" else "cpu"
@@ -602,8 +603,9 @@ class HFModel(StagedModel):
                 logits = placed.runner(input_ids=ids, attention_mask=mask).logits.float()
         finally:
             placed.between_layers = None
-        keep = batch.check()  # members cancelled during the last layer
-        if keep is not None:
+        batch.check()  # members cancelled during the last layer
+        keep = [i for i, r in enumerate(owners) if not r.status]  # rows of live members
+        if len(keep) < len(owners):
             logits, ids = logits[keep], ids[keep]
             rows = [rows[i] for i in keep]
         logp = torch.log_softmax(logits, dim=-1)
