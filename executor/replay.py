@@ -34,7 +34,7 @@ import pandas as pd
 from executor.driver import LiveBackend, LiveExecutor
 from executor.gpu.backend import GpuBackend
 from executor.gpu.config import GpuCluster
-from executor.gpu.measure import measure, overhead_s
+from executor.gpu.measure import after_run, measure
 from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
@@ -259,8 +259,8 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     if gpu_backend is not None:
         spans = {r.action_id: r.end_s - r.start_s for r in records}
         records, counters["gpu"] = measured_restores(records, measured, gpu_backend)
-        costs["overhead_s"] = overhead_s(spans, measured) or 0.0
-        cluster = replace(cluster, extra={**cluster.extra, "gpu_measured": costs})
+        cluster = replace(cluster, extra={**cluster.extra,
+                                          "gpu_measured": after_run(costs, spans, measured)})
     result = RunResult(policy.label, records,
                        [{"step": 0, "rollout_s": rollout, "step_s": rollout}], core.capacity(),
                        counters, executor.runtime.timing, None, time.perf_counter() - wall0,

@@ -98,7 +98,7 @@ class ServiceStats:
     requests: int = 0
     failed: int = 0
     compute_s: float = 0.0
-    #: run commands (a batch is one) and the members they served
+    #: run commands served to their end (a batch of several requests is one)
     batches: int = 0
 
 

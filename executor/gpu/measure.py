@@ -6,8 +6,11 @@ Before the first action (the workers idle), every service is probed on a tempora
 (residency untouched): one restore per node (host-to-device bandwidth of that node) and,
 on the first node, forward passes of ``(members, tokens)`` shapes, fitted by least
 squares to ``fixed_s + per_member_s * members + per_token_s * tokens``. After the run,
-the workers' overhead per action is what an action took beyond its restore and its
-forward pass (dispatch, pipe, thread start, result hand-back), the median over the run.
+a node's restore bandwidth is that of the run's own restores there (bytes / seconds;
+the probe's where the node restored nothing: a probe's repeated copies can run faster
+than the run's, which land on fresh pages amid other work), and the workers' overhead
+per action is what an action took beyond its restore and its forward pass (dispatch,
+pipe, thread start, result hand-back), the median over the run.
 """
 
 from __future__ import annotations
@@ -71,3 +74,24 @@ def overhead_s(spans: Mapping[str, float], measured: Mapping[str, Mapping[str, A
     extra = [spans[a] - float(m.get("restore_s", 0.0)) - float(m.get("compute_s", 0.0))
              for a, m in measured.items() if a in spans and m.get("node")]
     return max(statistics.median(extra), 0.0) if extra else None
+
+
+def after_run(costs: Mapping[str, Any], spans: Mapping[str, float],
+              measured: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """``costs`` (from :func:`measure`) with what the run itself measured: each node's
+    restore bandwidth over its restores, and the workers' overhead per action."""
+    moved: dict[str, list[float]] = {}  # node -> [bytes, seconds, restores]
+    for aid, m in measured.items():
+        if m.get("batch_of", aid) != aid:
+            continue  # a batch restores once: its lead reports it
+        if m.get("restored") and m.get("restore_bytes") and m.get("restore_s"):
+            acc = moved.setdefault(str(m.get("node")), [0.0, 0.0, 0])
+            acc[0] += float(m["restore_bytes"])
+            acc[1] += float(m["restore_s"])
+            acc[2] += 1
+    probe = dict(costs.get("restore_gbps", {}))
+    return {**costs,
+            "restore_gbps": {**probe, **{n: b / 1e9 / s for n, (b, s, _) in moved.items()}},
+            "probe_restore_gbps": probe,
+            "restores_measured": {n: int(c) for n, (_, _, c) in moved.items()},
+            "overhead_s": overhead_s(spans, measured) or 0.0}
