@@ -58,34 +58,26 @@ ROOT = str(Path(__file__).resolve().parent.parent.parent)  # where the executor 
 
 
 @dataclass(slots=True)
-class Running:
-    """One ``run`` command: a dispatch's members on its lease (one, or a batch)."""
+class Command:
+    """What the actions of one ``run`` command share (one action, or a batch's)."""
+
+    left: set[str]  # actions not reported yet
+    counted: bool = False  # its restore is in the stats
+
+
+@dataclass(slots=True)
+class InFlight:
+    """One action of a running command (``dispatch``: the command's, lead first)."""
 
     dispatch: Dispatch
     on_done: Callable[[Outcome], None]
     seq: int
     t_start: float
     variant: Variant
-    left: set[str]  # members not reported yet
-    counted: bool = False  # its restore is in the stats
-
-
-@dataclass(slots=True)
-class InFlight:
-    """One member of a running command."""
-
-    run: Running
+    command: Command
     computing: bool = False
     timer: asyncio.TimerHandle | None = None
     timed_out: float = 0.0
-
-    @property
-    def seq(self) -> int:
-        return self.run.seq
-
-    @property
-    def variant(self) -> Variant:
-        return self.run.variant
 
 
 @dataclass(slots=True)
@@ -294,18 +286,26 @@ class GpuBackend:
                                f"{problem}")
             self._fail_all(d, on_done, f"residency mismatch: {problem}")
             return
-        self._run(nw, d, on_done, variant, evict, restore)
-
-    def _run(self, nw: NodeWorker, d: Dispatch, on_done: Callable[[Outcome], None],
-             variant: Variant, evict: list[Variant], restore: bool) -> None:
-        """Send one ``run`` command for the dispatch's members (the lead, then its batch)."""
-        assert self.loop is not None
-        self._command(nw, evict, (nw.commanded - set(evict)) | {variant})
+        nw.commanded = new
+        nw.seq += 1
+        nw.expected[nw.seq] = frozenset(new)
+        for v in evict:
+            nw.variant_bytes.pop(v, None)
+            nw.prerestored.discard(v)
+            self.stats[v[0]].evictions += 1
         nw.prerestored.discard(variant)
+        self._send_run(nw, d, on_done, variant, evict, restore)
+
+    def _send_run(self, nw: NodeWorker, d: Dispatch, on_done: Callable[[Outcome], None],
+                  variant: Variant, evict: list[Variant], restore: bool) -> None:
+        """One ``run`` command for the dispatch's actions (the lead, then its batch): the
+        worker serves them with one forward pass and reports each on its own."""
+        assert self.loop is not None
         actions = d.actions
-        r = Running(d, on_done, nw.seq, time.perf_counter(), variant, {a.id for a in actions})
+        command = Command({a.id for a in actions})
+        t_start = time.perf_counter()
         for a in actions:
-            f = nw.inflight[a.id] = InFlight(r)
+            f = nw.inflight[a.id] = InFlight(d, on_done, nw.seq, t_start, variant, command)
             timeout = float((a.payload or {}).get("timeout_s") or 0) \
                 if isinstance(a.payload, Mapping) else 0.0
             if timeout > 0:
@@ -319,16 +319,6 @@ class GpuBackend:
                 if f is not None and f.timer is not None:
                     f.timer.cancel()
             self._fail_all(d, on_done, f"GPU worker of {nw.node} unreachable: {e}")
-
-    def _command(self, nw: NodeWorker, evict: list[Variant], new: set[Variant]) -> None:
-        """Record a residency command in the mirror (the worker applies it in this order)."""
-        nw.commanded = set(new)
-        nw.seq += 1
-        nw.expected[nw.seq] = frozenset(new)
-        for v in evict:
-            nw.variant_bytes.pop(v, None)
-            nw.prerestored.discard(v)
-            self.stats[v[0]].evictions += 1
 
     def _fail_all(self, d: Dispatch, on_done: Callable[[Outcome], None], error: str) -> None:
         assert self.loop is not None
@@ -348,7 +338,14 @@ class GpuBackend:
             raise ValueError(f"prerestore: the core does not hold {variant} as newly "
                              f"resident on {node} (core: {sorted(core_set)})")
         evict = sorted(nw.commanded - core_set)
-        self._command(nw, evict, (nw.commanded - set(evict)) | {variant})
+        # the mirror, as for a dispatch (start), without an action
+        nw.commanded = (nw.commanded - set(evict)) | {variant}
+        nw.seq += 1
+        nw.expected[nw.seq] = frozenset(nw.commanded)
+        for v in evict:
+            nw.variant_bytes.pop(v, None)
+            nw.prerestored.discard(v)
+            self.stats[v[0]].evictions += 1
         nw.prerestored.add(variant)
         gpus = list(range(variant[2], variant[2] + variant[1]))
         try:
@@ -405,28 +402,28 @@ class GpuBackend:
             f.timer.cancel()
         if f.timed_out and status == "cancelled":
             status, error = "timeout", f"stopped after the {f.timed_out:g} s timeout"
-        r = f.run
-        r.left.discard(aid)
-        lease = r.dispatch.lease
-        if not r.left:  # the lease's GPUs were busy from the command to its last member
+        c = f.command
+        c.left.discard(aid)
+        lease = f.dispatch.lease
+        if not c.left:  # the lease's GPUs were busy from the command to its last action
             now = time.perf_counter()
             for g in lease.gpus:
                 key = (lease.node or "", g)
-                self.gpu_busy_s[key] = self.gpu_busy_s.get(key, 0.0) + now - r.t_start
+                self.gpu_busy_s[key] = self.gpu_busy_s.get(key, 0.0) + now - f.t_start
         problem = self._check_reported(nw, applied, resident)
-        st = self.stats[r.variant[0]]
+        st = self.stats[f.variant[0]]
         st.requests += 1
-        if not r.counted and info.get("restore_bytes"):  # a batch restores once
-            r.counted = True
+        if not c.counted and info.get("restore_bytes"):  # a batch restores once
+            c.counted = True
             st.restores += 1
             st.restore_s += float(info.get("restore_s", 0.0))
             st.restore_bytes += int(info.get("restore_bytes", 0))
-            k = r.variant[1]
-            nw.variant_bytes[r.variant] = [int(info["restore_bytes"]) // k] * k
-        if not r.left:
+            k = f.variant[1]
+            nw.variant_bytes[f.variant] = [int(info["restore_bytes"]) // k] * k
+        if not c.left:
             st.batches += 1
             st.compute_s += float(info.get("compute_s", 0.0))
-        extra = {"node": nw.node, "gpus": list(lease.gpus), "service": r.variant[0],
+        extra = {"node": nw.node, "gpus": list(lease.gpus), "service": f.variant[0],
                  "restored": bool(info.get("restored")),
                  "restore_s": float(info.get("restore_s", 0.0)),
                  "evicted": [list(v) for v in info.get("evicted", [])],
@@ -443,7 +440,7 @@ class GpuBackend:
         else:
             out = Outcome(aid, "ok", 0, json.dumps(output), "",
                           float(info.get("restore_s", 0.0)), extra)
-        r.on_done(out)
+        f.on_done(out)
 
     def _check_reported(self, nw: NodeWorker, applied: int, resident: list) -> str | None:
         """Check 2 and 3 of the module doc on a resident set the worker reported."""
@@ -517,9 +514,9 @@ class GpuBackend:
                           extra={"node": nw.node, "worker_lost": True})
             # reported from the loop, not from inside a start() that found the worker dead
             if self.loop is not None:
-                self.loop.call_soon(f.run.on_done, out)
+                self.loop.call_soon(f.on_done, out)
             else:  # pragma: no cover - nothing was started without a loop
-                f.run.on_done(out)
+                f.on_done(out)
 
     # -- inspection (tests, /v1/gpus, metrics) -------------------------------------------
     def _ask(self, node: str, *msg: Any) -> concurrent.futures.Future:
