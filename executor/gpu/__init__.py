@@ -13,5 +13,7 @@ residency and eviction; the modules here execute those decisions:
   mirrors the core's residency model and checks the worker against it
 * ``config.py``: services with their loaders (YAML), NVML discovery
 * ``routes.py``: ``/v1/gpus`` and the per-GPU lines of ``/metrics``
+* ``measure.py``: what a live run measures of its workers (restore bandwidth, forward
+  cost, overhead) for the simulator (``extra.gpu_measured`` of the run's cluster.yaml)
 * ``bench.py``: ``tangram bench gpu``
 """
