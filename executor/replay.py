@@ -214,7 +214,7 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
         try:
             await asyncio.to_thread(gpu_backend.wait_ready)
             # what the simulator needs to model these services (cluster.yaml's extra)
-            costs = await asyncio.to_thread(measure, gpu_backend, gpu_tokens)
+            costs = await asyncio.to_thread(measure, gpu_backend, gpu_tokens, gpu.spec)
         except (RuntimeError, TimeoutError):
             executor.shutdown()
             raise

@@ -23,6 +23,7 @@ from typing import Any
 import numpy as np
 
 from executor.gpu.backend import GpuBackend
+from tangram.cluster import ClusterSpec, GpuNodeSpec
 
 
 def shapes_for(tokens: int) -> list[tuple[int, int]]:
@@ -42,28 +43,45 @@ def fit_forward(points: Sequence[Sequence[float]]) -> dict[str, float]:
     return {"fixed_s": fixed, "per_member_s": member, "per_token_s": token}
 
 
-def measure(backend: GpuBackend, tokens: int, repeats: int = 3) -> dict[str, Any]:
-    """Probe every service (workers started and staged, nothing running yet)."""
-    nodes = sorted(backend.workers)
-    services = sorted(backend.sources)
+def probe_dop(size_gb: float, node: GpuNodeSpec) -> int | None:
+    """The fewest GPUs of ``node`` a service of ``size_gb`` fits on (None: none)."""
+    return next((k for k in (1, 2, 4, 8) if k <= node.gpus and size_gb / k <= node.gpu_mem_gb),
+                None)
+
+
+def measure(backend: GpuBackend, tokens: int, cluster: ClusterSpec,
+            repeats: int = 3) -> dict[str, Any]:
+    """Probe every service on every node (workers started and staged, nothing running
+    yet): a service on the fewest GPUs it fits on. A probe that fails (out of memory) is
+    reported, not fatal: the simulator then models that service from the trace."""
     restore: dict[str, float] = {}
     forward: dict[str, dict[str, float]] = {}
     points: dict[str, list] = {}
-    for i, node in enumerate(nodes):
+    errors: dict[str, str] = {}
+    sizes = {s.name: s.size_gb for s in cluster.services}
+    for i, node in enumerate(sorted(cluster.gpu_nodes, key=lambda n: n.name)):
         moved, seconds = 0, 0.0
-        for s in services:
+        for s in sorted(backend.sources):
+            k = probe_dop(sizes.get(s, 0.0), node)
+            if k is None:
+                continue
             shapes = shapes_for(tokens) if i == 0 else []
-            reply = backend.probe(node, s, 1, shapes, repeats)
+            try:
+                reply = backend.probe(node.name, s, k, shapes, repeats)
+            except RuntimeError as e:
+                errors[f"{node.name}/{s}"] = str(e)
+                continue
             moved += int(reply["bytes"])
-            seconds += float(reply["restore_s"])
-            if i == 0:
+            # the bandwidth of one GPU's link: k shards load in parallel on cuda
+            seconds += float(reply["restore_s"]) * (k if backend.device == "cuda" else 1)
+            if shapes:
                 points[s] = reply["forwards"]
                 forward[s] = fit_forward(reply["forwards"])
         if seconds > 0:
-            restore[node] = moved / 1e9 / seconds
+            restore[node.name] = moved / 1e9 / seconds
     return {"device": backend.device, "tokens": tokens, "restore_gbps": restore,
             "forward": forward, "parallel_restore": backend.device == "cuda",
-            "probe_points": points, "repeats": repeats,
+            "probe_points": points, "probe_errors": errors, "repeats": repeats,
             "loadavg": os.getloadavg()[0]}
 
 
