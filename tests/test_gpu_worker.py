@@ -633,7 +633,10 @@ def test_gpu_check_prints_one_json_with_verdicts_and_the_reason_of_a_failed_step
 
 
 def test_measured_costs_fit_and_read_back() -> None:
-    from executor.gpu.measure import fit_forward, shapes_for
+    from executor.gpu.measure import fit_forward, probe_dop, shapes_for
+
+    node = GpuNodeSpec("n", 4, 10.0)
+    assert [probe_dop(gb, node) for gb in (5, 15, 30, 50)] == [1, 2, 4, None]
 
     truth = {"fixed_s": 0.004, "per_member_s": 0.001, "per_token_s": 2e-5}
     points = [[m, t, truth["fixed_s"] + truth["per_member_s"] * m + truth["per_token_s"] * m * t]
