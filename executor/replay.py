@@ -219,13 +219,14 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
         # a trajectory's environment is a directory: nothing to start (the simulator
         # reads this from the cluster file run writes; docker's start is measured live)
         cluster = replace(cluster, extra={**cluster.extra, "env_start_s": 0.0})
+    ray_gpu = getattr(live, "gpu", None)  # GPU workers on the Ray nodes (ray_worker.py)
     if live is not None:  # the Ray nodes, with the quotas the trace needs
-        if gpu is not None:
-            raise ValueError("--ray with --gpu-device: GPU workers do not run through Ray "
-                             "agents yet")
+        if gpu is not None and ray_gpu is None:
+            raise ValueError("--ray with --gpu-device: the Ray backend has no GPU workers")
         cluster = live.cluster(cluster.quotas)  # type: ignore[attr-defined]
     if gpu is not None:
-        cluster = replace(cluster, gpu_nodes=gpu.spec.gpu_nodes, services=gpu.spec.services,
+        nodes = cluster.gpu_nodes if ray_gpu is not None else gpu.spec.gpu_nodes
+        cluster = replace(cluster, gpu_nodes=nodes, services=gpu.spec.services,
                           restore_gbps=gpu.spec.restore_gbps)
     refuse_misfits(cluster, policy, specs)
     live_core = Tangram(cluster, policy)
@@ -234,8 +235,11 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
         why = policy.gpu.live_refusal()
         if why is not None:
             raise ValueError(f"--gpu-device: policy {policy.label!r}: {why}")
-        gpu_backend = GpuBackend(cluster, gpu.sources, gpu_device, gpu.physical)
-        gpu_backend.start_workers()
+        if ray_gpu is not None:
+            gpu_backend = ray_gpu  # started with the Ray backend
+        else:
+            gpu_backend = GpuBackend(cluster, gpu.sources, gpu_device, gpu.physical)
+            gpu_backend.start_workers()
     # commands like `python -m pytest` and `tangram burn` resolve to this installation
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
@@ -246,7 +250,7 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
         try:
             await asyncio.to_thread(gpu_backend.wait_ready)
             # what the simulator needs to model these services (cluster.yaml's extra)
-            costs = await asyncio.to_thread(measure, gpu_backend, gpu_tokens, gpu.spec)
+            costs = await asyncio.to_thread(measure, gpu_backend, gpu_tokens, cluster)
         except (RuntimeError, TimeoutError):
             executor.shutdown()
             raise

@@ -167,11 +167,6 @@ class PaperGpus(SharedGpus):
         return gpu, [GpuPool(GPU_POOL, gpu)]
 
 
-#: the live GPU workers follow the evict-on-execution manager's plans only
-_NOT_LIVE = ("the GPU workers follow the evict-on-execution GPU manager; static or "
-             "cold-started GPU instances are not run live yet")
-
-
 @dataclass(frozen=True)
 class StaticDeployments:
     """Each service on fixed replicas (SGLang-like), its own queue, batching its
@@ -202,13 +197,15 @@ class StaticDeployments:
             gpus = sum(n.gpus for n in cluster.gpu_nodes)
             dop = self.PAPER_DOP if len(services) * self.PAPER_DOP <= gpus else None
         per = static_placement(cluster, services, dop, self.replicas)
-        return gpu, [ServicePool(s, r) for s, r in per.items()]
+        return gpu, [ServicePool(s, r, gpu) for s, r in per.items()]
 
     def route(self, action: Action) -> str:
         return f"gpu:{action.service}"
 
     def live_refusal(self) -> str | None:
-        return _NOT_LIVE
+        """None: the live GPU workers carry out its plans (each replica deployed once,
+        never evicted: tangram/pools/static.py)."""
+        return None
 
 
 @dataclass(frozen=True)
@@ -228,7 +225,9 @@ class ColdStart:
         return GPU_POOL
 
     def live_refusal(self) -> str | None:
-        return _NOT_LIVE
+        """None: the live GPU workers carry out its plans (a cold start is a restore from
+        the host stage, evicting every variant on the instance's GPUs)."""
+        return None
 
 
 # -- who admits API calls ------------------------------------------------------------------

@@ -52,6 +52,7 @@ from executor.gpu.model import ModelSource
 from tangram.cluster import ClusterSpec
 from tangram.model import Dispatch, GpuPlan, Outcome
 from tangram.protocol import Capabilities, PreRestore, Sink, WorkerLost
+from tangram.protocol import Command as Command_
 
 log = logging.getLogger("tangram.gpu")
 Variant = tuple[str, int, int]
@@ -101,6 +102,29 @@ class NodeWorker:
     def __init__(self, node: str, gpus: int, device: str, devices: list[int],
                  services: list[tuple[str, ModelSource]]) -> None:
         self.node = node
+        self._spawn(device, devices, services)
+        self.gpus = gpus
+        self.ready: dict[str, Any] | None = None
+        self.fatal: str | None = None
+        self.ready_event = threading.Event()
+        self.commanded: set[Variant] = set()
+        #: the variants of ``commanded``, least recently used first
+        self.lru: list[Variant] = []
+        #: the newest plan carried out on this node (check 3)
+        self.latest: GpuPlan | None = None
+        self.expected: dict[int, frozenset[Variant]] = {0: frozenset()}
+        self.seq = 0
+        self.inflight: dict[str, InFlight] = {}
+        self.replies: dict[int, concurrent.futures.Future] = {}
+        self.send_lock = threading.Lock()
+        self.dead = False
+        #: bytes each resident variant holds per GPU of its chunk (as the worker measured)
+        self.variant_bytes: dict[Variant, list[int]] = {}
+
+    def _spawn(self, device: str, devices: list[int],
+               services: list[tuple[str, ModelSource]]) -> None:
+        """Start the worker process (``proc``) and its pipe (``conn``) with the staging
+        order (executor/gpu/ray_worker.py starts it in a Ray actor on its node instead)."""
         # A fresh interpreter (``python -m executor.gpu.worker``), not a fork: CUDA cannot be
         # used in a forked child, and multiprocessing's spawn would re-import the caller's
         # main module. The pipe is one end of a socket pair, passed as a file descriptor.
@@ -119,23 +143,6 @@ class NodeWorker:
         theirs.close()
         self.conn = Connection(mine.detach())
         self.conn.send((device, devices, services))
-        self.gpus = gpus
-        self.ready: dict[str, Any] | None = None
-        self.fatal: str | None = None
-        self.ready_event = threading.Event()
-        self.commanded: set[Variant] = set()
-        #: the variants of ``commanded``, least recently used first
-        self.lru: list[Variant] = []
-        #: the newest plan carried out on this node (check 3)
-        self.latest: GpuPlan | None = None
-        self.expected: dict[int, frozenset[Variant]] = {0: frozenset()}
-        self.seq = 0
-        self.inflight: dict[str, InFlight] = {}
-        self.replies: dict[int, concurrent.futures.Future] = {}
-        self.send_lock = threading.Lock()
-        self.dead = False
-        #: bytes each resident variant holds per GPU of its chunk (as the worker measured)
-        self.variant_bytes: dict[Variant, list[int]] = {}
 
     def send(self, msg: tuple) -> None:
         with self.send_lock:
@@ -204,11 +211,15 @@ class GpuBackend:
         missing = sorted(set(self.services) - set(self.sources))
         if missing:
             raise ValueError(f"services: no model (loader) for {missing}")
-        nw = NodeWorker(node, spec.gpus, self.device, devices, sorted(self.sources.items()))
+        nw = self._new_worker(node, spec.gpus, devices)
         self.workers[node] = nw
         threading.Thread(target=self._read, args=(nw,), daemon=True,
                          name=f"gpu-reader-{node}").start()
         return nw
+
+    def _new_worker(self, node: str, gpus: int, devices: list[int]) -> NodeWorker:
+        """A worker for ``node`` (a process here; a Ray actor's on its node: ray_worker.py)."""
+        return NodeWorker(node, gpus, self.device, devices, sorted(self.sources.items()))
 
     def wait_ready(self, timeout: float = 600.0) -> dict[str, dict[str, Any]]:
         """Block until every started worker has staged its services; their reports."""
@@ -506,6 +517,14 @@ class GpuBackend:
         self._reset(nw, f"the GPU worker of {nw.node} died ({why}) during this action; "
                         "the node's residency was reset and a fresh worker serves the next one")
 
+    #: what a failed action's Outcome.extra says besides the node (ray_worker.py: node_lost)
+    lost_extra: Mapping[str, Any] = {}
+
+    def _lost(self, node: str) -> Command_:
+        """What the core is told when ``node``'s worker is gone: it forgets the node's
+        residency (a fresh worker serves the next action here)."""
+        return WorkerLost(node)
+
     def _reset(self, nw: NodeWorker, error: str) -> None:
         """Drop the worker, make the core forget the node's residency, fail what it ran."""
         nw.dead = True
@@ -513,7 +532,7 @@ class GpuBackend:
             del self.workers[nw.node]
         nw.stop(timeout=1.0)
         if self._sink is not None:  # the core forgets the node's residency
-            self._sink(WorkerLost(nw.node))
+            self._sink(self._lost(nw.node))
         failed = list(nw.inflight.items())
         nw.inflight.clear()
         for aid, f in failed:
@@ -521,7 +540,7 @@ class GpuBackend:
                 f.timer.cancel()
             self.stats[f.variant[0]].failed += 1
             out = Outcome(aid, "failed", None, error=error,
-                          extra={"node": nw.node, "worker_lost": True})
+                          extra={"node": nw.node, "worker_lost": True, **self.lost_extra})
             # reported from the loop, not from inside a start() that found the worker dead
             if self.loop is not None:
                 self.loop.call_soon(f.on_done, out)
