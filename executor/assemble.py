@@ -141,7 +141,7 @@ def serve_gpu_cluster(gpus: str | None, path: Path | None, device: str) -> GpuCl
     return gc
 
 
-def serve_app(opts: ServeOptions, token: str, ray: RayBackend | None = None) -> FastAPI:
+def serve_app(opts: ServeOptions, token: str, ray: Any = None) -> FastAPI:
     """The server app: over the Ray cluster behind ``ray``, or over this machine (its
     cores, the env backend, GPU workers when ``opts.gpu``)."""
     hardening = {"allow_urls": opts.allow_urls, "task_images": opts.task_images,
@@ -175,7 +175,7 @@ def serve_app(opts: ServeOptions, token: str, ray: RayBackend | None = None) -> 
     return app
 
 
-def _ray_app(opts: ServeOptions, token: str, live: RayBackend, hardening: dict) -> FastAPI:
+def _ray_app(opts: ServeOptions, token: str, live: Any, hardening: dict) -> FastAPI:
     try:  # the policy must hold the Ray nodes too
         Tangram(live.cluster(opts.quotas), opts.policy)
     except ValueError as e:

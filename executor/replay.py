@@ -219,7 +219,8 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
         # a trajectory's environment is a directory: nothing to start (the simulator
         # reads this from the cluster file run writes; docker's start is measured live)
         cluster = replace(cluster, extra={**cluster.extra, "env_start_s": 0.0})
-    ray_gpu = getattr(live, "gpu", None)  # GPU workers on the Ray nodes (ray_worker.py)
+    # GPU workers on the Ray nodes (executor/gpu/ray_worker.py, RayWithGpus)
+    ray_gpu = live.gpu if live is not None and live.capabilities.gpu else None  # type: ignore[attr-defined]
     if live is not None:  # the Ray nodes, with the quotas the trace needs
         if gpu is not None and ray_gpu is None:
             raise ValueError("--ray with --gpu-device: the Ray backend has no GPU workers")

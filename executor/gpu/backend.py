@@ -13,9 +13,10 @@ node, see below) when it does not hold, because a mismatch is a bug:
    variant to evict is held);
 2. at the end of every action: the resident set the worker reports equals the
    mirror as it was after the last command the worker had applied;
-3. when the node is quiet (nothing running there): the worker's resident set equals the
-   resident set of the newest plan carried out there (``GpuPlan.resident``: the core's,
-   right after its latest decision on the node), exactly.
+3. when the node is quiet (nothing running there, every command applied): the worker's
+   resident set equals the resident set of the newest plan carried out there
+   (``GpuPlan.resident``: the core's, right after its latest decision on the node),
+   exactly.
 
 A worker that dies (crash, OOM kill) fails every action it was running, the core is
 told (a :class:`~tangram.protocol.WorkerLost` command: it forgets the node's residency)
@@ -470,7 +471,10 @@ class GpuBackend:
         problem = None
         if want is not None and got != want:
             problem = f"the worker holds {sorted(got)}, it was told to hold {sorted(want)}"
-        elif not nw.inflight and nw.latest is not None and got != nw.latest.resident:
+        elif applied == nw.seq and not nw.inflight and nw.latest is not None and \
+                got != nw.latest.resident:
+            # quiet: nothing running, and the report was taken after every command sent
+            # (a pre-restore sent after it is not in it yet)
             problem = (f"the worker holds {sorted(got)}, the core has "
                        f"{sorted(nw.latest.resident)}")
         low = min([x.seq for x in nw.inflight.values()] + [nw.seq])
