@@ -153,9 +153,6 @@ def serve_app(opts: ServeOptions, token: str, ray: Any = None) -> FastAPI:
     if gc is not None:
         cluster = replace(cluster, gpu_nodes=gc.spec.gpu_nodes, services=gc.spec.services,
                           restore_gbps=gc.spec.restore_gbps)
-        why = opts.policy.gpu.live_refusal()
-        if why is not None:
-            raise AssemblyError(f"--policy {opts.policy.label}: {why}")
 
     def make_core() -> Tangram:
         return Tangram(cluster, opts.policy)

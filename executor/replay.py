@@ -233,9 +233,6 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     live_core = Tangram(cluster, policy)
     gpu_backend = None
     if gpu is not None:
-        why = policy.gpu.live_refusal()
-        if why is not None:
-            raise ValueError(f"--gpu-device: policy {policy.label!r}: {why}")
         if ray_gpu is not None:
             gpu_backend = ray_gpu  # started with the Ray backend
         else:

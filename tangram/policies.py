@@ -151,11 +151,6 @@ class SharedGpus:
     def route(self, action: Action) -> str:
         return GPU_POOL
 
-    def live_refusal(self) -> str | None:
-        """Why the live GPU workers (executor/gpu) cannot run this GPU side (None: they
-        can: they carry out the evict-on-execution manager's residency plans)."""
-        return None
-
 
 @dataclass(frozen=True)
 class PaperGpus(SharedGpus):
@@ -197,15 +192,11 @@ class StaticDeployments:
             gpus = sum(n.gpus for n in cluster.gpu_nodes)
             dop = self.PAPER_DOP if len(services) * self.PAPER_DOP <= gpus else None
         per = static_placement(cluster, services, dop, self.replicas)
-        return gpu, [ServicePool(s, r, gpu) for s, r in per.items()]
+        fleet = tuple(r for rs in per.values() for r in rs)
+        return gpu, [ServicePool(s, r, gpu, fleet) for s, r in per.items()]
 
     def route(self, action: Action) -> str:
         return f"gpu:{action.service}"
-
-    def live_refusal(self) -> str | None:
-        """None: the live GPU workers carry out its plans (each replica deployed once,
-        never evicted: tangram/pools/static.py)."""
-        return None
 
 
 @dataclass(frozen=True)
@@ -223,11 +214,6 @@ class ColdStart:
 
     def route(self, action: Action) -> str:
         return GPU_POOL
-
-    def live_refusal(self) -> str | None:
-        """None: the live GPU workers carry out its plans (a cold start is a restore from
-        the host stage, evicting every variant on the instance's GPUs)."""
-        return None
 
 
 # -- who admits API calls ------------------------------------------------------------------

@@ -44,9 +44,12 @@ class ServicePool(Pool):
     key = "gpu"
 
     def __init__(self, service: str, replicas: list[Replica], manager: GpuManager,
+                 fleet: tuple[Replica, ...] = (),
                  batching: BatchModel = DEFAULT_BATCHING) -> None:
         super().__init__(f"gpu:{service}", FixedDopScheduler(replicas[0].size))
         self.manager = manager
+        #: every service's replicas (the deployment the first pass of any pool loads)
+        self.fleet = fleet or tuple(replicas)
         self.batching = batching
         self.replicas = replicas
         self.idle = list(replicas)
@@ -94,11 +97,12 @@ class ServicePool(Pool):
         return {"gpu": float(sum(r.size for r in self.replicas if r not in self.idle))}
 
     def after_pass(self, now: float, estimates: Any) -> None:
-        # deploy the replicas ahead of their first request on a backend that loads ahead
-        # of demand (a live GPU worker: the load happens before the run's requests, as a
-        # static deployment's does); idle ones only: a busy replica got its plan already
+        # deploy every replica (of every service) ahead of its first request on a backend
+        # that loads ahead of demand (a live GPU worker: the loads start with the run's
+        # first requests, as a static deployment is up before them); deploy() skips one
+        # deployed already (a dispatch's plan loaded it)
         if self.manager.prerestore_ok:
-            for r in self.idle:
+            for r in self.fleet:
                 if not self.manager.is_down(r.node):
                     self.manager.deploy(r.service, r.site, now)
 
