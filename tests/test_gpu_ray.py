@@ -16,8 +16,11 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import numpy as np
 import pandas as pd
+import yaml
+from conftest import TOKEN, start_server
 
 from executor.driver import LiveExecutor
 from executor.gpu.config import load_gpu_cluster
@@ -136,3 +139,32 @@ def test_run_replays_gpu_rows_on_a_local_ray_cluster(tmp_path: Path) -> None:
     gpu_nodes = {n["name"] for n in spec["gpu_nodes"]}
     assert len(gpu_nodes) == 2 and gpu_nodes == {n["name"] for n in spec["cpu_nodes"]}
     assert set(frame["node"]) <= gpu_nodes
+
+
+def test_serve_on_a_local_ray_cluster_runs_gpu_actions_on_its_gpu_nodes(tmp_path: Path) -> None:
+    """A GPU action sent to a `serve --ray` server runs on a Ray node's GPU worker (before
+    issue 19: 422 "unknown service")."""
+    spec = tmp_path / "gpu.yaml"
+    mem = 3 * random_size_bytes(TINY, 4) / 1e9
+    spec.write_text(yaml.safe_dump({
+        "gpu_nodes": [{"count": 1, "prefix": "g", "gpus": 2, "gpu_mem_gb": mem}],
+        "services": [{"name": "teacher", "model": {"init": "random", "config": TINY}}]}))
+    server = start_server(tmp_path / "st", extra_args=(
+        "--ray", "local:2", "--gpu-cluster", str(spec), "--gpu-device", "cpu"))
+    try:
+        with httpx.Client(base_url=server.url, headers={"Authorization": f"Bearer {TOKEN}"},
+                          timeout=60) as c:
+            tid = c.post("/v1/trajectories", json={"task": "mopd"}).json()["id"]
+            r = c.post(f"/v1/trajectories/{tid}/actions", json={
+                "id": "g0", "kind": "teacher", "service": "teacher", "gpus": "1",
+                "inputs": {"op": "logprobs", "tokens": [[5, 6, 7]]}})
+            assert r.status_code == 202, r.text
+            result = c.get("/v1/actions/g0", params={"wait": 60}).json()
+            assert result["status"] == "ok", result
+            assert len(json.loads(result["output"])["logprobs"][0]) == 2
+            gpus = c.get("/v1/gpus").json()
+            # both local nodes declared 2 GPUs by label: one GPU worker actor on each
+            assert len(gpus["nodes"]) == 2 and result["node"] in gpus["nodes"]
+            assert gpus["services"]["teacher"]["restores"] == 1
+    finally:
+        server.stop()
