@@ -44,14 +44,22 @@ SCALES: dict[str, dict[str, Any]] = {
               "cpu_batches": [32, 64, 128], "cpu_nodes": [1, 2, 4], "cpu_cap_batch": 96,
               "gpu_batches": [64, 128, 256], "gpu_total": 40, "abl_batches": [32, 64, 128],
               "abl_nodes": [1, 2], "pod_sizes": [2, 4, 8, 16],
-              "sens": 64, "optgap_instances": 24, "ablation_ref": 128},
+              "sens": 64, "optgap_instances": 24, "ablation_ref": 128,
+              "evidence_nodes": [1, 6], "evidence_pods": [2, 4, 8], "decomp_nodes": {"ample (6 nodes)": 6,
+                                                         "oversubscribed (1 node)": 1}},
     "full": {"base": "paper", "coding": 1024, "deepsearch": 256, "mopd": 1024, "mixed": 512,
              "cpu_batches": [256, 512, 1024, 2048], "cpu_nodes": [4, 8, 15],
              "cpu_cap_batch": 1024, "gpu_batches": [256, 512, 1024, 2048], "gpu_total": 40,
-             "abl_batches": [256, 640, 1280], "abl_nodes": [1, 2, 4, 15],
+             "abl_batches": [256, 640, 1280], "abl_nodes": [1, 2, 4, 8, 12, 15],
              "pod_sizes": [2, 4, 8, 16], "sens": 512, "optgap_instances": 80,
-             "ablation_ref": 1280},
+             "ablation_ref": 1280, "evidence_nodes": [4, 8, 15],
+             "decomp_nodes": {"paper (15 nodes)": 15, "oversubscribed (4 nodes)": 4}},
 }
+
+def scale_of(scale: str | dict[str, Any]) -> dict[str, Any]:
+    """A named scale (SCALES), or a scale given as a dict of the same keys (tests)."""
+    return SCALES[scale] if isinstance(scale, str) else scale
+
 
 BASELINE_OF = {"coding": "k8s", "deepsearch": "baseline", "mopd": "static", "mixed": "baseline"}
 
@@ -61,10 +69,15 @@ BASELINE_OF = {"coding": "k8s", "deepsearch": "baseline", "mopd": "static", "mix
 #: replicas (DeepSearch; 4 GPUs each, as the MOPD+Search deployment states per model).
 PAPER_BASELINE: dict[str, dict[str, Any]] = {
     "coding": {"pod_cores": 4, "pod_dop": 1},
-    "deepsearch": {"pod_cores": 4, "pod_dop": 1, "gpu_dop": 4, "replicas": 5},
+    "deepsearch": {"pod_cores": 4, "pod_dop": 1, "gpu_dop": 4, "replicas": 5,
+                   "api_attempts": None},
     "mopd": {"gpu_dop": 4, "replicas": 1},
-    "mixed": {"pod_cores": 4, "pod_dop": 1, "gpu_dop": 4, "replicas": 1},
+    "mixed": {"pod_cores": 4, "pod_dop": 1, "gpu_dop": 4, "replicas": 1,
+              "api_attempts": None},
 }
+#: ``api_attempts`` None: the baseline retries a 429 until the call succeeds (the paper:
+#: "independent API calls with a retry mechanism"), so it does the same work as Tangram;
+#: a call that gave up would end its search early and make the baseline look faster.
 
 #: Published search API limits (Brave Search API): the "Search" plan allows 50 requests/s,
 #: the free plan 1 request/s (api.search.brave.com pricing; X-RateLimit-Policy windows of
@@ -73,7 +86,7 @@ SEARCH_QUOTAS: dict[str, float] = {"brave-search": 50.0, "brave-free": 1.0}
 HEADLINE_QUOTA = "brave-search"
 
 #: options that set up the simulation rather than the policy
-SIM_OPTIONS = ("pod_start_s", "pod_rate_per_s", "env_hold", "aoe_s")
+SIM_OPTIONS = ("pod_start_s", "pod_rate_per_s", "env_hold", "aoe_s", "api_attempts")
 
 
 @dataclass(frozen=True)
@@ -98,13 +111,17 @@ class Job:
     gpu_total: int | None = None
     #: the search API's published limit (SEARCH_QUOTAS key); None: the cluster file's
     search_quota: str | None = None
+    #: trace parameters (traces.generate): Zipf exponent of calls across teachers, and
+    #: the profiling error of declared costs (None: the calibrated defaults)
+    teacher_skew: float | None = None
+    profile_sigma: float | None = None
 
     def setup(self) -> dict[str, Any]:
         """The parameters of this run (results.json rows carry them)."""
         out: dict[str, Any] = {"workload": self.workload, "trajectories": self.trajectories,
                                "policy": self.policy, "cluster": self.base, "seed": self.seed}
         for key in ("cpu_nodes", "gpu_nodes", "gpu_total", "restore_gbps", "search_quota",
-                    "arrival"):
+                    "arrival", "teacher_skew", "profile_sigma"):
             if getattr(self, key) is not None:
                 out[key] = getattr(self, key)
         if self.think_scale != 1.0:
@@ -140,8 +157,15 @@ def cluster_for(job: Job) -> ClusterSpec:
     return c
 
 
+def trace_for(job: Job):
+    """The job's trace as generated (before think/test scaling)."""
+    skew = job.teacher_skew if job.workload in ("mopd", "mixed") else None
+    return generate(job.workload, job.trajectories, job.seed, job.arrival, skew,
+                    job.profile_sigma)
+
+
 def run_job(job: Job) -> dict[str, Any]:
-    df = generate(job.workload, job.trajectories, job.seed, job.arrival)
+    df = trace_for(job)
     if job.think_scale != 1.0:
         df["think_s"] = df["think_s"] * job.think_scale
     if job.test_scale != 1.0:
@@ -171,6 +195,16 @@ def run_job(job: Job) -> dict[str, Any]:
     out["gpus"] = int(sum(n.gpus for n in cluster.gpu_nodes))
     out["decision_mean_us"] = s["timing"]["decision_mean_us"]
     out["queue_max_s"] = float(run.actions["queue_s"].max()) if len(run.actions) else 0.0
+    # the step's floor: the slowest trajectory's own think + execution, no waiting at all
+    # (no scheduler can make the step shorter than this)
+    acts = run.actions
+    own = df.groupby("trajectory")["think_s"].sum().add(
+        acts.groupby("trajectory")["exec_s"].sum(), fill_value=0.0) if len(acts) else None
+    out["longest_trajectory_s"] = float(own.max()) if own is not None else 0.0
+    ok = acts["status"] == "ok" if len(acts) else None
+    out["searches_ok"] = int((ok & (acts["kind"] == "search")).sum()) if ok is not None else 0
+    out["trajectories_failed"] = int(acts.loc[~ok, "trajectory"].nunique()) \
+        if ok is not None else 0
     out.update({**tags, "cpu_nodes": len(cluster.cpu_nodes), "gpu_nodes": len(cluster.gpu_nodes)})
     return out
 
@@ -180,7 +214,8 @@ def _opts(workload: str, policy: str, **extra: Any) -> tuple[tuple[str, Any], ..
     """The paper's baseline deployment for ``policy`` (nothing for Tangram's own)."""
     base = PAPER_BASELINE[workload] if policy in ("k8s", "static", "baseline") else {}
     keep = {"k8s": ("pod_cores", "pod_dop"), "static": ("gpu_dop", "replicas"),
-            "baseline": ("pod_cores", "pod_dop", "gpu_dop", "replicas")}.get(policy, ())
+            "baseline": ("pod_cores", "pod_dop", "gpu_dop", "replicas", "api_attempts")
+            }.get(policy, ())
     return tuple(sorted({**{k: v for k, v in base.items() if k in keep}, **extra}.items()))
 
 
@@ -217,9 +252,13 @@ def fig8(sc: dict) -> list[Job]:
     # (pod-cores / cores) on its axis
     jobs = [Job("fig8_cpu_batch", "coding", b, "tangram", sc["base"], tags=(("x", b),))
             for b in sc["cpu_batches"]]
+    # each pod size single-process (the paper's dataset) and with `pytest -n <pod cores>`
+    # (an operator who parallelises inside the pod)
     jobs += [Job("fig8_cpu_batch", "coding", b, "k8s", sc["base"],
-                 options=_opts("coding", "k8s", pod_cores=pod), tags=(("x", b), ("pod", pod)))
-             for b in sc["cpu_batches"] for pod in sc["pod_sizes"]]
+                 options=_opts("coding", "k8s", pod_cores=pod, pod_dop=dop),
+                 tags=(("x", b), ("pod", pod), ("pod_dop", dop)))
+             for b in sc["cpu_batches"] for pod in sc["pod_sizes"]
+             for dop in dict.fromkeys((1, pod))]
     jobs += [Job("fig8_cpu_capacity", "coding", sc["cpu_cap_batch"], p, sc["base"], cpu_nodes=n,
                  options=_opts("coding", p), tags=(("x", n),))
              for n in sc["cpu_nodes"] for p in ("tangram", "k8s")]
@@ -316,7 +355,7 @@ EXPERIMENTS: dict[str, Callable[[dict], list[Job]]] = {
     "sensitivity": sensitivity,
 }
 #: experiments that are not simulation jobs
-EXTRA = ("optgap", "table1", "gpu_savings")
+EXTRA = ("optgap", "table1", "gpu_savings", "evidence")
 
 
 def run_jobs(jobs: list[Job], workers: int = 2,
@@ -436,28 +475,51 @@ def optgap(n_instances: int, seed: int = 0) -> list[dict[str, Any]]:
 
 # -- GPU savings in 1-GPU steps ------------------------------------------------------------
 def gpu_savings(scale: str, workers: int = 2,
-                progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+                progress: Callable[[int, int], None] | None = None, seed: int = 0,
+                teacher_skew: float | None = None,
+                targets: Iterable[float] = ()) -> list[dict[str, Any]]:
     """GPUs Tangram needs for the static baseline's mean ACT at its full deployment
     (9 teachers x 4 GPUs), found in 1-GPU steps: a 4-GPU grid, then every count in the
-    bracket. Serverless on the 8-GPU grid beside it."""
+    bracket below the first grid point that meets each target (static's ACT, and any
+    ``targets`` given: e.g. the best static split's ACT). Serverless on the 8-GPU grid."""
     sc = SCALES[scale]
     top, full = sc["gpu_batches"][-1], sc["gpu_total"]
 
     def job(policy: str, gpus: int) -> Job:
-        return Job("gpu_savings", "mopd", top, policy, sc["base"], gpu_total=gpus,
-                   options=_opts("mopd", policy), tags=(("x", gpus),))
+        return Job("gpu_savings", "mopd", top, policy, sc["base"], gpu_total=gpus, seed=seed,
+                   teacher_skew=teacher_skew, options=_opts("mopd", policy),
+                   tags=(("x", gpus),))
 
     first = [job("static", full)] + [job("tangram", g) for g in range(4, full + 1, 4)]
     first += [job("serverless", g) for g in range(8, full + 1, 8)]
     rows = run_jobs(first, workers, progress)
-    target = rows[0]["act_mean_s"]
-    enough = sorted(r["x"] for r in rows if r["policy"] == "tangram"
-                    and r["act_mean_s"] <= target * 1.0001)
-    if enough and enough[0] > 4:
-        rows += run_jobs([job("tangram", g) for g in range(enough[0] - 3, enough[0])], workers)
-    elif enough:
-        rows += run_jobs([job("tangram", g) for g in range(1, 4)], workers)
+    refine: set[int] = set()
+    for target in (rows[0]["act_mean_s"], *targets):
+        enough = sorted(r["x"] for r in rows if r["policy"] == "tangram"
+                        and r["act_mean_s"] <= target * 1.0001)
+        if enough:
+            lo = enough[0]
+            refine |= set(range(max(1, lo - 3), lo))
+    if refine:
+        rows += run_jobs([job("tangram", g) for g in sorted(refine)], workers)
     return rows
+
+
+def gpus_needed(act_by_gpus: dict[int, float], target: float) -> tuple[int | None, list[int]]:
+    """The fewest GPUs from which every larger count measured meets ``target`` (mean ACT
+    within 0.01%), and the counts below it that met the target although a larger count
+    did not (the curve is not monotone there: a different packing of the 8-GPU nodes and
+    restore order, not more capacity; the report lists them)."""
+    counts = sorted(act_by_gpus)
+    need = None
+    for g in reversed(counts):
+        if act_by_gpus[g] <= target * 1.0001:
+            need = g
+        else:
+            break
+    lucky = [g for g in counts if need is not None and g < need
+             and act_by_gpus[g] <= target * 1.0001]
+    return need, lucky
 
 
 def table1_job(scale: str, aoe_s: float) -> Job:
@@ -467,8 +529,8 @@ def table1_job(scale: str, aoe_s: float) -> Job:
                options=(("aoe_s", round(aoe_s, 6)),))
 
 
-def jobs_for(names: Iterable[str], scale: str) -> list[Job]:
-    sc = SCALES[scale]
+def jobs_for(names: Iterable[str], scale: str | dict[str, Any]) -> list[Job]:
+    sc = scale_of(scale)
     jobs: list[Job] = []
     for name in names:
         if name in EXPERIMENTS:

@@ -34,6 +34,7 @@ from executor.ray_backend import RayBackend
 from executor.ray_cluster import RaySpec, connect
 from executor.replay import make_backend
 from executor.server import create_app
+from tangram.admission import LIVE, MemoryAdmission
 from tangram.cluster import ClusterError, ClusterSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.policies import Policy
@@ -59,6 +60,9 @@ class ServeOptions:
     warm_pool: int = 0
     gpu: GpuCluster | None = None
     gpu_device: str = "cuda"
+    #: how this machine admits sandboxes by its observed memory (--mem-overcommit,
+    #: --mem-headroom); a Ray cluster's nodes are not observed: they reserve in full
+    admission: MemoryAdmission = LIVE
 
 
 def check_local_policy(quotas: tuple[QuotaSpec, ...], policy: Policy) -> None:
@@ -155,7 +159,7 @@ def serve_app(opts: ServeOptions, token: str, ray: Any = None) -> FastAPI:
                           restore_gbps=gc.spec.restore_gbps)
 
     def make_core() -> Tangram:
-        return Tangram(cluster, opts.policy)
+        return Tangram(cluster, opts.policy, admission=opts.admission)
 
     def make_live_backend() -> LiveBackend:
         gpu = None
@@ -166,7 +170,9 @@ def serve_app(opts: ServeOptions, token: str, ray: Any = None) -> FastAPI:
                             mem_gb=opts.sandbox_mem_gb, pids=opts.sandbox_pids,
                             warm=opts.warm_pool)
 
-    app = create_app(make_live_backend, make_core, token, opts.state_dir, **hardening)
+    # this machine is the one CPU node: its free memory is observed (executor/memwatch.py)
+    app = create_app(make_live_backend, make_core, token, opts.state_dir, **hardening,
+                     memory_node=cluster.cpu_nodes[0].name)
     if gc is not None:
         app.state.gpu_discovery = gc.discovery
     return app

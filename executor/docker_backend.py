@@ -27,6 +27,16 @@ The host enforces every timeout itself: an agent that does not answer in time
 gets its container killed (the action ends ``timeout``, the trajectory's next
 action gets a fresh container and ``state_lost``). An OOM kill is reported as
 status ``oom``.
+
+Disk (``disk_gb``): the engine's ``--storage-opt size`` works only on overlay2 over
+xfs with project quotas (and devicemapper, btrfs, zfs); elsewhere (fuse-overlayfs,
+overlay2 on ext4) it is refused. There, the places the sandbox user can write -
+``/work``, ``/tmp``, ``/var/tmp`` - are tmpfs mounts: what a command writes never
+reaches the host's disk. Being memory, they count against the sandbox's ``mem_gb``
+too, so they are bounded below it (``/work``: ``disk_gb`` and at most half of
+``mem_gb``; ``/tmp``: a quarter; ``/var/tmp``: 64 MiB), and an image's own files under
+``/work`` are hidden by the mount. An action that leaves ``/work`` full ends
+``failed`` with an error starting ``disk_full:``.
 """
 
 from __future__ import annotations
@@ -41,10 +51,11 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, BinaryIO
 
 import docker
 import docker.errors
@@ -75,6 +86,10 @@ PERIOD_US = 100_000
 IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
 #: where a trajectory's commands run and its files live, inside the container
 SANDBOX_WORKDIR = "/work"
+#: each sandbox's disk (see the module's docstring: storage-opt, else tmpfs mounts)
+DEFAULT_DISK_GB = 4.0
+#: /work with less free than this after an action: the action ends ``disk_full``
+DISK_FULL_BYTES = 1 << 20
 #: Go's os.FileMode bits in the engine's archive stat (directory; device, pipe, socket, ...)
 GO_MODE_DIR = 1 << 31
 GO_MODE_IRREGULAR = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
@@ -88,27 +103,40 @@ class AgentSilent(OSError):
     """The agent did not answer within the action's timeout plus GRACE_S."""
 
 
-def build_image(client: docker.DockerClient | None = None, tag: str = IMAGE) -> str:
-    """Import a minimal root filesystem (directories only) as ``tag``; no registry."""
+def build_image(client: docker.DockerClient | None = None, tag: str = IMAGE,
+                files: Mapping[str, bytes] | None = None,
+                env: Mapping[str, str] | None = None) -> str:
+    """Import a minimal root filesystem (directories only) as ``tag``; no registry.
+    ``files`` (path -> bytes, e.g. python packages: executor/sandbox_image.py) are added
+    to it and ``env`` set in the image (commands see it; the run's own env wins)."""
     client = client or docker.from_env()
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:
-        for name, mode in (("tmp", 0o1777), ("work", 0o777), ("proc", 0o555), ("sys", 0o555),
-                           ("dev", 0o755), ("etc", 0o755), ("root", 0o700)):
+        dirs = {"tmp": 0o1777, "work": 0o777, "proc": 0o555, "sys": 0o555, "dev": 0o755,
+                "etc": 0o755, "root": 0o700}
+        for path in files or {}:  # every parent directory, readable by the sandbox user
+            parts = path.strip("/").split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                dirs.setdefault("/".join(parts[:i]), 0o755)
+        for name, mode in dirs.items():
             info = tarfile.TarInfo(name)
             info.type = tarfile.DIRTYPE
             info.mode = mode
             tar.addfile(info)
-        for name, text in (("etc/passwd", "root:x:0:0:root:/root:/bin/sh\n"
-                            "nobody:x:65534:65534:nobody:/tmp:/bin/sh\n"),
-                           ("etc/group", "root:x:0:\nnogroup:x:65534:\n")):
-            data = text.encode()
+        contents = {"etc/passwd": (b"root:x:0:0:root:/root:/bin/sh\n"
+                                   b"nobody:x:65534:65534:nobody:/tmp:/bin/sh\n"),
+                    "etc/group": b"root:x:0:\nnogroup:x:65534:\n"}
+        contents.update({path.strip("/"): data for path, data in (files or {}).items()})
+        for name, data in contents.items():
             info = tarfile.TarInfo(name)
             info.size = len(data)
+            info.mode = 0o644
             tar.addfile(info, io.BytesIO(data))
     repo, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
+    changes = ["WORKDIR /work", f"LABEL {HOST_ROOTFS}=host"]
+    changes += [f"ENV {k}={v}" for k, v in (env or {}).items()]
     client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=version,
-                                      changes=["WORKDIR /work", f"LABEL {HOST_ROOTFS}=host"])
+                                      changes=changes)
     return tag
 
 
@@ -158,23 +186,27 @@ class Sandbox:
     grants: int = 0
     #: serialises cgroup updates: a late reclaim must not undo the next action's grant
     lock: threading.Lock = field(default_factory=threading.Lock)
+    #: bytes free on /work after the last action (the agent's statvfs; None: unknown)
+    work_free: int | None = None
 
 
 class DockerBackend:
     name = "docker"
-    capabilities = Capabilities(images=True, files=True)
+    capabilities = Capabilities(images=True, files=True, evicts=True)
 
     def __init__(self, image: str = IMAGE, cpu_map: list[int] | None = None,
                  idle_ttl_s: float = 600.0, workers: int = 16,
                  client: docker.DockerClient | None = None, owner: str | None = None,
                  agent: bool = True, default_mem_gb: float = 2.0, pids_limit: int = 512,
-                 warm: int = 0) -> None:
+                 warm: int = 0, disk_gb: float = DEFAULT_DISK_GB) -> None:
         self.client = client or docker.from_env()
         self.image = ensure_image(self.client, image)
         self.cpu_map = cpu_map or allowed_cpus()
         self.idle_ttl_s = idle_ttl_s
         self.default_mem_gb = default_mem_gb
         self.pids_limit = pids_limit
+        self.disk_gb = disk_gb
+        self._storage_opt = _quota_capable(self.client)
         self.warm_size = warm
         self.run_id = uuid.uuid4().hex[:12]
         # the agent runs on the host's python3: at /usr in the default image, under
@@ -262,6 +294,23 @@ class DockerBackend:
             except RuntimeError:  # the pool is shut down: the server is stopping
                 self._discard(box)
 
+    def evict(self, trajectory: str) -> bool:
+        """Remove an idle trajectory's container to free its memory (the core reclaimed
+        it for one waiting to start: tangram.protocol.Reclaim, Capabilities.evicts). Its
+        next action gets a fresh container and ``state_lost``. False if it is busy or has
+        none."""
+        with self._lock:
+            box = self._boxes.get(trajectory)
+            if box is None or box.busy:
+                return False
+            del self._boxes[trajectory]
+            self._lost.add(trajectory)
+        try:
+            self._removers.submit(self._discard, box)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            self._discard(box)
+        return True
+
     def shutdown(self) -> None:
         self._closed = True
         with self._lock:
@@ -316,6 +365,7 @@ class DockerBackend:
                 env.update({"PYTHONHOME": HOST_PREFIX + "/usr",
                             "TANGRAM_AGENT_DROP": "PYTHONHOME"})
         labels = {LABEL: self.run_id, OWNER: self.owner, "tangram.trajectory": trajectory[:200]}
+        disk = self._disk(mem)
         try:
             c = self.client.containers.create(
                 image, command, detach=True, init=True, labels=labels, volumes=mounts,
@@ -325,7 +375,7 @@ class DockerBackend:
                 security_opt=["no-new-privileges"],
                 # unthrottled while the agent starts; idle quota once it listens
                 cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
-                cpu_quota=len(self.cpu_map) * PERIOD_US)
+                cpu_quota=len(self.cpu_map) * PERIOD_US, **disk)
         except Exception:
             if agent_dir:
                 shutil.rmtree(agent_dir, ignore_errors=True)
@@ -345,6 +395,19 @@ class DockerBackend:
             self._discard(box)  # a container that never started must not linger
             raise
         return box
+
+    def _disk(self, mem_gb: float) -> dict:
+        """The container options that bound what its commands write."""
+        mb = int(self.disk_gb * 1024)
+        if self._storage_opt:
+            return {"storage_opt": {"size": f"{mb}m"}}
+        # tmpfs pages count against the memory limit and cannot be swapped: bounded well
+        # below it, so a full disk is ENOSPC for the writer, not an OOM kill of the agent
+        work = max(16, min(mb, int(mem_gb * 1024 / 2)))
+        tmp = max(16, min(mb, int(mem_gb * 1024 / 4)))
+        uid = SANDBOX_USER.split(":")[0]  # /work is the sandbox user's
+        return {"tmpfs": {SANDBOX_WORKDIR: f"size={work}m,mode=0700,uid={uid},gid={uid},exec",
+                          "/tmp": f"size={tmp}m,mode=1777,exec", "/var/tmp": "size=64m,mode=1777"}}
 
     def _refill_soon(self) -> None:
         with self._lock:
@@ -382,8 +445,11 @@ class DockerBackend:
             box = self._warm.pop() if self._warm else None
         if box is None:
             return None
-        self._refill_soon()
+        # (its tmpfs mounts keep the size set for the pool's memory limit: with a smaller
+        # limit, a full /work may end in an OOM kill rather than ENOSPC - still never on
+        # the host's disk)
         mem = mem_gb or self.default_mem_gb
+        self._refill_soon()
         if mem != box.mem_gb:  # one engine call (~20 ms), still far cheaper than a container
             try:
                 limit = f"{int(mem * 1024)}m"
@@ -494,6 +560,12 @@ class DockerBackend:
         extra = {"argv": argv, "cores": cores, "update_s": update_s, "t_spawned": t_exec,
                  "t_exited": t_exited, "state_lost": lost, "container": box.container_id[:12],
                  "via": "agent" if box.socket else "docker exec"}
+        if box.work_free is not None and box.work_free < DISK_FULL_BYTES:
+            return Outcome(d.action.id, "failed", code, (output or b"")[-(1 << 20):].decode(
+                errors="replace"), f"disk_full: {SANDBOX_WORKDIR} is full (the sandbox's "
+                f"disk limit: {self.disk_gb:g} GB, and at most half its mem_gb on this engine's "
+                "storage driver); remove files, or give the trajectory more mem_gb",
+                t_exec - t_start, {**extra, "reason": "disk_full"}), box
         if ooms:
             return Outcome(d.action.id, "oom", code, (output or b"")[-(1 << 20):].decode(
                 errors="replace"), self._oom_message(box), t_exec - t_start, extra), box
@@ -534,6 +606,7 @@ class DockerBackend:
         if not data.endswith(b"\n"):
             raise OSError("the sandbox agent closed the connection")
         ans = json.loads(data)
+        box.work_free = ans.get("work_free")
         return (ans["code"], ans["output"].encode(), ans["t_start"], ans["t_end"],
                 ans["timed_out"], int(ans.get("oom_kills", 0)))
 
@@ -633,26 +706,28 @@ class DockerBackend:
                          if not b.busy and now - b.last_used > self.idle_ttl_s]
                 for t, _ in stale:
                     del self._boxes[t]
+                    self._lost.add(t)  # its next action, if any, must hear its files are gone
             for _, box in stale:
                 self._discard(box)
 
 
-    # -- files (executor/files_api.py): through the engine's archive API, so a path is
-    # resolved inside the container's root filesystem (a symlink cannot reach the host) --
-    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None:
+    # -- files (executor/files_api.py) -------------------------------------------------------
+    # Through the sandbox's agent, which opens each path component inside the container
+    # without following a symlink (executor/sandbox_agent.py). The engine's archive API
+    # follows links the sandbox made (``ln -s /etc x``; ``ln -s /tangram t`` reached the
+    # agent's socket): it is used only for a sandbox without an agent, after checking no
+    # component is a link (the check and the copy are two engine calls: a command running
+    # between them could still swap one in, so such sandboxes should not run untrusted code).
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int:
         box, _ = self._sandbox(trajectory)  # a file may arrive before the first action
         box.last_used = time.monotonic()
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w") as tar:
-            info = tarfile.TarInfo("/".join(parts))
-            info.size, info.mode, info.mtime = len(data), 0o644, int(time.time())
-            info.uid = info.gid = int(SANDBOX_USER.split(":")[0])  # the commands' own file
-            tar.addfile(info, io.BytesIO(data))
-        try:
-            self.client.api.put_archive(box.container_id, SANDBOX_WORKDIR, buf.getvalue())
-        except docker.errors.APIError as e:
-            raise FileError(409, f"{'/'.join(parts)}: cannot write it in the sandbox: "
-                            f"{e.explanation or e}") from None
+        src = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
+        if box.socket:
+            size = _size_of(src)
+            ans = self._agent_file(box, {"op": "put", "parts": list(parts), "size": size}, src)
+            return int(ans["size"])
+        self._no_links(box, parts[:-1])
+        return self._archive_put(box, parts, src)
 
     def get_file(self, trajectory: str, parts: tuple[str, ...],
                  limit: int = MAX_FILE_BYTES) -> bytes:
@@ -662,6 +737,76 @@ class DockerBackend:
         if box is None:  # no container yet (or it was reaped): nothing was written
             raise FileError(404, f"{rel}: no such file")
         box.last_used = time.monotonic()
+        if box.socket:
+            return self._agent_file(box, {"op": "get", "parts": list(parts), "limit": limit})
+        self._no_links(box, parts[:-1])
+        return self._archive_get(box, parts, limit)
+
+    def _agent_file(self, box: Sandbox, req: dict, src: BinaryIO | None = None) -> Any:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(60)
+            try:
+                conn.connect(box.socket)  # type: ignore[arg-type]
+            except OSError as e:
+                raise FileError(409, f"the sandbox agent is gone: {e}") from None
+            conn.sendall(json.dumps(req).encode() + b"\n")
+            while src is not None and (chunk := src.read(1 << 20)):
+                conn.sendall(chunk)
+            data = b""
+            while b"\n" not in data:
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    raise FileError(409, "the sandbox agent closed the connection")
+                data += chunk
+            line, _, rest = data.partition(b"\n")
+            ans = json.loads(line)
+            if "error" in ans:
+                raise FileError(int(ans.get("status", 400)), ans["error"])
+            if req["op"] == "put":
+                return ans
+            size, chunks = int(ans["size"]), [rest]
+            got = len(rest)
+            while got < size:
+                chunk = conn.recv(min(1 << 20, size - got))
+                if not chunk:
+                    raise FileError(409, "the sandbox agent closed the connection")
+                chunks.append(chunk)
+                got += len(chunk)
+            return b"".join(chunks)[:size]
+
+    def _no_links(self, box: Sandbox, dirs: tuple[str, ...]) -> None:
+        for i in range(1, len(dirs) + 1):
+            rel = "/".join(dirs[:i])
+            try:
+                stream, st = self.client.api.get_archive(box.container_id,
+                                                         f"{SANDBOX_WORKDIR}/{rel}")
+                stream.close()  # only the stat header is wanted
+            except docker.errors.NotFound:
+                return  # made by the copy: not a link
+            except docker.errors.APIError as e:
+                raise FileError(400, f"{rel}: {e.explanation or e}") from None
+            if st.get("linkTarget") or not int(st.get("mode", 0)) & GO_MODE_DIR:
+                raise FileError(400, f"{rel}: is a symlink or not a directory (files stay "
+                                "inside the sandbox)")
+
+    def _archive_put(self, box: Sandbox, parts: tuple[str, ...], src: BinaryIO) -> int:
+        with tempfile.TemporaryFile() as buf:  # the tar on disk, not in memory
+            size = _size_of(src)
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                info = tarfile.TarInfo("/".join(parts))
+                info.size, info.mode, info.mtime = size, 0o644, int(time.time())
+                info.uid = info.gid = int(SANDBOX_USER.split(":")[0])  # the commands' own
+                tar.addfile(info, src)
+            buf.seek(0)
+            try:
+                self.client.api.put_archive(box.container_id, SANDBOX_WORKDIR, buf)
+            except docker.errors.APIError as e:
+                raise FileError(409, f"{'/'.join(parts)}: cannot write it in the sandbox: "
+                                f"{e.explanation or e}") from None
+        return size
+
+    def _archive_get(self, box: Sandbox, parts: tuple[str, ...], limit: int) -> bytes:
+        rel = "/".join(parts)
         try:
             chunks, st = self.client.api.get_archive(box.container_id, f"{SANDBOX_WORKDIR}/{rel}")
         except docker.errors.NotFound:
@@ -683,6 +828,30 @@ class DockerBackend:
             if f is None:
                 raise FileError(400, f"{rel}: is not a regular file")
             return f.read(limit + 1)[:limit]
+
+
+def _size_of(f: BinaryIO) -> int:
+    """Bytes left in a seekable file object."""
+    here = f.tell()
+    end = f.seek(0, io.SEEK_END)
+    f.seek(here)
+    return end - here
+
+
+def _quota_capable(client: docker.DockerClient) -> bool:
+    """Whether the engine can bound a container's writable layer (``--storage-opt size``):
+    overlay2 over xfs (mounted with pquota, which only a create can tell), devicemapper,
+    btrfs, zfs."""
+    try:
+        info = client.info()
+    except docker.errors.APIError:
+        return False
+    driver = info.get("Driver", "")
+    status = dict(info.get("DriverStatus") or [])
+    if driver == "overlay2":
+        return status.get("Backing Filesystem", "") == "xfs"
+    return driver in ("devicemapper", "btrfs", "zfs")
+
 
 def _cgroup_files(client: docker.DockerClient, cid: str) -> tuple[str | None, str | None]:
     """The container's cpuset and CPU-quota files, if this process may write them."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Callable
-from typing import Protocol
+from typing import BinaryIO, Protocol
 
 from tangram.cluster import CpuNodeSpec
 from tangram.core import Tangram
@@ -57,8 +57,11 @@ class LiveBackend(Protocol):
     # Capabilities.watches_nodes: NodeJoined / NodeLost to ``sink``, on the loop
     def watch(self, sink: Sink) -> None: ...
 
+    # Capabilities.evicts: free an idle trajectory's memory (tangram.protocol.Reclaim)
+    def evict(self, trajectory: str) -> bool: ...
+
     # Capabilities.files (executor/files_api.py)
-    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None: ...
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int: ...
 
     def get_file(self, trajectory: str, parts: tuple[str, ...], limit: int) -> bytes: ...
 
@@ -138,6 +141,10 @@ class LiveExecutor:
 
     def is_running(self, action_id: str) -> bool:
         return self.core.is_running(action_id)
+
+    def why_queued(self, action_id: str) -> str:
+        """Why a queued action waits for a node ("" when it does not)."""
+        return self.core.why_queued(action_id)
 
     def validate(self, action: Action) -> None:
         """Raise ValueError/KeyError naming the field when the core would refuse it."""

@@ -6,7 +6,10 @@ backend) every component is opened with ``O_NOFOLLOW`` relative to its parent's
 descriptor, so a symlink planted by a command in the sandbox can never lead a
 write or a read outside the working directory (no check-then-open race). The
 docker backend hands the path to the engine, which resolves it inside the
-container's own root filesystem.
+container's own root filesystem: the docker backend sends them to the sandbox's
+agent (executor/sandbox_agent.py), which applies these same functions inside the
+container, so no symlink is followed there either. Uploads arrive as a stream
+(a file object) and are copied in chunks, never held whole in memory.
 """
 
 from __future__ import annotations
@@ -16,6 +19,7 @@ import os
 import secrets
 import stat
 from pathlib import Path
+from typing import BinaryIO
 
 #: the largest file one request may carry either way
 MAX_FILE_BYTES = 64 << 20
@@ -45,7 +49,7 @@ def clean_path(path: str) -> tuple[str, ...]:
     return parts
 
 
-def _open_dir(root: Path, dirs: tuple[str, ...], create: bool) -> int:
+def _open_dir(root: Path, dirs: tuple[str, ...], create: bool, owner: int | None = None) -> int:
     """A descriptor of ``root/dirs...``, never following a symlink on the way."""
     # the working directory itself must not have been swapped for a symlink either
     try:
@@ -60,6 +64,8 @@ def _open_dir(root: Path, dirs: tuple[str, ...], create: bool) -> int:
             if create:
                 try:
                     os.mkdir(name, 0o755, dir_fd=fd)
+                    if owner is not None:
+                        os.chown(name, owner, owner, dir_fd=fd, follow_symlinks=False)
                 except FileExistsError:
                     pass
             try:
@@ -79,18 +85,23 @@ def _open_dir(root: Path, dirs: tuple[str, ...], create: bool) -> int:
     return fd
 
 
-def write_file(root: Path, parts: tuple[str, ...], data: bytes) -> None:
-    """Write ``data`` to ``root/parts`` atomically (a temporary file, then rename)."""
-    fd = _open_dir(root, parts[:-1], create=True)
+def write_file(root: Path, parts: tuple[str, ...], data: bytes | BinaryIO,
+               owner: int | None = None) -> int:
+    """Write ``data`` to ``root/parts`` atomically (a temporary file, then rename);
+    ``owner``: the sandbox's user id (root server), which then owns what is made.
+    ``data`` may be a file object, read in chunks. Returns the size written."""
+    fd = _open_dir(root, parts[:-1], create=True, owner=owner)
     tmp = f".tangram-upload-{secrets.token_hex(6)}"
     try:
         out = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644, dir_fd=fd)
         try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(out, view):]
+            if owner is not None:
+                os.fchown(out, owner, owner)
+            size = _copy(data, out)
         finally:
             os.close(out)
+        if size > MAX_FILE_BYTES:
+            raise FileError(413, f"{'/'.join(parts)}: over the {MAX_FILE_BYTES}-byte limit")
         try:  # replaces a symlink named like the target itself, never what it points to
             os.replace(tmp, parts[-1], src_dir_fd=fd, dst_dir_fd=fd)
         except IsADirectoryError:
@@ -105,10 +116,31 @@ def write_file(root: Path, parts: tuple[str, ...], data: bytes) -> None:
         except FileNotFoundError:
             pass
         os.close(fd)
+    return size
 
 
-def read_file(root: Path, parts: tuple[str, ...], limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of the regular file ``root/parts`` (at most ``limit``)."""
+def _copy(data: bytes | BinaryIO, out: int) -> int:
+    """Write ``data`` (bytes, or a file object read in 1 MiB chunks) to ``out``; stops
+    one chunk past MAX_FILE_BYTES (the caller refuses that)."""
+    size = 0
+    while size <= MAX_FILE_BYTES:
+        chunk = data if isinstance(data, bytes | bytearray) else data.read(1 << 20)
+        if not chunk:
+            break
+        view = memoryview(chunk)
+        size += len(view)
+        while view:
+            view = view[os.write(out, view):]
+        if isinstance(data, bytes | bytearray):
+            break
+    return size
+
+
+def read_file(root: Path, parts: tuple[str, ...], limit: int = MAX_FILE_BYTES,
+              owner: int | None = None) -> bytes:
+    """The bytes of the regular file ``root/parts`` (at most ``limit``). With ``owner``
+    (the sandbox's user id, read by root), a hard link to someone else's file is refused:
+    it could name a file the sandbox itself may not read."""
     fd = _open_dir(root, parts[:-1], create=False)
     try:
         try:
@@ -128,6 +160,9 @@ def read_file(root: Path, parts: tuple[str, ...], limit: int = MAX_FILE_BYTES) -
             raise FileError(409, f"{'/'.join(parts)}: is a directory")
         if not stat.S_ISREG(st.st_mode):
             raise FileError(400, f"{'/'.join(parts)}: is not a regular file")
+        if owner is not None and st.st_nlink > 1 and st.st_uid != owner:
+            raise FileError(400, f"{'/'.join(parts)}: a hard link to a file the sandbox does "
+                            "not own")
         if st.st_size > limit:
             raise FileError(413, f"{'/'.join(parts)}: {st.st_size} bytes, over the "
                             f"{limit}-byte limit")

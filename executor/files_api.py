@@ -11,12 +11,16 @@ behind its bearer-token check.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+import tempfile
+from typing import IO, Any
 
 from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 
 from executor.files import MAX_FILE_BYTES, FileError, clean_path
+
+#: an upload stays in memory up to this size, then goes to a temporary file
+SPOOL_BYTES = 1 << 20
 
 router = APIRouter(prefix="/v1/trajectories/{tid}/files", tags=["files"])
 
@@ -38,18 +42,26 @@ def _parts(path: str) -> tuple[str, ...]:
         raise HTTPException(e.status, str(e)) from None
 
 
-async def _body(request: Request) -> bytes:
-    """The request body, refused (413) as soon as it passes the limit."""
+async def _body(request: Request) -> IO[bytes]:
+    """The request body spooled to a temporary file (memory up to SPOOL_BYTES, then
+    disk: a dozen concurrent 64 MiB uploads do not hold 768 MiB in the server), refused
+    (413) as soon as it passes the limit. The caller closes it."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > MAX_FILE_BYTES:
         raise HTTPException(413, f"file of {declared} bytes: over the {MAX_FILE_BYTES}-byte limit")
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_FILE_BYTES:
-            raise HTTPException(413, f"file over the {MAX_FILE_BYTES}-byte limit")
-        chunks.append(chunk)
-    return b"".join(chunks)
+    spool = tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES)
+    try:
+        size = 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_FILE_BYTES:
+                raise HTTPException(413, f"file over the {MAX_FILE_BYTES}-byte limit")
+            spool.write(chunk)  # page cache: microseconds per chunk, fine on the loop
+        spool.seek(0)
+    except BaseException:
+        spool.close()
+        raise
+    return spool
 
 
 _BYTES = {"application/octet-stream": {"schema": {"type": "string", "format": "binary"}}}
@@ -60,12 +72,14 @@ async def put_file(tid: str, path: str, request: Request) -> dict[str, Any]:
     """Write the request body to ``path`` in the trajectory's sandbox (parents created)."""
     backend = _backend(request, tid)
     parts = _parts(path)
-    data = await _body(request)
+    body = await _body(request)
     try:
-        await asyncio.to_thread(backend.put_file, tid, parts, data)
+        size = await asyncio.to_thread(backend.put_file, tid, parts, body)
     except FileError as e:
         raise HTTPException(e.status, str(e)) from None
-    return {"trajectory": tid, "path": "/".join(parts), "size": len(data)}
+    finally:
+        body.close()
+    return {"trajectory": tid, "path": "/".join(parts), "size": size}
 
 
 @router.get("/{path:path}", response_class=Response,

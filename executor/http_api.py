@@ -12,10 +12,11 @@ import random
 import socket
 import time
 from collections.abc import Callable
-from urllib.parse import urlsplit
+from typing import BinaryIO
 
 import httpx
 
+from executor.urls import FORBIDDEN_HEADERS
 from tangram.backoff import Backoff
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import NONE, Capabilities, PreRestore, Sink
@@ -37,7 +38,8 @@ class HttpBackend:
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:
-            self._client = httpx.AsyncClient(timeout=self.timeout_s)
+            # redirects are not followed: the allow-list checked this URL, no other
+            self._client = httpx.AsyncClient(timeout=self.timeout_s, follow_redirects=False)
         return self._client
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
@@ -62,20 +64,23 @@ class HttpBackend:
             return
         if (d.action.payload or {}).get("public_only"):
             # allowed by a '*' entry: the name must not lead to this host or its network
-            host = urlsplit(str(req["url"])).hostname or ""
+            host = httpx.URL(str(req["url"])).host
             if await asyncio.to_thread(is_private, host):
                 on_done(Outcome(d.action.id, "failed", None, error=(
                     f"request.url: {host!r} resolves to a loopback or private address (list "
                     "it explicitly with --allow-url to reach it)")))
                 return
         method = str(req.get("method", "GET")).upper()
+        # the service refuses these at submit; dropped here too for any other caller
+        headers = {k: v for k, v in (req.get("headers") or {}).items()
+                   if k.strip().lower() not in FORBIDDEN_HEADERS}
         timeout = float((d.action.payload or {}).get("timeout_s") or self.timeout_s)
         last = ""
         t0 = time.time()
         for attempt in range(self.attempts):
             try:
                 resp = await self._http().request(
-                    method, req["url"], headers=req.get("headers"), params=req.get("params"),
+                    method, req["url"], headers=headers, params=req.get("params"),
                     json=req.get("json"), content=req.get("body"), timeout=timeout)
                 if resp.status_code not in RETRY_STATUS:
                     on_done(Outcome(d.action.id, "ok", resp.status_code, resp.text,
@@ -165,8 +170,12 @@ class RouterBackend:
             if backend is not None and backend.capabilities.watches_nodes:
                 backend.watch(sink)
 
-    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None:
-        self.env.put_file(trajectory, parts, data)
+    def evict(self, trajectory: str) -> bool:
+        """Capabilities.evicts (the env backend's): free an idle trajectory's memory."""
+        return self.env.evict(trajectory)
+
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int:
+        return self.env.put_file(trajectory, parts, data)
 
     def get_file(self, trajectory: str, parts: tuple[str, ...], limit: int) -> bytes:
         return self.env.get_file(trajectory, parts, limit)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import signal
+from collections.abc import Callable
 
 
 def marked_pids(var: str, value_prefix: str) -> list[int]:
@@ -32,9 +33,15 @@ def marked_pids(var: str, value_prefix: str) -> list[int]:
 
 def kill_marked(var: str, value_prefix: str) -> int:
     """SIGKILL every marked process; repeat while a fork races the scan."""
+    return kill_until_gone(lambda: marked_pids(var, value_prefix), rounds=5)
+
+
+def kill_until_gone(find: Callable[[], list[int]], rounds: int) -> int:
+    """SIGKILL what ``find`` lists, up to ``rounds`` scans (a fork can race each scan);
+    the number of signals delivered."""
     killed = 0
-    for _ in range(5):
-        pids = marked_pids(var, value_prefix)
+    for _ in range(rounds):
+        pids = find()
         if not pids:
             break
         for pid in pids:

@@ -1,40 +1,58 @@
 """Process backend (the embedded default): a working directory per trajectory,
 each action a subprocess pinned to exactly its granted cores.
 
-This is not isolation (see the README): commands run as the server's user.
-What it does guarantee: a command sees none of the server's ``TANGRAM_*``
-variables (nor other names that look like secrets), runs in its own process
-group, and every process it started - even one that left the group with
-``setsid`` - is killed when the action times out and when the trajectory
-closes. Output is read as it comes and only its last ``MAX_OUTPUT`` bytes are
-kept, so a command printing gigabytes costs the server 1 MiB.
+This is not isolation (see the README). What it does guarantee: a command sees
+none of the server's ``TANGRAM_*`` variables (nor other names that look like
+secrets), runs in its own process group, and every process it started - even one
+that left the group with ``setsid`` - is killed when the action times out and
+when the trajectory closes. An action ends when its command exits: a background
+child still holding the output pipe 0.5 s later is killed and the pipe dropped,
+so it never holds the action's cores. When the server runs as root, each
+trajectory's commands run under a user id of their own (executor/sandbox_uid.py):
+they cannot read the server's environment nor signal it, and are found by that id.
+Output is read as it comes and only its last ``MAX_OUTPUT`` bytes are kept, so a
+command printing gigabytes costs the server 1 MiB.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import re
 import secrets
 import shutil
 import signal
+import subprocess
 import sys
 import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
+from typing import BinaryIO
 from urllib.parse import quote
 
 from executor import marks
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv, priority_prefix
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
+from executor.sandbox_uid import BLOCK, UidBlock, dropping, kill_uids, unreachable
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities
 
+log = logging.getLogger("tangram.process")
+
 MAX_OUTPUT = 1 << 20  # keep at most the last 1 MiB of an action's output
 #: environment variables a command never inherits from the server
-SECRET_NAME = re.compile(r"^TANGRAM_|TOKEN|SECRET|PASSW|API_?KEY|CREDENTIAL", re.IGNORECASE)
+SECRET_NAME = re.compile(r"^TANGRAM_|TOKEN|SECRET|PASS|PRIVATE|CREDENTIAL|AUTH|COOKIE|SESSION"
+                         r"|(^|_)(API_?|ACCESS_?)?KEY(_|$)|APIKEY", re.IGNORECASE)
+#: how long a background child may keep the output pipe after the command exited
+PIPE_GRACE_S = 0.5
+#: a light-lane action still running after this long is demoted to the lowest priority:
+#: the lane's nice 0 is for actions declared (or seen) to take a fraction of a second
+#: (8x the default light_s), not for one whose declaration was wrong
+LANE_DEMOTE_S = 2.0
+DEMOTED_NICE = 19
 #: set in every command's environment; how its processes are found again to be killed
 MARK = "TANGRAM_SANDBOX"
 
@@ -104,12 +122,45 @@ def use_pidfd_watcher() -> None:
         asyncio.set_child_watcher(watcher)
 
 
+class _Watched(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's protocol, plus a future set when the process itself exits.
+
+    ``Process.wait()`` returns only once every pipe is closed too, so a background
+    child holding stdout (``sleep 25 &``) would hold the action - and its cores - for
+    as long as it lives."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=1 << 16, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` whatever its depth: ``shutil.rmtree`` recurses once per level
+    and gives up (RecursionError, which ``ignore_errors`` does not catch) past ~1,000;
+    ``rm -rf`` walks iteratively."""
+    rm = shutil.which("rm")
+    if rm is not None:
+        subprocess.run([rm, "-rf", "--one-file-system", "--", str(path)],
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    if path.exists():  # no rm, or it failed: a bounded-depth fallback
+        try:
+            shutil.rmtree(path, ignore_errors=True)
+        except RecursionError:
+            pass
+
+
 class ProcessBackend:
     name = "process"
     capabilities = Capabilities(files=True)
 
     def __init__(self, root: str | Path, cpu_map: list[int] | None = None,
-                 env: Mapping[str, str] | None = None, keep_workdirs: bool = False) -> None:
+                 env: Mapping[str, str] | None = None, keep_workdirs: bool = False,
+                 run_mark: str | None = None) -> None:
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.root = self.root.resolve()
@@ -123,16 +174,55 @@ class ProcessBackend:
         self._tasks: set[asyncio.Task] = set()
         #: trajectory -> the random mark its processes carry (this run only)
         self._marks: dict[str, str] = {}
-        self._run_mark = secrets.token_hex(6)
+        #: set after the scrub, so it is never scrubbed: a Ray agent passes its marker here
+        #: and its guard kills ``MARK=<run_mark>.*`` (executor/ray_guard.py)
+        self._run_mark = run_mark or secrets.token_hex(6)
+        #: as root: trajectory -> the user id its commands run under
+        self._uids = UidBlock() if dropping() else None
+        self._uid_of: dict[str, int] = {}
+        if self._uids is not None:
+            self.root.chmod(0o711)  # sandboxes may enter their own directory, not list others
+            for path in (sys.executable, self.root):
+                blocked = unreachable(path)
+                if blocked:
+                    log.warning("commands run as sandbox users, who cannot pass through %s "
+                                "to reach %s (no o+x): programs commands run, and the work "
+                                "root, must be reachable by other users",
+                                ", ".join(map(str, blocked)), path)
         use_pidfd_watcher()
+
+    @property
+    def uid_range(self) -> tuple[int, int] | None:
+        """The sandbox user ids this backend hands out (None: commands run as the server)."""
+        return None if self._uids is None else (self._uids.first,
+                                                self._uids.first + BLOCK - 1)
+
+    @property
+    def uid_lock(self) -> int | None:
+        """The descriptor whose ``flock`` holds the uid block (a guard inherits it)."""
+        return None if self._uids is None else self._uids.fd
 
     def workdir(self, trajectory: str) -> Path:
         path = self.root / dir_name(trajectory)
         # the name cannot escape by construction; this check keeps it that way
         if path.resolve().parent != self.root:
             raise ValueError(f"trajectory: {trajectory!r} maps outside the work root")
-        path.mkdir(parents=True, exist_ok=True)
+        try:
+            path.mkdir()
+        except FileExistsError:
+            return path
+        uid = self._uid(trajectory)
+        if uid is not None:
+            os.chown(path, uid, uid)
+            path.chmod(0o700)
         return path
+
+    def _uid(self, trajectory: str) -> int | None:
+        if self._uids is None:
+            return None
+        if trajectory not in self._uid_of:
+            self._uid_of[trajectory] = self._uids.take()
+        return self._uid_of[trajectory]
 
     def _mark(self, trajectory: str) -> str:
         if trajectory not in self._marks:
@@ -155,21 +245,21 @@ class ProcessBackend:
             on_done(Outcome(d.action.id, "failed", None,
                             error=f"process backend: {type(e).__name__}: {e}"))
 
-    async def _run(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
-        t_start = time.time()
+    def _command_env(self, d: Dispatch, cores: set[int], mark: str, home: Path,
+                     uid: int | None) -> dict[str, str]:
         payload = d.action.payload or {}
-        try:
-            argv = elastic_argv(argv_of(payload), d.units, d.action.elastic == "cpu")
-        except CommandError as e:
-            on_done(Outcome(d.action.id, "failed", None, error=str(e)))
-            return
-        cores = {self.cpu_map[c] for c in d.lease.cores} or set(self.cpu_map)
-        timeout = float(payload.get("timeout_s") or 0) or None
         env = {**self.env, **{k: str(v) for k, v in (payload.get("env") or {}).items()
                               if not k.startswith("TANGRAM_")}}
+        if uid is not None:  # the server's HOME is not the sandbox user's to use
+            env.update(HOME=str(home), USER=f"sandbox{uid}", LOGNAME=f"sandbox{uid}")
         env["TANGRAM_CORES"] = ",".join(map(str, sorted(cores)))
-        mark = f"{self._mark(d.action.trajectory)}.{secrets.token_hex(4)}"
         env[MARK] = mark
+        return env
+
+    async def _spawn(self, argv: list[str], d: Dispatch, cores: set[int], cwd: Path,
+                     env: dict[str, str], uid: int | None
+                     ) -> tuple[asyncio.subprocess.Process, _Watched]:
+        """Start ``argv`` pinned to ``cores``, in a session of its own, as ``uid``."""
         if self._taskset:
             pin: dict = {}
             full = [self._taskset, "-c", ",".join(map(str, sorted(cores))),
@@ -182,51 +272,106 @@ class ProcessBackend:
 
             pin = {"preexec_fn": pin_and_nice}
             full = argv
+        if uid is not None:  # no supplementary group of the server's either
+            pin.update(user=uid, group=uid, extra_groups=[])
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _Watched(loop), *full, cwd=cwd, env=env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, **pin)
+        return asyncio.subprocess.Process(transport, protocol, loop), protocol
+
+    async def _run(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        t_start = time.time()
+        payload = d.action.payload or {}
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *full, cwd=self.workdir(d.action.trajectory), env=env,
-                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.STDOUT, start_new_session=True, **pin)
-        except (OSError, ValueError) as e:  # ValueError: e.g. NUL in an argument
+            argv = elastic_argv(argv_of(payload), d.units, d.action.elastic == "cpu")
+        except CommandError as e:
+            on_done(Outcome(d.action.id, "failed", None, error=str(e)))
+            return
+        cores = {self.cpu_map[c] for c in d.lease.cores} or set(self.cpu_map)
+        timeout = float(payload.get("timeout_s") or 0) or None
+        mark = f"{self._mark(d.action.trajectory)}.{secrets.token_hex(4)}"
+        cwd = self.workdir(d.action.trajectory)
+        uid = self._uid(d.action.trajectory)
+        env = self._command_env(d, cores, mark, cwd, uid)
+        try:
+            proc, watched = await self._spawn(argv, d, cores, cwd, env, uid)
+        except (OSError, ValueError, subprocess.SubprocessError) as e:  # ValueError: NUL in an arg
             on_done(Outcome(d.action.id, "failed", None, error=f"cannot start {argv[0]!r}: {e}"))
             return
         t_spawned = time.time()
         self._procs[d.action.id] = proc
-        timed_out = False
         assert proc.stdout is not None
         reader = asyncio.ensure_future(read_tail(proc.stdout))
+        demote = asyncio.get_running_loop().call_later(
+            LANE_DEMOTE_S, self._demote, proc) if d.lease.lane else None
         try:
-            await asyncio.wait_for(proc.wait(), timeout)
-        except TimeoutError:
-            timed_out = True
-            self._kill_group(proc)
-            await proc.wait()
+            timed_out = await self._wait_exit(proc, watched, timeout)
         finally:
             self._procs.pop(d.action.id, None)
-        # background children may still hold the pipe open: after the timeout, or once
-        # the command itself exited, they are not waited for - and not left running
-        if timed_out:
-            await asyncio.to_thread(kill_marked, mark)
-        try:
-            output = await asyncio.wait_for(asyncio.shield(reader), 0.5 if not timed_out else 1.0)
-        except TimeoutError:
-            await asyncio.to_thread(kill_marked, mark)
-            try:
-                output = await asyncio.wait_for(reader, 1.0)
-            except TimeoutError:
-                reader.cancel()
-                output = b""
+            if demote is not None:
+                demote.cancel()
+        output = await self._drain(proc, reader, mark, timed_out)
         t_exited = time.time()
         extra = {"argv": argv, "cores": sorted(cores), "spawn_s": t_spawned - t_start,
                  "t_spawned": t_spawned, "t_exited": t_exited}
         on_done(outcome_of(d, proc.returncode, output, timed_out, timeout or 0, extra,
                            overhead_s=t_spawned - t_start))
 
+    async def _wait_exit(self, proc: asyncio.subprocess.Process, watched: _Watched,
+                         timeout: float | None) -> bool:
+        """Wait for the command itself to exit (not for its pipes); True if it timed out
+        and was killed with its process group."""
+        try:
+            await asyncio.wait_for(asyncio.shield(watched.exited), timeout)
+            return False
+        except TimeoutError:
+            self._kill_group(proc)
+            await watched.exited
+            return True
+
+    async def _drain(self, proc: asyncio.subprocess.Process, reader: asyncio.Future,
+                     mark: str, timed_out: bool) -> bytes:
+        """The command's output once it exited. What still holds the pipe PIPE_GRACE_S
+        later (a background child) is killed, and the pipe is dropped either way: the
+        action ends now, whatever escaped the kill."""
+        if timed_out:
+            await asyncio.to_thread(self._kill_action, proc, mark)
+        try:
+            return await asyncio.wait_for(asyncio.shield(reader), PIPE_GRACE_S)
+        except TimeoutError:
+            pass
+        await asyncio.to_thread(self._kill_action, proc, mark)
+        try:
+            return await asyncio.wait_for(asyncio.shield(reader), PIPE_GRACE_S)
+        except TimeoutError:  # an escapee holds it: read no more (feeds EOF to the reader)
+            transport = proc._transport  # type: ignore[attr-defined]
+            pipe = transport.get_pipe_transport(1)
+            if pipe is not None:
+                pipe.close()
+            return await reader
+        finally:
+            proc._transport.close()  # type: ignore[attr-defined]
+
+    @staticmethod
+    def _demote(proc: asyncio.subprocess.Process) -> None:
+        """A lane action that runs long yields to the exclusive-core actions it shares
+        cores with (their nice 10), instead of preempting them."""
+        try:
+            os.setpriority(os.PRIO_PGRP, proc.pid, DEMOTED_NICE)
+        except OSError:
+            pass
+
+    def _kill_action(self, proc: asyncio.subprocess.Process, mark: str) -> None:
+        self._kill_group(proc)
+        kill_marked(mark)
+
     @staticmethod
     def _kill_group(proc: asyncio.subprocess.Process) -> None:
         try:
             os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, children too
-        except ProcessLookupError:
+        except (ProcessLookupError, PermissionError):
             pass
 
     def cancel(self, action_id: str) -> None:
@@ -239,6 +384,7 @@ class ProcessBackend:
 
     def close_trajectory(self, trajectory: str) -> None:
         mark = self._marks.pop(trajectory, None)
+        uid = self._uid_of.pop(trajectory, None)
         path = self.root / dir_name(trajectory)
         gone = None
         if not self.keep_workdirs and path.exists():
@@ -250,8 +396,14 @@ class ProcessBackend:
         def clean() -> None:
             if mark is not None:
                 kill_marked(mark + ".")  # every process any of its actions left behind
+            if uid is not None:  # ... and every one of its id, whatever it did to its env
+                kill_uids(uid)
             if gone is not None:
-                shutil.rmtree(gone, ignore_errors=True)
+                remove_tree(gone)
+            if uid is not None and self._uids is not None:
+                if self.keep_workdirs and path.exists():
+                    return  # the directory is still its: the id is not handed out again
+                self._uids.give(uid)
 
         try:
             asyncio.get_running_loop().run_in_executor(None, clean)
@@ -262,10 +414,12 @@ class ProcessBackend:
         for proc in list(self._procs.values()):
             self._kill_group(proc)
         kill_marked(self._run_mark + ".")
+        if self._uids is not None:
+            kill_uids(*self.uid_range)  # type: ignore[misc]
 
     # -- files (executor/files_api.py): confined to the trajectory's working directory ------
-    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes) -> None:
-        write_file(self.workdir(trajectory), parts, data)
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int:
+        return write_file(self.workdir(trajectory), parts, data, owner=self._uid(trajectory))
 
     def get_file(self, trajectory: str, parts: tuple[str, ...],
                  limit: int = MAX_FILE_BYTES) -> bytes:

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from executor.local import allowed_cpus, mem_total_gb
-from executor.ray_guard import MARKER_ENV
+from executor.ray_guard import fence
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec
 from tangram.model import Dispatch, Outcome
 
@@ -45,6 +45,15 @@ class NodeInfo:
     gpus: int
     gpu_mem_gb: float
     backend: str
+    #: what the agent's guard fences with (executor/ray_guard.py): the mark on its
+    #: commands, its sandbox user ids (root only), its process id
+    marker: str = ""
+    uids: tuple[int, int] | None = None
+    pid: int = 0
+
+    @property
+    def docker_owner(self) -> str | None:
+        return f"tangram-ray-{self.marker}" if self.backend == "docker" else None
 
     def cpu_spec(self) -> CpuNodeSpec | None:
         return CpuNodeSpec(self.name, len(self.cpus), self.numa, self.mem_gb) if self.cpus else None
@@ -90,18 +99,36 @@ def gpu_memory_gb() -> float:
         return GpuNodeSpec("x").gpu_mem_gb
 
 
-def start_guard(marker: str, docker_owner: str | None) -> IO[bytes]:
+def raylet_pid() -> int | None:
+    """The raylet this worker belongs to (its parent), if it is one."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/comm") as f:
+            return ppid if "raylet" in f.read() else None
+    except OSError:
+        return None
+
+
+def start_guard(marker: str, docker_owner: str | None, uids: tuple[int, int] | None,
+                keep_fds: tuple[int, ...] = ()) -> IO[bytes]:
     """Start the guard (executor/ray_guard.py) and return the pipe it watches.
 
     It must outlive this process, which is what it cleans up after, and Ray kills
     a dead worker's *child* processes: ``setsid -f`` makes the guard a grandchild
-    in its own session, re-parented away from this worker."""
-    argv = [sys.executable, "-m", "executor.ray_guard", marker,
-            *([docker_owner] if docker_owner else [])]
+    in its own session, re-parented away from this worker. ``keep_fds`` (the lock of
+    the sandbox user ids) stay held by the guard until it has fenced."""
+    argv = [sys.executable, "-m", "executor.ray_guard", marker, "--agent", str(os.getpid())]
+    raylet = raylet_pid()
+    if raylet is not None:
+        argv += ["--raylet", str(raylet)]
+    if docker_owner:
+        argv += ["--docker", docker_owner]
+    if uids is not None:
+        argv += ["--uids", f"{uids[0]}-{uids[1]}"]
     setsid = shutil.which("setsid")
     proc = subprocess.Popen([setsid, "-f", *argv] if setsid else argv, stdin=subprocess.PIPE,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            start_new_session=True)
+                            start_new_session=True, pass_fds=keep_fds)
     if setsid:
         proc.wait(10)  # setsid itself exits at once; its child holds the read end
     assert proc.stdin is not None
@@ -114,7 +141,12 @@ class NodeAgent:
     queued behind them."""
 
     def __init__(self, name: str, ray_node_id: str, backend: str, root: str | None,
-                 cpus: list[int] | None, mem_gb: float | None, gpus: int) -> None:
+                 cpus: list[int] | None, mem_gb: float | None, gpus: int,
+                 fenced: tuple[NodeInfo, ...] = ()) -> None:
+        # Before anything is offered: what earlier (dead) agents on this node left
+        # running is killed, so their orphans never share the cores offered again.
+        for old in fenced:
+            fence(old.marker, old.uids, old.docker_owner)
         # Ray starts workers at a raised niceness; the backends nice exclusive-core actions
         # relative to their own (+10) and run lane actions as is, so start from 0 when
         # allowed (root or RLIMIT_NICE), else the two stay 10 apart from the worker's.
@@ -126,23 +158,29 @@ class NodeAgent:
         self.name = name
         self.marker = f"{name}-{uuid.uuid4().hex[:8]}"
         owner = f"tangram-ray-{self.marker}"
-        self.info_ = NodeInfo(name, ray_node_id, socket.gethostname(), tuple(ordered), numa,
-                              mem_gb if mem_gb is not None else mem_total_gb(), gpus,
-                              gpu_memory_gb() if gpus else 0.0, backend)
-        self._guard = start_guard(self.marker, owner if backend == "docker" else None)
         # the node's own temporary directory: the driver's paths mean nothing here
         self.root = Path(root or tempfile.gettempdir()) / "tangram-ray" / self.marker
+        uids: tuple[int, int] | None = None
+        keep: tuple[int, ...] = ()
         if backend == "process":
             from executor.process import ProcessBackend
 
-            self.backend = ProcessBackend(self.root, cpu_map=ordered,
-                                          env={**os.environ, MARKER_ENV: self.marker})
+            self.backend = ProcessBackend(self.root, cpu_map=ordered, run_mark=self.marker)
+            uids = self.backend.uid_range
+            lock = self.backend.uid_lock
+            keep = () if lock is None else (lock,)
         elif backend == "docker":
             from executor.docker_backend import DockerBackend
 
             self.backend = DockerBackend(cpu_map=ordered, owner=owner)
         else:
             raise ValueError(f"backend: unknown backend {backend!r} (process or docker)")
+        self._guard = start_guard(self.marker, owner if backend == "docker" else None, uids,
+                                  keep)
+        self.info_ = NodeInfo(name, ray_node_id, socket.gethostname(), tuple(ordered), numa,
+                              mem_gb if mem_gb is not None else mem_total_gb(), gpus,
+                              gpu_memory_gb() if gpus else 0.0, backend, self.marker, uids,
+                              os.getpid())
         self._opened: set[str] = set()
 
     def info(self) -> NodeInfo:

@@ -91,6 +91,8 @@ class RayBackend:
         self._home: dict[str, str] = {}  # trajectory -> node its environment lives on
         self._state_lost: set[str] = set()  # trajectories to tell at their next action
         self._refused: set[str] = set()  # Ray node ids whose agent could not start
+        #: Ray node id -> its lost agents: the next agent there fences them first
+        self._fence: dict[str, list[NodeInfo]] = {}
         self._on_lost: Callable[[str], None] | None = None
         self._on_joined: Callable[[CpuNodeSpec], None] | None = None
         self._monitor: asyncio.Task | None = None
@@ -136,20 +138,29 @@ class RayBackend:
         except ValueError as e:
             self._refuse(nid, None, e)
             return None
-        gpus = int((node.get("Resources") or {}).get("GPU", 0))
+        resources = node.get("Resources") or {}
+        gpus = int(resources.get("GPU", 0))
+        # The agent holds, as Ray CPUs, the cores it grants: a second Tangram server or
+        # the trainer's own Ray tasks are then never placed on the same cores.
+        ray_cpus = float(resources.get("CPU", 0))
+        reserve = min(ray_cpus, len(cpus)) if cpus is not None else ray_cpus
         name = node_name(node.get("NodeManagerHostname") or "node", nid)
         handle = self._remote.options(
             scheduling_strategy=NodeAffinitySchedulingStrategy(nid, soft=False),
-            num_cpus=0, max_restarts=0, max_task_retries=0, max_concurrency=10_000,
+            num_cpus=reserve, max_restarts=0, max_task_retries=0, max_concurrency=10_000,
             name=None, lifetime=None,
-        ).remote(name, nid, self.env_backend, None, cpus, mem, gpus)
+        ).remote(name, nid, self.env_backend, None, cpus, mem, gpus,
+                 tuple(self._fence.get(nid, ())))
         return handle, name
 
     def _refuse(self, nid: str, handle: Any, error: BaseException) -> None:
         """Leave a node out (until restart), saying why, in the log."""
         self._refused.add(nid)
-        log.warning("no Tangram agent on Ray node %s: %s", nid[:8],
-                    (str(error).splitlines() or [type(error).__name__])[0])
+        why = (str(error).splitlines() or [type(error).__name__])[0]
+        if isinstance(error, TimeoutError) or type(error).__name__ == "GetTimeoutError":
+            why = ("it did not start in time: are its CPUs reserved by another Tangram "
+                   "server or by Ray tasks? (" + why + ")")
+        log.warning("no Tangram agent on Ray node %s: %s", nid[:8], why)
         if handle is None:
             return
         try:
@@ -198,6 +209,7 @@ class RayBackend:
         if self._closed:
             self.ray.kill(handle, no_restart=True)
             return
+        self._fence.pop(node["NodeID"], None)  # the new agent fenced them
         self.agents[name] = Agent(info, handle)
         log.info("node %s joined (%d cores)", name, len(info.cpus))
         spec = info.cpu_spec()
@@ -216,14 +228,20 @@ class RayBackend:
             self.ray.kill(agent.handle, no_restart=True)
         except Exception:  # noqa: BLE001
             pass
+        # a later agent on the same node (the node itself may be alive) kills what
+        # this one left running before its cores are offered again
+        self._fence.setdefault(agent.info.ray_node_id, []).append(agent.info)
+        told = {f.dispatch.action.trajectory for f in self._inflight.values() if f.agent is agent}
         for trajectory in agent.trajectories:
             self._home.pop(trajectory, None)
-            self._state_lost.add(trajectory)
+            if trajectory not in told:  # told by its failed action: once, not again
+                self._state_lost.add(trajectory)
         if self._on_lost is not None and agent.info.cpu_spec() is not None:
             self._on_lost(name)
         for aid, f in list(self._inflight.items()):
             if f.agent is agent:
                 del self._inflight[aid]
+                self._state_lost.discard(f.dispatch.action.trajectory)
                 f.on_done(Outcome(aid, "failed", None, error=f"{NODE_LOST}: node {name} left "
                                   f"the Ray cluster during the action ({why}); not retried",
                                   extra={"reason": NODE_LOST, "node": name, "state_lost": True}))

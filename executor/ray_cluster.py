@@ -12,9 +12,10 @@ cores are split into N contiguous slices. With more nodes than cores (the
 2-core CI machine runs 3 nodes) the slices overlap round-robin: every node
 still has whole cores to pin actions to, but nodes share physical cores, so
 such a cluster shows placement and failure handling, not capacity. Ray's own
-logical ``CPU`` resource of each node is set to the slice size; the agents
-themselves reserve no Ray CPU (``num_cpus=0``) — the cores are Tangram's to
-grant, per action.
+logical ``CPU`` resource of each node is set to the slice size; each agent
+reserves its node's cores as Ray CPUs (executor/ray_backend.py), so neither a
+second Tangram server nor the trainer's Ray tasks are placed on cores Tangram
+grants, per action.
 """
 
 from __future__ import annotations

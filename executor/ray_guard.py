@@ -1,13 +1,19 @@
-"""Kills what a dead node agent left running: ``python ray_guard.py MARKER [OWNER]``.
+"""Kills what a dead node agent left running.
+
+    python -m executor.ray_guard MARKER [--docker OWNER] [--uids FIRST-LAST]
+                                 [--agent PID] [--raylet PID]
 
 A node agent (executor/ray_agent.py) starts one guard beside it, in its own
 session, holding the read end of a pipe whose write end only the agent holds.
-When the agent process ends for any reason (``ray.kill``, its raylet dying,
-SIGKILL) the pipe reaches end-of-file and the guard kills every process whose
-environment carries ``TANGRAM_AGENT=MARKER`` (all the agent's commands and
-their children: the variable is inherited) and, with the docker backend,
-removes the containers labelled with the agent's ``OWNER``. Without it, the
-commands of an agent whose node was declared lost would run on as orphans.
+When the agent process ends for any reason (``ray.kill``, SIGKILL) the pipe
+reaches end-of-file; when the node's raylet dies first (the agent, a Ray worker,
+may then live on for minutes) the guard kills the agent itself. Either way it
+then kills every process the agent's process backend marked
+(``TANGRAM_SANDBOX=MARKER.*``: set after the backend's secret scrub, so always
+there), every process of the agent's sandbox user ids (as root: a mark a command
+cannot drop, executor/sandbox_uid.py) and, with the docker backend, removes the
+containers labelled with the agent's ``OWNER``. It holds the agent's block of user
+ids (an inherited ``flock``) until it is done, so no new agent hands them out first.
 
 Standard library only at start-up, so a guard costs ~10 MB and ~30 ms once
 per agent, nothing per action.
@@ -15,18 +21,34 @@ per agent, nothing per action.
 
 from __future__ import annotations
 
+import argparse
 import os
+import select
 import signal
 import sys
 
 from executor import marks
 
-MARKER_ENV = "TANGRAM_AGENT"
+#: the variable the process backend marks every command with (executor/process.py MARK)
+MARKER_ENV = "TANGRAM_SANDBOX"
 
 
 def kill_marked(marker: str) -> int:
-    """SIGKILL every process carrying the agent's marker (markers are unique per agent)."""
-    return marks.kill_marked(MARKER_ENV, marker)
+    """SIGKILL every process an agent's backend marked (markers are unique per agent)."""
+    return marks.kill_marked(MARKER_ENV, marker + ".")
+
+
+def fence(marker: str, uids: tuple[int, int] | None = None, docker_owner: str | None = None
+          ) -> int:
+    """Everything a (dead) agent left on this node: killed, its containers removed."""
+    killed = kill_marked(marker)
+    if uids is not None:
+        from executor.sandbox_uid import kill_uids
+
+        killed += kill_uids(*uids)
+    if docker_owner:
+        remove_containers(docker_owner)
+    return killed
 
 
 def remove_containers(owner: str) -> None:
@@ -46,17 +68,47 @@ def remove_containers(owner: str) -> None:
         pass
 
 
+def parse_uids(text: str) -> tuple[int, int]:
+    first, _, last = text.partition("-")
+    return int(first), int(last or first)
+
+
+def watch(agent: int | None, raylet: int | None) -> None:
+    """Return when stdin reaches end-of-file or the raylet exits (then kill the agent)."""
+    fds = [sys.stdin.fileno()]
+    raylet_fd = None
+    if raylet is not None and hasattr(os, "pidfd_open"):
+        try:
+            raylet_fd = os.pidfd_open(raylet)
+            fds.append(raylet_fd)
+        except OSError:  # already gone
+            raylet_fd = -1
+    while raylet_fd != -1:
+        ready, _, _ = select.select(fds, [], [])
+        if raylet_fd in ready:
+            break
+        if not os.read(fds[0], 1 << 16):  # the agent never writes; EOF = it is gone
+            return
+    if agent is not None:  # its raylet is gone: so must the agent be
+        try:
+            os.kill(agent, signal.SIGKILL)
+        except OSError:
+            pass
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) < 2:
-        print("usage: ray_guard.py MARKER [DOCKER_OWNER]", file=sys.stderr)
-        return 2
+    p = argparse.ArgumentParser(prog="ray_guard", description=__doc__.splitlines()[0])
+    p.add_argument("marker")
+    p.add_argument("--docker", metavar="OWNER")
+    p.add_argument("--uids", type=parse_uids, metavar="FIRST-LAST")
+    p.add_argument("--agent", type=int, metavar="PID")
+    p.add_argument("--raylet", type=int, metavar="PID")
+    args = p.parse_args(argv[1:])
     signal.signal(signal.SIGTERM, signal.SIG_IGN)  # only end-of-file ends the watch
-    while sys.stdin.buffer.read(1 << 16):  # the agent never writes; EOF = it is gone
-        pass
-    kill_marked(argv[1])
-    if len(argv) > 2:
+    watch(args.agent, args.raylet)
+    if args.docker:
         sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-        remove_containers(argv[2])
+    fence(args.marker, args.uids, args.docker)
     return 0
 
 

@@ -144,6 +144,9 @@ class OutputLog:
     def prerestore(self, effect: PreRestore) -> None:
         self.inner.prerestore(effect)  # type: ignore[attr-defined]
 
+    def evict(self, trajectory: str) -> bool:
+        return self.inner.evict(trajectory)  # type: ignore[attr-defined]
+
     def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
         self.inner.open_trajectory(trajectory, mem_gb)
 

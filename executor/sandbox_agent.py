@@ -12,6 +12,14 @@ CHOWN, SETUID, SETGID, KILL); every command runs as the unprivileged
 socket (its directory is 0700 root), and cannot forge another action's result.
 The host still enforces every timeout itself: an agent that does not answer
 in time gets its container killed.
+
+Files (``{"op": "put", "parts": [...], "size": N}`` followed by N raw bytes, and
+``{"op": "get", "parts": [...], "limit": N}`` answered by a JSON line and the
+bytes) are written and read here, inside the container, with executor/files.py's
+functions: each path component opened without following a symlink, relative to
+its parent's descriptor, so a link the sandbox made cannot lead a write to the
+agent's socket or /etc, nor a read out of /work; and by a child process that is
+the sandbox user, so it reaches only what the commands can.
 """
 
 import json
@@ -23,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from pathlib import Path
 
 MAX_OUTPUT = 1 << 20
 SANDBOX_UID = 65534  # "nobody"
@@ -146,21 +155,91 @@ def run(req: dict) -> dict:
     proc.stdout.close()
     t_end = time.time()
     after = oom_kills()
-    return {"code": proc.returncode,
+    try:  # the host tells a full disk from it
+        st = os.statvfs(req.get("cwd", "/work"))
+        free = st.f_bavail * st.f_frsize
+    except OSError:
+        free = None
+    return {"code": proc.returncode, "work_free": free,
             "output": (sink[0] if sink else b"").decode(errors="replace"),
             "t_start": t_start, "t_end": t_end, "timed_out": timed_out,
             "oom_kills": max(after - ooms, 0) if ooms >= 0 else 0}
 
 
-def handle(conn: socket.socket) -> None:
+class Body:
+    """The ``size`` raw bytes that follow a request line on ``conn``, as a file object."""
+
+    def __init__(self, conn: socket.socket, head: bytes, size: int) -> None:
+        self.conn, self.head, self.left = conn, head[:size], size - len(head[:size])
+
+    def read(self, n: int) -> bytes:
+        if self.head:
+            out, self.head = self.head[:n], self.head[n:]
+            return out
+        if self.left <= 0:
+            return b""
+        chunk = self.conn.recv(min(n, self.left, 1 << 20))
+        if not chunk:
+            raise OSError("the upload was cut short")
+        self.left -= len(chunk)
+        return chunk
+
+
+def as_sandbox_user(conn: socket.socket, req: dict, rest: bytes, workdir: str) -> None:
+    """Run :func:`file_op` in a child that is the sandbox user: it can reach exactly what
+    the commands can (the agent has no CAP_DAC_OVERRIDE anyway), and what it makes is
+    theirs."""
+    pid = os.fork()
+    if pid == 0:  # the child: syscalls only until it exits
+        code = 1
+        try:
+            if os.getuid() == 0:
+                os.setgroups([])
+                os.setgid(SANDBOX_UID)
+                os.setuid(SANDBOX_UID)
+            file_op(conn, req, rest, workdir)
+            code = 0
+        finally:
+            os._exit(code)
+    os.waitpid(pid, 0)
+
+
+def file_op(conn: socket.socket, req: dict, rest: bytes, workdir: str) -> None:
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    import files  # executor/files.py, mounted beside this file (stdlib only)
+
+    owner = None  # run as the sandbox user: what it writes is its own
+    parts = tuple(str(p) for p in req["parts"])
+    try:
+        files.clean_path("/".join(parts))  # the host checked; so does the agent
+        if req["op"] == "put":
+            size = files.write_file(Path(workdir), parts, Body(conn, rest, int(req["size"])),
+                                    owner=owner)
+            conn.sendall(json.dumps({"size": size}).encode() + b"\n")
+        else:
+            data = files.read_file(Path(workdir), parts, int(req["limit"]), owner=owner)
+            conn.sendall(json.dumps({"size": len(data)}).encode() + b"\n" + data)
+    except files.FileError as e:
+        conn.sendall(json.dumps({"status": e.status, "error": str(e)}).encode() + b"\n")
+    except OSError as e:
+        conn.sendall(json.dumps({"status": 409, "error": f"{'/'.join(parts)}: {e.strerror or e}"}
+                                ).encode() + b"\n")
+
+
+def handle(conn: socket.socket, workdir: str = "/work") -> None:
     with conn:
         data = b""
-        while not data.endswith(b"\n"):
+        while b"\n" not in data:
             chunk = conn.recv(65536)
             if not chunk:
                 return
             data += chunk
-        answer = run(json.loads(data))
+        line, _, rest = data.partition(b"\n")
+        req = json.loads(line)
+        if req.get("op") in ("put", "get"):
+            as_sandbox_user(conn, req, rest, workdir)
+            return
+        answer = run(req)
         conn.sendall(json.dumps(answer).encode() + b"\n")
 
 
@@ -189,7 +268,7 @@ def main(path: str, workdir: str = "/work") -> None:
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
         conn, _ = server.accept()
-        threading.Thread(target=handle, args=(conn,), daemon=True).start()
+        threading.Thread(target=handle, args=(conn, workdir), daemon=True).start()
 
 
 if __name__ == "__main__":

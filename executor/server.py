@@ -23,11 +23,13 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
+from executor.connections import guarded
 from executor.driver import LiveBackend, LiveExecutor
 from executor.files_api import router as files_router
 from executor.gpu.routes import router as gpu_router
 from executor.journal import Journal
 from executor.limits import BodyLimit
+from executor.openai_api import router as openai_router
 from executor.routes import actions, ops
 from executor.routes.deps import bearer, check_token
 from executor.schemas import MAX_BODY_BYTES
@@ -47,13 +49,16 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
                token: str, state_dir: Path,
                allow_urls: Mapping[str, tuple[str, ...]] | None = None,
                task_images: Mapping[str, str] | None = None,
-               result_ttl_s: float = 60.0) -> FastAPI:
+               result_ttl_s: float = 60.0,
+               memory_node: str | None = None) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         journal = Journal(state_dir / "journal.sqlite")
+        for path in state_dir.glob("journal.sqlite*"):  # every trajectory's outputs: not
+            path.chmod(0o600)  # for a root server's sandbox users (executor/sandbox_uid.py)
         executor = LiveExecutor(make_core(), make_backend(), max_records=RECENT_RECORDS)
         app.state.service = Service(executor, journal, allow_urls, result_ttl_s=result_ttl_s,
-                                    task_images=task_images)
+                                    task_images=task_images, memory_node=memory_node)
         try:
             yield
         finally:
@@ -70,6 +75,7 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     app.include_router(actions.router, dependencies=[Depends(auth)])
     app.include_router(files_router, dependencies=[Depends(auth)])
     app.include_router(gpu_router, dependencies=[Depends(auth)])
+    app.include_router(openai_router, dependencies=[Depends(auth)])  # teachers, reward models
     app.include_router(status_router(auth))  # the live status page at / (executor/status.py)
     app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(ValueError, _value_error)
@@ -123,4 +129,7 @@ def serve(app: FastAPI, host: str, port: int) -> None:
     # connection first, so it never sends on one the server is closing (a ReadError)
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
                             timeout_graceful_shutdown=GRACEFUL_S, timeout_keep_alive=75)
+    config.load()
+    # a deadline for request headers and a cap on connections (executor/connections.py)
+    config.http_protocol_class = guarded(config.http_protocol_class)
     _Server(config, app).run()

@@ -17,13 +17,14 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from urllib.parse import urlsplit
 
 from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
 from executor.gpu.routes import metric_lines
 from executor.journal import RESTARTED, SHUTDOWN, Journal
+from executor.memwatch import MemoryWatch
 from executor.schemas import MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
+from executor.urls import UrlRefused, check_headers, listed, parse_allow_list, parse_target
 from tangram.model import Outcome, quota_resource
 from tangram.runtime import Record
 
@@ -62,13 +63,22 @@ class Service:
     def __init__(self, executor: LiveExecutor, journal: Journal,
                  allow_urls: Mapping[str, tuple[str, ...]] | None = None,
                  result_ttl_s: float = 60.0,
-                 task_images: Mapping[str, str] | None = None) -> None:
+                 task_images: Mapping[str, str] | None = None,
+                 memory_node: str | None = None) -> None:
+        """``memory_node``: the CPU node this machine is, whose free memory is observed
+        for the core's memory admission (None: none observed; e.g. a Ray cluster's nodes
+        keep reserving every declared limit in full)."""
         self.executor = executor
+        self.memwatch: MemoryWatch | None = None
+        if memory_node is not None:
+            self.memwatch = MemoryWatch(executor, memory_node)
+            self.memwatch.start()
         #: task -> docker image of its sandboxes, unless the trajectory names one
         self.task_images = dict(task_images or {})
         self.journal = journal
         #: quota key -> URL prefixes its `request` actions may reach ('*': any public host)
-        self.allow_urls = {quota_resource(k): v for k, v in (allow_urls or {}).items()}
+        self.allow_urls = {quota_resource(k): v
+                           for k, v in parse_allow_list(allow_urls or {}).items()}
         self.result_ttl_s = result_ttl_s
         self.tracked: dict[str, Tracked] = {}
         self.counts: dict[str, int] = {}
@@ -160,14 +170,20 @@ class Service:
 
     def _check_destination(self, body: ActionIn) -> bool:
         """Refuse a URL no quota key of the action allows; True if only '*' allows it
-        (the backend then refuses non-public addresses when it resolves the name)."""
+        (the backend then refuses non-public addresses when it resolves the name).
+        URLs are compared parsed and normalised (executor/urls.py), never as strings."""
         assert body.request is not None
         url = body.request.url
         keys = [quota_resource(k) for k in body.quota]
         prefixes = [p for k in keys for p in self.allow_urls.get(k, ())]
-        if any(p != "*" and url.startswith(p) for p in prefixes):
+        try:
+            check_headers(body.request.headers)
+            target = parse_target(url)
+        except UrlRefused as e:
+            raise Refused(403, str(e)) from None
+        if listed(target, prefixes):
             return False
-        host = urlsplit(url).hostname or ""
+        host = target.host
         if "*" in prefixes:
             try:
                 literal = not ipaddress.ip_address(host.strip("[]")).is_global
@@ -203,8 +219,12 @@ class Service:
             return self.journal.get(aid)
         if t.result is not None:
             return t.result
-        st = "running" if self.executor.is_running(aid) else "queued"
-        return ActionOut(id=aid, trajectory=t.trajectory, status=st)
+        if self.executor.is_running(aid):
+            return ActionOut(id=aid, trajectory=t.trajectory, status="running")
+        # why it waits, when it is for a node (memory) rather than cores: a client can
+        # tell a full machine from a busy one
+        return ActionOut(id=aid, trajectory=t.trajectory, status="queued",
+                         error=self.executor.why_queued(aid))
 
     async def wait(self, aid: str, wait_s: float) -> ActionOut:
         """The action's state, after waiting up to ``wait_s`` for its end (or shutdown)."""
@@ -221,6 +241,10 @@ class Service:
         view = self.view(aid)
         if view is None:
             raise Refused(404, f"unknown action {aid!r}")
+        if self.closing.is_set() and view.status in ("queued", "running"):
+            # stopping: it will not finish here (shutdown() journals it so); a waiter told
+            # "running" would wait for a result that never comes
+            view = view.model_copy(update={"status": "failed", "error": SHUTDOWN})
         return view
 
     async def events(self, aid: str) -> AsyncIterator[bytes]:
@@ -248,6 +272,8 @@ class Service:
     def shutdown(self) -> None:
         """Record every unfinished action as failed, then stop the backend."""
         self.closing.set()
+        if self.memwatch is not None:
+            self.memwatch.stop()
         for aid, t in list(self.tracked.items()):
             if t.result is None:
                 t.result = ActionOut(id=aid, trajectory=t.trajectory, status="failed",
@@ -279,6 +305,10 @@ class Service:
                   "# HELP tangram_queued_actions Actions waiting for resources.",
                   "# TYPE tangram_queued_actions gauge",
                   f"tangram_queued_actions {snap.queued}",
+                  "# HELP tangram_actions_waiting_for_node First actions waiting for a node to "
+                  "admit their sandbox (memory; also counted in tangram_queued_actions).",
+                  "# TYPE tangram_actions_waiting_for_node gauge",
+                  f"tangram_actions_waiting_for_node {snap.waiting_for_node}",
                   "# HELP tangram_running_actions Actions executing.",
                   "# TYPE tangram_running_actions gauge",
                   f"tangram_running_actions {snap.running_count}",

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import weakref
 from collections.abc import AsyncIterator, Callable, Sequence
 from importlib import resources
 from typing import Any
@@ -32,6 +33,8 @@ MAX_RECENT = 30
 #: how often the event stream looks for a change, and sends a keep-alive comment
 POLL_S = 0.25
 KEEPALIVE_S = 15.0
+#: concurrent event streams one token may hold (the page opens one per tab)
+MAX_STREAMS = 16
 
 # The page's own files; no CDN (nothing outside can be reached from a cluster).
 STATIC = resources.files("executor") / "static"
@@ -166,10 +169,86 @@ def _changing(snap: dict[str, Any]) -> str:
 
 def _live(request: Request) -> dict[str, Any]:
     """The one place that reads the server's state (the service object of server.py)."""
-    service = request.app.state.service
+    return _live_app(request.app)
+
+
+def _live_app(app: Any) -> dict[str, Any]:
+    service = app.state.service
     executor = service.executor
     return snapshot(executor.snapshot(), executor.runtime.records, executor.clock.now(),
                     service.counts)
+
+
+class Broadcast:
+    """One snapshot per change, shared by every event stream of the server.
+
+    Each stream used to rebuild the whole snapshot 4 times a second: 1,000 streams held
+    the loop at 100% CPU. Now one poller (running only while a stream is open) builds it
+    every POLL_S, and only when its content changed does it encode it, once, for all
+    streams to send. ``built`` and ``sent`` count both (a test reads them)."""
+
+    def __init__(self, build: Callable[[], dict[str, Any]], closing: asyncio.Event) -> None:
+        self.build = build
+        self.closing = closing
+        self.event = b""
+        self.built = self.sent = 0
+        #: token -> its open streams (weak: a stream cancelled before it started, whose
+        #: ``finally`` never runs, still leaves when it is collected)
+        self.streams: dict[str, weakref.WeakSet] = {}
+        self._key: str | None = None
+        self._changed = asyncio.Event()
+        self._poller: asyncio.Task | None = None
+
+    def full(self, token: str) -> bool:
+        """Whether ``token`` holds MAX_STREAMS open streams already."""
+        return len(self.streams.get(token, ())) >= MAX_STREAMS
+
+    def join(self, token: str, stream: Any) -> None:
+        self.streams.setdefault(token, weakref.WeakSet()).add(stream)
+        if self._poller is None or self._poller.done():
+            self._refresh()  # a new stream starts with the current snapshot
+            self._poller = asyncio.get_running_loop().create_task(self._poll())
+
+    def leave(self, token: str, stream: Any) -> None:
+        self.streams.get(token, weakref.WeakSet()).discard(stream)
+
+    def open_streams(self) -> int:
+        return sum(len(s) for s in self.streams.values())
+
+    def _refresh(self) -> None:
+        snap = self.build()
+        self.built += 1
+        key = _changing(snap)
+        if key != self._key:
+            self._key = key
+            self.event = f"event: snapshot\ndata: {json.dumps(snap)}\n\n".encode()
+            changed, self._changed = self._changed, asyncio.Event()
+            changed.set()
+
+    async def _poll(self) -> None:
+        while self.open_streams() and not self.closing.is_set():
+            await asyncio.sleep(POLL_S)
+            self._refresh()
+        self._changed.set()  # wake the streams, so they see the server closing
+
+    async def next(self, sent: bytes | None) -> bytes | None:
+        """The current event if it differs from ``sent``; else waits for a change (None
+        after KEEPALIVE_S without one: time for a keep-alive comment)."""
+        if self.event is not sent:
+            return self.event
+        try:
+            await asyncio.wait_for(self._changed.wait(), KEEPALIVE_S)
+        except TimeoutError:
+            return None
+        return self.event
+
+
+def _broadcast(request: Request) -> Broadcast:
+    state = request.app.state
+    if getattr(state, "status_broadcast", None) is None:
+        app = request.app
+        state.status_broadcast = Broadcast(lambda: _live_app(app), state.service.closing)
+    return state.status_broadcast
 
 
 def _static(name: str, media_type: str) -> Response:
@@ -197,33 +276,47 @@ def status_router(auth: Callable[..., None]) -> APIRouter:
     @router.get("/v1/status", dependencies=[Depends(auth)])
     async def status_json(request: Request) -> dict[str, Any]:
         """What the status page shows: cores per node and who holds them, queues per pool
-        with waiting times, GPU chunks and resident services, quota usage, recent actions."""
-        return _live(request)
+        with waiting times, GPU chunks and resident services, quota usage, recent actions;
+        ``streams``: the event streams open and the snapshots built and sent for them."""
+        hub = getattr(request.app.state, "status_broadcast", None)
+        streams = {"open": hub.open_streams() if hub else 0, "built": hub.built if hub else 0,
+                   "sent": hub.sent if hub else 0}
+        return {**_live(request), "streams": streams}
 
     @router.get("/v1/status/events", dependencies=[Depends(auth)],
                 response_class=StreamingResponse,
                 responses={200: {"content": {"text/event-stream": {}},
                                  "description": "`event: snapshot` lines"}})
-    async def status_events(request: Request) -> StreamingResponse:
+    async def status_events(request: Request) -> Response:
         """Server-sent events: ``event: snapshot`` with the /v1/status document, sent when
         anything but the clocks changed (and a comment every 15 s to keep proxies open)."""
 
-        async def events() -> AsyncIterator[bytes]:
-            last, quiet = None, 0.0
-            closing = request.app.state.service.closing  # ends with the server (SIGTERM)
-            while not await request.is_disconnected() and not closing.is_set():
-                snap = _live(request)
-                key = _changing(snap)
-                if key != last:
-                    last, quiet = key, 0.0
-                    yield f"event: snapshot\ndata: {json.dumps(snap)}\n\n".encode()
-                elif quiet >= KEEPALIVE_S:
-                    quiet = 0.0
-                    yield b": keep-alive\n\n"
-                await asyncio.sleep(POLL_S)
-                quiet += POLL_S
+        hub = _broadcast(request)
+        token = request.headers.get("authorization", "")
+        if hub.full(token):
+            return Response(json.dumps({"detail": f"at most {MAX_STREAMS} status streams per "
+                                        "token: close one first"}), status_code=429,
+                            media_type="application/json")
 
-        return StreamingResponse(events(), media_type="text/event-stream",
+        async def events() -> AsyncIterator[bytes]:
+            sent: bytes | None = None
+            try:
+                while not hub.closing.is_set():  # ends with the server (SIGTERM)
+                    event = await hub.next(sent)
+                    if hub.closing.is_set():
+                        return
+                    if event is None:
+                        yield b": keep-alive\n\n"
+                    elif event is not sent:
+                        sent = event
+                        hub.sent += 1
+                        yield event
+            finally:  # also when the client goes (Starlette cancels the stream)
+                hub.leave(token, stream)
+
+        stream = events()
+        hub.join(token, stream)
+        return StreamingResponse(stream, media_type="text/event-stream",
                                  headers={"Cache-Control": "no-cache"})
 
     return router

@@ -17,7 +17,7 @@ import pandas as pd
 import simpy
 
 from sim.clock import SimClock
-from sim.modelled import CONTAINER_START, POD_START, ModelledBackend, StartupModel
+from sim.modelled import CONTAINER_START, MAX_ATTEMPTS, POD_START, ModelledBackend, StartupModel
 from tangram.batching import MeasuredGpu
 from tangram.cluster import ClusterSpec
 from tangram.core import Tangram
@@ -46,6 +46,8 @@ class SimConfig:
     env_hold: str = "trajectory"
     #: allocate-on-execution cost per CPU action (s), e.g. measured by `tangram bench executor`
     aoe_s: float = 0.0
+    #: attempts of a provider-admitted API call before it fails (None: until it succeeds)
+    api_attempts: int | None = MAX_ATTEMPTS
     #: virtual seconds between utilisation samples
     sample_s: float = 1.0
 
@@ -127,7 +129,8 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     backend = ModelledBackend(clock, np.random.default_rng(config.seed), truth,
                               startup_of(policy, config, cluster), provider,
                               busy=busy_of(core), aoe_s=config.aoe_s,
-                              measured=MeasuredGpu.from_extra(cluster.extra, cluster.restore_gbps))
+                              measured=MeasuredGpu.from_extra(cluster.extra, cluster.restore_gbps),
+                              max_attempts=config.api_attempts)
     runtime = Runtime(core, clock, backend, stopwatch=time.perf_counter)
     total = sum(len(s.steps) for specs in steps_specs for s in specs)
     done = [0]

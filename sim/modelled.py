@@ -131,7 +131,8 @@ class ModelledBackend:
                  provider: ProviderLimit | None = None, backoff: Backoff = Backoff(),
                  busy: Callable[[str], float] | None = None,
                  batching: BatchModel = DEFAULT_BATCHING, aoe_s: float = 0.0,
-                 measured: MeasuredGpu | None = None) -> None:
+                 measured: MeasuredGpu | None = None,
+                 max_attempts: int | None = MAX_ATTEMPTS) -> None:
         """``busy(node)``: fraction of the node's cores held exclusively (for the light
         lane's time-sharing slowdown; None: no slowdown). ``batching``: the curve a batch
         dispatch runs by. ``measured``: a live GPU run's costs (GPU actions take those)."""
@@ -147,6 +148,9 @@ class ModelledBackend:
         #: allocate-on-execution cost every CPU action pays (a live-measured figure:
         #: cgroup update + exec + result hand-back), 0 unless an experiment applies one
         self.aoe_s = aoe_s
+        #: a provider-admitted call's attempts before it fails (None: retried until it
+        #: succeeds, so a baseline does all the work Tangram does: equal-work comparisons)
+        self.max_attempts = max_attempts
         self._started_envs: set[str] = set()
         #: trajectory -> when its environment, created at open, is ready (None: its pod
         #: waited for a node and starts only once bound: modelled at its first action)
@@ -277,10 +281,10 @@ class ModelledBackend:
             self._run(d, truth, on_done, overhead, attempt, release=lambda: provider.release(lease))
             return
         self.rejections += 1
-        if attempt + 1 >= MAX_ATTEMPTS:
+        if self.max_attempts is not None and attempt + 1 >= self.max_attempts:
             self.gave_up += 1
             self.clock.call_later(RTT_429_S, lambda: on_done(Outcome(
-                d.action.id, "failed", 429, error=f"HTTP 429 after {MAX_ATTEMPTS} attempts",
+                d.action.id, "failed", 429, error=f"HTTP 429 after {self.max_attempts} attempts",
                 overhead_s=overhead, extra={"retries": attempt})))
             return
         self.retries += 1

@@ -7,10 +7,11 @@ and reports every problem at once (``ClusterError``).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from tangram.arrange import CHUNK_SIZES
 from tangram.model import quota_resource
 
 
@@ -55,6 +56,28 @@ class QuotaSpec:
     window_s: float = 1.0
 
 
+def gpu_misfit(nodes: Iterable[GpuNodeSpec], services: Mapping[str, ServiceSpec],
+               service: str, units: int) -> str | None:
+    """Why ``units`` GPUs of ``nodes`` can never serve ``service`` (None when they can):
+    an unknown service, a unit count that is no chunk size or more than a node has, or
+    weights that do not fit the smallest GPU's memory split ``units`` ways."""
+    spec = services.get(service)
+    if spec is None:
+        return f"service: unknown service {service!r} (known: {sorted(services)})"
+    if units not in CHUNK_SIZES:
+        return f"cost['gpu']: {units} GPUs is not a chunk size {CHUNK_SIZES}"
+    nodes = tuple(nodes)
+    if not nodes:
+        return "cost['gpu']: the cluster has no GPU nodes"
+    if units > max(n.gpus for n in nodes):
+        return f"cost['gpu']: {units} GPUs is more than any GPU node has"
+    mem = min(n.gpu_mem_gb for n in nodes)
+    if spec.size_gb / units > mem:
+        return (f"cost['gpu']: service {service!r} ({spec.size_gb} GB) does not fit on "
+                f"{units} GPU(s) of {mem} GB")
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class ClusterSpec:
     cpu_nodes: tuple[CpuNodeSpec, ...] = ()
@@ -70,6 +93,12 @@ class ClusterSpec:
             if s.name == name:
                 return s
         return None
+
+    def gpu_misfit(self, service: str, units: int) -> str | None:
+        """Why ``units`` GPUs of this cluster can never serve ``service`` (None when they
+        can): a fact of the spec, so code outside the core (an operator sizing static
+        replicas) asks it here rather than of the GPU manager."""
+        return gpu_misfit(self.gpu_nodes, {s.name: s for s in self.services}, service, units)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)

@@ -20,6 +20,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+from tangram.admission import RESERVE, MemoryAdmission
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.estimates import Estimates
 from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
@@ -35,6 +36,7 @@ from tangram.protocol import (
     Effect,
     Finish,
     GpuNodeView,
+    MemoryObserved,
     NodeJoined,
     NodeLost,
     Open,
@@ -42,6 +44,7 @@ from tangram.protocol import (
     PreRestore,
     QueueView,
     QuotaView,
+    Reclaim,
     Snapshot,
     Stop,
     Submit,
@@ -78,13 +81,23 @@ class Tangram:
     """The action-level resource manager's state machine."""
 
     def __init__(self, cluster: ClusterSpec, policy: Policy | None = None,
-                 estimates: Estimates | None = None) -> None:
+                 estimates: Estimates | None = None,
+                 admission: MemoryAdmission = RESERVE) -> None:
+        """``admission``: when a CPU node takes one more trajectory's memory (the default,
+        RESERVE: every declared limit reserved in full, the paper's rule; a node whose free
+        memory is observed, MemoryObserved, may admit by use: tangram/admission.py)."""
         self.cluster = cluster
         self.policy = policy or Policy()
         self.scheduler = self.policy.scheduler()
         self.estimates = estimates or Estimates()
         res = self.policy.build(cluster)
         self.cpu, self.gpu, self.quota, self.pools = res.cpu, res.gpu, res.quota, res.pools
+        self.cpu.admission = admission
+        #: the attached backend frees an idle trajectory's memory when it is reclaimed
+        #: (Capabilities.evicts)
+        self._evicts = False
+        #: idle trajectories unbound for waiting ones (MemoryObserved)
+        self.reclaimed = 0
         self._resources = res
         self.unbound: deque[Pending] = deque()
         #: trajectories whose environment starts at open (the policy's ``env`` part asked
@@ -135,10 +148,13 @@ class Tangram:
                 if node in self.gpu.nodes:
                     self.gpu.reset_node(node)
                 out = []
+            case MemoryObserved(node, free_gb, idle_after_s):
+                out = self.memory_observed(node, free_gb, idle_after_s, now)
             case Attach(capabilities):
                 # pre-restores only for a backend that carries them out: another would not
                 # hold what the core then believes resident
                 self.gpu.prerestore_ok = capabilities.prerestores
+                self._evicts = capabilities.evicts
                 out = []
             case _:
                 raise ValueError(f"command: unknown command {type(command).__name__}")
@@ -159,6 +175,23 @@ class Tangram:
         """The CPU node ``trajectory`` is bound to (None: not bound, or unknown)."""
         return self.cpu.node_of(trajectory)
 
+    def why_queued(self, action_id: str) -> str:
+        """Why the queued action ``action_id`` waits, when it waits for a node to admit its
+        trajectory (memory, or cores for its first action): a client can tell a full
+        machine from a busy one. "" when it does not wait for a node (or is not queued)."""
+        p = self.queued.get(action_id)
+        if p is None:
+            return ""
+        tid = p.action.trajectory
+        state = self.trajectories.get(tid)
+        if state is None or self.cpu.node_of(tid) is not None:
+            return ""
+        first = any(q is p for q in self.unbound)
+        if not first and tid not in self.opening:
+            return ""  # e.g. an API call of an unbound trajectory: it waits in its pool
+        need = self._trajectory_mem(p.action) if first else (state.mem_gb or 0.0)
+        return self.cpu.why_unbound(need, p.key_min if first else 0)
+
     def busy_fraction(self, node: str) -> float:
         """Fraction of ``node``'s cores held exclusively (what a light-lane action shares)."""
         spec = self.cpu.nodes.get(node)
@@ -170,11 +203,12 @@ class Tangram:
         gpu = self.gpu
         counters = {"gpu_restores": gpu.restores, "gpu_restore_hits": gpu.hits,
                     "gpu_prerestores": gpu.prerestores,
-                    "gpu_restore_s_total": gpu.restore_s_total, "scheduler_passes": self.passes}
+                    "gpu_restore_s_total": gpu.restore_s_total, "scheduler_passes": self.passes,
+                    "trajectories_reclaimed": self.reclaimed}
         snap = Snapshot(self.policy.label, len(self.queued), len(self.running),
                         len(self.trajectories), len(self.opening) + len(self.unbound),
                         MappingProxyType(self.usage()), MappingProxyType(self.capacity()),
-                        MappingProxyType(counters))
+                        MappingProxyType(counters), waiting_for_node=len(self.unbound))
         if not detail:
             return snap
         return replace(
@@ -411,6 +445,64 @@ class Tangram:
         """Expected duration of a queued action at its minimum."""
         return self.estimates.estimate(p)
 
+    # -- memory admission (tangram/admission.py) ---------------------------------------
+    def memory_observed(self, node: str, free_gb: float, idle_after_s: float,
+                        now: float) -> list[Effect]:
+        """``node``'s free memory as just observed: admission goes by it from now on.
+        While trajectories wait for a node, idle ones give their place for the first one
+        waiting (``_reclaim``) and a scheduling pass follows, so memory freed by a
+        sandbox's processes (not only by a close) admits them. The effects: the
+        trajectories reclaimed (Reclaim), then what started (Dispatch)."""
+        if node not in self.cpu.nodes:
+            raise KeyError(f"node: unknown CPU node {node!r}")
+        if not free_gb >= 0:
+            raise ValueError(f"free_gb: must be >= 0, got {free_gb!r}")
+        if not idle_after_s >= 0:
+            raise ValueError(f"idle_after_s: must be >= 0, got {idle_after_s!r}")
+        self.cpu.observe_free(node, free_gb)
+        out: list[Effect] = []
+        again = True
+        while again and (self.unbound or self.opening):  # someone waits for a node
+            reclaimed, again = self._reclaim(node, now, idle_after_s)
+            out.extend(Reclaim(t) for t in reclaimed)
+            out.extend(self._schedule(now, self.pools.values()))  # binds the first one
+        return out
+
+    def _reclaim(self, node: str, now: float, idle_after_s: float) -> tuple[list[str], bool]:
+        """Unbind idle trajectories of ``node`` (nothing in flight for ``idle_after_s``),
+        least recently used first, for the first trajectory waiting for a node. Over the
+        declared cap (MemoryAdmission.overcommit) as many as it needs; on an observed
+        shortage one per observation (its freed memory shows in the next one), and only
+        when the backend evicts (else what they hold is not memory: the process backend
+        keeps an idle trajectory's files on disk, nothing in memory). Returns the
+        trajectories reclaimed, and whether they made room (the next one may need more).
+
+        Not in the paper (its trajectories hold their memory until they close): a rollout
+        abandoned or slow to finish would otherwise hold its node's memory from the ones
+        waiting; finished rollouts are closed by their reward (verl's compute_score)."""
+        host = self.cpu.nodes[node]
+        if not self.unbound or not self.policy.env.reclaimable:
+            return [], False  # e.g. a pod per trajectory holds its place until it closes
+        need = self._trajectory_mem(self.unbound[0].action)
+        if self.cpu.mem_refusal(host, need) is None:
+            return [], False
+        idle = sorted((st.last_end, tid) for tid, st in self.trajectories.items()
+                      if not st.in_flight and self.cpu.node_of(tid) == node
+                      and now - st.last_end >= idle_after_s)
+        out: list[str] = []
+        for _, tid in idle:
+            over_cap = self.cpu.admission.over_cap(host.spec.mem_gb, host.mem_reserved, need)
+            if not over_cap and not self._evicts:
+                break  # nothing held in memory to free: the shortage is not theirs
+            self.cpu.unbind(tid)
+            self.reclaimed += 1
+            out.append(tid)
+            if not over_cap:
+                break  # observed shortage: one per observation
+            if self.cpu.mem_refusal(host, need) is None:
+                return out, True
+        return out, False
+
     # -- internals ---------------------------------------------------------------------
     def _trajectory_mem(self, action: Action) -> float:
         state = self.trajectories[action.trajectory]
@@ -439,9 +531,11 @@ class Tangram:
         lane = pool.lane
         if lane is None or not lane.light_s or quotas:
             return False
-        if action.t1_s is not None:
-            return action.t1_s <= lane.light_s
         n, mean = self.estimates.durations.mean_n((action.task, action.kind))
+        if action.t1_s is not None:
+            # a declaration is bounded by what is observed (issue 21): once two runs of
+            # its (task, kind) took longer than the lane allows, ``t1_s: 0`` is not believed
+            return action.t1_s <= lane.light_s and not (n >= 2 and mean > lane.light_s)
         return n >= 2 and mean <= lane.light_s
 
     def _request_env(self, trajectory: str) -> None:

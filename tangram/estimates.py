@@ -10,7 +10,8 @@ for them.
   the one-unit time T1 of elastic actions whose E(m) is known, and per pool of
   its non-elastic actions (the expected length of a closed-loop arrival); and,
   for elastic actions nobody profiled, a :class:`SpeedupCurve` per (task, kind)
-  fitted online from the runs observed at different unit counts.
+  fitted online from the runs observed at different unit counts, and per command
+  of that kind (:class:`CommandCurves`: the kind's shape, the command's own scale).
 * :class:`ArrivalModel`: closed-loop arrivals (docs/design.md: agentic
   workloads are closed loop). Trajectories that are thinking after an action on a pool will
   most likely submit their next action there; each counts with the observed
@@ -126,6 +127,98 @@ class SpeedupCurve:
         return a + b / units + c * (units - 1)
 
 
+class CommandCurves:
+    """Speedup curves of one (task, kind) per *command* (a test file, a suite), with the
+    kind as the prior: every command of a kind shares the curve's shape, each has its own
+    size.
+
+    Why: the runs of one kind are often different suites (sizes spread by an order of
+    magnitude); a single curve per kind fits their *mean* and needs hundreds of runs to
+    settle, while what repeats is the command (a GRPO group runs the same hidden suite;
+    an agent reruns the same test file). Model (Amdahl with a per-unit start-up cost,
+    as :class:`SpeedupCurve`, the parallel fraction shared by the kind):
+
+        t(c, m) = a[c] * ((1 - p) + p / m) + C * (m - 1),   a[c], C >= 0
+
+    least squares over per-(command, m) sufficient statistics: for each ``p`` of a grid
+    the sizes ``a`` and the start-up cost ``C`` have a closed form, and the ``p`` with the
+    least residual wins (residuals relative to each cell's mean). The shape is learnt
+    only from commands observed at two or more unit counts; the others only set their
+    own size. A command never seen gets the kind's curve (DurationModel).
+    """
+
+    #: the grid of parallel fractions tried (0.01 steps)
+    GRID = np.linspace(0.0, 1.0, 101)
+
+    __slots__ = ("_index", "_units", "_n", "_s", "runs", "_fit")
+
+    def __init__(self) -> None:
+        self._index: dict[str, int] = {}
+        self._units: dict[int, int] = {}
+        self._n = np.zeros((0, 0))
+        self._s = np.zeros((0, 0))  # sum of elapsed per (command, unit count)
+        self.runs = 0
+        self._fit: tuple[float, float, np.ndarray] | None = None
+
+    def observe(self, command: str, units: int, elapsed: float) -> None:
+        m = max(units, 1)
+        c = self._index.setdefault(command, len(self._index))
+        k = self._units.setdefault(m, len(self._units))
+        if c >= self._n.shape[0] or k >= self._n.shape[1]:
+            shape = (len(self._index), len(self._units))
+            n, s = np.zeros(shape), np.zeros(shape)
+            n[: self._n.shape[0], : self._n.shape[1]] = self._n
+            s[: self._s.shape[0], : self._s.shape[1]] = self._s
+            self._n, self._s = n, s
+        self._n[c, k] += 1
+        self._s[c, k] += elapsed
+        self.runs += 1
+        self._fit = None
+
+    def fit(self) -> tuple[float, float, np.ndarray] | None:
+        """(p, C, a per command), or None until two unit counts and three runs."""
+        if len(self._units) < 2 or self.runs < SpeedupCurve.MIN_RUNS:
+            return None
+        if self._fit is None:
+            m = np.array(sorted(self._units, key=self._units.get), dtype=float)
+            d = m - 1.0
+            # relative errors: every (command, m) cell weighted by 1 / its mean^2, so a
+            # large suite's seconds of noise do not outweigh a small one's fractions
+            mean = np.divide(self._s, self._n, out=np.ones_like(self._s), where=self._n > 0)
+            wt = 1.0 / np.maximum(mean, 1e-9) ** 2
+            n, s = self._n * wt, self._s * wt
+            g = (1.0 - self.GRID)[:, None] + self.GRID[:, None] / m[None, :]  # [P, M]
+            u = s @ g.T                      # [C, P]: sum_m g S
+            v = (n * d) @ g.T                # sum_m n g d
+            w = n @ (g * g).T                # sum_m n g^2
+            w = np.where(w > 0, w, np.inf)
+            sd, nd2 = float((s * d).sum()), float((n * d * d).sum())
+            den = nd2 - (v * v / w).sum(axis=0)
+            cost = np.where(den > 1e-12, (sd - (u * v / w).sum(axis=0)) / np.where(
+                den > 1e-12, den, 1.0), 0.0)
+            cost = np.maximum(cost, 0.0)
+            # residual up to the constant sum of squares: -(U - C V)^2 / W - 2 C Sd + C^2 nd2
+            res = -((u - cost * v) ** 2 / w).sum(axis=0) - 2 * cost * sd + cost ** 2 * nd2
+            best = int(np.argmin(res))
+            a = np.maximum((u[:, best] - cost[best] * v[:, best]) / w[:, best], 0.0)
+            self._fit = (float(self.GRID[best]), float(cost[best]), a)
+        return self._fit
+
+    def table(self, command: str, choices: tuple[int, ...]) -> dict[int, float] | None:
+        """Expected duration per unit count of ``command`` (the kind's mean size if never
+        seen) on the kind's shape; None until the shape is known."""
+        f = self.fit()
+        if f is None:
+            return None
+        p, cost, a = f
+        c = self._index.get(command)
+        size = float(a[c]) if c is not None else float(a.mean())
+        return {u: max(size * ((1 - p) + p / u) + cost * (u - 1), 1e-6) for u in choices}
+
+    def seen(self, command: str) -> bool:
+        return command in self._index
+
+
 class DurationModel:
     """Observed execution times."""
 
@@ -143,6 +236,7 @@ class DurationModel:
         self._mean: dict[Key, _Mean] = {}
         self._t1: dict[Key, _Mean] = {}
         self._curves: dict[Key, SpeedupCurve] = {}
+        self._commands: dict[Key, CommandCurves] = {}
         #: pool name -> moving average of its non-elastic actions' execution time
         self._short: dict[str, float] = {}
 
@@ -163,10 +257,18 @@ class DurationModel:
     def curve(self, key: Key) -> SpeedupCurve | None:
         return self._curves.get(key)
 
-    def learnt_table(self, key: Key, choices: tuple[int, ...]) -> dict[int, float] | None:
-        """Expected duration per unit count of an unprofiled elastic (task, kind): the
-        fitted curve; while it cannot be trusted, the exploration prior scaled to what
-        was observed; None once exploring has stopped paying (run it at the minimum)."""
+    def learnt_table(self, key: Key, choices: tuple[int, ...],
+                     command: str = "") -> dict[int, float] | None:
+        """Expected duration per unit count of an unprofiled elastic (task, kind): for an
+        action naming its ``command`` that was seen before, its own scale on the kind's
+        shape (:class:`CommandCurves`); else the kind's fitted curve; while it cannot be
+        trusted, the exploration prior scaled to what was observed; None once exploring
+        has stopped paying (run it at the minimum)."""
+        cmds = self._commands.get(key)
+        if command and cmds is not None and cmds.seen(command):
+            table = cmds.table(command, choices)
+            if table is not None:
+                return table
         c = self._curves.get(key)
         if c is not None and c.fit() is not None:
             return {u: max(c.duration(u) or 0.0, 1e-6) for u in choices}
@@ -192,9 +294,18 @@ class DurationModel:
             self._t1.setdefault(key, _Mean()).add(t1)
         elif action.elastic and action.t1_s is None:  # nobody profiled it: learn its curve
             self._curves.setdefault(key, SpeedupCurve()).observe(units, elapsed)
+            command = command_of(action)
+            if command:
+                self._commands.setdefault(key, CommandCurves()).observe(command, units, elapsed)
         if not elastic:
             s = self._short.get(pool, self._short_prior_s)
             self._short[pool] = s + 0.05 * (elapsed - s)
+
+
+def command_of(action: Action) -> str:
+    """The command an action runs (its payload's ``command``), "" when it names none."""
+    payload = action.payload
+    return str(payload.get("command") or "") if isinstance(payload, dict) else ""
 
 
 class ArrivalModel:

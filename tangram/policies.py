@@ -174,10 +174,18 @@ class StaticDeployments:
     #: replicas per service (None: as many as the GPUs hold, round-robin). The paper's
     #: baselines: 9 teachers x 4 GPUs (MOPD), 5 judge replicas (DeepSearch).
     replicas: int | None = None
+    #: replicas per service, ((service, count), ...): an operator's split sized to the
+    #: demand it observed (the hot teacher gets more); overrides ``replicas``
+    split: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if self.replicas is not None and (not isinstance(self.replicas, int) or self.replicas < 1):
             raise ValueError(f"replicas: must be an integer >= 1, got {self.replicas!r}")
+        for entry in self.split:
+            if (len(entry) != 2 or not isinstance(entry[0], str)
+                    or not isinstance(entry[1], int) or entry[1] < 1):
+                raise ValueError(f"split: each entry must be (service, replicas >= 1), "
+                                 f"got {entry!r}")
 
     #: the paper's static deployment: each model on 4 GPUs (tensor parallel)
     PAPER_DOP: ClassVar[int] = 4
@@ -191,7 +199,8 @@ class StaticDeployments:
         if dop is None:
             gpus = sum(n.gpus for n in cluster.gpu_nodes)
             dop = self.PAPER_DOP if len(services) * self.PAPER_DOP <= gpus else None
-        per = static_placement(cluster, services, dop, self.replicas)
+        per = static_placement(cluster, services, dop,
+                               {k: int(v) for k, v in self.split} if self.split else self.replicas)
         fleet = tuple(r for rs in per.values() for r in rs)
         return gpu, [ServicePool(s, r, gpu, fleet) for s, r in per.items()]
 
@@ -263,6 +272,9 @@ class AtFirstAction:
     that action binds it to."""
 
     name: ClassVar[str] = "first_action"
+    #: an idle trajectory may give its node to one waiting for memory (Tangram's
+    #: MemoryObserved): its next action binds it again, like a first action
+    reclaimable: ClassVar[bool] = True
 
     def opened(self, trajectory: str, request: Callable[[str], None]) -> None:
         """At open: nothing is started (its first action binds it)."""
@@ -275,6 +287,8 @@ class AtOpen:
     bound to a node in open order and holds its memory (and pod cores) until it closes."""
 
     name: ClassVar[str] = "open"
+    #: the pod holds its place (memory, cores) until the trajectory closes
+    reclaimable: ClassVar[bool] = False
 
     def opened(self, trajectory: str, request: Callable[[str], None]) -> None:
         request(trajectory)
@@ -432,6 +446,7 @@ PARAMS: dict[str, str] = {"depth": "scheduler", "lookahead": "scheduler",
                           "ordering": "scheduler", "max_wait_s": "scheduler",
                           "pod_cores": "cpu", "pod_dop": "cpu", "light_s": "cpu",
                           "lane_cores": "cpu", "gpu_dop": "gpu", "replicas": "gpu",
+                          "split": "gpu",
                           "init_s": "gpu"}
 
 

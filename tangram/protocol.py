@@ -6,17 +6,20 @@ service, the simulator's sampler, the replay) talks to the core through this mod
 * **Commands** (frozen values) go in through :meth:`tangram.core.Tangram.handle`:
   :class:`Attach`, :class:`Open`, :class:`Submit`, :class:`Finish`, :class:`Cancel`,
   :class:`Close`, :class:`Poll`, :class:`NodeJoined`, :class:`NodeLost`,
-  :class:`WorkerLost`.
+  :class:`WorkerLost`, :class:`MemoryObserved`.
 * **Effects** (frozen values) come out, in the order they must be carried out:
   :class:`~tangram.model.Dispatch` (start an action; a GPU dispatch carries its whole
   residency plan, :class:`~tangram.model.GpuPlan`: what to evict, whether to restore, and
   the batch riding on its lease), :class:`PreRestore` (load a variant ahead of demand),
-  :class:`Stop` (ask the backend to stop a running action) and :class:`Cancelled` (a
-  queued action was dropped; it has no outcome to wait for).
+  :class:`Stop` (ask the backend to stop a running action), :class:`Cancelled` (a
+  queued action was dropped; it has no outcome to wait for) and :class:`Reclaim` (an
+  idle trajectory gave its node to a waiting one: a backend that ``evicts`` drops what
+  holds memory for it).
 * **Reads** go through :class:`Snapshot` (``Tangram.snapshot()``), a frozen copy of what
   the core holds, and point queries cheap enough for every request or start
   (``Tangram.trajectory``, ``is_running``, ``node_of``, ``busy_fraction``, ``validate``:
-  would this action be refused).
+  would this action be refused; ``why_queued``: what a queued action waits for, when
+  it waits for a node).
 
 Backends declare what they can do with a :class:`Capabilities` value; the
 :class:`Backend` protocol lists every method a driver calls, and which capability makes
@@ -61,6 +64,11 @@ class Capabilities:
     gpu: bool = False
     #: holds per-trajectory files (``put_file``/``get_file``, the files API)
     files: bool = False
+    #: frees the memory an idle trajectory holds when the core reclaims it
+    #: (:class:`Reclaim`: ``evict``; docker removes its container). The core then
+    #: reclaims idle trajectories also when the node is short of memory by observation,
+    #: not only when their declared limits pass the cap: only an eviction frees memory
+    evicts: bool = False
 
     def __or__(self, other: Capabilities) -> Capabilities:
         """What a router over two backends can do (either one can)."""
@@ -150,8 +158,22 @@ class WorkerLost:
     node: str
 
 
+@dataclass(frozen=True, slots=True)
+class MemoryObserved:
+    """``node``'s free memory was observed (e.g. ``MemAvailable``): from now on the node
+    admits trajectories by it, under the core's memory admission rule
+    (:class:`tangram.admission.MemoryAdmission`, given at construction). While
+    trajectories wait for a node, idle ones (nothing in flight for ``idle_after_s``)
+    give their place, least recently used first (effects :class:`Reclaim`), and a
+    scheduling pass follows (its :class:`~tangram.model.Dispatch` effects)."""
+
+    node: str
+    free_gb: float
+    idle_after_s: float = 2.0
+
+
 Command = (Attach | Open | Submit | Finish | Cancel | Close | Poll | NodeJoined | NodeLost
-           | WorkerLost)
+           | WorkerLost | MemoryObserved)
 #: where a backend sends the commands it originates (nodes joining or leaving, workers lost)
 Sink = Callable[[Command], None]
 
@@ -181,7 +203,18 @@ class Cancelled:
     action_id: str
 
 
-Effect = Dispatch | PreRestore | Stop | Cancelled
+@dataclass(frozen=True, slots=True)
+class Reclaim:
+    """The idle trajectory ``trajectory`` was unbound from its node for a waiting one
+    (its declared memory no longer counts there; its next action binds it again like a
+    first action). A backend with ``Capabilities.evicts`` drops what holds memory for
+    it (``evict``: docker removes the container, so its next action reports
+    ``state_lost``); another keeps it (the process backend: its files stay on disk)."""
+
+    trajectory: str
+
+
+Effect = Dispatch | PreRestore | Stop | Cancelled | Reclaim
 
 
 # -- the snapshot (reads) -----------------------------------------------------------------
@@ -265,8 +298,11 @@ class Snapshot:
     usage: Mapping[str, float]
     capacity: Mapping[str, float]
     #: deterministic counts: gpu_restores, gpu_restore_hits, gpu_prerestores,
-    #: gpu_restore_s_total, scheduler_passes
+    #: gpu_restore_s_total, scheduler_passes, trajectories_reclaimed
     counters: Mapping[str, float]
+    #: first actions waiting for a node to admit their trajectory (the binding queue:
+    #: memory, or cores for the first action; also counted in ``queued``)
+    waiting_for_node: int = 0
     detail: bool = False
     trajectories: Mapping[str, TrajectoryView] = field(default_factory=_empty)
     #: running action id -> its dispatch (the members of a batch share the lead's)
@@ -285,7 +321,7 @@ class Backend(Protocol):
 
     Every driver calls ``start`` and ``cancel``; the rest only when the backend's
     ``capabilities`` say so: ``prerestore`` (``prerestores``), ``watch``
-    (``watches_nodes``). A live backend (executor/driver.py ``LiveBackend``) adds the
+    (``watches_nodes``), ``evict`` (``evicts``). A live backend (executor/driver.py ``LiveBackend``) adds the
     trajectory's environment (``open_trajectory``, ``close_trajectory``,
     ``open_trajectory_image`` when ``images``) and ``shutdown``.
     """
@@ -301,6 +337,14 @@ class PreRestoring(Backend, Protocol):
     """A backend with ``Capabilities.prerestores``."""
 
     def prerestore(self, effect: PreRestore) -> None: ...
+
+
+class Evicting(Backend, Protocol):
+    """A backend with ``Capabilities.evicts``: frees what holds memory for an idle
+    trajectory the core reclaimed (:class:`Reclaim`); False when it is busy after all
+    (then its memory shows in the next observation)."""
+
+    def evict(self, trajectory: str) -> bool: ...
 
 
 class NodeWatching(Backend, Protocol):

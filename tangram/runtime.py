@@ -31,6 +31,7 @@ from tangram.protocol import (
     Open,
     Poll,
     PreRestore,
+    Reclaim,
     Snapshot,
     Stop,
     Submit,
@@ -173,7 +174,8 @@ class Runtime:
 
     def apply(self, command: Command) -> None:
         """Carry out a command a driver or a backend originates (a node joined or was
-        lost, a GPU worker was lost, time passed) and the effects it has."""
+        lost, a GPU worker was lost, time passed, a node's free memory was observed) and
+        the effects it has."""
         self._carry_out(self._timed(command))
 
     def open_trajectory(self, trajectory: str, task: str = "default",
@@ -213,6 +215,11 @@ class Runtime:
                 self.backend.prerestore(e)  # type: ignore[attr-defined]
             elif isinstance(e, Stop):
                 self.backend.cancel(e.action_id)
+            elif isinstance(e, Reclaim):
+                # the core unbound it either way; only an evicting backend holds memory
+                # for an idle trajectory (a busy one keeps it: the next observation shows it)
+                if self.capabilities.evicts:
+                    self.backend.evict(e.trajectory)  # type: ignore[attr-defined]
             elif isinstance(e, Cancelled):
                 cb = self._callbacks.pop(e.action_id, None)
                 if cb:

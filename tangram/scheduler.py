@@ -44,7 +44,7 @@ from itertools import islice
 from typing import Protocol
 
 from tangram.arrange import arrange
-from tangram.estimates import Estimates
+from tangram.estimates import Estimates, command_of
 from tangram.managers.quota import QuotaManager
 from tangram.model import Action
 from tangram.pools.base import Pending, Pool
@@ -122,7 +122,7 @@ class ElasticScheduler:
             return {} if t1 is None else {u: t1 / (e.efficiency(u) * u) for u in choices}
         if action.t1_s is not None:
             return {}  # a declared T1 without E(m) says nothing of other unit counts
-        return estimates.durations.learnt_table(key, choices) or {}
+        return estimates.durations.learnt_table(key, choices, command_of(action)) or {}
 
     # -- Alg. 1 ------------------------------------------------------------------------
     def plan(self, pool: Pool, now: float, estimates: Estimates,

@@ -63,7 +63,9 @@ def bench_gpu_target(
 def bench_learning(
     seeds: Annotated[int, typer.Option(min=1, help="Repetitions per curve.")] = 20,
 ) -> None:
-    """Runs the online speedup model needs to come within 10% of the true curve (JSON lines)."""
+    """Runs the online speedup model needs to come within 10% of the true curve (JSON lines):
+    per command with the kind as prior (counted in that command's runs and in the kind's),
+    and per kind alone."""
     for row in learning_bench(seeds):
         _emit(row)
 

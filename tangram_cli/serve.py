@@ -19,6 +19,8 @@ from executor.assemble import (
     serve_gpu_cluster,
 )
 from executor.server import serve as run_server
+from executor.urls import parse_allow_list
+from tangram.admission import LIVE, MemoryAdmission
 from tangram_cli.common import command_app, err, fail, settle
 from tangram_cli.options import (
     RAY_HELP,
@@ -63,6 +65,15 @@ def serve(
         min=0, help="docker: sandboxes created ahead of time (default image only).")] = 0,
     result_ttl_s: Annotated[float, typer.Option(
         min=0, help="Seconds a finished result stays in memory (then: read from the journal).")] = 60.0,
+    mem_overcommit: Annotated[float | None, typer.Option(
+        min=1.0, help="Sandboxes' declared mem_gb may add up to this many times the machine's "
+                      "memory; each is a cap, admission goes by observed free memory "
+                      f"(1: reserve every declared limit in full). Default {LIVE.overcommit:g}. "
+                      "Not with --ray (its nodes reserve in full).")] = None,
+    mem_headroom: Annotated[float | None, typer.Option(
+        min=0.0, max=0.9, help="Fraction of the machine's memory kept free (observed) when a "
+                               f"sandbox is admitted. Default {LIVE.headroom:g}. Not with "
+                               "--ray.")] = None,
     ray: Annotated[str | None, typer.Option(help=RAY_HELP)] = None,
     gpus: Annotated[str | None, typer.Option(
         help="'auto': this machine's GPUs (NVML) are the GPU node. Default: --gpu-cluster's "
@@ -91,18 +102,28 @@ def serve(
                 fail("--ray with --gpus auto: a Ray cluster's GPUs are found on its nodes (their "
                      "GPU resources, or the node label tangram-gpus); give --gpu-cluster for "
                      "the services")
+            if mem_overcommit is not None or mem_headroom is not None:
+                fail("--mem-overcommit/--mem-headroom: the nodes of a Ray cluster are not "
+                     "observed; they reserve every declared mem_gb in full")
             spec = ray_spec(ray)  # a bad --ray, or no Ray, before anything is printed or started
         else:
             check_local_policy(specs, chosen)
         allow = pairs(allow_url, "--allow-url", "KEY=URL_PREFIX")
+        try:  # parsed once here so a malformed entry stops the start (executor/urls.py)
+            parse_allow_list(allow)
+        except ValueError as e:
+            fail(str(e))
         images = {k: v[-1] for k, v in pairs(image, "--image", "TASK=IMAGE").items()}
         if images and backend != "docker":
             fail("--image: only the docker backend runs images")
+        admission = MemoryAdmission(
+            LIVE.overcommit if mem_overcommit is None else mem_overcommit,
+            LIVE.headroom if mem_headroom is None else mem_headroom)
         gc = serve_gpu_cluster(gpus, gpu_cluster, gpu_device)
         # with --ray the GPU workers run on the Ray nodes (ray_backend): not here
         opts = ServeOptions(backend, state_dir, chosen, specs, allow, images, result_ttl_s,
                             sandbox_mem_gb, sandbox_pids, warm_pool, None if ray else gc,
-                            gpu_device)
+                            gpu_device, admission)
         token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
         if not os.environ.get("TANGRAM_TOKEN"):
             err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)

@@ -21,6 +21,48 @@ sys.path.insert(0, str(Path(__file__).parent))
 TOKEN = "test-token-123"
 
 
+def pytest_configure(config: pytest.Config) -> None:
+    """As root, commands run as sandbox users, who must reach the servers' work roots;
+    pytest resets its shared ``/tmp/pytest-of-root`` to 0700 at every session start (a
+    concurrent session would cut the sandboxes off), so root sessions get a base
+    directory of their own (the last 3 are kept, as pytest does, and none younger
+    than a day: a concurrent session may still use it)."""
+    if os.geteuid() != 0 or config.option.basetemp:
+        return
+    import shutil
+    import tempfile
+
+    top = Path(tempfile.gettempdir()) / "tangram-pytest-of-root"
+    top.mkdir(mode=0o711, exist_ok=True)
+    top.chmod(0o711)
+    old = sorted(top.iterdir(), key=lambda p: p.stat().st_mtime)
+    for stale in old[:-3]:
+        if time.time() - stale.stat().st_mtime > 86_400:
+            shutil.rmtree(stale, ignore_errors=True)
+    base = Path(tempfile.mkdtemp(dir=top))
+    base.chmod(0o711)
+    config.option.basetemp = str(base / "t")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def sandbox_users_reach_python() -> None:
+    """As root, commands run under sandbox user ids (executor/sandbox_uid.py), which must
+    be able to run this Python: a Python below /root (pyenv) is made reachable by
+    allowing others to pass through (o+x, not list) the directories on its way."""
+    reachable_by_sandboxes(Path(sys.executable))
+
+
+def reachable_by_sandboxes(path: Path) -> None:
+    """Let other users pass through (o+x, not list) the directories above ``path``:
+    as root, commands run as sandbox users, and pytest's temporary directories are 0700."""
+    if os.geteuid() != 0:
+        return
+    from executor.sandbox_uid import unreachable
+
+    for d in unreachable(path):
+        d.chmod(d.stat().st_mode | 0o001)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -46,18 +88,24 @@ class Server:
 
 
 def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, ...] = (),
-                 extra_args: tuple[str, ...] = ()) -> Server:
+                 extra_args: tuple[str, ...] = (), max_fds: int | None = None) -> Server:
     port = free_port()
     log = state_dir / f"server-{port}.log"
     state_dir.mkdir(parents=True, exist_ok=True)
+    reachable_by_sandboxes(state_dir / "work")
     args = [sys.executable, str(ROOT / "cli.py"), "serve", "--port", str(port), "--backend",
             backend, "--state-dir", str(state_dir)]
     for q in quotas:
         args += ["--quota", q]
     args += extra_args
     env = {**os.environ, "TANGRAM_TOKEN": TOKEN}
+    def limit_fds() -> None:  # a host's usual 1,024, or lower
+        import resource
+
+        resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))
+
     proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
-                            cwd=ROOT)
+                            cwd=ROOT, preexec_fn=limit_fds if max_fds else None)
     url = f"http://127.0.0.1:{port}"
     deadline = time.time() + 60
     while time.time() < deadline:

@@ -5,6 +5,7 @@ real `tangram serve --backend docker` and real containers."""
 from __future__ import annotations
 
 import hashlib
+import subprocess
 import time
 
 import docker
@@ -141,3 +142,53 @@ def test_the_host_enforces_the_timeout_when_the_agent_is_frozen(http, docker_ser
     res = _run(http, "frozen", "fz2", argv=["echo", "back"])
     assert res["status"] == "ok" and res["state_lost"]
     http.delete("/v1/trajectories/frozen")
+
+
+def test_the_file_api_follows_no_link_the_sandbox_made(http):
+    """Issue 21 #5: after ``ln -s /etc etcdir`` the file API read the container's
+    /etc/passwd and wrote /etc/evil; after ``ln -s /tangram t`` a PUT replaced the
+    agent's socket. Now every component is opened inside the container without
+    following a link: all refused, and the sandbox keeps working."""
+    _open(http, "links")
+    res = _run(http, "links", "l1", shell=True, command=(
+        "ln -s /etc etcdir && ln -s /tangram t && mkdir tests && ln -s /etc/passwd pw"))
+    assert res["status"] == "ok" and res["exit_code"] == 0, res
+    for path in ("etcdir/passwd", "pw", "t/agent.sock"):
+        r = http.get(f"/v1/trajectories/links/files/{path}")
+        assert r.status_code == 400, (path, r.status_code, r.text[:200])
+    for path in ("etcdir/evil", "t/agent.sock", "t/x"):
+        r = http.put(f"/v1/trajectories/links/files/{path}", content=b"evil")
+        assert r.status_code == 400, (path, r.status_code, r.text[:200])
+    # a trainer's upload after the model swapped tests/ for a link goes nowhere
+    _run(http, "links", "l2", shell=True, command="rmdir tests && ln -s /etc tests")
+    r = http.put("/v1/trajectories/links/files/tests/test_hidden.py", content=b"assert 0")
+    assert r.status_code == 400, r.text
+    res = _run(http, "links", "l3", shell=True,
+               command="ls /etc/evil /etc/test_hidden.py 2>&1; echo alive")
+    assert res["status"] == "ok" and not res["state_lost"], res
+    assert "No such file" in res["output"] and res["output"].count("No such file") == 2
+    # files of its own still go in and out, owned by the sandbox user
+    assert http.put("/v1/trajectories/links/files/d/own.txt", content=b"mine").status_code == 200
+    assert http.get("/v1/trajectories/links/files/d/own.txt").content == b"mine"
+    res = _run(http, "links", "l4", shell=True, command="stat -c %u d/own.txt && echo more >> d/own.txt")
+    assert res["output"].split()[0] == "65534" and res["exit_code"] == 0, res
+    http.delete("/v1/trajectories/links")
+
+
+def test_a_sandbox_cannot_fill_the_hosts_disk(http, docker_server):
+    """Issue 21 #9: 1.5 GB written to /work landed on the host's disk. Now /work is
+    bounded (storage-opt where the engine supports it, else a tmpfs below the memory
+    limit): the write stops at the limit, the action says ``disk_full``, nothing
+    reached the container's writable layer, and the sandbox keeps working."""
+    _open(http, "filler", mem_gb=1.0)
+    res = _run(http, "filler", "fill1", shell=True,
+               command="head -c 1536M /dev/zero > big; echo rc=$?; ls -l big")
+    assert res["status"] == "failed" and res["error"].startswith("disk_full:"), res
+    assert "rc=1" in res["output"] and "No space left" in res["output"], res
+    layer = int(subprocess.run(["docker", "inspect", "--size", "-f", "{{.SizeRw}}",
+                                _box(docker_server, "filler").id], capture_output=True,
+                               text=True, check=True).stdout.strip() or 0)
+    assert layer < 64 << 20, layer  # before: 1.5 GB in the writable layer
+    res = _run(http, "filler", "fill2", shell=True, command="rm big && echo ok > f && cat f")
+    assert res["status"] == "ok" and res["output"].strip() == "ok", res
+    http.delete("/v1/trajectories/filler")

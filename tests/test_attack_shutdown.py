@@ -54,3 +54,32 @@ def test_sigterm_ends_long_polls_and_exits_within_5s(tmp_path):
             assert r.status_code == 202 and r.json()["status"] == "running", r.text
     finally:
         again.stop()
+
+
+def test_sigterm_answers_a_long_poll_failed_not_running(tmp_path):
+    """Issue 21 #10: SIGTERM woke a pending long-poll with ``running``: the client waited
+    for a result that would never come. It now answers ``failed`` (shut down), as the
+    journal records it."""
+    server = start_server(tmp_path / "state")
+    answers: list[dict] = []
+    try:
+        with httpx.Client(base_url=server.url, headers=H, timeout=60) as c:
+            c.post("/v1/trajectories", json={"id": "t"})
+            c.post("/v1/trajectories/t/actions", json={"id": "slow", "argv": ["sleep", "120"]})
+            assert c.get("/v1/actions/slow", params={"wait": 2}).json()["status"] == "running"
+
+            def poll() -> None:
+                r = httpx.get(server.url + "/v1/actions/slow", headers=H,
+                              params={"wait": 3600}, timeout=60)
+                answers.append(r.json())
+
+            poller = threading.Thread(target=poll)
+            poller.start()
+            time.sleep(0.5)
+            server.proc.send_signal(signal.SIGTERM)
+            poller.join(30)
+            server.proc.wait(30)
+        assert len(answers) == 1 and answers[0]["status"] == "failed", answers
+        assert "shut down" in answers[0]["error"], answers
+    finally:
+        server.stop()

@@ -66,3 +66,16 @@ def test_a_mistyped_command_exits_2_with_the_close_names():
     res = subprocess.run([sys.executable, str(ROOT / "cli.py"), "simulat"], capture_output=True,
                          text=True, timeout=120)
     assert res.returncode == 2 and "Did you mean 'simulate'?" in res.stderr
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["serve", "--ray", "auto", "--mem-overcommit", "2"],
+     "the nodes of a Ray cluster are not observed"),
+    (["image", "build", "--wheels", "/nonexistent/wheels"], "not a directory"),
+    (["image", "build", "--bare", "--wheels", "."], "a bare image has no python packages"),
+])
+def test_memory_and_image_options_refuse_what_cannot_apply(args, says, tmp_path):
+    res = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], capture_output=True,
+                         text=True, timeout=120, cwd=tmp_path)
+    assert res.returncode == 2 and says in " ".join(res.stderr.split()), res.stderr
+    assert "Traceback" not in res.stderr

@@ -3,13 +3,15 @@
 * verl 0.9.1: its tool modules are imported torch-free (see verl_torchfree.py: the
   package ``__init__`` files that import torch are skipped, the modules themselves
   are verl's own). The tool is constructed by verl's real loader
-  ``initialize_tools_from_config`` from ``examples/verl_tool.yaml``. verl's
-  ``ToolAgentLoop`` itself imports torch and PIL at module level and needs a
-  tokenizer and a rollout server, so it cannot run here; ``verl_call_tool`` below
-  makes the calls its ``_call_tool`` makes, in its order and with its arguments
-  (``create(create_kwargs=...)``, ``execute(instance_id, args, agent_data=...)``,
-  ``release(instance_id)`` in a ``finally``), with an ``agent_data`` that carries
-  the ``request_id`` attribute verl's ``AgentData`` has.
+  ``initialize_tools_from_config`` from ``examples/verl_tool.yaml``; every tool call
+  goes through ``ToolAgentLoop._call_tool`` compiled from verl's installed source
+  (its module imports torch, the method does not need it), with verl's own
+  ``FunctionCall``; the reward through ``compute_score`` loaded by verl's
+  ``get_custom_reward_fn`` and called by ``NaiveRewardManager.run_single`` (both
+  compiled from verl's source the same way, their modules import torch), on a
+  one-row stand-in for ``DataProto`` (numpy arrays where verl has tensors);
+  teachers with verl's ``_get_teacher_sampling_params`` and
+  ``extract_prompt_logprobs`` (sources).
 * gymnasium 1.4: ``gymnasium.make`` and the real ``check_env``.
 * skyrl-gym 0.4: ``skyrl_gym.make`` and the real ``BaseTextEnv`` contract.
 """
@@ -17,7 +19,9 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import inspect
 import json
 import os
 import re
@@ -28,9 +32,18 @@ import types
 import warnings
 from pathlib import Path
 
+import httpx
 import pytest
 from conftest import ROOT, TOKEN
-from verl_torchfree import load_verl_tools
+from verl_torchfree import (
+    AgentData,
+    OneRowData,
+    custom_reward_fn,
+    function_call,
+    load_verl_tools,
+    naive_reward_manager,
+    stock_loop,
+)
 
 from tangram.client import TangramClient, TangramError
 
@@ -48,21 +61,23 @@ def run(coro):
 
 
 async def verl_call_tool(tool, args: dict, agent_data) -> tuple:
-    """What verl 0.9.1's ToolAgentLoop._call_tool does for a BaseTool, in its order."""
-    instance_id = None
-    try:
-        instance_id, _ = await tool.create(create_kwargs={})
-        response, reward, metrics = await tool.execute(instance_id, args, agent_data=agent_data)
-    except Exception as e:  # verl turns any error into the text the model sees
-        return ToolResponse(text=f"Error executing tool '{tool.name}': {e}"), 0.0, {}
-    finally:
-        if instance_id:
-            await tool.release(instance_id)
-    return response, reward, metrics
+    """verl 0.9.1's own ToolAgentLoop._call_tool (its source, unmodified) on ``tool``."""
+    loop = stock_loop([tool], max_tool_response_length=4096)
+    return await loop._call_tool(function_call(tool.name, json.dumps(args)),
+                                 agent_data.tools_kwargs, agent_data)
 
 
-def agent(request_id: str) -> types.SimpleNamespace:
-    return types.SimpleNamespace(request_id=request_id)
+_AGENTS: dict[str, AgentData] = {}
+
+
+def agent(request_id: str) -> AgentData:
+    """The rollout's AgentData (one per name in a test, like one rollout's)."""
+    return _AGENTS.setdefault(request_id, AgentData(request_id))
+
+
+def key(request_id: str) -> str:
+    """The sandbox key TangramTool gave that rollout (in its extra_fields)."""
+    return _AGENTS[request_id].extra_fields["tangram"]["rollout"]
 
 
 async def _gone(url: str, trajectory: str) -> bool:
@@ -110,12 +125,35 @@ def test_adapter_config_errors_name_the_field():
                           ({"base_url": "u", "token": "t", "reward": {"cmd": "x"}}, "config.reward"),
                           ({"base_url": "u", "token": "t",
                             "reward": {"command": "pytest", "elastic": True, "shell": True}},
-                           "config.reward.elastic")):
+                           "config.reward.elastic"),
+                          ({"base_url": "u", "token": "t", "cpu": "two"}, "config.cpu"),
+                          ({"base_url": "u", "token": "t", "cpu": "8-1"}, "config.cpu"),
+                          ({"base_url": "u", "token": "t", "cpu": 1.5}, "config.cpu"),
+                          ({"base_url": "u", "token": "t", "mem_gb": 5000}, "config.mem_gb"),
+                          ({"base_url": "u", "token": "t", "timeout_s": 1e9}, "config.timeout_s"),
+                          ({"base_url": "u", "token": "t", "idle_ttl_s": 0}, "config.idle_ttl_s"),
+                          ({"base_url": "u", "token": "t", "reward": {"command": "x", "cpu": "1-x"}},
+                           "config.reward.cpu")):
         env = {k: v for k, v in os.environ.items() if k != "TANGRAM_URL"}
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(os, "environ", env)
             with pytest.raises(ValueError, match=re.escape(field)):
                 TangramTool(config)
+
+
+def test_verl_loader_refuses_a_malformed_tool_config_at_load(tmp_path, monkeypatch):
+    """A bad `cpu` fails when verl builds the tool, naming the field, not as a 422 the
+    model reads on every call."""
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    good = (ROOT / "examples" / "verl_tool.yaml").read_text()
+    assert 'cpu: "1"  ' in good
+    bad = tmp_path / "tool.yaml"
+    bad.write_text(good.replace('cpu: "1"  ', 'cpu: "one"', 1))
+    with pytest.raises(ValueError, match=r"config\.cpu: expected core counts"):
+        tool_registry.initialize_tools_from_config(str(bad))
+    for n_cores in ("2", "1-8", "1,2,4", 3):
+        assert TangramTool({"base_url": "u", "token": "t", "cpu": n_cores}).settings.cpu == \
+            str(n_cores)
 
 
 # -- verl ----------------------------------------------------------------------------------
@@ -135,14 +173,14 @@ async def _verl(url: str, yaml_path: Path) -> None:
             tool, {"command": "echo 42 > answer.txt && pwd"}, a)
         assert isinstance(resp, ToolResponse) and reward == 0.0
         assert resp.text.rstrip().endswith("[exit code 0]") and metrics["exit_code"] == 0
-        sandbox = tool.sandbox_of("rollout-a")
+        sandbox = tool.sandbox_of(key("rollout-a"))
         resp, _, _ = await verl_call_tool(tool, {"command": "cat answer.txt"}, a)
-        assert resp.text.startswith("42\n") and tool.sandbox_of("rollout-a") == sandbox
+        assert resp.text.startswith("42\n") and tool.sandbox_of(key("rollout-a")) == sandbox
         # another rollout has its own sandbox; a failure's exit code reaches the model
         resp, _, metrics = await verl_call_tool(tool, {"command": "cat answer.txt"},
                                                 agent("rollout-b"))
         assert "No such file" in resp.text and re.search(r"\[exit code [1-9]\d*\]$", resp.text)
-        assert tool.sandbox_of("rollout-b") not in (None, sandbox)
+        assert tool.sandbox_of(key("rollout-b")) not in (None, sandbox)
         # parallel calls of one rollout (max_parallel_calls) open one sandbox
         outs = await asyncio.gather(*(verl_call_tool(tool, {"command": f"echo {i} >> par.txt"},
                                                      agent("rollout-c")) for i in range(4)))
@@ -160,9 +198,9 @@ async def _verl(url: str, yaml_path: Path) -> None:
             tool.settings, reward=RewardConfig('test "$(cat answer.txt)" = 42'))
         assert await tool.calc_reward("any", agent_data=a) == 1.0
         assert await tool.calc_reward("any", agent_data=agent("rollout-b")) == 0.0
-        opened = [tool.sandbox_of(r) for r in ("rollout-a", "rollout-b", "rollout-c")]
+        opened = [tool.sandbox_of(key(r)) for r in ("rollout-a", "rollout-b", "rollout-c")]
     # leaving the rollout scope closed every sandbox it opened
-    assert all(tool.sandbox_of(r) is None for r in ("rollout-a", "rollout-b", "rollout-c"))
+    assert all(tool.sandbox_of(key(r)) is None for r in ("rollout-a", "rollout-b", "rollout-c"))
     for tid in opened:
         assert await _gone(url, tid)
 
@@ -171,20 +209,20 @@ async def _verl(url: str, yaml_path: Path) -> None:
                          "idle_ttl_s": 0.5})
     resp, _, metrics = await verl_call_tool(quick, {"command": "sleep 5"}, agent("slow"))
     assert metrics["status"] == "timeout" and "[timed out" in resp.text
-    abandoned = quick.sandbox_of("slow")
+    abandoned = quick.sandbox_of(key("slow"))
     deadline = time.monotonic() + 10
-    while quick.sandbox_of("slow") is not None and time.monotonic() < deadline:
+    while quick.sandbox_of(key("slow")) is not None and time.monotonic() < deadline:
         await asyncio.sleep(0.1)
-    assert quick.sandbox_of("slow") is None and await _gone(url, abandoned)
+    assert quick.sandbox_of(key("slow")) is None and await _gone(url, abandoned)
 
     # closing a rollout while one of its calls runs waits for the call, then closes
     busy = asyncio.create_task(verl_call_tool(quick, {"command": "sleep 0.3; echo done"},
                                               agent("busy")))
-    while quick.sandbox_of("busy") is None:
+    while "tangram" not in agent("busy").extra_fields or quick.sandbox_of(key("busy")) is None:
         await asyncio.sleep(0.02)
-    busy_tid = quick.sandbox_of("busy")
+    busy_tid = quick.sandbox_of(key("busy"))
     await asyncio.sleep(0.1)
-    await quick.close_rollout("busy")
+    await quick.close_rollout(key("busy"))
     assert (await busy)[0].text.startswith("done") and await _gone(url, busy_tid)
 
     # the classic lifecycle (no agent_data): a sandbox per instance, closed by release
@@ -207,8 +245,84 @@ def test_verl_loader_builds_the_tool_and_a_rollout_keeps_its_sandbox(process_ser
     run(_verl(process_server.url, ROOT / "examples" / "verl_tool.yaml"))
 
 
+async def _verl_reward_path(url: str) -> None:
+    """The stock loop, then verl's reward path: its NaiveRewardManager.run_single (source)
+    merges tool_extra_fields into extra_info and calls compute_score, loaded by verl's
+    get_custom_reward_fn (source) from the two config lines; the sandbox is then closed."""
+    import numpy as np
+    from verl.utils.import_utils import load_extern_object
+
+    tools = tool_registry.initialize_tools_from_config(str(ROOT / "examples" / "verl_tool.yaml"))
+    tool = tools[0]
+    # the shipped reward (pytest -n <cores>) needs pytest in the sandbox: the process
+    # backend has the server's python; a plain command keeps this test about the path
+    tool.settings = dataclasses.replace(
+        tool.settings, reward=RewardConfig('test "$(cat answer.txt)" = 42'))
+    compute_score = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+    raw = load_extern_object(module_path="pkg://tangram.integrations.verl",
+                             object_name="compute_score")
+    assert inspect.iscoroutinefunction(raw) and inspect.iscoroutinefunction(compute_score)
+
+    class Tokenizer:
+        def decode(self, ids, skip_special_tokens=True):
+            return " ".join(map(str, ids))
+
+    manager = naive_reward_manager(compute_score, Tokenizer())
+
+    # full_determinism: every step names its rollouts det-<priority>; each step's
+    # rollout gets its own sandbox, never the previous step's files
+    step1, step2 = AgentData("det-0"), AgentData("det-0")
+    await verl_call_tool(tool, {"command": "echo 42 > answer.txt"}, step1)
+    resp, _, _ = await verl_call_tool(tool, {"command": "cat answer.txt"}, step2)
+    assert "No such file" in resp.text
+    tid1 = step1.extra_fields["tangram"]["trajectory"]
+    tid2 = step2.extra_fields["tangram"]["trajectory"]
+    assert tid1 != tid2
+
+    async def score(agent_data: AgentData) -> dict:
+        # what the agent loop hands the reward loop for one rollout: its output's
+        # extra_fields (agent_data.extra_fields plus turn_scores / tool_rewards)
+        extra_fields = {**agent_data.extra_fields, "turn_scores": [], "tool_rewards": []}
+        data = OneRowData(
+            {"responses": np.array([5, 6, 7, 0]), "attention_mask": np.array([1, 1, 1, 1, 1, 0])},
+            {"data_source": "tangram", "reward_model": {"ground_truth": None},
+             "extra_info": {"index": 0}, "tool_extra_fields": extra_fields,
+             "__num_turns__": 3, "reward_scores": {}})
+        out = await manager(data)
+        return out["reward_extra_info"] | {"reward_score": out["reward_score"]}
+
+    first = await score(step1)
+    assert first == {"score": 1.0, "reward_exit_code": 0, "reward_status": "ok",
+                     "reward_score": 1.0}, first
+    assert (await score(step2))["reward_exit_code"] == 1
+    assert await _gone(url, tid1) and await _gone(url, tid2)  # scored, then closed
+    # scoring again (or after the idle TTL closed it) is 0.0 and says why; no tool call: same
+    assert (await score(step1))["reward_status"] == "sandbox closed"
+    assert (await score(AgentData("det-1")))["reward_status"] == "no sandbox"
+    # reward_kwargs (custom_reward_function.reward_kwargs) override the tool's command
+    step3 = AgentData("det-2")
+    await verl_call_tool(tool, {"command": "echo 7 > answer.txt"}, step3)
+    seven = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score",
+                             {"command": 'test "$(cat answer.txt)" = 7'})
+    out = await naive_reward_manager(seven, Tokenizer())(OneRowData(
+        {"responses": np.array([1]), "attention_mask": np.array([1, 1])},
+        {"data_source": "x", "reward_model": {"ground_truth": None}, "extra_info": {},
+         "tool_extra_fields": dict(step3.extra_fields)}))
+    assert out["reward_score"] == 1.0
+    await tool.close_all()
+
+
+def test_verl_reward_path_scores_in_the_rollouts_sandbox_and_closes_it(process_server,
+                                                                      monkeypatch):
+    monkeypatch.setenv("TANGRAM_URL", process_server.url)
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    run(_verl_reward_path(process_server.url))
+
+
 # -- gymnasium -----------------------------------------------------------------------------
-def test_gymnasium_check_env_and_an_episode(process_server):
+def test_gymnasium_check_env_and_an_episode(docker_server):
+    """check_env sends random text as commands: the docker backend sandboxes them."""
+    process_server = docker_server
     import gymnasium
     from gymnasium.utils.env_checker import check_env
 
@@ -229,6 +343,7 @@ def test_gymnasium_check_env_and_an_episode(process_server):
     assert obs.startswith("hello world\n") and obs.rstrip().endswith("[exit code 2]")
     assert (reward, terminated, truncated) == (0.0, False, False)
     assert info == {"step": 1, "exit_code": 2, "status": "ok"}
+    assert "No such file" not in obs
     obs, reward, terminated, truncated, info = env.step("submit")
     assert (reward, terminated) == (1.0, True) and info["reward_exit_code"] == 0
     env.close()
@@ -240,6 +355,55 @@ def test_gymnasium_check_env_and_an_episode(process_server):
     obs, reward, terminated, _, info = plain.step("submit")
     assert terminated and reward == 0.0 and "no reward command" in obs
     plain.close()
+
+
+def _vector_run(envs, n: int) -> list[dict]:
+    """Env i submits at step i + 1 (staggered); the others run a command."""
+    obs, info = envs.reset(seed=0, options={"files": {"task.md": "hello\n"}})
+    assert list(obs) == [""] * n
+    steps = []
+    for t in range(n):
+        actions = tuple("submit" if i == t else f"echo env{i} step{t}; grep -c hello task.md"
+                        for i in range(n))
+        obs, reward, terminated, truncated, info = envs.step(actions)
+        steps.append({"obs": list(obs), "reward": list(reward),
+                      "terminated": list(terminated), "info": info})
+    return steps
+
+
+def _check_vector(steps: list[dict], n: int) -> None:
+    for t, s in enumerate(steps):
+        assert s["terminated"] == [i == t for i in range(n)]
+        assert s["reward"][t] == 1.0 and sum(s["reward"]) == 1.0
+        info = s["info"]
+        # one type per key: exit codes of the envs that ran a command, masked elsewhere
+        for i in range(n):
+            if i == t:
+                assert info["status"][i] == "submitted" and info["reward_exit_code"][i] == 0
+                assert not info["_exit_code"][i]
+            elif i > t:
+                assert info["exit_code"][i] == 0 and info["_exit_code"][i]
+                assert s["obs"][i].startswith(f"env{i} step{t}\n1\n")
+        assert str(info["exit_code"].dtype).startswith("int")
+
+
+@pytest.mark.parametrize("kind", ["sync", "async"])
+def test_gymnasium_vector_envs_with_staggered_submits(process_server, kind):
+    import gymnasium
+
+    import tangram.integrations.gym  # noqa: F401
+
+    def make():
+        return gymnasium.make("tangram/Shell-v0", base_url=process_server.url, token=TOKEN,
+                              task="gym-vec", reward={"command": "grep -q hello task.md"})
+
+    n = 4
+    envs = (gymnasium.vector.SyncVectorEnv([make] * n) if kind == "sync" else
+            gymnasium.vector.AsyncVectorEnv([make] * n, shared_memory=False))
+    try:
+        _check_vector(_vector_run(envs, n), n)
+    finally:
+        envs.close()
 
 
 # -- SkyRL-gym -----------------------------------------------------------------------------
@@ -282,6 +446,43 @@ def test_skyrl_make_and_an_episode(process_server):
     env.close()
 
 
+def test_skyrl_many_envs_the_way_its_generator_runs_them(process_server):
+    """SkyRL's generator makes one env per sample (skyrl_gym.make with the sample's
+    extras) and runs their init / step / close in a thread pool, all samples at once."""
+    import concurrent.futures
+
+    import skyrl_gym
+
+    import tangram.integrations.skyrl  # noqa: F401
+
+    config = {"base_url": process_server.url, "token": TOKEN, "task": "skyrl-many"}
+
+    async def agent_loop(i: int, pool) -> tuple[float, str]:
+        loop = asyncio.get_running_loop()
+        env = skyrl_gym.make("tangram-shell", env_config=config,
+                             extras={"max_turns": 4, "files": {"n.txt": f"{i}\n"},
+                                     "reward_command": f'test "$(cat out.txt)" = {i * i}'})
+        await loop.run_in_executor(pool, env.init, [{"role": "user", "content": "square n"}])
+        # odd samples answer wrong: their reward must be theirs, not a neighbour's
+        square = i * i if i % 2 == 0 else i * i + 1
+        out = await loop.run_in_executor(pool, env.step,
+                                         f"<bash>echo {square} > out.txt; cat n.txt</bash>")
+        seen = out["observations"][0]["content"]
+        out = await loop.run_in_executor(pool, env.step, "<submit/>")
+        tid = env.trajectory
+        await loop.run_in_executor(pool, env.close)
+        assert await _gone(process_server.url, tid)
+        return out["reward"], seen
+
+    async def main() -> list[tuple[float, str]]:
+        with concurrent.futures.ThreadPoolExecutor(8) as pool:
+            return await asyncio.gather(*(agent_loop(i, pool) for i in range(6)))
+
+    results = run(main())
+    assert [r for r, _ in results] == [1.0 if i % 2 == 0 else 0.0 for i in range(6)]
+    assert [seen.split("\n")[0] for _, seen in results] == [str(i) for i in range(6)]
+
+
 # -- the README's Python example, as written ----------------------------------------------
 def readme_example() -> str:
     text = (ROOT / "README.md").read_text()
@@ -318,9 +519,152 @@ async def _verl_docker(url: str) -> None:
         resp, _, metrics = await verl_call_tool(
             tool, {"command": "python3 -c 'b = bytearray(600 * 2**20); print(len(b))'"}, a)
         assert "out of memory" in resp.text and metrics["exit_code"] in (137, -9), resp.text
-        tid = tool.sandbox_of("docker-rollout")
+        tid = tool.sandbox_of(key("docker-rollout"))
     assert await _gone(url, tid)
 
 
 def test_verl_tool_on_docker_shares_a_container_and_reports_oom(docker_server):
     run(_verl_docker(docker_server.url))
+
+
+# -- the shipped reward on the docker backend's sandbox image (pytest + pytest-xdist) -------
+PYTEST_IMAGE = "tangram-sandbox-test-pytest:1"
+
+
+@pytest.fixture(scope="module")
+def pytest_image_server(tmp_path_factory):
+    """A docker server whose `coding` task (the shipped tool config's) runs in the image
+    `tangram image build` makes: wheels from PyPI (or TANGRAM_WHEELS, a directory)."""
+    wheels = os.environ.get("TANGRAM_WHEELS")
+    args = [sys.executable, str(ROOT / "cli.py"), "image", "build", "--tag", PYTEST_IMAGE]
+    out = subprocess.run(args + (["--wheels", wheels] if wheels else []), capture_output=True,
+                         text=True, timeout=900, cwd=ROOT)
+    if out.returncode != 0 and "cannot download" in out.stderr + out.stdout:
+        # a required component is missing: CI fails, it does not skip past the test
+        pytest.fail("the pytest sandbox image needs wheels of pytest + pytest-xdist: PyPI is "
+                    "unreachable and TANGRAM_WHEELS is not set. Download them where PyPI is "
+                    "reachable (pip download --only-binary=:all: pytest pytest-xdist -d DIR) "
+                    "and set TANGRAM_WHEELS=DIR. pip said: " + out.stderr[-300:],
+                    pytrace=False)
+    assert out.returncode == 0 and "pytest + pytest-xdist" in out.stdout, out.stdout + out.stderr
+    from conftest import start_server
+
+    server = start_server(tmp_path_factory.mktemp("serve-pytest-image"), "docker",
+                          extra_args=("--image", f"coding={PYTEST_IMAGE}"))
+    yield server
+    server.stop()
+
+
+async def _reward_scores_a_real_fix(url: str) -> None:
+    import base64
+
+    from verl.utils.import_utils import load_extern_object
+
+    with contextlib.redirect_stdout(sys.stderr):  # verl's loader prints the schema
+        tool = tool_registry.initialize_tools_from_config(
+            str(ROOT / "examples" / "verl_tool.yaml"))[0]
+    reward = tool.settings.reward
+    assert reward is not None and reward.elastic and reward.command == "python3 -m pytest -q tests"
+    compute_score = load_extern_object(module_path="pkg://tangram.integrations.verl",
+                                       object_name="compute_score")
+    task = ROOT / "examples" / "reward_fix"
+    setup = " && ".join(
+        f"mkdir -p {Path(rel).parent} && echo {base64.b64encode(p.read_bytes()).decode()} "
+        f"| base64 -d > {rel}"
+        for p in sorted(task.rglob("*.py")) for rel in [str(p.relative_to(task))])
+
+    async def rollout(request_id: str, fix: bool) -> dict:
+        a = AgentData(request_id)
+        resp, _, metrics = await verl_call_tool(tool, {"command": setup}, a)
+        assert metrics["exit_code"] == 0, resp.text
+        if fix:  # the model's fix
+            resp, _, _ = await verl_call_tool(tool, {"command": "sed -i 's/a - b/a + b/' calc.py"}, a)
+        tid = a.extra_fields["tangram"]["trajectory"]
+        extra_info = dict(a.extra_fields)
+        out = await compute_score(data_source="reward_fix", solution_str="", ground_truth=None,
+                                  extra_info=extra_info)
+        assert await _gone(url, tid)
+        return out
+
+    unfixed, fixed = await asyncio.gather(rollout("det-0", False), rollout("det-1", True))
+    assert unfixed == {"score": 0.0, "reward_exit_code": 1, "reward_status": "ok"}, unfixed
+    assert fixed == {"score": 1.0, "reward_exit_code": 0, "reward_status": "ok"}, fixed
+    await tool.close_all()
+
+
+def test_shipped_reward_scores_a_real_fix_in_the_pytest_image(pytest_image_server, monkeypatch):
+    monkeypatch.setenv("TANGRAM_URL", pytest_image_server.url)
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    run(_reward_scores_a_real_fix(pytest_image_server.url))
+
+
+# -- teachers and reward models from Tangram's GPU pool (the cpu GPU device) ---------------
+@pytest.fixture(scope="module")
+def gpu_server(tmp_path_factory):
+    from conftest import start_server
+
+    server = start_server(tmp_path_factory.mktemp("serve-gpu"), "process", extra_args=(
+        "--gpu-cluster", str(ROOT / "executor" / "gpu" / "clusters" / "cpu-tiny.yaml"),
+        "--gpu-device", "cpu"))
+    yield server
+    server.stop()
+
+
+def test_verl_teachers_and_a_reward_model_served_from_the_gpu_pool(gpu_server):
+    """verl's teacher request (its own _get_teacher_sampling_params) through
+    TangramTeacherClient: the rows equal what verl's vLLM server makes of the same
+    vLLM-shaped answer (its own extract_prompt_logprobs)."""
+    from verl_torchfree import compile_function
+
+    from tangram.integrations.teacher import teacher_clients
+
+    sampling = compile_function("experimental/teacher_loop/teacher_manager.py",
+                                "_get_teacher_sampling_params", {"Any": object})
+    params = sampling(types.SimpleNamespace(inference=types.SimpleNamespace(temperature=0.7)),
+                      types.SimpleNamespace(topk=8, loss_settings=types.SimpleNamespace(
+                          use_topk=False)))
+    assert params == {"max_tokens": 1, "temperature": 1.0, "prompt_logprobs": 0,
+                      "detokenize": False}
+    extract = compile_function("workers/rollout/vllm_rollout/utils.py",
+                               "extract_prompt_logprobs", {"Optional": object})
+    clients = teacher_clients({"math": "teacher0", "code": "teacher1"}, gpu_server.url, TOKEN)
+    seqs = {"math": [5, 17, 300, 2, 9], "code": [1, 2, 3, 4, 5, 6, 7]}
+
+    async def ask() -> dict:
+        outs = await asyncio.gather(*(clients[k].generate(request_id=k, prompt_ids=seqs[k],
+                                                          sampling_params=params)
+                                      for k in seqs))
+        return dict(zip(seqs, outs, strict=True))
+
+    outs = run(ask())
+    for k, seq in seqs.items():
+        ids, lps = outs[k].extra_fields["prompt_ids"], outs[k].extra_fields["prompt_logprobs"]
+        assert len(ids) == len(lps) == len(seq)  # verl's assert in compute_teacher_logprobs
+        # the raw answer, as vLLM objects, through verl's own extraction
+        raw = httpx.post(gpu_server.url + "/v1/completions", json={
+            "model": clients[k].service, "prompt": seq, **params},
+            headers={"Authorization": f"Bearer {TOKEN}"}, timeout=120).json()
+        entries = [None] + [{t: types.SimpleNamespace(**v) for t, v in e.items()}
+                            for e in raw["choices"][0]["prompt_logprobs"][1:]]
+        verl_view: dict = {}
+        extract(types.SimpleNamespace(prompt_logprobs=entries), 0, verl_view)
+        assert verl_view == {"prompt_ids": ids, "prompt_logprobs": lps}
+        assert [i[0] for i in ids[:-1]] == seq[1:] and all(lp[0] <= 0 for lp in lps)
+    assert outs["math"].extra_fields != outs["code"].extra_fields
+
+    h = {"Authorization": f"Bearer {TOKEN}"}
+    judged = httpx.post(gpu_server.url + "/classify", json={
+        "model": "judge", "input": [[3, 4, 5], [6, 7]], "use_activation": False},
+        headers=h, timeout=120).json()
+    assert len(judged["data"]) == 2 and judged["data"][-1]["probs"][-1] <= 0  # a log-prob
+    for body, why in (({"model": "teacher0", "prompt": "text"}, "token ids, not text"),
+                      ({"model": "teacher0", "prompt": [1, 2], "max_tokens": 5}, "max_tokens"),
+                      ({"model": "teacher0", "prompt": [1, 2], "prompt_logprobs": 5},
+                       "top-k is not served"),
+                      ({"model": "nope", "prompt": [1, 2]}, "unknown service 'nope'"),
+                      ({"model": "teacher0", "prompt": [1, 99999]}, "not an id")):
+        r = httpx.post(gpu_server.url + "/v1/completions", json=body, headers=h, timeout=120)
+        assert r.status_code == 422 and why in r.text, (body, r.text)
+    gpus = httpx.get(gpu_server.url + "/v1/gpus", headers=h, timeout=30).json()
+    assert gpus["services"]["teacher0"]["requests"] >= 2
+    assert gpus["services"]["teacher1"]["requests"] >= 2 and gpus["services"]["judge"]["requests"]

@@ -186,7 +186,7 @@ def test_the_simulator_reads_no_private_attribute():
 def test_backends_declare_capabilities_instead_of_being_probed():
     """No getattr/hasattr stands in for what a backend can do (tangram.protocol.Capabilities)."""
     probes = {"serves_batches", "prerestores", "watch_nodes", "watch", "open_trajectory_image",
-              "env", "gpu", "put_file", "prerestore", "name", "capabilities"}
+              "env", "gpu", "put_file", "prerestore", "name", "capabilities", "evict"}
     for name, path in modules().items():
         if name.split(".")[0] not in (*OUTSIDE, "tangram"):
             continue

@@ -99,3 +99,51 @@ def test_gpu_counts_in_one_gpu_steps_use_partial_nodes():
     gpu.release(a)
     gpu.release(b)
     assert gpu.free_gpus() == 4 and gpu.reserve("d", "m", 4) is not None
+
+
+def test_provider_calls_retried_until_they_succeed_do_the_same_work():
+    spec = ClusterSpec(quotas=(QuotaSpec("quota:search", "window", 2, 1.0),))
+    df = _api_trace(3, 40)
+    base = simulate(df, spec, SimConfig(policy="per-trajectory-api", api_attempts=None))
+    assert base.counters["api_429s"] > 0 and base.counters["api_failed"] == 0
+    assert all(r.status == "ok" for r in base.records) and len(base.records) == 120
+
+
+def test_static_split_gives_the_hot_teacher_more_replicas():
+    from dataclasses import replace
+
+    from sim.cluster import load_cluster
+
+    paper = load_cluster("paper")  # the teachers alone (simulate keeps the services used)
+    paper = replace(paper, services=tuple(s for s in paper.services if s.name != "judge"))
+    split = (("teacher0", 4), *((f"teacher{i}", 1) for i in range(1, 9)))
+    core = Tangram(paper, make_policy("static", {"gpu_dop": 2, "split": split}))
+    reps = {n: len(p.replicas) for n, p in core.pools.items() if n.startswith("gpu:teacher")}
+    assert reps["gpu:teacher0"] == 4 and all(v == 1 for k, v in reps.items() if k != "gpu:teacher0")
+    import pytest
+
+    with pytest.raises(ValueError, match="split"):
+        make_policy("static", {"split": (("teacher0", 0),)})
+
+
+def test_profiles_are_estimates_and_the_truth_does_not_move_with_them():
+    from traces.generate import generate, teacher_weights
+    from traces.schema import trajectories
+
+    exact, noisy = (validate(generate("coding", 30, 4, profile_sigma=s)) for s in (0.0, 0.5))
+    assert exact["t1_s"].equals(noisy["t1_s"])  # the same work
+    steps = [(a, b) for ta, tb in zip(trajectories(exact), trajectories(noisy), strict=True)
+             for a, b in zip(ta.steps, tb.steps, strict=True) if a.action.t1_s is not None]
+    assert steps and all(a.action.t1_s == a.truth.t1_s for a, _ in steps)
+    off = [abs(b.action.t1_s / b.truth.t1_s - 1) for _, b in steps]
+    assert max(off) > 0.1  # declared differs from the truth
+    assert any(a.action.elasticity != b.action.elasticity for a, b in steps)
+    # the judge's output length is unknown before it runs: declared != true even at sigma 0
+    judge = [s for t in trajectories(validate(generate("deepsearch", 10, 0, profile_sigma=0.0)))
+             for s in t.steps if s.action.kind == "reward_judge"]
+    assert any(s.action.t1_s != s.truth.t1_s for s in judge)
+    # teacher skew: 0 is uniform, larger is more skewed
+    flat = teacher_weights(np.random.default_rng(0), 0.0)
+    assert np.allclose(flat, 1 / 9)
+    assert teacher_weights(np.random.default_rng(0), 2.0).max() > \
+        teacher_weights(np.random.default_rng(0), 1.0).max()

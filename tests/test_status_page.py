@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ROOT, TOKEN, Server, start_server
+from conftest import ROOT, TOKEN, Server, reachable_by_sandboxes, start_server
 from helpers import EventLoop, cluster, gpu_call, shell
 
 from executor.status import snapshot
@@ -209,6 +209,7 @@ def test_status_page_in_a_browser(server, browser, tmp_path):
             assert httpx.post(server.url + "/v1/trajectories", headers=AUTH,
                               json={"id": tid, "mem_gb": 0.1}).status_code == 201
         flags = {k: tmp_path / k for k in ("a", "b", "c")}
+        reachable_by_sandboxes(flags["a"])  # as root, commands run as sandbox users
         big = max(n - 1, 1)
         submit(server, "traj-a", "act-a", big, flags["a"])
         if n > 1:

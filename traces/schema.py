@@ -45,6 +45,10 @@ COLUMNS: dict[str, tuple[str, bool, Any, str]] = {
     "unit_overhead_s": ("float", False, 0.0, "extra time per unit beyond the first (worker "
                         "start-up: -n 2 can be slower than -n 1) (s)"),
     "profiled": ("bool", False, False, "whether the scheduler is told t1_s and E(m) in advance"),
+    "declared_t1_s": ("float", False, math.nan, "profiled rows: the t1_s the profile declares "
+                      "(NaN: t1_s itself, an exact profile)"),
+    "declared_parallel_fraction": ("float", False, math.nan, "profiled rows: the parallel "
+                                   "fraction the profile declares (NaN: parallel_fraction)"),
     "service": ("str", False, "", "GPU service (model) the action calls"),
     "quota_key": ("str", False, "", "API quota the action consumes ('' for none)"),
     "quota_units": ("float", False, 1.0, "units of quota_key per call"),
@@ -352,6 +356,11 @@ def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]
             pf = float(cols["parallel_fraction"][i])
             true_e = Elasticity.amdahl(pf) if not math.isnan(pf) else None
             profiled = bool(cols["profiled"][i])
+            # what the profile declared (it may be off: traces.generate.declare); the
+            # truth below drives only the modelled execution
+            d_t1 = float(cols["declared_t1_s"][i])
+            d_pf = float(cols["declared_parallel_fraction"][i])
+            declared_e = Elasticity.amdahl(d_pf) if not math.isnan(d_pf) else true_e
             payload = {"timeout_s": float(cols["timeout_s"][i]), "command": cols["command"][i]}
             truth = Truth(float(cols["t1_s"][i]), None if math.isnan(pf) else pf,
                           float(cols["setup_s"][i]), float(cols["unit_overhead_s"][i]))
@@ -359,8 +368,8 @@ def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]
             steps.append(Step(float(cols["think_s"][i]), Action(
                 aid, str(cols["task"][i]), f"{prefix}{traj}", str(cols["kind"][i]), cost,
                 elastic=elastic,
-                t1_s=float(cols["t1_s"][i]) if profiled else None,
-                elasticity=true_e if profiled else None,
+                t1_s=(float(cols["t1_s"][i]) if math.isnan(d_t1) else d_t1) if profiled else None,
+                elasticity=declared_e if profiled else None,
                 service=cols["service"][i] or None, payload=payload), truth))
         mem = float(np.max(cols["mem_gb"][start:end])) if end > start else 0.0
         yield TrajectorySpec(f"{prefix}{traj}", str(cols["task"][start]), mem, tuple(steps))

@@ -9,6 +9,7 @@ model's arguments.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -21,12 +22,42 @@ CONFIG_KEYS = ("base_url", "token", "task", "image", "mem_gb", "shell", "kind", 
 REWARD_KEYS = ("command", "cpu", "elastic", "t1_s", "parallel_fraction", "timeout_s", "shell")
 
 
-def _num(where: str, value: Any, *, positive: bool = True) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float):
+#: the server's bounds (executor/schemas.py), checked when the config loads rather than
+#: answered as a 422 to every one of the model's calls
+MAX_MEM_GB = 4096.0
+MAX_TIMEOUT_S = 24 * 3600.0
+MAX_CORES = 4096
+_CORES = re.compile(r"^\s*(\d{1,6})\s*(?:-\s*(\d{1,6})\s*)?$")
+
+
+def _num(where: str, value: Any, *, positive: bool = True, most: float | None = None) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or value != value:
         raise ValueError(f"{where}: expected a number, got {value!r}")
     if positive and value <= 0:
         raise ValueError(f"{where}: must be > 0, got {value!r}")
+    if most is not None and value > most:
+        raise ValueError(f"{where}: at most {most:g}, got {value!r}")
     return float(value)
+
+
+def _cores(where: str, value: Any) -> str:
+    """Feasible core counts as the server takes them: ``2``, ``"1-8"`` or ``"1,2,4"``."""
+    if isinstance(value, bool) or not isinstance(value, int | str):
+        raise ValueError(f"{where}: expected core counts such as 2, '1-8' or '1,2,4', "
+                         f"got {value!r}")
+    text = str(value)
+    parts = text.split(",")
+    bounds: list[int] = []
+    for part in parts:
+        m = _CORES.match(part)
+        if not m or (len(parts) > 1 and m.group(2)):
+            raise ValueError(f"{where}: expected core counts such as 2, '1-8' or '1,2,4', "
+                             f"got {value!r}")
+        bounds += [int(m.group(1)), int(m.group(2) or m.group(1))]
+    if min(bounds) < 1 or max(bounds) > MAX_CORES or (len(parts) == 1 and bounds[0] > bounds[1]):
+        raise ValueError(f"{where}: core counts must be 1 <= min <= max <= {MAX_CORES}, "
+                         f"got {value!r}")
+    return text
 
 
 def _text(where: str, value: Any) -> str:
@@ -77,11 +108,11 @@ class RewardConfig:
                              "command; set shell: false (or elastic: false)")
         return cls(
             command=_text(f"{where}.command", raw["command"]),
-            cpu=str(raw.get("cpu", "1")),
+            cpu=_cores(f"{where}.cpu", raw.get("cpu", "1")),
             elastic=elastic,
             t1_s=_num(f"{where}.t1_s", raw["t1_s"]) if raw.get("t1_s") is not None else None,
             parallel_fraction=float(pf) if pf is not None else None,
-            timeout_s=(_num(f"{where}.timeout_s", raw["timeout_s"])
+            timeout_s=(_num(f"{where}.timeout_s", raw["timeout_s"], most=MAX_TIMEOUT_S)
                        if raw.get("timeout_s") is not None else None),
             shell=shell)
 
@@ -140,11 +171,12 @@ class SandboxConfig:
             base_url=_text(f"{where}.base_url", base_url), token=_text(f"{where}.token", token),
             task=_text(f"{where}.task", raw.get("task", "default")),
             image=_text(f"{where}.image", raw["image"]) if raw.get("image") is not None else None,
-            mem_gb=_num(f"{where}.mem_gb", mem) if mem is not None else None,
+            mem_gb=_num(f"{where}.mem_gb", mem, most=MAX_MEM_GB) if mem is not None else None,
             shell=_flag(f"{where}.shell", raw.get("shell", True)),
             kind=_text(f"{where}.kind", raw.get("kind", "shell")),
-            cpu=str(raw.get("cpu", "1")),
-            timeout_s=_num(f"{where}.timeout_s", timeout) if timeout is not None else None,
+            cpu=_cores(f"{where}.cpu", raw.get("cpu", "1")),
+            timeout_s=(_num(f"{where}.timeout_s", timeout, most=MAX_TIMEOUT_S)
+                       if timeout is not None else None),
             reward=RewardConfig.from_dict(reward, f"{where}.reward") if reward is not None else None,
             idle_ttl_s=_num(f"{where}.idle_ttl_s", raw.get("idle_ttl_s", 600.0)),
             max_output_chars=max_out)

@@ -24,8 +24,21 @@ usually say what happened).
 
 An observation is the command's output followed by one line on how it ended
 (``[exit code 0]``, ``[timed out: ...]``, ...). ``info`` is small and
-deterministic: ``{"step", "exit_code", "status"}`` (``"reward_exit_code"`` after
-a submission); nothing random such as ids or timings.
+deterministic: ``{"step": int, "status": str, "exit_code": int}``
+(``"reward_exit_code": int`` after a submission); nothing random such as ids or
+timings. Every key holds one type: a key with no value (no exit code after a
+timeout or a submission) is left out, which gymnasium's vector envs turn into
+their ``_key`` mask.
+
+Vector envs: ``gymnasium.vector.SyncVectorEnv([make] * 4)`` works as it is;
+``AsyncVectorEnv`` needs ``shared_memory=False`` (gymnasium 1.4 cannot place
+``Text`` observations in shared memory)::
+
+    envs = gymnasium.vector.AsyncVectorEnv([make] * 4, shared_memory=False)
+
+Run ``check_env`` (and any exploration with random actions) against a server on
+the docker backend: the checker sends random printable text as commands, which
+the process backend runs as the server's own user.
 
 The action ``submit`` (``submit_action``) ends the episode: it runs the reward
 command (``reward.command``; reward 1.0 if it exits 0, else 0.0) and never runs
@@ -120,18 +133,20 @@ class TangramEnv(SyncTrajectory, gymnasium.Env):
         if action.strip() == self.submit_action:
             if self.settings.reward is None:
                 obs = "[submitted; no reward command is configured, so the reward is 0]"
-                return obs, 0.0, True, False, {"step": self._steps, "exit_code": None,
-                                               "status": "submitted"}
+                return obs, 0.0, True, False, {"step": self._steps, "status": "submitted"}
             res = client.run(self.trajectory, **self.settings.reward.action())
             obs = to_charset(render(res, self.max_obs_chars - 200, self.settings.mem_gb),
                              self.max_obs_chars)
-            return obs, 1.0 if passed(res) else 0.0, True, False, {
-                "step": self._steps, "exit_code": None, "status": "submitted",
-                "reward_exit_code": res.get("exit_code")}
+            info = {"step": self._steps, "status": "submitted"}
+            if isinstance(res.get("exit_code"), int):
+                info["reward_exit_code"] = res["exit_code"]
+            return obs, 1.0 if passed(res) else 0.0, True, False, info
         res = client.run(self.trajectory, **self.settings.action(action))
         obs = to_charset(render(res, self.max_obs_chars - 200, self.settings.mem_gb),
                          self.max_obs_chars)
-        info = {"step": self._steps, "exit_code": res.get("exit_code"), "status": res["status"]}
+        info = {"step": self._steps, "status": str(res["status"])}
+        if isinstance(res.get("exit_code"), int):  # none after a timeout: the key is left out
+            info["exit_code"] = res["exit_code"]
         return obs, 0.0, False, self._steps >= self.max_steps, info
 
     def close(self) -> None:

@@ -1,40 +1,52 @@
-"""A verl tool whose commands run in a Tangram sandbox.
+"""verl: a tool whose commands run in a Tangram sandbox, and the reward that scores
+the rollout in that sandbox and closes it.
 
-A tool config YAML names the class; verl's own loader
+Two config lines wire it into verl 0.9 (``examples/verl_tool.yaml`` is a complete
+tool config)::
+
+    actor_rollout_ref.rollout.multi_turn.tool_config_path=examples/verl_tool.yaml
+    reward.custom_reward_function.path=pkg://tangram.integrations.verl
+    reward.custom_reward_function.name=compute_score
+
+The tool config names the class; verl's own loader
 (``verl.tools.tool_registry.initialize_tools_from_config``) constructs it::
 
     tools:
       - class_name: tangram.integrations.verl.TangramTool
         config: {type: native, base_url: "http://127.0.0.1:8000", task: coding, mem_gb: 4,
                  reward: {command: "python3 -m pytest -q tests", cpu: "1-8"}}
-        # tool_schema: optional; the default is a `shell` tool with a required `command`
 
-(``examples/verl_tool.yaml`` is a complete one.) The token comes from the config
-or from TANGRAM_TOKEN.
+The token comes from the config or from TANGRAM_TOKEN (the reward workers read
+TANGRAM_TOKEN).
 
-verl 0.9's ``ToolAgentLoop`` calls ``create -> execute -> release`` for *every*
-tool call and passes the rollout's ``agent_data`` to ``execute``. The sandbox
-therefore belongs to the rollout, keyed on ``agent_data.request_id``: the calls
-of one rollout share it (a file written by one call is there for the next),
-``release`` of a per-call instance leaves it open, and it is closed when
+The sandbox belongs to the rollout. verl's ``ToolAgentLoop`` calls
+``create -> execute -> release`` for *every* tool call and passes the rollout's
+``agent_data``; the tool keys the sandbox on an id it keeps in
+``agent_data.extra_fields["tangram"]``, fresh for every rollout (verl reuses
+``request_id`` ``det-<priority>`` across steps under ``full_determinism``: a key
+on it would hand the next step's rollout the previous one's files). The calls of
+one rollout share the sandbox; ``release`` of a per-call instance leaves it open.
 
-* the rollout ends: run the rollout inside ``rollout_scope()`` (the hook, see
-  below), or call ``await tool.close_rollout(request_id)``;
-* or it has been idle for ``idle_ttl_s`` (default 600 s), the backstop for a
-  rollout nobody closed.
+verl copies ``agent_data.extra_fields`` into the batch's ``tool_extra_fields``;
+its reward managers (``verl.experimental.reward_loop.reward_manager.*``) merge
+them into ``extra_info`` and call ``compute_score(data_source, solution_str,
+ground_truth, extra_info)``. :func:`compute_score` finds the sandbox there, runs
+the tool config's reward command in it (a ``reward_test`` action, elastic where
+configured), returns ``{"score", "reward_exit_code", "reward_status"}`` and closes
+the sandbox. A sandbox is otherwise closed when
 
-A caller that drives the classic lifecycle instead (``create`` once, several
-``execute``, ``calc_reward``, ``release``, without ``agent_data``) gets one
-sandbox per instance, closed by ``release``.
+* its rollout ends inside ``rollout_scope()`` (``examples/verl_agent_loop.py``
+  wraps ``ToolAgentLoop.run`` in it), or ``await tool.close_rollout(key)``;
+* or it has been idle for ``idle_ttl_s`` (default 600 s), the backstop.
 
-Wiring the hook into verl: ``examples/verl_agent_loop.py`` is a ``ToolAgentLoop``
-whose ``run`` is wrapped in ``rollout_scope()``; ``examples/verl_agent_loops.yaml``
-registers it, and ``actor_rollout_ref.rollout.agent.default_agent_loop`` selects it.
+``calc_reward`` is kept for callers that drive it; verl 0.9 never calls it.
+A caller that drives the classic lifecycle (``create`` once, several ``execute``,
+``release``, without ``agent_data``) gets one sandbox per instance, closed by
+``release``.
 
 The module imports without verl: ``TangramTool`` then derives from a stand-in
-base with the same methods, so the sandbox logic can be used (and tested) on its
-own. When verl's ``verl.tools.base_tool`` is importable, it is a real subclass of
-verl's ``BaseTool`` and returns verl's ``ToolResponse``.
+base with the same methods. When verl's ``verl.tools.base_tool`` is importable, it
+is a real subclass of verl's ``BaseTool`` and returns verl's ``ToolResponse``.
 """
 
 from __future__ import annotations
@@ -43,6 +55,7 @@ import asyncio
 import contextlib
 import contextvars
 import logging
+import os
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -52,9 +65,13 @@ from typing import Any
 import httpx
 
 from tangram.client import TangramClient, TangramError
-from tangram.integrations.common import SandboxConfig, passed, render
+from tangram.integrations.common import RewardConfig, SandboxConfig, passed, render
 
 log = logging.getLogger(__name__)
+
+#: the key of ``agent_data.extra_fields`` (and so of verl's ``tool_extra_fields`` and the
+#: reward's ``extra_info``) under which a rollout's sandbox is found
+EXTRA_KEY = "tangram"
 
 #: the schema used when a tool config gives none: a `shell` tool with one required argument
 DEFAULT_TOOL_SCHEMA: dict[str, Any] = {
@@ -126,6 +143,10 @@ class _Sandbox:
 class TangramTool(_Base):
     """verl ``BaseTool``: runs the model's ``command`` in the rollout's sandbox."""
 
+    #: a call still queued after this long logs why it waits (the server's reason: no node
+    #: has memory for the sandbox, or cores are busy)
+    admission_warn_s: float = 10.0
+
     def __init__(self, config: dict, tool_schema: Any = None) -> None:
         # `type` is verl's own key (native); everything else is ours and validated
         self.settings = SandboxConfig.from_dict(config or {}, "config", ignore=("type",))
@@ -162,7 +183,8 @@ class TangramTool(_Base):
                     0.0, {"error": "missing command"})
         key = self._key(instance_id, kwargs.get("agent_data"))
         try:
-            result = await self._run(key, self.settings.action(command))
+            result = await self._run(key, self.settings.action(command),
+                                     kwargs.get("agent_data"))
         except (TangramError, httpx.HTTPError) as e:
             return (ToolResponse(text=f"Error: the sandbox service failed: {e}"), 0.0,
                     {"error": str(e)})
@@ -227,9 +249,9 @@ class TangramTool(_Base):
         return box.trajectory if box else None
 
     def _key(self, instance_id: str, agent_data: Any) -> str:
-        request_id = getattr(agent_data, "request_id", None)
-        key = str(request_id) if request_id is not None else self._instances.get(
-            instance_id, instance_id)
+        key = self._rollout_key(agent_data)
+        if key is None:
+            key = self._instances.get(instance_id, instance_id)
         if instance_id in self._instances:
             self._instances[instance_id] = key
         scope = _SCOPE.get()
@@ -237,11 +259,52 @@ class TangramTool(_Base):
             scope.add((self, key))
         return key
 
-    async def _run(self, key: str, action: dict[str, Any]) -> dict[str, Any]:
+    @staticmethod
+    def _rollout_key(agent_data: Any) -> str | None:
+        """An id for the rollout ``agent_data`` belongs to, kept in its ``extra_fields``
+        (one per AgentData, so never a previous step's even when verl reuses
+        ``det-*`` request ids); ``request_id`` for an agent_data without extra_fields."""
+        extra = getattr(agent_data, "extra_fields", None)
+        if isinstance(extra, dict):
+            entry = extra.get(EXTRA_KEY)
+            if not isinstance(entry, dict) or "rollout" not in entry:
+                rid = getattr(agent_data, "request_id", None)
+                entry = {"rollout": f"{rid or 'rollout'}-{uuid.uuid4().hex[:12]}"}
+                extra[EXTRA_KEY] = entry
+            return str(entry["rollout"])
+        request_id = getattr(agent_data, "request_id", None)
+        return str(request_id) if request_id is not None else None
+
+    def _publish(self, agent_data: Any, key: str, trajectory: str) -> None:
+        """What compute_score needs to find and score the rollout's sandbox (no token)."""
+        extra = getattr(agent_data, "extra_fields", None)
+        if isinstance(extra, dict):
+            reward = self.settings.reward
+            extra[EXTRA_KEY] = {"rollout": key, "trajectory": trajectory,
+                                "base_url": self.settings.base_url,
+                                "reward": reward.action() if reward is not None else None}
+
+    async def _run(self, key: str, action: dict[str, Any],
+                   agent_data: Any = None) -> dict[str, Any]:
         box = await self._sandbox(key)
+        self._publish(agent_data, key, box.trajectory)
         box.busy += 1
         try:
-            return await self._http().run(box.trajectory, **action)
+            http = self._http()
+            aid = uuid.uuid4().hex
+            call = asyncio.ensure_future(http.run(box.trajectory, action_id=aid, **action))
+            try:
+                done, _ = await asyncio.wait({call}, timeout=self.admission_warn_s)
+                if not done:  # still waiting: say why in verl's log (a full machine?)
+                    with contextlib.suppress(TangramError, httpx.HTTPError):
+                        state = await http.wait(aid, 0)
+                        if state.get("status") == "queued" and state.get("error"):
+                            log.warning("rollout %s: its call has waited %g s: %s", key,
+                                        self.admission_warn_s, state["error"])
+                return await call
+            except BaseException:
+                call.cancel()
+                raise
         finally:
             box.busy -= 1
             box.last_used = time.monotonic()
@@ -296,3 +359,51 @@ class TangramTool(_Base):
         while True:
             await asyncio.sleep(min(max(self.settings.idle_ttl_s / 4, 0.05), 30.0))
             await self._sweep()
+
+
+# -- verl's reward path -------------------------------------------------------------------
+async def compute_score(data_source: Any = None, solution_str: str | None = None,
+                        ground_truth: Any = None, extra_info: dict[str, Any] | None = None,
+                        **reward_kwargs: Any) -> dict[str, Any]:
+    """verl's ``custom_reward_function``: score the rollout in its own sandbox, then close it.
+
+    ``extra_info[EXTRA_KEY]`` is what TangramTool put into the rollout's
+    ``tool_extra_fields``. The reward command is the tool config's ``reward`` unless
+    ``reward_kwargs`` (``custom_reward_function.reward_kwargs``) give one: keys of
+    the tool's ``reward`` block (``command``, ``cpu``, ``elastic``, ...). Returns
+    ``{"score": 1.0 | 0.0, "reward_exit_code": int (-1: none), "reward_status": str}``
+    (the same keys for every rollout: verl gathers them per key into
+    ``reward_extra_info``). A rollout that never called the tool has no sandbox and
+    scores 0.0 with ``reward_status`` ``"no sandbox"``.
+    """
+    entry = (extra_info or {}).get(EXTRA_KEY)
+    reward_kwargs = {k: v for k, v in reward_kwargs.items()
+                     if k not in ("reward_router_address", "reward_model_tokenizer")}
+    if not isinstance(entry, dict) or not entry.get("trajectory"):
+        return {"score": 0.0, "reward_exit_code": -1, "reward_status": "no sandbox"}
+    if reward_kwargs:
+        action = RewardConfig.from_dict(reward_kwargs, "reward_kwargs").action()
+    elif entry.get("reward"):
+        action = dict(entry["reward"])
+    else:
+        raise ValueError("compute_score: no reward command (give the tool config a `reward` "
+                         "block or custom_reward_function.reward_kwargs.command)")
+    base_url = entry.get("base_url") or os.environ.get("TANGRAM_URL")
+    if not base_url:
+        raise ValueError("compute_score: no Tangram URL (the tool's base_url or TANGRAM_URL)")
+    trajectory = str(entry["trajectory"])
+    async with TangramClient(base_url, os.environ.get("TANGRAM_TOKEN")) as tg:
+        try:
+            result = await tg.run(trajectory, **action)
+        except TangramError as e:
+            if e.status != 404:
+                raise
+            # closed already (its idle TTL, or scored before): nothing to score
+            return {"score": 0.0, "reward_exit_code": -1, "reward_status": "sandbox closed"}
+        finally:
+            with contextlib.suppress(TangramError, httpx.HTTPError):
+                await tg.close_trajectory(trajectory)
+    code = result.get("exit_code")
+    return {"score": 1.0 if passed(result) else 0.0,
+            "reward_exit_code": int(code) if isinstance(code, int) else -1,
+            "reward_status": str(result.get("status"))}

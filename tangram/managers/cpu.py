@@ -5,7 +5,9 @@ an elastic action's cores come from one NUMA domain (parallel efficiency
 depends on core distance). A trajectory is bound at its first action to a
 node with enough free cores for that action and memory for the whole
 trajectory, chosen by memory balance; its memory stays reserved until it is
-closed (its container keeps its state between actions).
+closed (its container keeps its state between actions). Whether a node has
+room for a trajectory's memory is ``admission``'s rule (tangram/admission.py:
+declared limits reserved in full unless the node's free memory is observed).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
+from tangram.admission import RESERVE, MemoryAdmission
 from tangram.cluster import CpuNodeSpec
 
 
@@ -24,7 +27,8 @@ class CpuLease:
 
 
 class CpuNode:
-    __slots__ = ("name", "spec", "domains", "mem_reserved", "domain_size")
+    __slots__ = ("name", "spec", "domains", "mem_reserved", "domain_size", "mem_observed_free",
+                 "mem_since")
 
     def __init__(self, spec: CpuNodeSpec) -> None:
         self.name = spec.name
@@ -34,6 +38,10 @@ class CpuNode:
             list(range(d * self.domain_size, (d + 1) * self.domain_size)) for d in range(spec.numa)
         ]
         self.mem_reserved = 0.0
+        #: free memory last observed on the node (None: never observed) and the assumed
+        #: use of the trajectories bound to it since (MemoryAdmission.start_gb each)
+        self.mem_observed_free: float | None = None
+        self.mem_since = 0.0
 
     @property
     def free_cores(self) -> int:
@@ -74,8 +82,10 @@ def pick_domains(free: list[int], n: int, numa_local: bool) -> list[tuple[int, i
 
 
 class CpuManager:
-    def __init__(self, specs: Iterable[CpuNodeSpec]) -> None:
+    def __init__(self, specs: Iterable[CpuNodeSpec],
+                 admission: MemoryAdmission = RESERVE) -> None:
         self.nodes = {s.name: CpuNode(s) for s in specs}
+        self.admission = admission
         self._binding: dict[str, tuple[str, float]] = {}
         self._live: dict[str, CpuLease] = {}
 
@@ -90,7 +100,7 @@ class CpuManager:
             return self._binding[trajectory][0]
         best: CpuNode | None = None
         for node in self.nodes.values():
-            if node.mem_free < mem_gb or node.free_cores < min_cores:
+            if node.free_cores < min_cores or self.mem_refusal(node, mem_gb) is not None:
                 continue
             if best is None or (node.mem_reserved / node.spec.mem_gb
                                 < best.mem_reserved / best.spec.mem_gb):
@@ -103,8 +113,34 @@ class CpuManager:
     def hold_memory(self, trajectory: str, node: str, mem_gb: float) -> None:
         """Bind ``trajectory`` to ``node``, holding ``mem_gb`` there until it is unbound
         (what ``bind`` does once it chose the node; a subclass choosing otherwise calls it)."""
-        self.nodes[node].mem_reserved += mem_gb
+        host = self.nodes[node]
+        host.mem_reserved += mem_gb
+        host.mem_since += min(mem_gb, self.admission.start_gb)
         self._binding[trajectory] = (node, mem_gb)
+
+    def mem_refusal(self, node: CpuNode, mem_gb: float) -> str | None:
+        """Why ``node`` cannot take a trajectory declaring ``mem_gb`` now (None: it can)."""
+        return self.admission.refusal(node.name, node.spec.mem_gb, node.mem_reserved, mem_gb,
+                                      node.mem_observed_free, node.mem_since)
+
+    def why_unbound(self, mem_gb: float, min_cores: int) -> str:
+        """Why no node takes a trajectory declaring ``mem_gb`` whose first action needs
+        ``min_cores`` cores (for a client waiting on it)."""
+        reasons = []
+        for node in self.nodes.values():
+            why = self.mem_refusal(node, mem_gb)
+            if why is None and node.free_cores < min_cores:
+                why = f"node {node.name}: {node.free_cores} free core(s), {min_cores} needed"
+            reasons.append(why or f"node {node.name}: room now (next scheduling pass)")
+        return "waiting for a node: " + "; ".join(reasons) if reasons else "no CPU node"
+
+    def observe_free(self, node: str, free_gb: float) -> None:
+        """The node's free memory as just observed (e.g. MemAvailable): admission from
+        now on goes by it (MemoryAdmission), not by the declared limits alone."""
+        host = self.nodes.get(node)
+        if host is not None:
+            host.mem_observed_free = max(0.0, float(free_gb))
+            host.mem_since = 0.0
 
     def unbind(self, trajectory: str) -> None:
         """Release a closed trajectory's memory (idempotent)."""

@@ -23,7 +23,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from tangram.arrange import CHUNK_SIZES
-from tangram.cluster import GpuNodeSpec, ServiceSpec
+from tangram.cluster import GpuNodeSpec, ServiceSpec, gpu_misfit
 from tangram.model import GpuPlan, Variant
 
 
@@ -108,20 +108,7 @@ class GpuManager:
         return self._checks[key]
 
     def _check(self, service: str, units: int) -> str | None:
-        spec = self.services.get(service)
-        if spec is None:
-            return f"service: unknown service {service!r} (known: {sorted(self.services)})"
-        if units not in CHUNK_SIZES:
-            return f"cost['gpu']: {units} GPUs is not a chunk size {CHUNK_SIZES}"
-        if not self.nodes:
-            return "cost['gpu']: the cluster has no GPU nodes"
-        if units > max(n.spec.gpus for n in self.nodes.values()):
-            return f"cost['gpu']: {units} GPUs is more than any GPU node has"
-        mem = min(n.spec.gpu_mem_gb for n in self.nodes.values())
-        if spec.size_gb / units > mem:
-            return (f"cost['gpu']: service {service!r} ({spec.size_gb} GB) does not fit on "
-                    f"{units} GPU(s) of {mem} GB")
-        return None
+        return gpu_misfit((n.spec for n in self.nodes.values()), self.services, service, units)
 
     def chunk_counts(self) -> tuple[int, int, int, int]:
         """Free chunks of each size over all nodes (cached until the next change)."""

@@ -108,11 +108,11 @@ class ServicePool(Pool):
 
 
 def static_placement(cluster: ClusterSpec, services: list[str], dop: int | None,
-                     replicas: int | None = None) -> dict[str, list[Replica]]:
+                     replicas: int | dict[str, int] | None = None) -> dict[str, list[Replica]]:
     """Replicas per service: each service at the smallest DoP its weights fit
     (at least ``dop``), one replica each first, then more round-robin while
-    aligned chunks remain (at most ``replicas`` each) — how a team sizes fixed
-    SGLang deployments."""
+    aligned chunks remain (at most ``replicas`` each, or ``replicas[service]`` for a
+    split sized to each service's demand) — how a team sizes fixed SGLang deployments."""
     if dop is not None and dop not in (1, 2, 4, 8):
         raise ValueError(f"static dop: must be 1, 2, 4 or 8, got {dop}")
     carve = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
@@ -128,7 +128,8 @@ def static_placement(cluster: ClusterSpec, services: list[str], dop: int | None,
     while True:
         placed = False
         for s in order:
-            if replicas is not None and len(per[s]) >= replicas:
+            cap = replicas.get(s, 1) if isinstance(replicas, dict) else replicas
+            if cap is not None and len(per[s]) >= cap:
                 continue
             lease = carve.reserve(f"{s}/{round_no}", s, sizes[s])
             if lease is None:

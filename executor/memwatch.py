@@ -1,0 +1,65 @@
+"""The local node's free memory, observed for the core's memory admission.
+
+Once a second (``period_s``) the machine's ``MemAvailable`` goes to the core as a
+``MemoryObserved`` command (tangram/protocol.py), through the runtime like every other
+command: from then on the node admits sandboxes by what they use, their declared
+``mem_gb`` being their cap (tangram/admission.py, the rule the core was built with).
+What follows is the core's decision, not this module's: while trajectories wait for
+a node, idle ones (nothing in flight for ``reclaim_idle_s``) give their place, least
+recently used first (``Reclaim`` effects: a backend that ``evicts``, docker, removes
+their containers; the process backend keeps their files), and a scheduling pass
+follows, so memory freed by a sandbox's processes (not only by a close) admits them.
+
+Only the machine the server runs on is observed (executor/assemble.py); a multi-node
+backend (Ray) observes nothing: its nodes keep reserving every declared limit in full.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from executor.driver import LiveExecutor
+from tangram.protocol import MemoryObserved
+
+
+def mem_available_gb(path: str = "/proc/meminfo") -> float | None:
+    """The kernel's estimate of memory available to new work (GB), None if unknown."""
+    try:
+        with open(path) as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 1024**2
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+class MemoryWatch:
+    """Observes ``node``'s free memory for ``executor``'s core every ``period_s``."""
+
+    def __init__(self, executor: LiveExecutor, node: str = "local", period_s: float = 1.0,
+                 reclaim_idle_s: float = 2.0) -> None:
+        self.executor = executor
+        self.node = node
+        self.period_s = period_s
+        self.reclaim_idle_s = reclaim_idle_s
+        self._task: asyncio.Task | None = None
+
+    def observe(self) -> None:
+        free = mem_available_gb()
+        if free is not None:
+            self.executor.runtime.apply(MemoryObserved(self.node, free, self.reclaim_idle_s))
+
+    def start(self) -> None:
+        self.observe()
+        self._task = self.executor.loop.create_task(self._run())
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.period_s)
+            self.observe()
+
+    def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            self._task = None

@@ -1,0 +1,132 @@
+"""Attack (issue 21 #2): a node agent that dies - SIGKILL, its guard killed first, its
+raylet killed - leaves no command running (checked in /proc), the cores it offered are
+not offered again before its orphans are dead, ``state_lost`` is told once, and the
+agents hold their cores as Ray CPUs, so a second server cannot be handed them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+
+import pytest
+from test_ray import shell, until
+
+from executor.driver import LiveExecutor
+from executor.ray_backend import RayBackend
+from tangram.core import Tangram
+
+
+def procs_with(arg: str) -> list[int]:
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if arg.encode() in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass
+    return found
+
+
+def guard_of(marker: str) -> list[int]:
+    return [p for p in procs_with(marker) if p in procs_with("executor.ray_guard")]
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+@pytest.mark.parametrize("guard", ["alive", "killed first"])
+def test_a_killed_agent_leaves_no_orphan(ray_cluster, guard):
+    """SIGKILL a node's agent mid-action: its command (and a child that left the group)
+    must die; with its guard killed first, the next agent on the node fences them
+    before the node is offered again."""
+    tag = {"alive": "91.25", "killed first": "92.25"}[guard]
+
+    async def go() -> None:
+        backend = RayBackend(ray_cluster, poll_s=0.2)
+        ex = LiveExecutor(Tangram(backend.cluster()), backend)
+        try:
+            ex.open_trajectory("victim", "t", 0.25)
+            running = ex.submit(shell("long", "victim", f"sh -c 'setsid sleep {tag}1 & "
+                                      f"exec sleep {tag}2'", kind="long"))
+            await until(lambda: procs_with(f"{tag}1") and procs_with(f"{tag}2"), 30, "commands")
+            node = ex.core.cpu.node_of("victim")
+            info = backend.agents[node].info
+            if guard == "killed first":
+                (gpid,) = guard_of(info.marker)
+                os.kill(gpid, signal.SIGKILL)
+            os.kill(info.pid, signal.SIGKILL)
+            rec, out = await asyncio.wait_for(running, 30)
+            assert (out.status, out.extra.get("reason")) == ("failed", "node_lost"), out
+            assert out.extra["state_lost"]
+            # the node (alive) gets a new agent: not before the orphans are dead
+            await until(lambda: node in backend.agents and
+                        backend.agents[node].info.marker != info.marker, 60, "a new agent")
+            assert procs_with(f"{tag}1") == [] and procs_with(f"{tag}2") == [], "orphans"
+            assert not alive(info.pid)
+            # told once: its failure said so; the next action does not say it again
+            rec, out = await ex.run(shell("next", "victim", "true"))
+            assert out.status == "ok" and not out.extra.get("state_lost"), out
+        finally:
+            with contextlib.suppress(ValueError):
+                ex.close_trajectory("victim")
+            ex.shutdown()
+
+    asyncio.run(go())
+
+
+def test_a_killed_raylet_takes_its_agent_and_commands_along(ray_cluster):
+    """Kill a node's raylet: the agent (a Ray worker that may outlive it for minutes)
+    and every command it ran must be gone - checked in /proc."""
+
+    async def go() -> None:
+        extra = ray_cluster.add_local_node([0], 1.0)
+        backend = RayBackend(ray_cluster, poll_s=0.2)
+        ex = LiveExecutor(Tangram(backend.cluster()), backend)
+        trajs = [f"r{i}" for i in range(len(backend.agents))]
+        try:
+            (name,) = [n for n, a in backend.agents.items()
+                       if a.info.ray_node_id == extra.node_id]
+            info = backend.agents[name].info
+            runs = []
+            for i, t in enumerate(trajs):  # one long command per node (one core each)
+                ex.open_trajectory(t, "t", 0.25)
+                runs.append(ex.submit(shell(f"{t}-long", t, f"sleep 93.{i}5", kind="long")))
+            await until(lambda: name in {ex.core.cpu.node_of(t) for t in trajs}, 30, "binding")
+            (victim,) = [t for t in trajs if ex.core.cpu.node_of(t) == name]
+            tag = f"93.{trajs.index(victim)}5"
+            await until(lambda: procs_with(tag), 30, "the command")
+            os.kill(extra.all_processes["raylet"][0].process.pid, signal.SIGKILL)
+            rec, out = await asyncio.wait_for(runs[trajs.index(victim)], 30)
+            assert (out.status, out.extra.get("reason")) == ("failed", "node_lost"), out
+            await until(lambda: not alive(info.pid) and not procs_with(tag), 30,
+                        "the agent and its command to die")
+        finally:
+            ex.shutdown()
+            with contextlib.suppress(Exception):
+                ray_cluster.cluster.remove_node(extra, allow_graceful=False)
+
+    asyncio.run(go())
+
+
+def test_a_second_server_is_not_handed_the_same_cores(ray_cluster):
+    """The agents hold their cores as Ray CPUs: a second backend on the same cluster
+    finds no node to start an agent on (before: two servers granted the same cores)."""
+    import ray
+
+    first = RayBackend(ray_cluster, poll_s=0.2)
+    try:
+        cpus = sum(len(a.info.cpus) for a in first.agents.values())
+        assert ray.available_resources().get("CPU", 0) <= \
+            ray.cluster_resources().get("CPU", 0) - cpus + 1e-6
+        with pytest.raises(RuntimeError, match="no Ray node could start"):
+            RayBackend(ray_cluster, poll_s=0.2, start_timeout_s=5)
+    finally:
+        first.shutdown()
