@@ -312,11 +312,15 @@ class RayGpuBackend(GpuBackend):
         if not self._alive(rn.ray_node_id):
             log.warning("GPU node %s left the Ray cluster; its GPUs stay out", node)
             return
-        try:
-            nw = self._worker(node)
+        spec = self.nodes[node]
+        try:  # started here (it blocks on Ray), registered on the loop (_adopt)
+            nw = self._new_worker(node, spec.gpus, list(range(spec.gpus)))
         except Exception as e:  # noqa: BLE001 - the node may be going away too
             log.error("GPU node %s: no fresh worker: %s", node, e)
             return
+        threading.Thread(target=self._read, args=(nw,), daemon=True,
+                         name=f"gpu-reader-{node}").start()
+        self._post(self._adopt, nw)
         deadline = time.monotonic() + timeout
         while not nw.ready_event.wait(0.5):
             if self._closed or time.monotonic() > deadline:
@@ -324,6 +328,13 @@ class RayGpuBackend(GpuBackend):
         if nw.fatal or nw.dead or self._closed:
             return
         self._post(self._joined, node)
+
+    def _adopt(self, nw: NodeWorker) -> None:
+        if self._closed:
+            nw.dead = True
+            nw.stop(timeout=1.0)
+            return
+        self.workers[nw.node] = nw
 
     def _joined(self, node: str) -> None:
         self.down.discard(node)
