@@ -13,6 +13,7 @@ import signal
 from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from fastapi import FastAPI
 
@@ -27,6 +28,7 @@ from executor.gpu.config import (
     scaled_cluster,
 )
 from executor.gpu.model import ModelError
+from executor.gpu.ray_worker import attach_gpus, local_gpu_labels
 from executor.local import local_cluster
 from executor.ray_backend import RayBackend
 from executor.ray_cluster import RaySpec, connect
@@ -71,10 +73,28 @@ def check_local_policy(quotas: tuple[QuotaSpec, ...], policy: Policy) -> None:
         raise AssemblyError(str(e)) from None
 
 
-def ray_backend(spec: RaySpec, backend: str) -> RayBackend:
-    """Connect to Ray and start one agent per node."""
+def ray_backend(spec: RaySpec, backend: str, gpu: GpuCluster | None = None,
+                gpu_device: str = "cpu") -> Any:
+    """Connect to Ray and start one agent per node; with ``gpu``, a GPU worker actor on
+    every node that has GPUs too (executor/gpu/ray_worker.py; ``local:N`` nodes declare
+    the GPU cluster's first node's GPUs by label)."""
+    labels = local_gpu_labels(gpu) if gpu is not None and spec.mode == "local" else None
     try:
-        conn = connect(spec)
+        live = _ray_backend(spec, backend, labels)
+        if gpu is None:
+            return live
+    except (RuntimeError, ValueError) as e:
+        raise AssemblyError(str(e)) from None
+    try:
+        return attach_gpus(live, gpu, gpu_device)
+    except (RuntimeError, ValueError, TimeoutError) as e:
+        live.shutdown()
+        raise AssemblyError(str(e)) from None
+
+
+def _ray_backend(spec: RaySpec, backend: str, labels: dict[str, str] | None) -> RayBackend:
+    try:
+        conn = connect(spec, labels)
     except ConnectionError as e:
         raise AssemblyError(str(e)) from None
     try:
@@ -125,7 +145,7 @@ def serve_gpu_cluster(gpus: str | None, path: Path | None, device: str) -> GpuCl
     return gc
 
 
-def serve_app(opts: ServeOptions, token: str, ray: RayBackend | None = None) -> FastAPI:
+def serve_app(opts: ServeOptions, token: str, ray: Any = None) -> FastAPI:
     """The server app: over the Ray cluster behind ``ray``, or over this machine (its
     cores, the env backend, GPU workers when ``opts.gpu``)."""
     hardening = {"allow_urls": opts.allow_urls, "task_images": opts.task_images,
@@ -137,9 +157,6 @@ def serve_app(opts: ServeOptions, token: str, ray: RayBackend | None = None) -> 
     if gc is not None:
         cluster = replace(cluster, gpu_nodes=gc.spec.gpu_nodes, services=gc.spec.services,
                           restore_gbps=gc.spec.restore_gbps)
-        why = opts.policy.gpu.live_refusal()
-        if why is not None:
-            raise AssemblyError(f"--policy {opts.policy.label}: {why}")
 
     def make_core() -> Tangram:
         return Tangram(cluster, opts.policy, admission=opts.admission)
@@ -161,7 +178,7 @@ def serve_app(opts: ServeOptions, token: str, ray: RayBackend | None = None) -> 
     return app
 
 
-def _ray_app(opts: ServeOptions, token: str, live: RayBackend, hardening: dict) -> FastAPI:
+def _ray_app(opts: ServeOptions, token: str, live: Any, hardening: dict) -> FastAPI:
     try:  # the policy must hold the Ray nodes too
         Tangram(live.cluster(opts.quotas), opts.policy)
     except ValueError as e:

@@ -19,7 +19,7 @@ import httpx
 from executor.urls import FORBIDDEN_HEADERS
 from tangram.backoff import Backoff
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import NONE, Capabilities, Sink
+from tangram.protocol import NONE, Capabilities, PreRestore, Sink
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
@@ -187,17 +187,24 @@ class RouterBackend:
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         backend = self._pick(d)
-        self._where[d.action.id] = backend
+        for a in d.actions:  # a batch dispatch: each member ends (and is cancelled) alone
+            self._where[a.id] = backend
 
         def done(outcome: Outcome) -> None:
-            self._where.pop(d.action.id, None)
+            self._where.pop(outcome.action_id, None)
             on_done(outcome)
 
         try:
             backend.start(d, done)
         except Exception as e:  # noqa: BLE001 - e.g. a backend already shut down
-            done(Outcome(d.action.id, "failed", None,
-                         error=f"{backend.name}: cannot start: {type(e).__name__}: {e}"))
+            for a in d.actions:
+                done(Outcome(a.id, "failed", None,
+                             error=f"{backend.name}: cannot start: {type(e).__name__}: {e}"))
+
+    def prerestore(self, effect: PreRestore) -> None:
+        """A GPU variant loaded ahead of demand: the GPU backend's (only it pre-restores)."""
+        if self.gpu is not None:
+            self.gpu.prerestore(effect)
 
     def cancel(self, action_id: str) -> None:
         backend = self._where.get(action_id)

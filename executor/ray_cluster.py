@@ -176,8 +176,9 @@ def _check_reachable(address: str, timeout_s: float = 5.0) -> None:
                               f"({e.strerror or e})") from None
 
 
-def connect(spec: RaySpec | str) -> RayConnection:
-    """Connect this process to Ray (starting a local cluster for ``local:N``).
+def connect(spec: RaySpec | str, labels: dict[str, str] | None = None) -> RayConnection:
+    """Connect this process to Ray (starting a local cluster for ``local:N``, each node
+    with ``labels`` besides its own: e.g. the GPUs it declares, executor/gpu/ray_worker.py).
 
     Raises RayUnavailable without Ray, ConnectionError when no cluster answers."""
     if isinstance(spec, str):
@@ -200,6 +201,8 @@ def connect(spec: RaySpec | str) -> RayConnection:
     slices = split_cores(allowed_cpus(), spec.nodes)
     mem = round(mem_total_gb() / spec.nodes, 2)
     args = [_local_node_args(s, mem) for s in slices]
+    for a in args:
+        a["labels"].update(labels or {})
     cluster = Cluster(initialize_head=True, head_node_args={
         **args[0], "include_dashboard": False, "_system_config": LOCAL_HEALTH_CHECKS})
     try:

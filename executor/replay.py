@@ -34,12 +34,13 @@ import pandas as pd
 from executor.driver import LiveBackend, LiveExecutor
 from executor.gpu.backend import GpuBackend
 from executor.gpu.config import GpuCluster
+from executor.gpu.measure import after_run, measure
 from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome, quota_resource
 from tangram.policies import Policy
-from tangram.protocol import Sink
+from tangram.protocol import PreRestore, Sink
 from tangram.runtime import Record, RunResult
 from traces.player import drive, play, refuse_misfits
 from traces.schema import Step, TrajectorySpec, trajectories
@@ -122,13 +123,14 @@ class OutputLog:
         self.inner.watch(sink)
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
-        self.running += 1
+        # a batch dispatch ends once per member (one Outcome each)
+        self.running += len(d.actions)
 
         def done(out: Outcome) -> None:
             self.running -= 1
             if out.status == "ok" and out.exit_code not in (0, None):
                 out = replace(out, status="failed", error=f"exit code {out.exit_code}")
-            self.rows.append({"action_id": d.action.id, "status": out.status,
+            self.rows.append({"action_id": out.action_id, "status": out.status,
                               "exit_code": out.exit_code, "error": out.error,
                               "argv": list((out.extra or {}).get("argv") or []),
                               "output_tail": (out.output or "")[-OUTPUT_TAIL:]})
@@ -138,6 +140,9 @@ class OutputLog:
 
     def cancel(self, action_id: str) -> None:
         self.inner.cancel(action_id)
+
+    def prerestore(self, effect: PreRestore) -> None:
+        self.inner.prerestore(effect)  # type: ignore[attr-defined]
 
     def evict(self, trajectory: str) -> bool:
         return self.inner.evict(trajectory)  # type: ignore[attr-defined]
@@ -217,31 +222,36 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
         # a trajectory's environment is a directory: nothing to start (the simulator
         # reads this from the cluster file run writes; docker's start is measured live)
         cluster = replace(cluster, extra={**cluster.extra, "env_start_s": 0.0})
+    # GPU workers on the Ray nodes (executor/gpu/ray_worker.py, RayWithGpus)
+    ray_gpu = live.gpu if live is not None and live.capabilities.gpu else None  # type: ignore[attr-defined]
     if live is not None:  # the Ray nodes, with the quotas the trace needs
-        if gpu is not None:
-            raise ValueError("--ray with --gpu-device: GPU workers do not run through Ray "
-                             "agents yet")
+        if gpu is not None and ray_gpu is None:
+            raise ValueError("--ray with --gpu-device: the Ray backend has no GPU workers")
         cluster = live.cluster(cluster.quotas)  # type: ignore[attr-defined]
     if gpu is not None:
-        cluster = replace(cluster, gpu_nodes=gpu.spec.gpu_nodes, services=gpu.spec.services,
+        nodes = cluster.gpu_nodes if ray_gpu is not None else gpu.spec.gpu_nodes
+        cluster = replace(cluster, gpu_nodes=nodes, services=gpu.spec.services,
                           restore_gbps=gpu.spec.restore_gbps)
     refuse_misfits(cluster, policy, specs)
     live_core = Tangram(cluster, policy)
     gpu_backend = None
     if gpu is not None:
-        why = policy.gpu.live_refusal()
-        if why is not None:
-            raise ValueError(f"--gpu-device: policy {policy.label!r}: {why}")
-        gpu_backend = GpuBackend(cluster, gpu.sources, gpu_device, gpu.physical)
-        gpu_backend.start_workers()
+        if ray_gpu is not None:
+            gpu_backend = ray_gpu  # started with the Ray backend
+        else:
+            gpu_backend = GpuBackend(cluster, gpu.sources, gpu_device, gpu.physical)
+            gpu_backend.start_workers()
     # commands like `python -m pytest` and `tangram burn` resolve to this installation
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     log = OutputLog(live or make_backend(backend, out / "work", gpu=gpu_backend, env=env))
     executor = LiveExecutor(live_core, log)
+    costs: dict[str, Any] = {}
     if gpu_backend is not None:  # staging is not part of any action's time
         try:
             await asyncio.to_thread(gpu_backend.wait_ready)
+            # what the simulator needs to model these services (cluster.yaml's extra)
+            costs = await asyncio.to_thread(measure, gpu_backend, gpu_tokens, cluster)
         except (RuntimeError, TimeoutError):
             executor.shutdown()
             raise
@@ -286,7 +296,10 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
                                 "gpu_restores": final.counters["gpu_restores"],
                                 "scheduler_passes": final.counters["scheduler_passes"]}
     if gpu_backend is not None:
+        spans = {r.action_id: r.end_s - r.start_s for r in records}
         records, counters["gpu"] = measured_restores(records, measured, gpu_backend)
+        cluster = replace(cluster, extra={**cluster.extra,
+                                          "gpu_measured": after_run(costs, spans, measured)})
     result = RunResult(policy.label, records,
                        [{"step": 0, "rollout_s": rollout, "step_s": rollout}],
                        dict(final.capacity), counters, executor.runtime.timing, None,
@@ -319,9 +332,10 @@ def measured_restores(records: list[Record], measured: Mapping[str, Mapping[str,
     out = []
     for rec in records:
         extra = measured.get(rec.action_id)
-        if extra is not None:
+        if extra is not None and rec.batch_of in ("", rec.action_id):  # a batch: once
             modelled_n += rec.restore_s > 0
             modelled_s += rec.restore_s
+        if extra is not None:
             rec = replace(rec, restore_s=float(extra.get("restore_s", 0.0)))
         out.append(rec)
     snap = gpu.snapshot()

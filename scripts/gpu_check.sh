@@ -10,40 +10,46 @@
 #      host-to-device torch copy of the same bytes (target: restore >= 80% of it), evict
 #      latency, request latency at batch 1/8/32, device copies verified against the host
 #      stage, NVML readings and discovery.
-#   2. scripts/torch_check.py: the torch TinyLM against numpy on the same weights, and the
-#      Hugging Face loader (a small random Llama saved with save_pretrained, staged, restored,
-#      log-probs) against transformers' own forward.
+#   2. scripts/torch_check.py: the torch TinyLM against numpy on the same weights; the Hugging
+#      Face loader in bfloat16 against a float32 reference at long positions, on DoP 1 and
+#      every layer split the machine has GPUs for; and that a bfloat16 rotary table is caught.
+#   3. the test suite's `device` tests (`pytest -m device`: the torch / Hugging Face paths that
+#      CI deselects because it has no torch), on this machine.
 #
-# Prints one JSON object: {"bench": {...}, "torch": {...}} (also written to $OUT/gpu_check.json
-# when OUT is set). Exit code: non-zero when a step fails.
-set -euo pipefail
+# Prints ONE JSON object (scripts/gpu_verdict.py): "ok", per-target verdicts ("targets":
+# restore_vs_pinned_copy, numerics, nvml, layer_split: pass true/false/null and the figure),
+# each step's status with the reason of a failure ("steps"), and the steps' own output.
+# Also written to $OUT/gpu_check.json when OUT is set. Exit status non-zero unless ok.
+set -uo pipefail
 cd "$(dirname "$0")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}                      # DEVICE=cpu SIZES=0.02,0.05,0.1: a dry run, no GPU
 SIZES=${SIZES:-1,3,8}
+LONG=${LONG:-4096}                          # tokens of torch_check's long sequence
+BENCH_LIMIT=${BENCH_LIMIT:-360}
+TORCH_LIMIT=${TORCH_LIMIT:-100}
+DEVICE_TESTS_LIMIT=${DEVICE_TESTS_LIMIT:-240}
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-rc=0
-echo '{"error": "bench did not finish"}' > "$TMP/bench.json"
-echo '{"error": "torch check did not finish"}' > "$TMP/hf.json"
 
-timeout 360 "$PY" -m executor.gpu.bench --device "$DEVICE" --sizes-gb "$SIZES" \
-    --batches 1,8,32 --tokens 128 --cycles 3 > "$TMP/bench.out" && cp "$TMP/bench.out" "$TMP/bench.json" || rc=1
+run_step() {  # name limit command...: stdout, stderr, exit status and limit into $TMP
+    local name=$1 limit=$2
+    shift 2
+    echo "$limit" > "$TMP/$name.limit"
+    timeout "$limit" "$@" > "$TMP/$name.out" 2> "$TMP/$name.err"
+    echo $? > "$TMP/$name.rc"
+}
 
-# the torch paths: init: random on torch == numpy; the Hugging Face loader == transformers
-hf=0
-timeout 100 "$PY" scripts/torch_check.py --device "$DEVICE" > "$TMP/hf.out" || hf=$?
-if [ -s "$TMP/hf.out" ]; then cp "$TMP/hf.out" "$TMP/hf.json"; fi
-if [ "$hf" != 0 ]; then rc=1; fi
+run_step bench "$BENCH_LIMIT" "$PY" -m executor.gpu.bench --device "$DEVICE" --sizes-gb "$SIZES" \
+    --batches 1,8,32 --tokens 128 --cycles 3
+run_step torch "$TORCH_LIMIT" "$PY" scripts/torch_check.py --device "$DEVICE" --long "$LONG"
+# pytest's report goes to stderr (a failure's reason is its last line); stdout: one JSON line
+run_step device_tests "$DEVICE_TESTS_LIMIT" bash -c \
+    '"$0" -m pytest -q -p no:cacheprovider -m device tests 1>&2 && echo "{\"pytest\": \"passed\"}"' "$PY"
 
-"$PY" - "$TMP" <<'EOF'
-import json, os, sys
-tmp = sys.argv[1]
-out = {"bench": json.load(open(f"{tmp}/bench.json")), "torch": json.load(open(f"{tmp}/hf.json"))}
-text = json.dumps(out, indent=1)
-print(text)
-if os.environ.get("OUT"):
-    open(os.path.join(os.environ["OUT"], "gpu_check.json"), "w").write(text)
-EOF
+"$PY" scripts/gpu_verdict.py "$TMP" "$DEVICE" > "$TMP/verdict.json"
+rc=$?
+cat "$TMP/verdict.json"
+if [ -n "${OUT:-}" ]; then cp "$TMP/verdict.json" "$OUT/gpu_check.json"; fi
 exit $rc

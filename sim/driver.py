@@ -18,6 +18,7 @@ import simpy
 
 from sim.clock import SimClock
 from sim.modelled import CONTAINER_START, MAX_ATTEMPTS, POD_START, ModelledBackend, StartupModel
+from tangram.batching import MeasuredGpu
 from tangram.cluster import ClusterSpec
 from tangram.core import Tangram
 from tangram.model import Action
@@ -128,6 +129,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     backend = ModelledBackend(clock, np.random.default_rng(config.seed), truth,
                               startup_of(policy, config, cluster), provider,
                               busy=busy_of(core), aoe_s=config.aoe_s,
+                              measured=MeasuredGpu.from_extra(cluster.extra, cluster.restore_gbps),
                               max_attempts=config.api_attempts)
     runtime = Runtime(core, clock, backend, stopwatch=time.perf_counter)
     total = sum(len(s.steps) for specs in steps_specs for s in specs)

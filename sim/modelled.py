@@ -11,6 +11,11 @@ provider-admitted API calls the provider's 429s with exponential backoff.
 A batch dispatch (``Dispatch.batch``, continuous batching on a GPU service) runs as
 one batch: its time is :class:`tangram.batching.BatchModel` over each member's true
 time alone on the granted GPUs, and every member ends when the batch does.
+
+With a live run's measurements (:class:`tangram.batching.MeasuredGpu`, from the
+cluster.yaml ``tangram run`` wrote), a GPU action takes what the run's workers took:
+one forward pass of its batch's requests at the measured cost, the restore at the
+node's measured bandwidth, and the workers' measured overhead — not the trace's truth.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tangram.backoff import Backoff
-from tangram.batching import DEFAULT_BATCHING, BatchModel
+from tangram.batching import DEFAULT_BATCHING, BatchModel, MeasuredGpu
 from tangram.model import Dispatch, Outcome, counted
 from tangram.policies import ProviderLimit
 from tangram.protocol import Capabilities, PreRestore
@@ -126,11 +131,13 @@ class ModelledBackend:
                  provider: ProviderLimit | None = None, backoff: Backoff = Backoff(),
                  busy: Callable[[str], float] | None = None,
                  batching: BatchModel = DEFAULT_BATCHING, aoe_s: float = 0.0,
+                 measured: MeasuredGpu | None = None,
                  max_attempts: int | None = MAX_ATTEMPTS) -> None:
         """``busy(node)``: fraction of the node's cores held exclusively (for the light
         lane's time-sharing slowdown; None: no slowdown). ``batching``: the curve a batch
-        dispatch runs by."""
+        dispatch runs by. ``measured``: a live GPU run's costs (GPU actions take those)."""
         self.batching = batching
+        self.measured = measured
         self.clock = clock
         self.busy = busy
         self.rng = rng
@@ -185,11 +192,26 @@ class ModelledBackend:
         single = d if action_index == 0 else Dispatch(a, d.lease, d.submit_s, d.start_s, None)
         return self.true_duration(single, self.truth.get(a.id) or truth_of(single))
 
+    def _measured(self, d: Dispatch) -> tuple[float, float] | None:
+        """(overhead, execution) seconds of a GPU dispatch as the live run measured them;
+        None: no measurement of its service."""
+        m = self.measured
+        if m is None or not d.action.service:
+            return None
+        exec_s = m.exec_s(d.action.service, len(d.actions))
+        if exec_s is None:
+            return None
+        return m.restore_s(d.lease.node, d.lease.restore_s, d.units) + m.overhead_s, exec_s
+
     def _start_batch(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
-        truths = [self.truth.get(a.id) for a in d.actions]
-        overhead = d.lease.restore_s + max((t.setup_s for t in truths if t), default=0.0)
-        exec_s = self.batching.batch_s([self.true_duration_of(d, i)
-                                        for i in range(len(d.actions))])
+        measured = self._measured(d)
+        if measured is not None:
+            overhead, exec_s = measured
+        else:
+            truths = [self.truth.get(a.id) for a in d.actions]
+            overhead = d.lease.restore_s + max((t.setup_s for t in truths if t), default=0.0)
+            exec_s = self.batching.batch_s([self.true_duration_of(d, i)
+                                            for i in range(len(d.actions))])
 
         def done() -> None:
             for a in d.actions:
@@ -203,8 +225,8 @@ class ModelledBackend:
         self.clock.call_later(overhead + exec_s, done)
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
-        if d.batch:
-            self._start_batch(d, on_done)
+        if d.batch or (self.measured is not None and self._measured(d) is not None):
+            self._start_batch(d, on_done)  # a measured GPU action: a batch of one
             return
         truth = self.truth.get(d.action.id) or truth_of(d)
         overhead = d.lease.restore_s + truth.setup_s

@@ -30,8 +30,10 @@ conservative for them, and equally so for every policy.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,3 +69,85 @@ class BatchModel:
 
 #: the batching model every policy uses
 DEFAULT_BATCHING = BatchModel()
+
+
+@dataclass(frozen=True, slots=True)
+class ForwardCost:
+    """Measured seconds of one forward pass of a service:
+    ``fixed_s + per_member_s * members + per_token_s * tokens`` (tokens of all members)."""
+
+    fixed_s: float
+    per_token_s: float
+    per_member_s: float
+
+    def seconds(self, tokens: Sequence[int]) -> float:
+        return self.fixed_s + self.per_member_s * len(tokens) + self.per_token_s * sum(tokens)
+
+
+@dataclass(frozen=True, slots=True)
+class MeasuredGpu:
+    """What a live GPU replay measured on its machine (``tangram run`` writes it into its
+    cluster.yaml as ``extra.gpu_measured``), so a simulation of that cluster models the
+    services the run served, not the trace's ``t1_s``: each GPU request is ``tokens``
+    tokens, a batch is one forward pass (:class:`ForwardCost`), a restore moves the
+    variant's bytes at the node's measured bandwidth, and every action pays the workers'
+    measured overhead (dispatch, pipe, result hand-back)."""
+
+    tokens: int
+    forward: Mapping[str, ForwardCost]
+    #: node -> measured host-to-device bandwidth (GB/s) of one restore
+    restore_gbps: Mapping[str, float]
+    #: the bandwidth the core models restores with (the cluster's ``restore_gbps``)
+    modelled_gbps: float
+    #: True: the k shards of a DoP-k restore load in parallel (one link per GPU, cuda);
+    #: False: one after another (the cpu device)
+    parallel_restore: bool = True
+    overhead_s: float = 0.0
+
+    @classmethod
+    def from_extra(cls, extra: Mapping[str, Any], modelled_gbps: float) -> MeasuredGpu | None:
+        """From a cluster's ``extra`` (None: it holds no measurements); ValueError names a
+        bad field."""
+        raw = extra.get("gpu_measured")
+        if raw is None:
+            return None
+        where = "extra.gpu_measured"
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{where}: expected a mapping")
+
+        def num(key: str, value: Any) -> float:
+            if isinstance(value, bool) or not isinstance(value, int | float) or \
+                    not math.isfinite(value) or value < 0:
+                raise ValueError(f"{where}.{key}: expected a number >= 0, got {value!r}")
+            return float(value)
+
+        forward = {}
+        for name, f in (raw.get("forward") or {}).items():
+            if not isinstance(f, Mapping):
+                raise ValueError(f"{where}.forward.{name}: expected "
+                                 "{fixed_s, per_token_s, per_member_s}")
+            forward[str(name)] = ForwardCost(
+                *(num(f"forward.{name}.{k}", f.get(k, 0.0))
+                  for k in ("fixed_s", "per_token_s", "per_member_s")))
+        gbps = {str(n): num(f"restore_gbps.{n}", v)
+                for n, v in (raw.get("restore_gbps") or {}).items()}
+        if any(v <= 0 for v in gbps.values()):
+            raise ValueError(f"{where}.restore_gbps: every node's bandwidth must be > 0")
+        tokens = raw.get("tokens", 0)
+        if not isinstance(tokens, int) or tokens < 1:
+            raise ValueError(f"{where}.tokens: expected an integer >= 1, got {tokens!r}")
+        return cls(tokens, forward, gbps, modelled_gbps, bool(raw.get("parallel_restore", True)),
+                   num("overhead_s", raw.get("overhead_s", 0.0)))
+
+    def exec_s(self, service: str, members: int) -> float | None:
+        """A forward pass of ``members`` requests of ``service`` (None: not measured)."""
+        f = self.forward.get(service)
+        return None if f is None else f.seconds([self.tokens] * members)
+
+    def restore_s(self, node: str | None, modelled_s: float, gpus: int) -> float:
+        """The core's modelled restore (``size / (modelled_gbps * k)``, or what is left of a
+        pre-restore) at the node's measured bandwidth instead."""
+        gbps = self.restore_gbps.get(node or "")
+        if not modelled_s or not gbps:
+            return modelled_s
+        return modelled_s * self.modelled_gbps / gbps * (1 if self.parallel_restore else gpus)

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
 from tangram.admission import RESERVE, MemoryAdmission
-from tangram.cluster import ClusterSpec, CpuNodeSpec
+from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.estimates import Estimates
 from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
 from tangram.policies import Policy
@@ -135,10 +135,15 @@ class Tangram:
                     out = [Cancelled(action_id)]
                 else:
                     out = [Stop(action_id)] if action_id in self.running else []
+            case NodeJoined(spec) if isinstance(spec, GpuNodeSpec):
+                out = list(self.gpu_node_back(spec.name, now))
             case NodeJoined(spec):
                 out = list(self.add_node(spec, now))
             case NodeLost(node):
-                out = list(self.remove_node(node, now))
+                out = []
+                if node in self.gpu.nodes:  # a GPU node (it may have cores too)
+                    self.gpu.fence(node)
+                out += self.remove_node(node, now)
             case WorkerLost(node):
                 if node in self.gpu.nodes:
                     self.gpu.reset_node(node)
@@ -716,6 +721,16 @@ class Tangram:
         self.pools[pool.name] = pool
         self._cpu_nodes_changed((*self.cluster.cpu_nodes, spec))
         return self._schedule(now, ())
+
+    def gpu_node_back(self, node: str, now: float) -> list[Dispatch]:
+        """A GPU node of the cluster that was lost is back: its free GPUs rejoin the pool
+        (nothing resident). Returns what can start now. A GPU node the cluster never had
+        is refused (the GPU pools are built from the cluster's nodes)."""
+        if node not in self.gpu.nodes:
+            raise ValueError(f"spec.name: unknown GPU node {node!r} (known: "
+                             f"{sorted(self.gpu.nodes)}); a new GPU node needs a restart")
+        self.gpu.unfence(node)
+        return self._schedule(now, [p for p in self.pools.values() if p.key == "gpu"])
 
     def remove_node(self, node: str, now: float) -> list[Dispatch]:
         """A CPU node left (its machine or its agent died). Idempotent.

@@ -151,11 +151,6 @@ class SharedGpus:
     def route(self, action: Action) -> str:
         return GPU_POOL
 
-    def live_refusal(self) -> str | None:
-        """Why the live GPU workers (executor/gpu) cannot run this GPU side (None: they
-        can: they carry out the evict-on-execution manager's residency plans)."""
-        return None
-
 
 @dataclass(frozen=True)
 class PaperGpus(SharedGpus):
@@ -165,11 +160,6 @@ class PaperGpus(SharedGpus):
     def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
         gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
         return gpu, [GpuPool(GPU_POOL, gpu)]
-
-
-#: the live GPU workers follow the evict-on-execution manager's plans only
-_NOT_LIVE = ("the GPU workers follow the evict-on-execution GPU manager; static or "
-             "cold-started GPU instances are not run live yet")
 
 
 @dataclass(frozen=True)
@@ -211,13 +201,11 @@ class StaticDeployments:
             dop = self.PAPER_DOP if len(services) * self.PAPER_DOP <= gpus else None
         per = static_placement(cluster, services, dop,
                                {k: int(v) for k, v in self.split} if self.split else self.replicas)
-        return gpu, [ServicePool(s, r) for s, r in per.items()]
+        fleet = tuple(r for rs in per.values() for r in rs)
+        return gpu, [ServicePool(s, r, gpu, fleet) for s, r in per.items()]
 
     def route(self, action: Action) -> str:
         return f"gpu:{action.service}"
-
-    def live_refusal(self) -> str | None:
-        return _NOT_LIVE
 
 
 @dataclass(frozen=True)
@@ -235,9 +223,6 @@ class ColdStart:
 
     def route(self, action: Action) -> str:
         return GPU_POOL
-
-    def live_refusal(self) -> str | None:
-        return _NOT_LIVE
 
 
 # -- who admits API calls ------------------------------------------------------------------

@@ -34,7 +34,7 @@ from dataclasses import astuple, dataclass, field
 from types import MappingProxyType
 from typing import Protocol
 
-from tangram.cluster import CpuNodeSpec
+from tangram.cluster import CpuNodeSpec, GpuNodeSpec
 from tangram.model import Action, Dispatch, GpuPlan, Outcome, Variant
 
 
@@ -134,15 +134,18 @@ class Poll:
 
 @dataclass(frozen=True, slots=True)
 class NodeJoined:
-    """A CPU node joined (its capacity becomes schedulable)."""
+    """A CPU node joined (its capacity becomes schedulable), or a GPU node of the
+    cluster came back after it was lost (a :class:`GpuNodeSpec`: its GPUs are free
+    again, nothing resident)."""
 
-    spec: CpuNodeSpec
+    spec: CpuNodeSpec | GpuNodeSpec
 
 
 @dataclass(frozen=True, slots=True)
 class NodeLost:
     """A CPU node left: its trajectories are re-bound elsewhere; its running actions
-    are finished by the backend (failed), once each."""
+    are finished by the backend (failed), once each. A GPU node left: its GPUs leave the
+    pool and the core forgets what was resident there, until it joins again."""
 
     node: str
 

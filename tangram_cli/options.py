@@ -66,7 +66,10 @@ def chosen_policy(policy: str, depth: int, lookahead: int, ordering: str, pod_co
 
 RAY_HELP = ("Run on a Ray cluster, one agent per node: auto (the cluster this machine "
             "joined with `ray start`), a Ray address (HOST:PORT or ray://HOST:PORT), or "
-            "local:N (start N nodes on this machine, splitting its cores). Needs the ray extra.")
+            "local:N (start N nodes on this machine, splitting its cores). GPU actions run on "
+            "a GPU worker actor on each node with GPUs (its GPU resources, or the node label "
+            "tangram-gpus; local:N nodes are labelled with the GPU cluster's first GPU node). "
+            "Needs the ray extra.")
 
 
 def ray_spec(text: str) -> RaySpec:

@@ -86,12 +86,10 @@ def run(
     gpu = live = None
     try:
         if gpu_device is not None:
-            if ray:
-                fail("--ray with --gpu-device: GPU workers do not run through Ray agents yet")
             scaled = load_cluster(cluster) if gpu_cluster is None else None
             gpu = replay_gpu_cluster(gpu_device, gpu_cluster, scaled, gpu_scale)
-        if ray:
-            live = ray_backend(ray_spec(ray), backend)
+        if ray:  # with --gpu-device: a GPU worker actor on each node that has GPUs
+            live = ray_backend(ray_spec(ray), backend, gpu, gpu_device or "cpu")
     except (AssemblyError, ClusterError) as e:
         fail(str(e))
     try:

@@ -91,7 +91,8 @@ def serve(
 
     With --ray, one scheduler serves every node of a Ray cluster (see README). GPU actions
     (`service`, `gpus`) run on one GPU worker per node when --gpus auto or --gpu-cluster
-    is given.
+    is given; with --ray, on a GPU worker actor on each Ray node that has GPUs (its GPU
+    resources, or the node label tangram-gpus), serving --gpu-cluster's services.
 
     The bearer token is read from TANGRAM_TOKEN, or generated and printed.
     """
@@ -101,8 +102,10 @@ def serve(
     specs = quota_specs(quota)
     try:
         if ray:
-            if gpus or gpu_cluster:
-                fail("--ray with GPU workers: GPU workers do not run through Ray agents yet")
+            if gpus:
+                fail("--ray with --gpus auto: a Ray cluster's GPUs are found on its nodes (their "
+                     "GPU resources, or the node label tangram-gpus); give --gpu-cluster for "
+                     "the services")
             if mem_overcommit is not None or mem_headroom is not None:
                 fail("--mem-overcommit/--mem-headroom: the nodes of a Ray cluster are not "
                      "observed; they reserve every declared mem_gb in full")
@@ -120,14 +123,16 @@ def serve(
         admission = MemoryAdmission(
             LIVE.overcommit if mem_overcommit is None else mem_overcommit,
             LIVE.headroom if mem_headroom is None else mem_headroom)
+        gc = serve_gpu_cluster(gpus, gpu_cluster, gpu_device)
+        # with --ray the GPU workers run on the Ray nodes (ray_backend): not here
         opts = ServeOptions(backend, state_dir, chosen, specs, allow, images, result_ttl_s,
-                            sandbox_mem_gb, sandbox_pids, warm_pool,
-                            None if ray else serve_gpu_cluster(gpus, gpu_cluster, gpu_device),
+                            sandbox_mem_gb, sandbox_pids, warm_pool, None if ray else gc,
                             gpu_device, admission)
         token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
         if not os.environ.get("TANGRAM_TOKEN"):
             err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)
-        app_ = serve_app(opts, token, ray_backend(spec, backend) if ray else None)
+        app_ = serve_app(opts, token,
+                         ray_backend(spec, backend, gc, gpu_device) if ray else None)
     except AssemblyError as e:
         fail(str(e))
     settle()

@@ -15,5 +15,9 @@ here execute those decisions:
   the worker against it (and against the core's resident set carried by the plans)
 * ``config.py``: services with their loaders (YAML), NVML discovery
 * ``routes.py``: ``/v1/gpus`` and the per-GPU lines of ``/metrics``
+* ``measure.py``: what a live run measures of its workers (restore bandwidth, forward
+  cost, overhead) for the simulator (``extra.gpu_measured`` of the run's cluster.yaml)
+* ``ray_worker.py``: GPU workers on Ray nodes (a worker actor per node with GPUs, the
+  same backend's plans and checks over Ray, node loss and return)
 * ``bench.py``: ``tangram bench gpu``
 """

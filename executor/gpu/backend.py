@@ -13,13 +13,21 @@ node, see below) when it does not hold, because a mismatch is a bug:
    variant to evict is held);
 2. at the end of every action: the resident set the worker reports equals the
    mirror as it was after the last command the worker had applied;
-3. when the node is quiet (nothing running there): the worker's resident set equals the
-   resident set of the newest plan carried out there (``GpuPlan.resident``: the core's,
-   right after its latest decision on the node), exactly.
+3. when the node is quiet (nothing running there, every command applied): the worker's
+   resident set equals the resident set of the newest plan carried out there
+   (``GpuPlan.resident``: the core's, right after its latest decision on the node),
+   exactly.
 
 A worker that dies (crash, OOM kill) fails every action it was running, the core is
 told (a :class:`~tangram.protocol.WorkerLost` command: it forgets the node's residency)
 and the next action on that node gets a fresh worker that stages its services again.
+
+A batch dispatch (``Dispatch.batch``, the core's continuous batching) is ONE
+``run`` command: the worker serves its members with one forward pass and
+reports each member on its own (``Capabilities.batches``). A pre-restore effect
+(:class:`~tangram.protocol.PreRestore`) is a ``prerestore`` command: the worker
+evicts at once and loads in the background; an action landing on the variant
+meanwhile waits for the load (``Capabilities.prerestores``).
 """
 
 from __future__ import annotations
@@ -44,7 +52,8 @@ from typing import Any
 from executor.gpu.model import ModelSource
 from tangram.cluster import ClusterSpec
 from tangram.model import Dispatch, GpuPlan, Outcome
-from tangram.protocol import Capabilities, Sink, WorkerLost
+from tangram.protocol import Capabilities, PreRestore, Sink, WorkerLost
+from tangram.protocol import Command as Command_
 
 log = logging.getLogger("tangram.gpu")
 Variant = tuple[str, int, int]
@@ -52,12 +61,23 @@ ROOT = str(Path(__file__).resolve().parent.parent.parent)  # where the executor 
 
 
 @dataclass(slots=True)
+class Command:
+    """What the actions of one ``run`` command share (one action, or a batch's)."""
+
+    left: set[str]  # actions not reported yet
+    counted: bool = False  # its restore is in the stats
+
+
+@dataclass(slots=True)
 class InFlight:
+    """One action of a running command (``dispatch``: the command's, lead first)."""
+
     dispatch: Dispatch
     on_done: Callable[[Outcome], None]
     seq: int
     t_start: float
     variant: Variant
+    command: Command
     computing: bool = False
     timer: asyncio.TimerHandle | None = None
     timed_out: float = 0.0
@@ -66,12 +86,15 @@ class InFlight:
 @dataclass(slots=True)
 class ServiceStats:
     restores: int = 0
+    prerestores: int = 0
     restore_s: float = 0.0
     restore_bytes: int = 0
     evictions: int = 0
     requests: int = 0
     failed: int = 0
     compute_s: float = 0.0
+    #: run commands served to their end (a batch of several requests is one)
+    batches: int = 0
 
 
 class NodeWorker:
@@ -80,6 +103,29 @@ class NodeWorker:
     def __init__(self, node: str, gpus: int, device: str, devices: list[int],
                  services: list[tuple[str, ModelSource]]) -> None:
         self.node = node
+        self._spawn(device, devices, services)
+        self.gpus = gpus
+        self.ready: dict[str, Any] | None = None
+        self.fatal: str | None = None
+        self.ready_event = threading.Event()
+        self.commanded: set[Variant] = set()
+        #: the variants of ``commanded``, least recently used first
+        self.lru: list[Variant] = []
+        #: the newest plan carried out on this node (check 3)
+        self.latest: GpuPlan | None = None
+        self.expected: dict[int, frozenset[Variant]] = {0: frozenset()}
+        self.seq = 0
+        self.inflight: dict[str, InFlight] = {}
+        self.replies: dict[int, concurrent.futures.Future] = {}
+        self.send_lock = threading.Lock()
+        self.dead = False
+        #: bytes each resident variant holds per GPU of its chunk (as the worker measured)
+        self.variant_bytes: dict[Variant, list[int]] = {}
+
+    def _spawn(self, device: str, devices: list[int],
+               services: list[tuple[str, ModelSource]]) -> None:
+        """Start the worker process (``proc``) and its pipe (``conn``) with the staging
+        order (executor/gpu/ray_worker.py starts it in a Ray actor on its node instead)."""
         # A fresh interpreter (``python -m executor.gpu.worker``), not a fork: CUDA cannot be
         # used in a forked child, and multiprocessing's spawn would re-import the caller's
         # main module. The pipe is one end of a socket pair, passed as a file descriptor.
@@ -98,23 +144,6 @@ class NodeWorker:
         theirs.close()
         self.conn = Connection(mine.detach())
         self.conn.send((device, devices, services))
-        self.gpus = gpus
-        self.ready: dict[str, Any] | None = None
-        self.fatal: str | None = None
-        self.ready_event = threading.Event()
-        self.commanded: set[Variant] = set()
-        #: the variants of ``commanded``, least recently used first
-        self.lru: list[Variant] = []
-        #: the newest plan carried out on this node (check 3)
-        self.latest: GpuPlan | None = None
-        self.expected: dict[int, frozenset[Variant]] = {0: frozenset()}
-        self.seq = 0
-        self.inflight: dict[str, InFlight] = {}
-        self.replies: dict[int, concurrent.futures.Future] = {}
-        self.send_lock = threading.Lock()
-        self.dead = False
-        #: bytes each resident variant holds per GPU of its chunk (as the worker measured)
-        self.variant_bytes: dict[Variant, list[int]] = {}
 
     def send(self, msg: tuple) -> None:
         with self.send_lock:
@@ -141,7 +170,8 @@ class GpuBackend:
     is reported to the ``sink`` the driver gives (``watch``) as WorkerLost."""
 
     name = "gpu"
-    capabilities = Capabilities(gpu=True, watches_nodes=True)
+    capabilities = Capabilities(gpu=True, watches_nodes=True, batches=True,
+                                prerestores=True)
 
     def __init__(self, cluster: ClusterSpec,
                  sources: Mapping[str, ModelSource], device: str = "cpu",
@@ -182,11 +212,15 @@ class GpuBackend:
         missing = sorted(set(self.services) - set(self.sources))
         if missing:
             raise ValueError(f"services: no model (loader) for {missing}")
-        nw = NodeWorker(node, spec.gpus, self.device, devices, sorted(self.sources.items()))
+        nw = self._new_worker(node, spec.gpus, devices)
         self.workers[node] = nw
         threading.Thread(target=self._read, args=(nw,), daemon=True,
                          name=f"gpu-reader-{node}").start()
         return nw
+
+    def _new_worker(self, node: str, gpus: int, devices: list[int]) -> NodeWorker:
+        """A worker for ``node`` (a process here; a Ray actor's on its node: ray_worker.py)."""
+        return NodeWorker(node, gpus, self.device, devices, sorted(self.sources.items()))
 
     def wait_ready(self, timeout: float = 600.0) -> dict[str, dict[str, Any]]:
         """Block until every started worker has staged its services; their reports."""
@@ -239,18 +273,16 @@ class GpuBackend:
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         self.loop = asyncio.get_running_loop()
         lease, action, plan = d.lease, d.action, d.gpu
-        aid = action.id
         if not lease.gpus or lease.node is None or not action.service or plan is None:
-            self.loop.call_soon(on_done, Outcome(
-                aid, "failed", None, error="gpu backend: the action has no GPU lease and "
-                "residency plan (the evict-on-execution GPU manager makes them)"))
+            self._fail_all(d, on_done, "gpu backend: the action has no GPU lease and "
+                           "residency plan (the evict-on-execution GPU manager makes them)")
             return
         node = lease.node
         variant: Variant = (action.service, len(lease.gpus), lease.gpus[0])
         try:
             nw = self._worker(node)
         except (ValueError, OSError) as e:
-            self.loop.call_soon(on_done, Outcome(aid, "failed", None, error=str(e)))
+            self._fail_all(d, on_done, str(e))
             return
         evict = list(plan.evict)
         restore = variant not in nw.commanded
@@ -265,9 +297,9 @@ class GpuBackend:
             problem = (f"the core evicts {sorted(set(evict) - nw.commanded)}, which the "
                        f"worker does not hold")
         if problem is not None:
-            self._mismatch(nw, f"residency mismatch on {node} at the start of {aid}: {problem}")
-            self.loop.call_soon(on_done, Outcome(aid, "failed", None,
-                                                 error=f"residency mismatch: {problem}"))
+            self._mismatch(nw, f"residency mismatch on {node} at the start of {action.id}: "
+                               f"{problem}")
+            self._fail_all(d, on_done, f"residency mismatch: {problem}")
             return
         nw.commanded = new
         nw.lru = [v for v in nw.lru if v in new and v != variant] + [variant]
@@ -278,20 +310,72 @@ class GpuBackend:
         for v in evict:
             nw.variant_bytes.pop(v, None)
             self.stats[v[0]].evictions += 1
-        f = nw.inflight[aid] = InFlight(d, on_done, nw.seq, time.perf_counter(), variant)
-        timeout = float((action.payload or {}).get("timeout_s") or 0) \
-            if isinstance(action.payload, Mapping) else 0.0
-        if timeout > 0:
-            f.timer = self.loop.call_later(timeout, self._timeout, aid, timeout)
-        try:
-            nw.send(("run", nw.seq, aid, variant, list(lease.gpus), evict, restore,
-                     action.payload))
-        except (OSError, ValueError) as e:  # the pipe broke: the worker is gone
-            nw.inflight.pop(aid, None)
-            self.loop.call_soon(on_done, Outcome(aid, "failed", None,
-                                                 error=f"GPU worker of {node} unreachable: {e}"))
+        self._send_run(nw, d, on_done, variant, evict, restore)
 
-    def _timeout(self, action_id: str, timeout: float) -> None:
+    def _send_run(self, nw: NodeWorker, d: Dispatch, on_done: Callable[[Outcome], None],
+                  variant: Variant, evict: list[Variant], restore: bool) -> None:
+        """One ``run`` command for the dispatch's actions (the lead, then its batch): the
+        worker serves them with one forward pass and reports each on its own."""
+        assert self.loop is not None
+        actions = d.actions
+        command = Command({a.id for a in actions})
+        t_start = time.perf_counter()
+        for a in actions:
+            f = nw.inflight[a.id] = InFlight(d, on_done, nw.seq, t_start, variant, command)
+            timeout = float((a.payload or {}).get("timeout_s") or 0) \
+                if isinstance(a.payload, Mapping) else 0.0
+            if timeout > 0:
+                f.timer = self.loop.call_later(timeout, self._timeout, a.id, timeout)
+        try:
+            nw.send(("run", nw.seq, variant, list(d.lease.gpus), evict, restore,
+                     [(a.id, a.payload) for a in actions]))
+        except (OSError, ValueError) as e:  # the pipe broke: the worker is gone
+            for a in actions:
+                f = nw.inflight.pop(a.id, None)
+                if f is not None and f.timer is not None:
+                    f.timer.cancel()
+            self._fail_all(d, on_done, f"GPU worker of {nw.node} unreachable: {e}")
+
+    def _fail_all(self, d: Dispatch, on_done: Callable[[Outcome], None], error: str) -> None:
+        assert self.loop is not None
+        for a in d.actions:
+            self.loop.call_soon(on_done, Outcome(a.id, "failed", None, error=error))
+
+    def prerestore(self, effect: PreRestore) -> None:
+        """Load ``effect.plan.variant`` ahead of demand (the core made it resident on a free
+        chunk, evicting ``plan.evict``): the worker applies the evictions at once and loads
+        in the background; an action that lands on the variant meanwhile waits for it."""
+        self.loop = asyncio.get_running_loop()
+        plan = effect.plan
+        variant = plan.variant
+        try:
+            nw = self._worker(plan.node)
+        except (ValueError, OSError) as e:
+            log.error("pre-restore of %s on %s: %s", variant, plan.node, e)
+            return
+        evict = list(plan.evict)
+        if variant in nw.commanded or not set(evict) <= nw.commanded:
+            self._mismatch(nw, f"residency mismatch on {plan.node} at the pre-restore of "
+                               f"{variant}: the worker holds {sorted(nw.commanded)}, the "
+                               f"core evicts {evict} and loads it")
+            return
+        # the mirror, as for a dispatch (start), without an action
+        nw.commanded = (nw.commanded - set(evict)) | {variant}
+        nw.lru = [v for v in nw.lru if v in nw.commanded and v != variant] + [variant]
+        if nw.latest is None or plan.version > nw.latest.version:
+            nw.latest = plan
+        nw.seq += 1
+        nw.expected[nw.seq] = frozenset(nw.commanded)
+        for v in evict:
+            nw.variant_bytes.pop(v, None)
+            self.stats[v[0]].evictions += 1
+        gpus = list(range(variant[2], variant[2] + variant[1]))
+        try:
+            nw.send(("prerestore", nw.seq, variant, gpus, evict))
+        except (OSError, ValueError):
+            pass  # the worker is gone: its reader resets the node
+
+    def _timeout(self, action_id: str, timeout: float) -> None:  # one member
         for nw in self.workers.values():
             f = nw.inflight.get(action_id)
             if f is not None:
@@ -322,9 +406,13 @@ class GpuBackend:
     def _on_message(self, nw: NodeWorker, msg: tuple) -> None:
         kind = msg[0]
         if kind == "started":
-            f = nw.inflight.get(msg[1])
-            if f is not None:
-                f.computing = True
+            for aid in msg[1]:
+                f = nw.inflight.get(aid)
+                if f is not None:
+                    f.computing = True
+            return
+        if kind == "prerestored":
+            self._on_prerestored(nw, msg)
             return
         if kind != "done":
             return
@@ -336,39 +424,35 @@ class GpuBackend:
             f.timer.cancel()
         if f.timed_out and status == "cancelled":
             status, error = "timeout", f"stopped after the {f.timed_out:g} s timeout"
+        c = f.command
+        c.left.discard(aid)
         lease = f.dispatch.lease
-        now = time.perf_counter()
-        for g in lease.gpus:
-            key = (lease.node or "", g)
-            self.gpu_busy_s[key] = self.gpu_busy_s.get(key, 0.0) + now - f.t_start
-        got = frozenset(tuple(v) for v in resident)
-        want = nw.expected.get(applied)
-        problem = None
-        if want is not None and got != want:
-            problem = f"the worker holds {sorted(got)}, it was told to hold {sorted(want)}"
-        elif not nw.inflight and nw.latest is not None and got != nw.latest.resident:
-            problem = (f"the worker holds {sorted(got)}, the core has "
-                       f"{sorted(nw.latest.resident)}")
-        low = min([x.seq for x in nw.inflight.values()] + [nw.seq])
-        for s in [s for s in nw.expected if s < low]:
-            del nw.expected[s]
+        if not c.left:  # the lease's GPUs were busy from the command to its last action
+            now = time.perf_counter()
+            for g in lease.gpus:
+                key = (lease.node or "", g)
+                self.gpu_busy_s[key] = self.gpu_busy_s.get(key, 0.0) + now - f.t_start
+        problem = self._check_reported(nw, applied, resident)
         st = self.stats[f.variant[0]]
         st.requests += 1
-        if info.get("restored") and status == "ok":
+        if not c.counted and info.get("restore_bytes"):  # a batch restores once
+            c.counted = True
             st.restores += 1
             st.restore_s += float(info.get("restore_s", 0.0))
             st.restore_bytes += int(info.get("restore_bytes", 0))
-        st.compute_s += float(info.get("compute_s", 0.0))
-        if info.get("restore_bytes"):
             k = f.variant[1]
             nw.variant_bytes[f.variant] = [int(info["restore_bytes"]) // k] * k
+        if not c.left:
+            st.batches += 1
+            st.compute_s += float(info.get("compute_s", 0.0))
         extra = {"node": nw.node, "gpus": list(lease.gpus), "service": f.variant[0],
                  "restored": bool(info.get("restored")),
                  "restore_s": float(info.get("restore_s", 0.0)),
                  "evicted": [list(v) for v in info.get("evicted", [])],
                  "evict_s": float(info.get("evict_s", 0.0)),
                  "restore_bytes": int(info.get("restore_bytes", 0)),
-                 "compute_s": float(info.get("compute_s", 0.0)), "device": self.device}
+                 "compute_s": float(info.get("compute_s", 0.0)), "device": self.device,
+                 "batch": int(info.get("batch", 1)), "batch_of": str(info.get("lead", aid))}
         if problem is not None:
             self._mismatch(nw, f"residency mismatch on {nw.node} after {aid}: {problem}")
             status, error = "failed", f"residency mismatch: {problem}"
@@ -379,6 +463,44 @@ class GpuBackend:
             out = Outcome(aid, "ok", 0, json.dumps(output), "",
                           float(info.get("restore_s", 0.0)), extra)
         f.on_done(out)
+
+    def _check_reported(self, nw: NodeWorker, applied: int, resident: list) -> str | None:
+        """Check 2 and 3 of the module doc on a resident set the worker reported."""
+        got = frozenset(tuple(v) for v in resident)
+        want = nw.expected.get(applied)
+        problem = None
+        if want is not None and got != want:
+            problem = f"the worker holds {sorted(got)}, it was told to hold {sorted(want)}"
+        elif applied == nw.seq and not nw.inflight and nw.latest is not None and \
+                got != nw.latest.resident:
+            # quiet: nothing running, and the report was taken after every command sent
+            # (a pre-restore sent after it is not in it yet)
+            problem = (f"the worker holds {sorted(got)}, the core has "
+                       f"{sorted(nw.latest.resident)}")
+        low = min([x.seq for x in nw.inflight.values()] + [nw.seq])
+        for s in [s for s in nw.expected if s < low]:
+            del nw.expected[s]
+        return problem
+
+    def _on_prerestored(self, nw: NodeWorker, msg: tuple) -> None:
+        _, variant, status, error, info, applied, resident = msg
+        variant = tuple(variant)
+        st = self.stats[variant[0]]
+        for v in info.get("evicted", []):
+            nw.variant_bytes.pop(tuple(v), None)
+        if status == "ok":
+            st.prerestores += 1
+            st.restores += 1
+            st.restore_s += float(info.get("restore_s", 0.0))
+            st.restore_bytes += int(info.get("restore_bytes", 0))
+            k = variant[1]
+            nw.variant_bytes[variant] = [int(info.get("restore_bytes", 0)) // k] * k
+        problem = self._check_reported(nw, applied, resident)
+        if status != "ok":  # the worker does not hold what the core believes resident
+            problem = f"the pre-restore of {variant} failed: {error}"
+        if problem is not None:
+            self._mismatch(nw, f"residency mismatch on {nw.node} after a pre-restore: "
+                               f"{problem}")
 
     def _mismatch(self, nw: NodeWorker, message: str) -> None:
         """A residency mismatch is a bug: say so loudly and start the node afresh."""
@@ -399,6 +521,14 @@ class GpuBackend:
         self._reset(nw, f"the GPU worker of {nw.node} died ({why}) during this action; "
                         "the node's residency was reset and a fresh worker serves the next one")
 
+    #: what a failed action's Outcome.extra says besides the node (ray_worker.py: node_lost)
+    lost_extra: Mapping[str, Any] = {}
+
+    def _lost(self, node: str) -> Command_:
+        """What the core is told when ``node``'s worker is gone: it forgets the node's
+        residency (a fresh worker serves the next action here)."""
+        return WorkerLost(node)
+
     def _reset(self, nw: NodeWorker, error: str) -> None:
         """Drop the worker, make the core forget the node's residency, fail what it ran."""
         nw.dead = True
@@ -406,15 +536,15 @@ class GpuBackend:
             del self.workers[nw.node]
         nw.stop(timeout=1.0)
         if self._sink is not None:  # the core forgets the node's residency
-            self._sink(WorkerLost(nw.node))
-        failed = list(nw.inflight.values())
+            self._sink(self._lost(nw.node))
+        failed = list(nw.inflight.items())
         nw.inflight.clear()
-        for f in failed:
+        for aid, f in failed:
             if f.timer is not None:
                 f.timer.cancel()
             self.stats[f.variant[0]].failed += 1
-            out = Outcome(f.dispatch.action.id, "failed", None, error=error,
-                          extra={"node": nw.node, "worker_lost": True})
+            out = Outcome(aid, "failed", None, error=error,
+                          extra={"node": nw.node, "worker_lost": True, **self.lost_extra})
             # reported from the loop, not from inside a start() that found the worker dead
             if self.loop is not None:
                 self.loop.call_soon(f.on_done, out)
@@ -438,6 +568,22 @@ class GpuBackend:
     async def verify(self, node: str, variant: Variant) -> dict[str, Any]:
         """Whether ``variant``'s device copy equals its host stage, byte for byte."""
         return await asyncio.wrap_future(self._ask(node, "verify", list(variant)))
+
+    async def worker_counters(self, node: str) -> dict[str, int]:
+        """Commands the node's worker ran (a batch is one), forward passes, restores and
+        pre-restores (asks the worker process)."""
+        return await asyncio.wrap_future(self._ask(node, "counters"))
+
+    def probe(self, node: str, service: str, k: int, shapes: list[tuple[int, int]],
+              repeats: int = 3, timeout: float = 300.0) -> dict[str, Any]:
+        """Time a restore of ``service`` onto the node's GPUs 0..k-1 and forward passes of
+        ``(members, tokens)`` shapes on a temporary copy (residency untouched). Only while
+        the node runs nothing (before a run: ``executor.gpu.measure``)."""
+        reply = self._ask(node, "probe", service, k, [list(s) for s in shapes],
+                          repeats).result(timeout)
+        if "error" in reply:
+            raise RuntimeError(f"GPU worker of {node}: probe of {service}: {reply['error']}")
+        return reply
 
     def worker_pid(self, node: str) -> int | None:
         nw = self.workers.get(node)
@@ -484,10 +630,11 @@ class GpuBackend:
         services = {}
         for s, st in self.stats.items():
             services[s] = {"resident_variants": sum(1 for v in resident_all if v[0] == s),
-                           "restores": st.restores, "restore_seconds": st.restore_s,
+                           "restores": st.restores, "prerestores": st.prerestores,
+                           "restore_seconds": st.restore_s,
                            "restore_bytes": st.restore_bytes, "evictions": st.evictions,
                            "requests": st.requests, "failed": st.failed,
-                           "compute_seconds": st.compute_s}
+                           "batches": st.batches, "compute_seconds": st.compute_s}
         return {"device": self.device, "nodes": nodes, "services": services,
                 "crashes": self.crashes, "mismatches": self.mismatches}
 

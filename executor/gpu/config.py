@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from executor.gpu.arrays import DTYPE_SIZES, default_dtype, torch_available
 from executor.gpu.model import ModelError, ModelSource, config_for_bytes, random_size_bytes
 from tangram.cluster import ClusterError, ClusterSpec, GpuNodeSpec, ServiceSpec
 
@@ -37,12 +38,16 @@ class NvmlUnavailable(RuntimeError):
 
 
 def itemsize_for(device: str, dtype: str | None) -> int:
-    if dtype is None:
-        return 2 if device == "cuda" else 4  # bfloat16 on GPUs; float32 on the cpu device
-    sizes = {"float32": 4, "float16": 2, "bfloat16": 2}
-    if dtype not in sizes:
-        raise ModelError(f"model.dtype: expected one of {sorted(sizes)}, got {dtype!r}")
-    return sizes[dtype] if device == "cuda" else 4
+    """Bytes per weight of a service in ``dtype`` (None: the device's default, bfloat16 on
+    GPUs and float32 on the cpu device). The worker computes in that same dtype, on
+    either device, so the core's size is the worker's."""
+    dtype = dtype or default_dtype(device)
+    if dtype not in DTYPE_SIZES:
+        raise ModelError(f"model.dtype: expected one of {sorted(DTYPE_SIZES)}, got {dtype!r}")
+    if device == "cpu" and dtype == "bfloat16" and not torch_available():
+        raise ModelError("model.dtype bfloat16: the cpu device computes with numpy here, "
+                         "which has no bfloat16 (pip install torch, or give float32)")
+    return DTYPE_SIZES[dtype]
 
 
 def parse_model(raw: Any, where: str) -> ModelSource:
@@ -52,6 +57,8 @@ def parse_model(raw: Any, where: str) -> ModelSource:
     if unknown:
         raise ModelError(f"{where}: unknown field(s) {sorted(unknown)}")
     dtype = raw.get("dtype")
+    if dtype is not None and dtype not in DTYPE_SIZES:
+        raise ModelError(f"{where}.dtype: expected one of {sorted(DTYPE_SIZES)}, got {dtype!r}")
     if "path" in raw:
         if "init" in raw:
             raise ModelError(f"{where}: give either path or init: random, not both")
@@ -115,6 +122,11 @@ def load_gpu_cluster(data: Mapping[str, Any], device: str, where: str = "cluster
         except ModelError as e:
             problems.append(str(e))
             continue
+        try:
+            itemsize_for(device, src.dtype)  # a dtype this device's array library lacks
+        except ModelError as e:
+            problems.append(f"{w}.{e}")
+            continue
         sources[s["name"]] = src
         if "size_gb" not in entry:
             nbytes = source_bytes(src, device)
@@ -167,7 +179,8 @@ def scaled_cluster(spec: ClusterSpec, scale: float, layers: int = 4) -> GpuClust
     sources, services = {}, []
     for i, s in enumerate(spec.services):
         config = config_for_bytes(int(s.size_gb * 1e9 * scale), 4, layers)
-        sources[s.name] = ModelSource.random(config, seed=i)
+        # float32 said explicitly: the size below is the worker's on either device
+        sources[s.name] = ModelSource.random(config, seed=i, dtype="float32")
         services.append(ServiceSpec(s.name, random_size_bytes(config, 4) / 1e9))
     # GPU memory scales with the models' real (rounded) sizes, not the declared ones
     ratio = sum(x.size_gb for x in services) / sum(s.size_gb for s in spec.services)

@@ -28,20 +28,30 @@ Requests (the payload of a GPU action):
 * ``{"op": "score", "tokens": [[ids...], ...], "yes_token": 1}``: a judge's reward,
   the log-prob that the judge's next token is ``yes_token``; one float per sequence.
 
-Sequences of one request are a batch (right-padded; attention is causal, so
-padding never changes a real position's result).
+A **batch** (the core's continuous batching: several actions of one service on
+one lease) is served by :meth:`StagedModel.run_batch` as ONE forward pass over the
+sequences of all its members (right-padded to the longest; attention is causal, so
+padding never changes a real position's result; the Hugging Face path passes the
+attention mask as an inference server does). Each member gets its own result: a
+member whose request is bad fails alone (before the forward), a cancelled member is
+dropped between two layers (its rows leave the batch) and reported at once, and the
+others go on.
+
+Weights are staged as bytes, each tensor in the dtype its loader gave it (see
+``arrays.py``): a Hugging Face model loaded in bfloat16 keeps the buffers that
+transformers keeps in float32 (rotary frequencies; ``_keep_in_fp32_modules``).
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from executor.gpu.arrays import NumpyOps
+from executor.gpu.arrays import DTYPE_SIZES, NumpyOps
 
 #: config keys of ``init: random`` (Hugging Face names) and their defaults
 CONFIG_KEYS: dict[str, int | None] = {
@@ -122,34 +132,36 @@ IGNORED_KEYS = frozenset({"model_type", "architectures", "torch_dtype", "rms_nor
 class Tensor:
     name: str
     block: int
-    offset: int  # in elements, within the flat buffer
+    offset: int  # in bytes, within the flat buffer
     shape: tuple[int, ...]
+    dtype: str  # "float32", "bfloat16", ... (torch's name without "torch.")
+    itemsize: int
 
     @property
     def size(self) -> int:
         return math.prod(self.shape)
 
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.itemsize
+
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """Where every tensor sits in the flat buffer, and the blocks a layer split cuts at."""
+    """Where every tensor sits in the flat byte buffer, and the blocks a layer split cuts
+    at (byte ranges)."""
 
     tensors: tuple[Tensor, ...]
-    blocks: tuple[tuple[int, int], ...]  # element range of each block
-    itemsize: int
-
-    @property
-    def numel(self) -> int:
-        return self.blocks[-1][1] if self.blocks else 0
+    blocks: tuple[tuple[int, int], ...]  # byte range of each block
 
     @property
     def nbytes(self) -> int:
-        return self.numel * self.itemsize
+        return self.blocks[-1][1] if self.blocks else 0
 
     def shards(self, k: int) -> list[tuple[int, int]]:
-        """Element range held by each of ``k`` GPUs: contiguous groups of blocks of about
+        """Byte range held by each of ``k`` GPUs: contiguous groups of blocks of about
         equal bytes (a GPU may get an empty range when there are fewer blocks than GPUs)."""
-        total = max(self.numel, 1)
+        total = max(self.nbytes, 1)
         owner = [min(k - 1, int((lo + hi) / 2 / total * k)) for lo, hi in self.blocks]
         out = []
         for j in range(k):
@@ -167,45 +179,53 @@ class Layout:
                      and hi > lo) for b_lo, b_hi in self.blocks]
 
 
-def build_layout(specs: list[tuple[str, int, tuple[int, ...]]], itemsize: int) -> Layout:
+#: (name, block, shape, dtype name, bytes per element)
+Spec = tuple[str, int, tuple[int, ...], str, int]
+
+
+def build_layout(specs: Sequence[Spec]) -> Layout:
+    """Tensors one after another, block by block; each starts at a multiple of its own
+    element size (a typed view needs it; a uniform dtype needs no padding at all)."""
     tensors, blocks = [], []
     offset = 0
     current, start = None, 0
-    for name, block, shape in specs:
+    for name, block, shape, dtype, itemsize in specs:
         if block != current:
             if current is not None:
                 blocks.append((start, offset))
             if current is not None and block != current + 1:
                 raise ModelError(f"layout: block {block} out of order after {current}")
+            offset += -offset % itemsize
             current, start = block, offset
-        tensors.append(Tensor(name, block, offset, shape))
-        offset += math.prod(shape)
+        offset += -offset % itemsize
+        tensors.append(Tensor(name, block, offset, shape, dtype, itemsize))
+        offset += math.prod(shape) * itemsize
     if current is not None:
         blocks.append((start, offset))
-    return Layout(tuple(tensors), tuple(blocks), itemsize)
+    return Layout(tuple(tensors), tuple(blocks))
 
 
-def tiny_specs(c: TinyConfig) -> list[tuple[str, int, tuple[int, ...]]]:
+def tiny_specs(c: TinyConfig, dtype: str = "float32") -> list[Spec]:
     h, d = c.hidden_size, c.head_dim
-    specs: list[tuple[str, int, tuple[int, ...]]] = [("embed", 0, (c.vocab_size, h))]
+    shapes: list[tuple[str, int, tuple[int, ...]]] = [("embed", 0, (c.vocab_size, h))]
     for i in range(c.num_hidden_layers):
         b = i + 1
-        specs += [(f"{i}.attn_norm", b, (h,)), (f"{i}.wq", b, (h, c.num_attention_heads * d)),
-                  (f"{i}.wk", b, (h, c.num_key_value_heads * d)),
-                  (f"{i}.wv", b, (h, c.num_key_value_heads * d)),
-                  (f"{i}.wo", b, (c.num_attention_heads * d, h)), (f"{i}.mlp_norm", b, (h,)),
-                  (f"{i}.w_gate", b, (h, c.intermediate_size)),
-                  (f"{i}.w_up", b, (h, c.intermediate_size)),
-                  (f"{i}.w_down", b, (c.intermediate_size, h))]
+        shapes += [(f"{i}.attn_norm", b, (h,)), (f"{i}.wq", b, (h, c.num_attention_heads * d)),
+                   (f"{i}.wk", b, (h, c.num_key_value_heads * d)),
+                   (f"{i}.wv", b, (h, c.num_key_value_heads * d)),
+                   (f"{i}.wo", b, (c.num_attention_heads * d, h)), (f"{i}.mlp_norm", b, (h,)),
+                   (f"{i}.w_gate", b, (h, c.intermediate_size)),
+                   (f"{i}.w_up", b, (h, c.intermediate_size)),
+                   (f"{i}.w_down", b, (c.intermediate_size, h))]
     last = c.num_hidden_layers + 1
-    specs += [("final_norm", last, (h,)), ("lm_head", last, (h, c.vocab_size))]
-    return specs
+    shapes += [("final_norm", last, (h,)), ("lm_head", last, (h, c.vocab_size))]
+    return [(n, b, shape, dtype, DTYPE_SIZES[dtype]) for n, b, shape in shapes]
 
 
 def random_size_bytes(config: Mapping[str, Any], itemsize: int) -> int:
     """Bytes of an ``init: random`` model (what the core's ``size_gb`` must say)."""
     c = TinyConfig.from_mapping(config)
-    return sum(math.prod(shape) for _, _, shape in tiny_specs(c)) * itemsize
+    return sum(math.prod(shape) for _, _, shape, _, _ in tiny_specs(c)) * itemsize
 
 
 def config_for_bytes(target: int, itemsize: int = 4, layers: int = 4, vocab: int = 512,
@@ -229,6 +249,70 @@ class Placed:
     ranges: list[tuple[int, int]]
     runner: Any = None  # model-specific state built on the device copy (HF skeleton)
     nbytes: list[int] = field(default_factory=list)
+    #: called between two layers of the forward pass running on this copy (HF hooks)
+    between_layers: Callable[[], None] | None = None
+
+
+class Cancelled(Exception):
+    pass
+
+
+@dataclass(slots=True)
+class Request:
+    """One member of a batch: its request, and what became of it."""
+
+    id: str
+    payload: Any
+    op: str = ""
+    rows: list[list[int]] = field(default_factory=list)
+    #: "" while in the forward pass; then "ok", "failed" or "cancelled"
+    status: str = ""
+    output: dict[str, Any] | None = None
+    error: str = ""
+
+
+class Batch:
+    """The members of one forward pass. ``cancelled(id)`` says whether a member was asked
+    to stop; ``on_end(request)`` is called once per member, as soon as its fate is known
+    (a bad request before the pass, a cancelled one between two layers, the rest after)."""
+
+    def __init__(self, requests: Sequence[Request], cancelled: Callable[[str], bool],
+                 on_end: Callable[[Request], None] = lambda r: None) -> None:
+        self.requests = list(requests)
+        self.cancelled = cancelled
+        self.on_end = on_end
+
+    @property
+    def live(self) -> list[Request]:
+        return [r for r in self.requests if not r.status]
+
+    def end(self, r: Request, status: str, output: dict[str, Any] | None = None,
+            error: str = "") -> None:
+        if r.status:
+            return
+        r.status, r.output, r.error = status, output, error
+        self.on_end(r)
+
+    def rows(self) -> list[list[int]]:
+        """Token rows of the live members, member after member."""
+        return [row for r in self.live for row in r.rows]
+
+    def check(self) -> list[int] | None:
+        """Between two layers: end the members cancelled since the last check. Returns the
+        indices (in :meth:`rows` as it was) of the rows still in the pass when some left,
+        None when none did; raises Cancelled when no member is left."""
+        keep, at, dropped = [], 0, False
+        for r in self.live:
+            n = len(r.rows)
+            if self.cancelled(r.id):
+                self.end(r, "cancelled", error="cancelled while computing")
+                dropped = True
+            else:
+                keep.extend(range(at, at + n))
+            at += n
+        if not self.live:
+            raise Cancelled
+        return keep if dropped else None
 
 
 class StagedModel:
@@ -236,9 +320,12 @@ class StagedModel:
 
     layout: Layout
     host: Any
+    vocab: int
 
     def __init__(self, ops: NumpyOps) -> None:
         self.ops = ops
+        #: forward passes run (a batch is one)
+        self.forwards = 0
 
     @property
     def nbytes(self) -> int:
@@ -253,8 +340,35 @@ class StagedModel:
             self.ops.sync(dev)
         return Placed(bufs, ranges, None, [self.ops.nbytes(b) for b in bufs])
 
+    def run_batch(self, placed: Placed, devices: list[int], batch: Batch) -> None:
+        """Serve every member of ``batch`` with one forward pass; each ends through
+        ``batch.end`` (a bad request fails alone, before the pass)."""
+        for r in batch.requests:
+            try:
+                r.op, r.rows = check_request(r.payload, self.vocab)
+            except ModelError as e:
+                batch.end(r, "failed", error=str(e))
+        if not batch.live:
+            return
+        self.forwards += 1
+        try:
+            self._forward(placed, devices, batch)
+        except Cancelled:
+            pass  # every member was cancelled, and has been told so
+
     def run(self, placed: Placed, devices: list[int], payload: Mapping[str, Any],
             cancelled: Callable[[], bool]) -> dict[str, Any]:
+        """One request alone (a batch of one); raises ModelError or Cancelled."""
+        r = Request("", payload)
+        self.run_batch(placed, devices, Batch([r], lambda _id: cancelled()))
+        if r.status == "failed":
+            raise ModelError(r.error)
+        if r.status == "cancelled":
+            raise Cancelled
+        assert r.output is not None
+        return r.output
+
+    def _forward(self, placed: Placed, devices: list[int], batch: Batch) -> None:
         raise NotImplementedError
 
 
@@ -275,6 +389,10 @@ def check_request(payload: Mapping[str, Any] | None, vocab: int) -> tuple[str, l
                                  f"[0, {vocab})")
     if op == "logprobs" and any(len(r) < 2 for r in rows):
         raise ModelError("payload.tokens: logprobs needs at least 2 tokens per sequence")
+    yes = payload.get("yes_token", 1)
+    if op == "score" and (not isinstance(yes, int) or isinstance(yes, bool)
+                          or not 0 <= yes < vocab):
+        raise ModelError(f"payload.yes_token: {yes!r} is not an id in [0, {vocab})")
     return op, rows
 
 
@@ -283,72 +401,97 @@ def _pad(rows: list[list[int]]) -> list[list[int]]:
     return [r + [0] * (t - len(r)) for r in rows]
 
 
-class Cancelled(Exception):
-    pass
+def _split(batch: Batch, logprobs: list[list[float]] | None,
+           scores: list[float] | None) -> None:
+    """Hand each live member its rows' results (in the order of ``batch.rows()``)."""
+    at = 0
+    for r in batch.live:
+        n = len(r.rows)
+        if r.op == "score":
+            assert scores is not None
+            batch.end(r, "ok", {"scores": scores[at:at + n]})
+        else:
+            assert logprobs is not None
+            batch.end(r, "ok", {"logprobs": [logprobs[at + i][: len(row) - 1]
+                                             for i, row in enumerate(r.rows)]})
+        at += n
 
 
 class TinyLM(StagedModel):
     """``init: random``: a Llama-shaped decoder with random weights (see module doc)."""
 
-    def __init__(self, ops: NumpyOps, config: Mapping[str, Any], seed: int = 0) -> None:
+    def __init__(self, ops: NumpyOps, config: Mapping[str, Any], seed: int = 0,
+                 dtype: str | None = None) -> None:
+        try:
+            ops = ops.for_dtype(dtype)
+        except ValueError as e:
+            raise ModelError(str(e)) from None
         super().__init__(ops)
         self.config = TinyConfig.from_mapping(config)
-        self.layout = build_layout(tiny_specs(self.config), ops.itemsize)
-        self.host = ops.stage(self.layout.numel)
-        ops.fill_random(self.host, seed, 0.02)
+        self.vocab = self.config.vocab_size
+        self.layout = build_layout(tiny_specs(self.config, ops.dtype_name))
+        self.host = ops.stage(self.layout.nbytes)
+        every = ops.typed(self.host, 0, (self.layout.nbytes // ops.itemsize,), ops.dtype_name)
+        ops.fill_random(every, seed, 0.02)
         for t in self.layout.tensors:  # norms start at one, as a trained model's roughly do
             if t.name.endswith("norm"):
-                self.host[t.offset:t.offset + t.size] = 1.0
+                ops.typed(self.host, t.offset, t.shape, t.dtype)[:] = 1.0
 
     def _weights(self, placed: Placed, block: int, owner: list[int]) -> dict[str, Any]:
         j = owner[block]
         lo = placed.ranges[j][0]
-        return {t.name: self.ops.view(placed.buffers[j], t.offset - lo, t.shape)
+        return {t.name: self.ops.compute(self.ops.typed(placed.buffers[j], t.offset - lo,
+                                                        t.shape, t.dtype))
                 for t in self.layout.tensors if t.block == block}
 
-    def run(self, placed: Placed, devices: list[int], payload: Mapping[str, Any],
-            cancelled: Callable[[], bool]) -> dict[str, Any]:
+    def _forward(self, placed: Placed, devices: list[int], batch: Batch) -> None:
         c, ops, k = self.config, self.ops, len(devices)
-        op, rows = check_request(payload, c.vocab_size)
         owner = self.layout.shard_of_block(k)
-        lengths = [len(r) for r in rows]
+        rows = batch.rows()
         ids = ops.ids(_pad(rows), devices[owner[0]])
-        x = ops.compute(self._weights(placed, 0, owner)["embed"][ids])
-        b, t = len(rows), ids.shape[1]
+        x = self._weights(placed, 0, owner)["embed"][ids]
+        t = ids.shape[1]
         heads, kv, d = c.num_attention_heads, c.num_key_value_heads, c.head_dim
         for i in range(c.num_hidden_layers):
-            if cancelled():
-                raise Cancelled
+            keep = batch.check()
+            if keep is not None:  # cancelled members leave the pass: their rows go
+                x = ops.take(x, keep)
+            b = x.shape[0]
             dev = devices[owner[i + 1]]
             x = ops.move(x, dev)
             w = self._weights(placed, i + 1, owner)
-            a = ops.rms(x, ops.compute(w[f"{i}.attn_norm"]))
-            q = ops.transpose((a @ ops.compute(w[f"{i}.wq"])).reshape(b, t, heads, d), 1, 2)
-            kk = ops.transpose((a @ ops.compute(w[f"{i}.wk"])).reshape(b, t, kv, d), 1, 2)
-            v = ops.transpose((a @ ops.compute(w[f"{i}.wv"])).reshape(b, t, kv, d), 1, 2)
+            a = ops.rms(x, w[f"{i}.attn_norm"])
+            q = ops.transpose((a @ w[f"{i}.wq"]).reshape(b, t, heads, d), 1, 2)
+            kk = ops.transpose((a @ w[f"{i}.wk"]).reshape(b, t, kv, d), 1, 2)
+            v = ops.transpose((a @ w[f"{i}.wv"]).reshape(b, t, kv, d), 1, 2)
             kk, v = ops.repeat_heads(kk, heads // kv), ops.repeat_heads(v, heads // kv)
             att = ops.softmax(q @ ops.transpose(kk, -1, -2) / math.sqrt(d)
                               + ops.causal_mask(t, dev))
             o = ops.transpose(att @ v, 1, 2).reshape(b, t, heads * d)
-            x = x + o @ ops.compute(w[f"{i}.wo"])
-            m = ops.rms(x, ops.compute(w[f"{i}.mlp_norm"]))
-            x = x + (ops.silu(m @ ops.compute(w[f"{i}.w_gate"]))
-                     * (m @ ops.compute(w[f"{i}.w_up"]))) @ ops.compute(w[f"{i}.w_down"])
+            x = x + o @ w[f"{i}.wo"]
+            m = ops.rms(x, w[f"{i}.mlp_norm"])
+            x = x + (ops.silu(m @ w[f"{i}.w_gate"]) * (m @ w[f"{i}.w_up"])) @ w[f"{i}.w_down"]
+        keep = batch.check()
+        if keep is not None:
+            x = ops.take(x, keep)
+        rows = batch.rows()
         head = self._weights(placed, c.num_hidden_layers + 1, owner)
         x = ops.move(x, devices[owner[-1]])
-        x = ops.rms(x, ops.compute(head["final_norm"]))
-        if op == "score":
-            last = [x[i, n - 1] for i, n in enumerate(lengths)]
-            yes = int(payload.get("yes_token", 1))
-            out = []
-            for row in last:
-                lp = ops.log_softmax(row @ ops.compute(head["lm_head"]))
-                out.append(float(ops.tolist(lp[yes])))
-            return {"scores": out}
-        logp = ops.log_softmax(x @ ops.compute(head["lm_head"]))
-        nxt = ops.ids([r[1:] + [0] for r in _pad(rows)], devices[owner[-1]])
-        picked = ops.tolist(ops.gather_last(logp, nxt))
-        return {"logprobs": [picked[i][: n - 1] for i, n in enumerate(lengths)]}
+        x = ops.rms(x, head["final_norm"])
+        member = [r for r in batch.live for _ in r.rows]  # whose each row is
+        scores: list[float] | None = None
+        logprobs: list[list[float]] | None = None
+        if any(r.op == "score" for r in member):
+            scores = [0.0] * len(rows)
+            for j, r in enumerate(member):
+                if r.op == "score":
+                    lp = ops.log_softmax(x[j, len(rows[j]) - 1] @ head["lm_head"])
+                    scores[j] = float(ops.tolist(lp[int(r.payload.get("yes_token", 1))]))
+        if any(r.op == "logprobs" for r in batch.live):
+            logp = ops.log_softmax(x @ head["lm_head"])
+            nxt = ops.ids([r[1:] + [0] for r in _pad(rows)], devices[owner[-1]])
+            logprobs = ops.tolist(ops.gather_last(logp, nxt))
+        _split(batch, logprobs, scores)
 
 
 _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
@@ -356,13 +499,22 @@ _LAYER = re.compile(r"(?:^|\.)(?:layers|h|blocks)\.(\d+)\.")
 
 class HFModel(StagedModel):
     """A local Hugging Face causal LM (``transformers`` + torch), staged with the block
-    layout of the module doc and run with its own forward on the device copy."""
+    layout of the module doc and run with its own forward on the device copy.
 
-    def __init__(self, ops: NumpyOps, path: str) -> None:
-        super().__init__(ops)
+    It is loaded with ``from_pretrained(dtype=...)`` (the service's ``dtype``, else the
+    device's default) and every tensor is staged in the dtype transformers gave it: what
+    transformers keeps in float32 in a bfloat16 model (the rotary ``inv_freq`` buffers,
+    ``_keep_in_fp32_modules``) stays float32 on the GPU too."""
+
+    def __init__(self, ops: NumpyOps, path: str, dtype: str | None = None) -> None:
         if ops.name != "torch":
             raise ModelError(f"model.path {path!r}: loading a Hugging Face directory needs "
                              "torch and transformers (pip install torch transformers)")
+        try:
+            ops = ops.for_dtype(dtype)
+        except ValueError as e:
+            raise ModelError(str(e)) from None
+        super().__init__(ops)
         try:
             import transformers
         except ImportError:
@@ -391,15 +543,11 @@ class HFModel(StagedModel):
             blocked.append((block, name, tensor))
         last = max((b for b, _, _ in blocked), default=0) + 1
         blocked = sorted(((last if b == -1 else b), n, t) for b, n, t in blocked)
-        self.layout = build_layout([(n, b, tuple(t.shape)) for b, n, t in blocked],
-                                   ops.itemsize)
-        self.host = ops.stage(self.layout.numel)
-        dtypes = {}
-        for (_b, name, tensor), spec in zip(blocked, self.layout.tensors, strict=True):
-            dtypes[name] = tensor.dtype
-            flat = tensor.detach().reshape(-1).to(ops.dtype)
-            self.host[spec.offset:spec.offset + spec.size].copy_(flat)
-        self.dtypes = dtypes
+        self.layout = build_layout([(n, b, tuple(t.shape), str(t.dtype).removeprefix("torch."),
+                                     t.element_size()) for b, n, t in blocked])
+        self.host = ops.stage(self.layout.nbytes)
+        for (_b, _name, tensor), spec in zip(blocked, self.layout.tensors, strict=True):
+            ops.typed(self.host, spec.offset, spec.shape, tensor.dtype).copy_(tensor.detach())
         self._torch = torch
         del model
 
@@ -415,8 +563,7 @@ class HFModel(StagedModel):
         for t in self.layout.tensors:
             j = owner[t.block]
             lo = placed.ranges[j][0]
-            view = self.ops.view(placed.buffers[j], t.offset - lo, t.shape)
-            view = view.to(self.dtypes[t.name]) if self.dtypes[t.name] != view.dtype else view
+            view = self.ops.typed(placed.buffers[j], t.offset - lo, t.shape, t.dtype)
             mod_name, _, leaf = t.name.rpartition(".")
             mod = skel.get_submodule(mod_name) if mod_name else skel
             if leaf in mod._parameters:
@@ -424,27 +571,52 @@ class HFModel(StagedModel):
             else:
                 mod._buffers[leaf] = view
         _move_hooks(skel, torch)
+
+        def between_layers(_m: Any, _args: Any) -> None:
+            if placed.between_layers is not None:
+                placed.between_layers()
+
+        for name, mod in skel.named_modules():
+            if re.search(r"(?:^|\.)(?:layers|h|blocks)\.\d+$", name):
+                mod.register_forward_pre_hook(between_layers)
         placed.runner = skel.eval()
         return placed
 
-    def run(self, placed: Placed, devices: list[int], payload: Mapping[str, Any],
-            cancelled: Callable[[], bool]) -> dict[str, Any]:
-        op, rows = check_request(payload, self.vocab)
+    def _forward(self, placed: Placed, devices: list[int], batch: Batch) -> None:
         torch = self._torch
+        rows = batch.rows()
+        owners = [r for r in batch.live for _ in r.rows]  # whose each row is
         lengths = [len(r) for r in rows]
         owner = self.layout.shard_of_block(len(devices))
         first = torch.device("cuda", devices[owner[0]]) if self.ops.device == "cuda" else "cpu"
         ids = torch.tensor(_pad(rows), dtype=torch.long, device=first)
         mask = torch.tensor([[1] * n + [0] * (ids.shape[1] - n) for n in lengths], device=first)
-        with torch.inference_mode():
-            logits = placed.runner(input_ids=ids, attention_mask=mask).logits.float()
+
+        # transformers' forward cannot drop rows mid-pass: a cancelled member is reported
+        # at the next layer and its rows computed to the end; all cancelled: stop there
+        def check() -> None:
+            batch.check()
+
+        placed.between_layers = check
+        try:
+            with torch.inference_mode():
+                logits = placed.runner(input_ids=ids, attention_mask=mask).logits.float()
+        finally:
+            placed.between_layers = None
+        batch.check()  # members cancelled during the last layer
+        keep = [i for i, r in enumerate(owners) if not r.status]  # rows of live members
+        if len(keep) < len(owners):
+            logits, ids = logits[keep], ids[keep]
+            rows = [rows[i] for i in keep]
         logp = torch.log_softmax(logits, dim=-1)
-        if op == "score":
-            yes = int(payload.get("yes_token", 1))
-            return {"scores": [float(logp[i, n - 1, yes]) for i, n in enumerate(lengths)]}
-        nxt = ids[:, 1:].to(logp.device)
-        picked = logp[:, :-1].gather(-1, nxt[..., None])[..., 0].double().cpu().tolist()
-        return {"logprobs": [picked[i][: n - 1] for i, n in enumerate(lengths)]}
+        member = [r for r in batch.live for _ in r.rows]  # whose each row is
+        scores = [float(logp[j, len(rows[j]) - 1, int(r.payload.get("yes_token", 1))])
+                  if r.op == "score" else 0.0 for j, r in enumerate(member)]
+        logprobs = None
+        if any(r.op == "logprobs" for r in member):
+            nxt = ids[:, 1:].to(logp.device)
+            logprobs = logp[:, :-1].gather(-1, nxt[..., None])[..., 0].double().cpu().tolist()
+        _split(batch, logprobs, scores)
 
 
 def _dtype_kw(transformers: Any, dtype: Any) -> dict[str, Any]:
@@ -487,7 +659,7 @@ def _move_hooks(model: Any, torch: Any) -> None:
 def load_model(source: ModelSource, ops: NumpyOps) -> StagedModel:
     """Stage ``source`` in host memory (pinned on cuda)."""
     if source.kind == "random":
-        return TinyLM(ops, dict(source.config), source.seed)
+        return TinyLM(ops, dict(source.config), source.seed, source.dtype)
     if source.kind == "hf":
-        return HFModel(ops, source.path)
+        return HFModel(ops, source.path, source.dtype)
     raise ModelError(f"model: unknown loader {source.kind!r}")

@@ -64,11 +64,15 @@ def metric_lines(backend: Any) -> list[str]:
         lines += [f"# HELP tangram_gpu_{metric} {text}", f"# TYPE tangram_gpu_{metric} gauge"]
         lines += [f"tangram_gpu_{metric}{{{lab}}} {v:.6g}" for lab, v in rows]
     service_metrics = {"resident_variants": ("gauge", "Resident variants of the service."),
-                       "restores": ("counter", "Restores from host memory."),
+                       "restores": ("counter", "Restores from host memory (pre-restores "
+                                                   "included)."),
+                       "prerestores": ("counter", "Restores made ahead of demand."),
                        "restore_seconds": ("counter", "Seconds spent restoring."),
                        "restore_bytes": ("counter", "Bytes copied by restores."),
                        "evictions": ("counter", "Variants evicted."),
                        "requests": ("counter", "Requests served (actions)."),
+                       "batches": ("counter", "Forward passes run for the requests (a "
+                                              "batch of several requests is one)."),
                        "failed": ("counter", "Actions that failed.")}
     for key, (kind, text) in service_metrics.items():
         name = f"tangram_service_{key}" + ("_total" if kind == "counter" and

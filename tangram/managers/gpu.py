@@ -47,7 +47,7 @@ Chunk = tuple[int, int]  # (start, size)
 
 
 class GpuNode:
-    __slots__ = ("name", "spec", "free", "resident", "mem_used", "ready")
+    __slots__ = ("name", "spec", "free", "resident", "mem_used", "ready", "down")
 
     def __init__(self, spec: GpuNodeSpec) -> None:
         self.name = spec.name
@@ -60,6 +60,8 @@ class GpuNode:
         self.mem_used = [0.0] * spec.gpus
         #: pre-restored variants still loading -> when the load completes
         self.ready: dict[tuple[str, int, int], float] = {}
+        #: the node left (GpuManager.fence): no free chunk, nothing resident
+        self.down = False
 
 
 #: where a variant lives: (node name, first GPU, GPUs)
@@ -90,6 +92,8 @@ class GpuManager:
         self._version = 0
         #: pre-restores decided and not yet handed out (the core turns them into effects)
         self._prerestored: list[tuple[GpuPlan, float, float]] = []
+        #: (node, variant) of static replicas deployed once (a later load is a restore)
+        self._deployed: set[tuple[str, Variant]] = set()
         self._counts: tuple[int, int, int, int] | None = None
         self._nfree = sum(n.spec.gpus for n in self.nodes.values())
         #: restore estimates of the current state; cleared with _counts on any change
@@ -395,7 +399,10 @@ class GpuManager:
                     assert lease.start % lease.size == 0, f"lease {lease} unaligned"
                     for g in lease.gpus:
                         owner[g] += 1
-            assert all(o == 1 for o in owner), f"{node.name}: GPUs owned {owner} times"
+            # a node that left (fence) has its GPUs in no free block until it is back
+            want = 0 if node.down else 1
+            assert all(o == want or (node.down and o == 1) for o in owner), \
+                f"{node.name}: GPUs owned {owner} times"
             mem = [0.0] * node.spec.gpus
             for svc, k, st in node.resident:
                 for g in range(st, st + k):
@@ -467,10 +474,15 @@ class GpuManager:
         del self._live[lease.action_id]
         self._live_of[lease.service].discard(lease.action_id)
         self._counts = None
-        self._nfree += lease.size
         self._restore_est.clear()
         node = self.nodes[lease.node]
-        start, size = lease.start, lease.size
+        if node.down:  # its GPUs come back with the node (unfence), not one by one
+            return
+        self._nfree += lease.size
+        self._free_chunk(node, lease.start, lease.size)
+
+    def _free_chunk(self, node: GpuNode, start: int, size: int) -> None:
+        """Add the aligned chunk to the free blocks, merged with its free buddies."""
         while size < node.spec.gpus:
             buddy = start ^ size
             if buddy not in node.free[size]:
@@ -482,6 +494,56 @@ class GpuManager:
 
     def busy_gpus(self) -> int:
         return sum(lease.size for lease in self._live.values())
+
+    # -- variants that own their GPUs (static replicas, tangram/pools/static.py) -----------
+    def deploy(self, service: str, site: Site, now: float) -> bool:
+        """Load ``service``'s replica at ``site`` ahead of its first request: the
+        deployment of a static replica, which the baseline has up before the run starts
+        (modelled at no cost and not counted as a restore). The worker is told with a
+        pre-restore effect. False: it was deployed already (a replica its node lost is
+        loaded again by its next dispatch, a restore)."""
+        name, sub, k = site
+        node = self.nodes[name]
+        variant = (service, k, sub)
+        if (name, variant) in self._deployed:
+            return False
+        before = list(node.resident)
+        self._pin(node, variant)
+        self._prerestored.append((self._plan(node, variant, before, True), now, 0.0))
+        return True
+
+    def use_pinned(self, service: str, site: Site, now: float) -> tuple[float, GpuPlan]:
+        """A dispatch on ``service``'s replica at ``site``, whose GPUs no other variant
+        shares (its pool carves them; this manager's chunks stay free, so nothing is ever
+        evicted): (seconds of restore it pays, its plan). Resident: a reuse. Not resident:
+        its first load is the deployment (as :meth:`deploy`, no cost); a load after the
+        node lost it (its worker died: :meth:`reset_node`) is a restore, modelled."""
+        name, sub, k = site
+        node = self.nodes[name]
+        variant = (service, k, sub)
+        before = list(node.resident)
+        restore_s = 0.0
+        restored = variant not in node.resident
+        if not restored:
+            self.hits += 1
+            node.resident.move_to_end(variant)
+        elif (name, variant) in self._deployed:
+            self.restores += 1
+            restore_s = self.variant_restore_s(service, k)
+            self.restore_s_total += restore_s
+            self._pin(node, variant)
+        else:
+            self._pin(node, variant)
+        return restore_s, self._plan(node, variant, before, restored)
+
+    def _pin(self, node: GpuNode, variant: Variant) -> None:
+        service, k, start = variant
+        for g in range(start, start + k):
+            node.mem_used[g] += self.services[service].size_gb / k
+        node.resident[variant] = None
+        self._sites.setdefault(service, set()).add((node.name, start, k))
+        self._deployed.add((node.name, variant))
+        self._restore_est.clear()
 
     # -- for the live GPU backend (executor/gpu): read the model, reset a lost node -------
     def resident_variants(self, node: str) -> frozenset[tuple[str, int, int]]:
@@ -499,6 +561,39 @@ class GpuManager:
     def gpu_mem_used(self, node: str) -> tuple[float, ...]:
         """GB of resident weights on each GPU of ``node``, as the core accounts them."""
         return tuple(self.nodes[node].mem_used)
+
+    def fence(self, node: str) -> None:
+        """The node left (its machine or its GPU worker is gone): its free chunks leave
+        the pool and its residency is forgotten; GPUs of running actions come back only
+        with the node (:meth:`unfence`). Idempotent."""
+        n = self.nodes[node]
+        if n.down:
+            return
+        self.reset_node(node)
+        free = sum(size * len(starts) for size, starts in n.free.items())
+        for starts in n.free.values():
+            starts.clear()
+        n.down = True
+        self._nfree -= free
+        self._counts = None
+
+    def unfence(self, node: str) -> None:
+        """The node is back (a fresh worker, nothing resident): every GPU no running
+        action holds is free again. Idempotent."""
+        n = self.nodes[node]
+        if not n.down:
+            return
+        n.down = False
+        held = {g for lease in self._live.values() if lease.node == node for g in lease.gpus}
+        for g in range(n.spec.gpus):
+            if g not in held:
+                self._nfree += 1
+                self._free_chunk(n, g, 1)
+        self._counts = None
+        self._restore_est.clear()
+
+    def is_down(self, node: str) -> bool:
+        return self.nodes[node].down
 
     def reset_node(self, node: str) -> None:
         """Forget every resident variant of ``node`` (its worker died and lost its GPU

@@ -1,5 +1,11 @@
 """Static GPU deployments (a baseline, SGLang-like): each GPU service on fixed dedicated
-replicas of a fixed DoP, with its own queue; no restores, no sharing."""
+replicas of a fixed DoP, with its own queue; no restores, no sharing.
+
+Each replica's residency lives in the policy's GPU manager (``GpuManager.deploy`` and
+``use_pinned``), so a dispatch carries a residency plan a live GPU worker carries out:
+the replica is deployed (loaded) ahead of its first request when the backend
+pre-restores, else on its first dispatch; it is never evicted; a replica whose worker
+died is loaded again (a restore) on its next dispatch."""
 
 from __future__ import annotations
 
@@ -26,15 +32,24 @@ class Replica:
     def gpus(self) -> tuple[int, ...]:
         return tuple(range(self.start, self.start + self.size))
 
+    @property
+    def site(self) -> tuple[str, int, int]:
+        """(node, first GPU, GPUs): where the GPU manager holds it resident."""
+        return (self.node, self.start, self.size)
+
 
 class ServicePool(Pool):
     """One service's fixed replicas and its own FIFO queue."""
 
     key = "gpu"
 
-    def __init__(self, service: str, replicas: list[Replica],
+    def __init__(self, service: str, replicas: list[Replica], manager: GpuManager,
+                 fleet: tuple[Replica, ...] = (),
                  batching: BatchModel = DEFAULT_BATCHING) -> None:
         super().__init__(f"gpu:{service}", FixedDopScheduler(replicas[0].size))
+        self.manager = manager
+        #: every service's replicas (the deployment the first pass of any pool loads)
+        self.fleet = fleet or tuple(replicas)
         self.batching = batching
         self.replicas = replicas
         self.idle = list(replicas)
@@ -56,10 +71,14 @@ class ServicePool(Pool):
         return len(self.idle) * self.dop
 
     def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
-        if not self.idle:
+        # a replica whose node left (GpuManager.fence) serves nothing until it is back
+        up = [r for r in self.idle if not self.manager.is_down(r.node)]
+        if not up:
             return None
-        r = self.idle.pop(0)
-        return Grant(r, r.node, gpus=r.gpus)
+        r = up[0]
+        self.idle.remove(r)
+        restore_s, plan = self.manager.use_pinned(r.service, r.site, now)
+        return Grant(r, r.node, gpus=r.gpus, restore_s=restore_s, plan=plan)
 
     def release(self, part: Any) -> None:
         if part not in self.idle and part in self.replicas:
@@ -76,6 +95,16 @@ class ServicePool(Pool):
 
     def usage(self) -> dict[str, float]:
         return {"gpu": float(sum(r.size for r in self.replicas if r not in self.idle))}
+
+    def after_pass(self, now: float, estimates: Any) -> None:
+        # deploy every replica (of every service) ahead of its first request on a backend
+        # that loads ahead of demand (a live GPU worker: the loads start with the run's
+        # first requests, as a static deployment is up before them); deploy() skips one
+        # deployed already (a dispatch's plan loaded it)
+        if self.manager.prerestore_ok:
+            for r in self.fleet:
+                if not self.manager.is_down(r.node):
+                    self.manager.deploy(r.service, r.site, now)
 
 
 def static_placement(cluster: ClusterSpec, services: list[str], dop: int | None,
