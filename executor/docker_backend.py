@@ -85,6 +85,8 @@ GRACE_S = 5.0
 DEFAULT_TIMEOUT_S = 24 * 3600.0
 PERIOD_US = 100_000
 IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
+#: the warm pool refills once no sandbox was taken for this long (DockerBackend._refill)
+WARM_QUIET_S = 0.5
 #: where a trajectory's commands run and its files live, inside the container
 SANDBOX_WORKDIR = "/work"
 #: each sandbox's disk (see the module's docstring: storage-opt, else tmpfs mounts)
@@ -240,6 +242,7 @@ class DockerBackend:
         self._running: dict[str, str] = {}  # action id -> container id
         self._warm: list[Sandbox] = []
         self._refilling = False
+        self._last_take = float("-inf")  # monotonic time a sandbox was last taken warm
         self._closed = False
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
         self._reaper.start()
@@ -437,16 +440,25 @@ class DockerBackend:
             if self._refilling or self._closed or len(self._warm) >= self.warm_size:
                 return
             self._refilling = True
-        self._pool.submit(self._refill)
+        # its own thread, not the actions' pool: it waits for quiet (below) and must not
+        # hold a worker the burst's actions need
+        threading.Thread(target=self._refill, daemon=True, name="tangram-warm").start()
 
     def _refill(self) -> None:
-        """Keep ``warm_size`` default-image sandboxes ready (one at a time, in the pool)."""
+        """Keep ``warm_size`` default-image sandboxes ready (one at a time), starting each
+        once no sandbox was taken for WARM_QUIET_S: a container start costs the engine
+        (dockerd, runc) tens of ms of CPU, which the burst of first actions that emptied the
+        pool needs now; the pool is for the next burst."""
         box: Sandbox | None = None
         try:
             while not self._closed:
                 with self._lock:
                     if len(self._warm) >= self.warm_size:
                         return
+                    wait = self._last_take + WARM_QUIET_S - time.monotonic()
+                if wait > 0:
+                    time.sleep(min(wait, 0.1))  # short steps: shutdown ends it promptly
+                    continue
                 box = self._create("", self.image, self.default_mem_gb)
                 with self._lock:
                     if self._closed:
@@ -466,6 +478,7 @@ class DockerBackend:
             return None
         with self._lock:
             box = self._warm.pop() if self._warm else None
+            self._last_take = time.monotonic()
         if box is None:
             return None
         # (its tmpfs mounts keep the size set for the pool's memory limit: with a smaller
