@@ -260,6 +260,26 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
                 proc.kill()
 
 
+async def _warm_pool_full(workdir: Path, warm: int, proc, within_s: float = 120.0) -> None:
+    """Wait until the docker server's warm pool holds ``warm`` running sandboxes (its
+    containers: the owner label of executor/replay.make_backend, no trajectory yet)."""
+    import hashlib
+
+    import docker
+
+    owner = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
+    client = docker.from_env()
+    labels = [f"tangram.owner={owner}", "tangram.trajectory="]
+    deadline = time.time() + within_s
+    while len(client.containers.list(sparse=True, filters={"label": labels})) < warm:
+        if time.time() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"the server's warm pool did not fill to {warm} sandboxes "
+                               f"within {within_s:g} s")
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(1.0)  # the last one's agent listening and its cgroup set
+    client.close()
+
+
 async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
                  actions: int, warm: int, samples: int, log: Path,
                  every_s: float | None = None,
@@ -281,18 +301,19 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
         if time.time() > deadline or proc.poll() is not None:
             raise RuntimeError(f"the server did not start: {log.read_text()[-2000:]}")
         await asyncio.sleep(0.2)
-    if warm:  # let the pool fill before timing (what a long-running server sees)
-        await asyncio.sleep(min(30.0, 0.5 * warm + 1))
+    async with TangramClient(url, token, timeout_s=600) as tg:
+        # warm-up: imports and first-call paths out of the measurement (before the pool
+        # fills: the sandbox it takes is replaced before the clock starts)
+        tid = await tg.open_trajectory("warmup")
+        await tg.run(tid, argv=["true"])
+        await tg.close_trajectory(tid)
+    if warm:  # the pool full before timing (what a long-running server sees)
+        await _warm_pool_full(log.parent / "work", warm, proc)
     rss: list[float] = []
     total = trajectories * actions
     ctx = multiprocessing.get_context("spawn")
     done = ctx.Value("q", 0)  # actions done, over every client
     step = max(total // samples, 1)
-    async with TangramClient(url, token, timeout_s=600) as tg:
-        # warm-up: imports and first-call paths out of the measurement
-        tid = await tg.open_trajectory("warmup")
-        await tg.run(tid, argv=["true"])
-        await tg.close_trajectory(tid)
     procs, results = [], ctx.Queue()
     if clients > 1:  # started, and ready, before the clock starts
         go = ctx.Event()

@@ -59,6 +59,7 @@ from typing import Any, BinaryIO
 
 import docker
 import docker.errors
+from docker.models.containers import _create_container_args
 
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, FileError
@@ -84,6 +85,8 @@ GRACE_S = 5.0
 DEFAULT_TIMEOUT_S = 24 * 3600.0
 PERIOD_US = 100_000
 IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
+#: the warm pool refills once no sandbox was taken for this long (DockerBackend._refill)
+WARM_QUIET_S = 0.5
 #: where a trajectory's commands run and its files live, inside the container
 SANDBOX_WORKDIR = "/work"
 #: each sandbox's disk (see the module's docstring: storage-opt, else tmpfs mounts)
@@ -233,10 +236,13 @@ class DockerBackend:
         self._mem: dict[str, float] = {}
         self._images: dict[str, str] = {}  # trajectory -> its image, when not the default
         self._host_rootfs: dict[str, bool] = {}
+        #: the cgroup files' paths with "{id}" for a container's id (see _cgroup_files)
+        self._cgroup_template: tuple[str, str] | None = None
         self._lost: set[str] = set()  # trajectories whose container died: report at next action
         self._running: dict[str, str] = {}  # action id -> container id
         self._warm: list[Sandbox] = []
         self._refilling = False
+        self._last_take = float("-inf")  # monotonic time a sandbox was last taken warm
         self._closed = False
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
         self._reaper.start()
@@ -367,34 +373,54 @@ class DockerBackend:
         labels = {LABEL: self.run_id, OWNER: self.owner, "tangram.trajectory": trajectory[:200]}
         disk = self._disk(mem)
         try:
-            c = self.client.containers.create(
-                image, command, detach=True, init=True, labels=labels, volumes=mounts,
+            # the engine's create API directly: ContainerCollection.create would inspect
+            # the new container (one more engine call) only to build an object we never use
+            cid = self.client.api.create_container(**_create_container_args(dict(
+                image=image, command=command, version=self.client.api._version,
+                detach=True, init=True, labels=labels, volumes=mounts,
                 working_dir="/work", network_mode="none", environment=env,
                 mem_limit=f"{int(mem * 1024)}m", memswap_limit=f"{int(mem * 1024)}m",
                 pids_limit=self.pids_limit, cap_drop=["ALL"], cap_add=AGENT_CAPS,
                 security_opt=["no-new-privileges"],
                 # unthrottled while the agent starts; idle quota once it listens
                 cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
-                cpu_quota=len(self.cpu_map) * PERIOD_US, **disk)
+                cpu_quota=len(self.cpu_map) * PERIOD_US, **disk)))["Id"]
         except Exception:
             if agent_dir:
                 shutil.rmtree(agent_dir, ignore_errors=True)
             raise
-        box = Sandbox(c.id, time.monotonic(), image=image, mem_gb=mem, agent_dir=agent_dir)
+        box = Sandbox(cid, time.monotonic(), image=image, mem_gb=mem, agent_dir=agent_dir)
         try:
-            c.start()
+            self.client.api.start(cid)
             if agent_dir is not None:
                 sock = os.path.join(agent_dir, "agent.sock")
                 deadline = time.monotonic() + 10
+                pause = 0.005
+                # backing off to 20 ms: a start takes hundreds of ms on a loaded machine, and
+                # each 5 ms wake-up cost the server CPU (~1 ms per container) and the GIL
                 while not os.path.exists(sock) and time.monotonic() < deadline:
-                    time.sleep(0.005)
+                    time.sleep(pause)
+                    pause = min(pause * 1.5, 0.02)
                 box.socket = sock if os.path.exists(sock) else None
-            box.cpuset_file, box.quota_file = _cgroup_files(self.client, c.id)
+            box.cpuset_file, box.quota_file = self._cgroup_files(cid)
             self._set_cpus(box, None, IDLE_QUOTA_US)
         except Exception:
             self._discard(box)  # a container that never started must not linger
             raise
         return box
+
+    def _cgroup_files(self, cid: str) -> tuple[str | None, str | None]:
+        """The container's cgroup files: where the first container's paths name its id, the
+        next ones' are the same paths with their own id (no engine call: inspecting each new
+        container for its pid cost ~0.5 ms of server CPU); else found through its pid."""
+        if self._cgroup_template is not None:
+            files = tuple(t.replace("{id}", cid) for t in self._cgroup_template)
+            if all(os.access(f, os.W_OK) for f in files):  # the id is in the path: its own
+                return files  # type: ignore[return-value]
+        cpuset, quota = _cgroup_files(self.client, cid)
+        if cpuset and quota and cid in cpuset and cid in quota:
+            self._cgroup_template = (cpuset.replace(cid, "{id}"), quota.replace(cid, "{id}"))
+        return cpuset, quota
 
     def _disk(self, mem_gb: float) -> dict:
         """The container options that bound what its commands write."""
@@ -414,16 +440,25 @@ class DockerBackend:
             if self._refilling or self._closed or len(self._warm) >= self.warm_size:
                 return
             self._refilling = True
-        self._pool.submit(self._refill)
+        # its own thread, not the actions' pool: it waits for quiet (below) and must not
+        # hold a worker the burst's actions need
+        threading.Thread(target=self._refill, daemon=True, name="tangram-warm").start()
 
     def _refill(self) -> None:
-        """Keep ``warm_size`` default-image sandboxes ready (one at a time, in the pool)."""
+        """Keep ``warm_size`` default-image sandboxes ready (one at a time), starting each
+        once no sandbox was taken for WARM_QUIET_S: a container start costs the engine
+        (dockerd, runc) tens of ms of CPU, which the burst of first actions that emptied the
+        pool needs now; the pool is for the next burst."""
         box: Sandbox | None = None
         try:
             while not self._closed:
                 with self._lock:
                     if len(self._warm) >= self.warm_size:
                         return
+                    wait = self._last_take + WARM_QUIET_S - time.monotonic()
+                if wait > 0:
+                    time.sleep(min(wait, 0.1))  # short steps: shutdown ends it promptly
+                    continue
                 box = self._create("", self.image, self.default_mem_gb)
                 with self._lock:
                     if self._closed:
@@ -443,6 +478,7 @@ class DockerBackend:
             return None
         with self._lock:
             box = self._warm.pop() if self._warm else None
+            self._last_take = time.monotonic()
         if box is None:
             return None
         # (its tmpfs mounts keep the size set for the pool's memory limit: with a smaller
