@@ -63,7 +63,7 @@ def test_backend_conformance(kind, tmp_path, request):
             assert all(out.status == "ok" for _, out in runs)
             (_, a), (_, b) = await asyncio.gather(ex.run(shell("a2", "a", "cat f.txt")),
                                                   ex.run(shell("b2", "b", "cat f.txt")))
-            assert (a.output.strip(), b.output.strip()) == ("A", "B")
+            assert (a.output.strip(), b.output.strip()) == ("A", "B"), (a, b)
             # the command sees exactly its granted cores
             _, out = await ex.run(shell("a3", "a", "grep Cpus_allowed_list /proc/self/status"))
             assert cpus_of(out.output) == set(out.extra["cores"])
