@@ -267,9 +267,6 @@ class EoeGpuPool(GpuPool):
                 insort(order, head)
         self._dirty.clear()
 
-    def is_waiting(self, p: Pending) -> bool:
-        return id(p) in self._queued
-
     def waiting_count(self, service: str) -> int:
         return self._count.get(service, 0)
 
