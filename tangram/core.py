@@ -365,11 +365,15 @@ class Tangram:
             self.queued[action.id] = pending
             self.unbound.append(pending)
             return None
-        pending = self._pending(action, now, pool)
+        self._queue_in(pool, action, now)
+        return pool
+
+    def _queue_in(self, pool: PoolPoints, action: Action, submit_s: float) -> None:
+        """Queue ``action`` (submitted at ``submit_s``) in ``pool``."""
+        pending = self._pending(action, submit_s, pool)
         self.queued[action.id] = pending
         pool.admit(pending)
-        pool.arrived(pending, now)
-        return pool
+        pool.arrived(pending, submit_s)
 
     def _route(self, action: Action) -> PoolPoints | None:
         """The pool whose queue ``action`` waits in (None: not bound to a node yet)."""
@@ -575,10 +579,7 @@ class Tangram:
                 break
             self.unbound.popleft()
             pool = self._route(p.action)
-            pending = self._pending(p.action, p.submit_s, pool)
-            self.queued[p.action.id] = pending
-            pool.admit(pending)
-            pool.arrived(pending, p.submit_s)
+            self._queue_in(pool, p.action, p.submit_s)
             touched[pool.name] = None
         self.unbound.extendleft(reversed(waiting))
 
