@@ -158,15 +158,13 @@ class Runtime:
             t.core_s += dt
             started = [e for e in out if isinstance(e, Dispatch)]
             if t.calls is not None:
-                t.calls.append((dt, len(started)))
+                # benchmarks count actions started: a batch starts several
+                t.calls.append((dt, sum(1 + len(d.batch) for d in started)))
             if started:
                 t.dispatching_calls += 1
                 t.dispatching_s += dt
                 for d in started:
                     t.decision_s[d.action.id] = dt / len(started)
-            if t.calls is not None and any(d.batch for d in started):
-                # benchmarks count actions started: a batch starts several
-                t.calls[-1] = (dt, sum(1 + len(d.batch) for d in started))
 
     def snapshot(self, detail: bool = True) -> Snapshot:
         """The core's state, frozen (tangram/protocol.py Snapshot)."""
