@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Lease, Outcome
@@ -27,10 +27,12 @@ from tangram.protocol import (
     Close,
     Command,
     Effect,
+    Evicting,
     Finish,
     Open,
     Poll,
     PreRestore,
+    PreRestoring,
     Reclaim,
     Snapshot,
     Stop,
@@ -210,14 +212,14 @@ class Runtime:
                 else:
                     self.backend.start(e, self._done_callback(e))
             elif isinstance(e, PreRestore):
-                self.backend.prerestore(e)  # type: ignore[attr-defined]
+                cast(PreRestoring, self.backend).prerestore(e)
             elif isinstance(e, Stop):
                 self.backend.cancel(e.action_id)
             elif isinstance(e, Reclaim):
                 # the core unbound it either way; only an evicting backend holds memory
                 # for an idle trajectory (a busy one keeps it: the next observation shows it)
                 if self.capabilities.evicts:
-                    self.backend.evict(e.trajectory)  # type: ignore[attr-defined]
+                    cast(Evicting, self.backend).evict(e.trajectory)
             elif isinstance(e, Cancelled):
                 cb = self._callbacks.pop(e.action_id, None)
                 if cb:
