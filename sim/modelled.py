@@ -203,8 +203,8 @@ class ModelledBackend:
             return None
         return m.restore_s(d.lease.node, d.lease.restore_s, d.units) + m.overhead_s, exec_s
 
-    def _start_batch(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
-        measured = self._measured(d)
+    def _start_batch(self, d: Dispatch, on_done: Callable[[Outcome], None],
+                     measured: tuple[float, float] | None) -> None:
         if measured is not None:
             overhead, exec_s = measured
         else:
@@ -225,8 +225,9 @@ class ModelledBackend:
         self.clock.call_later(overhead + exec_s, done)
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
-        if d.batch or (self.measured is not None and self._measured(d) is not None):
-            self._start_batch(d, on_done)  # a measured GPU action: a batch of one
+        measured = self._measured(d)
+        if d.batch or measured is not None:
+            self._start_batch(d, on_done, measured)  # a measured GPU action: a batch of one
             return
         truth = self.truth.get(d.action.id) or truth_of(d)
         overhead = d.lease.restore_s + truth.setup_s
