@@ -127,13 +127,17 @@ class Pods:
             raise ValueError(f"pod_cores: a pod of {self.pod_cores} cores fits on no node "
                              f"(largest: {largest} cores)")
         cpu = PodManager(cluster.cpu_nodes, self.pod_cores)
-        return cpu, [PodPool(f"cpu:{n}", n, cpu, self.pod_dop) for n in cpu.nodes]
+        return cpu, [self._pool(cpu, n) for n in cpu.nodes]
+
+    def _pool(self, cpu: PodManager, node: str) -> Pool:
+        return PodPool(f"cpu:{node}", node, cpu, self.pod_dop)
 
     def grow(self, cpu: CpuManager, spec: CpuNodeSpec) -> Pool:
-        """A node joined: its capacity in ``cpu`` (a PodManager) and its pod pool."""
+        """A node joined: its capacity in ``cpu`` (a PodManager) and the pool ``build``
+        would have made for it."""
         cpu.add_node(spec)
         assert isinstance(cpu, PodManager)
-        return PodPool(f"cpu:{spec.name}", spec.name, cpu, self.pod_dop)
+        return self._pool(cpu, spec.name)
 
 
 # -- the GPU side -------------------------------------------------------------------------
