@@ -114,18 +114,14 @@ class SpawnedProcess:
         """Set when the process itself exits, whoever still holds its pipe."""
         return self._exited
 
-    # What the process backend also reads of an asyncio Process and its protocol: the
-    # transport, to stop reading a pipe that a background child keeps open, and to close.
-    @property
-    def _transport(self) -> SpawnedProcess:
-        return self
-
-    def get_pipe_transport(self, fd: int) -> PipeReader | None:
-        return self.stdout if fd == 1 else None
-
-    def close(self) -> None:
+    # the same two calls as the process backend's asyncio protocol (_Watched)
+    def drop_output(self) -> None:
+        """Read no more of the output pipe (a background child may keep it open)."""
         if self.stdout is not None:
             self.stdout.close()
+
+    def close(self) -> None:
+        self.drop_output()
 
     def _reap(self) -> None:
         self._loop.remove_reader(self._pidfd)
