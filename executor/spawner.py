@@ -160,7 +160,7 @@ async def create_subprocess_exec(*argv: str, **kw: Any) -> SpawnedProcess | Any:
     layout (stdin from /dev/null or inherited, stdout a pipe, stderr into it or
     inherited), through asyncio otherwise."""
     pipe_out = kw.get("stdout") == subprocess.PIPE
-    if (not set(kw) <= _OURS or not hasattr(os, "pidfd_open")
+    if (not set(kw) <= _OURS or not usable()
             or kw.get("stdin") not in (None, subprocess.DEVNULL)
             or kw.get("stderr") not in (None, subprocess.STDOUT if pipe_out else None)):
         return await asyncio.create_subprocess_exec(*argv, **kw)
