@@ -49,8 +49,9 @@ def guarded(base: type, header_timeout_s: float = HEADER_TIMEOUT_S,
             self._opened_at = self.loop.time()
             self._arm(header_timeout_s)
             if len(self.connections) > limit:
+                # (an upgraded connection's protocol is not a Guarded one: never idle here)
                 idle = [c for c in self.connections if c is not self
-                        and getattr(c, "cycle", True) is None and hasattr(c, "_opened_at")]
+                        and isinstance(c, Guarded) and c.cycle is None]
                 victim = min(idle, key=lambda c: c._opened_at) if idle else self
                 victim._drop()
 

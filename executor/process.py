@@ -132,11 +132,28 @@ class _Watched(asyncio.subprocess.SubprocessStreamProtocol):
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         super().__init__(limit=1 << 16, loop=loop)
         self.exited: asyncio.Future[None] = loop.create_future()
+        self._process: asyncio.SubprocessTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        assert isinstance(transport, asyncio.SubprocessTransport)
+        self._process = transport
 
     def process_exited(self) -> None:
         super().process_exited()
         if not self.exited.done():
             self.exited.set_result(None)
+
+    # the same two calls as executor/spawner.py's SpawnedProcess: what _drain needs
+    def drop_output(self) -> None:
+        """Read no more of the output pipe (its reader gets the end)."""
+        pipe = self._process.get_pipe_transport(1) if self._process else None
+        if pipe is not None:
+            pipe.close()
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.close()
 
 
 def remove_tree(path: Path) -> None:
@@ -323,7 +340,7 @@ class ProcessBackend:
             self._procs.pop(d.action.id, None)
             if demote is not None:
                 demote.cancel()
-        output = await self._drain(proc, reader, mark, timed_out)
+        output = await self._drain(proc, watched, reader, mark, timed_out)
         t_exited = time.time()
         extra = {"argv": argv, "cores": sorted(cores), "spawn_s": t_spawned - t_start,
                  "t_spawned": t_spawned, "t_exited": t_exited}
@@ -342,7 +359,8 @@ class ProcessBackend:
             await watched.exited
             return True
 
-    async def _drain(self, proc: asyncio.subprocess.Process, reader: asyncio.Future,
+    async def _drain(self, proc: asyncio.subprocess.Process,
+                     watched: _Watched | spawner.SpawnedProcess, reader: asyncio.Future,
                      mark: str, timed_out: bool) -> bytes:
         """The command's output once it exited. What still holds the pipe PIPE_GRACE_S
         later (a background child) is killed, and the pipe is dropped either way: the
@@ -357,13 +375,10 @@ class ProcessBackend:
         try:
             return await asyncio.wait_for(asyncio.shield(reader), PIPE_GRACE_S)
         except TimeoutError:  # an escapee holds it: read no more (feeds EOF to the reader)
-            transport = proc._transport  # type: ignore[attr-defined]
-            pipe = transport.get_pipe_transport(1)
-            if pipe is not None:
-                pipe.close()
+            watched.drop_output()
             return await reader
         finally:
-            proc._transport.close()  # type: ignore[attr-defined]
+            watched.close()
 
     @staticmethod
     def _demote(proc: asyncio.subprocess.Process) -> None:

@@ -114,18 +114,14 @@ class SpawnedProcess:
         """Set when the process itself exits, whoever still holds its pipe."""
         return self._exited
 
-    # What the process backend also reads of an asyncio Process and its protocol: the
-    # transport, to stop reading a pipe that a background child keeps open, and to close.
-    @property
-    def _transport(self) -> SpawnedProcess:
-        return self
-
-    def get_pipe_transport(self, fd: int) -> PipeReader | None:
-        return self.stdout if fd == 1 else None
-
-    def close(self) -> None:
+    # the same two calls as the process backend's asyncio protocol (_Watched)
+    def drop_output(self) -> None:
+        """Read no more of the output pipe (a background child may keep it open)."""
         if self.stdout is not None:
             self.stdout.close()
+
+    def close(self) -> None:
+        self.drop_output()
 
     def _reap(self) -> None:
         self._loop.remove_reader(self._pidfd)
@@ -164,7 +160,7 @@ async def create_subprocess_exec(*argv: str, **kw: Any) -> SpawnedProcess | Any:
     layout (stdin from /dev/null or inherited, stdout a pipe, stderr into it or
     inherited), through asyncio otherwise."""
     pipe_out = kw.get("stdout") == subprocess.PIPE
-    if (not set(kw) <= _OURS or not hasattr(os, "pidfd_open")
+    if (not set(kw) <= _OURS or not usable()
             or kw.get("stdin") not in (None, subprocess.DEVNULL)
             or kw.get("stderr") not in (None, subprocess.STDOUT if pipe_out else None)):
         return await asyncio.create_subprocess_exec(*argv, **kw)

@@ -243,14 +243,6 @@ class Broadcast:
         return self.event
 
 
-def _broadcast(request: Request) -> Broadcast:
-    state = request.app.state
-    if getattr(state, "status_broadcast", None) is None:
-        app = request.app
-        state.status_broadcast = Broadcast(lambda: _live_app(app), state.service.closing)
-    return state.status_broadcast
-
-
 def _static(name: str, media_type: str) -> Response:
     return Response((STATIC / name).read_bytes(), media_type=media_type,
                     headers={"Content-Security-Policy": CSP, "Cache-Control": "no-cache",
@@ -260,6 +252,14 @@ def _static(name: str, media_type: str) -> Response:
 def status_router(auth: Callable[..., None]) -> APIRouter:
     """The page and its two data endpoints; ``auth`` is the API's bearer-token dependency."""
     router = APIRouter()
+    hub: Broadcast | None = None  # the app's one Broadcast, made by its first event stream
+
+    def broadcast(request: Request) -> Broadcast:
+        nonlocal hub
+        if hub is None:
+            app = request.app
+            hub = Broadcast(lambda: _live_app(app), app.state.service.closing)
+        return hub
 
     @router.get("/", response_class=HTMLResponse, include_in_schema=False)
     async def page() -> Response:
@@ -278,7 +278,6 @@ def status_router(auth: Callable[..., None]) -> APIRouter:
         """What the status page shows: cores per node and who holds them, queues per pool
         with waiting times, GPU chunks and resident services, quota usage, recent actions;
         ``streams``: the event streams open and the snapshots built and sent for them."""
-        hub = getattr(request.app.state, "status_broadcast", None)
         streams = {"open": hub.open_streams() if hub else 0, "built": hub.built if hub else 0,
                    "sent": hub.sent if hub else 0}
         return {**_live(request), "streams": streams}
@@ -291,7 +290,7 @@ def status_router(auth: Callable[..., None]) -> APIRouter:
         """Server-sent events: ``event: snapshot`` with the /v1/status document, sent when
         anything but the clocks changed (and a comment every 15 s to keep proxies open)."""
 
-        hub = _broadcast(request)
+        hub = broadcast(request)
         token = request.headers.get("authorization", "")
         if hub.full(token):
             return Response(json.dumps({"detail": f"at most {MAX_STREAMS} status streams per "

@@ -80,12 +80,12 @@ class Allowed:
             cut = len(authority) - (1 if authority.endswith(":") else 2)
             entry = f"{scheme}://{authority[:cut]}{rest[len(authority):]}"
         url = parse_target(entry, what)
-        port = None if any_port else (url.port or (443 if url.scheme == "https" else 80))
+        port = None if any_port else _port(url)
         return cls(url.scheme, url.host, port, _segments(url.raw_path, what))
 
-    def allows(self, url: httpx.URL) -> bool:
-        port = url.port or (443 if url.scheme == "https" else 80)
-        segs = _segments(url.raw_path, "request.url")
+    def allows(self, url: httpx.URL, port: int, segs: tuple[str, ...]) -> bool:
+        """Whether it allows ``url``, whose port and path segments are given (worked out
+        once per request by :func:`listed`, not once per entry)."""
         return (url.scheme == self.scheme and url.host == self.host
                 and (self.port is None or port == self.port)
                 and segs[:len(self.segments)] == self.segments)
@@ -104,4 +104,10 @@ def check_headers(headers: Mapping[str, str] | None) -> None:
 
 
 def listed(url: httpx.URL, entries: Iterable[Allowed | str]) -> bool:
-    return any(isinstance(e, Allowed) and e.allows(url) for e in entries)
+    port, segs = _port(url), _segments(url.raw_path, "request.url")
+    return any(isinstance(e, Allowed) and e.allows(url, port, segs) for e in entries)
+
+
+def _port(url: httpx.URL) -> int:
+    """The URL's port, the scheme's default when it names none."""
+    return url.port or (443 if url.scheme == "https" else 80)
