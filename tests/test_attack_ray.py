@@ -11,23 +11,12 @@ import os
 import signal
 
 import pytest
+from helpers import procs_with
 from test_ray import shell, until
 
 from executor.driver import LiveExecutor
 from executor.ray_backend import RayBackend
 from tangram.core import Tangram
-
-
-def procs_with(arg: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if arg.encode() in f.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 def guard_of(marker: str) -> list[int]:
