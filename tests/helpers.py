@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import re
@@ -112,3 +113,13 @@ def procs_gone(arg: str, within_s: float = 5.0) -> list[int]:
     while (left := procs_with(arg)) and time.time() < deadline:
         time.sleep(0.1)
     return left
+
+
+async def until(check, timeout: float, what: str) -> None:
+    """Await ``check()`` turning true; an AssertionError naming ``what`` after ``timeout`` s
+    (a hang guard, not a speed bound)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)

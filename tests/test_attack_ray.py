@@ -11,8 +11,8 @@ import os
 import signal
 
 import pytest
-from helpers import procs_with
-from test_ray import shell, until
+from helpers import procs_with, until
+from test_ray import shell
 
 from executor.driver import LiveExecutor
 from executor.ray_backend import RayBackend

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 from conftest import TOKEN, reachable_by_sandboxes, start_server
-from helpers import cpus_of
+from helpers import cpus_of, until
 
 from executor.driver import LiveExecutor
 from executor.ray_backend import RayBackend
@@ -35,14 +35,6 @@ def shell(aid: str, traj: str, command: str, kind: str = "shell") -> Action:
 
 def raylet_pids(conn) -> dict[str, int]:
     return {n.node_id: n.all_processes["raylet"][0].process.pid for n in conn.local_nodes()}
-
-
-async def until(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 def test_actions_spread_over_nodes_and_stay_on_their_trajectory_node(ray_cluster):
