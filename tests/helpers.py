@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import asyncio
 import itertools
+import os
 import re
+import time
 
 import numpy as np
 
@@ -89,3 +92,34 @@ def cpus_of(output: str) -> set[int]:
         lo, _, hi = part.partition("-")
         out.update(range(int(lo), int(hi or lo) + 1))
     return out
+
+
+def procs_with(arg: str) -> list[int]:
+    """Pids whose command line has ``arg`` as one whole argument (read from /proc)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if arg.encode() in f.read().split(b"\0"):
+                    found.append(int(pid))
+        except OSError:
+            pass  # the process ended while we listed it
+    return found
+
+
+def procs_gone(arg: str, within_s: float = 5.0) -> list[int]:
+    """Wait (up to ``within_s``) for no process to carry ``arg``; the pids still left."""
+    deadline = time.time() + within_s
+    while (left := procs_with(arg)) and time.time() < deadline:
+        time.sleep(0.1)
+    return left
+
+
+async def until(check, timeout: float, what: str) -> None:
+    """Await ``check()`` turning true; an AssertionError naming ``what`` after ``timeout`` s
+    (a hang guard, not a speed bound)."""
+    deadline = time.monotonic() + timeout
+    while not check():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+        await asyncio.sleep(0.02)

@@ -51,10 +51,11 @@ def _in_use(http) -> float:
 def test_a_command_cannot_stop_its_agent(http):
     """H4: `kill -STOP $PPID` used to freeze the agent and hold the core 20 s."""
     _open(http, "stopper")
-    t0 = time.time()
+    # the command outlives the 60 s long-poll: "timeout" (not "running") is the proof
+    # that the host stopped it at its timeout - no wall-clock bound (the CI is loaded)
     res = _run(http, "stopper", "st1", timeout_s=2,
-               argv=["sh", "-c", "kill -STOP $PPID; kill -STOP 1; echo tried; sleep 30"])
-    assert res["status"] == "timeout" and time.time() - t0 < 10
+               argv=["sh", "-c", "kill -STOP $PPID; kill -STOP 1; echo tried; sleep 3600"])
+    assert res["status"] == "timeout"
     assert "tried" in res["output"]
     res = _run(http, "stopper", "st2", argv=["echo", "alive"])
     assert (res["status"], res["output"]) == ("ok", "alive\n")
@@ -130,14 +131,14 @@ def test_the_host_enforces_the_timeout_when_the_agent_is_frozen(http, docker_ser
     _open(http, "frozen")
     _run(http, "frozen", "fz0", argv=["true"])
     r = http.post("/v1/trajectories/frozen/actions",
-                  json={"id": "fz1", "argv": ["sleep", "60"], "timeout_s": 1})
+                  json={"id": "fz1", "argv": ["sleep", "3600"], "timeout_s": 1})
     assert r.status_code == 202
     time.sleep(0.3)
     _box(docker_server, "frozen").pause()  # the whole container: agent included
-    t0 = time.time()
+    # answered within the 60 s long-poll while the command would run an hour: the host
+    # stopped waiting (no wall-clock bound: the CI is loaded)
     res = http.get("/v1/actions/fz1", params={"wait": 60}).json()
     assert res["status"] == "timeout" and "did not answer" in res["error"], res
-    assert time.time() - t0 < 15
     assert _in_use(http) == 0
     res = _run(http, "frozen", "fz2", argv=["echo", "back"])
     assert res["status"] == "ok" and res["state_lost"]

@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 from conftest import TOKEN
+from helpers import procs_gone, procs_with
 
 H = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -24,18 +25,6 @@ def _run(http, tid: str, aid: str, **body) -> dict:
     r = http.post(f"/v1/trajectories/{tid}/actions", json={"id": aid, **body})
     assert r.status_code == 202, r.text
     return http.get(f"/v1/actions/{aid}", params={"wait": 60}).json()
-
-
-def _procs_with(arg: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if arg.encode() in f.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 def _rss_mb(pid: int) -> float:
@@ -63,10 +52,7 @@ def test_setsid_children_die_with_the_timeout(http):
     res = _run(http, "escaper", "esc1", timeout_s=1,
                argv=["sh", "-c", "setsid sleep 314.15 > /dev/null 2>&1 & sleep 60"])
     assert res["status"] == "timeout"
-    deadline = time.time() + 5
-    while _procs_with("314.15") and time.time() < deadline:
-        time.sleep(0.1)
-    assert _procs_with("314.15") == []
+    assert procs_gone("314.15") == []
     http.delete("/v1/trajectories/escaper")
 
 
@@ -76,12 +62,9 @@ def test_background_processes_die_with_the_trajectory(http):
                argv=["sh", "-c", "setsid sleep 271.8 > /dev/null 2>&1 < /dev/null &"])
     assert res["status"] == "ok"
     time.sleep(0.3)
-    assert len(_procs_with("271.8")) == 1  # a background helper may live while it is open
+    assert len(procs_with("271.8")) == 1  # a background helper may live while it is open
     assert http.delete("/v1/trajectories/lingerer").status_code == 200
-    deadline = time.time() + 5
-    while _procs_with("271.8") and time.time() < deadline:
-        time.sleep(0.1)
-    assert _procs_with("271.8") == []
+    assert procs_gone("271.8") == []
 
 
 def test_huge_output_is_bounded(http, process_server):
@@ -106,10 +89,7 @@ def test_a_background_child_does_not_hold_the_action(http):
     res = http.get("/v1/actions/bg1", params={"wait": 60}).json()
     assert res["status"] == "ok", res
     assert res["output"].strip() == "started"
-    deadline = time.time() + 5
-    while _procs_with("3141.5") and time.time() < deadline:
-        time.sleep(0.1)
-    assert _procs_with("3141.5") == []
+    assert procs_gone("3141.5") == []
     http.delete("/v1/trajectories/bg-child")
 
 
@@ -125,12 +105,9 @@ def test_a_child_that_clears_its_environment_is_detached(http):
     assert res["status"] == "ok", res
     http.delete("/v1/trajectories/bg-env")
     if os.geteuid() == 0:
-        deadline = time.time() + 5
-        while _procs_with("2718.2") and time.time() < deadline:
-            time.sleep(0.1)
-        assert _procs_with("2718.2") == []
+        assert procs_gone("2718.2") == []
     else:  # not ours to find: clean up after the test
-        for pid in _procs_with("2718.2"):
+        for pid in procs_with("2718.2"):
             os.kill(pid, 9)
 
 

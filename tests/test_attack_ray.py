@@ -11,23 +11,12 @@ import os
 import signal
 
 import pytest
-from test_ray import shell, until
+from helpers import procs_with, until
+from test_ray import shell
 
 from executor.driver import LiveExecutor
 from executor.ray_backend import RayBackend
 from tangram.core import Tangram
-
-
-def procs_with(arg: str) -> list[int]:
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if arg.encode() in f.read().split(b"\0"):
-                    found.append(int(pid))
-        except OSError:
-            pass
-    return found
 
 
 def guard_of(marker: str) -> list[int]:

@@ -13,7 +13,6 @@ import asyncio
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -21,6 +20,7 @@ import numpy as np
 import pandas as pd
 import yaml
 from conftest import TOKEN, start_server
+from helpers import until
 
 from executor.driver import LiveExecutor
 from executor.gpu.config import load_gpu_cluster
@@ -38,14 +38,6 @@ TINY = {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 4, "intermedi
 #: slow enough (about a second per request on 2 cores) to be killed mid-batch
 BIG = {"vocab_size": 2048, "hidden_size": 512, "num_hidden_layers": 8,
        "num_attention_heads": 8}
-
-
-async def until(check, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 def gpu_action(aid: str, traj: str, service: str, tokens: list[list[int]]) -> Action:
