@@ -89,6 +89,10 @@ IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
 WARM_QUIET_S = 0.5
 #: where a trajectory's commands run and its files live, inside the container
 SANDBOX_WORKDIR = "/work"
+#: `docker exec` path: where a command's output is written (one file per action)
+EXEC_OUTPUT = "/tmp/.tangram-output"
+#: the most of a command's output an outcome keeps (its end)
+OUTPUT_CAP = 1 << 20
 #: each sandbox's disk (see the module's docstring: storage-opt, else tmpfs mounts)
 DEFAULT_DISK_GB = 4.0
 #: /work with less free than this after an action: the action ends ``disk_full``
@@ -191,6 +195,8 @@ class Sandbox:
     lock: threading.Lock = field(default_factory=threading.Lock)
     #: bytes free on /work after the last action (the agent's statvfs; None: unknown)
     work_free: int | None = None
+    #: `docker exec` path: output files of finished actions, removed by the next exec
+    spent_outputs: list[str] = field(default_factory=list)
 
 
 class DockerBackend:
@@ -597,13 +603,13 @@ class DockerBackend:
                  "t_exited": t_exited, "state_lost": lost, "container": box.container_id[:12],
                  "via": "agent" if box.socket else "docker exec"}
         if box.work_free is not None and box.work_free < DISK_FULL_BYTES:
-            return Outcome(d.action.id, "failed", code, (output or b"")[-(1 << 20):].decode(
+            return Outcome(d.action.id, "failed", code, (output or b"")[-OUTPUT_CAP:].decode(
                 errors="replace"), f"disk_full: {SANDBOX_WORKDIR} is full (the sandbox's "
                 f"disk limit: {self.disk_gb:g} GB, and at most half its mem_gb on this engine's "
                 "storage driver); remove files, or give the trajectory more mem_gb",
                 t_exec - t_start, {**extra, "reason": "disk_full"}), box
         if ooms:
-            return Outcome(d.action.id, "oom", code, (output or b"")[-(1 << 20):].decode(
+            return Outcome(d.action.id, "oom", code, (output or b"")[-OUTPUT_CAP:].decode(
                 errors="replace"), self._oom_message(box), t_exec - t_start, extra), box
         return outcome_of(d, code, output or b"", timed_out, timeout, extra,
                           overhead_s=t_exec - t_start), box
@@ -648,8 +654,24 @@ class DockerBackend:
 
     def _docker_exec(self, box: Sandbox, argv: list[str], env: dict[str, str], timeout: float,
                      nice: int) -> tuple[int | None, bytes, float, float, bool, int]:
+        # The engine loses the attach stream of a short exec now and then (moby#27289,
+        # docker-py#2042: `cat f` answered exit 0 and no output, ~1 in 200 under
+        # `stress --cpu 8`, on 20.10). So the command's output goes to a file in the
+        # sandbox's own size-bounded /tmp; its shell then prints the file's end and a
+        # sentinel. No sentinel: the stream was lost (or the command was killed), and the
+        # file is read again by an exec of its own. (The archive API cannot read it: it
+        # does not see tmpfs mounts.) A command that leaves a child behind does not hold
+        # the exec open: the child's output is the file, not the stream. The previous
+        # actions' files are removed by this one's shell.
+        token = uuid.uuid4().hex
+        out, sentinel = f"{EXEC_OUTPUT}-{token}", f"\n{token}".encode()
+        with box.lock:
+            spent, box.spent_outputs = box.spent_outputs, []
+        script = ((f"rm -f {' '.join(spent)}; " if spent else "")
+                  + f'"$@" >{out} 2>&1; rc=$?; tail -c {OUTPUT_CAP} {out}; '
+                  + f"printf '\\n{token}'; exit $rc")
         full = ["timeout", "-s", "KILL", f"{timeout:g}", *(["nice", "-n", str(nice)] if nice else []),
-                *argv]
+                "sh", "-c", script, "sh", *argv]
         try:
             exec_id = self.client.api.exec_create(box.container_id, full, workdir="/work",
                                                   environment=env, user=SANDBOX_USER)["Id"]
@@ -658,12 +680,27 @@ class DockerBackend:
                 raise AgentGone(str(e)) from None
             raise
         t_exec = time.time()
-        output = self.client.api.exec_start(exec_id)
+        output = self.client.api.exec_start(exec_id) or b""
         t_exited = time.time()
         code = self.client.api.exec_inspect(exec_id).get("ExitCode")
         timed_out = code == 137 and t_exited - t_exec >= timeout * 0.99
-        output = (output or b"")[-(1 << 20):]
+        for _ in range(3):
+            if output.endswith(sentinel):
+                output = output[:-len(sentinel)]
+                break
+            output = self._read_output(box, out, sentinel)
+        else:  # three lost streams in a row: what the last one had
+            output = output[-OUTPUT_CAP:]
+        with box.lock:
+            box.spent_outputs.append(out)
         return code, output, t_exec, t_exited, timed_out, 0
+
+    def _read_output(self, box: Sandbox, path: str, sentinel: bytes) -> bytes:
+        """The end of an action's output file, by an exec of its own (plus the sentinel)."""
+        script = f"tail -c {OUTPUT_CAP} {path} 2>/dev/null; printf '\\n{sentinel[1:].decode()}'"
+        exec_id = self.client.api.exec_create(box.container_id, ["sh", "-c", script],
+                                              user=SANDBOX_USER)["Id"]
+        return self.client.api.exec_start(exec_id) or b""
 
     # -- failures and cleanup --------------------------------------------------------------
     def _forget(self, trajectory: str, box: Sandbox) -> None:
