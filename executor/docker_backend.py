@@ -60,6 +60,7 @@ from typing import Any, BinaryIO
 import docker
 import docker.errors
 from docker.models.containers import _create_container_args
+from docker.types import DriverConfig, Mount
 
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, FileError
@@ -377,7 +378,7 @@ class DockerBackend:
                 env.update({"PYTHONHOME": HOST_PREFIX + "/usr",
                             "TANGRAM_AGENT_DROP": "PYTHONHOME"})
         labels = {LABEL: self.run_id, OWNER: self.owner, "tangram.trajectory": trajectory[:200]}
-        disk = self._disk(mem)
+        disk = self._disk(mem, files_by_archive=agent_dir is None)
         try:
             # the engine's create API directly: ContainerCollection.create would inspect
             # the new container (one more engine call) only to build an object we never use
@@ -428,8 +429,12 @@ class DockerBackend:
             self._cgroup_template = (cpuset.replace(cid, "{id}"), quota.replace(cid, "{id}"))
         return cpuset, quota
 
-    def _disk(self, mem_gb: float) -> dict:
-        """The container options that bound what its commands write."""
+    def _disk(self, mem_gb: float, files_by_archive: bool) -> dict:
+        """The container options that bound what its commands write. Without an agent the
+        file API goes through the engine's archive API, which does not see a tmpfs mount
+        (an upload landed in the layer beneath /work, invisible to the commands): there
+        /work is an anonymous volume of the local driver backed by a tmpfs of the same
+        size, which the archive API does see, removed with the container."""
         mb = int(self.disk_gb * 1024)
         if self._storage_opt:
             return {"storage_opt": {"size": f"{mb}m"}}
@@ -438,8 +443,14 @@ class DockerBackend:
         work = max(16, min(mb, int(mem_gb * 1024 / 2)))
         tmp = max(16, min(mb, int(mem_gb * 1024 / 4)))
         uid = SANDBOX_USER.split(":")[0]  # /work is the sandbox user's
-        return {"tmpfs": {SANDBOX_WORKDIR: f"size={work}m,mode=0700,uid={uid},gid={uid},exec",
-                          "/tmp": f"size={tmp}m,mode=1777,exec", "/var/tmp": "size=64m,mode=1777"}}
+        tmpfs = {"/tmp": f"size={tmp}m,mode=1777,exec", "/var/tmp": "size=64m,mode=1777"}
+        work_opts = f"size={work}m,mode=0700,uid={uid},gid={uid},nosuid,nodev"
+        if not files_by_archive:
+            return {"tmpfs": {SANDBOX_WORKDIR: work_opts + ",exec", **tmpfs}}
+        return {"tmpfs": tmpfs, "mounts": [Mount(SANDBOX_WORKDIR, None, type="volume",
+                                                 driver_config=DriverConfig("local", {
+                                                     "type": "tmpfs", "device": "tmpfs",
+                                                     "o": work_opts}))]}
 
     def _refill_soon(self) -> None:
         with self._lock:
@@ -765,7 +776,8 @@ class DockerBackend:
 
     def _remove(self, cid: str) -> None:
         try:
-            self.client.api.remove_container(cid, force=True)
+            # v: with its anonymous /work volume, if it has one (see _disk)
+            self.client.api.remove_container(cid, force=True, v=True)
         except docker.errors.APIError:
             pass
 

@@ -113,13 +113,14 @@ def test_backend_conformance(kind, tmp_path, request):
     asyncio.run(go())
 
 
-def test_docker_exec_output_does_not_depend_on_the_attach_stream(tmp_path):
+def test_docker_without_agent_output_and_files(tmp_path):
     """The engine drops a short exec's stream now and then (seen: `cat f.txt` -> exit 0,
     no output, under load: ~1 in 200 beside `stress --cpu 8`; not reproducible on
     demand). Without the agent, output goes through a file in the sandbox: here the
     read-back path is forced (the command kills the shell that would print the file and
     the sentinel), a child left running must not hold the exec (and its core) open, and
-    the output kept is the end of a long one."""
+    the output kept is the end of a long one. Files: the archive API does not see a tmpfs
+    mount, so an upload used to land beneath /work, unseen by the commands."""
     from executor.docker_backend import DockerBackend
 
     async def go() -> None:
@@ -136,6 +137,10 @@ def test_docker_exec_output_does_not_depend_on_the_attach_stream(tmp_path):
             _, out = await ex.run(shell("k3", "a", "sh -c 'head -c 3000000 /dev/zero | tr "
                                         "\"\\\\0\" x; echo end'"))
             assert out.output.endswith("xend\n") and len(out.output) <= 1 << 20, len(out.output)
+            assert backend.put_file("a", ("in", "up.txt"), b"uploaded") == 8
+            _, out = await ex.run(shell("f1", "a", "sh -c 'cat in/up.txt; echo made > o.txt'"))
+            assert out.output == "uploaded", out
+            assert backend.get_file("a", ("o.txt",)) == b"made\n"
             ex.close_trajectory("a")
         finally:
             ex.shutdown()
