@@ -63,6 +63,7 @@ class ServeOptions:
     #: how this machine admits sandboxes by its observed memory (--mem-overcommit,
     #: --mem-headroom); a Ray cluster's nodes are not observed: they reserve in full
     admission: MemoryAdmission = LIVE
+    sandbox_disk_gb: float = 4.0
 
 
 def check_local_policy(quotas: tuple[QuotaSpec, ...], policy: Policy) -> None:
@@ -168,7 +169,7 @@ def serve_app(opts: ServeOptions, token: str, ray: Any = None) -> FastAPI:
             gpu.start_workers()  # stage every service now, not at the first action
         return make_backend(opts.backend, opts.state_dir / "work", gpu=gpu,
                             mem_gb=opts.sandbox_mem_gb, pids=opts.sandbox_pids,
-                            warm=opts.warm_pool)
+                            warm=opts.warm_pool, disk_gb=opts.sandbox_disk_gb)
 
     # this machine is the one CPU node: its free memory is observed (executor/memwatch.py)
     app = create_app(make_live_backend, make_core, token, opts.state_dir, **hardening,

@@ -52,11 +52,11 @@ OUTPUT_TAIL = 2000
 
 def make_backend(name: str, workdir: Path, gpu: Any = None, mem_gb: float = 2.0,
                  pids: int = 512, warm: int = 0,
-                 env: Mapping[str, str] | None = None) -> LiveBackend:
+                 env: Mapping[str, str] | None = None, disk_gb: float = 4.0) -> LiveBackend:
     """The env backend ``name`` behind a router that also sends API calls to the HTTP
     backend and GPU actions to ``gpu`` (an ``executor.gpu.backend.GpuBackend``);
-    ``mem_gb``/``pids``/``warm``: the docker sandboxes' default memory limit, process
-    limit and warm pool size."""
+    ``mem_gb``/``pids``/``warm``/``disk_gb``: the docker sandboxes' default memory limit,
+    process limit, warm pool size and disk limit."""
     from executor.http_api import RouterBackend
 
     if name == "process":
@@ -70,7 +70,7 @@ def make_backend(name: str, workdir: Path, gpu: Any = None, mem_gb: float = 2.0,
 
         owner = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
         return RouterBackend(DockerBackend(owner=owner, default_mem_gb=mem_gb, pids_limit=pids,
-                                           warm=warm), gpu=gpu)
+                                           warm=warm, disk_gb=disk_gb), gpu=gpu)
     raise ValueError(f"backend: unknown backend {name!r} (process or docker)")
 
 

@@ -61,6 +61,11 @@ def serve(
     sandbox_mem_gb: Annotated[float, typer.Option(
         min=0.01, help="docker: memory limit of a sandbox whose trajectory gives no mem_gb.")] = 2.0,
     sandbox_pids: Annotated[int, typer.Option(min=8, help="docker: most processes in a sandbox.")] = 512,
+    sandbox_disk_gb: Annotated[float, typer.Option(
+        min=0.01, help="docker: most a sandbox may write (storage-opt size where the storage "
+                       "driver has quotas; else /work is a tmpfs of at most this and half the "
+                       "sandbox's mem_gb, counted in its memory). A full one answers "
+                       "disk_full.")] = 4.0,
     warm_pool: Annotated[int, typer.Option(
         min=0, help="docker: sandboxes created ahead of time (default image only).")] = 0,
     result_ttl_s: Annotated[float, typer.Option(
@@ -127,7 +132,7 @@ def serve(
         # with --ray the GPU workers run on the Ray nodes (ray_backend): not here
         opts = ServeOptions(backend, state_dir, chosen, specs, allow, images, result_ttl_s,
                             sandbox_mem_gb, sandbox_pids, warm_pool, None if ray else gc,
-                            gpu_device, admission)
+                            gpu_device, admission, sandbox_disk_gb=sandbox_disk_gb)
         token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
         if not os.environ.get("TANGRAM_TOKEN"):
             err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)

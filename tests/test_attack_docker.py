@@ -193,3 +193,20 @@ def test_a_sandbox_cannot_fill_the_hosts_disk(http, docker_server):
     res = _run(http, "filler", "fill2", shell=True, command="rm big && echo ok > f && cat f")
     assert res["status"] == "ok" and res["output"].strip() == "ok", res
     http.delete("/v1/trajectories/filler")
+
+
+def test_the_disk_limit_is_an_option(tmp_path):
+    """`serve --sandbox-disk-gb` bounds /work (here 50 MB, well below half the sandbox's
+    memory, so the option is what stops the write)."""
+    from conftest import start_server
+
+    server = start_server(tmp_path / "state", "docker", extra_args=("--sandbox-disk-gb", "0.05"))
+    try:
+        with httpx.Client(base_url=server.url, headers=H, timeout=120) as c:
+            _open(c, "small", mem_gb=1.0)
+            res = _run(c, "small", "s1", shell=True, command="head -c 100M /dev/zero > big")
+            assert res["status"] == "failed" and res["error"].startswith("disk_full:"), res
+            res = _run(c, "small", "s2", shell=True, command="rm big; head -c 20M /dev/zero > b")
+            assert res["status"] == "ok", res
+    finally:
+        server.stop()
