@@ -107,7 +107,7 @@ def procs_with(arg: str) -> list[int]:
     return found
 
 
-def procs_gone(arg: str, within_s: float = 5.0) -> list[int]:
+def procs_gone(arg: str, within_s: float = 60.0) -> list[int]:
     """Wait (up to ``within_s``) for no process to carry ``arg``; the pids still left."""
     deadline = time.time() + within_s
     while (left := procs_with(arg)) and time.time() < deadline:

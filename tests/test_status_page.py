@@ -151,7 +151,7 @@ def test_status_page_in_a_browser(server, browser, tmp_path):
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
 
-    wait = WebDriverWait(browser, 20, poll_frequency=0.1,
+    wait = WebDriverWait(browser, 120, poll_frequency=0.1,
                          ignored_exceptions=(StaleElementReferenceException,))
 
     # The page redraws a section whenever a snapshot arrives, so what a person sees is read
@@ -242,7 +242,7 @@ def test_status_page_in_a_browser(server, browser, tmp_path):
         for flag in flags.values():
             flag.touch()
         wait.until(lambda b: not shown(".core.busy"))
-        deadline = time.time() + 20
+        deadline = time.time() + 120
         while time.time() < deadline and any(status_of(server, a) in ("queued", "running")
                                              for a in ("act-a", "act-b", "act-c")):
             time.sleep(0.1)

@@ -22,7 +22,7 @@ def _containers(owner: str, trajectory: str | None = None) -> list:
     return docker.from_env().containers.list(all=True, sparse=True, filters={"label": labels})
 
 
-def _until(cond, within_s: float = 20.0) -> bool:
+def _until(cond, within_s: float = 120.0) -> bool:
     deadline = time.time() + within_s
     while not cond() and time.time() < deadline:
         time.sleep(0.1)
