@@ -133,7 +133,7 @@ def test_a_backend_that_refuses_to_start_ends_the_action(tmp_path, monkeypatch):
         core = Tangram(local_cluster())
         ex = LiveExecutor(core, backend)
         ex.open_trajectory("tr", "t", 0.1)
-        _, out = await asyncio.wait_for(ex.run(_action("x", {"argv": ["true"]})), 10)
+        _, out = await asyncio.wait_for(ex.run(_action("x", {"argv": ["true"]})), 60)
         assert out.status == "failed" and "cannot start" in out.error
         assert core.running == {} and core.usage()["cpu"] == 0
 

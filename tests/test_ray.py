@@ -108,7 +108,7 @@ def test_node_loss_mid_action_fails_once_and_rebinds(ray_cluster, tmp_path):
 
             t0 = time.monotonic()
             ray_cluster.cluster.remove_node(ray_node, allow_graceful=False)
-            rec, out = await asyncio.wait_for(running, 30)
+            rec, out = await asyncio.wait_for(running, 120)
             detect_s = time.monotonic() - t0
             assert (out.status, out.extra.get("reason")) == ("failed", "node_lost"), out
             assert out.extra["state_lost"] and lost_node in out.error
@@ -117,7 +117,7 @@ def test_node_loss_mid_action_fails_once_and_rebinds(ray_cluster, tmp_path):
             print(json.dumps({"node_loss_detect_s": round(detect_s, 2)}))
             # the queued action was re-bound to a surviving node; its state is gone (the
             # failure above told the trajectory so: once, not again - issue 21)
-            rec, out = await asyncio.wait_for(queued, 30)
+            rec, out = await asyncio.wait_for(queued, 120)
             assert rec.node != lost_node and out.status == "ok"
             assert out.exit_code != 0 and not out.extra.get("state_lost")
             rec, out = await ex.run(shell("next", victim, "sh -c 'echo n > f; cat f'"))
