@@ -74,9 +74,13 @@ class ServiceDemand:
         self._shares: dict[tuple[str, ...], dict[str, float]] = {}
 
     def add(self, service: str, work: float, now: float) -> None:
-        self._value[service] = self.value(service, now) + work
+        v = self._value.get(service, 0.0)  # (value, inlined: every request adds)
+        if v and now > self._at[service]:
+            v *= math.exp(-(now - self._at[service]) / self.tau_s)
+        self._value[service] = v + work
         self._at[service] = now
-        self._shares.clear()
+        if self._shares:
+            self._shares.clear()
 
     def value(self, service: str, now: float) -> float:
         v = self._value.get(service, 0.0)
@@ -152,9 +156,11 @@ class GpuPool(Pool):
 
     # -- requests and batches -----------------------------------------------------------
     def arrived(self, p: Pending, now: float) -> None:
-        service = p.action.service or ""
-        self.demand.add(service, work_s(p, None) if p.action.t1_s is not None else 1.0, now)
-        self.accepted[service] = accepts(p)
+        action = p.action
+        service = action.service or ""
+        # (work_s is the declared T1 when there is one)
+        self.demand.add(service, action.t1_s if action.t1_s is not None else 1.0, now)
+        self.accepted[service] = p.choices or (p.key_min,)  # (accepts, inlined)
 
     def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
         lease = self.manager.reserve(p.action.id, p.action.service or "", units, now)
@@ -217,7 +223,7 @@ class EoeGpuPool(GpuPool):
         self._index: dict[str, int] = {}
 
     def arrived(self, p: Pending, now: float) -> None:
-        super().arrived(p, now)
+        GpuPool.arrived(self, p, now)
         service = p.action.service or ""
         q = self.waiting.get(service)
         if q is None:
@@ -226,8 +232,9 @@ class EoeGpuPool(GpuPool):
         if not q:  # it becomes its service's oldest
             self._dirty.add(service)
         q.append(p)
-        self._queued.add(id(p))
-        self._seq[id(p)] = self._arrivals
+        key = id(p)
+        self._queued.add(key)
+        self._seq[key] = self._arrivals
         self._arrivals += 1
         self._count[service] = self._count.get(service, 0) + 1
 
