@@ -16,7 +16,7 @@ completions lives in :class:`tangram.estimates.Estimates`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -122,18 +122,18 @@ class Tangram:
         Raises ValueError/KeyError (naming the field) for a command that cannot apply,
         having changed nothing."""
         out: list[Effect]
-        match command:
-            case Submit(actions):
-                out = list(self.submit_many(actions, now))
+        match command:  # the commands are disjoint classes: the most frequent first
             case Finish(action_id, outcome):
                 out = list(self.finish(action_id, now, outcome))
+            case Close(trajectory):
+                out = list(self.close_trajectory(trajectory, now))
+            case Submit(actions):
+                out = list(self.submit_many(actions, now))
             case Poll():
                 out = list(self.poll(now))
             case Open(trajectory, task, mem_gb):
                 self.open_trajectory(trajectory, task, mem_gb)
                 out = []
-            case Close(trajectory):
-                out = list(self.close_trajectory(trajectory, now))
             case Cancel(action_id):
                 if self.cancel(action_id):
                     out = [Cancelled(action_id)]
@@ -693,8 +693,7 @@ class Tangram:
                  now: float) -> tuple[Lease, GpuPlan | None] | None:
         """Pool units then quotas, all or nothing. NUMA placement may refuse the
         planned count: fall back to smaller feasible counts down to the minimum."""
-        tries = [units] + [u for u in reversed(p.choices) if p.key_min <= u < units]
-        for u in tries:
+        for u in self._tries(p, units):
             grant = pool.reserve(p, u, now)
             if grant is None:
                 continue
@@ -707,6 +706,13 @@ class Tangram:
             return Lease(p.action.id, u, (grant.part, qlease), grant.node, grant.cores,
                          grant.gpus, grant.restore_s, grant.lane), grant.plan
         return None
+
+    @staticmethod
+    def _tries(p: Pending, units: int) -> Iterator[int]:
+        """The planned count, then the smaller feasible ones down to the minimum (the
+        fallbacks are rarely needed: only listed once the planned count was refused)."""
+        yield units
+        yield from (u for u in reversed(p.choices) if p.key_min <= u < units)
 
     def _release(self, pool: PoolPoints, lease: Lease) -> None:
         part, qlease = lease.parts

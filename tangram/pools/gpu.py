@@ -5,7 +5,7 @@ chunks, batching requests; :class:`EoeGpuPool` with the state of the EOE schedul
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from collections import deque
 from typing import Any
 
@@ -218,6 +218,8 @@ class EoeGpuPool(GpuPool):
         #: one's (submit time, arrival number, first-arrival index) - the key the order
         #: sorts by - and ``_dirty`` the services to look at on the next ``groups()``
         self._order: list[tuple[float, int, int, str]] = []
+        #: each service's queue in ``_order``'s order (what ``groups`` returns), kept with it
+        self._groups: list[deque[Pending]] = []
         self._heads: dict[str, tuple[float, int, int, str]] = {}
         self._dirty: set[str] = set()
         self._index: dict[str, int] = {}
@@ -254,24 +256,27 @@ class EoeGpuPool(GpuPool):
             self._dirty.update(self.waiting)
         if self._dirty:
             self._reorder()
-        waiting = self.waiting
-        return [waiting[h[3]] for h in self._order]
+        return list(self._groups)
 
     def _reorder(self) -> None:
         """Prune the taken requests off the front of each service whose head may have
         changed, and move it to its new place in ``_order`` (or out of it)."""
-        queued, seq, order = self._queued, self._seq, self._order
+        queued, seq, order, groups = self._queued, self._seq, self._order, self._groups
         for service in self._dirty:
             q = self.waiting[service]
             while q and id(q[0]) not in queued:  # taken by an earlier pass
                 q.popleft()
             old = self._heads.pop(service, None)
             if old is not None:
-                del order[bisect_left(order, old)]
+                i = bisect_left(order, old)
+                del order[i]
+                del groups[i]
             if q:
                 head = (q[0].submit_s, seq.get(id(q[0]), 0), self._index[service], service)
                 self._heads[service] = head
-                insort(order, head)
+                i = bisect_right(order, head)  # (insort's place)
+                order.insert(i, head)
+                groups.insert(i, q)
         self._dirty.clear()
 
     def waiting_count(self, service: str) -> int:
