@@ -307,7 +307,8 @@ class Tangram:
             raise ValueError(f"action: expected an Action, got {type(action).__name__}")
         if action.id in self.queued or action.id in self.running:
             raise ValueError(f"action.id: duplicate id {action.id!r}")
-        if action.trajectory not in self.trajectories:
+        state = self.trajectories.get(action.trajectory)
+        if state is None:
             raise KeyError(f"action.trajectory: unknown trajectory {action.trajectory!r} "
                            "(open it first)")
         cost = action.cost
@@ -332,7 +333,7 @@ class Tangram:
                 raise ValueError(f"cost['cpu']: minimum {need} cores can never fit "
                                  f"(largest {'NUMA domain' if action.elastic else 'node'}: "
                                  f"{limit})")
-            mem = self._trajectory_mem(action)
+            mem = state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
             if mem > self._max_node_mem:
                 raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
                                  f"({self._max_node_mem} GB)")
