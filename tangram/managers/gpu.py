@@ -320,15 +320,19 @@ class GpuManager:
         smallest free block (buddy: keep large blocks whole). None: no free chunk."""
         need = self.services[service].size_gb / k
         best: tuple[tuple, Site] | None = None
+        sizes = [size for size in CHUNK_SIZES if size >= k]
         for node in self.nodes.values():
+            free = node.free
+            if not any(free.values()):
+                continue  # no free chunk (under a queue most nodes are full)
             cap = node.spec.gpu_mem_gb
             lru: list[tuple[str, int, int]] | None = None  # built for nodes with a chunk
-            for size in CHUNK_SIZES:
-                if size < k or not node.free[size]:
+            for size in sizes:
+                if not free[size]:
                     continue
                 if lru is None:
                     lru = list(node.resident)
-                for bstart in node.free[size]:
+                for bstart in free[size]:
                     for sub in range(bstart, bstart + size, k):
                         victims = self._victims(node, lru, sub, k, need, cap)
                         if victims is None:
