@@ -130,7 +130,8 @@ class ElasticScheduler:
         """E(m) and T1 when the action declares E(m) and its T1 is known (declared, or
         learnt): :meth:`profile`'s table is then ``E.durations(T1, choices)``, which the
         core computes only when it is first read (tangram.pools.base.Pending). None:
-        :meth:`profile` gives the table (learnt, or none)."""
+        :meth:`profile` gives the table (learnt, or none). A subclass whose
+        :meth:`profile` gives a declared action another table returns None here."""
         e = action.elasticity
         if e is None:
             return None
