@@ -13,13 +13,26 @@ The first call (2,048 submissions at once) is ~10% of the total. Every figure is
 printed twice: wall clock, and this thread's CPU time (on a shared machine the wall
 clock also counts time slices given to other processes: ~4-8 ms each).
 
-Profiled again (py-spy, 2026-12-01): in the GPU scenario the EOE plan is ~40% of a
-finish's call, a third of it restores (choosing the chunk, evicting); the services'
-order is kept incrementally and idle variants are looked up per service. The burst
-(``burst_pass_us``) is almost all queueing, not the pass: ~3.5-4.5 us per submitted
-action (validation, routing, the Pending with its duration table, the pool's
-bookkeeping; in the CPU scenario also binding each trajectory to the node), against
-<1 ms for the GPU pass itself and ~2 ms for the CPU scenario's 320 dispatches.
+Profiled again (py-spy, and Python opcodes counted inside the core's calls, which a
+shared machine does not blur; 2026-12-01, issue 23): the burst (``burst_pass_us``) is
+still almost all queueing, but cheaper: ~550 opcodes per GPU request (was ~760) and ~780
+per CPU action (was ~1,040). A declared profile's duration table (E(m) x T1, up to 32
+counts) is computed when a pass first reads it, not at submit (it was ~40% of a GPU
+request's queueing); actions holding no quota share one empty quotas/durations table;
+the batch is queued in one loop; a CPU node counts its free cores instead of summing
+them per bind. What is left per GPU request: validation ~15%, the Pending ~40% (routing,
+the feasible DoPs, the profile), the pool's bookkeeping ~25% (the service's queue, its
+demand); per CPU action, binding its trajectory to the node is half (the bind, routing
+again, the node pool's Pending), the pass's 320 light-lane dispatches a fifth. The
+cyclic GC of the objects the scenario built before the burst costs ~1 ms of it.
+
+In the GPU scenario (~4,900 opcodes per dispatch over the run, was ~5,700) a finish's
+call is ~2/3 the EOE plan: reserving the chunk ~20% (restores' evictions ~8%), choosing a
+restore site ~8%, the service's idle variants ~6% (now looked up only on nodes with a
+free chunk), the services' order ~5%, batches ~4%; the rest is the core's bookkeeping
+(the lease, grant and dispatch values ~8%, the release, the observed duration). Queue
+removals (``Pool.take``) find the started action at position 1.3 on average (at most
+218): not a cost here.
 """
 
 from __future__ import annotations

@@ -16,7 +16,7 @@ completions lives in :class:`tangram.estimates.Estimates`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -25,7 +25,7 @@ from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.estimates import Estimates
 from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
 from tangram.policies import Policy
-from tangram.pools.base import Pending, PoolPoints
+from tangram.pools.base import NONE, Pending, PoolPoints
 from tangram.protocol import (
     Attach,
     Cancel,
@@ -52,6 +52,10 @@ from tangram.protocol import (
     Waiting,
     WorkerLost,
 )
+
+#: resources that are never counted (tangram.model.counted): the common case, decided
+#: without a string test per submission
+_UNCOUNTED = frozenset({"cpu", "gpu", "mem_gb", "gpu_mem_gb"})
 
 
 @dataclass(slots=True)
@@ -118,18 +122,18 @@ class Tangram:
         Raises ValueError/KeyError (naming the field) for a command that cannot apply,
         having changed nothing."""
         out: list[Effect]
-        match command:
-            case Submit(actions):
-                out = list(self.submit_many(actions, now))
+        match command:  # the commands are disjoint classes: the most frequent first
             case Finish(action_id, outcome):
                 out = list(self.finish(action_id, now, outcome))
+            case Close(trajectory):
+                out = list(self.close_trajectory(trajectory, now))
+            case Submit(actions):
+                out = list(self.submit_many(actions, now))
             case Poll():
                 out = list(self.poll(now))
             case Open(trajectory, task, mem_gb):
                 self.open_trajectory(trajectory, task, mem_gb)
                 out = []
-            case Close(trajectory):
-                out = list(self.close_trajectory(trajectory, now))
             case Cancel(action_id):
                 if self.cancel(action_id):
                     out = [Cancelled(action_id)]
@@ -303,22 +307,25 @@ class Tangram:
             raise ValueError(f"action: expected an Action, got {type(action).__name__}")
         if action.id in self.queued or action.id in self.running:
             raise ValueError(f"action.id: duplicate id {action.id!r}")
-        if action.trajectory not in self.trajectories:
+        state = self.trajectories.get(action.trajectory)
+        if state is None:
             raise KeyError(f"action.trajectory: unknown trajectory {action.trajectory!r} "
                            "(open it first)")
-        for res, demand in action.cost.items():
-            if counted(res):
+        cost = action.cost
+        for res, demand in cost.items():
+            if res not in _UNCOUNTED and counted(res):
                 if demand.min > 0:
                     spec = self.quota.check(res)
                     if demand.min > spec.limit:
                         raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
                                          f"limit {spec.limit}")
-        if action.min("gpu") > 0:
-            why = self.gpu.feasible(action.service or "", action.cost["gpu"].choices)[1]
+        gpu, cpu = cost.get("gpu"), cost.get("cpu")  # (action.min, inlined: every submission)
+        if gpu is not None and gpu.choices[0] > 0:
+            why = self.gpu.feasible(action.service or "", gpu.choices)[1]
             if why:  # no feasible GPU count can serve it
                 raise ValueError(why)
-        elif action.min("cpu") > 0:
-            need = action.min("cpu")
+        elif cpu is not None and cpu.choices[0] > 0:
+            need = cpu.choices[0]
             if need != int(need):
                 raise ValueError(f"cost['cpu']: cores must be whole, got {need}")
             limit = self._max_domain if action.elastic == "cpu" else self._max_node_cores
@@ -326,7 +333,7 @@ class Tangram:
                 raise ValueError(f"cost['cpu']: minimum {need} cores can never fit "
                                  f"(largest {'NUMA domain' if action.elastic else 'node'}: "
                                  f"{limit})")
-            mem = self._trajectory_mem(action)
+            mem = state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
             if mem > self._max_node_mem:
                 raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
                                  f"({self._max_node_mem} GB)")
@@ -342,31 +349,30 @@ class Tangram:
         ids = [a.id for a in actions]
         if len(set(ids)) != len(ids):
             raise ValueError("action.id: duplicate ids in the batch")
+        validate = self.validate
         for action in actions:
-            self.validate(action)
+            validate(action)
+        # one loop for the batch, its lookups hoisted (a burst queues thousands)
         touched: dict[str, PoolPoints] = {}
+        trajectories, queued, unbound = self.trajectories, self.queued, self.unbound
+        route, resources, queue_in = self.policy.route, self._resources, self._queue_in
         for action in actions:
-            pool = self._enqueue(action, now)
-            if pool is not None:
+            pool = route(action, resources)
+            state = trajectories[action.trajectory]
+            if state.thinking_in is not None:  # it stopped thinking: learn how long that took
+                self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
+                                                         state.will_continue, continued=True,
+                                                         think_s=now - state.last_end)
+                state.thinking_in = None
+            state.in_flight.add(action.id)
+            if pool is None:  # first CPU action of a trajectory: bind it to a node first
+                pending = Pending(action, now, int(action.cost["cpu"].choices[0]))
+                queued[action.id] = pending
+                unbound.append(pending)
+            else:
+                queue_in(pool, action, now)
                 touched[pool.name] = pool
         return self._schedule(now, touched.values())
-
-    def _enqueue(self, action: Action, now: float) -> PoolPoints | None:
-        pool = self._route(action)
-        state = self.trajectories[action.trajectory]
-        if state.thinking_in is not None:  # it stopped thinking: learn how long that took
-            self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
-                                                     state.will_continue, continued=True,
-                                                     think_s=now - state.last_end)
-            state.thinking_in = None
-        state.in_flight.add(action.id)
-        if pool is None:  # first CPU action of a trajectory: bind it to a node first
-            pending = Pending(action, now, int(action.min("cpu")))
-            self.queued[action.id] = pending
-            self.unbound.append(pending)
-            return None
-        self._queue_in(pool, action, now)
-        return pool
 
     def _queue_in(self, pool: PoolPoints, action: Action, submit_s: float) -> None:
         """Queue ``action`` (submitted at ``submit_s``) in ``pool``."""
@@ -512,7 +518,12 @@ class Tangram:
         return state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
 
     def _pending(self, action: Action, now: float, pool: PoolPoints) -> Pending:
-        quotas = {k: d.min for k, d in action.cost.items() if counted(k) and d.min > 0}
+        cost = action.cost
+        quotas: Mapping[str, float] = NONE  # shared: most actions hold no quota
+        for k in cost:
+            if k not in _UNCOUNTED and counted(k):
+                quotas = {k: d.min for k, d in cost.items() if counted(k) and d.min > 0}
+                break
         if pool.key is None:
             return Pending(action, now, 0, quotas)
         sched = pool.scheduler or self.scheduler
@@ -521,14 +532,20 @@ class Tangram:
             key_min = int(choices[0] if choices else action.min(pool.key))
             return Pending(action, now, key_min, quotas,
                            light=key_min == 1 and self._light(action, pool, quotas))
-        durations = (sched.profile(action, choices, self.estimates)
-                     if sched.elastic_enabled and len(choices) > 1 else {})
         key_min = sched.min_units(choices)
+        if sched.elastic_enabled and len(choices) > 1:
+            declared = sched.declared_profile(action, self.estimates)
+            if declared is not None:  # its table, E.durations(T1, choices), on first read
+                return Pending(action, now, key_min, quotas, elastic=True, choices=choices,
+                               profile=declared)
+            durations = sched.profile(action, choices, self.estimates)
+        else:
+            durations = NONE
         light = not durations and key_min == 1 and self._light(action, pool, quotas)
         return Pending(action, now, key_min, quotas, elastic=bool(durations), choices=choices,
-                       durations=durations, light=light)
+                       durations=durations or NONE, light=light)
 
-    def _light(self, action: Action, pool: PoolPoints, quotas: dict[str, float]) -> bool:
+    def _light(self, action: Action, pool: PoolPoints, quotas: Mapping[str, float]) -> bool:
         """For a pool with a light lane: expected to take at most its ``light_s`` on one
         core, declared or from at least two observed runs of its (task, kind)."""
         lane = pool.lane
@@ -568,20 +585,25 @@ class Tangram:
         if not self.unbound or (not newly and self.unbound[0].action.trajectory in self.opening):
             return
         waiting: deque[Pending] = deque()
-        while self.unbound:
-            p = self.unbound[0]
-            if p.action.trajectory in self.opening:
-                waiting.append(self.unbound.popleft())
+        unbound, opening, trajectories = self.unbound, self.opening, self.trajectories
+        bind, route, resources = self.cpu.bind, self.policy.route, self._resources
+        while unbound:
+            p = unbound[0]
+            action = p.action
+            if action.trajectory in opening:
+                waiting.append(unbound.popleft())
                 continue
-            mem = self._trajectory_mem(p.action)
-            node = self.cpu.bind(p.action.trajectory, mem, p.key_min)
+            mem = trajectories[action.trajectory].mem_gb  # (_trajectory_mem, inlined)
+            if mem is None:
+                mem = action.min("mem_gb")
+            node = bind(action.trajectory, mem, p.key_min)
             if node is None:
                 break
-            self.unbound.popleft()
-            pool = self._route(p.action)
-            self._queue_in(pool, p.action, p.submit_s)
+            unbound.popleft()
+            pool = route(action, resources)
+            self._queue_in(pool, action, p.submit_s)
             touched[pool.name] = None
-        self.unbound.extendleft(reversed(waiting))
+        unbound.extendleft(reversed(waiting))
 
     def _schedule(self, now: float, pools: Iterable[PoolPoints]) -> list[Dispatch]:
         # an insertion-ordered set: the pools' passes run in a fixed order (a set of
@@ -672,8 +694,7 @@ class Tangram:
                  now: float) -> tuple[Lease, GpuPlan | None] | None:
         """Pool units then quotas, all or nothing. NUMA placement may refuse the
         planned count: fall back to smaller feasible counts down to the minimum."""
-        tries = [units] + [u for u in reversed(p.choices) if p.key_min <= u < units]
-        for u in tries:
+        for u in self._tries(p, units):
             grant = pool.reserve(p, u, now)
             if grant is None:
                 continue
@@ -686,6 +707,13 @@ class Tangram:
             return Lease(p.action.id, u, (grant.part, qlease), grant.node, grant.cores,
                          grant.gpus, grant.restore_s, grant.lane), grant.plan
         return None
+
+    @staticmethod
+    def _tries(p: Pending, units: int) -> Iterator[int]:
+        """The planned count, then the smaller feasible ones down to the minimum (the
+        fallbacks are rarely needed: only listed once the planned count was refused)."""
+        yield units
+        yield from (u for u in reversed(p.choices) if p.key_min <= u < units)
 
     def _release(self, pool: PoolPoints, lease: Lease) -> None:
         part, qlease = lease.parts

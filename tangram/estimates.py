@@ -288,10 +288,17 @@ class DurationModel:
     def observe(self, action: Action, units: int, elapsed: float, pool: str,
                 elastic: bool) -> None:
         key = (action.task, action.kind)
-        self._mean.setdefault(key, _Mean()).add(elapsed)
+        # (get before setdefault: every finish observes, a new _Mean only for a new key)
+        mean = self._mean.get(key)
+        if mean is None:
+            mean = self._mean[key] = _Mean()
+        mean.add(elapsed)
         if action.elasticity is not None and action.elastic:
             t1 = elapsed * action.elasticity.efficiency(units) * units  # back to one unit
-            self._t1.setdefault(key, _Mean()).add(t1)
+            m1 = self._t1.get(key)
+            if m1 is None:
+                m1 = self._t1[key] = _Mean()
+            m1.add(t1)
         elif action.elastic and action.t1_s is None:  # nobody profiled it: learn its curve
             self._curves.setdefault(key, SpeedupCurve()).observe(units, elapsed)
             command = command_of(action)

@@ -46,7 +46,7 @@ from typing import Protocol
 from tangram.arrange import arrange
 from tangram.estimates import Estimates, command_of
 from tangram.managers.quota import QuotaManager
-from tangram.model import Action
+from tangram.model import Action, Elasticity
 from tangram.pools.base import Pending, Pool
 
 
@@ -116,13 +116,28 @@ class ElasticScheduler:
         what was observed. Beyond the paper: T1 learnt for a declared E(m), and a speedup
         curve learnt per (task, kind) when nothing was declared (with bounded exploration,
         tangram.estimates.DurationModel)."""
-        e, key = action.elasticity, (action.task, action.kind)
+        e = action.elasticity
         if e is not None:
-            t1 = action.t1_s if action.t1_s is not None else estimates.durations.learnt_t1(key)
-            return {} if t1 is None else e.durations(t1, choices)
+            declared = self.declared_profile(action, estimates)
+            return {} if declared is None else e.durations(declared[1], choices)
         if action.t1_s is not None:
             return {}  # a declared T1 without E(m) says nothing of other unit counts
-        return estimates.durations.learnt_table(key, choices, command_of(action)) or {}
+        return estimates.durations.learnt_table((action.task, action.kind), choices,
+                                                command_of(action)) or {}
+
+    def declared_profile(self, action: Action,
+                         estimates: Estimates) -> tuple[Elasticity, float] | None:
+        """E(m) and T1 when the action declares E(m) and its T1 is known (declared, or
+        learnt): :meth:`profile`'s table is then ``E.durations(T1, choices)``, which the
+        core computes only when it is first read (tangram.pools.base.Pending). None:
+        :meth:`profile` gives the table (learnt, or none). A subclass whose
+        :meth:`profile` gives a declared action another table returns None here."""
+        e = action.elasticity
+        if e is None:
+            return None
+        t1 = (action.t1_s if action.t1_s is not None
+              else estimates.durations.learnt_t1((action.task, action.kind)))
+        return None if t1 is None else (e, t1)
 
     # -- Alg. 1 ------------------------------------------------------------------------
     def plan(self, pool: Pool, now: float, estimates: Estimates,
@@ -335,10 +350,13 @@ class PaperScheduler(ElasticScheduler):
     def profile(self, action: Action, choices: tuple[int, ...],
                 estimates: Estimates) -> dict[int, float]:
         """The paper's rule: only declared profiles (T1 and E(m)); the rest at minimum."""
+        declared = self.declared_profile(action, estimates)
+        return {} if declared is None else declared[0].durations(declared[1], choices)
+
+    def declared_profile(self, action: Action,
+                         estimates: Estimates) -> tuple[Elasticity, float] | None:
         e = action.elasticity
-        if action.t1_s is None or e is None:
-            return {}
-        return e.durations(action.t1_s, choices)
+        return None if action.t1_s is None or e is None else (e, action.t1_s)
 
     def expected_arrivals(self, pool: Pool, now: float, estimates: Estimates,
                           limit: int) -> list[tuple[float, int, float]]:

@@ -7,6 +7,7 @@ from hypothesis import strategies as st
 
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec, QuotaSpec, ServiceSpec
 from tangram.core import Tangram
+from tangram.estimates import Estimates
 from tangram.managers.cpu import CpuManager
 from tangram.managers.gpu import GpuManager
 from tangram.managers.quota import QuotaManager
@@ -58,6 +59,8 @@ def test_gpu_chunks_aligned_and_exclusive(ops):
         assert m.free_gpus() == 16 - len(gpus)
         for node in m.nodes.values():
             assert all(u <= 80 + 1e-9 for u in node.mem_used)
+        for service in ("rm", "judge"):  # the per-service lookup is idle_sites' answer
+            assert m.idle_sites_of(service) == m.idle_sites().get(service, [])
             for size, starts in node.free.items():
                 assert all(s % size == 0 for s in starts)
     for lease in live:
@@ -224,6 +227,27 @@ def test_bad_submissions_name_the_field_and_leave_nothing():
         core.submit(a, 0)
     with pytest.raises(ValueError, match="in flight"):
         core.close_trajectory("j", 0)
+
+
+def test_a_declared_profile_gives_the_table_profile_gives():
+    # the core queues an action with a declared E(m) by its profile (E, T1) and reads the
+    # table on first use: the same table the scheduler's profile() computes
+    est = Estimates()
+    choices = (1, 2, 3, 4, 5, 6, 7, 8)
+    declared = test_run("j", 12.0, 1, 8, p=0.9)
+    for sched in (Policy().scheduler(), PaperPolicy().scheduler()):
+        profile = sched.declared_profile(declared, est)
+        assert profile == (declared.elasticity, 12.0)
+        p = Pending(declared, 0.0, 1, elastic=True, choices=choices, profile=profile)
+        assert dict(p.durations) == sched.profile(declared, choices, est)
+        assert p.durations[8] == pytest.approx(12.0 * (0.1 + 0.9 / 8))
+    # E(m) without T1: the policy's scheduler uses the T1 learnt of its kind, the paper's none
+    unknown = test_run("j", None, 1, 8, p=0.9)
+    assert Policy().scheduler().declared_profile(unknown, est) is None
+    est.durations.observe(test_run("j", 6.0, 1, 8, p=0.9), 1, 6.0, "cpu:n", True)
+    assert Policy().scheduler().declared_profile(unknown, est) == (unknown.elasticity, 6.0)
+    assert PaperPolicy().scheduler().declared_profile(unknown, est) is None
+    assert PaperPolicy().scheduler().profile(unknown, choices, est) == {}
 
 
 def test_running_mean_learned_for_unprofiled_actions():

@@ -28,7 +28,7 @@ class CpuLease:
 
 class CpuNode:
     __slots__ = ("name", "spec", "domains", "mem_reserved", "domain_size", "mem_observed_free",
-                 "mem_since")
+                 "mem_since", "free_cores")
 
     def __init__(self, spec: CpuNodeSpec) -> None:
         self.name = spec.name
@@ -42,10 +42,9 @@ class CpuNode:
         #: use of the trajectories bound to it since (MemoryAdmission.start_gb each)
         self.mem_observed_free: float | None = None
         self.mem_since = 0.0
-
-    @property
-    def free_cores(self) -> int:
-        return sum(map(len, self.domains))
+        #: the cores in ``domains``, kept with them by the manager (binding a trajectory
+        #: asks it of every node: a burst binds thousands)
+        self.free_cores: int = self.domain_size * spec.numa
 
     @property
     def mem_free(self) -> float:
@@ -161,6 +160,7 @@ class CpuManager:
             dom = host.domains[d]
             cores.extend(dom[:count])
             del dom[:count]
+            host.free_cores -= count
         lease = CpuLease(action_id, node, tuple(sorted(cores)))
         self._live[action_id] = lease
         return lease
@@ -174,6 +174,7 @@ class CpuManager:
         size = host.domain_size
         for core in lease.cores:
             host.domains[core // size].append(core)
+        host.free_cores += len(lease.cores)
         for dom in host.domains:
             dom.sort()
 
@@ -202,6 +203,7 @@ class CpuManager:
         if host is None:
             return []
         host.domains = [[] for _ in host.domains]  # a stale holder sees no free core
+        host.free_cores = 0
         for aid in [a for a, lease in self._live.items() if lease.node == name]:
             del self._live[aid]
         lost = [t for t, (node, _) in self._binding.items() if node == name]

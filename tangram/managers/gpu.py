@@ -187,7 +187,11 @@ class GpuManager:
         if not sites:
             return []
         nodes = self.nodes
-        out = [site for site in sites if self.free_block(nodes[site[0]], site[1], site[2])]
+        # a node with no free block has no idle site (under a queue most are full): its
+        # sites are not looked at one by one
+        open_ = {name for name, node in nodes.items() if any(node.free.values())}
+        out = [site for site in sites
+               if site[0] in open_ and self.free_block(nodes[site[0]], site[1], site[2])]
         if len(out) > 1:  # the set's order is arbitrary: put them in idle_sites' order
             order = {name: i for i, name in enumerate(nodes)}
             lru = {name: {v: i for i, v in enumerate(nodes[name].resident)}
@@ -233,9 +237,10 @@ class GpuManager:
         self._carve(node, start, size, sub, k)
         restore_s = 0.0
         variant = (service, k, sub)
-        before = list(node.resident)  # LRU order: the evicted, oldest first
         restored = variant not in node.resident
-        if variant in node.resident:
+        # LRU order: the evicted, oldest first (a hit evicts nothing)
+        before = list(node.resident) if restored else []
+        if not restored:
             self.hits += 1
             node.resident.move_to_end(variant)
             ready = node.ready.pop(variant, None)
@@ -270,9 +275,11 @@ class GpuManager:
     # -- placement by site (the ``tangram`` policy's EOE scheduler) ------------------------
     def free_block(self, node: GpuNode, start: int, k: int) -> tuple[int, int] | None:
         """The free buddy block holding the aligned chunk (start, k), if it is free."""
+        free = node.free
         size = k
         while size <= 8:
-            if start in node.free.get(size, ()):
+            starts = free.get(size)
+            if starts and start in starts:
                 return start, size
             start, size = start - start % (size * 2), size * 2
         return None
@@ -313,15 +320,19 @@ class GpuManager:
         smallest free block (buddy: keep large blocks whole). None: no free chunk."""
         need = self.services[service].size_gb / k
         best: tuple[tuple, Site] | None = None
+        sizes = [size for size in CHUNK_SIZES if size >= k]
         for node in self.nodes.values():
+            free = node.free
+            if not any(free.values()):
+                continue  # no free chunk (under a queue most nodes are full)
             cap = node.spec.gpu_mem_gb
             lru: list[tuple[str, int, int]] | None = None  # built for nodes with a chunk
-            for size in CHUNK_SIZES:
-                if size < k or not node.free[size]:
+            for size in sizes:
+                if not free[size]:
                     continue
                 if lru is None:
                     lru = list(node.resident)
-                for bstart in node.free[size]:
+                for bstart in free[size]:
                     for sub in range(bstart, bstart + size, k):
                         victims = self._victims(node, lru, sub, k, need, cap)
                         if victims is None:
@@ -340,24 +351,26 @@ class GpuManager:
                  need: float, cap: float) -> list[tuple[str, int, int]] | None:
         """Variants to evict (LRU first, only those on GPUs short of memory) so that
         ``need`` GB fits on each of GPUs start..start+k; None if it never fits."""
-        used = node.mem_used[start:start + k]
+        used = node.mem_used[start:start + k]  # (a slice: a copy)
         if max(used) + need <= cap + 1e-9:  # the common case: it fits as things are
             return []
-        used = list(used)
         out = []
+        end = start + k
+        # the GPUs still short of memory: they change only when a victim is taken
+        short = [g for g in range(start, end) if used[g - start] + need > cap + 1e-9]
         for v in lru:
             svc, vk, vs = v
-            if not (vs < start + k and start < vs + vk):
+            if not (vs < end and start < vs + vk):
                 continue
-            short = [g for g in range(start, start + k) if used[g - start] + need > cap + 1e-9]
             if not short:
                 break
             if not any(vs <= g < vs + vk for g in short):
                 continue
             share = self.services[svc].size_gb / vk
-            for g in range(max(vs, start), min(vs + vk, start + k)):
+            for g in range(max(vs, start), min(vs + vk, end)):
                 used[g - start] -= share
             out.append(v)
+            short = [g for g in range(start, end) if used[g - start] + need > cap + 1e-9]
         if all(u + need <= cap + 1e-9 for u in used):
             return out
         return None

@@ -6,27 +6,70 @@ docstring for the table of extension points."""
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
 from typing import Any, Protocol
 
 from tangram.arrange import DPOperator, LinearOperator
-from tangram.model import Action, GpuPlan
+from tangram.model import Action, Elasticity, GpuPlan
+
+#: the quotas and durations of a Pending that has none: one shared, read-only mapping (a
+#: burst queues thousands; nothing writes to a Pending's tables)
+NONE: Mapping[Any, float] = MappingProxyType({})
 
 
-@dataclass(slots=True, eq=False)
 class Pending:
-    """A queued action with what the scheduler reads of it on every pass."""
+    """A queued action with what the scheduler reads of it on every pass.
+
+    Identity equality (one object per queued action). ``durations``, the modelled
+    duration per feasible unit count of an elastic action, may be given as its
+    declared profile instead (``profile``: E(m) and T1): the table is then computed on
+    first read, from values that never change, so it is the same table, paid only for
+    the actions a pass looks at (a burst queues thousands at once, up to 32 counts each).
+    """
+
+    __slots__ = ("action", "submit_s", "key_min", "quotas", "elastic", "light", "choices",
+                 "durations", "_profile")
 
     action: Action
     submit_s: float
     key_min: int  # minimum units of the pool's key resource
-    quotas: dict[str, float] = field(default_factory=dict)
-    elastic: bool = False  # schedulable elastic on this pool's key resource
+    quotas: Mapping[str, float]
+    elastic: bool  # schedulable elastic on this pool's key resource
     #: expected to be short enough for the pool's light lane (tangram/pools/cpu.py CpuNodePool)
-    light: bool = False
-    choices: tuple[int, ...] = ()
+    light: bool
+    choices: tuple[int, ...]
     #: modelled duration per feasible unit count (elastic actions only)
-    durations: dict[int, float] = field(default_factory=dict)
+    durations: Mapping[int, float]
+
+    def __init__(self, action: Action, submit_s: float, key_min: int,
+                 quotas: Mapping[str, float] = NONE, elastic: bool = False,
+                 light: bool = False, choices: tuple[int, ...] = (),
+                 durations: Mapping[int, float] = NONE,
+                 profile: tuple[Elasticity, float] | None = None) -> None:
+        self.action = action
+        self.submit_s = submit_s
+        self.key_min = key_min
+        self.quotas = quotas
+        self.elastic = elastic
+        self.light = light
+        self.choices = choices
+        if profile is None:
+            self.durations = durations
+        self._profile = profile  # else ``durations`` stays unset until first read
+
+    def __getattr__(self, name: str) -> Any:
+        # only an unset slot gets here: the lazy duration table, on its first read
+        if name == "durations" and self._profile is not None:
+            e, t1 = self._profile
+            table = self.durations = e.durations(t1, self.choices)
+            return table
+        raise AttributeError(name)
+
+    def __repr__(self) -> str:
+        return (f"Pending({self.action.id!r}, submit_s={self.submit_s}, "
+                f"key_min={self.key_min}, elastic={self.elastic}, light={self.light})")
 
 
 @dataclass(frozen=True, slots=True)

@@ -5,7 +5,7 @@ chunks, batching requests; :class:`EoeGpuPool` with the state of the EOE schedul
 from __future__ import annotations
 
 import math
-from bisect import bisect_left, insort
+from bisect import bisect_left, bisect_right
 from collections import deque
 from typing import Any
 
@@ -74,9 +74,13 @@ class ServiceDemand:
         self._shares: dict[tuple[str, ...], dict[str, float]] = {}
 
     def add(self, service: str, work: float, now: float) -> None:
-        self._value[service] = self.value(service, now) + work
+        v = self._value.get(service, 0.0)  # (value, inlined: every request adds)
+        if v and now > self._at[service]:
+            v *= math.exp(-(now - self._at[service]) / self.tau_s)
+        self._value[service] = v + work
         self._at[service] = now
-        self._shares.clear()
+        if self._shares:
+            self._shares.clear()
 
     def value(self, service: str, now: float) -> float:
         v = self._value.get(service, 0.0)
@@ -152,9 +156,11 @@ class GpuPool(Pool):
 
     # -- requests and batches -----------------------------------------------------------
     def arrived(self, p: Pending, now: float) -> None:
-        service = p.action.service or ""
-        self.demand.add(service, work_s(p, None) if p.action.t1_s is not None else 1.0, now)
-        self.accepted[service] = accepts(p)
+        action = p.action
+        service = action.service or ""
+        # (work_s is the declared T1 when there is one)
+        self.demand.add(service, action.t1_s if action.t1_s is not None else 1.0, now)
+        self.accepted[service] = p.choices or (p.key_min,)  # (accepts, inlined)
 
     def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
         lease = self.manager.reserve(p.action.id, p.action.service or "", units, now)
@@ -212,12 +218,14 @@ class EoeGpuPool(GpuPool):
         #: one's (submit time, arrival number, first-arrival index) - the key the order
         #: sorts by - and ``_dirty`` the services to look at on the next ``groups()``
         self._order: list[tuple[float, int, int, str]] = []
+        #: each service's queue in ``_order``'s order (what ``groups`` returns), kept with it
+        self._groups: list[deque[Pending]] = []
         self._heads: dict[str, tuple[float, int, int, str]] = {}
         self._dirty: set[str] = set()
         self._index: dict[str, int] = {}
 
     def arrived(self, p: Pending, now: float) -> None:
-        super().arrived(p, now)
+        GpuPool.arrived(self, p, now)
         service = p.action.service or ""
         q = self.waiting.get(service)
         if q is None:
@@ -226,8 +234,9 @@ class EoeGpuPool(GpuPool):
         if not q:  # it becomes its service's oldest
             self._dirty.add(service)
         q.append(p)
-        self._queued.add(id(p))
-        self._seq[id(p)] = self._arrivals
+        key = id(p)
+        self._queued.add(key)
+        self._seq[key] = self._arrivals
         self._arrivals += 1
         self._count[service] = self._count.get(service, 0) + 1
 
@@ -247,24 +256,27 @@ class EoeGpuPool(GpuPool):
             self._dirty.update(self.waiting)
         if self._dirty:
             self._reorder()
-        waiting = self.waiting
-        return [waiting[h[3]] for h in self._order]
+        return list(self._groups)
 
     def _reorder(self) -> None:
         """Prune the taken requests off the front of each service whose head may have
         changed, and move it to its new place in ``_order`` (or out of it)."""
-        queued, seq, order = self._queued, self._seq, self._order
+        queued, seq, order, groups = self._queued, self._seq, self._order, self._groups
         for service in self._dirty:
             q = self.waiting[service]
             while q and id(q[0]) not in queued:  # taken by an earlier pass
                 q.popleft()
             old = self._heads.pop(service, None)
             if old is not None:
-                del order[bisect_left(order, old)]
+                i = bisect_left(order, old)
+                del order[i]
+                del groups[i]
             if q:
                 head = (q[0].submit_s, seq.get(id(q[0]), 0), self._index[service], service)
                 self._heads[service] = head
-                insort(order, head)
+                i = bisect_right(order, head)  # (insort's place)
+                order.insert(i, head)
+                groups.insert(i, q)
         self._dirty.clear()
 
     def waiting_count(self, service: str) -> int:
