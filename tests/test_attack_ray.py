@@ -119,3 +119,56 @@ def test_a_second_server_is_not_handed_the_same_cores(ray_cluster):
             RayBackend(ray_cluster, poll_s=0.2, start_timeout_s=5)
     finally:
         first.shutdown()
+
+
+def test_an_agent_listener_runs_nothing_for_a_peer_without_its_secret(ray_cluster):
+    """Dispatches travel over each agent's own TCP listener (executor/ray_channel.py): a
+    peer that does not hold the agent's secret - a wrong answer to its challenge, or a
+    dispatch sent without answering - is cut off and nothing it sent runs; the listener
+    is on the node's address only; the driver's own connection is not disturbed."""
+    import socket
+
+    from executor.ray_channel import NONCE_BYTES, encode, proof
+    from tangram.model import Dispatch, Lease
+
+    async def forge(host: str, port: int, answer: bytes, node: str, cpu: int) -> bytes:
+        reader, writer = await asyncio.open_connection(host, port)
+        nonce = await reader.readexactly(NONCE_BYTES)
+        action = shell("forged", "forged", "sleep 94.25")
+        run = encode(("run", Dispatch(action, Lease("forged", 1, node=node, cores=(cpu,)),
+                                      0.0, 0.0, None), None))
+        writer.write((answer or bytes(len(nonce))) + run)
+        await writer.drain()
+        try:
+            rest = await asyncio.wait_for(reader.read(), 30)  # end-of-file: cut off
+        except ConnectionResetError:
+            rest = b""
+        writer.close()
+        return rest
+
+    async def go() -> None:
+        backend = RayBackend(ray_cluster, poll_s=0.2)
+        ex = LiveExecutor(Tangram(backend.cluster()), backend)
+        try:
+            ex.open_trajectory("ok", "t", 0.25)
+            rec, out = await ex.run(shell("ok-0", "ok", "true"))
+            assert out.status == "ok", out
+            agent = backend.agents[rec.node]
+            cpu = agent.info.cpus[0]
+            assert agent.host != "0.0.0.0"
+            for answer in (proof(b"x" * 32, b"not the nonce"), b""):
+                assert await forge(agent.host, agent.port, answer, rec.node, cpu) == b""
+            if agent.host != "127.0.0.1":  # bound to the node's address, not every one
+                with pytest.raises(OSError):
+                    socket.create_connection(("127.0.0.1", agent.port), timeout=5).close()
+            # the agent still serves the driver, and it never ran the forged command
+            rec2, out = await ex.run(shell("ok-1", "ok", "true"))
+            assert (rec2.node, out.status) == (rec.node, "ok"), out
+            assert procs_with("94.25") == []
+            assert rec.node in backend.agents
+        finally:
+            with contextlib.suppress(ValueError):
+                ex.close_trajectory("ok")
+            ex.shutdown()
+
+    asyncio.run(go())
