@@ -198,8 +198,8 @@ class NodeAgent:
         if self._server is None:
             loop = asyncio.get_running_loop()
             self._closed = asyncio.Event()
-            self._server = await loop.create_server(lambda: AgentSide(secret, self._serve),
-                                                    host, 0)
+            self._server = await loop.create_server(
+                lambda: AgentSide(secret, self._serve, self._links), host, 0)
         return self.info_, self._server.sockets[0].getsockname()[1]
 
     async def until_closed(self) -> None:
@@ -219,7 +219,6 @@ class NodeAgent:
             self.backend.cancel(message[1])
         elif kind == "close":
             self._close(message[1])
-        self._links.add(link)
 
     async def _reply(self, link: AgentSide, d: Dispatch, mem_gb: float | None) -> None:
         outcome = await self.run(d, mem_gb)

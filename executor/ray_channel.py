@@ -104,14 +104,17 @@ class Framed(asyncio.Protocol):
 
 class AgentSide(Framed):
     """The agent's end of one connection: authenticates the peer, then hands its
-    messages to ``serve(self, message)``."""
+    messages to ``serve(self, message)``; while authenticated and open, it is in
+    ``links``."""
 
     preamble = DIGEST_BYTES
 
-    def __init__(self, secret: bytes, serve: Callable[[AgentSide, Any], None]) -> None:
+    def __init__(self, secret: bytes, serve: Callable[[AgentSide, Any], None],
+                 links: set[AgentSide]) -> None:
         super().__init__()
         self._secret = secret
         self._serve = serve
+        self._links = links
         self._nonce = b""
         self._deadline: asyncio.TimerHandle | None = None
 
@@ -132,6 +135,7 @@ class AgentSide(Framed):
             self.transport.abort()  # not the driver: nothing it sent is read
             self._buf.clear()
             return False
+        self._links.add(self)
         return True
 
     def received(self, message: Any) -> None:
@@ -140,6 +144,7 @@ class AgentSide(Framed):
     def connection_lost(self, exc: Exception | None) -> None:
         if self._deadline is not None:
             self._deadline.cancel()
+        self._links.discard(self)
         self.transport = None
 
 
