@@ -10,12 +10,14 @@ Who may connect: the agent listens on its node's IP only (the address Ray knows
 the node by), on a port of the kernel's choosing, and runs nothing for a peer
 before it has proven it holds the agent's secret - 32 random bytes the driver
 made and handed to the agent through Ray (the same channel that already carries
-every dispatch when Ray is used alone). The proof is a challenge-response: the
-agent sends a fresh nonce, the peer answers HMAC-SHA256(secret, nonce), so the
-secret itself never crosses this connection. A peer that does not answer right
-within :data:`AUTH_TIMEOUT_S` is cut off. Nothing a peer sends is unpickled
-before that; after it, messages are pickled tuples (what Ray itself pickles for
-an actor call), each behind a 4-byte length.
+every dispatch when Ray is used alone). The proof is a mutual challenge-response:
+each side sends a fresh nonce and answers the other's with
+HMAC-SHA256(secret, role:nonce), so the secret itself never crosses this
+connection and the driver, too, reads nothing from a listener that is not its
+agent's. A peer that does not answer right within :data:`AUTH_TIMEOUT_S` is cut
+off. Nothing is unpickled before that; after it, messages are pickled tuples (what
+Ray itself pickles for an actor call), each behind a 4-byte length. The traffic
+is not encrypted (neither is Ray's, by default).
 
 Messages, driver to agent: ``("run", dispatch, mem_gb)``, ``("cancel", action_id)``,
 ``("close", trajectory)``; agent to driver: ``("done", outcome)``. One connection
@@ -47,36 +49,55 @@ def encode(message: tuple) -> bytes:
     return HEADER.pack(len(body)) + body
 
 
-def proof(secret: bytes, nonce: bytes) -> bytes:
-    return hmac.new(secret, nonce, hashlib.sha256).digest()
+def proof(secret: bytes, role: bytes, nonce: bytes) -> bytes:
+    """What ``role`` answers to a peer's ``nonce``: the role in it, so that one side's
+    answer is never the other's (a peer cannot reflect a challenge back)."""
+    return hmac.new(secret, role + b":" + nonce, hashlib.sha256).digest()
 
 
 class Framed(asyncio.Protocol):
-    """Length-prefixed messages over a transport. The first ``preamble`` bytes
-    received are the handshake (handed to :meth:`handshake`), not a message."""
+    """Length-prefixed messages over a transport, after a mutual challenge: each side
+    sends a nonce on connecting and answers the other's with :func:`proof`; a side
+    reads no message before the other's answer checked out, and hangs up otherwise."""
 
-    preamble = 0
+    role = b""
+    peer = b""
 
-    def __init__(self) -> None:
+    def __init__(self, secret: bytes) -> None:
         self.transport: asyncio.Transport | None = None
+        self._secret = secret
+        self._nonce = os.urandom(NONCE_BYTES)
+        self._peer_nonce: bytes | None = None
         self._buf = bytearray()
-        self._ready = self.preamble == 0
+        self._ready = False
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        transport.write(self._nonce)
 
     def data_received(self, data: bytes) -> None:
+        if self.transport is None or self.transport.is_closing():
+            return  # nothing more is read from a refused peer
         buf = self._buf
         buf += data
         if not self._ready:
-            if len(buf) < self.preamble:
+            if self._peer_nonce is None:
+                if len(buf) < NONCE_BYTES:
+                    return
+                self._peer_nonce = bytes(buf[:NONCE_BYTES])
+                del buf[:NONCE_BYTES]
+                self.transport.write(proof(self._secret, self.role, self._peer_nonce))
+            if len(buf) < DIGEST_BYTES:
                 return
-            head = bytes(buf[:self.preamble])
-            del buf[:self.preamble]
-            if not self.handshake(head):
+            answer = bytes(buf[:DIGEST_BYTES])
+            del buf[:DIGEST_BYTES]
+            if not hmac.compare_digest(answer, proof(self._secret, self.peer, self._nonce)):
+                buf.clear()
+                self.transport.abort()  # it does not hold the secret: nothing it sent is read
                 return
             self._ready = True
+            self.authenticated()
         at = 0
         while len(buf) - at >= HEADER.size:
             (size,) = HEADER.unpack_from(buf, at)
@@ -90,9 +111,8 @@ class Framed(asyncio.Protocol):
                 break
         del buf[:at]
 
-    def handshake(self, head: bytes) -> bool:
-        """Check the preamble; False (having closed the transport) to stop."""
-        return True
+    def authenticated(self) -> None:
+        pass
 
     def received(self, message: Any) -> None:
         raise NotImplementedError
@@ -103,40 +123,27 @@ class Framed(asyncio.Protocol):
 
 
 class AgentSide(Framed):
-    """The agent's end of one connection: authenticates the peer, then hands its
-    messages to ``serve(self, message)``; while authenticated and open, it is in
+    """The agent's end of one connection: once the peer proved it holds the secret,
+    hands its messages to ``serve(self, message)``; while so and open, it is in
     ``links``."""
 
-    preamble = DIGEST_BYTES
+    role, peer = b"agent", b"driver"
 
     def __init__(self, secret: bytes, serve: Callable[[AgentSide, Any], None],
                  links: set[AgentSide]) -> None:
-        super().__init__()
-        self._secret = secret
+        super().__init__(secret)
         self._serve = serve
         self._links = links
-        self._nonce = b""
         self._deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        self._nonce = os.urandom(NONCE_BYTES)
-        self.transport.write(self._nonce)  # type: ignore[union-attr]
-        self._deadline = asyncio.get_running_loop().call_later(AUTH_TIMEOUT_S, transport.close)
+        self._deadline = asyncio.get_running_loop().call_later(AUTH_TIMEOUT_S, transport.abort)
 
-    def data_received(self, data: bytes) -> None:
-        if self.transport is not None and not self.transport.is_closing():
-            super().data_received(data)  # nothing more is read from a refused peer
-
-    def handshake(self, head: bytes) -> bool:
-        assert self.transport is not None and self._deadline is not None
+    def authenticated(self) -> None:
+        assert self._deadline is not None
         self._deadline.cancel()
-        if not hmac.compare_digest(head, proof(self._secret, self._nonce)):
-            self.transport.abort()  # not the driver: nothing it sent is read
-            self._buf.clear()
-            return False
         self._links.add(self)
-        return True
 
     def received(self, message: Any) -> None:
         self._serve(self, message)
@@ -149,26 +156,23 @@ class AgentSide(Framed):
 
 
 class DriverSide(Framed):
-    """The driver's end of one agent's connection: answers the agent's challenge,
-    then reports each message and, once, the connection's loss."""
+    """The driver's end of one agent's connection: once the agent proved it holds the
+    secret, reports each message and, once, the connection's loss. Messages sent
+    before are held until then."""
 
-    preamble = NONCE_BYTES
+    role, peer = b"driver", b"agent"
 
     def __init__(self, secret: bytes, on_message: Callable[[Any], None],
                  on_lost: Callable[[str], None]) -> None:
-        super().__init__()
-        self._secret = secret
+        super().__init__(secret)
         self._on_message = on_message
         self._on_lost = on_lost
-        self._pending: list[bytes] = []  # sent before the challenge was answered
+        self._pending: list[bytes] = []
 
-    def handshake(self, head: bytes) -> bool:
+    def authenticated(self) -> None:
         assert self.transport is not None
-        self.transport.write(proof(self._secret, head))
-        for data in self._pending:
-            self.transport.write(data)
+        self.transport.write(b"".join(self._pending))
         self._pending.clear()
-        return True
 
     def send(self, message: tuple) -> None:
         data = encode(message)
@@ -182,4 +186,6 @@ class DriverSide(Framed):
 
     def connection_lost(self, exc: Exception | None) -> None:
         self.transport = None
-        self._on_lost(f"its connection dropped ({exc or 'closed by the agent'})")
+        why = exc or ("closed by the agent" if self._ready else
+                      "the agent did not prove it holds the secret")
+        self._on_lost(f"its connection dropped ({why})")

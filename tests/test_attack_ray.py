@@ -126,9 +126,10 @@ def test_an_agent_listener_runs_nothing_for_a_peer_without_its_secret(ray_cluste
     peer that does not hold the agent's secret - a wrong answer to its challenge, or a
     dispatch sent without answering - is cut off and nothing it sent runs; the listener
     is on the node's address only; the driver's own connection is not disturbed."""
+    import os
     import socket
 
-    from executor.ray_channel import NONCE_BYTES, encode, proof
+    from executor.ray_channel import DIGEST_BYTES, NONCE_BYTES, encode, proof
     from tangram.model import Dispatch, Lease
 
     async def forge(host: str, port: int, answer: bytes, node: str, cpu: int) -> bytes:
@@ -137,13 +138,14 @@ def test_an_agent_listener_runs_nothing_for_a_peer_without_its_secret(ray_cluste
         action = shell("forged", "forged", "sleep 94.25")
         run = encode(("run", Dispatch(action, Lease("forged", 1, node=node, cores=(cpu,)),
                                       0.0, 0.0, None), None))
-        writer.write((answer or bytes(len(nonce))) + run)
+        writer.write(answer + run)
         await writer.drain()
-        try:
-            rest = await asyncio.wait_for(reader.read(), 30)  # end-of-file: cut off
+        try:  # what comes back before the agent hangs up: no message, at most its proof
+            rest = await asyncio.wait_for(reader.read(), 30)
         except ConnectionResetError:
             rest = b""
         writer.close()
+        assert len(nonce + rest) <= NONCE_BYTES + DIGEST_BYTES, rest
         return rest
 
     async def go() -> None:
@@ -156,8 +158,9 @@ def test_an_agent_listener_runs_nothing_for_a_peer_without_its_secret(ray_cluste
             agent = backend.agents[rec.node]
             cpu = agent.info.cpus[0]
             assert agent.host != "0.0.0.0"
-            for answer in (proof(b"x" * 32, b"not the nonce"), b""):
-                assert await forge(agent.host, agent.port, answer, rec.node, cpu) == b""
+            mine = os.urandom(NONCE_BYTES)
+            for answer in (mine + proof(b"x" * 32, b"driver", mine), b""):
+                await forge(agent.host, agent.port, answer, rec.node, cpu)
             if agent.host != "127.0.0.1":  # bound to the node's address, not every one
                 with pytest.raises(OSError):
                     socket.create_connection(("127.0.0.1", agent.port), timeout=5).close()
@@ -170,5 +173,41 @@ def test_an_agent_listener_runs_nothing_for_a_peer_without_its_secret(ray_cluste
             with contextlib.suppress(ValueError):
                 ex.close_trajectory("ok")
             ex.shutdown()
+
+    asyncio.run(go())
+
+
+def test_the_driver_reads_nothing_from_a_listener_without_the_secret():
+    """The challenge is mutual: a listener posing as an agent (it got the port, not the
+    secret) is hung up on, and the outcome it sends is never taken as one."""
+    import os
+
+    from executor.ray_channel import DIGEST_BYTES, NONCE_BYTES, DriverSide, encode, proof
+    from tangram.model import Outcome
+
+    async def go() -> None:
+        got: list = []
+        heard: list[bytes] = []
+        lost: asyncio.Queue[str] = asyncio.Queue()
+
+        async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            mine = os.urandom(NONCE_BYTES)
+            writer.write(mine)
+            theirs = await reader.readexactly(NONCE_BYTES)
+            writer.write(proof(b"y" * 32, b"agent", theirs) +
+                         encode(("done", Outcome("forged", "ok"))))
+            await writer.drain()
+            heard.append(await reader.read())
+
+        server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        link = DriverSide(os.urandom(32), got.append, lost.put_nowait)
+        link.send(("run", "not for an impostor", None))
+        await asyncio.get_running_loop().create_connection(lambda: link, "127.0.0.1", port)
+        why = await asyncio.wait_for(lost.get(), 30)
+        assert got == [] and "secret" in why, why
+        await until(lambda: heard, 30, "the impostor to be hung up on")
+        assert len(heard[0]) == DIGEST_BYTES, heard  # its answer only: not the dispatch
+        server.close()
 
     asyncio.run(go())
