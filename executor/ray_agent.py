@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import IO
 
 from executor.local import allowed_cpus, mem_total_gb
+from executor.ray_channel import AgentSide
 from executor.ray_guard import fence
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec
 from tangram.model import Dispatch, Outcome
@@ -136,9 +137,10 @@ def start_guard(marker: str, docker_owner: str | None, uids: tuple[int, int] | N
 
 
 class NodeAgent:
-    """Runs dispatches on this node. Methods are coroutines: Ray runs them on the
-    actor's event loop, so many actions run at once and ``cancel`` is not
-    queued behind them."""
+    """Runs dispatches on this node. Ray calls set it up (``listen``) and stop it
+    (``shutdown``); dispatches, cancellations and outcomes travel over the driver's
+    direct connection (executor/ray_channel.py), served on the actor's event loop,
+    so many actions run at once and a cancel is not queued behind them."""
 
     def __init__(self, name: str, ray_node_id: str, backend: str, root: str | None,
                  cpus: list[int] | None, mem_gb: float | None, gpus: int,
@@ -182,9 +184,52 @@ class NodeAgent:
                               gpu_memory_gb() if gpus else 0.0, backend, self.marker, uids,
                               os.getpid())
         self._opened: set[str] = set()
+        self._server: asyncio.Server | None = None
+        self._links: set[AgentSide] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._closed: asyncio.Event | None = None
 
     def info(self) -> NodeInfo:
         return self.info_
+
+    async def listen(self, host: str, secret: bytes) -> tuple[NodeInfo, int]:
+        """Open this agent's listener (executor/ray_channel.py) on ``host`` (its node's
+        IP, as Ray knows it), for peers holding ``secret``; its inventory and port."""
+        if self._server is None:
+            loop = asyncio.get_running_loop()
+            self._closed = asyncio.Event()
+            self._server = await loop.create_server(
+                lambda: AgentSide(secret, self._serve, self._links), host, 0)
+        return self.info_, self._server.sockets[0].getsockname()[1]
+
+    async def until_closed(self) -> None:
+        """Returns at shutdown: the driver keeps one such call open per agent, so
+        Ray reports the agent's death to it too (the connection is the faster sign)."""
+        assert self._closed is not None
+        await self._closed.wait()
+
+    def _serve(self, link: AgentSide, message: tuple) -> None:
+        """A message from the driver (on the loop, in the order sent)."""
+        kind = message[0]
+        if kind == "run":
+            task = asyncio.get_running_loop().create_task(self._reply(link, *message[1:]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        elif kind == "cancel":
+            self.backend.cancel(message[1])
+        elif kind == "close":
+            self._close(message[1])
+
+    async def _reply(self, link: AgentSide, d: Dispatch, mem_gb: float | None) -> None:
+        outcome = await self.run(d, mem_gb)
+        if link.transport is None:
+            return  # the driver is gone (it declares this node lost and kills us)
+        try:
+            link.send(("done", outcome))
+        except Exception as e:  # noqa: BLE001 - e.g. an output that cannot be pickled
+            link.send(("done", Outcome(d.action.id, "failed", None,
+                                       error=f"agent: cannot send the outcome: {e}",
+                                       extra=dict(outcome.extra))))
 
     async def run(self, d: Dispatch, mem_gb: float | None) -> Outcome:
         """Run one dispatch to its end; its environment is created at its first action."""
@@ -216,14 +261,24 @@ class NodeAgent:
         self.backend.cancel(action_id)
 
     async def close_trajectory(self, trajectory: str) -> None:
+        self._close(trajectory)
+
+    def _close(self, trajectory: str) -> None:
         if trajectory in self._opened:
             self._opened.discard(trajectory)
             self.backend.close_trajectory(trajectory)
 
     async def shutdown(self) -> None:
         """Stop what runs, remove environments, and let the guard go."""
+        if self._server is not None:
+            self._server.close()
+        for link in list(self._links):
+            if link.transport is not None:
+                link.transport.close()
         for trajectory in list(self._opened):
-            await self.close_trajectory(trajectory)
+            self._close(trajectory)
         self.backend.shutdown()
         self._guard.close()  # the guard finds nothing left and exits
         shutil.rmtree(self.root, ignore_errors=True)
+        if self._closed is not None:
+            self._closed.set()

@@ -26,6 +26,7 @@ import os
 import select
 import signal
 import sys
+import time
 
 from executor import marks
 
@@ -38,17 +39,51 @@ def kill_marked(marker: str) -> int:
     return marks.kill_marked(MARKER_ENV, marker + ".")
 
 
-def fence(marker: str, uids: tuple[int, int] | None = None, docker_owner: str | None = None
-          ) -> int:
-    """Everything a (dead) agent left on this node: killed, its containers removed."""
+def fence(marker: str, uids: tuple[int, int] | None = None, docker_owner: str | None = None,
+          wait_s: float = 30.0) -> int:
+    """Everything a (dead) agent left on this node: killed - and gone, waiting up to
+    ``wait_s`` - and its containers removed."""
     killed = kill_marked(marker)
     if uids is not None:
         from executor.sandbox_uid import kill_uids
 
         killed += kill_uids(*uids)
+    killed += wait_gone(marker, uids, wait_s)
     if docker_owner:
         remove_containers(docker_owner)
     return killed
+
+
+def wait_gone(marker: str, uids: tuple[int, int] | None, wait_s: float) -> int:
+    """Wait for the killed processes to end. SIGKILL is delivered at once, but a killed
+    process ends only when it is next scheduled: on a loaded machine (the exclusive-core
+    actions run at nice 10) that takes a while, and the cores are offered again only
+    after it. Kills again what is still there (a fork that raced the first scans)."""
+    deadline = time.monotonic() + wait_s
+    killed = 0
+    while True:
+        pids = marks.marked_pids(MARKER_ENV, marker + ".")  # an ending one has no environ
+        if uids is not None:
+            from executor.sandbox_uid import pids_of_uids
+
+            pids += [p for p in pids_of_uids(*uids) if not zombie(p)]
+        if not pids or time.monotonic() > deadline:
+            return killed
+        for pid in set(pids):
+            try:
+                os.kill(pid, signal.SIGKILL)
+                killed += 1
+            except OSError:
+                pass
+        time.sleep(0.02)
+
+
+def zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("Z", "X")
+    except (OSError, IndexError):
+        return True  # gone
 
 
 def remove_containers(owner: str) -> None:

@@ -119,3 +119,95 @@ def test_a_second_server_is_not_handed_the_same_cores(ray_cluster):
             RayBackend(ray_cluster, poll_s=0.2, start_timeout_s=5)
     finally:
         first.shutdown()
+
+
+def test_an_agent_listener_runs_nothing_for_a_peer_without_its_secret(ray_cluster):
+    """Dispatches travel over each agent's own TCP listener (executor/ray_channel.py): a
+    peer that does not hold the agent's secret - a wrong answer to its challenge, or a
+    dispatch sent without answering - is cut off and nothing it sent runs; the listener
+    is on the node's address only; the driver's own connection is not disturbed."""
+    import os
+    import socket
+
+    from executor.ray_channel import DIGEST_BYTES, NONCE_BYTES, encode, proof
+    from tangram.model import Dispatch, Lease
+
+    async def forge(host: str, port: int, answer: bytes, node: str, cpu: int) -> bytes:
+        reader, writer = await asyncio.open_connection(host, port)
+        nonce = await reader.readexactly(NONCE_BYTES)
+        action = shell("forged", "forged", "sleep 94.25")
+        run = encode(("run", Dispatch(action, Lease("forged", 1, node=node, cores=(cpu,)),
+                                      0.0, 0.0, None), None))
+        writer.write(answer + run)
+        await writer.drain()
+        try:  # what comes back before the agent hangs up: no message, at most its proof
+            rest = await asyncio.wait_for(reader.read(), 30)
+        except ConnectionResetError:
+            rest = b""
+        writer.close()
+        assert len(nonce + rest) <= NONCE_BYTES + DIGEST_BYTES, rest
+        return rest
+
+    async def go() -> None:
+        backend = RayBackend(ray_cluster, poll_s=0.2)
+        ex = LiveExecutor(Tangram(backend.cluster()), backend)
+        try:
+            ex.open_trajectory("ok", "t", 0.25)
+            rec, out = await ex.run(shell("ok-0", "ok", "true"))
+            assert out.status == "ok", out
+            agent = backend.agents[rec.node]
+            cpu = agent.info.cpus[0]
+            assert agent.host != "0.0.0.0"
+            mine = os.urandom(NONCE_BYTES)
+            for answer in (mine + proof(b"x" * 32, b"driver", mine), b""):
+                await forge(agent.host, agent.port, answer, rec.node, cpu)
+            if agent.host != "127.0.0.1":  # bound to the node's address, not every one
+                with pytest.raises(OSError):
+                    socket.create_connection(("127.0.0.1", agent.port), timeout=5).close()
+            # the agent still serves the driver, and it never ran the forged command
+            rec2, out = await ex.run(shell("ok-1", "ok", "true"))
+            assert (rec2.node, out.status) == (rec.node, "ok"), out
+            assert procs_with("94.25") == []
+            assert rec.node in backend.agents
+        finally:
+            with contextlib.suppress(ValueError):
+                ex.close_trajectory("ok")
+            ex.shutdown()
+
+    asyncio.run(go())
+
+
+def test_the_driver_reads_nothing_from_a_listener_without_the_secret():
+    """The challenge is mutual: a listener posing as an agent (it got the port, not the
+    secret) is hung up on, and the outcome it sends is never taken as one."""
+    import os
+
+    from executor.ray_channel import DIGEST_BYTES, NONCE_BYTES, DriverSide, encode, proof
+    from tangram.model import Outcome
+
+    async def go() -> None:
+        got: list = []
+        heard: list[bytes] = []
+        lost: asyncio.Queue[str] = asyncio.Queue()
+
+        async def impostor(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+            mine = os.urandom(NONCE_BYTES)
+            writer.write(mine)
+            theirs = await reader.readexactly(NONCE_BYTES)
+            writer.write(proof(b"y" * 32, b"agent", theirs) +
+                         encode(("done", Outcome("forged", "ok"))))
+            await writer.drain()
+            heard.append(await reader.read())
+
+        server = await asyncio.start_server(impostor, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        link = DriverSide(os.urandom(32), got.append, lost.put_nowait)
+        link.send(("run", "not for an impostor", None))
+        await asyncio.get_running_loop().create_connection(lambda: link, "127.0.0.1", port)
+        why = await asyncio.wait_for(lost.get(), 30)
+        assert got == [] and "secret" in why, why
+        await until(lambda: heard, 30, "the impostor to be hung up on")
+        assert len(heard[0]) == DIGEST_BYTES, heard  # its answer only: not the dispatch
+        server.close()
+
+    asyncio.run(go())
