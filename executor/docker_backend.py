@@ -246,6 +246,7 @@ class DockerBackend:
         self._tasks: set[asyncio.Task] = set()  # actions running on the event loop
         self._warm: list[Sandbox] = []
         self._refilling = False
+        self._refiller: threading.Thread | None = None  # the latest refill's thread
         self._last_take = float("-inf")  # monotonic time a sandbox was last taken warm
         self._closed = False
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
@@ -337,6 +338,10 @@ class DockerBackend:
             self._boxes.clear()
             self._warm = []
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._refiller is not None:
+            # a sandbox it is creating now is discarded when _create returns: a container
+            # the engine makes after remove_all's listing below would outlive the executor
+            self._refiller.join(timeout=30)
         self._removers.shutdown(wait=True)  # the closed trajectories' removals: seconds
         # in parallel: a server with many sandboxes must still stop within seconds
         with ThreadPoolExecutor(max_workers=16) as removers:
@@ -411,7 +416,8 @@ class DockerBackend:
                 pause = 0.005
                 # backing off to 20 ms: a start takes hundreds of ms on a loaded machine, and
                 # each 5 ms wake-up cost the server CPU (~1 ms per container) and the GIL
-                while not os.path.exists(sock) and time.monotonic() < deadline:
+                while (not os.path.exists(sock) and time.monotonic() < deadline
+                       and not self._closed):
                     time.sleep(pause)
                     pause = min(pause * 1.5, 0.02)
                 box.socket = sock if os.path.exists(sock) else None
@@ -455,7 +461,8 @@ class DockerBackend:
             self._refilling = True
         # its own thread, not the actions' pool: it waits for quiet (below) and must not
         # hold a worker the burst's actions need
-        threading.Thread(target=self._refill, daemon=True, name="tangram-warm").start()
+        self._refiller = threading.Thread(target=self._refill, daemon=True, name="tangram-warm")
+        self._refiller.start()
 
     def _refill(self) -> None:
         """Keep ``warm_size`` default-image sandboxes ready (one at a time), starting each

@@ -92,3 +92,4 @@ def test_warm_sandbox_of_the_pools_size_runs_on_the_loop_and_a_dead_one_is_repla
     finally:
         backend.shutdown()
     assert _containers(owner) == []
+
