@@ -41,6 +41,7 @@ too, so they are bounded below it (``/work``: ``disk_gb`` and at most half of
 
 from __future__ import annotations
 
+import asyncio
 import io
 import json
 import os
@@ -101,6 +102,8 @@ DISK_FULL_BYTES = 1 << 20
 #: Go's os.FileMode bits in the engine's archive stat (directory; device, pipe, socket, ...)
 GO_MODE_DIR = 1 << 31
 GO_MODE_IRREGULAR = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+#: the largest answer taken from an agent (output is capped at 1 MiB, + JSON escapes)
+MAX_ANSWER = 16 << 20
 
 
 class AgentGone(OSError):
@@ -247,8 +250,10 @@ class DockerBackend:
         self._cgroup_template: tuple[str, str] | None = None
         self._lost: set[str] = set()  # trajectories whose container died: report at next action
         self._running: dict[str, str] = {}  # action id -> container id
+        self._tasks: set[asyncio.Task] = set()  # actions running on the event loop
         self._warm: list[Sandbox] = []
         self._refilling = False
+        self._refiller: threading.Thread | None = None  # the latest refill's thread
         self._last_take = float("-inf")  # monotonic time a sandbox was last taken warm
         self._closed = False
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
@@ -257,10 +262,19 @@ class DockerBackend:
 
     # -- Backend protocol ----------------------------------------------------------------
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
-        import asyncio
-
         loop = asyncio.get_running_loop()
+        ready = self._ready(d.action.trajectory)
+        if ready is None:  # a container to create or resize, or no agent: engine calls
+            self._in_thread(d, on_done, loop)
+            return
+        # on the event loop: no hop to a worker thread and back, which under a burst of
+        # first actions waited for the GIL and the cores behind the HTTP requests
+        task = loop.create_task(self._run_on_loop(d, *ready, on_done))
+        self._tasks.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._tasks.discard)
 
+    def _in_thread(self, d: Dispatch, on_done: Callable[[Outcome], None],
+                   loop: asyncio.AbstractEventLoop) -> None:
         def work() -> None:
             box, grant = None, 0
             try:
@@ -331,6 +345,10 @@ class DockerBackend:
             self._boxes.clear()
             self._warm = []
         self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._refiller is not None:
+            # a sandbox it is creating now is discarded when _create returns: a container
+            # the engine makes after remove_all's listing below would outlive the executor
+            self._refiller.join(timeout=30)
         self._removers.shutdown(wait=True)  # the closed trajectories' removals: seconds
         # in parallel: a server with many sandboxes must still stop within seconds
         with ThreadPoolExecutor(max_workers=16) as removers:
@@ -405,7 +423,8 @@ class DockerBackend:
                 pause = 0.005
                 # backing off to 20 ms: a start takes hundreds of ms on a loaded machine, and
                 # each 5 ms wake-up cost the server CPU (~1 ms per container) and the GIL
-                while not os.path.exists(sock) and time.monotonic() < deadline:
+                while (not os.path.exists(sock) and time.monotonic() < deadline
+                       and not self._closed):
                     time.sleep(pause)
                     pause = min(pause * 1.5, 0.02)
                 box.socket = sock if os.path.exists(sock) else None
@@ -459,7 +478,8 @@ class DockerBackend:
             self._refilling = True
         # its own thread, not the actions' pool: it waits for quiet (below) and must not
         # hold a worker the burst's actions need
-        threading.Thread(target=self._refill, daemon=True, name="tangram-warm").start()
+        self._refiller = threading.Thread(target=self._refill, daemon=True, name="tangram-warm")
+        self._refiller.start()
 
     def _refill(self) -> None:
         """Keep ``warm_size`` default-image sandboxes ready (one at a time), starting each
@@ -534,18 +554,47 @@ class DockerBackend:
             return other, False
         return box, lost
 
-    def _grant(self, box: Sandbox, cores: list[int]) -> float:
-        """AOE: the container's cgroup gets exactly ``cores`` right before the exec."""
+    def _ready(self, trajectory: str) -> tuple[Sandbox, bool] | None:
+        """The trajectory's sandbox (and whether state was lost) when its action can run on
+        the event loop: one with an agent and writable cgroup files that needs no engine
+        call - its own, or a warm one of the pool's memory limit (taken and bound to the
+        trajectory here). None: the threaded path (_sandbox) decides."""
+        def ready(box: Sandbox) -> bool:
+            return bool(box.socket and box.cpuset_file and box.quota_file)
+
+        with self._lock:
+            box = self._boxes.get(trajectory)
+            if box is not None:
+                return (box, False) if ready(box) else None
+            mem = self._mem.get(trajectory, 0.0) or self.default_mem_gb
+            if (self._images.get(trajectory, self.image) != self.image or not self._warm
+                    or not ready(self._warm[-1]) or self._warm[-1].mem_gb != mem):
+                return None
+            box = self._warm.pop()
+            self._last_take = time.monotonic()
+            self._boxes[trajectory] = box
+            lost = trajectory in self._lost
+            self._lost.discard(trajectory)
+        self._refill_soon()
+        return box, lost
+
+    def _grant(self, box: Sandbox, cores: list[int], engine: bool = True) -> float | None:
+        """AOE: the container's cgroup gets exactly ``cores`` right before the exec.
+        Seconds it took; None if ``engine`` is False and the cgroup files could not be
+        written (the engine's update API blocks for ~20 ms: not on the event loop)."""
         t0 = time.time()
         with box.lock:
             box.busy = True
             box.grants += 1
-            self._set_cpus(box, cores, len(cores) * PERIOD_US)
+            if not self._set_cpus(box, cores, len(cores) * PERIOD_US, engine):
+                return None
         return time.time() - t0
 
-    def _set_cpus(self, box: Sandbox, cores: list[int] | None, quota_us: int) -> None:
+    def _set_cpus(self, box: Sandbox, cores: list[int] | None, quota_us: int,
+                  engine: bool = True) -> bool:
         """Write the cgroup files directly (~0.1 ms) where we may; else ask the engine
-        (~20 ms). Order matters when growing: cores first, then the quota."""
+        (~20 ms), unless ``engine`` is False (then: False). Order matters when growing:
+        cores first, then the quota."""
         if box.cpuset_file and box.quota_file:
             try:
                 if cores is not None:
@@ -554,25 +603,23 @@ class DockerBackend:
                 with open(box.quota_file, "w") as f:
                     f.write(str(quota_us) if box.quota_file.endswith("cfs_quota_us")
                             else f"{quota_us} {PERIOD_US}")
-                return
+                return True
             except OSError:
                 box.cpuset_file = box.quota_file = None  # e.g. the container is gone
+        if not engine:
+            return False
         kw = {"cpuset_cpus": ",".join(map(str, cores))} if cores is not None else {}
         self.client.api.update_container(box.container_id, cpu_period=PERIOD_US,
                                          cpu_quota=quota_us, **kw)
+        return True
 
     # -- one action ------------------------------------------------------------------------
     def _run(self, d: Dispatch) -> tuple[Outcome, Sandbox | None]:
         t_start = time.time()
-        payload = d.action.payload or {}
-        try:
-            argv = elastic_argv(argv_of(payload), d.units, d.action.elastic == "cpu")
-        except CommandError as e:
-            return Outcome(d.action.id, "failed", None, error=str(e)), None
-        cores = sorted(self.cpu_map[c] for c in d.lease.cores) or self.cpu_map
-        timeout = float(payload.get("timeout_s") or 0) or DEFAULT_TIMEOUT_S
-        env = {k: str(v) for k, v in (payload.get("env") or {}).items()}
-        env["TANGRAM_CORES"] = ",".join(map(str, cores))
+        prepared = self._prepare(d)
+        if isinstance(prepared, Outcome):
+            return prepared, None
+        argv, cores, timeout, env = prepared
         box, lost = self._sandbox(d.action.trajectory)
         for attempt in (0, 1):
             try:
@@ -592,17 +639,8 @@ class DockerBackend:
                 self._forget(d.action.trajectory, box)
                 box, _ = self._sandbox(d.action.trajectory)
                 lost = True
-            except AgentSilent:
-                self._kill(box)
-                self._forget(d.action.trajectory, box)
-                return Outcome(d.action.id, "timeout", None, error=(
-                    f"the sandbox did not answer within the {timeout:g} s timeout (+{GRACE_S:g} s):"
-                    " its container was killed and is recreated, without its files, at the "
-                    "trajectory's next action"), extra={"state_lost": True}), None
-            except (docker.errors.APIError, OSError, ValueError) as e:
-                if self._alive(box.container_id, settle_s=1.0):
-                    return Outcome(d.action.id, "failed", None, error=f"exec failed: {e}"), box
-                return self._died(d, box), None
+            except (AgentSilent, docker.errors.APIError, OSError, ValueError) as e:
+                return self._exec_failed(d, box, timeout, e)
             finally:
                 self._running.pop(d.action.id, None)
         # An agent that answered was alive throughout (a dying one drops the connection);
@@ -610,6 +648,90 @@ class DockerBackend:
         if not box.socket and not self._alive(
                 box.container_id, settle_s=1.0 if code is None or code >= 128 else 0):
             return self._died(d, box), None
+        return self._outcome(d, box, lost, argv, cores, timeout, update_s, t_start,
+                             (code, output, t_exec, t_exited, timed_out, ooms))
+
+    async def _run_on_loop(self, d: Dispatch, box: Sandbox, lost: bool,
+                           on_done: Callable[[Outcome], None]) -> None:
+        """One action in a ready sandbox (see _ready), on the event loop: the cgroup files
+        written directly (~0.1 ms), the agent asked over its socket without blocking. What
+        needs the engine (a dead agent's replacement, a timeout's kill, a failure's
+        diagnosis) goes to the worker threads as before."""
+        loop = asyncio.get_running_loop()
+        t_start = time.time()
+        grant = 0
+        try:
+            prepared = self._prepare(d)
+            if isinstance(prepared, Outcome):
+                on_done(prepared)
+                return
+            argv, cores, timeout, env = prepared
+            update_s = self._grant(box, cores, engine=False)
+            if update_s is None:  # its cgroup files are gone: the engine's way, in a thread
+                self._in_thread(d, on_done, loop)
+                return
+            grant = box.grants
+            self._running[d.action.id] = box.container_id
+            try:
+                result = await self._agent_exec_async(
+                    box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
+            except AgentGone:
+                # nothing reached it: the threaded path replaces the container (state lost)
+                self._in_thread(d, on_done, loop)
+                return
+            except (AgentSilent, OSError, ValueError) as e:
+                outcome, kept = await loop.run_in_executor(
+                    self._pool, self._exec_failed, d, box, timeout, e)
+                on_done(outcome)
+                if kept is not None:
+                    await loop.run_in_executor(self._pool, self._reclaim, kept, grant)
+                return
+            finally:
+                self._running.pop(d.action.id, None)
+            outcome, _ = self._outcome(d, box, lost, argv, cores, timeout, update_s, t_start,
+                                       result)
+        except Exception as e:  # never leave an action unanswered
+            outcome = Outcome(d.action.id, "failed", None,
+                              error=f"docker: {type(e).__name__}: {e}")
+        on_done(outcome)
+        if grant and not self._reclaim(box, grant, engine=False):
+            try:
+                self._removers.submit(self._reclaim, box, grant)
+            except RuntimeError:  # shutting down: the container goes anyway
+                pass
+
+    def _prepare(self, d: Dispatch) -> tuple[list[str], list[int], float, dict[str, str]] | Outcome:
+        """(argv, cores, timeout, env) of the action, or its failure (a bad payload)."""
+        payload = d.action.payload or {}
+        try:
+            argv = elastic_argv(argv_of(payload), d.units, d.action.elastic == "cpu")
+        except CommandError as e:
+            return Outcome(d.action.id, "failed", None, error=str(e))
+        cores = sorted(self.cpu_map[c] for c in d.lease.cores) or self.cpu_map
+        timeout = float(payload.get("timeout_s") or 0) or DEFAULT_TIMEOUT_S
+        env = {k: str(v) for k, v in (payload.get("env") or {}).items()}
+        env["TANGRAM_CORES"] = ",".join(map(str, cores))
+        return argv, cores, timeout, env
+
+    def _exec_failed(self, d: Dispatch, box: Sandbox, timeout: float,
+                     e: Exception) -> tuple[Outcome, Sandbox | None]:
+        """The outcome of an exec that raised ``e`` (after the request reached the sandbox)."""
+        if isinstance(e, AgentSilent):
+            self._kill(box)
+            self._forget(d.action.trajectory, box)
+            return Outcome(d.action.id, "timeout", None, error=(
+                f"the sandbox did not answer within the {timeout:g} s timeout (+{GRACE_S:g} s):"
+                " its container was killed and is recreated, without its files, at the "
+                "trajectory's next action"), extra={"state_lost": True}), None
+        if self._alive(box.container_id, settle_s=1.0):
+            return Outcome(d.action.id, "failed", None, error=f"exec failed: {e}"), box
+        return self._died(d, box), None
+
+    def _outcome(self, d: Dispatch, box: Sandbox, lost: bool, argv: list[str], cores: list[int],
+                 timeout: float, update_s: float, t_start: float,
+                 result: tuple[int | None, bytes, float, float, bool, int]
+                 ) -> tuple[Outcome, Sandbox]:
+        code, output, t_exec, t_exited, timed_out, ooms = result
         extra = {"argv": argv, "cores": cores, "update_s": update_s, "t_spawned": t_exec,
                  "t_exited": t_exited, "state_lost": lost, "container": box.container_id[:12],
                  "via": "agent" if box.socket else "docker exec"}
@@ -631,8 +753,6 @@ class DockerBackend:
 
     def _agent_exec(self, box: Sandbox, argv: list[str], env: dict[str, str], timeout: float,
                     nice: int) -> tuple[int | None, bytes, float, float, bool, int]:
-        # the agent sets the niceness itself: the image may have no `nice` binary
-        req = {"argv": argv, "env": env, "cwd": "/work", "timeout_s": timeout, "nice": nice}
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             # the agent enforces the timeout; the host does not trust it to
             conn.settimeout(timeout + GRACE_S)
@@ -640,7 +760,7 @@ class DockerBackend:
                 conn.connect(box.socket)  # type: ignore[arg-type]
             except OSError as e:
                 raise AgentGone(f"the sandbox agent is gone: {e}") from None
-            conn.sendall(json.dumps(req).encode() + b"\n")
+            conn.sendall(_agent_request(argv, env, timeout, nice))
             chunks, size = [], 0
             try:
                 while True:
@@ -651,17 +771,42 @@ class DockerBackend:
                     size += len(chunk)
                     if chunk.endswith(b"\n"):
                         break
-                    if size > 16 << 20:  # output is capped at 1 MiB (+ JSON escapes)
+                    if size > MAX_ANSWER:
                         raise OSError("the sandbox agent's answer is too large")
             except TimeoutError:
                 raise AgentSilent("no answer") from None
-        data = b"".join(chunks)
-        if not data.endswith(b"\n"):
-            raise OSError("the sandbox agent closed the connection")
-        ans = json.loads(data)
-        box.work_free = ans.get("work_free")
-        return (ans["code"], ans["output"].encode(), ans["t_start"], ans["t_end"],
-                ans["timed_out"], int(ans.get("oom_kills", 0)))
+        return _agent_answer(box, b"".join(chunks))
+
+    async def _agent_exec_async(self, box: Sandbox, argv: list[str], env: dict[str, str],
+                                timeout: float, nice: int
+                                ) -> tuple[int | None, bytes, float, float, bool, int]:
+        """_agent_exec without blocking the event loop (the same errors)."""
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.setblocking(False)
+            try:
+                async with asyncio.timeout(timeout + GRACE_S):
+                    await loop.sock_connect(conn, box.socket)  # type: ignore[arg-type]
+            except OSError as e:  # TimeoutError too: an agent that does not accept
+                raise AgentGone(f"the sandbox agent is gone: {e}") from None
+            chunks, size = [], 0
+            try:
+                # the agent enforces the timeout; the host does not trust it to
+                async with asyncio.timeout(timeout + GRACE_S):
+                    await loop.sock_sendall(conn, _agent_request(argv, env, timeout, nice))
+                    while True:
+                        chunk = await loop.sock_recv(conn, 1 << 16)
+                        if not chunk:
+                            break
+                        chunks.append(chunk)
+                        size += len(chunk)
+                        if chunk.endswith(b"\n"):
+                            break
+                        if size > MAX_ANSWER:
+                            raise OSError("the sandbox agent's answer is too large")
+            except TimeoutError:
+                raise AgentSilent("no answer") from None
+        return _agent_answer(box, b"".join(chunks))
 
     def _docker_exec(self, box: Sandbox, argv: list[str], env: dict[str, str], timeout: float,
                      nice: int) -> tuple[int | None, bytes, float, float, bool, int]:
@@ -742,17 +887,20 @@ class DockerBackend:
         except docker.errors.APIError:
             pass
 
-    def _reclaim(self, box: Sandbox, grant: int) -> None:
-        """Take the cores back (1% of one core) unless the next action already has them."""
+    def _reclaim(self, box: Sandbox, grant: int, engine: bool = True) -> bool:
+        """Take the cores back (1% of one core) unless the next action already has them.
+        False if ``engine`` is False and only the engine could (see _set_cpus)."""
         with box.lock:
             if box.grants != grant:
-                return
-            box.busy = False
-            box.last_used = time.monotonic()
+                return True
             try:
-                self._set_cpus(box, None, IDLE_QUOTA_US)
+                if not self._set_cpus(box, None, IDLE_QUOTA_US, engine):
+                    return False
             except docker.errors.APIError:
                 pass
+            box.busy = False
+            box.last_used = time.monotonic()
+        return True
 
     def _alive(self, cid: str, settle_s: float = 0.0) -> bool:
         """Whether the container still runs; a signal-killed exec may be the first sign
@@ -913,6 +1061,22 @@ class DockerBackend:
             if f is None:
                 raise FileError(400, f"{rel}: is not a regular file")
             return f.read(limit + 1)[:limit]
+
+
+def _agent_request(argv: list[str], env: dict[str, str], timeout: float, nice: int) -> bytes:
+    # the agent sets the niceness itself: the image may have no `nice` binary
+    req = {"argv": argv, "env": env, "cwd": "/work", "timeout_s": timeout, "nice": nice}
+    return json.dumps(req).encode() + b"\n"
+
+
+def _agent_answer(box: Sandbox, data: bytes) -> tuple[int | None, bytes, float, float, bool, int]:
+    """(code, output, t_start, t_end, timed_out, oom kills) of the agent's answer line."""
+    if not data.endswith(b"\n"):
+        raise OSError("the sandbox agent closed the connection")
+    ans = json.loads(data)
+    box.work_free = ans.get("work_free")
+    return (ans["code"], ans["output"].encode(), ans["t_start"], ans["t_end"],
+            ans["timed_out"], int(ans.get("oom_kills", 0)))
 
 
 def _size_of(f: BinaryIO) -> int:

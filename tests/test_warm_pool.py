@@ -54,3 +54,42 @@ def test_warm_sandboxes_are_used_resized_and_refilled(tmp_path):
     finally:
         backend.shutdown()
     assert _containers(owner) == []
+
+
+def test_warm_sandbox_of_the_pools_size_runs_on_the_loop_and_a_dead_one_is_replaced(tmp_path):
+    """A trajectory of the pool's memory limit takes a warm sandbox with no engine call
+    (the action runs on the event loop, DockerBackend._ready); one whose warm sandbox died
+    before its first action still gets its action run, in a fresh container."""
+    owner = f"warm-loop-{tmp_path.name}"
+    backend = DockerBackend(owner=owner, warm=2)
+    try:
+        assert _until(lambda: len(_containers(owner, "")) == 2)
+        assert _until(lambda: len(backend._warm) == 2)  # started, agents listening
+        warm_ids = {b.container_id[:12] for b in backend._warm}
+        threads = [-1]  # the backend's worker threads after the first action
+
+        async def go() -> tuple:
+            ex = LiveExecutor(Tangram(local_cluster()), backend)
+            ex.open_trajectory("a", "t")  # the pool's limit: nothing to resize
+            _, a = await ex.run(Action("a1", "t", "a", "shell", {"cpu": Demand.fixed(1)},
+                                       payload={"argv": ["sh", "-c", "echo $TANGRAM_CORES"]}))
+            threads[0] = len(backend._pool._threads)
+            # the other warm sandbox dies while idle in the pool
+            docker.from_env().api.kill(backend._warm[-1].container_id)
+            ex.open_trajectory("b", "t")
+            _, b = await ex.run(Action("b1", "t", "b", "shell", {"cpu": Demand.fixed(1)},
+                                       payload={"argv": ["echo", "b"]}))
+            return a, b
+
+        a, b = asyncio.run(go())
+        assert a.status == "ok" and a.output.strip() == ",".join(map(str, a.extra["cores"]))
+        assert a.extra["container"] in warm_ids and not a.extra["state_lost"]
+        # no worker thread was needed for it (the loop path); the dead one's took one
+        assert threads[0] == 0
+        assert b.status == "ok" and b.output.strip() == "b", b
+        assert b.extra["container"] not in warm_ids
+        assert len(backend._pool._threads) > 0
+    finally:
+        backend.shutdown()
+    assert _containers(owner) == []
+
