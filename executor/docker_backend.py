@@ -761,21 +761,13 @@ class DockerBackend:
             except OSError as e:
                 raise AgentGone(f"the sandbox agent is gone: {e}") from None
             conn.sendall(_agent_request(argv, env, timeout, nice))
-            chunks, size = [], 0
+            answer = _Answer()
             try:
-                while True:
-                    chunk = conn.recv(1 << 16)
-                    if not chunk:
-                        break
-                    chunks.append(chunk)
-                    size += len(chunk)
-                    if chunk.endswith(b"\n"):
-                        break
-                    if size > MAX_ANSWER:
-                        raise OSError("the sandbox agent's answer is too large")
+                while not answer.add(conn.recv(1 << 16)):
+                    pass
             except TimeoutError:
                 raise AgentSilent("no answer") from None
-        return _agent_answer(box, b"".join(chunks))
+        return _agent_answer(box, answer.data())
 
     async def _agent_exec_async(self, box: Sandbox, argv: list[str], env: dict[str, str],
                                 timeout: float, nice: int
@@ -789,24 +781,16 @@ class DockerBackend:
                     await loop.sock_connect(conn, box.socket)  # type: ignore[arg-type]
             except OSError as e:  # TimeoutError too: an agent that does not accept
                 raise AgentGone(f"the sandbox agent is gone: {e}") from None
-            chunks, size = [], 0
+            answer = _Answer()
             try:
                 # the agent enforces the timeout; the host does not trust it to
                 async with asyncio.timeout(timeout + GRACE_S):
                     await loop.sock_sendall(conn, _agent_request(argv, env, timeout, nice))
-                    while True:
-                        chunk = await loop.sock_recv(conn, 1 << 16)
-                        if not chunk:
-                            break
-                        chunks.append(chunk)
-                        size += len(chunk)
-                        if chunk.endswith(b"\n"):
-                            break
-                        if size > MAX_ANSWER:
-                            raise OSError("the sandbox agent's answer is too large")
+                    while not answer.add(await loop.sock_recv(conn, 1 << 16)):
+                        pass
             except TimeoutError:
                 raise AgentSilent("no answer") from None
-        return _agent_answer(box, b"".join(chunks))
+        return _agent_answer(box, answer.data())
 
     def _docker_exec(self, box: Sandbox, argv: list[str], env: dict[str, str], timeout: float,
                      nice: int) -> tuple[int | None, bytes, float, float, bool, int]:
@@ -1061,6 +1045,31 @@ class DockerBackend:
             if f is None:
                 raise FileError(400, f"{rel}: is not a regular file")
             return f.read(limit + 1)[:limit]
+
+
+class _Answer:
+    """An agent's answer as it arrives (one JSON line, bounded), for both ways of reading it."""
+
+    __slots__ = ("chunks", "size")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def add(self, chunk: bytes) -> bool:
+        """Keep ``chunk``; True once the answer is whole (its newline) or the agent closed."""
+        if not chunk:
+            return True
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        if chunk.endswith(b"\n"):
+            return True
+        if self.size > MAX_ANSWER:
+            raise OSError("the sandbox agent's answer is too large")
+        return False
+
+    def data(self) -> bytes:
+        return b"".join(self.chunks)
 
 
 def _agent_request(argv: list[str], env: dict[str, str], timeout: float, nice: int) -> bytes:
