@@ -466,7 +466,8 @@ class DockerBackend:
         work_opts = f"size={work}m,mode=0700,uid={uid},gid={uid},nosuid,nodev"
         if not files_by_archive:
             return {"tmpfs": {SANDBOX_WORKDIR: work_opts + ",exec", **tmpfs}}
-        return {"tmpfs": tmpfs, "mounts": [Mount(SANDBOX_WORKDIR, None, type="volume",
+        # no_copy: the image's own /work (its owner and mode) must not be copied into it
+        return {"tmpfs": tmpfs, "mounts": [Mount(SANDBOX_WORKDIR, None, type="volume", no_copy=True,
                                                  driver_config=DriverConfig("local", {
                                                      "type": "tmpfs", "device": "tmpfs",
                                                      "o": work_opts}))]}
@@ -660,41 +661,44 @@ class DockerBackend:
         loop = asyncio.get_running_loop()
         t_start = time.time()
         grant = 0
+        outcome: Outcome | None = None
+        exec_failed = False
+        failed_box: Sandbox | None = None  # after a failed exec: the box, if it is kept
         try:
             prepared = self._prepare(d)
             if isinstance(prepared, Outcome):
-                on_done(prepared)
-                return
-            argv, cores, timeout, env = prepared
-            update_s = self._grant(box, cores, engine=False)
-            if update_s is None:  # its cgroup files are gone: the engine's way, in a thread
-                self._in_thread(d, on_done, loop)
-                return
-            grant = box.grants
-            self._running[d.action.id] = box.container_id
-            try:
-                result = await self._agent_exec_async(
-                    box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
-            except AgentGone:
-                # nothing reached it: the threaded path replaces the container (state lost)
-                self._in_thread(d, on_done, loop)
-                return
-            except (AgentSilent, OSError, ValueError) as e:
-                outcome, kept = await loop.run_in_executor(
-                    self._pool, self._exec_failed, d, box, timeout, e)
-                on_done(outcome)
-                if kept is not None:
-                    await loop.run_in_executor(self._pool, self._reclaim, kept, grant)
-                return
-            finally:
-                self._running.pop(d.action.id, None)
-            outcome, _ = self._outcome(d, box, lost, argv, cores, timeout, update_s, t_start,
-                                       result)
+                outcome = prepared
+            else:
+                argv, cores, timeout, env = prepared
+                update_s = self._grant(box, cores, engine=False)
+                if update_s is None:  # its cgroup files are gone: the engine's way, in a thread
+                    self._in_thread(d, on_done, loop)
+                    return
+                grant = box.grants
+                self._running[d.action.id] = box.container_id
+                try:
+                    result = await self._agent_exec_async(
+                        box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
+                except AgentGone:
+                    # nothing reached it: the threaded path replaces the container (state lost)
+                    self._in_thread(d, on_done, loop)
+                    return
+                except (AgentSilent, OSError, ValueError) as e:
+                    exec_failed = True
+                    outcome, failed_box = await loop.run_in_executor(
+                        self._pool, self._exec_failed, d, box, timeout, e)
+                finally:
+                    self._running.pop(d.action.id, None)
+                if outcome is None:
+                    outcome, _ = self._outcome(d, box, lost, argv, cores, timeout, update_s,
+                                               t_start, result)
         except Exception as e:  # never leave an action unanswered
             outcome = Outcome(d.action.id, "failed", None,
                               error=f"docker: {type(e).__name__}: {e}")
-        on_done(outcome)
-        if grant and not self._reclaim(box, grant, engine=False):
+        on_done(outcome)  # once, whatever happened above
+        if not grant or (exec_failed and failed_box is None):  # nothing (left) to reclaim
+            return
+        if exec_failed or not self._reclaim(box, grant, engine=False):
             try:
                 self._removers.submit(self._reclaim, box, grant)
             except RuntimeError:  # shutting down: the container goes anyway
@@ -824,13 +828,12 @@ class DockerBackend:
         t_exited = time.time()
         code = self.client.api.exec_inspect(exec_id).get("ExitCode")
         timed_out = code == 137 and t_exited - t_exec >= timeout * 0.99
-        for _ in range(3):
+        for _ in range(2):
             if output.endswith(sentinel):
-                output = output[:-len(sentinel)]
                 break
             output = self._read_output(box, out, sentinel)
-        else:  # three lost streams in a row: what the last one had
-            output = output[-OUTPUT_CAP:]
+        # whole (sentinel seen), else three lost streams in a row: what the last one had
+        output = output[:-len(sentinel)] if output.endswith(sentinel) else output[-OUTPUT_CAP:]
         with box.lock:
             box.spent_outputs.append(out)
         return code, output, t_exec, t_exited, timed_out, 0
@@ -880,8 +883,8 @@ class DockerBackend:
             try:
                 if not self._set_cpus(box, None, IDLE_QUOTA_US, engine):
                     return False
-            except docker.errors.APIError:
-                pass
+            except (docker.errors.APIError, OSError):  # requests' errors are OSErrors too:
+                pass  # a box left busy would never be evicted nor reaped
             box.busy = False
             box.last_used = time.monotonic()
         return True

@@ -221,7 +221,11 @@ class NodeAgent:
             self._close(message[1])
 
     async def _reply(self, link: AgentSide, d: Dispatch, mem_gb: float | None) -> None:
-        outcome = await self.run(d, mem_gb)
+        try:
+            outcome = await self.run(d, mem_gb)
+        except Exception as e:  # noqa: BLE001 - e.g. the workdir cannot be made: answer it
+            outcome = Outcome(d.action.id, "failed", None, error=f"agent: {type(e).__name__}: {e}",
+                              extra={"node": self.name})
         if link.transport is None:
             return  # the driver is gone (it declares this node lost and kills us)
         try:

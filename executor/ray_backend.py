@@ -55,7 +55,7 @@ class Agent:
     handle: Any  # ray.actor.ActorHandle
     host: str  # where its listener is (its node's IP) ...
     port: int
-    secret: bytes  # ... and what proves this process may use it
+    secret: bytes = field(repr=False)  # ... and what proves this process may use it
     trajectories: set[str] = field(default_factory=set)  # environments that live there
     #: the connection to it, made on the loop that first needs it
     link: DriverSide | None = None

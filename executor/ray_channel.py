@@ -31,11 +31,14 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import hmac
+import logging
 import os
 import pickle
 import struct
 from collections.abc import Callable
 from typing import Any
+
+log = logging.getLogger(__name__)
 
 HEADER = struct.Struct("!I")
 NONCE_BYTES = 32
@@ -106,7 +109,10 @@ class Framed(asyncio.Protocol):
                 break
             message = pickle.loads(memoryview(buf)[at + HEADER.size:end])
             at = end
-            self.received(message)
+            try:
+                self.received(message)
+            except Exception:  # one failed handler must not drop the link (and the node)
+                log.exception("ray channel: handling %r", message[0] if message else message)
             if self.transport is None or self.transport.is_closing():
                 break
         del buf[:at]

@@ -96,7 +96,7 @@ def remove_containers(owner: str) -> None:
         for c in client.containers.list(all=True, sparse=True,
                                         filters={"label": f"{OWNER}={owner}"}):
             try:
-                client.api.remove_container(c.id, force=True)
+                client.api.remove_container(c.id, force=True, v=True)  # and its /work volume
             except docker.errors.APIError:
                 pass
     except Exception:  # noqa: BLE001 - best effort: the engine may be gone with the node
