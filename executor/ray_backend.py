@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -46,6 +47,9 @@ log = logging.getLogger("tangram.ray")
 
 NODE_LOST = "node_lost"
 
+
+#: seconds before a node whose agent did not start in time is tried again
+RETRY_S = 30.0
 
 @dataclass
 class Agent:
@@ -105,6 +109,9 @@ class RayBackend:
         self._home: dict[str, str] = {}  # trajectory -> node its environment lives on
         self._state_lost: set[str] = set()  # trajectories to tell at their next action
         self._refused: set[str] = set()  # Ray node ids whose agent could not start
+        #: Ray node ids whose agent did not start in time -> when to try again (monotonic)
+        self._retry_at: dict[str, float] = {}
+        self._joining: set[str] = set()  # Ray node ids whose agent is starting
         #: Ray node id -> its lost agents: the next agent there fences them first
         self._fence: dict[str, list[NodeInfo]] = {}
         self._on_lost: Callable[[str], None] | None = None
@@ -174,12 +181,17 @@ class RayBackend:
         return handle, name, host, secret, handle.listen.remote(host, secret)
 
     def _refuse(self, nid: str, handle: Any, error: BaseException) -> None:
-        """Leave a node out (until restart), saying why, in the log."""
-        self._refused.add(nid)
+        """Leave a node out, saying why, in the log: until restart for a bad node; for
+        an agent that did not start in time, for RETRY_S (a loaded node can be slow to
+        start one, e.g. right after its last agent died: refusing it for good lost the
+        node for the server's lifetime)."""
         why = (str(error).splitlines() or [type(error).__name__])[0]
         if isinstance(error, TimeoutError) or type(error).__name__ == "GetTimeoutError":
             why = ("it did not start in time: are its CPUs reserved by another Tangram "
-                   "server or by Ray tasks? (" + why + ")")
+                   f"server or by Ray tasks? ({why}); trying again in {RETRY_S:g} s")
+            self._retry_at[nid] = time.monotonic() + RETRY_S
+        else:
+            self._refused.add(nid)
         log.warning("no Tangram agent on Ray node %s: %s", nid[:8], why)
         if handle is None:
             return
@@ -215,8 +227,15 @@ class RayBackend:
                     self._node_failed(agent, "Ray declared its node dead")
             known = {a.info.ray_node_id for a in self.agents.values()}
             for nid, node in alive.items():
-                if nid not in known and nid not in self._refused and not self._closed:
-                    await self._join(node)
+                if (nid not in known and nid not in self._refused and nid not in self._joining
+                        and not self._closed and self._retry_at.get(nid, 0.0) <= time.monotonic()):
+                    # apart from this loop: a join may wait up to 120 s for its agent, and
+                    # the loop must go on seeing other nodes die meanwhile
+                    self._joining.add(nid)
+                    task = asyncio.get_running_loop().create_task(self._join(node))
+                    self._tasks.add(task)
+                    task.add_done_callback(lambda t, nid=nid: (self._tasks.discard(t),
+                                                               self._joining.discard(nid)))
 
     async def _join(self, node: dict) -> None:
         spawned = self._spawn(node)

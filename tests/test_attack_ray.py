@@ -57,7 +57,7 @@ def test_a_killed_agent_leaves_no_orphan(ray_cluster, guard):
             assert out.extra["state_lost"]
             # the node (alive) gets a new agent: not before the orphans are dead
             await until(lambda: node in backend.agents and
-                        backend.agents[node].info.marker != info.marker, 180, "a new agent")
+                        backend.agents[node].info.marker != info.marker, 300, "a new agent")
             assert procs_with(f"{tag}1") == [] and procs_with(f"{tag}2") == [], "orphans"
             assert not alive(info.pid)
             # told once: its failure said so; the next action does not say it again
