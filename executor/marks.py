@@ -8,8 +8,10 @@ environment escapes this too.
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
+import time
 from collections.abc import Callable
 
 
@@ -36,18 +38,25 @@ def kill_marked(var: str, value_prefix: str) -> int:
     return kill_until_gone(lambda: marked_pids(var, value_prefix), rounds=5)
 
 
-def kill_until_gone(find: Callable[[], list[int]], rounds: int) -> int:
-    """SIGKILL what ``find`` lists, up to ``rounds`` scans (a fork can race each scan);
-    the number of signals delivered."""
+def kill_until_gone(find: Callable[[], list[int]], rounds: int, wait_s: float = 0.0) -> int:
+    """SIGKILL what ``find`` lists, scan after scan (a fork can race each scan): ``rounds``
+    scans, and with ``wait_s`` on until nothing is listed or ``wait_s`` has passed, 20 ms
+    apart (a killed process ends only when it is next scheduled: on a loaded machine that
+    takes a while). The number of signals delivered."""
+    deadline = time.monotonic() + wait_s
     killed = 0
-    for _ in range(rounds):
+    for n in itertools.count():
+        if n >= rounds and time.monotonic() > deadline:
+            break
         pids = find()
         if not pids:
             break
-        for pid in pids:
+        for pid in set(pids):
             try:
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
             except OSError:
                 pass
+        if wait_s:
+            time.sleep(0.02)
     return killed

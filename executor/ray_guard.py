@@ -26,7 +26,6 @@ import os
 import select
 import signal
 import sys
-import time
 
 from executor import marks
 
@@ -55,27 +54,18 @@ def fence(marker: str, uids: tuple[int, int] | None = None, docker_owner: str | 
 
 
 def wait_gone(marker: str, uids: tuple[int, int] | None, wait_s: float) -> int:
-    """Wait for the killed processes to end. SIGKILL is delivered at once, but a killed
-    process ends only when it is next scheduled: on a loaded machine (the exclusive-core
-    actions run at nice 10) that takes a while, and the cores are offered again only
-    after it. Kills again what is still there (a fork that raced the first scans)."""
-    deadline = time.monotonic() + wait_s
-    killed = 0
-    while True:
+    """Kill until the killed processes have ended (up to ``wait_s``): the cores are offered
+    again only after them. Kills again what is still there (a fork that raced the first
+    scans)."""
+    def find() -> list[int]:
         pids = marks.marked_pids(MARKER_ENV, marker + ".")  # an ending one has no environ
         if uids is not None:
             from executor.sandbox_uid import pids_of_uids
 
             pids += [p for p in pids_of_uids(*uids) if not zombie(p)]
-        if not pids or time.monotonic() > deadline:
-            return killed
-        for pid in set(pids):
-            try:
-                os.kill(pid, signal.SIGKILL)
-                killed += 1
-            except OSError:
-                pass
-        time.sleep(0.02)
+        return pids
+
+    return marks.kill_until_gone(find, rounds=1, wait_s=wait_s)
 
 
 def zombie(pid: int) -> bool:
