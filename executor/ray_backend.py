@@ -30,6 +30,7 @@ import asyncio
 import contextlib
 import logging
 import secrets
+import socket
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -50,6 +51,22 @@ NODE_LOST = "node_lost"
 
 #: seconds before a node whose agent did not start in time is tried again
 RETRY_S = 30.0
+#: seconds the driver waits for an agent's listener to accept it (an unreachable node
+#: would otherwise hold its dispatches for the kernel's SYN retries, ~2 minutes)
+CONNECT_TIMEOUT_S = 30.0
+
+
+def _hang_up_if_dead(link: DriverSide, loop: asyncio.AbstractEventLoop | None) -> None:
+    """A link made on a loop that has since ended (the backend used again from another
+    ``asyncio.run``): nothing can answer on it any more, so the agent is told to drop it
+    (a shut-down socket; a closed loop cannot close its transport)."""
+    if loop is None or not loop.is_closed() or link.transport is None:
+        return  # a loop still running keeps its link: its actions answer on it
+    sock = link.transport.get_extra_info("socket")
+    with contextlib.suppress(OSError):
+        if sock is not None:
+            sock.shutdown(socket.SHUT_RDWR)
+    link.transport = None
 
 @dataclass
 class Agent:
@@ -317,8 +334,10 @@ class RayBackend:
     def _connect(self, agent: Agent) -> DriverSide:
         """``agent``'s connection on the running loop (made at its first use there)."""
         loop = asyncio.get_running_loop()
-        if agent.link is not None and agent.loop is loop:
-            return agent.link
+        if agent.link is not None:
+            if agent.loop is loop:
+                return agent.link
+            _hang_up_if_dead(agent.link, agent.loop)
 
         def lost(why: str) -> None:
             if agent.link is link and not self._closed:
@@ -337,9 +356,9 @@ class RayBackend:
         from ray.exceptions import RayActorError
 
         try:
-            await asyncio.get_running_loop().create_connection(lambda: link, agent.host,
-                                                               agent.port)
-        except OSError as e:
+            await asyncio.wait_for(asyncio.get_running_loop().create_connection(
+                lambda: link, agent.host, agent.port), CONNECT_TIMEOUT_S)
+        except OSError as e:  # (a timeout is one)
             if agent.link is link and not self._closed:
                 self._node_failed(agent, f"cannot connect to its agent at {agent.host}:"
                                          f"{agent.port} ({e})")

@@ -15,9 +15,15 @@ each side sends a fresh nonce and answers the other's with
 HMAC-SHA256(secret, role:nonce), so the secret itself never crosses this
 connection and the driver, too, reads nothing from a listener that is not its
 agent's. A peer that does not answer right within :data:`AUTH_TIMEOUT_S` is cut
-off. Nothing is unpickled before that; after it, messages are pickled tuples (what
-Ray itself pickles for an actor call), each behind a 4-byte length. The traffic
-is not encrypted (neither is Ray's, by default).
+off - on either side: the driver, too, gives up on a listener that does not answer
+in time, rather than holding its dispatches for ever. Nothing is unpickled before
+that; after it, messages are pickled tuples (what Ray itself pickles for an actor
+call), each behind a 4-byte length and an HMAC-SHA256 tag under a key of this
+connection (made from the secret and both nonces) over the sender's role, the
+message's number in its direction and its bytes: a frame slipped into the stream
+by someone on the path, replayed or reordered, is refused and the connection cut
+before it is unpickled (pickle runs code). The traffic is not encrypted (neither is
+Ray's, by default).
 
 Messages, driver to agent: ``("run", dispatch, mem_gb)``, ``("cancel", action_id)``,
 ``("close", trajectory)``; agent to driver: ``("done", outcome)``. One connection
@@ -44,12 +50,26 @@ HEADER = struct.Struct("!I")
 NONCE_BYTES = 32
 SECRET_BYTES = 32
 DIGEST_BYTES = hashlib.sha256().digest_size
+SEQ = struct.Struct("!Q")
 AUTH_TIMEOUT_S = 10.0
 
 
 def encode(message: tuple) -> bytes:
+    """A message's frame without its tag (what a peer without the key could send)."""
     body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
     return HEADER.pack(len(body)) + body
+
+
+def tag(key: bytes, role: bytes, seq: int, body: bytes | memoryview) -> bytes:
+    """The tag of the ``seq``-th message ``role`` sends on a connection keyed ``key``."""
+    mac = hmac.new(key, role + SEQ.pack(seq), hashlib.sha256)
+    mac.update(body)
+    return mac.digest()
+
+
+def session_key(secret: bytes, driver_nonce: bytes, agent_nonce: bytes) -> bytes:
+    """One connection's key: a frame of another connection never checks out on this one."""
+    return hmac.new(secret, b"session:" + driver_nonce + agent_nonce, hashlib.sha256).digest()
 
 
 def proof(secret: bytes, role: bytes, nonce: bytes) -> bytes:
@@ -59,9 +79,11 @@ def proof(secret: bytes, role: bytes, nonce: bytes) -> bytes:
 
 
 class Framed(asyncio.Protocol):
-    """Length-prefixed messages over a transport, after a mutual challenge: each side
-    sends a nonce on connecting and answers the other's with :func:`proof`; a side
-    reads no message before the other's answer checked out, and hangs up otherwise."""
+    """Length-prefixed, tagged messages over a transport, after a mutual challenge: each
+    side sends a nonce on connecting and answers the other's with :func:`proof`; a side
+    reads no message before the other's answer checked out, and hangs up otherwise, or
+    when no answer came within :data:`AUTH_TIMEOUT_S`. Messages sent before are held
+    until then."""
 
     role = b""
     peer = b""
@@ -71,12 +93,17 @@ class Framed(asyncio.Protocol):
         self._secret = secret
         self._nonce = os.urandom(NONCE_BYTES)
         self._peer_nonce: bytes | None = None
+        self._key = b""
+        self._sent = self._read = 0  # messages numbered in each direction
         self._buf = bytearray()
         self._ready = False
+        self._pending: list[bytes] = []
+        self._deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self._deadline = asyncio.get_running_loop().call_later(AUTH_TIMEOUT_S, transport.abort)
         transport.write(self._nonce)
 
     def data_received(self, data: bytes) -> None:
@@ -84,30 +111,24 @@ class Framed(asyncio.Protocol):
             return  # nothing more is read from a refused peer
         buf = self._buf
         buf += data
-        if not self._ready:
-            if self._peer_nonce is None:
-                if len(buf) < NONCE_BYTES:
-                    return
-                self._peer_nonce = bytes(buf[:NONCE_BYTES])
-                del buf[:NONCE_BYTES]
-                self.transport.write(proof(self._secret, self.role, self._peer_nonce))
-            if len(buf) < DIGEST_BYTES:
-                return
-            answer = bytes(buf[:DIGEST_BYTES])
-            del buf[:DIGEST_BYTES]
-            if not hmac.compare_digest(answer, proof(self._secret, self.peer, self._nonce)):
-                buf.clear()
-                self.transport.abort()  # it does not hold the secret: nothing it sent is read
-                return
-            self._ready = True
-            self.authenticated()
+        if not self._ready and not self._handshake(buf):
+            return
         at = 0
-        while len(buf) - at >= HEADER.size:
+        frame = HEADER.size + DIGEST_BYTES
+        while len(buf) - at >= frame:
             (size,) = HEADER.unpack_from(buf, at)
-            end = at + HEADER.size + size
+            end = at + frame + size
             if len(buf) < end:
                 break
-            message = pickle.loads(memoryview(buf)[at + HEADER.size:end])
+            body = memoryview(buf)[at + frame:end]
+            if not hmac.compare_digest(bytes(buf[at + HEADER.size:at + frame]),
+                                       tag(self._key, self.peer, self._read, body)):
+                body.release()
+                self._refuse(buf)  # not from the peer that proved itself: never unpickled
+                return
+            self._read += 1
+            message = pickle.loads(body)
+            body.release()
             at = end
             try:
                 self.received(message)
@@ -117,6 +138,39 @@ class Framed(asyncio.Protocol):
                 break
         del buf[:at]
 
+    def _handshake(self, buf: bytearray) -> bool:
+        """Go on with the challenge as its bytes come; True once the peer proved itself."""
+        assert self.transport is not None
+        if self._peer_nonce is None:
+            if len(buf) < NONCE_BYTES:
+                return False
+            self._peer_nonce = bytes(buf[:NONCE_BYTES])
+            del buf[:NONCE_BYTES]
+            self.transport.write(proof(self._secret, self.role, self._peer_nonce))
+        if len(buf) < DIGEST_BYTES:
+            return False
+        answer = bytes(buf[:DIGEST_BYTES])
+        del buf[:DIGEST_BYTES]
+        if not hmac.compare_digest(answer, proof(self._secret, self.peer, self._nonce)):
+            self._refuse(buf)  # it does not hold the secret: nothing it sent is read
+            return False
+        self._ready = True
+        if self._deadline is not None:
+            self._deadline.cancel()
+        nonces = ((self._nonce, self._peer_nonce) if self.role == b"driver"
+                  else (self._peer_nonce, self._nonce))
+        self._key = session_key(self._secret, *nonces)
+        for body in self._pending:
+            self._write(body)
+        self._pending.clear()
+        self.authenticated()
+        return True
+
+    def _refuse(self, buf: bytearray) -> None:
+        assert self.transport is not None
+        buf.clear()
+        self.transport.abort()
+
     def authenticated(self) -> None:
         pass
 
@@ -124,8 +178,23 @@ class Framed(asyncio.Protocol):
         raise NotImplementedError
 
     def send(self, message: tuple) -> None:
-        assert self.transport is not None
-        self.transport.write(encode(message))
+        body = pickle.dumps(message, protocol=pickle.HIGHEST_PROTOCOL)
+        if self._ready:
+            self._write(body)
+        else:
+            self._pending.append(body)
+
+    def _write(self, body: bytes) -> None:
+        if self.transport is None:
+            return  # lost: its loss was (or is being) reported
+        self.transport.write(HEADER.pack(len(body)) + tag(self._key, self.role, self._sent, body)
+                             + body)
+        self._sent += 1
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        if self._deadline is not None:
+            self._deadline.cancel()
+        self.transport = None
 
 
 class AgentSide(Framed):
@@ -140,31 +209,21 @@ class AgentSide(Framed):
         super().__init__(secret)
         self._serve = serve
         self._links = links
-        self._deadline: asyncio.TimerHandle | None = None
-
-    def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        super().connection_made(transport)
-        self._deadline = asyncio.get_running_loop().call_later(AUTH_TIMEOUT_S, transport.abort)
 
     def authenticated(self) -> None:
-        assert self._deadline is not None
-        self._deadline.cancel()
         self._links.add(self)
 
     def received(self, message: Any) -> None:
         self._serve(self, message)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        if self._deadline is not None:
-            self._deadline.cancel()
+        super().connection_lost(exc)
         self._links.discard(self)
-        self.transport = None
 
 
 class DriverSide(Framed):
     """The driver's end of one agent's connection: once the agent proved it holds the
-    secret, reports each message and, once, the connection's loss. Messages sent
-    before are held until then."""
+    secret, reports each message and, once, the connection's loss."""
 
     role, peer = b"driver", b"agent"
 
@@ -173,25 +232,12 @@ class DriverSide(Framed):
         super().__init__(secret)
         self._on_message = on_message
         self._on_lost = on_lost
-        self._pending: list[bytes] = []
-
-    def authenticated(self) -> None:
-        assert self.transport is not None
-        self.transport.write(b"".join(self._pending))
-        self._pending.clear()
-
-    def send(self, message: tuple) -> None:
-        data = encode(message)
-        if self._ready and self.transport is not None:
-            self.transport.write(data)
-        else:
-            self._pending.append(data)
 
     def received(self, message: Any) -> None:
         self._on_message(message)
 
     def connection_lost(self, exc: Exception | None) -> None:
-        self.transport = None
+        super().connection_lost(exc)
         why = exc or ("closed by the agent" if self._ready else
-                      "the agent did not prove it holds the secret")
+                      "the agent did not prove it holds the secret in time")
         self._on_lost(f"its connection dropped ({why})")
