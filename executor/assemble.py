@@ -33,6 +33,7 @@ from executor.local import local_cluster
 from executor.ray_backend import RayBackend
 from executor.ray_cluster import RaySpec, connect
 from executor.replay import make_backend
+from executor.sandbox_limits import SandboxLimits
 from executor.server import create_app
 from tangram.admission import LIVE, MemoryAdmission
 from tangram.cluster import ClusterError, ClusterSpec, QuotaSpec
@@ -65,6 +66,11 @@ class ServeOptions:
     admission: MemoryAdmission = LIVE
     sandbox_disk_gb: float = 4.0
 
+    @property
+    def sandboxes(self) -> SandboxLimits:
+        return SandboxLimits(self.sandbox_mem_gb, self.sandbox_pids, self.sandbox_disk_gb,
+                             self.warm_pool)
+
 
 def check_local_policy(quotas: tuple[QuotaSpec, ...], policy: Policy) -> None:
     """Refuse a policy that cannot hold this machine before anything is served."""
@@ -75,13 +81,14 @@ def check_local_policy(quotas: tuple[QuotaSpec, ...], policy: Policy) -> None:
 
 
 def ray_backend(spec: RaySpec, backend: str, gpu: GpuCluster | None = None,
-                gpu_device: str = "cpu") -> Any:
-    """Connect to Ray and start one agent per node; with ``gpu``, a GPU worker actor on
-    every node that has GPUs too (executor/gpu/ray_worker.py; ``local:N`` nodes declare
-    the GPU cluster's first node's GPUs by label)."""
+                gpu_device: str = "cpu", sandboxes: SandboxLimits = SandboxLimits()) -> Any:
+    """Connect to Ray and start one agent per node, its docker sandboxes bounded by
+    ``sandboxes``; with ``gpu``, a GPU worker actor on every node that has GPUs too
+    (executor/gpu/ray_worker.py; ``local:N`` nodes declare the GPU cluster's first node's
+    GPUs by label)."""
     labels = local_gpu_labels(gpu) if gpu is not None and spec.mode == "local" else None
     try:
-        live = _ray_backend(spec, backend, labels)
+        live = _ray_backend(spec, backend, labels, sandboxes)
         if gpu is None:
             return live
     except (RuntimeError, ValueError) as e:
@@ -93,13 +100,14 @@ def ray_backend(spec: RaySpec, backend: str, gpu: GpuCluster | None = None,
         raise AssemblyError(str(e)) from None
 
 
-def _ray_backend(spec: RaySpec, backend: str, labels: dict[str, str] | None) -> RayBackend:
+def _ray_backend(spec: RaySpec, backend: str, labels: dict[str, str] | None,
+                 sandboxes: SandboxLimits) -> RayBackend:
     try:
         conn = connect(spec, labels)
     except ConnectionError as e:
         raise AssemblyError(str(e)) from None
     try:
-        return RayBackend(conn, backend, owns_connection=True)
+        return RayBackend(conn, backend, owns_connection=True, sandboxes=sandboxes)
     except (RuntimeError, ValueError) as e:
         conn.close()
         raise AssemblyError(str(e)) from None
@@ -168,8 +176,7 @@ def serve_app(opts: ServeOptions, token: str, ray: Any = None) -> FastAPI:
             gpu = GpuBackend(cluster, gc.sources, opts.gpu_device, gc.physical)
             gpu.start_workers()  # stage every service now, not at the first action
         return make_backend(opts.backend, opts.state_dir / "work", gpu=gpu,
-                            mem_gb=opts.sandbox_mem_gb, pids=opts.sandbox_pids,
-                            warm=opts.warm_pool, disk_gb=opts.sandbox_disk_gb)
+                            sandboxes=opts.sandboxes)
 
     # this machine is the one CPU node: its free memory is observed (executor/memwatch.py)
     app = create_app(make_live_backend, make_core, token, opts.state_dir, **hardening,

@@ -67,6 +67,7 @@ from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_arg
 from executor.files import MAX_FILE_BYTES, FileError
 from executor.local import allowed_cpus
 from executor.process import outcome_of
+from executor.sandbox_limits import SandboxLimits
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities
 
@@ -96,7 +97,7 @@ EXEC_OUTPUT = "/tmp/.tangram-output"
 #: the most of a command's output an outcome keeps (its end)
 OUTPUT_CAP = 1 << 20
 #: each sandbox's disk (see the module's docstring: storage-opt, else tmpfs mounts)
-DEFAULT_DISK_GB = 4.0
+DEFAULT_DISK_GB = SandboxLimits.disk_gb
 #: /work with less free than this after an action: the action ends ``disk_full``
 DISK_FULL_BYTES = 1 << 20
 #: Go's os.FileMode bits in the engine's archive stat (directory; device, pipe, socket, ...)
@@ -210,8 +211,9 @@ class DockerBackend:
     def __init__(self, image: str = IMAGE, cpu_map: list[int] | None = None,
                  idle_ttl_s: float = 600.0, workers: int = 16,
                  client: docker.DockerClient | None = None, owner: str | None = None,
-                 agent: bool = True, default_mem_gb: float = 2.0, pids_limit: int = 512,
-                 warm: int = 0, disk_gb: float = DEFAULT_DISK_GB) -> None:
+                 agent: bool = True, default_mem_gb: float = SandboxLimits.mem_gb,
+                 pids_limit: int = SandboxLimits.pids, warm: int = 0,
+                 disk_gb: float = DEFAULT_DISK_GB) -> None:
         self.client = client or docker.from_env()
         self.image = ensure_image(self.client, image)
         self.cpu_map = cpu_map or allowed_cpus()

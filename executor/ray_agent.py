@@ -28,6 +28,7 @@ from typing import IO
 from executor.local import allowed_cpus, mem_total_gb
 from executor.ray_channel import AgentSide
 from executor.ray_guard import fence
+from executor.sandbox_limits import SandboxLimits
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec
 from tangram.model import Dispatch, Outcome
 
@@ -144,7 +145,8 @@ class NodeAgent:
 
     def __init__(self, name: str, ray_node_id: str, backend: str, root: str | None,
                  cpus: list[int] | None, mem_gb: float | None, gpus: int,
-                 fenced: tuple[NodeInfo, ...] = ()) -> None:
+                 fenced: tuple[NodeInfo, ...] = (),
+                 sandboxes: SandboxLimits = SandboxLimits()) -> None:
         # Before anything is offered: what earlier (dead) agents on this node left
         # running is killed, so their orphans never share the cores offered again.
         for old in fenced:
@@ -174,7 +176,8 @@ class NodeAgent:
         elif backend == "docker":
             from executor.docker_backend import DockerBackend
 
-            self.backend = DockerBackend(cpu_map=ordered, owner=owner)
+            self.backend = DockerBackend(cpu_map=ordered, owner=owner,
+                                         **sandboxes.docker_kwargs())
         else:
             raise ValueError(f"backend: unknown backend {backend!r} (process or docker)")
         self._guard = start_guard(self.marker, owner if backend == "docker" else None, uids,

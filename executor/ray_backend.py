@@ -40,6 +40,7 @@ from executor.http_api import HttpBackend
 from executor.ray_agent import NodeAgent, NodeInfo
 from executor.ray_channel import SECRET_BYTES, DriverSide
 from executor.ray_cluster import CPUS_LABEL, MEM_LABEL, RayConnection, parse_cpus, require_ray
+from executor.sandbox_limits import SandboxLimits
 from tangram.cluster import ClusterSpec, CpuNodeSpec, QuotaSpec
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities, NodeJoined, NodeLost, Sink
@@ -111,12 +112,14 @@ class RayBackend:
 
     def __init__(self, conn: RayConnection, env_backend: str = "process",
                  poll_s: float = 0.5, start_timeout_s: float = 120.0,
-                 owns_connection: bool = False) -> None:
+                 owns_connection: bool = False,
+                 sandboxes: SandboxLimits = SandboxLimits()) -> None:
         self.ray = require_ray()
         if env_backend not in ("process", "docker"):
             raise ValueError(f"backend: unknown backend {env_backend!r} (process or docker)")
         self.conn = conn
         self.env_backend = env_backend
+        self.sandboxes = sandboxes
         self.poll_s = poll_s
         self.owns_connection = owns_connection
         self.http = HttpBackend()
@@ -190,7 +193,7 @@ class RayBackend:
             num_cpus=reserve, max_restarts=0, max_task_retries=0, max_concurrency=10_000,
             name=None, lifetime=None,
         ).remote(name, nid, self.env_backend, None, cpus, mem, gpus,
-                 tuple(self._fence.get(nid, ())))
+                 tuple(self._fence.get(nid, ())), self.sandboxes)
         # its listener is on the node's own address, and only for whoever holds this
         # secret (this process: Ray hands it over with the call)
         host = node.get("NodeManagerAddress") or "127.0.0.1"

@@ -36,6 +36,7 @@ from executor.gpu.backend import GpuBackend
 from executor.gpu.config import GpuCluster
 from executor.gpu.measure import after_run, measure
 from executor.local import local_cluster
+from executor.sandbox_limits import SandboxLimits
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome, quota_resource
@@ -50,13 +51,12 @@ from traces.select import head, scale_think
 OUTPUT_TAIL = 2000
 
 
-def make_backend(name: str, workdir: Path, gpu: Any = None, mem_gb: float = 2.0,
-                 pids: int = 512, warm: int = 0,
-                 env: Mapping[str, str] | None = None, disk_gb: float = 4.0) -> LiveBackend:
+def make_backend(name: str, workdir: Path, gpu: Any = None,
+                 sandboxes: SandboxLimits = SandboxLimits(),
+                 env: Mapping[str, str] | None = None) -> LiveBackend:
     """The env backend ``name`` behind a router that also sends API calls to the HTTP
     backend and GPU actions to ``gpu`` (an ``executor.gpu.backend.GpuBackend``);
-    ``mem_gb``/``pids``/``warm``/``disk_gb``: the docker sandboxes' default memory limit,
-    process limit, warm pool size and disk limit."""
+    ``sandboxes``: what each docker sandbox may use."""
     from executor.http_api import RouterBackend
 
     if name == "process":
@@ -69,8 +69,7 @@ def make_backend(name: str, workdir: Path, gpu: Any = None, mem_gb: float = 2.0,
         from executor.docker_backend import DockerBackend
 
         owner = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
-        return RouterBackend(DockerBackend(owner=owner, default_mem_gb=mem_gb, pids_limit=pids,
-                                           warm=warm, disk_gb=disk_gb), gpu=gpu)
+        return RouterBackend(DockerBackend(owner=owner, **sandboxes.docker_kwargs()), gpu=gpu)
     raise ValueError(f"backend: unknown backend {name!r} (process or docker)")
 
 

@@ -137,7 +137,8 @@ def serve(
         if not os.environ.get("TANGRAM_TOKEN"):
             err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)
         app_ = serve_app(opts, token,
-                         ray_backend(spec, backend, gc, gpu_device) if ray else None)
+                         ray_backend(spec, backend, gc, gpu_device, opts.sandboxes)
+                         if ray else None)
     except AssemblyError as e:
         fail(str(e))
     settle()

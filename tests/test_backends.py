@@ -29,7 +29,11 @@ def make(kind: str, tmp_path: Path, request):
     if kind.startswith("ray-"):  # through node agents of a real 3-node local Ray cluster
         from executor.ray_backend import RayBackend
 
-        backend = RayBackend(request.getfixturevalue("ray_cluster"), kind.removeprefix("ray-"))
+        from executor.sandbox_limits import SandboxLimits
+
+        # the agents' sandboxes get the server's limits (here a 30 MB disk: checked below)
+        backend = RayBackend(request.getfixturevalue("ray_cluster"), kind.removeprefix("ray-"),
+                             sandboxes=SandboxLimits(disk_gb=0.03))
         return backend, backend.cluster()
     from executor.docker_backend import DockerBackend
 
@@ -96,6 +100,9 @@ def test_backend_conformance(kind, tmp_path, request):
             _, out = await ex.run(Action("a8", "t", "a", "shell", {"cpu": Demand.fixed(1)},
                                          payload={}))
             assert out.status == "failed" and "payload" in out.error
+            if kind == "ray-docker":  # /work holds 30 MB on the agents' sandboxes, not 125
+                _, out = await ex.run(shell("a9", "a", "sh -c 'head -c 60M /dev/zero > big'"))
+                assert out.status == "failed" and out.error.startswith("disk_full:"), out
             ex.close_trajectory("a")
             ex.close_trajectory("b")
         finally:

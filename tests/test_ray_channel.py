@@ -10,8 +10,7 @@ import os
 import pytest
 
 from executor import ray_channel
-from executor.ray_channel import (DIGEST_BYTES, HEADER, NONCE_BYTES, AgentSide, DriverSide,
-                                  encode)
+from executor.ray_channel import DIGEST_BYTES, HEADER, NONCE_BYTES, AgentSide, DriverSide, encode
 
 SECRET = os.urandom(32)
 

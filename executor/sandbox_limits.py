@@ -1,0 +1,24 @@
+"""What each docker sandbox may use, as `tangram serve` / `run` were told
+(--sandbox-mem-gb, --sandbox-pids, --sandbox-disk-gb, --warm-pool): one value handed
+to the docker backend of this machine and to the one of every Ray node agent, so a
+sandbox is bounded the same wherever it runs. Standard library only: a process-backend
+agent imports it without Docker's SDK."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+
+@dataclass(frozen=True)
+class SandboxLimits:
+    mem_gb: float = 2.0  # a sandbox's memory limit when its trajectory declares none
+    pids: int = 512  # most processes in a sandbox
+    disk_gb: float = 4.0  # its disk (executor/docker_backend.py: storage-opt or tmpfs)
+    warm: int = 0  # started sandboxes kept ready for a first action (per node)
+
+    def docker_kwargs(self) -> dict[str, Any]:
+        """The keyword arguments of ``DockerBackend`` these set."""
+        d = asdict(self)
+        return {"default_mem_gb": d["mem_gb"], "pids_limit": d["pids"],
+                "disk_gb": d["disk_gb"], "warm": d["warm"]}
