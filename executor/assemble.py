@@ -29,6 +29,7 @@ from executor.gpu.config import (
 )
 from executor.gpu.model import ModelError
 from executor.gpu.ray_worker import attach_gpus, local_gpu_labels
+from executor.limits import READ_TIMEOUT_S
 from executor.local import local_cluster
 from executor.ray_backend import RayBackend
 from executor.ray_cluster import RaySpec, connect
@@ -65,6 +66,7 @@ class ServeOptions:
     #: --mem-headroom); a Ray cluster's nodes are not observed: they reserve in full
     admission: MemoryAdmission = LIVE
     sandbox_disk_gb: float = 4.0
+    read_timeout_s: float = READ_TIMEOUT_S  # a request body's longest silence
 
     @property
     def sandboxes(self) -> SandboxLimits:
@@ -158,7 +160,7 @@ def serve_app(opts: ServeOptions, token: str, ray: Any = None) -> FastAPI:
     """The server app: over the Ray cluster behind ``ray``, or over this machine (its
     cores, the env backend, GPU workers when ``opts.gpu``)."""
     hardening = {"allow_urls": opts.allow_urls, "task_images": opts.task_images,
-                 "result_ttl_s": opts.result_ttl_s}
+                 "result_ttl_s": opts.result_ttl_s, "read_timeout_s": opts.read_timeout_s}
     if ray is not None:
         return _ray_app(opts, token, ray, hardening)
     cluster = local_cluster(opts.quotas)

@@ -23,12 +23,12 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
-from executor.connections import guarded
+from executor.connections import HEADER_TIMEOUT_S, guarded
 from executor.driver import LiveBackend, LiveExecutor
 from executor.files_api import router as files_router
 from executor.gpu.routes import router as gpu_router
 from executor.journal import Journal
-from executor.limits import BodyLimit
+from executor.limits import READ_TIMEOUT_S, BodyLimit
 from executor.openai_api import router as openai_router
 from executor.routes import actions, ops
 from executor.routes.deps import bearer, check_token
@@ -50,7 +50,8 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
                allow_urls: Mapping[str, tuple[str, ...]] | None = None,
                task_images: Mapping[str, str] | None = None,
                result_ttl_s: float = 60.0,
-               memory_node: str | None = None) -> FastAPI:
+               memory_node: str | None = None,
+               read_timeout_s: float = READ_TIMEOUT_S) -> FastAPI:
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         journal = Journal(state_dir / "journal.sqlite")
@@ -80,7 +81,8 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(ValueError, _value_error)
     # file uploads may be larger than any JSON body: the file API bounds them itself
-    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, large_paths=FILES_PATH)
+    app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, large_paths=FILES_PATH,
+                       read_timeout_s=read_timeout_s)
     return app
 
 
@@ -123,9 +125,11 @@ class _Server(uvicorn.Server):
         super().handle_exit(sig, frame)
 
 
-def serve(app: FastAPI, host: str, port: int, access_log: bool = False) -> None:
+def serve(app: FastAPI, host: str, port: int, access_log: bool = False,
+          header_timeout_s: float = HEADER_TIMEOUT_S) -> None:
     """Run ``app`` until SIGINT/SIGTERM; exits within GRACEFUL_S plus the backend's cleanup.
-    ``access_log``: a line per request (~5% of the server's CPU per trivial action)."""
+    ``access_log``: a line per request (~5% of the server's CPU per trivial action);
+    ``header_timeout_s``: how long a client may take over a request's headers."""
     # keep-alive longer than TangramClient's (30 s): the client always drops an idle
     # connection first, so it never sends on one the server is closing (a ReadError)
     config = uvicorn.Config(app, host=host, port=port, log_level="info",
@@ -133,5 +137,5 @@ def serve(app: FastAPI, host: str, port: int, access_log: bool = False) -> None:
                             access_log=access_log)
     config.load()
     # a deadline for request headers and a cap on connections (executor/connections.py)
-    config.http_protocol_class = guarded(config.http_protocol_class)
+    config.http_protocol_class = guarded(config.http_protocol_class, header_timeout_s)
     _Server(config, app).run()

@@ -18,6 +18,8 @@ from executor.assemble import (
     serve_app,
     serve_gpu_cluster,
 )
+from executor.connections import HEADER_TIMEOUT_S
+from executor.limits import READ_TIMEOUT_S
 from executor.server import serve as run_server
 from executor.urls import parse_allow_list
 from tangram.admission import LIVE, MemoryAdmission
@@ -87,6 +89,12 @@ def serve(
         help="YAML: GPU services with their model loaders (and gpu_nodes without --gpus auto).")] = None,
     gpu_device: Annotated[str, typer.Option(
         help="cuda, or cpu (no GPU: workers hold 'GPU' copies in memory; tests the EOE path).")] = "cuda",
+    header_timeout_s: Annotated[float, typer.Option(
+        min=0.1, help="Seconds a client has to finish a request's headers (after connecting, "
+                      "or after keep-alive's 75 s); then it is cut off.")] = HEADER_TIMEOUT_S,
+    read_timeout_s: Annotated[float, typer.Option(
+        min=0.1, help="Seconds a request body may go without a byte arriving; then the "
+                      "request gets 408.")] = READ_TIMEOUT_S,
     access_log: Annotated[bool, typer.Option(
         help="Log every HTTP request to stderr (off: at thousands of actions a second the "
              "log line costs a few percent of the server's CPU; the journal and /metrics "
@@ -132,7 +140,8 @@ def serve(
         # with --ray the GPU workers run on the Ray nodes (ray_backend): not here
         opts = ServeOptions(backend, state_dir, chosen, specs, allow, images, result_ttl_s,
                             sandbox_mem_gb, sandbox_pids, warm_pool, None if ray else gc,
-                            gpu_device, admission, sandbox_disk_gb=sandbox_disk_gb)
+                            gpu_device, admission, sandbox_disk_gb=sandbox_disk_gb,
+                            read_timeout_s=read_timeout_s)
         token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
         if not os.environ.get("TANGRAM_TOKEN"):
             err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)
@@ -142,4 +151,4 @@ def serve(
     except AssemblyError as e:
         fail(str(e))
     settle()
-    run_server(app_, host, port, access_log=access_log)
+    run_server(app_, host, port, access_log=access_log, header_timeout_s=header_timeout_s)

@@ -17,7 +17,9 @@ MAX_FDS = 512  # the server's open-file limit in this test (hosts often have 1,0
 
 @pytest.fixture(scope="module")
 def small_server(tmp_path_factory):
-    s = start_server(tmp_path_factory.mktemp("serve-fds"), "process", max_fds=MAX_FDS)
+    # the deadlines shortened from 10 s (headers) and 30 s (a body's silence) by the options
+    s = start_server(tmp_path_factory.mktemp("serve-fds"), "process", max_fds=MAX_FDS,
+                     extra_args=("--header-timeout-s", "5", "--read-timeout-s", "5"))
     yield s
     s.stop()
 
@@ -55,7 +57,7 @@ def test_unfinished_headers_cannot_take_the_servers_descriptors(small_server):
             res = c.get("/v1/actions/fds1", params={"wait": 60}).json()
             assert res["status"] == "ok", res
             c.delete("/v1/trajectories/fds")
-        # every half-request is eventually dropped by the server (header deadline: 10 s)
+        # every half-request is eventually dropped by the server (header deadline: 5 s)
         deadline = time.time() + 60
         while time.time() < deadline and not all(_closed(s) for s in socks):
             time.sleep(0.5)
@@ -71,8 +73,10 @@ def test_a_stalled_body_gets_408(small_server):
         s.sendall(b"POST /v1/trajectories HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer "
                   + TOKEN.encode() + b"\r\nContent-Type: application/json\r\n"
                   b"Content-Length: 100\r\n\r\n{\"id\":")
-        answer = s.recv(4096)
-    assert answer.startswith(b"HTTP/1.1 408"), answer[:200]
+        answer = b""
+        while b"}" not in answer and (chunk := s.recv(4096)):  # headers, then the body
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 408") and b"5 s" in answer, answer[:400]
 
 
 def test_many_status_streams_share_one_snapshot(small_server):

@@ -28,7 +28,6 @@ def make(kind: str, tmp_path: Path, request):
         return ProcessBackend(tmp_path / "work"), local_cluster()
     if kind.startswith("ray-"):  # through node agents of a real 3-node local Ray cluster
         from executor.ray_backend import RayBackend
-
         from executor.sandbox_limits import SandboxLimits
 
         # the agents' sandboxes get the server's limits (here a 30 MB disk: checked below)
