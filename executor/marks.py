@@ -17,20 +17,20 @@ from collections.abc import Callable
 
 def marked_pids(var: str, value_prefix: str) -> list[int]:
     """Processes whose environment carries ``var=<value_prefix>...``."""
-    needle = f"{var}={value_prefix}".encode()
-    pids = []
+    needles = (f"{var}={value_prefix}".encode(),)
     me = os.getpid()
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit() or int(entry.name) == me:
-            continue
-        try:
-            with open(f"/proc/{entry.name}/environ", "rb") as f:
-                env = f.read()
-        except OSError:  # gone, or not ours
-            continue
-        if any(item.startswith(needle) for item in env.split(b"\0")):
-            pids.append(int(entry.name))
-    return pids
+    return [int(e.name) for e in os.scandir("/proc")
+            if e.name.isdigit() and int(e.name) != me and carries(e.name, needles)]
+
+
+def carries(pid: str, needles: tuple[bytes, ...]) -> bool:
+    """Whether process ``pid``'s environment has an entry starting with one of ``needles``."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            env = f.read()
+    except OSError:  # gone, or not ours
+        return False
+    return any(item.startswith(needles) for item in env.split(b"\0"))
 
 
 def kill_marked(var: str, value_prefix: str) -> int:

@@ -36,6 +36,7 @@ from executor import marks, spawner
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv, priority_prefix
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
+from executor.reaper import Leftovers, Reaper, clean
 from executor.sandbox_uid import BLOCK, UidBlock, dropping, kill_uids, unreachable
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities
@@ -53,6 +54,8 @@ PIPE_GRACE_S = 0.5
 #: (8x the default light_s), not for one whose declaration was wrong
 LANE_DEMOTE_S = 2.0
 DEMOTED_NICE = 19
+#: seconds shutdown waits for closed trajectories' cleanup (then it kills what is left)
+REAPER_DRAIN_S = 60.0
 #: set in every command's environment; how its processes are found again to be killed
 MARK = "TANGRAM_SANDBOX"
 
@@ -156,21 +159,6 @@ class _Watched(asyncio.subprocess.SubprocessStreamProtocol):
             self._process.close()
 
 
-def remove_tree(path: Path) -> None:
-    """Remove ``path`` whatever its depth: ``shutil.rmtree`` recurses once per level
-    and gives up (RecursionError, which ``ignore_errors`` does not catch) past ~1,000;
-    ``rm -rf`` walks iteratively."""
-    rm = shutil.which("rm")
-    if rm is not None:
-        subprocess.run([rm, "-rf", "--one-file-system", "--", str(path)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
-    if path.exists():  # no rm, or it failed: a bounded-depth fallback
-        try:
-            shutil.rmtree(path, ignore_errors=True)
-        except RecursionError:
-            pass
-
-
 class ProcessBackend:
     name = "process"
     capabilities = Capabilities(files=True)
@@ -194,6 +182,7 @@ class ProcessBackend:
         #: set after the scrub, so it is never scrubbed: a Ray agent passes its marker here
         #: and its guard kills ``MARK=<run_mark>.*`` (executor/ray_guard.py)
         self._run_mark = run_mark or secrets.token_hex(6)
+        self._reaper = Reaper(MARK)
         #: as root: trajectory -> the user id its commands run under
         self._uids = UidBlock() if dropping() else None
         self._uid_of: dict[str, int] = {}
@@ -419,26 +408,28 @@ class ProcessBackend:
             gone = self.root / f" closing {secrets.token_hex(8)}"
             path.rename(gone)
 
-        def clean() -> None:
-            if mark is not None:
-                kill_marked(mark + ".")  # every process any of its actions left behind
-            if uid is not None:  # ... and every one of its id, whatever it did to its env
-                kill_uids(uid)
-            if gone is not None:
-                remove_tree(gone)
+        def give_back() -> None:  # once nothing of its id runs: for another trajectory
             if uid is not None and self._uids is not None:
                 if self.keep_workdirs and path.exists():
                     return  # the directory is still its: the id is not handed out again
                 self._uids.give(uid)
 
+        # every process any of its actions left behind (by its id as root, else its
+        # mark), then its directory (executor/reaper.py: batched, off the loop)
+        left = Leftovers(None if mark is None else mark + ".", uid, gone, give_back)
         try:
-            asyncio.get_running_loop().run_in_executor(None, clean)
+            asyncio.get_running_loop()
         except RuntimeError:  # no loop (tests, tools): inline
-            clean()
+            clean(MARK, [left])
+            return
+        self._reaper.add(left)
 
     def shutdown(self) -> None:
         for proc in list(self._procs.values()):
             self._kill_group(proc)
+        if not self._reaper.drain(REAPER_DRAIN_S):
+            log.warning("process backend: closed trajectories still being cleaned up after "
+                        "%g s", REAPER_DRAIN_S)
         kill_marked(self._run_mark + ".")
         if self._uids is not None:
             kill_uids(*self.uid_range)  # type: ignore[misc]

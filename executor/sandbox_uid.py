@@ -68,18 +68,18 @@ class UidBlock:
 
 def pids_of_uids(first: int, last: int) -> list[int]:
     """Processes whose real user id is in ``[first, last]``."""
-    pids = []
-    for entry in os.scandir("/proc"):
-        if not entry.name.isdigit():
-            continue
-        try:  # the real id: a setuid program run by a sandbox keeps it
-            with open(f"/proc/{entry.name}/status", "rb") as f:
-                uid = int(next(line for line in f if line.startswith(b"Uid:")).split()[1])
-        except (OSError, StopIteration, ValueError, IndexError):
-            continue
-        if first <= uid <= last:
-            pids.append(int(entry.name))
-    return pids
+    return [int(e.name) for e in os.scandir("/proc")
+            if e.name.isdigit() and first <= real_uid(e.name) <= last]
+
+
+def real_uid(pid: str) -> int:
+    """Process ``pid``'s real user id (a setuid program run by a sandbox keeps it), or -1
+    when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return int(next(line for line in f if line.startswith(b"Uid:")).split()[1])
+    except (OSError, StopIteration, ValueError, IndexError):
+        return -1
 
 
 def kill_uids(first: int, last: int | None = None) -> int:
