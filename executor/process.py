@@ -29,7 +29,7 @@ import time
 import warnings
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import BinaryIO
+from typing import BinaryIO, cast
 from urllib.parse import quote
 
 from executor import marks, spawner
@@ -139,8 +139,8 @@ class _Watched(asyncio.subprocess.SubprocessStreamProtocol):
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         super().connection_made(transport)
-        assert isinstance(transport, asyncio.SubprocessTransport)
-        self._process = transport
+        # (uvloop's transport has the calls, not the asyncio class)
+        self._process = cast(asyncio.SubprocessTransport, transport)
 
     def process_exited(self) -> None:
         super().process_exited()
@@ -267,20 +267,14 @@ class ProcessBackend:
                      ) -> tuple[asyncio.subprocess.Process | spawner.SpawnedProcess,
                                 _Watched | spawner.SpawnedProcess]:
         """Start ``argv`` pinned to ``cores``, in a session of its own, as ``uid``."""
-        if self._taskset:
-            pin: dict = {}
+        pinned = self._taskset is not None
+        if pinned:
             full = [self._taskset, "-c", ",".join(map(str, sorted(cores))),
                     *priority_prefix(d.lease.lane), *argv]
         else:
-            def pin_and_nice() -> None:
-                os.sched_setaffinity(0, cores)
-                if not d.lease.lane:
-                    os.nice(EXCLUSIVE_NICE)
-
-            pin = {"preexec_fn": pin_and_nice}
             full = argv
         drop = [] if uid is None else spawner.as_user(uid)
-        if not pin and drop is not None and spawner.usable():
+        if pinned and drop is not None and spawner.usable():
             # pinned by taskset, the user become by an exec: the cheap start
             # (executor/spawner.py), whose process is also its own watch (``exited``: the
             # process, not its pipes)
@@ -289,13 +283,26 @@ class ProcessBackend:
                 stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
                 start_new_session=True)
             return proc, proc
-        if uid is not None:  # no supplementary group of the server's either
-            pin.update(user=uid, group=uid, extra_groups=[])
+
+        # no taskset or no setpriv: pinned, niced and the user become in the child before
+        # its exec (a preexec_fn forces a full fork: slower, but this is the fallback; not
+        # ``user=``/``group=``, which uvloop's subprocess_exec does not take)
+        def prepare() -> None:
+            if not pinned:
+                os.sched_setaffinity(0, cores)
+                if not d.lease.lane:
+                    os.nice(EXCLUSIVE_NICE)
+            if uid is not None:  # no supplementary group of the server's either
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.subprocess_exec(
             lambda: _Watched(loop), *full, cwd=cwd, env=env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True, **pin)
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True,
+            **({"preexec_fn": prepare} if not pinned or uid is not None else {}))
         return asyncio.subprocess.Process(transport, protocol, loop), protocol
 
     async def _run(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:

@@ -42,7 +42,7 @@ import os
 import pickle
 import struct
 from collections.abc import Callable
-from typing import Any
+from typing import Any, cast
 
 log = logging.getLogger(__name__)
 
@@ -101,8 +101,8 @@ class Framed(asyncio.Protocol):
         self._deadline: asyncio.TimerHandle | None = None
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        assert isinstance(transport, asyncio.Transport)
-        self.transport = transport
+        # (uvloop's transports have the calls, not the asyncio class: the server runs on it)
+        self.transport = cast(asyncio.Transport, transport)
         self._deadline = asyncio.get_running_loop().call_later(AUTH_TIMEOUT_S, transport.abort)
         transport.write(self._nonce)
 

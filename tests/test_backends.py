@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -205,3 +206,41 @@ def test_image_build_without_a_registry():
         assert out.strip() == b"ok"
     finally:
         client.images.remove(tag, force=True)
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users need a root server")
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+def test_the_fallback_start_pins_and_drops_the_user_on_either_loop(loop, tmp_path, monkeypatch):
+    """Without taskset and setpriv, commands start through the loop's subprocess_exec,
+    pinned and made the sandbox user in the child (``serve`` runs on uvloop, whose
+    subprocess_exec takes no ``user=``/``group=``)."""
+    from conftest import reachable_by_sandboxes
+
+    from executor import spawner
+    from executor.process import ProcessBackend
+
+    monkeypatch.setattr(spawner, "as_user", lambda uid: None)
+    reachable_by_sandboxes(tmp_path / "work")
+    runner = asyncio.run
+    if loop == "uvloop":
+        import uvloop  # a dependency of the package (what `serve` runs on)
+
+        runner = uvloop.run
+
+    async def go() -> None:
+        backend = ProcessBackend(tmp_path / "work")
+        backend._taskset = None
+        ex = LiveExecutor(Tangram(local_cluster()), backend)
+        try:
+            ex.open_trajectory("a", "t", 0.25)
+            _, out = await ex.run(shell("f1", "a", "sh -c 'id -u; id -G; "
+                                        "grep Cpus_allowed_list /proc/self/status'"))
+            assert out.status == "ok", out
+            uid, groups, cpus = out.output.strip().splitlines()
+            assert int(uid) != 0 and groups.split() == [uid], out.output
+            assert cpus_of(cpus) == set(out.extra["cores"])
+            ex.close_trajectory("a")
+        finally:
+            ex.shutdown()
+
+    runner(go())

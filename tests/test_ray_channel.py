@@ -15,6 +15,16 @@ from executor.ray_channel import DIGEST_BYTES, HEADER, NONCE_BYTES, AgentSide, D
 SECRET = os.urandom(32)
 
 
+@pytest.fixture(params=["asyncio", "uvloop"])
+def run(request):
+    """Each test on asyncio's loop (the agents, in Ray) and uvloop's (`serve`, the driver)."""
+    if request.param == "uvloop":
+        import uvloop  # a dependency of the package
+
+        return uvloop.run
+    return asyncio.run
+
+
 class Proxy:
     """Forwards one connection both ways and keeps what the driver sent."""
 
@@ -69,7 +79,8 @@ async def _until(cond, what: str) -> None:
 
 
 @pytest.mark.parametrize("forgery", ["forged tag", "replayed"])
-def test_a_frame_slipped_into_an_authenticated_connection_is_never_run(forgery: str) -> None:
+def test_a_frame_slipped_into_an_authenticated_connection_is_never_run(forgery: str,
+                                                                      run) -> None:
     """After the challenge, every frame carries a tag under the connection's key over its
     number: a frame injected on the path (its tag made up: a peer without the key) or
     a genuine frame sent again is refused, the connection cut, and neither is served."""
@@ -94,10 +105,10 @@ def test_a_frame_slipped_into_an_authenticated_connection_is_never_run(forgery: 
         assert proxy.server is not None
         proxy.server.close()
 
-    asyncio.run(go())
+    run(go())
 
 
-def test_the_driver_gives_up_on_a_listener_that_never_answers(monkeypatch) -> None:
+def test_the_driver_gives_up_on_a_listener_that_never_answers(monkeypatch, run) -> None:
     """A listener that accepts and then says nothing (a wedged agent, a stranger on the
     port) is hung up on after the challenge's time, reported lost, and never sent the
     dispatches held for it."""
@@ -123,4 +134,4 @@ def test_the_driver_gives_up_on_a_listener_that_never_answers(monkeypatch) -> No
         assert len(heard) == NONCE_BYTES and b"held" not in heard  # its nonce only
         server.close()
 
-    asyncio.run(go())
+    run(go())
