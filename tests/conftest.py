@@ -107,7 +107,8 @@ def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, .
     proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
                             cwd=ROOT, preexec_fn=limit_fds if max_fds else None)
     url = f"http://127.0.0.1:{port}"
-    deadline = time.time() + 180  # a hang guard: `serve --ray local:3` starts a cluster
+    # a hang guard: `serve --ray local:3` starts a cluster (> 180 s seen beside stress --cpu 8)
+    deadline = time.time() + 300
     while time.time() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited: {log.read_text()}")

@@ -114,7 +114,7 @@ for mod, hint in (('gym', 'pip install gymnasium'), ('skyrl', 'pip install skyrl
 print('ok')
 """
     out = subprocess.run([sys.executable, "-c", "import importlib\n" + code], cwd=ROOT,
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=180)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr
 
 

@@ -179,11 +179,11 @@ def test_ray_option_without_ray_exits_2(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(fake.parent)}
     for args in (["serve", "--ray", "auto"], ["bench", "executor", "--ray", "local:2"]):
         res = subprocess.run([sys.executable, str(ROOT / "cli.py"), *args], env=env,
-                             capture_output=True, text=True, timeout=60)
+                             capture_output=True, text=True, timeout=180)
         assert res.returncode == 2, res.stderr
         assert "tangram-rl[ray]" in res.stderr and "Traceback" not in res.stderr
     res = subprocess.run([sys.executable, str(ROOT / "cli.py"), "serve", "--ray", "local:0"],
-                         capture_output=True, text=True, timeout=60)
+                         capture_output=True, text=True, timeout=180)
     assert res.returncode == 2 and "local:N" in res.stderr
 
 
