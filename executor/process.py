@@ -118,11 +118,16 @@ def use_pidfd_watcher() -> None:
         loop = asyncio.get_running_loop()
     except (OSError, RuntimeError):
         return
+    if not isinstance(loop, asyncio.BaseEventLoop):
+        return  # uvloop (`serve`, Ray's async actors when it is installed) waits itself
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
         watcher = asyncio.PidfdChildWatcher()
         watcher.attach_loop(loop)
-        asyncio.set_child_watcher(watcher)
+        try:
+            asyncio.set_child_watcher(watcher)
+        except NotImplementedError:  # a policy without child watchers (uvloop's)
+            watcher.close()
 
 
 class _Watched(asyncio.subprocess.SubprocessStreamProtocol):
