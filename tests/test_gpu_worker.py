@@ -366,7 +366,12 @@ def test_run_replays_gpu_rows_with_measured_restores(tmp_path: Path) -> None:
     summary = json.loads((out / "summary.json").read_text())
     gpu = summary["gpu"]
     assert summary["actions"] == 12 and summary["failed"] == 0
-    assert gpu["restores_measured"] == gpu["restores_modelled"] > 0
+    # every restore an action's record carries was measured; the worker also counts the
+    # core's pre-restores (an effect, issued while an action waits): one that no action
+    # then rode on (the timing of a live run decides) is measured without a record
+    pre = sum(s["prerestores"] for s in gpu["per_service"].values())
+    assert 0 < gpu["restores_modelled"] <= gpu["restores_measured"] \
+        <= gpu["restores_modelled"] + pre, gpu
     assert gpu["restore_s_measured"] > 0 and gpu["restore_bytes"] > 0
     assert gpu["residency_mismatches"] == 0
     # what the run measured, in its cluster.yaml for the simulator
