@@ -215,10 +215,8 @@ class ElasticScheduler:
         if full is None:  # cannot happen: the minimums were checked to fit
             return list(zip(elastic, minimum, strict=True))
         head = elastic[0]
-        # An action past its expected end is expected to run as long again as it has so
-        # far (heavy tails), not to finish this instant.
-        running = [(end if end > now else now + (now - start), units)
-                   for end, units, start in pool.running.values()]
+        # (past its expected end: expected to run as long again as it has so far)
+        running = pool.expected_ends(now)
         running.extend((now + estimate(p), p.key_min) for p in fixed)
         free0 = pool.free_units() - sum(p.key_min for p in fixed)
         # Beyond the paper: evicting down to nothing lets the head wait for more units
