@@ -122,8 +122,28 @@ class Tangram:
         Raises ValueError/KeyError (naming the field) for a command that cannot apply,
         having changed nothing."""
         out: list[Effect]
+        kind = type(command)
+        # the commands of every action (but its submit), without the match's class patterns
+        # (both return a list of their own: the effects are appended to it)
+        if kind is Finish:
+            out = self.finish(command.action_id, now, command.outcome)  # type: ignore[attr-defined,assignment]
+        elif kind is Close:
+            out = self.close_trajectory(command.trajectory, now)  # type: ignore[attr-defined,assignment]
+        elif kind is Open:
+            self.open_trajectory(command.trajectory, command.task, command.mem_gb)  # type: ignore[attr-defined]
+            out = []
+        else:
+            out = self._handle_other(command, now)
+        gpu = self.gpu
+        if gpu.has_prerestores():
+            for plan, at, restore_s in gpu.take_prerestores():
+                out.append(PreRestore(plan, at, restore_s))
+        return out
+
+    def _handle_other(self, command: Command, now: float) -> list[Effect]:
+        out: list[Effect]
         match command:  # the commands are disjoint classes: the most frequent first
-            case Finish(action_id, outcome):
+            case Finish(action_id, outcome):  # (a subclass: handle takes the class itself)
                 out = list(self.finish(action_id, now, outcome))
             case Close(trajectory):
                 out = list(self.close_trajectory(trajectory, now))
@@ -162,8 +182,6 @@ class Tangram:
                 out = []
             case _:
                 raise ValueError(f"command: unknown command {type(command).__name__}")
-        for plan, at, restore_s in self.gpu.take_prerestores():
-            out.append(PreRestore(plan, at, restore_s))
         return out
 
     def trajectory(self, trajectory: str) -> TrajectoryView | None:

@@ -275,6 +275,10 @@ class GpuManager:
         return GpuPlan(node.name, variant, gone, restored, frozenset(node.resident),
                        self._version)
 
+    def has_prerestores(self) -> bool:
+        """Whether pre-restores were decided since the last take_prerestores."""
+        return bool(self._prerestored)
+
     def take_prerestores(self) -> list[tuple[GpuPlan, float, float]]:
         """The pre-restores decided since the last call: (plan, at, restore seconds)."""
         out, self._prerestored = self._prerestored, []

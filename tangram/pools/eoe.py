@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from tangram.arrange import CHUNK_SIZES
@@ -92,7 +93,7 @@ class EoeScheduler(ElasticScheduler):
         groups = pool.groups()
         # the services with requests waiting (what a restore should not evict): only a
         # pass that restores needs them
-        waiting_services: set[str | None] | None = None
+        waiting_services: Collection[str] | None = None
         shares: dict[str, float] | None = None
         floor = float("inf")  # the oldest request a service's limit held back this pass
         for gi, q in enumerate(groups):
@@ -143,7 +144,7 @@ class EoeScheduler(ElasticScheduler):
                         break
                 site = None
                 if waiting_services is None:
-                    waiting_services = {g[0].action.service for g in groups}
+                    waiting_services = pool.waiting_services()
                 for dop in [k, *sorted((c for c in accepts(nxt) if c < k), reverse=True)]:
                     site = mgr.restore_site(service, dop, waiting_services)
                     if site is not None:
@@ -283,10 +284,11 @@ class _Cursor:
         self._limit = limit
 
     def peek(self) -> Pending | None:
-        if self._i >= len(self._q):
+        i, q = self._i, self._q
+        if i >= len(q):
             return None
-        p = self._q[self._i]
-        return p if self._i == 0 or p.submit_s <= self._limit else None
+        p = q[i]
+        return p if not i or p.submit_s <= self._limit else None
 
     def pop(self) -> Pending:
         p = self._q[self._i]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import deque
+from collections.abc import Collection
 from typing import Any
 
 from tangram.arrange import ChunkOperator, take_chunk
@@ -278,6 +279,11 @@ class EoeGpuPool(GpuPool):
                 order.insert(i, head)
                 groups.insert(i, q)
         self._dirty.clear()
+
+    def waiting_services(self) -> Collection[str]:
+        """The services with requests waiting as of the last ``groups()`` (a live view:
+        read it before the next)."""
+        return self._heads.keys()
 
     def waiting_count(self, service: str) -> int:
         return self._count.get(service, 0)
