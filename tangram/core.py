@@ -653,7 +653,8 @@ class Tangram:
         if not decisions:
             return []
         # Largest grants first: NUMA placement is easiest while domains are whole.
-        decisions.sort(key=lambda d: -d[1])
+        if len(decisions) > 1:
+            decisions.sort(key=lambda d: -d[1])
         granted: list[tuple[Pending, Lease, GpuPlan | None]] = []
         for p, units in decisions:
             got = self._reserve(pool, p, units, now)

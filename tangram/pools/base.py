@@ -176,6 +176,13 @@ class Pool:
     def take(self, started: list[Pending]) -> None:
         """``started`` (granted by a pass) leave the queue."""
         queue = self.queue
+        if len(started) == 1:  # (most passes start one)
+            p = started[0]
+            if queue and queue[0] is p:
+                queue.popleft()
+            else:
+                queue.remove(p)
+            return
         ids = {id(p) for p in started}
         while queue and id(queue[0]) in ids:  # dispatches are mostly a queue prefix
             ids.discard(id(queue.popleft()))

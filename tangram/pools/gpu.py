@@ -226,8 +226,11 @@ class EoeGpuPool(GpuPool):
         self._index: dict[str, int] = {}
 
     def arrived(self, p: Pending, now: float) -> None:
-        GpuPool.arrived(self, p, now)
-        service = p.action.service or ""
+        action = p.action
+        service = action.service or ""
+        # (GpuPool.arrived, inlined: a burst queues thousands)
+        self.demand.add(service, action.t1_s if action.t1_s is not None else 1.0, now)
+        self.accepted[service] = p.choices or (p.key_min,)
         q = self.waiting.get(service)
         if q is None:
             q = self.waiting[service] = deque()
@@ -237,9 +240,11 @@ class EoeGpuPool(GpuPool):
         q.append(p)
         key = id(p)
         self._queued.add(key)
-        self._seq[key] = self._arrivals
-        self._arrivals += 1
-        self._count[service] = self._count.get(service, 0) + 1
+        n = self._arrivals
+        self._seq[key] = n
+        self._arrivals = n + 1
+        count = self._count
+        count[service] = count.get(service, 0) + 1
 
     def groups(self) -> list[deque[Pending]]:
         """Each service's waiting requests (oldest first), services ordered by their
