@@ -309,16 +309,18 @@ def _earliest_finish(heap: list[tuple[float, int]], free: int, clock: float,
                      p: Pending) -> tuple[int, float]:
     """The unit count that would finish ``p`` first given when the running actions free
     their units (waiting for them if that pays), and when it would start."""
-    ordered = sorted(heap)
-    avail, t, i = free, clock, 0
+    # in order of end (a heap: most calls look at a few of hundreds, a sort costs them all)
+    ordered = list(heap)
+    heapq.heapify(ordered)
+    pop = heapq.heappop
+    avail, t = free, clock
     best_u, best_finish, best_start = p.key_min, float("inf"), clock
     for u in p.choices:
-        while avail < u and i < len(ordered):
-            end, units = ordered[i]
+        while avail < u and ordered:
+            end, units = pop(ordered)
             avail += units
             if end > t:
                 t = end
-            i += 1
         if avail < u:
             break
         finish = t + p.durations[u]

@@ -172,11 +172,19 @@ class CpuManager:
         del self._live[lease.action_id]
         host = self.nodes[lease.node]
         size = host.domain_size
-        for core in lease.cores:
-            host.domains[core // size].append(core)
-        host.free_cores += len(lease.cores)
-        for dom in host.domains:
+        cores = lease.cores
+        domains = host.domains
+        if cores and cores[0] // size == cores[-1] // size:  # one domain (sorted cores)
+            dom = domains[cores[0] // size]
+            dom.extend(cores)
             dom.sort()
+        else:
+            for core in cores:
+                domains[core // size].append(core)
+            # (the others are sorted already: every change ends sorted)
+            for d in {core // size for core in cores}:
+                domains[d].sort()
+        host.free_cores += len(cores)
 
     def in_use(self, node: str) -> int:
         host = self.nodes.get(node)
