@@ -323,15 +323,17 @@ class Tangram:
         """Raise ValueError naming the field when ``action`` can never run here."""
         if not isinstance(action, Action):
             raise ValueError(f"action: expected an Action, got {type(action).__name__}")
-        if action.id in self.queued or action.id in self.running:
-            raise ValueError(f"action.id: duplicate id {action.id!r}")
+        aid = action.id
+        if aid in self.queued or aid in self.running:
+            raise ValueError(f"action.id: duplicate id {aid!r}")
         state = self.trajectories.get(action.trajectory)
         if state is None:
             raise KeyError(f"action.trajectory: unknown trajectory {action.trajectory!r} "
                            "(open it first)")
         cost = action.cost
-        for res, demand in cost.items():
+        for res in cost:
             if res not in _UNCOUNTED and counted(res):
+                demand = cost[res]
                 if demand.min > 0:
                     spec = self.quota.check(res)
                     if demand.min > spec.limit:
@@ -638,7 +640,8 @@ class Tangram:
         """Scheduling passes until nothing more starts. Greedy eviction may leave units
         free that an evicted action could have used (a DP prefix cannot always absorb
         them: an action takes at most 8 GPUs); the next pass offers them again."""
-        out = self._lane(pool, now) if pool.lane is not None and pool.lane.light else []
+        lane = pool.lane
+        out = self._lane(pool, now) if lane is not None and lane.light else []
         while pool.queue:
             got = self._pass_once(pool, now)
             out.extend(got)
