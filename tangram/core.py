@@ -123,8 +123,8 @@ class Tangram:
         having changed nothing."""
         out: list[Effect]
         kind = type(command)
-        # the commands of every action (but its submit), without the match's class patterns
-        # (both return a list of their own: the effects are appended to it)
+        # the commands of every action but its submit, without the match's class patterns
+        # (finish and close_trajectory return a new list: the effects are appended to it)
         if kind is Finish:
             out = self.finish(command.action_id, now, command.outcome)  # type: ignore[attr-defined,assignment]
         elif kind is Close:

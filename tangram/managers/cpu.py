@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 from tangram.admission import RESERVE, MemoryAdmission
 from tangram.cluster import CpuNodeSpec
+from tangram.model import slot_init
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class CpuLease:
     action_id: str

@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 from tangram.arrange import CHUNK_SIZES
 from tangram.cluster import GpuNodeSpec, ServiceSpec, gpu_misfit
-from tangram.model import GpuPlan, Variant
+from tangram.model import GpuPlan, Variant, slot_init
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class GpuLease:
     action_id: str

@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from tangram.arrange import DPOperator, LinearOperator
-from tangram.model import Action, Elasticity, GpuPlan
+from tangram.model import Action, Elasticity, GpuPlan, slot_init
 
 #: the quotas and durations of a Pending that has none: one shared, read-only mapping (a
 #: burst queues thousands; nothing writes to a Pending's tables)
@@ -73,6 +73,7 @@ class Pending:
                 f"key_min={self.key_min}, elastic={self.elastic}, light={self.light})")
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Grant:
     part: Any
@@ -85,6 +86,7 @@ class Grant:
     plan: GpuPlan | None = None
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class LaneSlot:
     """A place on a node's light lane (shared cores, no exclusive grant)."""
