@@ -677,9 +677,9 @@ class Tangram:
                 del self.queued[r.action.id]
             if riders and batch_s is not None:
                 expected = batch_s
-            d = Dispatch(p.action, lease, p.submit_s, now, expected,
-                         batch=tuple(BatchMember(r.action, r.submit_s) for r in riders),
-                         gpu=plan)
+            batch = tuple([BatchMember(r.action, r.submit_s) for r in riders]) if riders else ()
+            # (positional: no keyword parsing per dispatch; decision_s 0.0, the default)
+            d = Dispatch(p.action, lease, p.submit_s, now, expected, 0.0, batch, plan)
             left = {p.action.id, *(r.action.id for r in riders)} if riders else None
             self.running[p.action.id] = Running(d, pool, p, left)
             for r in riders:
