@@ -16,7 +16,7 @@ completions lives in :class:`tangram.estimates.Estimates`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -716,26 +716,24 @@ class Tangram:
                  now: float) -> tuple[Lease, GpuPlan | None] | None:
         """Pool units then quotas, all or nothing. NUMA placement may refuse the
         planned count: fall back to smaller feasible counts down to the minimum."""
-        for u in self._tries(p, units):
-            grant = pool.reserve(p, u, now)
-            if grant is None:
-                continue
-            qlease = None
-            if p.quotas:
-                qlease = self.quota.reserve(p.action.id, p.quotas, now)
-                if qlease is None:
-                    pool.release(grant.part)
-                    return None
-            return Lease(p.action.id, u, (grant.part, qlease), grant.node, grant.cores,
-                         grant.gpus, grant.restore_s, grant.lane), grant.plan
-        return None
-
-    @staticmethod
-    def _tries(p: Pending, units: int) -> Iterator[int]:
-        """The planned count, then the smaller feasible ones down to the minimum (the
-        fallbacks are rarely needed: only listed once the planned count was refused)."""
-        yield units
-        yield from (u for u in reversed(p.choices) if p.key_min <= u < units)
+        u = units
+        grant = pool.reserve(p, u, now)
+        if grant is None:  # (rarely: the fallbacks are only listed then)
+            for u in reversed(p.choices):
+                if p.key_min <= u < units:
+                    grant = pool.reserve(p, u, now)
+                    if grant is not None:
+                        break
+            else:
+                return None
+        qlease = None
+        if p.quotas:
+            qlease = self.quota.reserve(p.action.id, p.quotas, now)
+            if qlease is None:
+                pool.release(grant.part)
+                return None
+        return Lease(p.action.id, u, (grant.part, qlease), grant.node, grant.cores,
+                     grant.gpus, grant.restore_s, grant.lane), grant.plan
 
     def _release(self, pool: PoolPoints, lease: Lease) -> None:
         part, qlease = lease.parts
