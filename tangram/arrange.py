@@ -237,21 +237,24 @@ def _arrange_sparse(options: Sequence[Mapping[int, float]], space: StateSpace) -
     equal totals for a state, the last pair in (unit count, state) order wins (numpy's
     assignment with repeated indices keeps the last)."""
     inf = math.inf
+    lists = space._lists  # (succ_list's cache, read here without a call per unit count)
     dp: dict[int, float] = {space.initial: 0.0}
     rows, choices_out, parents_out = [dp], [{}], [{}]
     for opt in options:
         new: dict[int, float] = {}
         choice: dict[int, int] = {}
         parent: dict[int, int] = {}
-        states = sorted(dp)
+        states = sorted(dp.items())
         for u in sorted(opt):
             d = float(opt[u])
-            succ = space.succ_list(u)
-            for s in states:
+            succ = lists.get(u)
+            if succ is None:
+                succ = space.succ_list(u)
+            for s, base in states:
                 t = succ[s]
                 if t < 0:
                     continue
-                v = dp[s] + d
+                v = base + d
                 if not -inf < v < inf:
                     continue
                 old = new.get(t)

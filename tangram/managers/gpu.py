@@ -263,7 +263,10 @@ class GpuManager:
         lease = GpuLease(action_id, node.name, sub, k, service, restore_s,
                          self._plan(node, variant, (), restored, gone))
         self._live[action_id] = lease
-        self._live_of.setdefault(service, set()).add(action_id)
+        live = self._live_of.get(service)
+        if live is None:  # (not setdefault: that builds a set per call)
+            live = self._live_of[service] = set()
+        live.add(action_id)
         return lease
 
     def _plan(self, node: GpuNode, variant: Variant, before: Iterable[Variant],
