@@ -629,8 +629,9 @@ class Tangram:
         # an insertion-ordered set: the pools' passes run in a fixed order (a set of
         # names would follow string hashing, which differs between processes, and the
         # order matters where pools share a quota: same-seed runs must be identical)
-        names = dict.fromkeys(p.name for p in pools)
-        self._bind_waiting(names)
+        names = {p.name: None for p in pools}
+        if self.unbound or self.opening:  # (else binding has nothing to do)
+            self._bind_waiting(names)
         out: list[Dispatch] = []
         for name in list(names):
             out.extend(self._pass(self.pools[name], now))

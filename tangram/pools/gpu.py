@@ -169,8 +169,7 @@ class GpuPool(Pool):
 
     @staticmethod
     def _grant(lease: GpuLease) -> Grant:
-        return Grant(lease, lease.node, gpus=lease.gpus, restore_s=lease.restore_s,
-                     plan=lease.plan)
+        return Grant(lease, lease.node, (), lease.gpus, lease.restore_s, False, lease.plan)
 
     def batch(self, p: Pending, units: int, now: float,
               estimates: Any) -> tuple[list[Pending], float | None]:
