@@ -411,30 +411,32 @@ class Tangram:
         if run is None:
             raise KeyError(f"action_id: {action_id!r} is not running")
         action = run.pending.action
+        pool, dispatch = run.pool, run.dispatch
+        lease = dispatch.lease
         if run.batch_left is not None:
             run.batch_left.discard(action_id)
         last = not run.batch_left
         if last:
-            run.pool.ended(run.dispatch.action.id)
-            self._release(run.pool, run.dispatch.lease)
+            pool.ended(dispatch.action.id)
+            self._release(pool, lease)
         state = self.trajectories.get(action.trajectory)
         if state is not None:
             state.in_flight.discard(action_id)
-            if not state.in_flight and run.pool.key is not None:
-                state.thinking_in = run.pool.name  # its next action will most likely come here
+            if not state.in_flight and pool.key is not None:
+                state.thinking_in = pool.name  # its next action will most likely come here
                 state.last_end = now
                 state.last_kind = (action.task, action.kind)
                 state.will_continue = self.estimates.arrivals.started_thinking(
-                    run.pool.name, state.last_kind)
+                    pool.name, state.last_kind)
         if not last:  # the batch still holds the lease: nothing was freed
             return []
         if (outcome is None or outcome.ok) and run.batch_left is None:
             # a batch member's elapsed time is the batch's, not its own: not observed
-            elapsed = now - run.dispatch.start_s - run.dispatch.lease.restore_s
-            self.estimates.durations.observe(action, run.dispatch.units, max(elapsed, 0.0),
-                                             run.pool.name, run.pending.elastic)
-        touched: Iterable[PoolPoints] = [run.pool]
-        if run.dispatch.lease.parts[1] is not None:  # freed quota may unblock any pool's head
+            elapsed = now - dispatch.start_s - lease.restore_s
+            self.estimates.durations.observe(action, lease.units, max(elapsed, 0.0),
+                                             pool.name, run.pending.elastic)
+        touched: Iterable[PoolPoints] = [pool]
+        if lease.parts[1] is not None:  # freed quota may unblock any pool's head
             touched = self.pools.values()
         return self._schedule(now, touched)
 
