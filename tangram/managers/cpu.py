@@ -53,7 +53,7 @@ class CpuNode:
         return self.spec.mem_gb - self.mem_reserved
 
     def free_per_domain(self) -> list[int]:
-        return [len(d) for d in self.domains]
+        return list(map(len, self.domains))
 
 
 def pick_domains(free: list[int], n: int, numa_local: bool) -> list[tuple[int, int]] | None:
@@ -69,6 +69,9 @@ def pick_domains(free: list[int], n: int, numa_local: bool) -> list[tuple[int, i
             if f >= n and (best < 0 or f < free[best]):
                 best = d
         return None if best < 0 else [(best, n)]
+    if n == 1:  # (most actions: the fullest domain, the first of equals, as below)
+        most = max(free, default=0)
+        return None if most < 1 else [(free.index(most), 1)]
     if sum(free) < n:
         return None
     out = []
