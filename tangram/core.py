@@ -375,7 +375,7 @@ class Tangram:
         # one loop for the batch, its lookups hoisted (a burst queues thousands)
         touched: dict[str, PoolPoints] = {}
         trajectories, queued, unbound = self.trajectories, self.queued, self.unbound
-        route, resources, queue_in = self.policy.route, self._resources, self._queue_in
+        route, resources, make = self.policy.route, self._resources, self._pending
         for action in actions:
             pool = route(action, resources)
             state = trajectories[action.trajectory]
@@ -389,8 +389,11 @@ class Tangram:
                 pending = Pending(action, now, int(action.cost["cpu"].choices[0]))
                 queued[action.id] = pending
                 unbound.append(pending)
-            else:
-                queue_in(pool, action, now)
+            else:  # (_queue_in, inlined)
+                pending = make(action, now, pool)
+                queued[action.id] = pending
+                pool.admit(pending)
+                pool.arrived(pending, now)
                 touched[pool.name] = pool
         return self._schedule(now, touched.values())
 
