@@ -26,6 +26,7 @@ One DP pass keeps every row, so :meth:`DPTable.best` answers the optimum for
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -39,7 +40,7 @@ CHUNK_SIZES = (1, 2, 4, 8)
 class StateSpace:
     """States of one pool and the transitions of granting ``u`` units."""
 
-    __slots__ = ("n_states", "initial", "_succ", "_succ_fn", "_mats")
+    __slots__ = ("n_states", "initial", "_succ", "_succ_fn", "_mats", "_lists")
 
     def __init__(self, n_states: int, initial: int, succ_fn) -> None:
         self.n_states = n_states
@@ -47,6 +48,7 @@ class StateSpace:
         self._succ_fn = succ_fn
         self._succ: dict[int, np.ndarray] = {}
         self._mats: dict[tuple[int, ...], np.ndarray] = {}
+        self._lists: dict[int, list[int]] = {}
 
     def succ(self, units: int) -> np.ndarray:
         arr = self._succ.get(units)
@@ -55,6 +57,13 @@ class StateSpace:
             arr.setflags(write=False)
             self._succ[units] = arr
         return arr
+
+    def succ_list(self, units: int) -> list[int]:
+        """:meth:`succ` as a list (what the sparse pass indexes one state at a time)."""
+        out = self._lists.get(units)
+        if out is None:
+            out = self._lists[units] = self.succ(units).tolist()
+        return out
 
     def succ_matrix(self, choices: tuple[int, ...]) -> np.ndarray:
         mat = self._mats.get(choices)
@@ -178,8 +187,90 @@ class DPTable:
         return total, units
 
 
-def arrange(options: Sequence[Mapping[int, float]], space: StateSpace) -> DPTable:
+@dataclass(slots=True)
+class SparseTable:
+    """:class:`DPTable`'s rows as dicts of the states reached (state -> least total, and
+    the unit count and parent state that give it): the same answers."""
+
+    rows: list[dict[int, float]]
+    choice: list[dict[int, int]]
+    parent: list[dict[int, int]]
+
+    @property
+    def n(self) -> int:
+        return len(self.rows) - 1
+
+    def best(self, t: int) -> tuple[float, list[int]] | None:
+        row = self.rows[t]
+        if not row:
+            return None
+        # the least total; among equal totals the lowest state (what argmin takes)
+        s = min(row, key=lambda k: (row[k], k))
+        total = float(row[s])
+        units = [0] * t
+        for i in range(t, 0, -1):
+            units[i - 1] = int(self.choice[i][s])
+            s = self.parent[i][s]
+        return total, units
+
+
+#: a pass is run over the states it reaches (Python dicts, :class:`SparseTable`) while it
+#: visits at most this many (state, unit count) pairs, else over every state (numpy): a
+#: numpy pass costs ~20 array operations per candidate however few states are reached,
+#: tens of microseconds for the common pass of one elastic candidate (up to 32 counts)
+SPARSE_PAIRS = 1024
+
+
+def arrange(options: Sequence[Mapping[int, float]], space: StateSpace) -> DPTable | SparseTable:
     """One DP pass over ``options`` (per candidate: unit count -> duration)."""
+    pairs, reached = 0, 1  # a bound on the pairs the sparse pass visits
+    for opt in options:
+        pairs += reached * len(opt)
+        if pairs > SPARSE_PAIRS:
+            return _arrange_dense(options, space)
+        reached = min(reached * len(opt), space.n_states)
+    return _arrange_sparse(options, space)
+
+
+def _arrange_sparse(options: Sequence[Mapping[int, float]], space: StateSpace) -> SparseTable:
+    """:func:`_arrange_dense` over the reached states only. Ties resolve as there: among
+    equal totals for a state, the last pair in (unit count, state) order wins (numpy's
+    assignment with repeated indices keeps the last)."""
+    inf = math.inf
+    lists = space._lists  # (succ_list's cache, read here without a call per unit count)
+    dp: dict[int, float] = {space.initial: 0.0}
+    rows, choices_out, parents_out = [dp], [{}], [{}]
+    for opt in options:
+        new: dict[int, float] = {}
+        choice: dict[int, int] = {}
+        parent: dict[int, int] = {}
+        states = sorted(dp.items())
+        for u in sorted(opt):
+            d = float(opt[u])
+            succ = lists.get(u)
+            if succ is None:
+                succ = space.succ_list(u)
+            for s, base in states:
+                t = succ[s]
+                if t < 0:
+                    continue
+                v = base + d
+                if not -inf < v < inf:
+                    continue
+                old = new.get(t)
+                if old is None or v <= old:
+                    new[t] = v
+                    choice[t] = u
+                    parent[t] = s
+        rows.append(new)
+        choices_out.append(choice)
+        parents_out.append(parent)
+        dp = new
+    return SparseTable(rows, choices_out, parents_out)
+
+
+def _arrange_dense(options: Sequence[Mapping[int, float]], space: StateSpace) -> DPTable:
+    """The DP over every state of ``space``, one candidate at a time in numpy."""
     n_states = space.n_states
     dp = np.full(n_states, np.inf)
     dp[space.initial] = 0.0

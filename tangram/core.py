@@ -16,7 +16,7 @@ completions lives in :class:`tangram.estimates.Estimates`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
@@ -122,8 +122,28 @@ class Tangram:
         Raises ValueError/KeyError (naming the field) for a command that cannot apply,
         having changed nothing."""
         out: list[Effect]
+        kind = type(command)
+        # the commands of every action but its submit, without the match's class patterns
+        # (finish and close_trajectory return a new list: the effects are appended to it)
+        if kind is Finish:
+            out = self.finish(command.action_id, now, command.outcome)  # type: ignore[attr-defined,assignment]
+        elif kind is Close:
+            out = self.close_trajectory(command.trajectory, now)  # type: ignore[attr-defined,assignment]
+        elif kind is Open:
+            self.open_trajectory(command.trajectory, command.task, command.mem_gb)  # type: ignore[attr-defined]
+            out = []
+        else:
+            out = self._handle_other(command, now)
+        gpu = self.gpu
+        if gpu.has_prerestores():
+            for plan, at, restore_s in gpu.take_prerestores():
+                out.append(PreRestore(plan, at, restore_s))
+        return out
+
+    def _handle_other(self, command: Command, now: float) -> list[Effect]:
+        out: list[Effect]
         match command:  # the commands are disjoint classes: the most frequent first
-            case Finish(action_id, outcome):
+            case Finish(action_id, outcome):  # (a subclass: handle takes the class itself)
                 out = list(self.finish(action_id, now, outcome))
             case Close(trajectory):
                 out = list(self.close_trajectory(trajectory, now))
@@ -162,8 +182,6 @@ class Tangram:
                 out = []
             case _:
                 raise ValueError(f"command: unknown command {type(command).__name__}")
-        for plan, at, restore_s in self.gpu.take_prerestores():
-            out.append(PreRestore(plan, at, restore_s))
         return out
 
     def trajectory(self, trajectory: str) -> TrajectoryView | None:
@@ -305,15 +323,17 @@ class Tangram:
         """Raise ValueError naming the field when ``action`` can never run here."""
         if not isinstance(action, Action):
             raise ValueError(f"action: expected an Action, got {type(action).__name__}")
-        if action.id in self.queued or action.id in self.running:
-            raise ValueError(f"action.id: duplicate id {action.id!r}")
+        aid = action.id
+        if aid in self.queued or aid in self.running:
+            raise ValueError(f"action.id: duplicate id {aid!r}")
         state = self.trajectories.get(action.trajectory)
         if state is None:
             raise KeyError(f"action.trajectory: unknown trajectory {action.trajectory!r} "
                            "(open it first)")
         cost = action.cost
-        for res, demand in cost.items():
+        for res in cost:
             if res not in _UNCOUNTED and counted(res):
+                demand = cost[res]
                 if demand.min > 0:
                     spec = self.quota.check(res)
                     if demand.min > spec.limit:
@@ -355,7 +375,7 @@ class Tangram:
         # one loop for the batch, its lookups hoisted (a burst queues thousands)
         touched: dict[str, PoolPoints] = {}
         trajectories, queued, unbound = self.trajectories, self.queued, self.unbound
-        route, resources, queue_in = self.policy.route, self._resources, self._queue_in
+        route, resources, make = self.policy.route, self._resources, self._pending
         for action in actions:
             pool = route(action, resources)
             state = trajectories[action.trajectory]
@@ -369,8 +389,11 @@ class Tangram:
                 pending = Pending(action, now, int(action.cost["cpu"].choices[0]))
                 queued[action.id] = pending
                 unbound.append(pending)
-            else:
-                queue_in(pool, action, now)
+            else:  # (_queue_in, inlined)
+                pending = make(action, now, pool)
+                queued[action.id] = pending
+                pool.admit(pending)
+                pool.arrived(pending, now)
                 touched[pool.name] = pool
         return self._schedule(now, touched.values())
 
@@ -391,30 +414,32 @@ class Tangram:
         if run is None:
             raise KeyError(f"action_id: {action_id!r} is not running")
         action = run.pending.action
+        pool, dispatch = run.pool, run.dispatch
+        lease = dispatch.lease
         if run.batch_left is not None:
             run.batch_left.discard(action_id)
         last = not run.batch_left
         if last:
-            run.pool.ended(run.dispatch.action.id)
-            self._release(run.pool, run.dispatch.lease)
+            pool.ended(dispatch.action.id)
+            self._release(pool, lease)
         state = self.trajectories.get(action.trajectory)
         if state is not None:
             state.in_flight.discard(action_id)
-            if not state.in_flight and run.pool.key is not None:
-                state.thinking_in = run.pool.name  # its next action will most likely come here
+            if not state.in_flight and pool.key is not None:
+                state.thinking_in = pool.name  # its next action will most likely come here
                 state.last_end = now
                 state.last_kind = (action.task, action.kind)
                 state.will_continue = self.estimates.arrivals.started_thinking(
-                    run.pool.name, state.last_kind)
+                    pool.name, state.last_kind)
         if not last:  # the batch still holds the lease: nothing was freed
             return []
         if (outcome is None or outcome.ok) and run.batch_left is None:
             # a batch member's elapsed time is the batch's, not its own: not observed
-            elapsed = now - run.dispatch.start_s - run.dispatch.lease.restore_s
-            self.estimates.durations.observe(action, run.dispatch.units, max(elapsed, 0.0),
-                                             run.pool.name, run.pending.elastic)
-        touched: Iterable[PoolPoints] = [run.pool]
-        if run.dispatch.lease.parts[1] is not None:  # freed quota may unblock any pool's head
+            elapsed = now - dispatch.start_s - lease.restore_s
+            self.estimates.durations.observe(action, lease.units, max(elapsed, 0.0),
+                                             pool.name, run.pending.elastic)
+        touched: Iterable[PoolPoints] = [pool]
+        if lease.parts[1] is not None:  # freed quota may unblock any pool's head
             touched = self.pools.values()
         return self._schedule(now, touched)
 
@@ -609,8 +634,9 @@ class Tangram:
         # an insertion-ordered set: the pools' passes run in a fixed order (a set of
         # names would follow string hashing, which differs between processes, and the
         # order matters where pools share a quota: same-seed runs must be identical)
-        names = dict.fromkeys(p.name for p in pools)
-        self._bind_waiting(names)
+        names = {p.name: None for p in pools}
+        if self.unbound or self.opening:  # (else binding has nothing to do)
+            self._bind_waiting(names)
         out: list[Dispatch] = []
         for name in list(names):
             out.extend(self._pass(self.pools[name], now))
@@ -620,7 +646,8 @@ class Tangram:
         """Scheduling passes until nothing more starts. Greedy eviction may leave units
         free that an evicted action could have used (a DP prefix cannot always absorb
         them: an action takes at most 8 GPUs); the next pass offers them again."""
-        out = self._lane(pool, now) if pool.lane is not None and pool.lane.light else []
+        lane = pool.lane
+        out = self._lane(pool, now) if lane is not None and lane.light else []
         while pool.queue:
             got = self._pass_once(pool, now)
             out.extend(got)
@@ -635,7 +662,8 @@ class Tangram:
         if not decisions:
             return []
         # Largest grants first: NUMA placement is easiest while domains are whole.
-        decisions.sort(key=lambda d: -d[1])
+        if len(decisions) > 1:
+            decisions.sort(key=lambda d: -d[1])
         granted: list[tuple[Pending, Lease, GpuPlan | None]] = []
         for p, units in decisions:
             got = self._reserve(pool, p, units, now)
@@ -655,9 +683,9 @@ class Tangram:
                 del self.queued[r.action.id]
             if riders and batch_s is not None:
                 expected = batch_s
-            d = Dispatch(p.action, lease, p.submit_s, now, expected,
-                         batch=tuple(BatchMember(r.action, r.submit_s) for r in riders),
-                         gpu=plan)
+            batch = tuple([BatchMember(r.action, r.submit_s) for r in riders]) if riders else ()
+            # (positional: no keyword parsing per dispatch; decision_s 0.0, the default)
+            d = Dispatch(p.action, lease, p.submit_s, now, expected, 0.0, batch, plan)
             left = {p.action.id, *(r.action.id for r in riders)} if riders else None
             self.running[p.action.id] = Running(d, pool, p, left)
             for r in riders:
@@ -694,26 +722,24 @@ class Tangram:
                  now: float) -> tuple[Lease, GpuPlan | None] | None:
         """Pool units then quotas, all or nothing. NUMA placement may refuse the
         planned count: fall back to smaller feasible counts down to the minimum."""
-        for u in self._tries(p, units):
-            grant = pool.reserve(p, u, now)
-            if grant is None:
-                continue
-            qlease = None
-            if p.quotas:
-                qlease = self.quota.reserve(p.action.id, p.quotas, now)
-                if qlease is None:
-                    pool.release(grant.part)
-                    return None
-            return Lease(p.action.id, u, (grant.part, qlease), grant.node, grant.cores,
-                         grant.gpus, grant.restore_s, grant.lane), grant.plan
-        return None
-
-    @staticmethod
-    def _tries(p: Pending, units: int) -> Iterator[int]:
-        """The planned count, then the smaller feasible ones down to the minimum (the
-        fallbacks are rarely needed: only listed once the planned count was refused)."""
-        yield units
-        yield from (u for u in reversed(p.choices) if p.key_min <= u < units)
+        u = units
+        grant = pool.reserve(p, u, now)
+        if grant is None:  # (rarely: the fallbacks are only listed then)
+            for u in reversed(p.choices):
+                if p.key_min <= u < units:
+                    grant = pool.reserve(p, u, now)
+                    if grant is not None:
+                        break
+            else:
+                return None
+        qlease = None
+        if p.quotas:
+            qlease = self.quota.reserve(p.action.id, p.quotas, now)
+            if qlease is None:
+                pool.release(grant.part)
+                return None
+        return Lease(p.action.id, u, (grant.part, qlease), grant.node, grant.cores,
+                     grant.gpus, grant.restore_s, grant.lane), grant.plan
 
     def _release(self, pool: PoolPoints, lease: Lease) -> None:
         part, qlease = lease.parts

@@ -215,10 +215,8 @@ class ElasticScheduler:
         if full is None:  # cannot happen: the minimums were checked to fit
             return list(zip(elastic, minimum, strict=True))
         head = elastic[0]
-        # An action past its expected end is expected to run as long again as it has so
-        # far (heavy tails), not to finish this instant.
-        running = [(end if end > now else now + (now - start), units)
-                   for end, units, start in pool.running.values()]
+        # (past its expected end: expected to run as long again as it has so far)
+        running = pool.expected_ends(now)
         running.extend((now + estimate(p), p.key_min) for p in fixed)
         free0 = pool.free_units() - sum(p.key_min for p in fixed)
         # Beyond the paper: evicting down to nothing lets the head wait for more units
@@ -311,16 +309,18 @@ def _earliest_finish(heap: list[tuple[float, int]], free: int, clock: float,
                      p: Pending) -> tuple[int, float]:
     """The unit count that would finish ``p`` first given when the running actions free
     their units (waiting for them if that pays), and when it would start."""
-    ordered = sorted(heap)
-    avail, t, i = free, clock, 0
+    # in order of end (a heap: most calls look at a few of hundreds, a sort costs them all)
+    ordered = list(heap)
+    heapq.heapify(ordered)
+    pop = heapq.heappop
+    avail, t = free, clock
     best_u, best_finish, best_start = p.key_min, float("inf"), clock
     for u in p.choices:
-        while avail < u and i < len(ordered):
-            end, units = ordered[i]
+        while avail < u and ordered:
+            end, units = pop(ordered)
             avail += units
             if end > t:
                 t = end
-            i += 1
         if avail < u:
             break
         finish = t + p.durations[u]

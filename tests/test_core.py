@@ -16,6 +16,52 @@ from tangram.policies import PaperPolicy, Policy
 from tangram.pools import CpuNodePool, Pending
 
 
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.integers(0, 4), min_size=1, max_size=4), st.integers(0, 6), st.booleans())
+def test_pick_domains_follows_its_rule(free, n, local):
+    """Fullest domains first, the first of equals (one core: a shortcut of its own); a
+    NUMA-local request the least free domain that fits."""
+    from tangram.managers.cpu import pick_domains
+
+    if local or n <= 0:
+        fits = [d for d, f in enumerate(free) if f >= n]
+        want = [(min(fits, key=lambda d: (free[d], d)), n)] if fits else None
+    elif sum(free) < n:
+        want = None
+    else:
+        want, left = [], n
+        for d in sorted(range(len(free)), key=lambda d: -free[d]):
+            if left and free[d]:
+                want.append((d, min(free[d], left)))
+                left -= min(free[d], left)
+    assert pick_domains(list(free), n, local) == want
+
+
+# -- the pools' bookkeeping ----------------------------------------------------------
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 2), st.floats(0, 5), st.integers(0, 4)), max_size=60))
+def test_expected_ends_kept_incrementally_match_the_rule(ops):
+    """Pool.expected_ends is kept across starts, ends and time (also time going back):
+    always the rule applied to ``running`` (past its expected end: as long again)."""
+    from tangram.pools.base import Pool
+
+    pool = Pool("p")
+    now = 0.0
+    for op, x, units in ops:
+        if op == 0 or not pool.running:
+            # (an id comes back once it ended, as the core may reuse one)
+            aid = next(f"a{i}" for i in range(8) if f"a{i}" not in pool.running)
+            if len(pool.running) < 7:
+                pool.started(aid, now + x, units, now)
+        elif op == 1:
+            pool.ended(sorted(pool.running)[int(x) % len(pool.running)])
+        else:
+            now = now + x - 1.0  # mostly forward, sometimes back
+        want = sorted((end if end > now else now + (now - start), u)
+                      for end, u, start in pool.running.values())
+        assert sorted(pool.expected_ends(now)) == want
+
+
 # -- managers -------------------------------------------------------------------------
 @settings(max_examples=100, deadline=None)
 @given(st.lists(st.tuples(st.booleans(), st.integers(1, 12), st.booleans()), max_size=40))

@@ -39,3 +39,38 @@ def test_duration_follows_elasticity():
     assert Elasticity.amdahl(0.5).efficiency(2) == pytest.approx(1 / (2 * 0.75))
     assert Demand.range(1, 10, 4).choices == (1, 5, 9, 10)
     assert a.schedulable_elastic
+
+
+def test_slot_init_builds_what_the_dataclass_init_builds():
+    """slot_init's __init__ (slots set through their descriptors) takes the same arguments
+    and builds the same frozen value as the dataclass's; it refuses what it cannot copy."""
+    import dataclasses
+
+    from tangram.model import slot_init
+
+    def make():
+        @dataclasses.dataclass(frozen=True, slots=True)
+        class P:
+            a: str
+            b: int = 2
+            c: tuple = ()
+        return P
+
+    plain, fast = make(), slot_init(make())
+    for args, kw in ((("x",), {}), (("x", 3), {}), (("x",), {"c": (1,)}), ((), {"a": "y", "b": 4})):
+        got, want = fast(*args, **kw), plain(*args, **kw)
+        assert [getattr(got, f) for f in "abc"] == [getattr(want, f) for f in "abc"]
+    assert fast("x") == fast("x", 2, ()) and hash(fast("x")) == hash(fast("x", 2))
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        fast("x").b = 3  # type: ignore[misc]
+    with pytest.raises(TypeError):
+        fast()  # type: ignore[call-arg]
+    with pytest.raises(TypeError):
+        fast("x", d=1)  # type: ignore[call-arg]
+
+    @dataclasses.dataclass(frozen=True, slots=True)
+    class Q:
+        a: list = dataclasses.field(default_factory=list)
+
+    with pytest.raises(TypeError):
+        slot_init(Q)

@@ -17,8 +17,10 @@ from dataclasses import dataclass
 
 from tangram.admission import RESERVE, MemoryAdmission
 from tangram.cluster import CpuNodeSpec
+from tangram.model import slot_init
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class CpuLease:
     action_id: str
@@ -51,7 +53,7 @@ class CpuNode:
         return self.spec.mem_gb - self.mem_reserved
 
     def free_per_domain(self) -> list[int]:
-        return [len(d) for d in self.domains]
+        return list(map(len, self.domains))
 
 
 def pick_domains(free: list[int], n: int, numa_local: bool) -> list[tuple[int, int]] | None:
@@ -67,6 +69,9 @@ def pick_domains(free: list[int], n: int, numa_local: bool) -> list[tuple[int, i
             if f >= n and (best < 0 or f < free[best]):
                 best = d
         return None if best < 0 else [(best, n)]
+    if n == 1:  # (most actions: the fullest domain, the first of equals, as below)
+        most = max(free, default=0)
+        return None if most < 1 else [(free.index(most), 1)]
     if sum(free) < n:
         return None
     out = []
@@ -172,11 +177,19 @@ class CpuManager:
         del self._live[lease.action_id]
         host = self.nodes[lease.node]
         size = host.domain_size
-        for core in lease.cores:
-            host.domains[core // size].append(core)
-        host.free_cores += len(lease.cores)
-        for dom in host.domains:
+        cores = lease.cores
+        domains = host.domains
+        if cores and cores[0] // size == cores[-1] // size:  # one domain (sorted cores)
+            dom = domains[cores[0] // size]
+            dom.extend(cores)
             dom.sort()
+        else:
+            for core in cores:
+                domains[core // size].append(core)
+            # (the others are sorted already: every change ends sorted)
+            for d in {core // size for core in cores}:
+                domains[d].sort()
+        host.free_cores += len(cores)
 
     def in_use(self, node: str) -> int:
         host = self.nodes.get(node)

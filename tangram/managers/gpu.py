@@ -24,9 +24,10 @@ from dataclasses import dataclass
 
 from tangram.arrange import CHUNK_SIZES
 from tangram.cluster import GpuNodeSpec, ServiceSpec, gpu_misfit
-from tangram.model import GpuPlan, Variant
+from tangram.model import GpuPlan, Variant, slot_init
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class GpuLease:
     action_id: str
@@ -47,7 +48,7 @@ Chunk = tuple[int, int]  # (start, size)
 
 
 class GpuNode:
-    __slots__ = ("name", "spec", "free", "resident", "mem_used", "ready", "down")
+    __slots__ = ("name", "spec", "free", "nfree", "resident", "mem_used", "ready", "down")
 
     def __init__(self, spec: GpuNodeSpec) -> None:
         self.name = spec.name
@@ -55,6 +56,8 @@ class GpuNode:
         self.free: dict[int, set[int]] = {s: set() for s in CHUNK_SIZES}
         # a node has 8 GPUs, or 1/2/4 (a workstation found by NVML): one whole chunk
         self.free[spec.gpus].add(0)
+        #: GPUs in its free blocks (0: no free chunk, what most passes ask of a node)
+        self.nfree = spec.gpus
         # (service, size, start) -> None, in LRU order (oldest first)
         self.resident: OrderedDict[tuple[str, int, int], None] = OrderedDict()
         self.mem_used = [0.0] * spec.gpus
@@ -100,6 +103,13 @@ class GpuManager:
         self._restore_est: dict[tuple[str, int], float] = {}
         self._checks: dict[tuple[str, int], str | None] = {}
         self._feasible: dict[tuple[str, tuple[float, ...]], tuple[tuple[int, ...], str | None]] = {}
+        #: the victims restore_site found for the site it chose: (residency version, node,
+        #: variant, victims), taken by the restore that follows (it evicts them) instead of
+        #: looking again; any residency change bumps ``_version`` (every change ends in
+        #: ``_plan`` or ``reset_node``), which voids it
+        #: the variants the last restore evicted (LRU order)
+        self._evicted: list[Variant] = []
+        self._chosen: tuple[int, str, Variant, list[Variant]] | None = None
 
     def check(self, service: str, units: int) -> str | None:
         """Why ``units`` GPUs can never serve ``service`` (None when they can)."""
@@ -187,11 +197,10 @@ class GpuManager:
         if not sites:
             return []
         nodes = self.nodes
-        # a node with no free block has no idle site (under a queue most are full): its
+        # a node with no free GPU has no idle site (under a queue most are full): its
         # sites are not looked at one by one
-        open_ = {name for name, node in nodes.items() if any(node.free.values())}
         out = [site for site in sites
-               if site[0] in open_ and self.free_block(nodes[site[0]], site[1], site[2])]
+               if nodes[site[0]].nfree and self.free_block(nodes[site[0]], site[1], site[2])]
         if len(out) > 1:  # the set's order is arbitrary: put them in idle_sites' order
             order = {name: i for i, name in enumerate(nodes)}
             lru = {name: {v: i for i, v in enumerate(nodes[name].resident)}
@@ -238,30 +247,41 @@ class GpuManager:
         restore_s = 0.0
         variant = (service, k, sub)
         restored = variant not in node.resident
-        # LRU order: the evicted, oldest first (a hit evicts nothing)
-        before = list(node.resident) if restored else []
         if not restored:
             self.hits += 1
             node.resident.move_to_end(variant)
             ready = node.ready.pop(variant, None)
             if ready is not None and ready > now:  # pre-restore still loading
                 restore_s = ready - now
+            gone: tuple[Variant, ...] = ()  # a hit evicts nothing
         else:
             self.restores += 1
             restore_s = self._restore(node, variant)
             self.restore_s_total += restore_s
+            # the evicted, oldest first: restore_victims lists them in LRU order
+            gone = tuple(self._evicted)
         lease = GpuLease(action_id, node.name, sub, k, service, restore_s,
-                         self._plan(node, variant, before, restored))
+                         self._plan(node, variant, (), restored, gone))
         self._live[action_id] = lease
-        self._live_of.setdefault(service, set()).add(action_id)
+        live = self._live_of.get(service)
+        if live is None:  # (not setdefault: that builds a set per call)
+            live = self._live_of[service] = set()
+        live.add(action_id)
         return lease
 
-    def _plan(self, node: GpuNode, variant: Variant, before: list[Variant],
-              restored: bool) -> GpuPlan:
+    def _plan(self, node: GpuNode, variant: Variant, before: Iterable[Variant],
+              restored: bool, gone: tuple[Variant, ...] | None = None) -> GpuPlan:
+        """The residency plan of a decision just carried out on ``node``: what it evicted
+        (``gone``; None: those of ``before``, the resident variants before it, now gone)."""
         self._version += 1
-        gone = tuple(v for v in before if v not in node.resident)
+        if gone is None:
+            gone = tuple(v for v in before if v not in node.resident)
         return GpuPlan(node.name, variant, gone, restored, frozenset(node.resident),
                        self._version)
+
+    def has_prerestores(self) -> bool:
+        """Whether pre-restores were decided since the last take_prerestores."""
+        return bool(self._prerestored)
 
     def take_prerestores(self) -> list[tuple[GpuPlan, float, float]]:
         """The pre-restores decided since the last call: (plan, at, restore seconds)."""
@@ -319,12 +339,12 @@ class GpuManager:
         services with requests waiting), least recently used first; among equals the
         smallest free block (buddy: keep large blocks whole). None: no free chunk."""
         need = self.services[service].size_gb / k
-        best: tuple[tuple, Site] | None = None
+        best: tuple[tuple, Site, list[Variant]] | None = None
         sizes = [size for size in CHUNK_SIZES if size >= k]
         for node in self.nodes.values():
-            free = node.free
-            if not any(free.values()):
+            if not node.nfree:
                 continue  # no free chunk (under a queue most nodes are full)
+            free = node.free
             cap = node.spec.gpu_mem_gb
             lru: list[tuple[str, int, int]] | None = None  # built for nodes with a chunk
             for size in sizes:
@@ -344,8 +364,12 @@ class GpuManager:
                             hurt, age = 0, -1
                         key = (hurt, len(victims), age, size, node.name, sub)
                         if best is None or key < best[0]:
-                            best = (key, (node.name, sub, k))
-        return None if best is None else best[1]
+                            best = (key, (node.name, sub, k), victims)
+        if best is None:
+            return None
+        name, sub, _ = site = best[1]
+        self._chosen = (self._version, name, (service, k, sub), best[2])
+        return site
 
     def _victims(self, node: GpuNode, lru: list[tuple[str, int, int]], start: int, k: int,
                  need: float, cap: float) -> list[tuple[str, int, int]] | None:
@@ -412,6 +436,8 @@ class GpuManager:
                     assert lease.start % lease.size == 0, f"lease {lease} unaligned"
                     for g in lease.gpus:
                         owner[g] += 1
+            assert node.nfree == sum(size * len(starts) for size, starts in node.free.items()), \
+                f"{node.name}: free GPUs miscounted"
             # a node that left (fence) has its GPUs in no free block until it is back
             want = 0 if node.down else 1
             assert all(o == want or (node.down and o == 1) for o in owner), \
@@ -427,6 +453,7 @@ class GpuManager:
     def _carve(self, node: GpuNode, start: int, size: int, sub: int, k: int) -> None:
         self._counts = None
         self._nfree -= k
+        node.nfree -= k
         node.free[size].discard(start)
         while size > k:  # split, keeping the half that holds ``sub``
             size //= 2
@@ -443,6 +470,11 @@ class GpuManager:
                         ) -> list[tuple[str, int, int]] | None:
         """What restoring ``variant`` on ``node`` evicts (None: it never fits): the least
         recently used variants on the GPUs short of memory, until it fits."""
+        chosen = self._chosen
+        if chosen is not None:
+            self._chosen = None  # (once: the caller may change the list)
+            if chosen[0] == self._version and chosen[1] == node.name and chosen[2] == variant:
+                return chosen[3]  # restore_site just found them, nothing changed since
         service, k, start = variant
         return self._victims(node, list(node.resident), start, k,
                              self.services[service].size_gb / k, node.spec.gpu_mem_gb)
@@ -464,6 +496,7 @@ class GpuManager:
             raise AssertionError("restore: GPU memory still short after eviction")
         for other in victims:
             self._evict(node, other)
+        self._evicted = victims
         for g in range(start, start + k):
             node.mem_used[g] += need
         node.resident[variant] = None
@@ -496,6 +529,7 @@ class GpuManager:
 
     def _free_chunk(self, node: GpuNode, start: int, size: int) -> None:
         """Add the aligned chunk to the free blocks, merged with its free buddies."""
+        node.nfree += size
         while size < node.spec.gpus:
             buddy = start ^ size
             if buddy not in node.free[size]:
@@ -586,6 +620,7 @@ class GpuManager:
         free = sum(size * len(starts) for size, starts in n.free.items())
         for starts in n.free.values():
             starts.clear()
+        n.nfree = 0
         n.down = True
         self._nfree -= free
         self._counts = None

@@ -8,11 +8,12 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
 from types import MappingProxyType
 from typing import Any, Protocol
 
 from tangram.arrange import DPOperator, LinearOperator
-from tangram.model import Action, Elasticity, GpuPlan
+from tangram.model import Action, Elasticity, GpuPlan, slot_init
 
 #: the quotas and durations of a Pending that has none: one shared, read-only mapping (a
 #: burst queues thousands; nothing writes to a Pending's tables)
@@ -72,6 +73,7 @@ class Pending:
                 f"key_min={self.key_min}, elastic={self.elastic}, light={self.light})")
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class Grant:
     part: Any
@@ -84,6 +86,7 @@ class Grant:
     plan: GpuPlan | None = None
 
 
+@slot_init
 @dataclass(frozen=True, slots=True)
 class LaneSlot:
     """A place on a node's light lane (shared cores, no exclusive grant)."""
@@ -115,6 +118,8 @@ class PoolPoints(Protocol):
     queue: deque[Pending]
     running: dict[str, tuple[float, int, float]]
     lane: LightLane | None
+
+    def expected_ends(self, now: float) -> list[tuple[float, int]]: ...
 
     def admit(self, p: Pending) -> None: ...
     def arrived(self, p: Pending, now: float) -> None: ...
@@ -154,6 +159,13 @@ class Pool:
         self.queue: deque[Pending] = deque()
         #: action id -> (expected end, units of the key resource, start)
         self.running: dict[str, tuple[float, int, float]] = {}
+        # expected_ends, kept incrementally once first asked (None until then: a pool whose
+        # scheduler never asks pays nothing): the running actions not past their expected
+        # end as of the last call, (end, units); those past it, as ``running`` has them;
+        # and a heap of (end, id) of the former (lazily pruned) that finds who went past
+        self._ahead: dict[str, tuple[float, int]] = {}
+        self._overdue: dict[str, tuple[float, int, float]] = {}
+        self._by_end: list[tuple[float, str]] | None = None
 
     def admit(self, p: Pending) -> None:
         """Queue ``p`` (a pool may keep some actions in a queue of their own)."""
@@ -166,6 +178,13 @@ class Pool:
     def take(self, started: list[Pending]) -> None:
         """``started`` (granted by a pass) leave the queue."""
         queue = self.queue
+        if len(started) == 1:  # (most passes start one)
+            p = started[0]
+            if queue and queue[0] is p:
+                queue.popleft()
+            else:
+                queue.remove(p)
+            return
         ids = {id(p) for p in started}
         while queue and id(queue[0]) in ids:  # dispatches are mostly a queue prefix
             ids.discard(id(queue.popleft()))
@@ -192,9 +211,45 @@ class Pool:
     def started(self, action_id: str, end_s: float, units: int, now: float) -> None:
         """``action_id`` started on ``units``, expected to end at ``end_s``."""
         self.running[action_id] = (end_s, units, now)
+        by_end = self._by_end
+        if by_end is not None:
+            self._ahead[action_id] = (end_s, units)
+            heappush(by_end, (end_s, action_id))
+            if len(by_end) > 2 * len(self.running) + 64:
+                # entries of actions that ended before their expected end: drop them (a
+                # pool whose scheduler rarely asks would otherwise grow the heap forever)
+                by_end[:] = [(e, aid) for aid, (e, _) in self._ahead.items()]
+                heapify(by_end)
 
     def ended(self, action_id: str) -> None:
-        self.running.pop(action_id, None)
+        if self.running.pop(action_id, None) is not None and self._by_end is not None:
+            if self._ahead.pop(action_id, None) is None:
+                self._overdue.pop(action_id, None)
+
+    def expected_ends(self, now: float) -> list[tuple[float, int]]:
+        """(expected end, units) of every running action, for the schedulers' objective
+        (in no particular order: they go through a heap). An action past its expected end
+        is expected to run as long again as it has so far (heavy tails), not to finish
+        this instant. Kept incrementally: a pass is not an O(running) Python loop (a
+        256-core node runs hundreds), only those past their end are computed again."""
+        by_end, ahead, overdue = self._by_end, self._ahead, self._overdue
+        if by_end is None:  # first asked: from now on kept by started/ended
+            for aid, (end, units, _) in self.running.items():
+                ahead[aid] = (end, units)
+            by_end = self._by_end = [(end, aid) for aid, (end, _) in ahead.items()]
+            heapify(by_end)
+        while by_end and by_end[0][0] <= now:  # reached their expected end since
+            end, aid = heappop(by_end)
+            got = ahead.get(aid)
+            if got is not None and got[0] == end:  # (else: ended, a stale entry)
+                del ahead[aid]
+                overdue[aid] = self.running[aid]
+        out = list(ahead.values())
+        if overdue:
+            # (also right if ``now`` went back: the same rule as for one not yet moved)
+            out += [(end if end > now else now + (now - start), units)
+                    for end, units, start in overdue.values()]
+        return out
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
         return ()

@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import math
 from collections import deque
+from collections.abc import Collection
 from typing import TYPE_CHECKING
 
 from tangram.arrange import CHUNK_SIZES
@@ -92,7 +93,7 @@ class EoeScheduler(ElasticScheduler):
         groups = pool.groups()
         # the services with requests waiting (what a restore should not evict): only a
         # pass that restores needs them
-        waiting_services: set[str | None] | None = None
+        waiting_services: Collection[str] | None = None
         shares: dict[str, float] | None = None
         floor = float("inf")  # the oldest request a service's limit held back this pass
         for gi, q in enumerate(groups):
@@ -141,13 +142,14 @@ class EoeScheduler(ElasticScheduler):
                         # waits so at most as long as the restore would have taken
                         pool.defer(nxt, since, since + restore_s)
                         break
-                site = None
                 if waiting_services is None:
-                    waiting_services = {g[0].action.service for g in groups}
-                for dop in [k, *sorted((c for c in accepts(nxt) if c < k), reverse=True)]:
-                    site = mgr.restore_site(service, dop, waiting_services)
-                    if site is not None:
-                        break
+                    waiting_services = pool.waiting_services()
+                site = mgr.restore_site(service, k, waiting_services)
+                if site is None:  # the smaller DoPs it accepts, widest first
+                    for dop in sorted((c for c in accepts(nxt) if c < k), reverse=True):
+                        site = mgr.restore_site(service, dop, waiting_services)
+                        if site is not None:
+                            break
                 if site is None:
                     # no chunk fits: unless one of its own variants it can use will free,
                     # nothing younger may start (it would take the chunks it waits for)
@@ -160,9 +162,9 @@ class EoeScheduler(ElasticScheduler):
                 placed.append((nxt, lease, site[2]))
             # 3. batches: what is left rides along, spread over this pass's placements
             if placed:
-                self._fill_batches(pool, placed, members, [e for e, _ in ends], now,
-                                   estimates)
-                decisions.extend((lead, units) for lead, _, units in placed)
+                self._fill_batches(pool, placed, members, ends, now, estimates)
+                for lead, _, units in placed:
+                    decisions.append((lead, units))
             held = members.held_back()
             if held is not None and held < floor:
                 floor = held
@@ -184,14 +186,15 @@ class EoeScheduler(ElasticScheduler):
         return out
 
     def _fill_batches(self, pool: EoeGpuPool, placed: list[tuple[Pending, GpuLease, int]],
-                      left: _Cursor, busy_ends: list[float], now: float,
+                      left: _Cursor, busy: list[tuple[float, int]], now: float,
                       estimates: Estimates) -> None:
         """Spread the requests left over this pass's placements as batch riders, each
         only while riding pays: under the batching curve every member of a batch ends
         with it, so a rider delays the ``b`` members already in it by its time less the
         shared overhead ``f``, and saves itself the wait for the earliest free variant
         ``E``, and each of the ``Q`` requests behind it ``f``. Ride iff
-        ``E - T + f * (1 + Q) > b * (s - f)`` (``T``: the batch's end before it joins)."""
+        ``E - T + f * (1 + Q) > b * (s - f)`` (``T``: the batch's end before it joins;
+        ``busy``: (end, DoP) of the service's running batches)."""
         batching = pool.batching
         r = left.peek()
         if r is not None and len(placed) == 1:
@@ -209,6 +212,7 @@ class EoeScheduler(ElasticScheduler):
         ends = [now + lease.restore_s + solo_s(lead, units, estimates)
                 for lead, lease, units in placed]
         behind = pool.waiting_count(placed[0][0].action.service or "") - len(placed)
+        busy_ends = [e for e, _ in busy]  # (the running batches' ends: ``busy``'s DoPs aside)
         while (r := left.peek()) is not None:
             behind -= 1
             j = min(range(len(batches)), key=lambda b: ends[b])
@@ -283,10 +287,11 @@ class _Cursor:
         self._limit = limit
 
     def peek(self) -> Pending | None:
-        if self._i >= len(self._q):
+        i, q = self._i, self._q
+        if i >= len(q):
             return None
-        p = self._q[self._i]
-        return p if self._i == 0 or p.submit_s <= self._limit else None
+        p = q[i]
+        return p if not i or p.submit_s <= self._limit else None
 
     def pop(self) -> Pending:
         p = self._q[self._i]

@@ -7,6 +7,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import deque
+from collections.abc import Collection
 from typing import Any
 
 from tangram.arrange import ChunkOperator, take_chunk
@@ -168,8 +169,7 @@ class GpuPool(Pool):
 
     @staticmethod
     def _grant(lease: GpuLease) -> Grant:
-        return Grant(lease, lease.node, gpus=lease.gpus, restore_s=lease.restore_s,
-                     plan=lease.plan)
+        return Grant(lease, lease.node, (), lease.gpus, lease.restore_s, False, lease.plan)
 
     def batch(self, p: Pending, units: int, now: float,
               estimates: Any) -> tuple[list[Pending], float | None]:
@@ -225,8 +225,11 @@ class EoeGpuPool(GpuPool):
         self._index: dict[str, int] = {}
 
     def arrived(self, p: Pending, now: float) -> None:
-        GpuPool.arrived(self, p, now)
-        service = p.action.service or ""
+        action = p.action
+        service = action.service or ""
+        # (GpuPool.arrived, inlined: a burst queues thousands)
+        self.demand.add(service, action.t1_s if action.t1_s is not None else 1.0, now)
+        self.accepted[service] = p.choices or (p.key_min,)
         q = self.waiting.get(service)
         if q is None:
             q = self.waiting[service] = deque()
@@ -236,9 +239,11 @@ class EoeGpuPool(GpuPool):
         q.append(p)
         key = id(p)
         self._queued.add(key)
-        self._seq[key] = self._arrivals
-        self._arrivals += 1
-        self._count[service] = self._count.get(service, 0) + 1
+        n = self._arrivals
+        self._seq[key] = n
+        self._arrivals = n + 1
+        count = self._count
+        count[service] = count.get(service, 0) + 1
 
     def groups(self) -> list[deque[Pending]]:
         """Each service's waiting requests (oldest first), services ordered by their
@@ -278,6 +283,11 @@ class EoeGpuPool(GpuPool):
                 order.insert(i, head)
                 groups.insert(i, q)
         self._dirty.clear()
+
+    def waiting_services(self) -> Collection[str]:
+        """The services with requests waiting as of the last ``groups()`` (a live view:
+        read it before the next)."""
+        return self._heads.keys()
 
     def waiting_count(self, service: str) -> int:
         return self._count.get(service, 0)
