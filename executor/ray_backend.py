@@ -69,6 +69,7 @@ def _hang_up_if_dead(link: DriverSide, loop: asyncio.AbstractEventLoop | None) -
             sock.shutdown(socket.SHUT_RDWR)
     link.transport = None
 
+
 @dataclass
 class Agent:
     """The driver's handle on one node agent."""

@@ -17,6 +17,7 @@ user cannot). Otherwise the mark in each process's environment (executor/marks.p
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -29,6 +30,8 @@ from pathlib import Path
 
 from executor.marks import carries
 from executor.sandbox_uid import real_uid
+
+log = logging.getLogger("tangram.process")
 
 
 @dataclass(frozen=True)
@@ -116,6 +119,8 @@ class Reaper:
                 self._busy += 1
             try:
                 clean(self.var, batch)
+            except Exception:  # the thread must outlive one bad batch (later closes wait on it)
+                log.exception("cleaning up after closed trajectories")
             finally:
                 with self._cond:
                     self._busy -= 1
