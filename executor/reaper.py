@@ -20,7 +20,6 @@ from __future__ import annotations
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import threading
 import time
@@ -28,7 +27,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor.marks import carries
+from executor.marks import carries, kill_until_gone
 from executor.sandbox_uid import real_uid
 
 log = logging.getLogger("tangram.process")
@@ -133,15 +132,7 @@ def clean(var: str, batch: list[Leftovers]) -> None:
     uids = frozenset(x.uid for x in batch if x.uid is not None)
     marks = tuple(x.mark for x in batch if x.mark is not None and x.uid is None)
     if uids or marks:
-        for _ in range(ROUNDS):
-            pids = find(var, marks, uids)
-            if not pids:
-                break
-            for pid in pids:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except OSError:
-                    pass
+        kill_until_gone(lambda: find(var, marks, uids), rounds=ROUNDS)
     for x in batch:
         if x.tree is not None:
             remove_tree(x.tree)

@@ -6,7 +6,7 @@ agent imports it without Docker's SDK."""
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 
@@ -19,6 +19,5 @@ class SandboxLimits:
 
     def docker_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``DockerBackend`` these set."""
-        d = asdict(self)
-        return {"default_mem_gb": d["mem_gb"], "pids_limit": d["pids"],
-                "disk_gb": d["disk_gb"], "warm": d["warm"]}
+        return {"default_mem_gb": self.mem_gb, "pids_limit": self.pids,
+                "disk_gb": self.disk_gb, "warm": self.warm}
