@@ -191,6 +191,8 @@ class ProcessBackend:
         #: as root: trajectory -> the user id its commands run under
         self._uids = UidBlock() if dropping() else None
         self._uid_of: dict[str, int] = {}
+        #: trajectory -> its work directory (checked once, dropped at its close)
+        self._dirs: dict[str, Path] = {}
         if self._uids is not None:
             self.root.chmod(0o711)  # sandboxes may enter their own directory, not list others
             for path in (sys.executable, self.root):
@@ -214,11 +216,15 @@ class ProcessBackend:
         return None if self._uids is None else self._uids.fd
 
     def workdir(self, trajectory: str) -> Path:
-        path = self.root / dir_name(trajectory)
-        # the name cannot escape by construction; this check keeps it that way
-        if path.resolve().parent != self.root:
-            raise ValueError(f"trajectory: {trajectory!r} maps outside the work root")
-        try:
+        path = self._dirs.get(trajectory)
+        if path is None:
+            path = self.root / dir_name(trajectory)
+            # the name cannot escape by construction; this check keeps it that way (once
+            # per trajectory: resolving is a system call per path component, per action)
+            if path.resolve().parent != self.root:
+                raise ValueError(f"trajectory: {trajectory!r} maps outside the work root")
+            self._dirs[trajectory] = path
+        try:  # (again each time: a command may have removed its directory)
             path.mkdir()
         except FileExistsError:
             return path
@@ -412,6 +418,7 @@ class ProcessBackend:
     def close_trajectory(self, trajectory: str) -> None:
         mark = self._marks.pop(trajectory, None)
         uid = self._uid_of.pop(trajectory, None)
+        self._dirs.pop(trajectory, None)
         path = self.root / dir_name(trajectory)
         gone = None
         if not self.keep_workdirs and path.exists():

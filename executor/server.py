@@ -32,6 +32,7 @@ from executor.limits import READ_TIMEOUT_S, BodyLimit
 from executor.openai_api import router as openai_router
 from executor.routes import actions, ops
 from executor.routes.deps import bearer, check_token
+from executor.routes.fast import FastActions
 from executor.schemas import MAX_BODY_BYTES
 from executor.service import Refused, Service
 from executor.status import status_router
@@ -80,6 +81,9 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     app.include_router(status_router(auth))  # the live status page at / (executor/status.py)
     app.add_exception_handler(Refused, _refused)
     app.add_exception_handler(ValueError, _value_error)
+    # submit and wait, the per-action requests, off FastAPI's per-request path when
+    # well-formed (executor/routes/fast.py); inside BodyLimit: added first, runs second
+    app.add_middleware(FastActions, token=token, on_error=_error)
     # file uploads may be larger than any JSON body: the file API bounds them itself
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, large_paths=FILES_PATH,
                        read_timeout_s=read_timeout_s)
@@ -91,6 +95,11 @@ async def _refused(_request: Request, exc: Exception) -> JSONResponse:
     if exc.status == 422:
         return _unprocessable(exc.detail)
     return JSONResponse({"detail": exc.detail}, status_code=exc.status)
+
+
+async def _error(request: Request | None, exc: Exception) -> JSONResponse:
+    """What the handlers above answer for ``exc`` (a Refused or a ValueError)."""
+    return await (_refused if isinstance(exc, Refused) else _value_error)(request, exc)
 
 
 async def _value_error(_request: Request, exc: Exception) -> JSONResponse:
