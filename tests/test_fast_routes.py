@@ -169,6 +169,15 @@ SUBMIT = json.dumps({"id": "x1", "argv": ["true"]}).encode()
     ("POST", "/v1/trajectories/t/actions", b"", b"\xff", None, "fastapi"),
     ("POST", "/v1/trajectories/t/actions/x", b"", SUBMIT, None, "fastapi"),
     ("PUT", "/v1/trajectories/t/actions", b"", SUBMIT, None, "fastapi"),
+    # an id with a final newline: Python's ``$`` matches before it, FastAPI's pattern does not
+    ("GET", "/v1/actions/x1\n", b"", b"", None, "fastapi"),
+    ("POST", "/v1/trajectories/t\n/actions", b"", SUBMIT, None, "fastapi"),
+    # two content types: FastAPI reads the first (not JSON here: its 422)
+    ("POST", "/v1/trajectories/t/actions", b"", SUBMIT,
+     ((b"authorization", b"Bearer " + TOKEN.encode()), (b"content-type", b"text/plain"),
+      (b"content-type", b"application/json")), "fastapi"),
+    # nested too deep for json.loads (a RecursionError): FastAPI's 400, not a 500
+    ("POST", "/v1/trajectories/t/actions", b"", b"[" * 100_000, None, "fastapi"),
 ])
 def test_only_well_formed_requests_take_the_fast_path(method, path, query, body, headers, who):
     kw = {} if headers is None else {"headers": headers}
@@ -185,3 +194,27 @@ def test_the_fast_path_answers_with_the_service_and_its_error_handler():
     who, status, body, _ = _call("POST", "/v1/trajectories/missing/actions", b"", SUBMIT)
     assert (who, status) == ("fast", 404)
     assert json.loads(body) == {"detail": "unknown trajectory 'missing'"}
+
+
+@pytest.mark.parametrize("token", [" lead", "trail ", "caf\u00e9"])
+def test_a_token_fastapi_reads_otherwise_leaves_every_request_to_it(token):
+    """FastAPI strips the credentials and decodes the header as latin-1: for such a token
+    the exact bytes ``Bearer <token>`` are not what it accepts, so none is taken here."""
+    seen: list[str] = []
+
+    async def inner(scope, receive, send):
+        seen.append(scope["path"])
+        await send({"type": "http.response.start", "status": 599, "headers": []})
+        await send({"type": "http.response.body", "body": b""})
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    async def send(message):
+        pass
+
+    scope = {"type": "http", "method": "GET", "path": "/v1/actions/x1", "query_string": b"",
+             "headers": [(b"authorization", b"Bearer " + token.encode())],
+             "app": SimpleNamespace(state=SimpleNamespace(service=_Service()))}
+    asyncio.run(FastActions(inner, token, _error)(scope, receive, send))
+    assert seen == ["/v1/actions/x1"]

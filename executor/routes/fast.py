@@ -19,6 +19,7 @@ error middleware (an unexpected exception is a 500 as on any route).
 
 from __future__ import annotations
 
+import hmac
 import json
 import re
 from collections.abc import Callable
@@ -49,7 +50,10 @@ class FastActions:
     def __init__(self, app: ASGIApp, token: str,
                  on_error: Callable[[Any, Exception], Any]) -> None:
         self.app = app
-        self.auth = b"Bearer " + token.encode()
+        # only where these bytes are exactly what FastAPI's reading accepts (it decodes the
+        # header as latin-1 and strips the credentials): otherwise every request is FastAPI's
+        plain = token.isascii() and token == token.strip() and token != ""
+        self.auth = b"Bearer " + token.encode() if plain else None
         self.on_error = on_error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -77,16 +81,22 @@ class FastActions:
         return wait if wait <= MAX_TIMEOUT_S else None
 
     def _authorised(self, scope: Scope, json_body: bool) -> bool:
+        if self.auth is None:
+            return False
         auth = typed = False
         for name, value in scope["headers"]:
             if name == b"authorization":
                 if auth:  # two of them: FastAPI's reading decides
                     return False
-                auth = value == self.auth
+                auth = hmac.compare_digest(value, self.auth)  # as check_token: no timing
                 if not auth:
                     return False
             elif json_body and name == b"content-type":
+                if typed:  # two of them: FastAPI reads the first, which may not be JSON
+                    return False
                 typed = value == _JSON[1]
+                if not typed:
+                    return False
         return auth and (typed or not json_body)
 
     async def _get(self, scope: Scope, send: Send, aid: str) -> bool:
@@ -111,7 +121,8 @@ class FastActions:
         try:
             # as FastAPI reads a JSON body: json.loads, then the model in Python mode
             action = ActionIn.model_validate(json.loads(body))
-        except (ValueError, ValidationError):  # (json's errors are ValueErrors)
+        # (json's errors are ValueErrors; too deep a nesting is a RecursionError, FastAPI's 400)
+        except (ValueError, ValidationError, RecursionError):
             await self.app(scope, _replay(message, receive), send)  # FastAPI's 422
             return True
         service: Service = scope["app"].state.service
@@ -131,7 +142,9 @@ class FastActions:
 
 
 def _ok_id(value: str) -> bool:
-    return len(value) <= ID_MAX and _ID.match(value) is not None
+    # fullmatch: the pattern's ``$`` also matches before a final newline in Python's re
+    # (not in pydantic's regex engine, FastAPI's check: "a\n" is its 422)
+    return len(value) <= ID_MAX and _ID.fullmatch(value) is not None
 
 
 def _replay(message: Message, receive: Receive) -> Receive:
