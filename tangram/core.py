@@ -16,14 +16,25 @@ completions lives in :class:`tangram.estimates.Estimates`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import repeat
+from operator import attrgetter
 from types import MappingProxyType
 
 from tangram.admission import RESERVE, MemoryAdmission
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.estimates import Estimates
-from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
+from tangram.model import (
+    Action,
+    BatchMember,
+    Demand,
+    Dispatch,
+    GpuPlan,
+    Lease,
+    Outcome,
+    counted,
+)
 from tangram.policies import Policy
 from tangram.pools.base import NONE, Pending, PoolPoints
 from tangram.protocol import (
@@ -56,6 +67,34 @@ from tangram.protocol import (
 #: resources that are never counted (tangram.model.counted): the common case, decided
 #: without a string test per submission
 _UNCOUNTED = frozenset({"cpu", "gpu", "mem_gb", "gpu_mem_gb"})
+_ID, _TRAJECTORY = attrgetter("id"), attrgetter("trajectory")
+
+
+def _quotas(cost: Mapping[str, Demand]) -> Mapping[str, float]:
+    """The counted resources (quotas, bandwidth) ``cost`` holds, at their minimum."""
+    for k in cost:
+        if k not in _UNCOUNTED and counted(k):
+            return {k: d.min for k, d in cost.items() if counted(k) and d.min > 0}
+    return NONE  # shared: most actions hold no quota
+
+
+def _by_pool(actions: list[Action], pools: list[PoolPoints | None]
+             ) -> tuple[dict[PoolPoints, list[Action]], list[Action]]:
+    """``actions`` by the pool each was routed to, in order, the pools in the order first
+    routed to (the order of their passes: ``Tangram._schedule``); and those routed to none
+    (not bound to a node yet)."""
+    groups: dict[PoolPoints, list[Action]] = {}
+    fresh: list[Action] = []
+    for action, pool in zip(actions, pools, strict=True):
+        if pool is None:
+            fresh.append(action)
+            continue
+        group = groups.get(pool)
+        if group is None:
+            groups[pool] = [action]
+        else:
+            group.append(action)
+    return groups, fresh
 
 
 @dataclass(slots=True)
@@ -321,42 +360,76 @@ class Tangram:
     # -- actions -----------------------------------------------------------------------
     def validate(self, action: Action) -> None:
         """Raise ValueError naming the field when ``action`` can never run here."""
-        if not isinstance(action, Action):
-            raise ValueError(f"action: expected an Action, got {type(action).__name__}")
-        aid = action.id
-        if aid in self.queued or aid in self.running:
-            raise ValueError(f"action.id: duplicate id {aid!r}")
-        state = self.trajectories.get(action.trajectory)
-        if state is None:
-            raise KeyError(f"action.trajectory: unknown trajectory {action.trajectory!r} "
-                           "(open it first)")
-        cost = action.cost
-        for res in cost:
-            if res not in _UNCOUNTED and counted(res):
-                demand = cost[res]
-                if demand.min > 0:
-                    spec = self.quota.check(res)
-                    if demand.min > spec.limit:
-                        raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
-                                         f"limit {spec.limit}")
-        gpu, cpu = cost.get("gpu"), cost.get("cpu")  # (action.min, inlined: every submission)
-        if gpu is not None and gpu.choices[0] > 0:
-            why = self.gpu.feasible(action.service or "", gpu.choices)[1]
-            if why:  # no feasible GPU count can serve it
-                raise ValueError(why)
-        elif cpu is not None and cpu.choices[0] > 0:
-            need = cpu.choices[0]
-            if need != int(need):
-                raise ValueError(f"cost['cpu']: cores must be whole, got {need}")
-            limit = self._max_domain if action.elastic == "cpu" else self._max_node_cores
-            if need > limit:
-                raise ValueError(f"cost['cpu']: minimum {need} cores can never fit "
-                                 f"(largest {'NUMA domain' if action.elastic else 'node'}: "
-                                 f"{limit})")
-            mem = state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
-            if mem > self._max_node_mem:
-                raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
-                                 f"({self._max_node_mem} GB)")
+        self._check((action,))
+
+    def _check(self, actions: Sequence[Action],
+               ids: list[str] | None = None) -> list[TrajectoryState]:
+        """:meth:`validate` each of ``actions`` (``ids``: their ids, when known), in order:
+        the first refused raises. Their trajectories' states.
+
+        What every action is checked for first (an Action, a new id, an open trajectory)
+        is checked for the whole batch at once, in C loops (a burst checks thousands);
+        only when one fails are the actions checked one by one, to raise for the first."""
+        queued, running, trajectories = self.queued, self.running, self.trajectories
+        states: list[TrajectoryState] = []
+        if all(map(isinstance, actions, repeat(Action))):
+            if ids is None:
+                ids = list(map(_ID, actions))
+            if queued.keys().isdisjoint(ids) and running.keys().isdisjoint(ids):
+                states = list(map(trajectories.get, map(_TRAJECTORY, actions)))
+        if not all(states) or len(states) != len(actions):  # (a TrajectoryState is true)
+            for action in actions:
+                if not isinstance(action, Action):
+                    raise ValueError(f"action: expected an Action, got {type(action).__name__}")
+                aid = action.id
+                if aid in queued or aid in running:
+                    raise ValueError(f"action.id: duplicate id {aid!r}")
+                state = trajectories.get(action.trajectory)
+                if state is None:
+                    raise KeyError(f"action.trajectory: unknown trajectory "
+                                   f"{action.trajectory!r} (open it first)")
+                self._check_costs((action,), (state,))
+            raise AssertionError("unreachable: an action above was refused")
+        self._check_costs(actions, states)
+        return states
+
+    def _check_costs(self, actions: Iterable[Action], states: Iterable[TrajectoryState]) -> None:
+        """The rest of :meth:`validate`: what each action costs can run here."""
+        feasible = self.gpu.feasible
+        max_domain, max_node_cores = self._max_domain, self._max_node_cores
+        max_node_mem = self._max_node_mem
+        for action, state in zip(actions, states, strict=True):
+            cost = action.cost
+            if not cost.keys() <= _UNCOUNTED:  # (most actions hold no quota)
+                self._check_quotas(cost)
+            gpu = cost.get("gpu")  # (action.min, inlined)
+            if gpu is not None and gpu.choices[0] > 0:
+                why = feasible(action.service or "", gpu.choices)[1]
+                if why:  # no feasible GPU count can serve it
+                    raise ValueError(why)
+                continue
+            cpu = cost.get("cpu")
+            if cpu is not None and cpu.choices[0] > 0:
+                need = cpu.choices[0]
+                if need != int(need):
+                    raise ValueError(f"cost['cpu']: cores must be whole, got {need}")
+                limit = max_domain if action.elastic == "cpu" else max_node_cores
+                if need > limit:
+                    raise ValueError(f"cost['cpu']: minimum {need} cores can never fit "
+                                     f"(largest {'NUMA domain' if action.elastic else 'node'}: "
+                                     f"{limit})")
+                mem = state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
+                if mem > max_node_mem:
+                    raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
+                                     f"({max_node_mem} GB)")
+
+    def _check_quotas(self, cost: Mapping[str, Demand]) -> None:
+        for res, demand in cost.items():
+            if res not in _UNCOUNTED and counted(res) and demand.min > 0:
+                spec = self.quota.check(res)
+                if demand.min > spec.limit:
+                    raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
+                                     f"limit {spec.limit}")
 
     def submit(self, action: Action, now: float) -> list[Dispatch]:
         """Queue ``action`` and return what can start now."""
@@ -364,45 +437,75 @@ class Tangram:
 
     def submit_many(self, actions: Iterable[Action], now: float) -> list[Dispatch]:
         """Queue a batch (e.g. a step's reward requests) with one scheduling pass per
-        pool touched. All or nothing: one invalid action queues none of them."""
+        pool touched. All or nothing: one invalid action queues none of them.
+
+        Queued a pool at a time (a burst queues thousands: each pool's lookups are done
+        once per batch, ``_pendings``, ``admit_many``), in the order a submission at a time
+        would give each queue; the first CPU actions of unbound trajectories are bound
+        right here when nothing waits for a node before them (``_queue_fresh``)."""
         actions = list(actions)
-        ids = [a.id for a in actions]
+        ids = list(map(_ID, actions))
         if len(set(ids)) != len(ids):
             raise ValueError("action.id: duplicate ids in the batch")
-        validate = self.validate
-        for action in actions:
-            validate(action)
-        # one loop for the batch, its lookups hoisted (a burst queues thousands)
-        touched: dict[str, PoolPoints] = {}
-        trajectories, queued, unbound = self.trajectories, self.queued, self.unbound
-        route, resources, make = self.policy.route, self._resources, self._pending
-        for action in actions:
-            pool = route(action, resources)
-            state = trajectories[action.trajectory]
+        states = self._check(actions, ids)
+        # each pool's actions in submit order; the pools in the order first routed to (the
+        # passes' order: tangram.core._schedule)
+        for action, state in zip(actions, states, strict=True):
             if state.thinking_in is not None:  # it stopped thinking: learn how long that took
                 self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
                                                          state.will_continue, continued=True,
                                                          think_s=now - state.last_end)
                 state.thinking_in = None
             state.in_flight.add(action.id)
-            if pool is None:  # first CPU action of a trajectory: bind it to a node first
+        groups, fresh = _by_pool(actions, self.policy.route_many(actions, self._resources))
+        for pool, group in groups.items():
+            self._queue_many(pool, group, now)
+        if fresh:  # first CPU actions of trajectories not bound to a node
+            self._queue_fresh(fresh, now, groups)
+        return self._schedule(now, groups)
+
+    def _queue_fresh(self, fresh: list[Action], now: float,
+                     touched: dict[PoolPoints, list[Action]]) -> None:
+        """Queue ``fresh``, first CPU actions of trajectories not bound to a node,
+        submitted at ``now``. When nothing waits for a node before them, they are bound
+        here, in order, until one fits no node: what the pass's ``_bind_waiting`` would
+        do first (then it stops at that one too), without a Pending in the binding queue
+        for each. The pools they are queued in are added to ``touched``. The rest wait in
+        the binding queue."""
+        bound = 0
+        if not self.unbound and not self.opening:
+            trajectories = self.trajectories
+            requests = []
+            for action in fresh:
+                mem = trajectories[action.trajectory].mem_gb  # (_trajectory_mem, inlined)
+                if mem is None:
+                    mem = action.min("mem_gb")
+                requests.append((action.trajectory, mem, int(action.cost["cpu"].choices[0])))
+            bound = self.cpu.bind_many(requests)
+            if bound:
+                done = fresh[:bound] if bound < len(fresh) else fresh
+                groups, _ = _by_pool(done, self.policy.route_many(done, self._resources))
+                for pool, group in groups.items():
+                    self._queue_many(pool, group, now)
+                    touched.setdefault(pool, group)
+        if bound < len(fresh):
+            queued, unbound = self.queued, self.unbound
+            for action in fresh[bound:]:
                 pending = Pending(action, now, int(action.cost["cpu"].choices[0]))
                 queued[action.id] = pending
                 unbound.append(pending)
-            else:  # (_queue_in, inlined)
-                pending = make(action, now, pool)
-                queued[action.id] = pending
-                pool.admit(pending)
-                pool.arrived(pending, now)
-                touched[pool.name] = pool
-        return self._schedule(now, touched.values())
+
+    def _queue_many(self, pool: PoolPoints, actions: list[Action], submit_s: float) -> None:
+        """Queue ``actions`` (submitted at ``submit_s``) in ``pool``, in order."""
+        pendings = self._pendings(pool, actions, submit_s)
+        queued = self.queued
+        for p in pendings:
+            queued[p.action.id] = p
+        pool.admit_many(pendings, submit_s)
 
     def _queue_in(self, pool: PoolPoints, action: Action, submit_s: float) -> None:
         """Queue ``action`` (submitted at ``submit_s``) in ``pool``."""
-        pending = self._pending(action, submit_s, pool)
-        self.queued[action.id] = pending
-        pool.admit(pending)
-        pool.arrived(pending, submit_s)
+        self._queue_many(pool, [action], submit_s)
 
     def _route(self, action: Action) -> PoolPoints | None:
         """The pool whose queue ``action`` waits in (None: not bound to a node yet)."""
@@ -543,45 +646,69 @@ class Tangram:
         return state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
 
     def _pending(self, action: Action, now: float, pool: PoolPoints) -> Pending:
-        cost = action.cost
-        quotas: Mapping[str, float] = NONE  # shared: most actions hold no quota
-        for k in cost:
-            if k not in _UNCOUNTED and counted(k):
-                quotas = {k: d.min for k, d in cost.items() if counted(k) and d.min > 0}
-                break
-        if pool.key is None:
-            return Pending(action, now, 0, quotas)
-        sched = pool.scheduler or self.scheduler
-        choices = pool.unit_choices(action)
-        if action.elastic != pool.key or not choices:
-            key_min = int(choices[0] if choices else action.min(pool.key))
-            return Pending(action, now, key_min, quotas,
-                           light=key_min == 1 and self._light(action, pool, quotas))
-        key_min = sched.min_units(choices)
-        if sched.elastic_enabled and len(choices) > 1:
-            declared = sched.declared_profile(action, self.estimates)
-            if declared is not None:  # its table, E.durations(T1, choices), on first read
-                return Pending(action, now, key_min, quotas, elastic=True, choices=choices,
-                               profile=declared)
-            durations = sched.profile(action, choices, self.estimates)
-        else:
-            durations = NONE
-        light = not durations and key_min == 1 and self._light(action, pool, quotas)
-        return Pending(action, now, key_min, quotas, elastic=bool(durations), choices=choices,
-                       durations=durations or NONE, light=light)
+        return self._pendings(pool, (action,), now)[0]
 
-    def _light(self, action: Action, pool: PoolPoints, quotas: Mapping[str, float]) -> bool:
-        """For a pool with a light lane: expected to take at most its ``light_s`` on one
-        core, declared or from at least two observed runs of its (task, kind)."""
+    def _pendings(self, pool: PoolPoints, actions: Sequence[Action],
+                  now: float) -> list[Pending]:
+        """What the scheduler reads of each of ``actions`` queued in ``pool`` at ``now``.
+        One loop for a batch, the pool's and the scheduler's lookups done once (a burst
+        queues thousands)."""
+        out: list[Pending] = []
+        append = out.append
+        key = pool.key
+        if key is None:
+            for action in actions:
+                cost = action.cost
+                append(Pending(action, now, 0,
+                               NONE if cost.keys() <= _UNCOUNTED else _quotas(cost)))
+            return out
+        sched = pool.scheduler or self.scheduler
+        unit_choices, min_units = pool.unit_choices, sched.min_units
+        declared_profile, profile = sched.declared_profile, sched.profile
+        elastic_ok = sched.elastic_enabled
+        estimates = self.estimates
         lane = pool.lane
-        if lane is None or not lane.light_s or quotas:
-            return False
-        n, mean = self.estimates.durations.mean_n((action.task, action.kind))
-        if action.t1_s is not None:
-            # a declaration is bounded by what is observed (issue 21): once two runs of
-            # its (task, kind) took longer than the lane allows, ``t1_s: 0`` is not believed
-            return action.t1_s <= lane.light_s and not (n >= 2 and mean > lane.light_s)
-        return n >= 2 and mean <= lane.light_s
+        # the light lane (a CPU node's): actions expected to take at most ``light_s`` on one
+        # core, declared or from at least two observed runs of their (task, kind)
+        light_s = lane.light_s if lane is not None else 0.0
+        mean_n = estimates.durations.mean_n
+        seen: dict[tuple[str, str], tuple[int, float]] = {}  # mean_n of the batch's kinds
+
+        def light(action: Action) -> bool:
+            k = (action.task, action.kind)
+            got = seen.get(k)
+            if got is None:
+                got = seen[k] = mean_n(k)
+            n, mean = got
+            if action.t1_s is not None:
+                # a declaration is bounded by what is observed (issue 21): once two runs of
+                # its (task, kind) took longer than the lane allows, ``t1_s: 0`` is not believed
+                return action.t1_s <= light_s and not (n >= 2 and mean > light_s)
+            return n >= 2 and mean <= light_s
+
+        for action in actions:
+            cost = action.cost
+            quotas = NONE if cost.keys() <= _UNCOUNTED else _quotas(cost)
+            choices = unit_choices(action)
+            if action.elastic != key or not choices:
+                key_min = int(choices[0] if choices else action.min(key))
+                append(Pending(action, now, key_min, quotas, False,
+                               key_min == 1 and bool(light_s) and not quotas and light(action)))
+                continue
+            key_min = min_units(choices)
+            if elastic_ok and len(choices) > 1:
+                declared = declared_profile(action, estimates)
+                if declared is not None:  # its table, E.durations(T1, choices), on first read
+                    append(Pending(action, now, key_min, quotas, True, False, choices, NONE,
+                                   declared))
+                    continue
+                durations = profile(action, choices, estimates)
+            else:
+                durations = NONE
+            append(Pending(action, now, key_min, quotas, bool(durations),
+                           not durations and key_min == 1 and bool(light_s) and not quotas
+                           and light(action), choices, durations or NONE))
+        return out
 
     def _request_env(self, trajectory: str) -> None:
         """The trajectory's environment starts now: bind it in open order."""

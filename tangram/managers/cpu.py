@@ -100,19 +100,35 @@ class CpuManager:
 
     def bind(self, trajectory: str, mem_gb: float, min_cores: int) -> str | None:
         """Bind a trajectory to the least memory-loaded node that fits it."""
-        if trajectory in self._binding:
-            return self._binding[trajectory][0]
-        best: CpuNode | None = None
-        for node in self.nodes.values():
-            if node.free_cores < min_cores or self.mem_refusal(node, mem_gb) is not None:
-                continue
-            if best is None or (node.mem_reserved / node.spec.mem_gb
-                                < best.mem_reserved / best.spec.mem_gb):
-                best = node
-        if best is None:
+        if trajectory not in self._binding and not self.bind_many(((trajectory, mem_gb,
+                                                                    min_cores),)):
             return None
-        self.hold_memory(trajectory, best.name, mem_gb)
-        return best.name
+        return self._binding[trajectory][0]
+
+    def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> int:
+        """``bind`` each (trajectory, mem_gb, min_cores) in order until one fits no node;
+        how many were bound (one loop for a batch: a burst binds thousands)."""
+        binding, nodes = self._binding, list(self.nodes.values())
+        refusal, start_gb = self.admission.refusal, self.admission.start_gb
+        done = 0
+        for trajectory, mem_gb, min_cores in requests:
+            if trajectory not in binding:
+                best: CpuNode | None = None
+                for node in nodes:
+                    if node.free_cores < min_cores or refusal(  # (mem_refusal, inlined)
+                            node.name, node.spec.mem_gb, node.mem_reserved, mem_gb,
+                            node.mem_observed_free, node.mem_since) is not None:
+                        continue
+                    if best is None or (node.mem_reserved / node.spec.mem_gb
+                                        < best.mem_reserved / best.spec.mem_gb):
+                        best = node
+                if best is None:
+                    break
+                best.mem_reserved += mem_gb  # (hold_memory, inlined)
+                best.mem_since += min(mem_gb, start_gb)
+                binding[trajectory] = (best.name, mem_gb)
+            done += 1
+        return done
 
     def hold_memory(self, trajectory: str, node: str, mem_gb: float) -> None:
         """Bind ``trajectory`` to ``node``, holding ``mem_gb`` there until it is unbound

@@ -54,6 +54,20 @@ class CpuNodePool(Pool):
     def admit(self, p: Pending) -> None:
         (self.light if p.light and self.lane_slots else self.queue).append(p)
 
+    def admit_many(self, ps: list[Pending], now: float) -> None:
+        # (admit, in one loop; ``arrived`` is the base's: nothing to do)
+        queue = self.queue.append
+        if not self.lane_slots:
+            for p in ps:
+                queue(p)
+            return
+        light = self.light.append
+        for p in ps:
+            if p.light:
+                light(p)
+            else:
+                queue(p)
+
     def queues(self) -> tuple[deque[Pending], ...]:
         return (self.queue, self.light)
 

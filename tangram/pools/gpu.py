@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from tangram.arrange import ChunkOperator, take_chunk
@@ -75,11 +75,17 @@ class ServiceDemand:
         self._shares: dict[tuple[str, ...], dict[str, float]] = {}
 
     def add(self, service: str, work: float, now: float) -> None:
-        v = self._value.get(service, 0.0)  # (value, inlined: every request adds)
-        if v and now > self._at[service]:
-            v *= math.exp(-(now - self._at[service]) / self.tau_s)
-        self._value[service] = v + work
-        self._at[service] = now
+        self.add_many(((service, work),), now)
+
+    def add_many(self, works: Iterable[tuple[str, float]], now: float) -> None:
+        """``add`` each (service, work) in order (one loop: a burst adds thousands)."""
+        value, at, tau = self._value, self._at, self.tau_s
+        for service, work in works:
+            v = value.get(service, 0.0)  # (value, inlined: every request adds)
+            if v and now > at[service]:
+                v *= math.exp(-(now - at[service]) / tau)
+            value[service] = v + work
+            at[service] = now
         if self._shares:
             self._shares.clear()
 
@@ -157,11 +163,23 @@ class GpuPool(Pool):
 
     # -- requests and batches -----------------------------------------------------------
     def arrived(self, p: Pending, now: float) -> None:
-        action = p.action
-        service = action.service or ""
-        # (work_s is the declared T1 when there is one)
-        self.demand.add(service, action.t1_s if action.t1_s is not None else 1.0, now)
-        self.accepted[service] = p.choices or (p.key_min,)  # (accepts, inlined)
+        self._arrived((p,), now)
+
+    def admit_many(self, ps: list[Pending], now: float) -> None:
+        self.queue.extend(ps)  # (admit each; ``_arrived`` does not read the queue)
+        self._arrived(ps, now)
+
+    def _arrived(self, ps: Sequence[Pending], now: float) -> None:
+        """``ps``, in order, arrived at ``now`` (in one loop: a burst queues thousands)."""
+        accepted = self.accepted
+        works = []
+        for p in ps:
+            action = p.action
+            service = action.service or ""
+            # (work_s is the declared T1 when there is one)
+            works.append((service, action.t1_s if action.t1_s is not None else 1.0))
+            accepted[service] = p.choices or (p.key_min,)  # (accepts, inlined)
+        self.demand.add_many(works, now)
 
     def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
         lease = self.manager.reserve(p.action.id, p.action.service or "", units, now)
@@ -224,26 +242,31 @@ class EoeGpuPool(GpuPool):
         self._dirty: set[str] = set()
         self._index: dict[str, int] = {}
 
-    def arrived(self, p: Pending, now: float) -> None:
-        action = p.action
-        service = action.service or ""
-        # (GpuPool.arrived, inlined: a burst queues thousands)
-        self.demand.add(service, action.t1_s if action.t1_s is not None else 1.0, now)
-        self.accepted[service] = p.choices or (p.key_min,)
-        q = self.waiting.get(service)
-        if q is None:
-            q = self.waiting[service] = deque()
-            self._index[service] = len(self._index)
-        if not q:  # it becomes its service's oldest
-            self._dirty.add(service)
-        q.append(p)
-        key = id(p)
-        self._queued.add(key)
+    def _arrived(self, ps: Sequence[Pending], now: float) -> None:
+        # (GpuPool._arrived, inlined, with each service's queue and its arrival order)
+        accepted, waiting, index, dirty = self.accepted, self.waiting, self._index, self._dirty
+        queued, seq, count = self._queued, self._seq, self._count
         n = self._arrivals
-        self._seq[key] = n
-        self._arrivals = n + 1
-        count = self._count
-        count[service] = count.get(service, 0) + 1
+        works = []
+        for p in ps:
+            action = p.action
+            service = action.service or ""
+            works.append((service, action.t1_s if action.t1_s is not None else 1.0))
+            accepted[service] = p.choices or (p.key_min,)
+            q = waiting.get(service)
+            if q is None:
+                q = waiting[service] = deque()
+                index[service] = len(index)
+            if not q:  # it becomes its service's oldest
+                dirty.add(service)
+            q.append(p)
+            key = id(p)
+            queued.add(key)
+            seq[key] = n
+            n += 1
+            count[service] = count.get(service, 0) + 1
+        self._arrivals = n
+        self.demand.add_many(works, now)
 
     def groups(self) -> list[deque[Pending]]:
         """Each service's waiting requests (oldest first), services ordered by their

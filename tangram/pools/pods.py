@@ -41,6 +41,14 @@ class PodManager(CpuManager):
         self.pods[trajectory] = lease
         return node.name
 
+    def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> int:
+        done = 0
+        for trajectory, mem_gb, min_cores in requests:
+            if self.bind(trajectory, mem_gb, min_cores) is None:
+                break
+            done += 1
+        return done
+
     def held_between_actions(self) -> dict[str, CpuLease]:
         return dict(self.pods)
 
