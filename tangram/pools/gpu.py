@@ -57,6 +57,19 @@ def take_riders(queue: deque[Pending], lead: Pending, units: int, estimates: Any
     return riders
 
 
+def by_service(ps: Iterable[Pending]) -> dict[str, list[Pending]]:
+    """``ps`` by the service they call, in order, the services in the order first called."""
+    out: dict[str, list[Pending]] = {}
+    for p in ps:
+        service = p.action.service or ""
+        group = out.get(service)
+        if group is None:
+            out[service] = [p]
+        else:
+            group.append(p)
+    return out
+
+
 def batch_expected(lead: Pending, riders: list[Pending], units: int, estimates: Any,
                    batching: BatchModel) -> float:
     return batching.batch_s([solo_s(q, units, estimates) for q in (lead, *riders)])
@@ -75,17 +88,17 @@ class ServiceDemand:
         self._shares: dict[tuple[str, ...], dict[str, float]] = {}
 
     def add(self, service: str, work: float, now: float) -> None:
-        self.add_many(((service, work),), now)
+        self.add_many(service, (work,), now)
 
-    def add_many(self, works: Iterable[tuple[str, float]], now: float) -> None:
-        """``add`` each (service, work) in order (one loop: a burst adds thousands)."""
-        value, at, tau = self._value, self._at, self.tau_s
-        for service, work in works:
-            v = value.get(service, 0.0)  # (value, inlined: every request adds)
-            if v and now > at[service]:
-                v *= math.exp(-(now - at[service]) / tau)
-            value[service] = v + work
-            at[service] = now
+    def add_many(self, service: str, works: Iterable[float], now: float) -> None:
+        """``add`` each of ``works`` of ``service``, in order (a burst adds thousands)."""
+        v = self._value.get(service, 0.0)  # (value, inlined: every request adds)
+        if v and now > self._at[service]:
+            v *= math.exp(-(now - self._at[service]) / self.tau_s)
+        for work in works:  # (in order, one at a time: the sum add gave)
+            v += work
+        self._value[service] = v
+        self._at[service] = now
         if self._shares:
             self._shares.clear()
 
@@ -170,16 +183,19 @@ class GpuPool(Pool):
         self._arrived(ps, now)
 
     def _arrived(self, ps: Sequence[Pending], now: float) -> None:
-        """``ps``, in order, arrived at ``now`` (in one loop: a burst queues thousands)."""
-        accepted = self.accepted
-        works = []
-        for p in ps:
-            action = p.action
-            service = action.service or ""
+        """``ps``, in order, arrived at ``now`` (a service at a time: a burst queues
+        thousands)."""
+        self._requested(by_service(ps), now)
+
+    def _requested(self, groups: dict[str, list[Pending]], now: float) -> None:
+        """Requests arrived at ``now``, by service (``by_service``): the counts each accepts
+        and the demand."""
+        for service, group in groups.items():
+            last = group[-1]
+            self.accepted[service] = last.choices or (last.key_min,)  # (accepts, inlined)
             # (work_s is the declared T1 when there is one)
-            works.append((service, action.t1_s if action.t1_s is not None else 1.0))
-            accepted[service] = p.choices or (p.key_min,)  # (accepts, inlined)
-        self.demand.add_many(works, now)
+            self.demand.add_many(service, [1.0 if p.action.t1_s is None else p.action.t1_s
+                                           for p in group], now)
 
     def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
         lease = self.manager.reserve(p.action.id, p.action.service or "", units, now)
@@ -243,30 +259,24 @@ class EoeGpuPool(GpuPool):
         self._index: dict[str, int] = {}
 
     def _arrived(self, ps: Sequence[Pending], now: float) -> None:
-        # (GpuPool._arrived, inlined, with each service's queue and its arrival order)
-        accepted, waiting, index, dirty = self.accepted, self.waiting, self._index, self._dirty
-        queued, seq, count = self._queued, self._seq, self._count
+        groups = by_service(ps)
+        self._requested(groups, now)
+        # each service's queue, a service at a time; the arrival numbers in C loops
+        keys = list(map(id, ps))
+        self._queued.update(keys)
         n = self._arrivals
-        works = []
-        for p in ps:
-            action = p.action
-            service = action.service or ""
-            works.append((service, action.t1_s if action.t1_s is not None else 1.0))
-            accepted[service] = p.choices or (p.key_min,)
+        self._seq.update(zip(keys, range(n, n + len(keys)), strict=True))
+        self._arrivals = n + len(keys)
+        waiting, count = self.waiting, self._count
+        for service, group in groups.items():
             q = waiting.get(service)
             if q is None:
                 q = waiting[service] = deque()
-                index[service] = len(index)
-            if not q:  # it becomes its service's oldest
-                dirty.add(service)
-            q.append(p)
-            key = id(p)
-            queued.add(key)
-            seq[key] = n
-            n += 1
-            count[service] = count.get(service, 0) + 1
-        self._arrivals = n
-        self.demand.add_many(works, now)
+                self._index[service] = len(self._index)
+            if not q:  # its first becomes its service's oldest
+                self._dirty.add(service)
+            q.extend(group)
+            count[service] = count.get(service, 0) + len(group)
 
     def groups(self) -> list[deque[Pending]]:
         """Each service's waiting requests (oldest first), services ordered by their
