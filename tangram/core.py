@@ -83,6 +83,9 @@ def _by_pool(actions: list[Action], pools: list[PoolPoints | None]
     """``actions`` by the pool each was routed to, in order, the pools in the order first
     routed to (the order of their passes: ``Tangram._schedule``); and those routed to none
     (not bound to a node yet)."""
+    if pools and pools.count(pools[0]) == len(pools):  # (mostly all to one: C loops)
+        one = pools[0]
+        return ({}, actions) if one is None else ({one: actions}, [])
     groups: dict[PoolPoints, list[Action]] = {}
     fresh: list[Action] = []
     for action, pool in zip(actions, pools, strict=True):

@@ -350,7 +350,7 @@ class Policy:
 
     def route_many(self, actions: Iterable[Action], res: Resources) -> list[Pool | None]:
         """:meth:`route` each of ``actions`` (one loop for a batch: a burst routes thousands)."""
-        pools, node_of, gpu_route = res.pools, res.cpu.node_of, self.gpu.route
+        pools, node_of, gpu_route = res.pools, res.cpu.bound.get, self.gpu.route
         out: list[Pool | None] = []
         append = out.append
         for action in actions:

@@ -12,8 +12,9 @@ declared limits reserved in full unless the node's free memory is observed).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from tangram.admission import RESERVE, MemoryAdmission
 from tangram.cluster import CpuNodeSpec
@@ -90,25 +91,28 @@ class CpuManager:
                  admission: MemoryAdmission = RESERVE) -> None:
         self.nodes = {s.name: CpuNode(s) for s in specs}
         self.admission = admission
-        self._binding: dict[str, tuple[str, float]] = {}
+        #: trajectory -> the node it is bound to, and the memory it holds there
+        self._binding: dict[str, str] = {}
+        self._held: dict[str, float] = {}
+        #: ``_binding``, read-only and live: a router looks up thousands in a burst
+        self.bound: Mapping[str, str] = MappingProxyType(self._binding)
         self._live: dict[str, CpuLease] = {}
 
     # -- trajectories -------------------------------------------------------------
     def node_of(self, trajectory: str) -> str | None:
-        bound = self._binding.get(trajectory)
-        return bound[0] if bound else None
+        return self._binding.get(trajectory)
 
     def bind(self, trajectory: str, mem_gb: float, min_cores: int) -> str | None:
         """Bind a trajectory to the least memory-loaded node that fits it."""
         if trajectory not in self._binding and not self.bind_many(((trajectory, mem_gb,
                                                                     min_cores),)):
             return None
-        return self._binding[trajectory][0]
+        return self._binding[trajectory]
 
     def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> int:
         """``bind`` each (trajectory, mem_gb, min_cores) in order until one fits no node;
         how many were bound (one loop for a batch: a burst binds thousands)."""
-        binding, nodes = self._binding, list(self.nodes.values())
+        binding, held, nodes = self._binding, self._held, list(self.nodes.values())
         refusal, start_gb = self.admission.refusal, self.admission.start_gb
         done = 0
         for trajectory, mem_gb, min_cores in requests:
@@ -126,7 +130,8 @@ class CpuManager:
                     break
                 best.mem_reserved += mem_gb  # (hold_memory, inlined)
                 best.mem_since += min(mem_gb, start_gb)
-                binding[trajectory] = (best.name, mem_gb)
+                binding[trajectory] = best.name
+                held[trajectory] = mem_gb
             done += 1
         return done
 
@@ -136,7 +141,8 @@ class CpuManager:
         host = self.nodes[node]
         host.mem_reserved += mem_gb
         host.mem_since += min(mem_gb, self.admission.start_gb)
-        self._binding[trajectory] = (node, mem_gb)
+        self._binding[trajectory] = node
+        self._held[trajectory] = mem_gb
 
     def mem_refusal(self, node: CpuNode, mem_gb: float) -> str | None:
         """Why ``node`` cannot take a trajectory declaring ``mem_gb`` now (None: it can)."""
@@ -164,9 +170,9 @@ class CpuManager:
 
     def unbind(self, trajectory: str) -> None:
         """Release a closed trajectory's memory (idempotent)."""
-        bound = self._binding.pop(trajectory, None)
-        if bound:
-            self.nodes[bound[0]].mem_reserved -= bound[1]
+        node = self._binding.pop(trajectory, None)
+        if node is not None:
+            self.nodes[node].mem_reserved -= self._held.pop(trajectory)
 
     # -- cores ---------------------------------------------------------------------
     def reserve(self, action_id: str, node: str, n: int, numa_local: bool) -> CpuLease | None:
@@ -235,7 +241,8 @@ class CpuManager:
         host.free_cores = 0
         for aid in [a for a, lease in self._live.items() if lease.node == name]:
             del self._live[aid]
-        lost = [t for t, (node, _) in self._binding.items() if node == name]
+        lost = [t for t, node in self._binding.items() if node == name]
         for t in lost:
             del self._binding[t]
+            del self._held[t]
         return lost
