@@ -675,42 +675,43 @@ class Tangram:
         # core, declared or from at least two observed runs of their (task, kind)
         light_s = lane.light_s if lane is not None else 0.0
         mean_n = estimates.durations.mean_n
-        seen: dict[tuple[str, str], tuple[int, float]] = {}  # mean_n of the batch's kinds
-
-        def light(action: Action) -> bool:
-            k = (action.task, action.kind)
-            got = seen.get(k)
-            if got is None:
-                got = seen[k] = mean_n(k)
-            n, mean = got
-            if action.t1_s is not None:
-                # a declaration is bounded by what is observed (issue 21): once two runs of
-                # its (task, kind) took longer than the lane allows, ``t1_s: 0`` is not believed
-                return action.t1_s <= light_s and not (n >= 2 and mean > light_s)
-            return n >= 2 and mean <= light_s
-
+        # per (task, kind) of the batch: (a declared T1 within light_s is believed, light
+        # when nothing is declared); a declaration is bounded by what is observed (issue
+        # 21): once two runs of its (task, kind) took longer than the lane allows, ``t1_s:
+        # 0`` is not believed
+        kinds: dict[tuple[str, str], tuple[bool, bool]] = {}
         for action in actions:
             cost = action.cost
             quotas = NONE if cost.keys() <= _UNCOUNTED else _quotas(cost)
             choices = unit_choices(action)
-            if action.elastic != key or not choices:
-                key_min = int(choices[0] if choices else action.min(key))
-                append(Pending(action, now, key_min, quotas, False,
-                               key_min == 1 and bool(light_s) and not quotas and light(action)))
-                continue
-            key_min = min_units(choices)
-            if elastic_ok and len(choices) > 1:
-                declared = declared_profile(action, estimates)
-                if declared is not None:  # its table, E.durations(T1, choices), on first read
-                    append(Pending(action, now, key_min, quotas, True, False, choices, NONE,
-                                   declared))
-                    continue
-                durations = profile(action, choices, estimates)
+            if action.elastic == key and choices:
+                key_min = min_units(choices)
+                if elastic_ok and len(choices) > 1:
+                    declared = declared_profile(action, estimates)
+                    if declared is not None:  # its table, E.durations(T1, choices), on first read
+                        append(Pending(action, now, key_min, quotas, True, False, choices, NONE,
+                                       declared))
+                        continue
+                    durations = profile(action, choices, estimates)
+                    if durations:
+                        append(Pending(action, now, key_min, quotas, True, False, choices,
+                                       durations))
+                        continue
             else:
-                durations = NONE
-            append(Pending(action, now, key_min, quotas, bool(durations),
-                           not durations and key_min == 1 and bool(light_s) and not quotas
-                           and light(action), choices, durations or NONE))
+                key_min = int(choices[0] if choices else action.min(key))
+                choices = ()
+            light = False
+            if key_min == 1 and light_s and not quotas:
+                t1 = action.t1_s
+                if t1 is None or t1 <= light_s:
+                    k = (action.task, action.kind)
+                    believed = kinds.get(k)
+                    if believed is None:
+                        n, mean = mean_n(k)
+                        believed = kinds[k] = (not (n >= 2 and mean > light_s),
+                                               n >= 2 and mean <= light_s)
+                    light = believed[0] if t1 is not None else believed[1]
+            append(Pending(action, now, key_min, quotas, False, light, choices, NONE))
         return out
 
     def _request_env(self, trajectory: str) -> None:
@@ -831,20 +832,30 @@ class Tangram:
         lane = pool.lane
         assert lane is not None
         light = lane.light
+        # (hoisted: a burst starts hundreds here)
+        queued, running, started = self.queued, self.running, pool.started
+        estimate, lane_reserve, reserve = self.estimates.estimate, lane.lane_reserve, lane.reserve
+        full = False  # the lane is full: it stays full for this pass (nothing ends in it)
         while light:
             p = light[0]
-            grant = lane.lane_reserve(p) or lane.reserve(p, 1, now)
+            grant = None if full else lane_reserve(p)
             if grant is None:
-                break
+                full = True
+                grant = reserve(p, 1, now)
+                if grant is None:
+                    break
             light.popleft()
-            del self.queued[p.action.id]
+            action = p.action
+            aid = action.id
+            del queued[aid]
             units = 0 if grant.lane else 1
-            lease = Lease(p.action.id, units, (grant.part, None), grant.node, grant.cores,
-                          lane=grant.lane)
-            expected = self.estimates.estimate(p)
-            d = Dispatch(p.action, lease, p.submit_s, now, expected)
-            self.running[p.action.id] = Running(d, pool, p)
-            pool.started(p.action.id, now + expected, units, now)
+            # (positional: gpus (), restore_s 0.0, the defaults)
+            lease = Lease(aid, units, (grant.part, None), grant.node, grant.cores, (), 0.0,
+                          grant.lane)
+            expected = estimate(p)
+            d = Dispatch(action, lease, p.submit_s, now, expected)
+            running[aid] = Running(d, pool, p)
+            started(aid, now + expected, units, now)
             out.append(d)
         return out
 
