@@ -155,6 +155,8 @@ class Tangram:
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cluster.cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
+        #: the core counts within both limits (a NUMA domain's is the smaller)
+        self._whole_fits = frozenset(range(1, self._max_domain + 1))
         #: scheduling passes that dispatched something
         self.passes = 0
 
@@ -401,6 +403,7 @@ class Tangram:
         feasible = self.gpu.feasible
         max_domain, max_node_cores = self._max_domain, self._max_node_cores
         max_node_mem = self._max_node_mem
+        whole_fits = self._whole_fits
         for action, state in zip(actions, states, strict=True):
             cost = action.cost
             if not cost.keys() <= _UNCOUNTED:  # (most actions hold no quota)
@@ -412,15 +415,18 @@ class Tangram:
                     raise ValueError(why)
                 continue
             cpu = cost.get("cpu")
-            if cpu is not None and cpu.choices[0] > 0:
-                need = cpu.choices[0]
-                if need != int(need):
-                    raise ValueError(f"cost['cpu']: cores must be whole, got {need}")
-                limit = max_domain if action.elastic == "cpu" else max_node_cores
-                if need > limit:
-                    raise ValueError(f"cost['cpu']: minimum {need} cores can never fit "
-                                     f"(largest {'NUMA domain' if action.elastic else 'node'}: "
-                                     f"{limit})")
+            if cpu is None:
+                continue
+            need = cpu.choices[0]
+            if need > 0:
+                if need not in whole_fits:  # (mostly: a whole count any NUMA domain holds)
+                    if need != int(need):
+                        raise ValueError(f"cost['cpu']: cores must be whole, got {need}")
+                    limit = max_domain if action.elastic == "cpu" else max_node_cores
+                    if need > limit:
+                        raise ValueError(
+                            f"cost['cpu']: minimum {need} cores can never fit (largest "
+                            f"{'NUMA domain' if action.elastic else 'node'}: {limit})")
                 mem = state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
                 if mem > max_node_mem:
                     raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
@@ -956,3 +962,4 @@ class Tangram:
         self._max_node_cores = max((n.cores for n in cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cpu_nodes), default=0.0)
+        self._whole_fits = frozenset(range(1, self._max_domain + 1))
