@@ -401,16 +401,22 @@ class Tangram:
     def _check_costs(self, actions: Iterable[Action], states: Iterable[TrajectoryState]) -> None:
         """The rest of :meth:`validate`: what each action costs can run here."""
         feasible = self.gpu.feasible
+        seen: dict[tuple[str, tuple[float, ...]], str | None] = {}  # feasible's, of the batch
         max_domain, max_node_cores = self._max_domain, self._max_node_cores
         max_node_mem = self._max_node_mem
         whole_fits = self._whole_fits
         for action, state in zip(actions, states, strict=True):
             cost = action.cost
-            if not cost.keys() <= _UNCOUNTED:  # (most actions hold no quota)
-                self._check_quotas(cost)
+            for res in cost:  # (a loop: cheaper than a set test for the usual one or two)
+                if res not in _UNCOUNTED:  # (most actions hold no quota)
+                    self._check_quotas(cost)
+                    break
             gpu = cost.get("gpu")  # (action.min, inlined)
             if gpu is not None and gpu.choices[0] > 0:
-                why = feasible(action.service or "", gpu.choices)[1]
+                k = (action.service or "", gpu.choices)
+                why = seen.get(k, False)
+                if why is False:
+                    why = seen[k] = feasible(*k)[1]
                 if why:  # no feasible GPU count can serve it
                     raise ValueError(why)
                 continue
@@ -667,9 +673,7 @@ class Tangram:
         key = pool.key
         if key is None:
             for action in actions:
-                cost = action.cost
-                append(Pending(action, now, 0,
-                               NONE if cost.keys() <= _UNCOUNTED else _quotas(cost)))
+                append(Pending(action, now, 0, _quotas(action.cost)))
             return out
         sched = pool.scheduler or self.scheduler
         unit_choices, min_units = pool.unit_choices, sched.min_units
@@ -688,7 +692,11 @@ class Tangram:
         kinds: dict[tuple[str, str], tuple[bool, bool]] = {}
         for action in actions:
             cost = action.cost
-            quotas = NONE if cost.keys() <= _UNCOUNTED else _quotas(cost)
+            quotas = NONE
+            for res in cost:  # (_quotas, inlined for the usual none)
+                if res not in _UNCOUNTED:
+                    quotas = _quotas(cost)
+                    break
             choices = unit_choices(action)
             if action.elastic == key and choices:
                 key_min = min_units(choices)
