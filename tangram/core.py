@@ -490,16 +490,18 @@ class Tangram:
         bound = 0
         if not self.unbound and not self.opening:
             trajectories = self.trajectories
-            requests = []
-            for action in fresh:
-                mem = trajectories[action.trajectory].mem_gb  # (_trajectory_mem, inlined)
-                if mem is None:
-                    mem = action.min("mem_gb")
-                requests.append((action.trajectory, mem, int(action.cost["cpu"].choices[0])))
-            bound = self.cpu.bind_many(requests)
-            if bound:
+            mems = [trajectories[t].mem_gb for t in map(_TRAJECTORY, fresh)]
+            if None in mems:  # (_trajectory_mem: the first action's memory demand)
+                mems = [a.min("mem_gb") if m is None else m for a, m in zip(fresh, mems,
+                                                                           strict=True)]
+            cores = [int(a.cost["cpu"].choices[0]) for a in fresh]
+            nodes = self.cpu.bind_many(zip(map(_TRAJECTORY, fresh), mems, cores, strict=True))
+            bound = len(nodes)
+            if nodes:
+                # the pool route_many gives an action of a trajectory bound to its node
+                node_pool = {n: self.policy.node_pool(n, self._resources) for n in set(nodes)}
                 done = fresh[:bound] if bound < len(fresh) else fresh
-                groups, _ = _by_pool(done, self.policy.route_many(done, self._resources))
+                groups, _ = _by_pool(done, list(map(node_pool.__getitem__, nodes)))
                 for pool, group in groups.items():
                     self._queue_many(pool, group, now)
                     touched.setdefault(pool, group)

@@ -362,10 +362,15 @@ class Policy:
             cpu = cost.get("cpu")
             if cpu is not None and cpu.choices[0] > 0:
                 node = node_of(action.trajectory)
-                append(None if node is None else pools[f"cpu:{node}"])
+                append(None if node is None else pools[f"cpu:{node}"])  # (node_pool, inlined)
             else:
                 append(pools[API_POOL])
         return out
+
+    def node_pool(self, node: str, res: Resources) -> Pool:
+        """The pool ``route`` gives a CPU action of a trajectory bound to ``node`` (the core
+        asks it for the trajectories it just bound)."""
+        return res.pools[f"cpu:{node}"]
 
     def params(self) -> dict[str, Any]:
         """The policy's parameters (for config.json)."""

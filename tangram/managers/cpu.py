@@ -104,19 +104,22 @@ class CpuManager:
 
     def bind(self, trajectory: str, mem_gb: float, min_cores: int) -> str | None:
         """Bind a trajectory to the least memory-loaded node that fits it."""
-        if trajectory not in self._binding and not self.bind_many(((trajectory, mem_gb,
-                                                                    min_cores),)):
-            return None
-        return self._binding[trajectory]
+        node = self._binding.get(trajectory)
+        if node is not None:
+            return node
+        got = self.bind_many(((trajectory, mem_gb, min_cores),))
+        return got[0] if got else None
 
-    def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> int:
+    def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> list[str]:
         """``bind`` each (trajectory, mem_gb, min_cores) in order until one fits no node;
-        how many were bound (one loop for a batch: a burst binds thousands)."""
+        the node of each bound, in order (one loop for a batch: a burst binds thousands)."""
         binding, held, nodes = self._binding, self._held, list(self.nodes.values())
         refusal, start_gb = self.admission.refusal, self.admission.start_gb
-        done = 0
+        done: list[str] = []
+        append = done.append
         for trajectory, mem_gb, min_cores in requests:
-            if trajectory not in binding:
+            bound = binding.get(trajectory)
+            if bound is None:
                 best: CpuNode | None = None
                 for node in nodes:
                     if node.free_cores < min_cores or refusal(  # (mem_refusal, inlined)
@@ -130,9 +133,9 @@ class CpuManager:
                     break
                 best.mem_reserved += mem_gb  # (hold_memory, inlined)
                 best.mem_since += min(mem_gb, start_gb)
-                binding[trajectory] = best.name
+                bound = binding[trajectory] = best.name
                 held[trajectory] = mem_gb
-            done += 1
+            append(bound)
         return done
 
     def hold_memory(self, trajectory: str, node: str, mem_gb: float) -> None:

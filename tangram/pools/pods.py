@@ -41,12 +41,13 @@ class PodManager(CpuManager):
         self.pods[trajectory] = lease
         return node.name
 
-    def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> int:
-        done = 0
+    def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> list[str]:
+        done: list[str] = []
         for trajectory, mem_gb, min_cores in requests:
-            if self.bind(trajectory, mem_gb, min_cores) is None:
+            node = self.bind(trajectory, mem_gb, min_cores)
+            if node is None:
                 break
-            done += 1
+            done.append(node)
         return done
 
     def held_between_actions(self) -> dict[str, CpuLease]:
