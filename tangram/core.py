@@ -372,51 +372,53 @@ class Tangram:
         """:meth:`validate` each of ``actions`` (``ids``: their ids, when known), in order:
         the first refused raises. Their trajectories' states.
 
-        What every action is checked for first (an Action, a new id, an open trajectory)
-        is checked for the whole batch at once, in C loops (a burst checks thousands);
-        only when one fails are the actions checked one by one, to raise for the first."""
+        For a batch, what every action is checked for first (an Action, a new id, an open
+        trajectory) is checked for all at once, in C loops (a burst checks thousands);
+        only when one fails are they checked one by one, to raise for the first."""
         queued, running, trajectories = self.queued, self.running, self.trajectories
-        states: list[TrajectoryState] = []
-        if all(map(isinstance, actions, repeat(Action))):
+        if len(actions) > 4 and all(map(isinstance, actions, repeat(Action))):
             if ids is None:
                 ids = list(map(_ID, actions))
             if queued.keys().isdisjoint(ids) and running.keys().isdisjoint(ids):
                 states = list(map(trajectories.get, map(_TRAJECTORY, actions)))
-        if not all(states) or len(states) != len(actions):  # (a TrajectoryState is true)
-            for action in actions:
-                if not isinstance(action, Action):
-                    raise ValueError(f"action: expected an Action, got {type(action).__name__}")
-                aid = action.id
-                if aid in queued or aid in running:
-                    raise ValueError(f"action.id: duplicate id {aid!r}")
-                state = trajectories.get(action.trajectory)
-                if state is None:
-                    raise KeyError(f"action.trajectory: unknown trajectory "
-                                   f"{action.trajectory!r} (open it first)")
-                self._check_costs((action,), (state,))
-            raise AssertionError("unreachable: an action above was refused")
-        self._check_costs(actions, states)
+                if all(states):  # (a TrajectoryState is true)
+                    self._check_costs(actions, states)
+                    return states
+        states = []
+        for action in actions:
+            if not isinstance(action, Action):
+                raise ValueError(f"action: expected an Action, got {type(action).__name__}")
+            aid = action.id
+            if aid in queued or aid in running:
+                raise ValueError(f"action.id: duplicate id {aid!r}")
+            state = trajectories.get(action.trajectory)
+            if state is None:
+                raise KeyError(f"action.trajectory: unknown trajectory {action.trajectory!r} "
+                               "(open it first)")
+            self._check_costs((action,), (state,))
+            states.append(state)
         return states
 
     def _check_costs(self, actions: Iterable[Action], states: Iterable[TrajectoryState]) -> None:
         """The rest of :meth:`validate`: what each action costs can run here."""
-        feasible = self.gpu.feasible
         seen: dict[tuple[str, tuple[float, ...]], str | None] = {}  # feasible's, of the batch
-        max_domain, max_node_cores = self._max_domain, self._max_node_cores
-        max_node_mem = self._max_node_mem
-        whole_fits = self._whole_fits
+        whole_fits, max_node_mem = self._whole_fits, self._max_node_mem
         for action, state in zip(actions, states, strict=True):
             cost = action.cost
             for res in cost:  # (a loop: cheaper than a set test for the usual one or two)
-                if res not in _UNCOUNTED:  # (most actions hold no quota)
-                    self._check_quotas(cost)
-                    break
+                if res not in _UNCOUNTED and counted(res):  # (most actions hold no quota)
+                    demand = cost[res]
+                    if demand.min > 0:
+                        spec = self.quota.check(res)
+                        if demand.min > spec.limit:
+                            raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
+                                             f"limit {spec.limit}")
             gpu = cost.get("gpu")  # (action.min, inlined)
             if gpu is not None and gpu.choices[0] > 0:
                 k = (action.service or "", gpu.choices)
                 why = seen.get(k, False)
                 if why is False:
-                    why = seen[k] = feasible(*k)[1]
+                    why = seen[k] = self.gpu.feasible(*k)[1]
                 if why:  # no feasible GPU count can serve it
                     raise ValueError(why)
                 continue
@@ -428,7 +430,7 @@ class Tangram:
                 if need not in whole_fits:  # (mostly: a whole count any NUMA domain holds)
                     if need != int(need):
                         raise ValueError(f"cost['cpu']: cores must be whole, got {need}")
-                    limit = max_domain if action.elastic == "cpu" else max_node_cores
+                    limit = self._max_domain if action.elastic == "cpu" else self._max_node_cores
                     if need > limit:
                         raise ValueError(
                             f"cost['cpu']: minimum {need} cores can never fit (largest "
@@ -437,14 +439,6 @@ class Tangram:
                 if mem > max_node_mem:
                     raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
                                      f"({max_node_mem} GB)")
-
-    def _check_quotas(self, cost: Mapping[str, Demand]) -> None:
-        for res, demand in cost.items():
-            if res not in _UNCOUNTED and counted(res) and demand.min > 0:
-                spec = self.quota.check(res)
-                if demand.min > spec.limit:
-                    raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
-                                     f"limit {spec.limit}")
 
     def submit(self, action: Action, now: float) -> list[Dispatch]:
         """Queue ``action`` and return what can start now."""
@@ -678,15 +672,11 @@ class Tangram:
                 append(Pending(action, now, 0, _quotas(action.cost)))
             return out
         sched = pool.scheduler or self.scheduler
-        unit_choices, min_units = pool.unit_choices, sched.min_units
-        declared_profile, profile = sched.declared_profile, sched.profile
-        elastic_ok = sched.elastic_enabled
-        estimates = self.estimates
+        unit_choices, estimates = pool.unit_choices, self.estimates
         lane = pool.lane
         # the light lane (a CPU node's): actions expected to take at most ``light_s`` on one
         # core, declared or from at least two observed runs of their (task, kind)
         light_s = lane.light_s if lane is not None else 0.0
-        mean_n = estimates.durations.mean_n
         # per (task, kind) of the batch: (a declared T1 within light_s is believed, light
         # when nothing is declared); a declaration is bounded by what is observed (issue
         # 21): once two runs of its (task, kind) took longer than the lane allows, ``t1_s:
@@ -694,21 +684,21 @@ class Tangram:
         kinds: dict[tuple[str, str], tuple[bool, bool]] = {}
         for action in actions:
             cost = action.cost
-            quotas = NONE
-            for res in cost:  # (_quotas, inlined for the usual none)
-                if res not in _UNCOUNTED:
-                    quotas = _quotas(cost)
+            quotas = NONE  # shared: most actions hold no quota
+            for res in cost:  # (_quotas, inlined)
+                if res not in _UNCOUNTED and counted(res):
+                    quotas = {k: d.min for k, d in cost.items() if counted(k) and d.min > 0}
                     break
             choices = unit_choices(action)
             if action.elastic == key and choices:
-                key_min = min_units(choices)
-                if elastic_ok and len(choices) > 1:
-                    declared = declared_profile(action, estimates)
+                key_min = sched.min_units(choices)
+                if sched.elastic_enabled and len(choices) > 1:
+                    declared = sched.declared_profile(action, estimates)
                     if declared is not None:  # its table, E.durations(T1, choices), on first read
                         append(Pending(action, now, key_min, quotas, True, False, choices, NONE,
                                        declared))
                         continue
-                    durations = profile(action, choices, estimates)
+                    durations = sched.profile(action, choices, estimates)
                     if durations:
                         append(Pending(action, now, key_min, quotas, True, False, choices,
                                        durations))
@@ -723,7 +713,7 @@ class Tangram:
                     k = (action.task, action.kind)
                     believed = kinds.get(k)
                     if believed is None:
-                        n, mean = mean_n(k)
+                        n, mean = estimates.durations.mean_n(k)
                         believed = kinds[k] = (not (n >= 2 and mean > light_s),
                                                n >= 2 and mean <= light_s)
                     light = believed[0] if t1 is not None else believed[1]
