@@ -83,7 +83,7 @@ def _by_pool(actions: list[Action], pools: list[PoolPoints | None]
     """``actions`` by the pool each was routed to, in order, the pools in the order first
     routed to (the order of their passes: ``Tangram._schedule``); and those routed to none
     (not bound to a node yet)."""
-    if pools and pools.count(pools[0]) == len(pools):  # (mostly all to one: C loops)
+    if len(pools) == 1 or pools and pools.count(pools[0]) == len(pools):  # (mostly: C loops)
         one = pools[0]
         return ({}, actions) if one is None else ({one: actions}, [])
     groups: dict[PoolPoints, list[Action]] = {}
@@ -453,12 +453,13 @@ class Tangram:
         would give each queue; the first CPU actions of unbound trajectories are bound
         right here when nothing waits for a node before them (``_queue_fresh``)."""
         actions = list(actions)
-        ids = list(map(_ID, actions))
-        if len(set(ids)) != len(ids):
-            raise ValueError("action.id: duplicate ids in the batch")
-        states = self._check(actions, ids)
-        # each pool's actions in submit order; the pools in the order first routed to (the
-        # passes' order: tangram.core._schedule)
+        if len(actions) > 1:
+            ids = list(map(_ID, actions))
+            if len(set(ids)) != len(ids):
+                raise ValueError("action.id: duplicate ids in the batch")
+            states = self._check(actions, ids)
+        else:
+            states = self._check(actions)
         for action, state in zip(actions, states, strict=True):
             if state.thinking_in is not None:  # it stopped thinking: learn how long that took
                 self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,

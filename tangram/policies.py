@@ -350,18 +350,18 @@ class Policy:
 
     def route_many(self, actions: Iterable[Action], res: Resources) -> list[Pool | None]:
         """:meth:`route` each of ``actions`` (one loop for a batch: a burst routes thousands)."""
-        pools, node_of, gpu_route = res.pools, res.cpu.bound.get, self.gpu.route
+        pools = res.pools
         out: list[Pool | None] = []
         append = out.append
         for action in actions:
             cost = action.cost  # (action.min, inlined: every submission routes)
             gpu = cost.get("gpu")
             if gpu is not None and gpu.choices[0] > 0:
-                append(pools[gpu_route(action)])
+                append(pools[self.gpu.route(action)])
                 continue
             cpu = cost.get("cpu")
             if cpu is not None and cpu.choices[0] > 0:
-                node = node_of(action.trajectory)
+                node = res.cpu.bound.get(action.trajectory)
                 append(None if node is None else pools[f"cpu:{node}"])  # (node_pool, inlined)
             else:
                 append(pools[API_POOL])
