@@ -113,7 +113,9 @@ class CpuManager:
     def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> list[str]:
         """``bind`` each (trajectory, mem_gb, min_cores) in order until one fits no node;
         the node of each bound, in order (one loop for a batch: a burst binds thousands)."""
-        binding, held, nodes = self._binding, self._held, list(self.nodes.values())
+        binding, held = self._binding, self._held
+        # each node with what of it does not change (its name and memory)
+        nodes = [(node, node.name, node.spec.mem_gb) for node in self.nodes.values()]
         refusal, start_gb = self.admission.refusal, self.admission.start_gb
         done: list[str] = []
         append = done.append
@@ -121,18 +123,18 @@ class CpuManager:
             bound = binding.get(trajectory)
             if bound is None:
                 best: CpuNode | None = None
-                for node in nodes:
+                for node, name, node_mem in nodes:
                     if node.free_cores < min_cores or refusal(  # (mem_refusal, inlined)
-                            node.name, node.spec.mem_gb, node.mem_reserved, mem_gb,
+                            name, node_mem, node.mem_reserved, mem_gb,
                             node.mem_observed_free, node.mem_since) is not None:
                         continue
-                    if best is None or (node.mem_reserved / node.spec.mem_gb
+                    if best is None or (node.mem_reserved / node_mem
                                         < best.mem_reserved / best.spec.mem_gb):
                         best = node
                 if best is None:
                     break
                 best.mem_reserved += mem_gb  # (hold_memory, inlined)
-                best.mem_since += min(mem_gb, start_gb)
+                best.mem_since += start_gb if start_gb < mem_gb else mem_gb  # (min, inlined)
                 bound = binding[trajectory] = best.name
                 held[trajectory] = mem_gb
             append(bound)

@@ -116,7 +116,7 @@ class CpuNodePool(Pool):
         lease = self.manager.reserve(p.action.id, self.node, units, p.elastic)
         if lease is None:
             return None
-        return Grant(lease, self.node, cores=lease.cores)
+        return Grant(lease, self.node, lease.cores)
 
     def release(self, part: Any) -> None:
         if isinstance(part, LaneSlot):
