@@ -56,17 +56,17 @@ class CpuNodePool(Pool):
 
     def admit_many(self, ps: list[Pending], now: float) -> None:
         # (admit, in one loop; ``arrived`` is the base's: nothing to do)
-        queue = self.queue.append
+        to_queue = self.queue.append
         if not self.lane_slots:
             for p in ps:
-                queue(p)
+                to_queue(p)
             return
-        light = self.light.append
+        to_lane = self.light.append
         for p in ps:
             if p.light:
-                light(p)
+                to_lane(p)
             else:
-                queue(p)
+                to_queue(p)
 
     def queues(self) -> tuple[deque[Pending], ...]:
         return (self.queue, self.light)
