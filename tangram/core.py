@@ -374,36 +374,33 @@ class Tangram:
 
         For a batch, what every action is checked for first (an Action, a new id, an open
         trajectory) is checked for all at once, in C loops (a burst checks thousands);
-        only when one fails are they checked one by one, to raise for the first."""
+        when one fails (or for a few actions), each action is checked one by one, so the
+        first refused raises."""
         queued, running, trajectories = self.queued, self.running, self.trajectories
+        states: list[TrajectoryState] = []  # (a batch's, checked at once)
         if len(actions) > 4 and all(map(isinstance, actions, repeat(Action))):
             if ids is None:
                 ids = list(map(_ID, actions))
             if queued.keys().isdisjoint(ids) and running.keys().isdisjoint(ids):
                 states = list(map(trajectories.get, map(_TRAJECTORY, actions)))
-                if all(states):  # (a TrajectoryState is true)
-                    self._check_costs(actions, states)
-                    return states
-        states = []
-        for action in actions:
-            if not isinstance(action, Action):
-                raise ValueError(f"action: expected an Action, got {type(action).__name__}")
-            aid = action.id
-            if aid in queued or aid in running:
-                raise ValueError(f"action.id: duplicate id {aid!r}")
-            state = trajectories.get(action.trajectory)
-            if state is None:
-                raise KeyError(f"action.trajectory: unknown trajectory {action.trajectory!r} "
-                               "(open it first)")
-            self._check_costs((action,), (state,))
-            states.append(state)
-        return states
-
-    def _check_costs(self, actions: Iterable[Action], states: Iterable[TrajectoryState]) -> None:
-        """The rest of :meth:`validate`: what each action costs can run here."""
+                if not all(states):  # (a TrajectoryState is true)
+                    states = []
+        one_by_one: list[TrajectoryState] = []
         seen: dict[tuple[str, tuple[float, ...]], str | None] = {}  # feasible's, of the batch
         whole_fits, max_node_mem = self._whole_fits, self._max_node_mem
-        for action, state in zip(actions, states, strict=True):
+        for action, state in (zip(actions, states, strict=True) if states
+                              else zip(actions, repeat(None))):
+            if state is None:  # (checked one by one)
+                if not isinstance(action, Action):
+                    raise ValueError(f"action: expected an Action, got {type(action).__name__}")
+                aid = action.id
+                if aid in queued or aid in running:
+                    raise ValueError(f"action.id: duplicate id {aid!r}")
+                state = trajectories.get(action.trajectory)
+                if state is None:
+                    raise KeyError(f"action.trajectory: unknown trajectory "
+                                   f"{action.trajectory!r} (open it first)")
+                one_by_one.append(state)
             cost = action.cost
             for res in cost:  # (a loop: cheaper than a set test for the usual one or two)
                 if res not in _UNCOUNTED and counted(res):  # (most actions hold no quota)
@@ -439,6 +436,7 @@ class Tangram:
                 if mem > max_node_mem:
                     raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
                                      f"({max_node_mem} GB)")
+        return states or one_by_one
 
     def submit(self, action: Action, now: float) -> list[Dispatch]:
         """Queue ``action`` and return what can start now."""
