@@ -16,7 +16,7 @@ completions lives in :class:`tangram.estimates.Estimates`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from itertools import repeat
 from operator import attrgetter
@@ -25,16 +25,7 @@ from types import MappingProxyType
 from tangram.admission import RESERVE, MemoryAdmission
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.estimates import Estimates
-from tangram.model import (
-    Action,
-    BatchMember,
-    Demand,
-    Dispatch,
-    GpuPlan,
-    Lease,
-    Outcome,
-    counted,
-)
+from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
 from tangram.policies import Policy
 from tangram.pools.base import NONE, Pending, PoolPoints
 from tangram.protocol import (
@@ -68,14 +59,6 @@ from tangram.protocol import (
 #: without a string test per submission
 _UNCOUNTED = frozenset({"cpu", "gpu", "mem_gb", "gpu_mem_gb"})
 _ID, _TRAJECTORY = attrgetter("id"), attrgetter("trajectory")
-
-
-def _quotas(cost: Mapping[str, Demand]) -> Mapping[str, float]:
-    """The counted resources (quotas, bandwidth) ``cost`` holds, at their minimum."""
-    for k in cost:
-        if k not in _UNCOUNTED and counted(k):
-            return {k: d.min for k, d in cost.items() if counted(k) and d.min > 0}
-    return NONE  # shared: most actions hold no quota
 
 
 def _by_pool(actions: list[Action], pools: list[PoolPoints | None]
@@ -666,10 +649,6 @@ class Tangram:
         out: list[Pending] = []
         append = out.append
         key = pool.key
-        if key is None:
-            for action in actions:
-                append(Pending(action, now, 0, _quotas(action.cost)))
-            return out
         sched = pool.scheduler or self.scheduler
         unit_choices, estimates = pool.unit_choices, self.estimates
         lane = pool.lane
@@ -688,6 +667,9 @@ class Tangram:
                 if res not in _UNCOUNTED and counted(res):
                     quotas = {k: d.min for k, d in cost.items() if counted(k) and d.min > 0}
                     break
+            if key is None:  # (a pool with no key resource: API calls)
+                append(Pending(action, now, 0, quotas))
+                continue
             choices = unit_choices(action)
             if action.elastic == key and choices:
                 key_min = sched.min_units(choices)
