@@ -42,6 +42,7 @@ class PodManager(CpuManager):
         return node.name
 
     def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> list[str]:
+        # (this class's ``bind``, one at a time: a pod's cores are held at binding)
         done: list[str] = []
         for trajectory, mem_gb, min_cores in requests:
             node = self.bind(trajectory, mem_gb, min_cores)
