@@ -350,7 +350,7 @@ class Policy:
 
     def route_many(self, actions: Iterable[Action], res: Resources) -> list[Pool | None]:
         """:meth:`route` each of ``actions`` (one loop for a batch: a burst routes thousands)."""
-        pools = res.pools
+        pools, bound = res.pools, res.cpu.bound
         out: list[Pool | None] = []
         append = out.append
         for action in actions:
@@ -361,7 +361,7 @@ class Policy:
                 continue
             cpu = cost.get("cpu")
             if cpu is not None and cpu.choices[0] > 0:
-                node = res.cpu.bound.get(action.trajectory)
+                node = bound.get(action.trajectory)
                 append(None if node is None else pools[f"cpu:{node}"])  # (node_pool, inlined)
             else:
                 append(pools[API_POOL])

@@ -184,6 +184,19 @@ class CpuManager:
         if action_id in self._live:
             raise ValueError(f"action_id: {action_id!r} already holds a lease")
         host = self.nodes[node]
+        if n == 1 and not numa_local:
+            # (pick_domains' one-core rule, inlined: the fullest domain, the first of equals;
+            # a burst grants hundreds of single cores)
+            fullest = None
+            for dom in host.domains:
+                if dom and (fullest is None or len(dom) > len(fullest)):
+                    fullest = dom
+            if fullest is None:
+                return None
+            host.free_cores -= 1
+            lease = CpuLease(action_id, node, (fullest.pop(0),))
+            self._live[action_id] = lease
+            return lease
         plan = pick_domains(host.free_per_domain(), n, numa_local)
         if plan is None:
             return None
