@@ -470,7 +470,7 @@ class Tangram:
             if None in mems:  # (_trajectory_mem: the first action's memory demand)
                 mems = [a.min("mem_gb") if m is None else m for a, m in zip(fresh, mems,
                                                                            strict=True)]
-            cores = [int(a.cost["cpu"].choices[0]) for a in fresh]
+            cores = [a.cost["cpu"].choices[0] for a in fresh]  # (whole: validated)
             nodes = self.cpu.bind_many(zip(map(_TRAJECTORY, fresh), mems, cores, strict=True))
             bound = len(nodes)
             if nodes:

@@ -112,7 +112,8 @@ class CpuManager:
 
     def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> list[str]:
         """``bind`` each (trajectory, mem_gb, min_cores) in order until one fits no node;
-        the node of each bound, in order (one loop for a batch: a burst binds thousands)."""
+        the node of each bound, in order (one loop for a batch: a burst binds thousands).
+        ``min_cores`` is a whole number, an int or a float (a Demand's)."""
         binding, held = self._binding, self._held
         # each node with what of it does not change (its name and memory)
         nodes = [(node, node.name, node.spec.mem_gb) for node in self.nodes.values()]

@@ -45,7 +45,7 @@ class PodManager(CpuManager):
         # (this class's ``bind``, one at a time: a pod's cores are held at binding)
         done: list[str] = []
         for trajectory, mem_gb, min_cores in requests:
-            node = self.bind(trajectory, mem_gb, min_cores)
+            node = self.bind(trajectory, mem_gb, int(min_cores))  # (a pod's cores: an int)
             if node is None:
                 break
             done.append(node)
