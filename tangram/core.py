@@ -684,8 +684,8 @@ class Tangram:
                         append(Pending(action, now, key_min, quotas, True, False, choices,
                                        durations))
                         continue
-            else:
-                key_min = int(choices[0] if choices else action.min(key))
+            else:  # (unit choices are ints: PoolPoints.unit_choices)
+                key_min = choices[0] if choices else int(action.min(key))
                 choices = ()
             light = False
             if key_min == 1 and light_s and not quotas:
