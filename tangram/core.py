@@ -821,7 +821,7 @@ class Tangram:
         light = lane.light
         # (hoisted: a burst starts hundreds here)
         queued, running, started = self.queued, self.running, pool.started
-        estimate, lane_reserve, reserve = self.estimates.estimate, lane.lane_reserve, lane.reserve
+        duration, lane_reserve, reserve = self.estimates.duration, lane.lane_reserve, lane.reserve
         full = False  # the lane is full: it stays full for this pass (nothing ends in it)
         while light:
             p = light[0]
@@ -839,7 +839,7 @@ class Tangram:
             # (positional: gpus (), restore_s 0.0, the defaults)
             lease = Lease(aid, units, (grant.part, None), grant.node, grant.cores, (), 0.0,
                           grant.lane)
-            expected = estimate(p)
+            expected = duration(action, p.key_min, p.durations)  # (estimate, inlined)
             d = Dispatch(action, lease, p.submit_s, now, expected)
             running[aid] = Running(d, pool, p)
             started(aid, now + expected, units, now)
