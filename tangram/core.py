@@ -415,7 +415,9 @@ class Tangram:
                         raise ValueError(
                             f"cost['cpu']: minimum {need} cores can never fit (largest "
                             f"{'NUMA domain' if action.elastic else 'node'}: {limit})")
-                mem = state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
+                mem = state.mem_gb
+                if mem is None:
+                    mem = action.min("mem_gb")
                 if mem > max_node_mem:
                     raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
                                      f"({max_node_mem} GB)")
