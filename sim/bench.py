@@ -65,8 +65,8 @@ counts. Opcodes per burst action: CPU 765 -> 465, GPU 526 -> 340 (calls 21.1 -> 
 37.1k, GPU 22.1k -> 22.8k; pass p99 unchanged (109 and 55 us). The CPU burst is still
 ~0.2 ms above 5 ms: of its ~5.2 ms, ~0.9 ms is the cyclic GC (a gen-1 collection of the
 objects the scenario built lands in it, ~0.65 ms, as in main's), ~0.9 ms the 320
-dispatches of its pass, ~1 ms the 2,048 Pendings, ~0.55 ms binding (the admission rule,
-called per trajectory). A submission of one action pays the batch's setup: ~+8% opcodes
+dispatches of its pass, ~1 ms the 2,048 Pendings, ~0.55 ms binding the 2,048
+trajectories. A submission of one action pays the batch's setup: ~+8% opcodes
 per Submit on a mixed trace, ~+4% over all its core calls (``tangram bench simulate``'s
 core time per action unchanged, 77-78 us).
 """
