@@ -48,6 +48,27 @@ job running): CPU 24.5k -> 36.4k dispatches/s, GPU 17.8k -> 22.8k, pass p99 146 
 us and 73 -> 54 us; the burst 9.5 -> 8.7 ms (CPU) and 7.0 -> 7.0 ms (GPU, CPU time 7.1
 -> 6.5): still above 5 ms, its cost spread over the per-action queueing (validation,
 routing, the Pending, binding, the pool's bookkeeping), none of it above ~15%.
+
+The burst, issue 23 item 3 (2026-12-01; every effect of every core call unchanged, checked
+by scripts/effects_hash.py): a Submit is queued a batch at a time, not an action at a
+time. Validation checks the batch's types, ids and trajectories in C loops, then each
+action's cost; routing (``Policy.route_many``), the Pendings (``Tangram._pendings``, the
+light-lane test once per (task, kind)) and the pools' bookkeeping (``Pool.admit_many``; a
+GPU pool a service at a time) run one loop per pool, their lookups hoisted; first CPU
+actions of unbound trajectories are bound at submit in one loop (``CpuManager.bind_many``,
+in order, until one fits no node, as the binding queue would), without a second Pending
+or a second routing each; a single core is granted without building the domains' free
+counts. Opcodes per burst action: CPU 765 -> 465, GPU 526 -> 340 (calls 21.1 -> 5.2 and
+14.3 -> 6.3); per dispatch over the run CPU 2,901 -> 2,561, GPU 4,162 -> 3,973. Median of
+5 runs each, alternating with main, this machine at load 0.4-0.6: the burst CPU 8.9 ->
+5.2 ms (CPU time 8.6 -> 5.2), GPU 6.4 -> 4.1 ms (6.5 -> 4.4); dispatches/s CPU 33.9k ->
+37.1k, GPU 22.1k -> 22.8k; pass p99 unchanged (109 and 55 us). The CPU burst is still
+~0.2 ms above 5 ms: of its ~5.2 ms, ~0.9 ms is the cyclic GC (a gen-1 collection of the
+objects the scenario built lands in it, ~0.65 ms, as in main's), ~0.9 ms the 320
+dispatches of its pass, ~1 ms the 2,048 Pendings, ~0.55 ms binding the 2,048
+trajectories. A submission of one action pays the batch's setup: ~+8% opcodes
+per Submit on a mixed trace, ~+4% over all its core calls (``tangram bench simulate``'s
+core time per action unchanged, 77-78 us).
 """
 
 from __future__ import annotations

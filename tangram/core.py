@@ -16,8 +16,10 @@ completions lives in :class:`tangram.estimates.Estimates`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
+from itertools import repeat
+from operator import attrgetter
 from types import MappingProxyType
 
 from tangram.admission import RESERVE, MemoryAdmission
@@ -56,6 +58,29 @@ from tangram.protocol import (
 #: resources that are never counted (tangram.model.counted): the common case, decided
 #: without a string test per submission
 _UNCOUNTED = frozenset({"cpu", "gpu", "mem_gb", "gpu_mem_gb"})
+_ID, _TRAJECTORY = attrgetter("id"), attrgetter("trajectory")
+
+
+def _by_pool(actions: list[Action], pools: list[PoolPoints | None]
+             ) -> tuple[dict[PoolPoints, list[Action]], list[Action]]:
+    """``actions`` by the pool each was routed to, in order, the pools in the order first
+    routed to (the order of their passes: ``Tangram._schedule``); and those routed to none
+    (not bound to a node yet)."""
+    if len(pools) == 1 or pools and pools.count(pools[0]) == len(pools):  # (mostly: C loops)
+        one = pools[0]
+        return ({}, actions) if one is None else ({one: actions}, [])
+    groups: dict[PoolPoints, list[Action]] = {}
+    fresh: list[Action] = []
+    for action, pool in zip(actions, pools, strict=True):
+        if pool is None:
+            fresh.append(action)
+            continue
+        group = groups.get(pool)
+        if group is None:
+            groups[pool] = [action]
+        else:
+            group.append(action)
+    return groups, fresh
 
 
 @dataclass(slots=True)
@@ -113,6 +138,8 @@ class Tangram:
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cluster.cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
+        #: the core counts within both limits (a NUMA domain's is the smaller)
+        self._whole_fits = frozenset(range(1, self._max_domain + 1))
         #: scheduling passes that dispatched something
         self.passes = 0
 
@@ -321,42 +348,80 @@ class Tangram:
     # -- actions -----------------------------------------------------------------------
     def validate(self, action: Action) -> None:
         """Raise ValueError naming the field when ``action`` can never run here."""
-        if not isinstance(action, Action):
-            raise ValueError(f"action: expected an Action, got {type(action).__name__}")
-        aid = action.id
-        if aid in self.queued or aid in self.running:
-            raise ValueError(f"action.id: duplicate id {aid!r}")
-        state = self.trajectories.get(action.trajectory)
-        if state is None:
-            raise KeyError(f"action.trajectory: unknown trajectory {action.trajectory!r} "
-                           "(open it first)")
-        cost = action.cost
-        for res in cost:
-            if res not in _UNCOUNTED and counted(res):
-                demand = cost[res]
-                if demand.min > 0:
-                    spec = self.quota.check(res)
-                    if demand.min > spec.limit:
-                        raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
-                                         f"limit {spec.limit}")
-        gpu, cpu = cost.get("gpu"), cost.get("cpu")  # (action.min, inlined: every submission)
-        if gpu is not None and gpu.choices[0] > 0:
-            why = self.gpu.feasible(action.service or "", gpu.choices)[1]
-            if why:  # no feasible GPU count can serve it
-                raise ValueError(why)
-        elif cpu is not None and cpu.choices[0] > 0:
+        self._check((action,))
+
+    def _check(self, actions: Sequence[Action],
+               ids: list[str] | None = None) -> list[TrajectoryState]:
+        """:meth:`validate` each of ``actions`` (``ids``: their ids, when known), in order:
+        the first refused raises. Their trajectories' states.
+
+        For a batch, what every action is checked for first (an Action, a new id, an open
+        trajectory) is checked for all at once, in C loops (a burst checks thousands);
+        when one fails (or for a few actions), each action is checked one by one, so the
+        first refused raises."""
+        queued, running, trajectories = self.queued, self.running, self.trajectories
+        states: list[TrajectoryState] = []  # (a batch's, checked at once)
+        if len(actions) > 4 and all(map(isinstance, actions, repeat(Action))):
+            if ids is None:
+                ids = list(map(_ID, actions))
+            if queued.keys().isdisjoint(ids) and running.keys().isdisjoint(ids):
+                states = list(map(trajectories.get, map(_TRAJECTORY, actions)))
+                if not all(states):  # (a TrajectoryState is true)
+                    states = []
+        one_by_one: list[TrajectoryState] = []
+        seen: dict[tuple[str, tuple[float, ...]], str | None] = {}  # feasible's, of the batch
+        whole_fits, max_node_mem = self._whole_fits, self._max_node_mem
+        for action, state in (zip(actions, states, strict=True) if states
+                              else zip(actions, repeat(None))):
+            if state is None:  # (checked one by one)
+                if not isinstance(action, Action):
+                    raise ValueError(f"action: expected an Action, got {type(action).__name__}")
+                aid = action.id
+                if aid in queued or aid in running:
+                    raise ValueError(f"action.id: duplicate id {aid!r}")
+                state = trajectories.get(action.trajectory)
+                if state is None:
+                    raise KeyError(f"action.trajectory: unknown trajectory "
+                                   f"{action.trajectory!r} (open it first)")
+                one_by_one.append(state)
+            cost = action.cost
+            for res in cost:  # (a loop: cheaper than a set test for the usual one or two)
+                if res not in _UNCOUNTED and counted(res):  # (most actions hold no quota)
+                    demand = cost[res]
+                    if demand.min > 0:
+                        spec = self.quota.check(res)
+                        if demand.min > spec.limit:
+                            raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
+                                             f"limit {spec.limit}")
+            gpu = cost.get("gpu")  # (action.min, inlined)
+            if gpu is not None and gpu.choices[0] > 0:
+                k = (action.service or "", gpu.choices)
+                why = seen.get(k, False)
+                if why is False:
+                    why = seen[k] = self.gpu.feasible(*k)[1]
+                if why:  # no feasible GPU count can serve it
+                    raise ValueError(why)
+                continue
+            cpu = cost.get("cpu")
+            if cpu is None:
+                continue
             need = cpu.choices[0]
-            if need != int(need):
-                raise ValueError(f"cost['cpu']: cores must be whole, got {need}")
-            limit = self._max_domain if action.elastic == "cpu" else self._max_node_cores
-            if need > limit:
-                raise ValueError(f"cost['cpu']: minimum {need} cores can never fit "
-                                 f"(largest {'NUMA domain' if action.elastic else 'node'}: "
-                                 f"{limit})")
-            mem = state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
-            if mem > self._max_node_mem:
-                raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
-                                 f"({self._max_node_mem} GB)")
+            if need > 0:
+                if need not in whole_fits:  # (mostly: a whole count any NUMA domain holds)
+                    if need != int(need):
+                        raise ValueError(f"cost['cpu']: cores must be whole, got {need}")
+                    limit = self._max_domain if action.elastic == "cpu" else self._max_node_cores
+                    if need > limit:
+                        raise ValueError(
+                            f"cost['cpu']: minimum {need} cores can never fit (largest "
+                            f"{'NUMA domain' if action.elastic else 'node'}: {limit})")
+                mem = state.mem_gb
+                if mem is None:
+                    mem = action.min("mem_gb")
+                if mem > max_node_mem:
+                    raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
+                                     f"({max_node_mem} GB)")
+        return states or one_by_one
 
     def submit(self, action: Action, now: float) -> list[Dispatch]:
         """Queue ``action`` and return what can start now."""
@@ -364,45 +429,78 @@ class Tangram:
 
     def submit_many(self, actions: Iterable[Action], now: float) -> list[Dispatch]:
         """Queue a batch (e.g. a step's reward requests) with one scheduling pass per
-        pool touched. All or nothing: one invalid action queues none of them."""
+        pool touched. All or nothing: one invalid action queues none of them.
+
+        Queued a pool at a time (a burst queues thousands: each pool's lookups are done
+        once per batch, ``_pendings``, ``admit_many``), in the order a submission at a time
+        would give each queue; the first CPU actions of unbound trajectories are bound
+        right here when nothing waits for a node before them (``_queue_fresh``)."""
         actions = list(actions)
-        ids = [a.id for a in actions]
-        if len(set(ids)) != len(ids):
-            raise ValueError("action.id: duplicate ids in the batch")
-        validate = self.validate
-        for action in actions:
-            validate(action)
-        # one loop for the batch, its lookups hoisted (a burst queues thousands)
-        touched: dict[str, PoolPoints] = {}
-        trajectories, queued, unbound = self.trajectories, self.queued, self.unbound
-        route, resources, make = self.policy.route, self._resources, self._pending
-        for action in actions:
-            pool = route(action, resources)
-            state = trajectories[action.trajectory]
+        if len(actions) > 1:
+            ids = list(map(_ID, actions))
+            if len(set(ids)) != len(ids):
+                raise ValueError("action.id: duplicate ids in the batch")
+            states = self._check(actions, ids)
+        else:
+            states = self._check(actions)
+        for action, state in zip(actions, states, strict=True):
             if state.thinking_in is not None:  # it stopped thinking: learn how long that took
                 self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
                                                          state.will_continue, continued=True,
                                                          think_s=now - state.last_end)
                 state.thinking_in = None
             state.in_flight.add(action.id)
-            if pool is None:  # first CPU action of a trajectory: bind it to a node first
+        groups, fresh = _by_pool(actions, self.policy.route_many(actions, self._resources))
+        for pool, group in groups.items():
+            self._queue_many(pool, group, now)
+        if fresh:  # first CPU actions of trajectories not bound to a node
+            self._queue_fresh(fresh, now, groups)
+        return self._schedule(now, groups)
+
+    def _queue_fresh(self, fresh: list[Action], now: float,
+                     touched: dict[PoolPoints, list[Action]]) -> None:
+        """Queue ``fresh``, first CPU actions of trajectories not bound to a node,
+        submitted at ``now``. When nothing waits for a node before them, they are bound
+        here, in order, until one fits no node: what the pass's ``_bind_waiting`` would
+        do first (then it stops at that one too), without a Pending in the binding queue
+        for each. The pools they are queued in are added to ``touched``. The rest wait in
+        the binding queue."""
+        bound = 0
+        if not self.unbound and not self.opening:
+            trajectories = self.trajectories
+            mems = [trajectories[t].mem_gb for t in map(_TRAJECTORY, fresh)]
+            if None in mems:  # (_trajectory_mem: the first action's memory demand)
+                mems = [a.min("mem_gb") if m is None else m for a, m in zip(fresh, mems,
+                                                                           strict=True)]
+            cores = [a.cost["cpu"].choices[0] for a in fresh]  # (whole: validated)
+            nodes = self.cpu.bind_many(zip(map(_TRAJECTORY, fresh), mems, cores, strict=True))
+            bound = len(nodes)
+            if nodes:
+                # the pool route_many gives an action of a trajectory bound to its node
+                node_pool = {n: self.policy.node_pool(n, self._resources) for n in set(nodes)}
+                done = fresh[:bound] if bound < len(fresh) else fresh
+                groups, _ = _by_pool(done, list(map(node_pool.__getitem__, nodes)))
+                for pool, group in groups.items():
+                    self._queue_many(pool, group, now)
+                    touched.setdefault(pool, group)
+        if bound < len(fresh):
+            queued, unbound = self.queued, self.unbound
+            for action in fresh[bound:]:
                 pending = Pending(action, now, int(action.cost["cpu"].choices[0]))
                 queued[action.id] = pending
                 unbound.append(pending)
-            else:  # (_queue_in, inlined)
-                pending = make(action, now, pool)
-                queued[action.id] = pending
-                pool.admit(pending)
-                pool.arrived(pending, now)
-                touched[pool.name] = pool
-        return self._schedule(now, touched.values())
+
+    def _queue_many(self, pool: PoolPoints, actions: list[Action], submit_s: float) -> None:
+        """Queue ``actions`` (submitted at ``submit_s``) in ``pool``, in order."""
+        pendings = self._pendings(pool, actions, submit_s)
+        queued = self.queued
+        for p in pendings:
+            queued[p.action.id] = p
+        pool.admit_many(pendings, submit_s)
 
     def _queue_in(self, pool: PoolPoints, action: Action, submit_s: float) -> None:
         """Queue ``action`` (submitted at ``submit_s``) in ``pool``."""
-        pending = self._pending(action, submit_s, pool)
-        self.queued[action.id] = pending
-        pool.admit(pending)
-        pool.arrived(pending, submit_s)
+        self._queue_many(pool, [action], submit_s)
 
     def _route(self, action: Action) -> PoolPoints | None:
         """The pool whose queue ``action`` waits in (None: not bound to a node yet)."""
@@ -543,45 +641,67 @@ class Tangram:
         return state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
 
     def _pending(self, action: Action, now: float, pool: PoolPoints) -> Pending:
-        cost = action.cost
-        quotas: Mapping[str, float] = NONE  # shared: most actions hold no quota
-        for k in cost:
-            if k not in _UNCOUNTED and counted(k):
-                quotas = {k: d.min for k, d in cost.items() if counted(k) and d.min > 0}
-                break
-        if pool.key is None:
-            return Pending(action, now, 0, quotas)
-        sched = pool.scheduler or self.scheduler
-        choices = pool.unit_choices(action)
-        if action.elastic != pool.key or not choices:
-            key_min = int(choices[0] if choices else action.min(pool.key))
-            return Pending(action, now, key_min, quotas,
-                           light=key_min == 1 and self._light(action, pool, quotas))
-        key_min = sched.min_units(choices)
-        if sched.elastic_enabled and len(choices) > 1:
-            declared = sched.declared_profile(action, self.estimates)
-            if declared is not None:  # its table, E.durations(T1, choices), on first read
-                return Pending(action, now, key_min, quotas, elastic=True, choices=choices,
-                               profile=declared)
-            durations = sched.profile(action, choices, self.estimates)
-        else:
-            durations = NONE
-        light = not durations and key_min == 1 and self._light(action, pool, quotas)
-        return Pending(action, now, key_min, quotas, elastic=bool(durations), choices=choices,
-                       durations=durations or NONE, light=light)
+        return self._pendings(pool, (action,), now)[0]
 
-    def _light(self, action: Action, pool: PoolPoints, quotas: Mapping[str, float]) -> bool:
-        """For a pool with a light lane: expected to take at most its ``light_s`` on one
-        core, declared or from at least two observed runs of its (task, kind)."""
+    def _pendings(self, pool: PoolPoints, actions: Sequence[Action],
+                  now: float) -> list[Pending]:
+        """What the scheduler reads of each of ``actions`` queued in ``pool`` at ``now``.
+        One loop for a batch, the pool's and the scheduler's lookups done once (a burst
+        queues thousands)."""
+        out: list[Pending] = []
+        append = out.append
+        key = pool.key
+        sched = pool.scheduler or self.scheduler
+        unit_choices, estimates = pool.unit_choices, self.estimates
         lane = pool.lane
-        if lane is None or not lane.light_s or quotas:
-            return False
-        n, mean = self.estimates.durations.mean_n((action.task, action.kind))
-        if action.t1_s is not None:
-            # a declaration is bounded by what is observed (issue 21): once two runs of
-            # its (task, kind) took longer than the lane allows, ``t1_s: 0`` is not believed
-            return action.t1_s <= lane.light_s and not (n >= 2 and mean > lane.light_s)
-        return n >= 2 and mean <= lane.light_s
+        # the light lane (a CPU node's): actions expected to take at most ``light_s`` on one
+        # core, declared or from at least two observed runs of their (task, kind)
+        light_s = lane.light_s if lane is not None else 0.0
+        # per (task, kind) of the batch: (a declared T1 within light_s is believed, light
+        # when nothing is declared); a declaration is bounded by what is observed (issue
+        # 21): once two runs of its (task, kind) took longer than the lane allows, ``t1_s:
+        # 0`` is not believed
+        kinds: dict[tuple[str, str], tuple[bool, bool]] = {}
+        for action in actions:
+            cost = action.cost
+            quotas = NONE  # shared: most actions hold no quota
+            for res in cost:  # (_quotas, inlined)
+                if res not in _UNCOUNTED and counted(res):
+                    quotas = {k: d.min for k, d in cost.items() if counted(k) and d.min > 0}
+                    break
+            if key is None:  # (a pool with no key resource: API calls)
+                append(Pending(action, now, 0, quotas))
+                continue
+            choices = unit_choices(action)
+            if action.elastic == key and choices:
+                key_min = sched.min_units(choices)
+                if sched.elastic_enabled and len(choices) > 1:
+                    declared = sched.declared_profile(action, estimates)
+                    if declared is not None:  # its table, E.durations(T1, choices), on first read
+                        append(Pending(action, now, key_min, quotas, True, False, choices, NONE,
+                                       declared))
+                        continue
+                    durations = sched.profile(action, choices, estimates)
+                    if durations:
+                        append(Pending(action, now, key_min, quotas, True, False, choices,
+                                       durations))
+                        continue
+            else:  # (unit choices are ints: PoolPoints.unit_choices)
+                key_min = choices[0] if choices else int(action.min(key))
+                choices = ()
+            light = False
+            if key_min == 1 and light_s and not quotas:
+                t1 = action.t1_s
+                if t1 is None or t1 <= light_s:
+                    k = (action.task, action.kind)
+                    believed = kinds.get(k)
+                    if believed is None:
+                        n, mean = estimates.durations.mean_n(k)
+                        believed = kinds[k] = (not (n >= 2 and mean > light_s),
+                                               n >= 2 and mean <= light_s)
+                    light = believed[0] if t1 is not None else believed[1]
+            append(Pending(action, now, key_min, quotas, False, light, choices, NONE))
+        return out
 
     def _request_env(self, trajectory: str) -> None:
         """The trajectory's environment starts now: bind it in open order."""
@@ -701,20 +821,30 @@ class Tangram:
         lane = pool.lane
         assert lane is not None
         light = lane.light
+        # (hoisted: a burst starts hundreds here)
+        queued, running, started = self.queued, self.running, pool.started
+        duration, lane_reserve, reserve = self.estimates.duration, lane.lane_reserve, lane.reserve
+        full = False  # the lane is full: it stays full for this pass (nothing ends in it)
         while light:
             p = light[0]
-            grant = lane.lane_reserve(p) or lane.reserve(p, 1, now)
+            grant = None if full else lane_reserve(p)
             if grant is None:
-                break
+                full = True
+                grant = reserve(p, 1, now)
+                if grant is None:
+                    break
             light.popleft()
-            del self.queued[p.action.id]
+            action = p.action
+            aid = action.id
+            del queued[aid]
             units = 0 if grant.lane else 1
-            lease = Lease(p.action.id, units, (grant.part, None), grant.node, grant.cores,
-                          lane=grant.lane)
-            expected = self.estimates.estimate(p)
-            d = Dispatch(p.action, lease, p.submit_s, now, expected)
-            self.running[p.action.id] = Running(d, pool, p)
-            pool.started(p.action.id, now + expected, units, now)
+            # (positional: gpus (), restore_s 0.0, the defaults)
+            lease = Lease(aid, units, (grant.part, None), grant.node, grant.cores, (), 0.0,
+                          grant.lane)
+            expected = duration(action, p.key_min, p.durations)  # (estimate, inlined)
+            d = Dispatch(action, lease, p.submit_s, now, expected)
+            running[aid] = Running(d, pool, p)
+            started(aid, now + expected, units, now)
             out.append(d)
         return out
 
@@ -815,3 +945,4 @@ class Tangram:
         self._max_node_cores = max((n.cores for n in cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cpu_nodes), default=0.0)
+        self._whole_fits = frozenset(range(1, self._max_domain + 1))

@@ -26,7 +26,7 @@ Baselines never subclass the core.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Protocol
 
@@ -346,14 +346,31 @@ class Policy:
 
     def route(self, action: Action, res: Resources) -> Pool | None:
         """The pool whose queue ``action`` waits in (None: not bound to a node yet)."""
-        cost = action.cost  # (action.min, inlined: every submission routes)
-        gpu, cpu = cost.get("gpu"), cost.get("cpu")
-        if gpu is not None and gpu.choices[0] > 0:
-            return res.pools[self.gpu.route(action)]
-        if cpu is not None and cpu.choices[0] > 0:
-            node = res.cpu.node_of(action.trajectory)
-            return None if node is None else res.pools[f"cpu:{node}"]
-        return res.pools[API_POOL]
+        return self.route_many((action,), res)[0]
+
+    def route_many(self, actions: Iterable[Action], res: Resources) -> list[Pool | None]:
+        """:meth:`route` each of ``actions`` (one loop for a batch: a burst routes thousands)."""
+        pools, bound = res.pools, res.cpu.bound
+        out: list[Pool | None] = []
+        append = out.append
+        for action in actions:
+            cost = action.cost  # (action.min, inlined: every submission routes)
+            gpu = cost.get("gpu")
+            if gpu is not None and gpu.choices[0] > 0:
+                append(pools[self.gpu.route(action)])
+                continue
+            cpu = cost.get("cpu")
+            if cpu is not None and cpu.choices[0] > 0:
+                node = bound.get(action.trajectory)
+                append(None if node is None else pools[f"cpu:{node}"])  # (node_pool, inlined)
+            else:
+                append(pools[API_POOL])
+        return out
+
+    def node_pool(self, node: str, res: Resources) -> Pool:
+        """The pool ``route`` gives a CPU action of a trajectory bound to ``node`` (the core
+        asks it for the trajectories it just bound)."""
+        return res.pools[f"cpu:{node}"]
 
     def params(self) -> dict[str, Any]:
         """The policy's parameters (for config.json)."""

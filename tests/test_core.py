@@ -368,6 +368,45 @@ def test_submit_many_is_all_or_nothing():
     assert len(out) == 2
 
 
+@pytest.mark.parametrize("first", ["cores", "trajectory", "duplicate"])
+def test_a_batch_is_refused_for_its_first_refused_action(first):
+    """A batch (large enough for its ids and trajectories to be checked all at once) is
+    refused for the first action refused in submit order, whichever check refuses it,
+    and queues nothing."""
+    core = Tangram(cluster(cores=8))
+    for t in "abcdef":
+        core.open_trajectory(t)
+    core.submit(shell("a", 1.0, aid="queued", cores=8), 0.0)
+    core.submit(shell("a", 1.0, aid="waits"), 0.0)  # (no core left: it stays queued)
+    refused = {"cores": (shell("c", 1.0, cores=1.5), ValueError, "cores must be whole"),
+               "trajectory": (shell("zz", 1.0), KeyError, "unknown trajectory 'zz'"),
+               "duplicate": (shell("d", 1.0, aid="waits"), ValueError, "duplicate id 'waits'")}
+    action, error, message = refused[first]
+    later = [a for k, (a, _, _) in refused.items() if k != first]
+    batch = [shell("b", 1.0), shell("c", 1.0), action, *later, shell("e", 1.0)]
+    with pytest.raises(error, match=message):
+        core.submit_many(batch, 0.0)
+    assert set(core.queued) == {"waits"}
+    assert all(core.trajectory(t).in_flight == 0 for t in "bcdef")
+
+
+def test_a_batch_binds_first_actions_in_order_until_one_fits_no_node():
+    """First actions of unbound trajectories in one batch are bound in submit order; the
+    first that fits no node waits, and every one behind it waits behind it (FCFS, paper
+    5.2), one that would fit too; they are bound as memory is freed."""
+    core = Tangram(cluster(cores=8, mem_gb=10.0))
+    mems = {"a": 4.0, "b": 4.0, "c": 4.0, "d": 1.0, "e": 1.0}
+    for t, mem in mems.items():
+        core.open_trajectory(t, mem_gb=mem)
+    out = core.submit_many([shell(t, 1.0, aid=t) for t in mems], 0.0)
+    assert [d.action.id for d in out] == ["a", "b"]
+    assert [core.node_of(t) for t in mems] == ["n0", "n0", None, None, None]
+    assert all(core.why_queued(t).startswith("waiting for a node") for t in "cde")
+    assert core.finish("a", 1.0) == []
+    out = core.close_trajectory("a", 1.0)  # 4 GB freed: c, d and e fit (4 + 4 + 1 + 1)
+    assert [d.action.id for d in out] == ["c", "d", "e"]
+
+
 @pytest.mark.parametrize("cpu_first", [True, False])
 def test_pools_touched_together_pass_in_submit_order(cpu_first):
     """Pools sharing a quota pass in a fixed order (the order they were touched), not in

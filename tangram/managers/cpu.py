@@ -12,8 +12,9 @@ declared limits reserved in full unless the node's free memory is observed).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from types import MappingProxyType
 
 from tangram.admission import RESERVE, MemoryAdmission
 from tangram.cluster import CpuNodeSpec
@@ -90,29 +91,55 @@ class CpuManager:
                  admission: MemoryAdmission = RESERVE) -> None:
         self.nodes = {s.name: CpuNode(s) for s in specs}
         self.admission = admission
-        self._binding: dict[str, tuple[str, float]] = {}
+        #: trajectory -> the node it is bound to, and the memory it holds there
+        self._binding: dict[str, str] = {}
+        self._held: dict[str, float] = {}
+        #: ``_binding``, read-only and live: a router looks up thousands in a burst
+        self.bound: Mapping[str, str] = MappingProxyType(self._binding)
         self._live: dict[str, CpuLease] = {}
 
     # -- trajectories -------------------------------------------------------------
     def node_of(self, trajectory: str) -> str | None:
-        bound = self._binding.get(trajectory)
-        return bound[0] if bound else None
+        return self._binding.get(trajectory)
 
     def bind(self, trajectory: str, mem_gb: float, min_cores: int) -> str | None:
         """Bind a trajectory to the least memory-loaded node that fits it."""
-        if trajectory in self._binding:
-            return self._binding[trajectory][0]
-        best: CpuNode | None = None
-        for node in self.nodes.values():
-            if node.free_cores < min_cores or self.mem_refusal(node, mem_gb) is not None:
-                continue
-            if best is None or (node.mem_reserved / node.spec.mem_gb
-                                < best.mem_reserved / best.spec.mem_gb):
-                best = node
-        if best is None:
-            return None
-        self.hold_memory(trajectory, best.name, mem_gb)
-        return best.name
+        node = self._binding.get(trajectory)
+        if node is not None:
+            return node
+        got = self.bind_many(((trajectory, mem_gb, min_cores),))
+        return got[0] if got else None
+
+    def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> list[str]:
+        """``bind`` each (trajectory, mem_gb, min_cores) in order until one fits no node;
+        the node of each bound, in order (one loop for a batch: a burst binds thousands).
+        ``min_cores`` is a whole number, an int or a float (a Demand's)."""
+        binding, held = self._binding, self._held
+        # each node with what of it does not change (its name and memory)
+        nodes = [(node, node.name, node.spec.mem_gb) for node in self.nodes.values()]
+        refusal, start_gb = self.admission.refusal, self.admission.start_gb
+        done: list[str] = []
+        append = done.append
+        for trajectory, mem_gb, min_cores in requests:
+            bound = binding.get(trajectory)
+            if bound is None:
+                best: CpuNode | None = None
+                for node, name, node_mem in nodes:
+                    if node.free_cores < min_cores or refusal(  # (mem_refusal, inlined)
+                            name, node_mem, node.mem_reserved, mem_gb,
+                            node.mem_observed_free, node.mem_since) is not None:
+                        continue
+                    if best is None or (node.mem_reserved / node_mem
+                                        < best.mem_reserved / best.spec.mem_gb):
+                        best = node
+                if best is None:
+                    break
+                best.mem_reserved += mem_gb  # (hold_memory, inlined)
+                best.mem_since += start_gb if start_gb < mem_gb else mem_gb  # (min, inlined)
+                bound = binding[trajectory] = best.name
+                held[trajectory] = mem_gb
+            append(bound)
+        return done
 
     def hold_memory(self, trajectory: str, node: str, mem_gb: float) -> None:
         """Bind ``trajectory`` to ``node``, holding ``mem_gb`` there until it is unbound
@@ -120,7 +147,8 @@ class CpuManager:
         host = self.nodes[node]
         host.mem_reserved += mem_gb
         host.mem_since += min(mem_gb, self.admission.start_gb)
-        self._binding[trajectory] = (node, mem_gb)
+        self._binding[trajectory] = node
+        self._held[trajectory] = mem_gb
 
     def mem_refusal(self, node: CpuNode, mem_gb: float) -> str | None:
         """Why ``node`` cannot take a trajectory declaring ``mem_gb`` now (None: it can)."""
@@ -148,15 +176,28 @@ class CpuManager:
 
     def unbind(self, trajectory: str) -> None:
         """Release a closed trajectory's memory (idempotent)."""
-        bound = self._binding.pop(trajectory, None)
-        if bound:
-            self.nodes[bound[0]].mem_reserved -= bound[1]
+        node = self._binding.pop(trajectory, None)
+        if node is not None:
+            self.nodes[node].mem_reserved -= self._held.pop(trajectory)
 
     # -- cores ---------------------------------------------------------------------
     def reserve(self, action_id: str, node: str, n: int, numa_local: bool) -> CpuLease | None:
         if action_id in self._live:
             raise ValueError(f"action_id: {action_id!r} already holds a lease")
         host = self.nodes[node]
+        if n == 1 and not numa_local:
+            # (pick_domains' one-core rule, inlined: the fullest domain, the first of equals;
+            # a burst grants hundreds of single cores)
+            fullest = None
+            for dom in host.domains:
+                if dom and (fullest is None or len(dom) > len(fullest)):
+                    fullest = dom
+            if fullest is None:
+                return None
+            host.free_cores -= 1
+            lease = CpuLease(action_id, node, (fullest.pop(0),))
+            self._live[action_id] = lease
+            return lease
         plan = pick_domains(host.free_per_domain(), n, numa_local)
         if plan is None:
             return None
@@ -219,7 +260,8 @@ class CpuManager:
         host.free_cores = 0
         for aid in [a for a, lease in self._live.items() if lease.node == name]:
             del self._live[aid]
-        lost = [t for t, (node, _) in self._binding.items() if node == name]
+        lost = [t for t, node in self._binding.items() if node == name]
         for t in lost:
             del self._binding[t]
+            del self._held[t]
         return lost

@@ -123,6 +123,7 @@ class PoolPoints(Protocol):
 
     def admit(self, p: Pending) -> None: ...
     def arrived(self, p: Pending, now: float) -> None: ...
+    def admit_many(self, ps: list[Pending], now: float) -> None: ...
     def queues(self) -> tuple[deque[Pending], ...]: ...
     def take(self, started: list[Pending]) -> None: ...
     def withdraw(self, p: Pending) -> bool: ...
@@ -170,6 +171,14 @@ class Pool:
     def admit(self, p: Pending) -> None:
         """Queue ``p`` (a pool may keep some actions in a queue of their own)."""
         self.queue.append(p)
+
+    def admit_many(self, ps: list[Pending], now: float) -> None:
+        """``ps``, in order, arrived at ``now``: ``admit`` then ``arrived`` each (a pool
+        may do it in one loop: a burst queues thousands)."""
+        admit, arrived = self.admit, self.arrived
+        for p in ps:
+            admit(p)
+            arrived(p, now)
 
     def queues(self) -> tuple[deque[Pending], ...]:
         """Every queue an action of this pool may wait in."""

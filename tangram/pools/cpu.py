@@ -54,6 +54,20 @@ class CpuNodePool(Pool):
     def admit(self, p: Pending) -> None:
         (self.light if p.light and self.lane_slots else self.queue).append(p)
 
+    def admit_many(self, ps: list[Pending], now: float) -> None:
+        # (admit, in one loop; ``arrived`` is the base's: nothing to do)
+        to_queue = self.queue.append
+        if not self.lane_slots:
+            for p in ps:
+                to_queue(p)
+            return
+        to_lane = self.light.append
+        for p in ps:
+            if p.light:
+                to_lane(p)
+            else:
+                to_queue(p)
+
     def queues(self) -> tuple[deque[Pending], ...]:
         return (self.queue, self.light)
 
@@ -102,7 +116,7 @@ class CpuNodePool(Pool):
         lease = self.manager.reserve(p.action.id, self.node, units, p.elastic)
         if lease is None:
             return None
-        return Grant(lease, self.node, cores=lease.cores)
+        return Grant(lease, self.node, lease.cores)
 
     def release(self, part: Any) -> None:
         if isinstance(part, LaneSlot):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import deque
-from collections.abc import Collection
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from tangram.arrange import ChunkOperator, take_chunk
@@ -57,6 +57,19 @@ def take_riders(queue: deque[Pending], lead: Pending, units: int, estimates: Any
     return riders
 
 
+def by_service(ps: Iterable[Pending]) -> dict[str, list[Pending]]:
+    """``ps`` by the service they call, in order, the services in the order first called."""
+    out: dict[str, list[Pending]] = {}
+    for p in ps:
+        service = p.action.service or ""
+        group = out.get(service)
+        if group is None:
+            out[service] = [p]
+        else:
+            group.append(p)
+    return out
+
+
 def batch_expected(lead: Pending, riders: list[Pending], units: int, estimates: Any,
                    batching: BatchModel) -> float:
     return batching.batch_s([solo_s(q, units, estimates) for q in (lead, *riders)])
@@ -75,10 +88,16 @@ class ServiceDemand:
         self._shares: dict[tuple[str, ...], dict[str, float]] = {}
 
     def add(self, service: str, work: float, now: float) -> None:
+        self.add_many(service, (work,), now)
+
+    def add_many(self, service: str, works: Iterable[float], now: float) -> None:
+        """``add`` each of ``works`` of ``service``, in order (a burst adds thousands)."""
         v = self._value.get(service, 0.0)  # (value, inlined: every request adds)
         if v and now > self._at[service]:
             v *= math.exp(-(now - self._at[service]) / self.tau_s)
-        self._value[service] = v + work
+        for work in works:  # (in order, one at a time: the sum add gave)
+            v += work
+        self._value[service] = v
         self._at[service] = now
         if self._shares:
             self._shares.clear()
@@ -126,9 +145,17 @@ class GpuPool(Pool):
         #: service -> the GPU counts its latest request accepted
         self.accepted: dict[str, tuple[int, ...]] = {}
         self.total_gpus = sum(n.spec.gpus for n in manager.nodes.values())
+        self._choices: dict[tuple[str, tuple[float, ...]], tuple[int, ...]] = {}
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
-        return self.manager.feasible(action.service or "", action.cost["gpu"].choices)[0]
+        # (the manager's feasible counts, cached here too: a burst asks for every request)
+        key = (action.service or "", action.cost["gpu"].choices)
+        got = self._choices.get(key)
+        if got is None:
+            got = self.manager.feasible(*key)[0]
+            if key[0] in self.manager.services:  # bounded, as the manager's
+                self._choices[key] = got
+        return got
 
     def new_scratch(self) -> list[tuple[int, int, int, int]]:
         return [self.manager.chunk_counts()]
@@ -157,11 +184,26 @@ class GpuPool(Pool):
 
     # -- requests and batches -----------------------------------------------------------
     def arrived(self, p: Pending, now: float) -> None:
-        action = p.action
-        service = action.service or ""
-        # (work_s is the declared T1 when there is one)
-        self.demand.add(service, action.t1_s if action.t1_s is not None else 1.0, now)
-        self.accepted[service] = p.choices or (p.key_min,)  # (accepts, inlined)
+        self._arrived((p,), now)
+
+    def admit_many(self, ps: list[Pending], now: float) -> None:
+        self.queue.extend(ps)  # (admit each; ``_arrived`` does not read the queue)
+        self._arrived(ps, now)
+
+    def _arrived(self, ps: Sequence[Pending], now: float) -> None:
+        """``ps``, in order, arrived at ``now`` (a service at a time: a burst queues
+        thousands)."""
+        self._requested(by_service(ps), now)
+
+    def _requested(self, groups: dict[str, list[Pending]], now: float) -> None:
+        """Requests arrived at ``now``, by service (``by_service``): the counts each accepts
+        and the demand."""
+        for service, group in groups.items():
+            last = group[-1]
+            self.accepted[service] = last.choices or (last.key_min,)  # (accepts, inlined)
+            # (work_s is the declared T1 when there is one)
+            self.demand.add_many(service, [1.0 if p.action.t1_s is None else p.action.t1_s
+                                           for p in group], now)
 
     def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
         lease = self.manager.reserve(p.action.id, p.action.service or "", units, now)
@@ -224,26 +266,25 @@ class EoeGpuPool(GpuPool):
         self._dirty: set[str] = set()
         self._index: dict[str, int] = {}
 
-    def arrived(self, p: Pending, now: float) -> None:
-        action = p.action
-        service = action.service or ""
-        # (GpuPool.arrived, inlined: a burst queues thousands)
-        self.demand.add(service, action.t1_s if action.t1_s is not None else 1.0, now)
-        self.accepted[service] = p.choices or (p.key_min,)
-        q = self.waiting.get(service)
-        if q is None:
-            q = self.waiting[service] = deque()
-            self._index[service] = len(self._index)
-        if not q:  # it becomes its service's oldest
-            self._dirty.add(service)
-        q.append(p)
-        key = id(p)
-        self._queued.add(key)
+    def _arrived(self, ps: Sequence[Pending], now: float) -> None:
+        groups = by_service(ps)
+        self._requested(groups, now)
+        # each service's queue, a service at a time; the arrival numbers in C loops
+        keys = list(map(id, ps))
+        self._queued.update(keys)
         n = self._arrivals
-        self._seq[key] = n
-        self._arrivals = n + 1
-        count = self._count
-        count[service] = count.get(service, 0) + 1
+        self._seq.update(zip(keys, range(n, n + len(keys)), strict=True))
+        self._arrivals = n + len(keys)
+        waiting, count = self.waiting, self._count
+        for service, group in groups.items():
+            q = waiting.get(service)
+            if q is None:
+                q = waiting[service] = deque()
+                self._index[service] = len(self._index)
+            if not q:  # its first becomes its service's oldest
+                self._dirty.add(service)
+            q.extend(group)
+            count[service] = count.get(service, 0) + len(group)
 
     def groups(self) -> list[deque[Pending]]:
         """Each service's waiting requests (oldest first), services ordered by their

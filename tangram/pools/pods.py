@@ -41,6 +41,16 @@ class PodManager(CpuManager):
         self.pods[trajectory] = lease
         return node.name
 
+    def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> list[str]:
+        # (this class's ``bind``, one at a time: a pod's cores are held at binding)
+        done: list[str] = []
+        for trajectory, mem_gb, min_cores in requests:
+            node = self.bind(trajectory, mem_gb, int(min_cores))  # (a pod's cores: an int)
+            if node is None:
+                break
+            done.append(node)
+        return done
+
     def held_between_actions(self) -> dict[str, CpuLease]:
         return dict(self.pods)
 

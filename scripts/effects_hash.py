@@ -1,0 +1,92 @@
+"""Hash of every effect the core returns in the scheduler benchmark's scenarios (issue 23):
+a change meant only to make the core cheaper must leave every ``handle`` call's effects
+as they were. Run on two versions and compare the lines.
+
+    PYTHONPATH=. python scripts/effects_hash.py
+
+A GPU plan's resident set is a frozenset, whose repr follows string hashing: the script
+re-runs itself under PYTHONHASHSEED=0 unless it is set (compare runs under the same seed).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+
+import numpy as np
+
+from sim.bench import cpu_scenario, gpu_scenario, run_scheduler_scenario
+from tangram.core import Tangram
+
+
+def run(name: str, build, n: int, seed: int) -> str:
+    h = hashlib.sha256()
+    calls = 0
+    handle = Tangram.handle
+
+    def traced(core: Tangram, command, now: float):
+        nonlocal calls
+        out = handle(core, command, now)
+        text = f"{now!r}|{type(command).__name__}|{out!r}"
+        if " at 0x" in text:
+            raise AssertionError(f"an address in an effect's repr: {text[:300]}")
+        h.update(text.encode())
+        calls += 1
+        return out
+
+    cluster, actions = build(n, np.random.default_rng(seed))
+    Tangram.handle = traced  # type: ignore[method-assign]
+    try:
+        r = run_scheduler_scenario(name, cluster, actions)
+    finally:
+        Tangram.handle = handle  # type: ignore[method-assign]
+    return (f"{name} n={n} seed={seed} calls={calls} act_mean_s={r['act_mean_s']} "
+            f"gpu_restores={r['gpu_restores']} batched={r['batched_actions']} "
+            f"{h.hexdigest()[:16]}")
+
+
+def run_sim(workload: str, policy: str, n: int, seed: int) -> str:
+    """A generated trace through the simulator (closed-loop trajectories submitting one
+    action at a time, quotas, the light lane, several nodes)."""
+    from sim.cluster import load_cluster
+    from sim.driver import SimConfig, simulate
+    from traces.generate import generate
+    from traces.schema import validate
+
+    h = hashlib.sha256()
+    calls = 0
+    handle = Tangram.handle
+
+    def traced(core: Tangram, command, now: float):
+        nonlocal calls
+        out = handle(core, command, now)
+        h.update(f"{now!r}|{command!r}|{out!r}".encode())
+        calls += 1
+        return out
+
+    df = validate(generate(workload, n, seed))
+    Tangram.handle = traced  # type: ignore[method-assign]
+    try:
+        result = simulate(df, load_cluster(None), SimConfig(policy=policy, seed=seed))
+    finally:
+        Tangram.handle = handle  # type: ignore[method-assign]
+    act = float(np.mean([r.act_s for r in result.records]))
+    return f"sim {workload} {policy} n={n} seed={seed} calls={calls} act={act:.6f} {h.hexdigest()[:16]}"
+
+
+def main(argv: list[str]) -> None:
+    for name, build in (("cpu", cpu_scenario), ("gpu", gpu_scenario)):
+        for n, seed in ((2048, 0), (2048, 1), (300, 0), (300, 7)):
+            print(run(name, build, n, seed), flush=True)
+    for workload, policy in (("mixed", "tangram"), ("coding", "tangram"), ("coding", "k8s"),
+                             ("coding", "fixed-dop:2"), ("deepsearch", "tangram"),
+                             ("mopd", "static")):
+        print(run_sim(workload, policy, 24, 3), flush=True)
+
+
+if __name__ == "__main__":
+    if "PYTHONHASHSEED" not in os.environ:
+        os.execve(sys.executable, [sys.executable, *sys.argv],
+                  {**os.environ, "PYTHONHASHSEED": "0"})
+    main(sys.argv[1:])
