@@ -73,24 +73,27 @@ class TangramClient:
 
     def __init__(self, base_url: str, token: str | None = None, timeout_s: float = 30.0,
                  max_connections: int = 4096) -> None:
-        # every waiting trajectory holds one long-poll: the pools must not be the limit
-        # (httpx's default of 100 made thousands of trajectories queue for a connection
-        # and time out there), and kept-alive connections spare a handshake per call
-        limits = httpx.Limits(max_connections=max_connections,
-                              max_keepalive_connections=max_connections, keepalive_expiry=30)
+        # every waiting trajectory holds one long-poll: the pools together must not be the
+        # limit (httpx's default of 100 made thousands of trajectories queue for a
+        # connection and time out there), and kept-alive connections spare a handshake per
+        # call. ``max_connections`` in all: pools of POOL_SHARE, as many as that makes
+        self._share = share = min(POOL_SHARE, max_connections)
+        limits = httpx.Limits(max_connections=share, max_keepalive_connections=share,
+                              keepalive_expiry=30)
         headers = _headers(token)
         self._new_pool = lambda: httpx.AsyncClient(
             base_url=base_url.rstrip("/"), limits=limits,
             timeout=httpx.Timeout(timeout_s, pool=None), headers=headers)
         self._pools = [self._new_pool()]
         self._busy = [0]  # requests in flight per pool
-        self._most_pools = max(1, -(-max_connections // POOL_SHARE))
+        self._most_pools = max(1, -(-max_connections // share))
 
     def _pick(self) -> int:
         """The first pool with room (kept-alive connections are reused from the first ones
-        first), a new one when none has, the least busy when there are enough pools."""
+        first), a new one when none has; when there are enough pools, the least busy (the
+        request then waits there for a connection: ``max_connections`` is the cap)."""
         for i, n in enumerate(self._busy):
-            if n < POOL_SHARE:
+            if n < self._share:
                 return i
         if len(self._pools) < self._most_pools:
             self._pools.append(self._new_pool())

@@ -41,4 +41,6 @@ def test_a_full_client_reuses_its_least_busy_pool(monkeypatch):
     assert tg._pick() == 1 and len(tg._pools) == 2
     tg._busy[1] = 3
     assert tg._pick() == 0  # no third pool: the least busy
+    # each pool holds POOL_SHARE connections: the pools together hold max_connections
+    assert [p._transport._pool._max_connections for p in tg._pools] == [2, 2]
     asyncio.run(tg.aclose())
