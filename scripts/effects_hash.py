@@ -13,6 +13,9 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from typing import Any
 
 import numpy as np
 
@@ -20,27 +23,38 @@ from sim.bench import cpu_scenario, gpu_scenario, run_scheduler_scenario
 from tangram.core import Tangram
 
 
-def run(name: str, build, n: int, seed: int) -> str:
-    h = hashlib.sha256()
-    calls = 0
+@contextmanager
+def hashed(text: Callable[[float, Any, Any], str]) -> Iterator[list]:
+    """While inside, every ``Tangram.handle`` call's ``text(now, command, effects)`` is
+    hashed: yields [the sha256, the number of calls so far]."""
+    state: list = [hashlib.sha256(), 0]
     handle = Tangram.handle
 
     def traced(core: Tangram, command, now: float):
-        nonlocal calls
         out = handle(core, command, now)
-        text = f"{now!r}|{type(command).__name__}|{out!r}"
-        if " at 0x" in text:
-            raise AssertionError(f"an address in an effect's repr: {text[:300]}")
-        h.update(text.encode())
-        calls += 1
+        state[0].update(text(now, command, out).encode())
+        state[1] += 1
         return out
 
-    cluster, actions = build(n, np.random.default_rng(seed))
     Tangram.handle = traced  # type: ignore[method-assign]
     try:
-        r = run_scheduler_scenario(name, cluster, actions)
+        yield state
     finally:
         Tangram.handle = handle  # type: ignore[method-assign]
+
+
+def _without_addresses(now: float, command, out) -> str:
+    text = f"{now!r}|{type(command).__name__}|{out!r}"
+    if " at 0x" in text:
+        raise AssertionError(f"an address in an effect's repr: {text[:300]}")
+    return text
+
+
+def run(name: str, build, n: int, seed: int) -> str:
+    cluster, actions = build(n, np.random.default_rng(seed))
+    with hashed(_without_addresses) as state:
+        r = run_scheduler_scenario(name, cluster, actions)
+    h, calls = state
     return (f"{name} n={n} seed={seed} calls={calls} act_mean_s={r['act_mean_s']} "
             f"gpu_restores={r['gpu_restores']} batched={r['batched_actions']} "
             f"{h.hexdigest()[:16]}")
@@ -54,23 +68,10 @@ def run_sim(workload: str, policy: str, n: int, seed: int) -> str:
     from traces.generate import generate
     from traces.schema import validate
 
-    h = hashlib.sha256()
-    calls = 0
-    handle = Tangram.handle
-
-    def traced(core: Tangram, command, now: float):
-        nonlocal calls
-        out = handle(core, command, now)
-        h.update(f"{now!r}|{command!r}|{out!r}".encode())
-        calls += 1
-        return out
-
     df = validate(generate(workload, n, seed))
-    Tangram.handle = traced  # type: ignore[method-assign]
-    try:
+    with hashed(lambda now, command, out: f"{now!r}|{command!r}|{out!r}") as state:
         result = simulate(df, load_cluster(None), SimConfig(policy=policy, seed=seed))
-    finally:
-        Tangram.handle = handle  # type: ignore[method-assign]
+    h, calls = state
     act = float(np.mean([r.act_s for r in result.records]))
     return f"sim {workload} {policy} n={n} seed={seed} calls={calls} act={act:.6f} {h.hexdigest()[:16]}"
 
