@@ -120,17 +120,17 @@ class BodyLimit:
 
     @staticmethod
     async def _reply(send: Send, status: int, detail: str) -> None:
-        data = json.dumps({"detail": detail}).encode()
-        await send({"type": "http.response.start", "status": status,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(data)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": data})
+        await send_json(send, status, json.dumps({"detail": detail}).encode(),
+                        (b"connection", b"close"))
 
     async def _too_large(self, send: Send) -> None:
-        data = json.dumps({"detail": f"request body larger than {self.max_bytes} bytes"}).encode()
-        await send({"type": "http.response.start", "status": 413,
-                    "headers": [(b"content-type", b"application/json"),
-                                (b"content-length", str(len(data)).encode()),
-                                (b"connection", b"close")]})
-        await send({"type": "http.response.body", "body": data})
+        await self._reply(send, 413, f"request body larger than {self.max_bytes} bytes")
+
+
+async def send_json(send: Send, status: int, data: bytes,
+                    *headers: tuple[bytes, bytes]) -> None:
+    """A whole JSON response (``data``), with ``headers`` after its type and length."""
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"),
+                            (b"content-length", str(len(data)).encode()), *headers]})
+    await send({"type": "http.response.body", "body": data})

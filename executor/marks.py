@@ -15,12 +15,17 @@ import time
 from collections.abc import Callable
 
 
+def pids_where(test: Callable[[str], bool]) -> list[int]:
+    """One pass over /proc: the processes (but this one) whose pid ``test`` accepts."""
+    me = os.getpid()
+    return [int(e.name) for e in os.scandir("/proc")
+            if e.name.isdigit() and int(e.name) != me and test(e.name)]
+
+
 def marked_pids(var: str, value_prefix: str) -> list[int]:
     """Processes whose environment carries ``var=<value_prefix>...``."""
     needles = (f"{var}={value_prefix}".encode(),)
-    me = os.getpid()
-    return [int(e.name) for e in os.scandir("/proc")
-            if e.name.isdigit() and int(e.name) != me and carries(e.name, needles)]
+    return pids_where(lambda pid: carries(pid, needles))
 
 
 def carries(pid: str, needles: tuple[bytes, ...]) -> bool:

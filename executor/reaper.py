@@ -18,7 +18,6 @@ user cannot). Otherwise the mark in each process's environment (executor/marks.p
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import subprocess
 import threading
@@ -27,7 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor.marks import carries, kill_until_gone
+from executor.marks import carries, kill_until_gone, pids_where
 from executor.sandbox_uid import real_uid
 
 log = logging.getLogger("tangram.process")
@@ -60,19 +59,10 @@ def remove_tree(path: Path) -> None:
 def find(var: str, marks: tuple[str, ...], uids: frozenset[int]) -> list[int]:
     """One pass over /proc: the processes of ``uids`` (when any) or else those carrying
     ``var=<one of marks>...``."""
+    if uids:
+        return pids_where(lambda pid: real_uid(pid) in uids)
     needles = tuple(f"{var}={m}".encode() for m in marks)
-    me = os.getpid()
-    pids = []
-    for entry in os.scandir("/proc"):
-        name = entry.name
-        if not name.isdigit() or int(name) == me:
-            continue
-        if uids:
-            if real_uid(name) in uids:
-                pids.append(int(name))
-        elif needles and carries(name, needles):
-            pids.append(int(name))
-    return pids
+    return pids_where(lambda pid: carries(pid, needles)) if needles else []
 
 
 #: passes over /proc per batch while a fork races them

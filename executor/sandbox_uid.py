@@ -20,7 +20,7 @@ import os
 import tempfile
 from pathlib import Path
 
-from executor.marks import kill_until_gone
+from executor.marks import kill_until_gone, pids_where
 
 #: first id handed out (far above distributions' ranges and docker's userns maps)
 BASE = 3_000_000
@@ -68,8 +68,7 @@ class UidBlock:
 
 def pids_of_uids(first: int, last: int) -> list[int]:
     """Processes whose real user id is in ``[first, last]``."""
-    return [int(e.name) for e in os.scandir("/proc")
-            if e.name.isdigit() and first <= real_uid(e.name) <= last]
+    return pids_where(lambda pid: first <= real_uid(pid) <= last)
 
 
 def real_uid(pid: str) -> int:

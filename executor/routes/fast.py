@@ -27,7 +27,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from executor.limits import ASGIApp, Message, Receive, Scope, Send
+from executor.limits import ASGIApp, Message, Receive, Scope, Send, send_json
 from executor.schemas import ID_MAX, ID_PATTERN, MAX_TIMEOUT_S, ActionIn, ActionOut
 from executor.service import Refused, Service
 
@@ -37,7 +37,7 @@ _ID = re.compile(ID_PATTERN)
 #: the ``wait`` values taken here (what the clients send: ``str(float)``); any other
 #: spelling goes to FastAPI, which decides what it means
 _WAIT = re.compile(rb"wait=([0-9]{1,9}(?:\.[0-9]{1,9})?)")
-_JSON = (b"content-type", b"application/json")
+_JSON = b"application/json"
 
 
 class FastActions:
@@ -94,7 +94,7 @@ class FastActions:
             elif json_body and name == b"content-type":
                 if typed:  # two of them: FastAPI reads the first, which may not be JSON
                     return False
-                typed = value == _JSON[1]
+                typed = value == _JSON
                 if not typed:
                     return False
         return auth and (typed or not json_body)
@@ -166,7 +166,4 @@ async def _no_body() -> Message:
 
 
 async def _reply(send: Send, status: int, view: ActionOut) -> None:
-    data = view.model_dump_json().encode()
-    await send({"type": "http.response.start", "status": status,
-                "headers": [_JSON, (b"content-length", str(len(data)).encode())]})
-    await send({"type": "http.response.body", "body": data})
+    await send_json(send, status, view.model_dump_json().encode())
