@@ -66,7 +66,7 @@ def _by_pool(actions: list[Action], pools: list[PoolPoints | None]
     """``actions`` by the pool each was routed to, in order, the pools in the order first
     routed to (the order of their passes: ``Tangram._schedule``); and those routed to none
     (not bound to a node yet)."""
-    if len(pools) == 1 or pools and pools.count(pools[0]) == len(pools):  # (mostly: C loops)
+    if pools and pools.count(pools[0]) == len(pools):  # (mostly: one pool, a C loop)
         one = pools[0]
         return ({}, actions) if one is None else ({one: actions}, [])
     groups: dict[PoolPoints, list[Action]] = {}
@@ -369,7 +369,6 @@ class Tangram:
                 if not all(states):  # (a TrajectoryState is true)
                     states = []
         one_by_one: list[TrajectoryState] = []
-        seen: dict[tuple[str, tuple[float, ...]], str | None] = {}  # feasible's, of the batch
         whole_fits, max_node_mem = self._whole_fits, self._max_node_mem
         for action, state in (zip(actions, states, strict=True) if states
                               else zip(actions, repeat(None))):
@@ -395,10 +394,7 @@ class Tangram:
                                              f"limit {spec.limit}")
             gpu = cost.get("gpu")  # (action.min, inlined)
             if gpu is not None and gpu.choices[0] > 0:
-                k = (action.service or "", gpu.choices)
-                why = seen.get(k, False)
-                if why is False:
-                    why = seen[k] = self.gpu.feasible(*k)[1]
+                why = self.gpu.feasible(action.service or "", gpu.choices)[1]  # (cached there)
                 if why:  # no feasible GPU count can serve it
                     raise ValueError(why)
                 continue
@@ -436,13 +432,10 @@ class Tangram:
         would give each queue; the first CPU actions of unbound trajectories are bound
         right here when nothing waits for a node before them (``_queue_fresh``)."""
         actions = list(actions)
-        if len(actions) > 1:
-            ids = list(map(_ID, actions))
-            if len(set(ids)) != len(ids):
-                raise ValueError("action.id: duplicate ids in the batch")
-            states = self._check(actions, ids)
-        else:
-            states = self._check(actions)
+        ids = list(map(_ID, actions)) if len(actions) > 1 else None
+        if ids is not None and len(set(ids)) != len(ids):
+            raise ValueError("action.id: duplicate ids in the batch")
+        states = self._check(actions, ids)
         for action, state in zip(actions, states, strict=True):
             if state.thinking_in is not None:  # it stopped thinking: learn how long that took
                 self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
@@ -501,10 +494,6 @@ class Tangram:
     def _queue_in(self, pool: PoolPoints, action: Action, submit_s: float) -> None:
         """Queue ``action`` (submitted at ``submit_s``) in ``pool``."""
         self._queue_many(pool, [action], submit_s)
-
-    def _route(self, action: Action) -> PoolPoints | None:
-        """The pool whose queue ``action`` waits in (None: not bound to a node yet)."""
-        return self.policy.route(action, self._resources)
 
     def finish(self, action_id: str, now: float, outcome: Outcome | None = None) -> list[Dispatch]:
         """Release what ``action_id`` held and return what can start now."""

@@ -70,7 +70,8 @@ def pick_domains(free: list[int], n: int, numa_local: bool) -> list[tuple[int, i
             if f >= n and (best < 0 or f < free[best]):
                 best = d
         return None if best < 0 else [(best, n)]
-    if n == 1:  # (most actions: the fullest domain, the first of equals, as below)
+    if n == 1:  # (most actions: the fullest domain, the first of equals, as below; its
+        # twin is inlined in CpuManager.reserve: change both together)
         most = max(free, default=0)
         return None if most < 1 else [(free.index(most), 1)]
     if sum(free) < n:
@@ -104,9 +105,6 @@ class CpuManager:
 
     def bind(self, trajectory: str, mem_gb: float, min_cores: int) -> str | None:
         """Bind a trajectory to the least memory-loaded node that fits it."""
-        node = self._binding.get(trajectory)
-        if node is not None:
-            return node
         got = self.bind_many(((trajectory, mem_gb, min_cores),))
         return got[0] if got else None
 

@@ -87,11 +87,8 @@ class ServiceDemand:
         #: change shares, only adds do)
         self._shares: dict[tuple[str, ...], dict[str, float]] = {}
 
-    def add(self, service: str, work: float, now: float) -> None:
-        self.add_many(service, (work,), now)
-
     def add_many(self, service: str, works: Iterable[float], now: float) -> None:
-        """``add`` each of ``works`` of ``service``, in order (a burst adds thousands)."""
+        """Add each of ``works`` of ``service``, in order (a burst adds thousands)."""
         v = self._value.get(service, 0.0)  # (value, inlined: every request adds)
         if v and now > self._at[service]:
             v *= math.exp(-(now - self._at[service]) / self.tau_s)
@@ -145,17 +142,10 @@ class GpuPool(Pool):
         #: service -> the GPU counts its latest request accepted
         self.accepted: dict[str, tuple[int, ...]] = {}
         self.total_gpus = sum(n.spec.gpus for n in manager.nodes.values())
-        self._choices: dict[tuple[str, tuple[float, ...]], tuple[int, ...]] = {}
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
-        # (the manager's feasible counts, cached here too: a burst asks for every request)
-        key = (action.service or "", action.cost["gpu"].choices)
-        got = self._choices.get(key)
-        if got is None:
-            got = self.manager.feasible(*key)[0]
-            if key[0] in self.manager.services:  # bounded, as the manager's
-                self._choices[key] = got
-        return got
+        # (the manager caches its feasible counts per (service, choices))
+        return self.manager.feasible(action.service or "", action.cost["gpu"].choices)[0]
 
     def new_scratch(self) -> list[tuple[int, int, int, int]]:
         return [self.manager.chunk_counts()]
