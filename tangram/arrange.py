@@ -237,6 +237,7 @@ def _arrange_sparse(options: Sequence[Mapping[int, float]], space: StateSpace) -
     equal totals for a state, the last pair in (unit count, state) order wins (numpy's
     assignment with repeated indices keeps the last)."""
     inf = math.inf
+    lists = space._lists  # (succ_list's cache, read here without a call per unit count)
     dp: dict[int, float] = {space.initial: 0.0}
     rows, choices_out, parents_out = [dp], [{}], [{}]
     for opt in options:
@@ -246,7 +247,9 @@ def _arrange_sparse(options: Sequence[Mapping[int, float]], space: StateSpace) -
         states = sorted(dp.items())
         for u in sorted(opt):
             d = float(opt[u])
-            succ = space.succ_list(u)
+            succ = lists.get(u)
+            if succ is None:
+                succ = space.succ_list(u)
             for s, base in states:
                 t = succ[s]
                 if t < 0:

@@ -142,10 +142,18 @@ class GpuPool(Pool):
         #: service -> the GPU counts its latest request accepted
         self.accepted: dict[str, tuple[int, ...]] = {}
         self.total_gpus = sum(n.spec.gpus for n in manager.nodes.values())
+        self._choices: dict[tuple[str, tuple[float, ...]], tuple[int, ...]] = {}
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
-        # (the manager caches its feasible counts per (service, choices))
-        return self.manager.feasible(action.service or "", action.cost["gpu"].choices)[0]
+        # (the manager's feasible counts, cached here too, a lookup with no call: a burst
+        # asks for every request; through the manager's cache, ~10 more opcodes each)
+        key = (action.service or "", action.cost["gpu"].choices)
+        got = self._choices.get(key)
+        if got is None:
+            got = self.manager.feasible(*key)[0]
+            if key[0] in self.manager.services:  # bounded, as the manager's
+                self._choices[key] = got
+        return got
 
     def new_scratch(self) -> list[tuple[int, int, int, int]]:
         return [self.manager.chunk_counts()]
