@@ -146,13 +146,17 @@ def ray_executor_bench(ray: str, backend: str = "process", n: int = 60,
     return rows
 
 
-def _proc_stat(pid: int) -> tuple[float, float]:
-    """(CPU seconds, RSS MiB) of a process and its threads."""
+def _proc_stat(pid: int) -> tuple[float, float, float]:
+    """(CPU seconds, its reaped children's CPU seconds, RSS MiB) of a process and its
+    threads. The children's is what starting the actions cost in them (the commands are
+    ``true``): the exec chain before the command, and the command's own exec."""
     with open(f"/proc/{pid}/stat") as f:
         fields = f.read().rsplit(")", 1)[1].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / tick
+    children = (int(fields[13]) + int(fields[14])) / tick
     rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-    return cpu, rss
+    return cpu, children, rss
 
 
 async def _trajectories(url: str, token: str, ids: list[int], actions: int,
@@ -324,25 +328,28 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
             p.start()
         for _ in procs:
             await _next(results, procs)
-    cpu0, rss0 = _proc_stat(pid)
+    cpu0, kids0, rss0 = _proc_stat(pid)
     rss.append(round(rss0, 1))
     t0 = time.perf_counter()
     client0 = time.process_time()
     timeline: list[dict] = []
-    last = [t0, 0, cpu0]  # time, actions done and server CPU of the last sample
+    last = [t0, 0, cpu0, kids0]  # time, actions done, server and children CPU of the last
+    # sample
 
     def take_sample() -> None:
-        now, (cpu, rss_now) = time.perf_counter(), _proc_stat(pid)
+        now, (cpu, kids, rss_now) = time.perf_counter(), _proc_stat(pid)
         n = done.value - last[1]
         row = {"t_s": round(now - t0, 2), "actions_done": done.value,
                "actions_per_s": round(n / max(now - last[0], 1e-9), 1),
                "server_cpu_ms_per_action": round((cpu - last[2]) * 1e3 / n, 3) if n else None,
+               "children_cpu_ms_per_action": round((kids - last[3]) * 1e3 / n, 3) if n
+               else None,
                "server_rss_mb": round(rss_now, 1),
                "load_avg_1m": round(os.getloadavg()[0], 2)}
         timeline.append(row)
         if on_sample is not None:
             on_sample(row)
-        last[:] = [now, done.value, cpu]
+        last[:] = [now, done.value, cpu, kids]
 
     async def sample_every(interval: float) -> None:
         while True:
@@ -352,7 +359,7 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
     def count() -> None:
         done.value += 1
         if done.value % step == 0:
-            rss.append(round(_proc_stat(pid)[1], 1))
+            rss.append(round(_proc_stat(pid)[2], 1))
 
     sampler = asyncio.ensure_future(sample_every(every_s)) if every_s else None
     client_cpu = 0.0
@@ -380,7 +387,7 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
         take_sample()  # the end of the run (also: a run shorter than one interval)
     wall = time.perf_counter() - t0
     client_cpu += time.process_time() - client0
-    cpu1, rss1 = _proc_stat(pid)
+    cpu1, kids1, rss1 = _proc_stat(pid)
     f, lt = np.asarray(first or [0.0]), np.asarray(later or [0.0])
     extra: dict = {}
     if every_s:
@@ -392,6 +399,8 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
             "actions_per_trajectory": actions, "actions": total, "warm_pool": warm,
             "wall_s": round(wall, 2), "actions_per_s": round(total / wall, 1),
             "server_cpu_ms_per_action": round((cpu1 - cpu0) * 1e3 / total, 3),
+            # (0 on docker: the commands run in containers, not as the server's children)
+            "children_cpu_ms_per_action": round((kids1 - kids0) * 1e3 / total, 3),
             "first_action_p50_ms": round(float(np.percentile(f, 50)) * 1e3, 1),
             "first_action_p99_ms": round(float(np.percentile(f, 99)) * 1e3, 1),
             "later_action_p50_ms": round(float(np.percentile(lt, 50)) * 1e3, 1),

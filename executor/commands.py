@@ -84,9 +84,3 @@ def elastic_argv(argv: list[str], units: int, elastic: bool) -> list[str]:
 #: niceness of actions on exclusive cores; light-lane actions keep 0 (tangram/pools/cpu.py,
 #: CpuNodePool): under CFS a nice-0 task sharing a core with a nice-10 one gets 1024/1134
 EXCLUSIVE_NICE = 10
-
-
-def priority_prefix(lane: bool) -> list[str]:
-    """What to run an action's argv under: ``nice -n 10`` unless it is on the light lane
-    (so a light command that shares a core is barely slowed by the exclusive one)."""
-    return [] if lane else ["nice", "-n", str(EXCLUSIVE_NICE)]

@@ -21,7 +21,6 @@ import logging
 import os
 import re
 import secrets
-import shutil
 import signal
 import subprocess
 import sys
@@ -33,7 +32,7 @@ from typing import BinaryIO, cast
 from urllib.parse import quote
 
 from executor import marks, spawner
-from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv, priority_prefix
+from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
 from executor.reaper import Leftovers, Reaper, clean
@@ -177,9 +176,6 @@ class ProcessBackend:
         self.cpu_map = cpu_map or allowed_cpus()
         self.env = scrubbed_env(env if env is not None else os.environ)
         self.keep_workdirs = keep_workdirs
-        # Pinning through taskset (one extra exec, ~1 ms) instead of preexec_fn: a
-        # preexec_fn forces a full fork of this (large) Python process, ~15 ms.
-        self._taskset = shutil.which("taskset")
         self._procs: dict[str, asyncio.subprocess.Process] = {}
         self._tasks: set[asyncio.Task] = set()
         #: trajectory -> the random mark its processes carry (this run only)
@@ -278,31 +274,25 @@ class ProcessBackend:
                      ) -> tuple[asyncio.subprocess.Process | spawner.SpawnedProcess,
                                 _Watched | spawner.SpawnedProcess]:
         """Start ``argv`` pinned to ``cores``, in a session of its own, as ``uid``."""
-        pinned = self._taskset is not None
-        if pinned:
-            full = [self._taskset, "-c", ",".join(map(str, sorted(cores))),
-                    *priority_prefix(d.lease.lane), *argv]
-        else:
-            full = argv
+        nice = 0 if d.lease.lane else EXCLUSIVE_NICE
         drop = [] if uid is None else spawner.as_user(uid)
-        if pinned and drop is not None and spawner.usable():
-            # pinned by taskset, the user become by an exec: the cheap start
-            # (executor/spawner.py), whose process is also its own watch (``exited``: the
-            # process, not its pipes)
+        if drop is not None and spawner.usable():
+            # pinned and niced by the starting thread, the user become by an exec: the
+            # cheap start (executor/spawner.py), whose process is also its own watch
+            # (``exited``: the process, not its pipes)
             proc = await spawner.create_subprocess_exec(
-                *drop, *full, cwd=cwd, env=env, stdin=asyncio.subprocess.DEVNULL,
-                stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT,
-                start_new_session=True)
+                *drop, *argv, cores=cores, nice=nice, cwd=cwd, env=env,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
             return proc, proc
 
-        # no taskset or no setpriv: pinned, niced and the user become in the child before
-        # its exec (a preexec_fn forces a full fork: slower, but this is the fallback; not
+        # no pidfd or no setpriv: pinned, niced and the user become in the child before its
+        # exec (a preexec_fn forces a full fork: slower, but this is the fallback; not
         # ``user=``/``group=``, which uvloop's subprocess_exec does not take)
         def prepare() -> None:
-            if not pinned:
-                os.sched_setaffinity(0, cores)
-                if not d.lease.lane:
-                    os.nice(EXCLUSIVE_NICE)
+            os.sched_setaffinity(0, cores)
+            if nice:
+                os.nice(nice)
             if uid is not None:  # no supplementary group of the server's either
                 os.setgroups([])
                 os.setgid(uid)
@@ -310,10 +300,9 @@ class ProcessBackend:
 
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.subprocess_exec(
-            lambda: _Watched(loop), *full, cwd=cwd, env=env,
+            lambda: _Watched(loop), *argv, cwd=cwd, env=env,
             stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, start_new_session=True,
-            **({"preexec_fn": prepare} if not pinned or uid is not None else {}))
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=prepare)
         return asyncio.subprocess.Process(transport, protocol, loop), protocol
 
     async def _run(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:

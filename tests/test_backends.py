@@ -211,12 +211,13 @@ def test_image_build_without_a_registry():
 @pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users need a root server")
 @pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
 def test_the_fallback_start_pins_and_drops_the_user_on_either_loop(loop, tmp_path, monkeypatch):
-    """Without taskset and setpriv, commands start through the loop's subprocess_exec,
-    pinned and made the sandbox user in the child (``serve`` runs on uvloop, whose
+    """Without setpriv, commands start through the loop's subprocess_exec, pinned,
+    niced and made the sandbox user in the child (``serve`` runs on uvloop, whose
     subprocess_exec takes no ``user=``/``group=``)."""
     from conftest import reachable_by_sandboxes
 
     from executor import spawner
+    from executor.commands import EXCLUSIVE_NICE
     from executor.process import ProcessBackend
 
     monkeypatch.setattr(spawner, "as_user", lambda uid: None)
@@ -229,16 +230,16 @@ def test_the_fallback_start_pins_and_drops_the_user_on_either_loop(loop, tmp_pat
 
     async def go() -> None:
         backend = ProcessBackend(tmp_path / "work")
-        backend._taskset = None
         ex = LiveExecutor(Tangram(local_cluster()), backend)
         try:
             ex.open_trajectory("a", "t", 0.25)
-            _, out = await ex.run(shell("f1", "a", "sh -c 'id -u; id -G; "
-                                        "grep Cpus_allowed_list /proc/self/status'"))
+            rec, out = await ex.run(shell("f1", "a", "sh -c 'id -u; id -G; nice; "
+                                          "grep Cpus_allowed_list /proc/self/status'"))
             assert out.status == "ok", out
-            uid, groups, cpus = out.output.strip().splitlines()
+            uid, groups, nice, cpus = out.output.strip().splitlines()
             assert int(uid) != 0 and groups.split() == [uid], out.output
             assert cpus_of(cpus) == set(out.extra["cores"])
+            assert int(nice) == (0 if rec.lane else EXCLUSIVE_NICE) + os.nice(0), out.output
             ex.close_trajectory("a")
         finally:
             ex.shutdown()

@@ -130,6 +130,49 @@ def test_a_slow_start_moves_starts_to_threads(tmp_path, monkeypatch):
     assert spawner._threads_until > 0, "the next starts go to threads for a while"
 
 
+@pytest.mark.parametrize("renice_back", [True, False], ids=["thread nice", "nice exec"])
+def test_the_child_is_pinned_and_niced_the_starter_is_not(tmp_path, monkeypatch, renice_back):
+    """``cores=`` and ``nice=`` reach the child (the starting thread takes them for the fork,
+    or a ``nice -n`` exec where it could not take its own priority back); the thread that
+    started it - the event loop's, or a spawner thread - keeps its own."""
+    cpus = sorted(os.sched_getaffinity(0))
+    if renice_back and not spawner.renice_back():
+        pytest.skip("this server may not make a thread less nice again")
+    monkeypatch.setattr(spawner, "_renice_back", renice_back)
+    base = os.getpriority(os.PRIO_PROCESS, 0)
+
+    async def go():
+        mine = (os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0))
+        proc = await spawner.create_subprocess_exec(
+            "sh", "-c", "nice; grep Cpus_allowed_list /proc/self/status",
+            cores={cpus[-1]}, nice=5, cwd=tmp_path, **PIPE)
+        out = (await _read_all(proc)).decode()
+        assert await proc.wait() == 0, out
+        assert (os.sched_getaffinity(0), os.getpriority(os.PRIO_PROCESS, 0)) == mine
+        return out
+
+    nice, allowed = asyncio.run(go()).splitlines()
+    assert int(nice) == min(base + 5, 19)
+    assert allowed.split()[-1] == str(cpus[-1])
+    for t in spawner._pool._threads if spawner._pool else ():  # the spawner's threads too
+        status = open(f"/proc/self/task/{t.native_id}/status").read()
+        assert f"Cpus_allowed_list:\t{cpus[-1]}\n" not in status or len(cpus) == 1
+
+
+def test_an_impossible_placement_is_an_error_and_leaves_nothing(tmp_path):
+    """A core this machine does not have: the start fails (nothing started, no
+    descriptor left), and the starting thread is as it was."""
+    before = _pipes()
+    mine = os.sched_getaffinity(0)
+
+    async def go():
+        with pytest.raises(OSError):
+            await spawner.create_subprocess_exec("true", cores={4096}, cwd=tmp_path, **PIPE)
+
+    asyncio.run(go())
+    assert _pipes() == before and os.sched_getaffinity(0) == mine
+
+
 @pytest.mark.skipif(os.geteuid() != 0 or spawner.as_user(65534) is None,
                     reason="switching user needs root and setpriv")
 def test_as_user_leaves_what_popen_user_leaves(tmp_path):
