@@ -130,6 +130,22 @@ def test_a_slow_start_moves_starts_to_threads(tmp_path, monkeypatch):
     assert spawner._threads_until > 0, "the next starts go to threads for a while"
 
 
+def test_stdin_is_dev_null_read_only(tmp_path):
+    """The shared /dev/null descriptor is the child's stdin: EOF at once, not writable."""
+    async def go():
+        outs = []
+        for _ in range(2):  # (the same descriptor, twice)
+            proc = await spawner.create_subprocess_exec(
+                "sh", "-c", "cat; readlink /proc/self/fd/0; echo x >&0 || echo refused",
+                cwd=tmp_path, **PIPE)
+            outs.append((await _read_all(proc)).decode())
+            assert await proc.wait() == 0
+        return outs
+
+    for out in asyncio.run(go()):
+        assert out.splitlines()[0] == "/dev/null" and out.splitlines()[-1] == "refused", out
+
+
 @pytest.mark.parametrize("renice_back", [True, False], ids=["thread nice", "nice exec"])
 def test_the_child_is_pinned_and_niced_the_starter_is_not(tmp_path, monkeypatch, renice_back):
     """``cores=`` and ``nice=`` reach the child (the starting thread takes them for the fork,
