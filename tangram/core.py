@@ -818,24 +818,21 @@ class Tangram:
         light = lane.light
         # (hoisted: a burst starts hundreds here)
         queued, running, started = self.queued, self.running, pool.started
-        duration, lane_reserve, reserve = self.estimates.duration, lane.lane_reserve, lane.reserve
+        duration, lane_lease, core_lease = self.estimates.duration, lane.lane_lease, lane.core_lease
         full = False  # the lane is full: it stays full for this pass (nothing ends in it)
         while light:
             p = light[0]
-            grant = None if full else lane_reserve(p)
-            if grant is None:
+            lease = None if full else lane_lease(p)
+            if lease is None:
                 full = True
-                grant = reserve(p, 1, now)
-                if grant is None:
+                lease = core_lease(p)
+                if lease is None:
                     break
             light.popleft()
             action = p.action
             aid = action.id
             del queued[aid]
-            units = 0 if grant.lane else 1
-            # (positional: gpus (), restore_s 0.0, the defaults)
-            lease = Lease(aid, units, (grant.part, None), grant.node, grant.cores, (), 0.0,
-                          grant.lane)
+            units = lease.units
             expected = duration(action, p.key_min, p.durations)  # (estimate, inlined)
             d = Dispatch(action, lease, p.submit_s, now, expected)
             running[aid] = Running(d, pool, p)
