@@ -69,6 +69,31 @@ dispatches of its pass, ~1 ms the 2,048 Pendings, ~0.55 ms binding the 2,048
 trajectories. A submission of one action pays the batch's setup: ~+8% opcodes
 per Submit on a mixed trace, ~+4% over all its core calls (``tangram bench simulate``'s
 core time per action unchanged, 77-78 us).
+
+The burst again, issue 23 item 3 (2026-12-02; every effect unchanged, checked by
+scripts/effects_hash.py). Machine instructions counted by valgrind (callgrind, collecting
+inside the burst's one core call only: deterministic to ~0.4%, and unlike opcodes it counts
+what C does for each opcode) showed where opcodes mislead: a Pending was read through
+``__getattr__`` (CPython 3.11 then leaves every attribute read unspecialised, ~2.5x a slot
+read: now a property for the lazy table alone); building a Pending through its class is
+~2,400 instructions (a Python ``__init__`` goes through a generic C path), ~1,400 when
+``_pendings`` sets its slots itself; a Grant per lane dispatch (a frozen value, ~1/4 of the
+dispatch) is gone (the lane's leases are built by the pool); binding applies an unobserved
+node's memory rule inline, one node without the loop over nodes; routing reads the binding
+by ``in``, not a mappingproxy's ``get``. Tried and dropped, as they cost more instructions
+than they saved: C loops (``map``, ``attrgetter``) for the in-flight sets, the quota scan
+and the unit choices (~150-250 instructions an element a pass; a 3.11 opcode is ~40). The
+CPU burst, instructions with the cyclic GC as it falls in that run: 62.4M -> 53.0M (-15%),
+without it 55.3M -> 45.9M; the GPU burst 51.5M -> 47.1M (45.4M -> 41.0M); a whole run (all
+its calls) CPU 873M -> 850M, GPU 938M -> 910M. Opcodes per burst action CPU 465 -> 408
+(calls 5.2 -> 3.2), GPU 340 -> 335; per dispatch over the run CPU 2,561 -> 2,501, GPU 3,973
+-> 3,969. Wall clock could not be judged that day: this machine ran ~3.5x slower than the
+day before (a plain Python loop too), load 0.8-1.1, and a run's burst spread over +-40%.
+Median of 5 alternating runs: the burst CPU 19.2 -> 16.8 ms, GPU 13.6 -> 14.1 ms;
+dispatches/s CPU 11.4k -> 12.8k, GPU 7.9k -> 8.7k; pass p99 306 -> 327 and 193 -> 185 us.
+Net tracked allocations of the CPU burst are unchanged (~4,700: its 2,048 Pendings and ~7
+per dispatch), so whether a gen-1 collection lands in it still depends on the phase of the
+collector's counters when it starts.
 """
 
 from __future__ import annotations

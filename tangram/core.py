@@ -657,6 +657,7 @@ class Tangram:
         # 21): once two runs of its (task, kind) took longer than the lane allows, ``t1_s:
         # 0`` is not believed
         kinds: dict[tuple[str, str], tuple[bool, bool]] = {}
+        new = object.__new__
         for action in actions:
             cost = action.cost
             quotas = NONE  # shared: most actions hold no quota
@@ -673,8 +674,19 @@ class Tangram:
                 if sched.elastic_enabled and len(choices) > 1:
                     declared = sched.declared_profile(action, estimates)
                     if declared is not None:  # its table, E.durations(T1, choices), on first read
-                        append(Pending(action, now, key_min, quotas, True, False, choices, NONE,
-                                       declared))
+                        # (Pending(action, now, key_min, quotas, True, False, choices, NONE,
+                        # declared), without the class call: see below)
+                        p = new(Pending)
+                        p.action = action
+                        p.submit_s = now
+                        p.key_min = key_min
+                        p.quotas = quotas
+                        p.elastic = True
+                        p.light = False
+                        p.choices = choices
+                        p._durations = None
+                        p._profile = declared
+                        append(p)
                         continue
                     durations = sched.profile(action, choices, estimates)
                     if durations:
@@ -695,7 +707,21 @@ class Tangram:
                         believed = kinds[k] = (not (n >= 2 and mean > light_s),
                                                n >= 2 and mean <= light_s)
                     light = believed[0] if t1 is not None else believed[1]
-            append(Pending(action, now, key_min, quotas, False, light, choices, NONE))
+            # Pending(action, now, key_min, quotas, False, light, choices, NONE), its slots set
+            # here: CPython 3.11 calls a class's Python __init__ through a slow generic path
+            # (~2,400 machine instructions a Pending, ~1,400 so; a burst builds thousands).
+            # tests/test_core.py checks these are the Pendings the class builds.
+            p = new(Pending)
+            p.action = action
+            p.submit_s = now
+            p.key_min = key_min
+            p.quotas = quotas
+            p.elastic = False
+            p.light = light
+            p.choices = choices
+            p._durations = NONE
+            p._profile = None
+            append(p)
         return out
 
     def _request_env(self, trajectory: str) -> None:
@@ -818,24 +844,21 @@ class Tangram:
         light = lane.light
         # (hoisted: a burst starts hundreds here)
         queued, running, started = self.queued, self.running, pool.started
-        duration, lane_reserve, reserve = self.estimates.duration, lane.lane_reserve, lane.reserve
+        duration, lane_lease, core_lease = self.estimates.duration, lane.lane_lease, lane.core_lease
         full = False  # the lane is full: it stays full for this pass (nothing ends in it)
         while light:
             p = light[0]
-            grant = None if full else lane_reserve(p)
-            if grant is None:
+            lease = None if full else lane_lease(p)
+            if lease is None:
                 full = True
-                grant = reserve(p, 1, now)
-                if grant is None:
+                lease = core_lease(p)
+                if lease is None:
                     break
             light.popleft()
             action = p.action
             aid = action.id
             del queued[aid]
-            units = 0 if grant.lane else 1
-            # (positional: gpus (), restore_s 0.0, the defaults)
-            lease = Lease(aid, units, (grant.part, None), grant.node, grant.cores, (), 0.0,
-                          grant.lane)
+            units = lease.units
             expected = duration(action, p.key_min, p.durations)  # (estimate, inlined)
             d = Dispatch(action, lease, p.submit_s, now, expected)
             running[aid] = Running(d, pool, p)

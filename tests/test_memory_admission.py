@@ -4,6 +4,8 @@ by observed free memory with headroom; a node nobody observes reserves in full."
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from tangram.admission import LIVE, RESERVE, MemoryAdmission
 from tangram.cluster import CpuNodeSpec
@@ -232,3 +234,31 @@ def test_a_pod_per_trajectory_is_never_reclaimed():
     assert core.snapshot(detail=False).unbound == 1
     assert core.handle(MemoryObserved("n0", 15.0, idle_after_s=0.0), 10.0) == []
     assert core.node_of("a") == "n0" and core.node_of("b") is None
+
+
+class _Refusing(MemoryAdmission):
+    """The same rule through ``refusal`` itself (bind_many applies it inline otherwise)."""
+
+    def refusal(self, *args):  # type: ignore[no-untyped-def]
+        return MemoryAdmission.refusal(self, *args)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from("abcdef"), st.sampled_from([0.0, 1.0, 2.5, 4.0, 6.0]),
+                          st.integers(0, 5)), max_size=12),
+       st.integers(0, 4), st.sampled_from([RESERVE, LIVE]))
+def test_bind_many_inline_rule_binds_as_refusal_does(requests, busy, admission):
+    """bind_many's inlined rule for an unobserved node (and its one-node loop) binds what
+    ``refusal`` would: the same nodes, stopping at the same request, the same memory held."""
+    specs = [CpuNodeSpec("n", 4, 1, 16.0)]
+    for nodes in (specs, [*specs, CpuNodeSpec("m", 4, 1, 8.0)]):
+        fast = CpuManager(nodes, admission)
+        slow = CpuManager(nodes, _Refusing(admission.overcommit, admission.headroom,
+                                           admission.start_gb))
+        for cpu in (fast, slow):
+            for i in range(busy):  # cores taken: a first action needing more waits
+                cpu.reserve(f"x{i}", "n", 1, False)
+        assert fast.bind_many(requests) == slow.bind_many(requests)
+        for name in fast.nodes:
+            f, s = fast.nodes[name], slow.nodes[name]
+            assert (f.mem_reserved, f.mem_since) == (s.mem_reserved, s.mem_since)

@@ -7,7 +7,7 @@ from typing import Any
 
 from tangram.arrange import LinearOperator
 from tangram.managers.cpu import CpuManager, pick_domains
-from tangram.model import Action
+from tangram.model import Action, Lease
 from tangram.pools.base import Grant, LaneSlot, LightLane, Pending, Pool
 
 
@@ -75,13 +75,27 @@ class CpuNodePool(Pool):
         self.lane_slots = 0  # no capacity left to report
         return super().drain()
 
-    def lane_reserve(self, p: Pending) -> Grant | None:
-        """A lane place for ``p`` (None: the lane is full)."""
+    # The lane's two leases are built here, as the core builds one from a grant (a light
+    # action holds no quota: no quota lease), without the Grant in between: a burst
+    # starts hundreds, and a frozen value costs ~1/4 of a lane dispatch to build.
+    def lane_lease(self, p: Pending) -> Lease | None:
+        """``p``'s lease of a place on the lane (None: the lane is full)."""
         if len(self._lane) >= self.lane_slots:
             return None
-        self._lane.add(p.action.id)
-        return Grant(LaneSlot(p.action.id, self.node), self.node, cores=self._all_cores,
-                     lane=True)
+        aid = p.action.id
+        self._lane.add(aid)
+        # (positional: units 0, gpus (), restore_s 0.0, lane)
+        return Lease(aid, 0, (LaneSlot(aid, self.node), None), self.node, self._all_cores, (),
+                     0.0, True)
+
+    def core_lease(self, p: Pending) -> Lease | None:
+        """``p``'s lease of one idle exclusive core (None: none is idle): what ``reserve``
+        grants for one unit."""
+        aid = p.action.id
+        lease = self.manager.reserve(aid, self.node, 1, p.elastic)
+        if lease is None:
+            return None
+        return Lease(aid, 1, (lease, None), self.node, lease.cores)
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
         # elastic actions stay inside one NUMA domain; cached per feasible set (a burst
