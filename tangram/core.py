@@ -96,16 +96,6 @@ class TrajectoryState:
     will_continue: float = 0.0
 
 
-@dataclass(slots=True)
-class Running:
-    dispatch: Dispatch
-    pool: PoolPoints
-    pending: Pending
-    #: a batch (Dispatch.batch): ids of its actions still running, shared by all of them;
-    #: the lease is released when the last one finishes
-    batch_left: set[str] | None = None
-
-
 class Tangram:
     """The action-level resource manager's state machine."""
 
@@ -134,7 +124,8 @@ class Tangram:
         self.opening: dict[str, None] = {}
         self.trajectories: dict[str, TrajectoryState] = {}
         self.queued: dict[str, Pending] = {}
-        self.running: dict[str, Running] = {}
+        #: started actions: their Pendings, with the dispatch, pool and batch set on them
+        self.running: dict[str, Pending] = {}
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cluster.cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
@@ -265,7 +256,7 @@ class Tangram:
             trajectories=MappingProxyType({
                 t: TrajectoryView(s.task, self.cpu.node_of(t), len(s.in_flight))
                 for t, s in self.trajectories.items()}),
-            running=MappingProxyType({aid: r.dispatch for aid, r in self.running.items()}),
+            running=MappingProxyType({aid: p.dispatch for aid, p in self.running.items()}),
             queues=self._queue_views(), cpu_nodes=self._cpu_views(),
             gpu_nodes=self._gpu_views(), quotas=self._quota_views(),
             service_gb=MappingProxyType({n: s.size_gb for n, s in gpu.services.items()}))
@@ -503,15 +494,15 @@ class Tangram:
 
     def finish(self, action_id: str, now: float, outcome: Outcome | None = None) -> list[Dispatch]:
         """Release what ``action_id`` held and return what can start now."""
-        run = self.running.pop(action_id, None)
-        if run is None:
+        p = self.running.pop(action_id, None)
+        if p is None:
             raise KeyError(f"action_id: {action_id!r} is not running")
-        action = run.pending.action
-        pool, dispatch = run.pool, run.dispatch
+        action = p.action
+        pool, dispatch = p.pool, p.dispatch
         lease = dispatch.lease
-        if run.batch_left is not None:
-            run.batch_left.discard(action_id)
-        last = not run.batch_left
+        if p.batch_left is not None:
+            p.batch_left.discard(action_id)
+        last = not p.batch_left
         if last:
             pool.ended(dispatch.action.id)
             self._release(pool, lease)
@@ -526,11 +517,11 @@ class Tangram:
                     pool.name, state.last_kind)
         if not last:  # the batch still holds the lease: nothing was freed
             return []
-        if (outcome is None or outcome.ok) and run.batch_left is None:
+        if (outcome is None or outcome.ok) and p.batch_left is None:
             # a batch member's elapsed time is the batch's, not its own: not observed
             elapsed = now - dispatch.start_s - lease.restore_s
             self.estimates.durations.observe(action, lease.units, max(elapsed, 0.0),
-                                             pool.name, run.pending.elastic)
+                                             pool.name, p.elastic)
         touched: Iterable[PoolPoints] = [pool]
         if lease.parts[1] is not None:  # freed quota may unblock any pool's head
             touched = self.pools.values()
@@ -828,9 +819,11 @@ class Tangram:
             # (positional: no keyword parsing per dispatch; decision_s 0.0, the default)
             d = Dispatch(p.action, lease, p.submit_s, now, expected, 0.0, batch, plan)
             left = {p.action.id, *(r.action.id for r in riders)} if riders else None
-            self.running[p.action.id] = Running(d, pool, p, left)
+            p.dispatch, p.pool, p.batch_left = d, pool, left
+            self.running[p.action.id] = p
             for r in riders:
-                self.running[r.action.id] = Running(d, pool, r, left)
+                r.dispatch, r.pool, r.batch_left = d, pool, left
+                self.running[r.action.id] = r
             pool.started(p.action.id, now + lease.restore_s + (expected or 0.0), lease.units, now)
             out.append(d)
         return out
@@ -861,7 +854,8 @@ class Tangram:
             units = lease.units
             expected = duration(action, p.key_min, p.durations)  # (estimate, inlined)
             d = Dispatch(action, lease, p.submit_s, now, expected)
-            running[aid] = Running(d, pool, p)
+            p.dispatch, p.pool, p.batch_left = d, pool, None
+            running[aid] = p
             started(aid, now + expected, units, now)
             out.append(d)
         return out

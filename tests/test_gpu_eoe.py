@@ -77,8 +77,8 @@ def oldest_may_not_starve(core: Tangram, now: float) -> None:
             f"free chunk of {largest_free} GPUs")
     # nothing younger starts while it waits, unless it waits by choice (within its cap)
     # or a variant of its service that it can use is running (it takes it when it ends)
-    younger = [r.pending.action.id for r in core.running.values()
-               if r.dispatch.start_s == now and r.pending.submit_s > head.submit_s]
+    younger = [r.action.id for r in core.running.values()
+               if r.dispatch.start_s == now and r.submit_s > head.submit_s]
     own = [lease for lease in mgr._live.values()
            if lease.service == head.action.service and lease.size in head.choices]
     if younger and not own:

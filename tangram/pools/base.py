@@ -13,7 +13,7 @@ from types import MappingProxyType
 from typing import Any, Protocol
 
 from tangram.arrange import DPOperator, LinearOperator
-from tangram.model import Action, Elasticity, GpuPlan, Lease, slot_init
+from tangram.model import Action, Dispatch, Elasticity, GpuPlan, Lease, slot_init
 
 #: the quotas and durations of a Pending that has none: one shared, read-only mapping (a
 #: burst queues thousands; nothing writes to a Pending's tables)
@@ -32,10 +32,17 @@ class Pending:
     No ``__getattr__``: a class with one has every attribute read unspecialised by
     CPython 3.11 (~2.5x a plain slot read; a Pending is read ~20-35 times over its life),
     so the lazy table is a property over ``_durations`` (None until first read).
+
+    Once it starts, the core sets ``STARTED`` on it (its dispatch, pool and batch) and
+    keeps it as the running action: not a second object per dispatch (building one
+    through a class call is ~2,400 machine instructions, and one more the cyclic GC
+    tracks). They are unset while it is queued.
     """
 
     __slots__ = ("action", "submit_s", "key_min", "quotas", "elastic", "light", "choices",
-                 "_durations", "_profile")
+                 "_durations", "_profile", "dispatch", "pool", "batch_left")
+    #: the slots set when it starts (Tangram.running)
+    STARTED = ("dispatch", "pool", "batch_left")
 
     action: Action
     submit_s: float
@@ -45,6 +52,11 @@ class Pending:
     #: expected to be short enough for the pool's light lane (tangram/pools/cpu.py CpuNodePool)
     light: bool
     choices: tuple[int, ...]
+    dispatch: Dispatch
+    pool: PoolPoints
+    #: a batch (Dispatch.batch): ids of its actions still running, shared by all of them;
+    #: the lease is released when the last one finishes (None: not a batch)
+    batch_left: set[str] | None
 
     def __init__(self, action: Action, submit_s: float, key_min: int,
                  quotas: Mapping[str, float] = NONE, elastic: bool = False,
