@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from itertools import repeat
 from operator import attrgetter
 from types import MappingProxyType
@@ -87,7 +87,10 @@ def _by_pool(actions: list[Action], pools: list[PoolPoints | None]
 class TrajectoryState:
     task: str
     mem_gb: float | None
-    in_flight: set[str] = field(default_factory=set)
+    #: its actions queued or running (a count, not their ids: each is counted once, at
+    #: submit, and uncounted once, when it finishes or is cancelled; a set per trajectory
+    #: was one more object for the cyclic GC to track, thousands of them in a burst)
+    in_flight: int = 0
     #: while it thinks (LLM generation): the pool of its last action, when and of what
     #: (task, kind) that ended, and its weight in that pool's expected arrivals
     thinking_in: str | None = None
@@ -206,7 +209,7 @@ class Tangram:
         """The open trajectory ``trajectory`` (None: not open)."""
         s = self.trajectories.get(trajectory)
         return None if s is None else TrajectoryView(s.task, self.cpu.node_of(trajectory),
-                                                     len(s.in_flight))
+                                                     s.in_flight)
 
     def is_running(self, action_id: str) -> bool:
         return action_id in self.running
@@ -254,7 +257,7 @@ class Tangram:
         return replace(
             snap, detail=True,
             trajectories=MappingProxyType({
-                t: TrajectoryView(s.task, self.cpu.node_of(t), len(s.in_flight))
+                t: TrajectoryView(s.task, self.cpu.node_of(t), s.in_flight)
                 for t, s in self.trajectories.items()}),
             running=MappingProxyType({aid: p.dispatch for aid, p in self.running.items()}),
             queues=self._queue_views(), cpu_nodes=self._cpu_views(),
@@ -323,7 +326,7 @@ class Tangram:
             raise KeyError(f"trajectory: unknown trajectory {trajectory!r}")
         if state.in_flight:
             raise ValueError(
-                f"trajectory: {trajectory!r} still has {len(state.in_flight)} action(s) in flight"
+                f"trajectory: {trajectory!r} still has {state.in_flight} action(s) in flight"
             )
         del self.trajectories[trajectory]
         self.opening.pop(trajectory, None)
@@ -433,13 +436,13 @@ class Tangram:
         if ids is not None and len(set(ids)) != len(ids):
             raise ValueError("action.id: duplicate ids in the batch")
         states = self._check(actions, ids)
-        for action, state in zip(actions, states, strict=True):
+        for state in states:  # (one per action, in order)
             if state.thinking_in is not None:  # it stopped thinking: learn how long that took
                 self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
                                                          state.will_continue, continued=True,
                                                          think_s=now - state.last_end)
                 state.thinking_in = None
-            state.in_flight.add(action.id)
+            state.in_flight += 1
         groups, fresh = _by_pool(actions, self.policy.route_many(actions, self._resources))
         for pool, group in groups.items():
             self._queue_many(pool, group, now)
@@ -508,7 +511,7 @@ class Tangram:
             self._release(pool, lease)
         state = self.trajectories.get(action.trajectory)
         if state is not None:
-            state.in_flight.discard(action_id)
+            state.in_flight -= 1
             if not state.in_flight and pool.key is not None:
                 state.thinking_in = pool.name  # its next action will most likely come here
                 state.last_end = now
@@ -540,7 +543,7 @@ class Tangram:
                     break
         state = self.trajectories.get(pending.action.trajectory)
         if state:
-            state.in_flight.discard(action_id)
+            state.in_flight -= 1
         return True
 
     def poll(self, now: float) -> list[Dispatch]:
