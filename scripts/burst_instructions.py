@@ -6,7 +6,7 @@ its CPU time) moves by more than a change worth making (other processes, caches,
 machine that one day runs the same loop ~3.5x slower), and Python opcodes
 (scripts/core_opcodes.py) weigh a cheap opcode like a dear one (an attribute read that
 goes through ``__getattr__``, a C ``map`` over a short list). Instructions count what
-the C under each opcode does, and repeat to ~0.4% run to run.
+the C under each opcode does, and they repeat exactly run to run.
 
 What it counts: the scenario (``sim.bench``'s cpu or gpu, 2,048 actions, as ``tangram
 bench scheduler`` builds it) is set up uninstrumented, its trajectories opened; then
@@ -15,15 +15,19 @@ callgrind collects inside the one ``Tangram.handle`` call that submits the 2,048
 ``--gc on`` (default) a collection falls in the burst or not as it would in the
 benchmark. With ``--run`` a second process counts every ``Tangram.handle`` call of a
 whole run (opens, the burst, every finish and close; the simulator's own work is not
-counted), as ``run_scheduler_scenario`` drives it. Each measurement takes ~30-60 s.
+counted), as ``run_scheduler_scenario`` drives it. A burst takes ~35 s here, a run
+longer. Repeated runs of one tree give the same count, but the same code checked out at
+two paths differed by up to ~0.3% (likely memory layout: the paths' strings, the
+environment): compare trees whose paths have the same length, e.g. a detached worktree
+of the base next to yours (``git worktree add --detach``).
 
     PYTHONPATH=. python scripts/burst_instructions.py cpu|gpu [--gc on|off] [--run]
 
 prints one JSON line: scenario, gc, burst_instructions (and run_instructions). Compare
 two trees on the same machine and interpreter (the counts depend on Python's build).
 
-How: valgrind starts with instrumentation off (``--instr-atstart=no``, so the setup runs
-at ~5x slowdown, not ~50x) and collects only inside ``operator.call``
+How: valgrind starts with instrumentation off (``--instr-atstart=no``: the setup runs
+unsimulated, much faster) and collects only inside ``operator.call``
 (``--toggle-collect``), through which the measured calls are made; the child says when it
 is set up, the driver switches instrumentation on (``callgrind_control -i on``) and tells
 it to go. The count is the callgrind output's ``totals``.
