@@ -94,6 +94,27 @@ dispatches/s CPU 11.4k -> 12.8k, GPU 7.9k -> 8.7k; pass p99 306 -> 327 and 193 -
 Net tracked allocations of the CPU burst are unchanged (~4,700: its 2,048 Pendings and ~7
 per dispatch), so whether a gen-1 collection lands in it still depends on the phase of the
 collector's counters when it starts.
+
+The burst's instructions, round two (2026-12-02; every effect unchanged, checked by
+scripts/effects_hash.py). The count is now a script, scripts/burst_instructions.py (the
+same method: callgrind collecting inside the burst's one core call, or with ``--run``
+inside every core call of a run; repeated runs of a tree give the same count). A started
+action is its Pending, the dispatch, pool and batch set on it, not a second ``Running``
+object per dispatch (~1,560 instructions a CPU burst dispatch); a trajectory's in-flight
+actions are a count, not a set of their ids (one GC-tracked object fewer per open
+trajectory). Base and branch measured side by side, at paths of one length: the CPU burst,
+GC off 45.70M -> 45.11M (-1.3%), GC as it falls 53.14M -> 47.85M (-10%: the collection
+that lands in it now scans fewer objects); the GPU burst, GC off 40.83M -> 40.64M, GC as it
+falls 46.93M -> 47.61M (+1.4%: a collection lands in it at another phase of the
+collector's counters, the sets no longer counted at open; not a cost per action); a whole
+run's core calls (GC off) CPU 418.2M -> 413.0M, GPU 566.6M -> 562.0M. Opcodes per burst
+action CPU 408 -> 404, GPU 335 -> 331; per dispatch over the run CPU 2,501 -> 2,478, GPU
+3,969 -> 3,946. Left alone: the Grant on the general reserve path (a CPU burst starts all
+but ~1 of its 320 actions on the light lane, which has none since the last round; Grant is
+the exported type of ``PoolPoints.reserve``, an extension point); the frozen Lease and
+Dispatch built per dispatch through a class call (cheaper only by building a mutable twin
+and swapping its class). No wall clock was taken (this machine at load 2-6, a CI run
+beside).
 """
 
 from __future__ import annotations
