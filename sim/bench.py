@@ -109,8 +109,9 @@ falls 46.93M -> 47.61M (+1.4%: a collection lands in it at another phase of the
 collector's counters, the sets no longer counted at open; not a cost per action); a whole
 run's core calls (GC off) CPU 418.2M -> 413.0M, GPU 566.6M -> 562.0M. Opcodes per burst
 action CPU 408 -> 404, GPU 335 -> 331; per dispatch over the run CPU 2,501 -> 2,478, GPU
-3,969 -> 3,946. Left alone: the Grant on the general reserve path (a CPU burst starts all
-but ~1 of its 320 actions on the light lane, which has none since the last round; Grant is
+3,969 -> 3,946. Left alone: the Grant on the general reserve path (a CPU burst starts its
+320 actions by the lane's path, 64 on the lane and 256 on idle cores, which has none since
+the last round: a run-level saving, not the burst's; Grant is
 the exported type of ``PoolPoints.reserve``, an extension point); the frozen Lease and
 Dispatch built per dispatch through a class call (cheaper only by building a mutable twin
 and swapping its class). No wall clock was taken (this machine at load 2-6, a CI run
