@@ -290,9 +290,7 @@ class ProcessBackend:
         # exec (a preexec_fn forces a full fork: slower, but this is the fallback; not
         # ``user=``/``group=``, which uvloop's subprocess_exec does not take)
         def prepare() -> None:
-            os.sched_setaffinity(0, cores)
-            if nice:
-                os.nice(nice)
+            spawner.place(cores, nice)
             if uid is not None:  # no supplementary group of the server's either
                 os.setgroups([])
                 os.setgid(uid)

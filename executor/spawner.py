@@ -171,8 +171,9 @@ def usable() -> bool:
     return hasattr(os, "pidfd_open")
 
 
-def _place(cores: Set[int] | None, nice: int) -> None:
-    """Pin this thread to ``cores`` and make it ``nice`` nicer (``nice -n`` adds too)."""
+def place(cores: Set[int] | None, nice: int) -> None:
+    """Pin this thread to ``cores`` and make it ``nice`` nicer (``nice -n`` adds too): in
+    the starting thread for a fork, or in a child before its exec (a preexec_fn)."""
     if cores is not None:
         os.sched_setaffinity(0, cores)
     if nice:
@@ -189,7 +190,7 @@ def _popen_placed(argv: Sequence[str], kw: dict[str, Any], cores: Set[int] | Non
     own_cpus = os.sched_getaffinity(0) if cores is not None else None
     own_nice = os.getpriority(os.PRIO_PROCESS, 0)  # (PRIO_PROCESS 0: this thread, on Linux)
     try:
-        _place(cores, nice)
+        place(cores, nice)
         return subprocess.Popen(argv, **kw)
     finally:  # never raises: a started child must reach its caller, not be lost here
         _take_back(own_cpus, own_nice if nice else None)
@@ -253,7 +254,7 @@ async def create_subprocess_exec(*argv: str, cores: Set[int] | None = None, nice
             theirs = kw.get("preexec_fn")
 
             def prepare() -> None:
-                _place(cores, nice)
+                place(cores, nice)
                 if theirs is not None:
                     theirs()
 
