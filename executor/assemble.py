@@ -17,28 +17,28 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from executor.driver import LiveBackend
-from executor.gpu.arrays import check_device
-from executor.gpu.backend import GpuBackend
-from executor.gpu.config import (
+from executor.backends.docker.limits import SandboxLimits
+from executor.backends.gpu.arrays import check_device
+from executor.backends.gpu.backend import GpuBackend
+from executor.backends.gpu.config import (
     GpuCluster,
     NvmlUnavailable,
     discover,
     read_gpu_cluster,
     scaled_cluster,
 )
-from executor.gpu.model import ModelError
-from executor.gpu.ray_worker import attach_gpus, local_gpu_labels
-from executor.limits import READ_TIMEOUT_S
+from executor.backends.gpu.model import ModelError
+from executor.backends.gpu.ray_worker import attach_gpus, local_gpu_labels
+from executor.backends.ray.backend import RayBackend
+from executor.backends.ray.cluster import RaySpec, connect
+from executor.driver import LiveBackend
 from executor.local import local_cluster
-from executor.ray_backend import RayBackend
-from executor.ray_cluster import RaySpec, connect
 from executor.replay import make_backend
-from executor.sandbox_limits import SandboxLimits
-from executor.server import create_app
-from tangram.admission import LIVE, MemoryAdmission
+from executor.server.app import create_app
+from executor.server.limits import READ_TIMEOUT_S
 from tangram.cluster import ClusterError, ClusterSpec, QuotaSpec
 from tangram.core import Tangram
+from tangram.cpu.admission import LIVE, MemoryAdmission
 from tangram.policies import Policy
 
 
@@ -86,7 +86,7 @@ def ray_backend(spec: RaySpec, backend: str, gpu: GpuCluster | None = None,
                 gpu_device: str = "cpu", sandboxes: SandboxLimits = SandboxLimits()) -> Any:
     """Connect to Ray and start one agent per node, its docker sandboxes bounded by
     ``sandboxes``; with ``gpu``, a GPU worker actor on every node that has GPUs too
-    (executor/gpu/ray_worker.py; ``local:N`` nodes declare the GPU cluster's first node's
+    (executor/backends/gpu/ray_worker.py; ``local:N`` nodes declare the GPU cluster's first node's
     GPUs by label)."""
     labels = local_gpu_labels(gpu) if gpu is not None and spec.mode == "local" else None
     try:

@@ -8,7 +8,7 @@ docker backend). A shell command is never rewritten. The one
 rewrite is the paper's elastic test run (section 5.2): a ``pytest`` command
 granted ``k >= 2`` cores gets ``-n k`` (pytest-xdist), inserted right after
 ``pytest``; ``-n 1`` would only add a worker process, so one core runs it as
-written. ``tangram burn`` (the replay's CPU worker, executor/burn.py) takes the
+written. ``tangram burn`` (the replay's CPU worker, executor/bench/burn.py) takes the
 same ``-n`` and is rewritten the same way. Any other command is never rewritten.
 """
 
@@ -59,11 +59,11 @@ def pytest_position(argv: Sequence[str]) -> int | None:
 
 
 def burn_position(argv: Sequence[str]) -> int | None:
-    """Index right after ``tangram burn`` or ``python -m executor.burn``."""
+    """Index right after ``tangram burn`` or ``python -m executor.bench.burn``."""
     if len(argv) >= 2 and os.path.basename(argv[0]) == "tangram" and argv[1] == "burn":
         return 2
     if argv and os.path.basename(argv[0]).startswith("python") and \
-            list(argv[1:3]) == ["-m", "executor.burn"]:
+            list(argv[1:3]) == ["-m", "executor.bench.burn"]:
         return 3
     return None
 
@@ -81,6 +81,6 @@ def elastic_argv(argv: list[str], units: int, elastic: bool) -> list[str]:
     return argv[:pos] + ["-n", str(units)] + argv[pos:]
 
 
-#: niceness of actions on exclusive cores; light-lane actions keep 0 (tangram/pools/cpu.py,
+#: niceness of actions on exclusive cores; light-lane actions keep 0 (tangram/cpu/pool.py,
 #: CpuNodePool): under CFS a nice-0 task sharing a core with a nice-10 one gets 1024/1134
 EXCLUSIVE_NICE = 10

@@ -7,7 +7,7 @@ descriptor, so a symlink planted by a command in the sandbox can never lead a
 write or a read outside the working directory (no check-then-open race). The
 docker backend hands the path to the engine, which resolves it inside the
 container's own root filesystem: the docker backend sends them to the sandbox's
-agent (executor/sandbox_agent.py), which applies these same functions inside the
+agent (executor/backends/docker/agent.py), which applies these same functions inside the
 container, so no symlink is followed there either. Uploads arrive as a stream
 (a file object) and are copied in chunks, never held whole in memory.
 """

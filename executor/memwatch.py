@@ -3,7 +3,7 @@
 Once a second (``period_s``) the machine's ``MemAvailable`` goes to the core as a
 ``MemoryObserved`` command (tangram/protocol.py), through the runtime like every other
 command: from then on the node admits sandboxes by what they use, their declared
-``mem_gb`` being their cap (tangram/admission.py, the rule the core was built with).
+``mem_gb`` being their cap (tangram/cpu/admission.py, the rule the core was built with).
 What follows is the core's decision, not this module's: while trajectories wait for
 a node, idle ones (nothing in flight for ``reclaim_idle_s``) give their place, least
 recently used first (``Reclaim`` effects: a backend that ``evicts``, docker, removes

@@ -1,7 +1,7 @@
 """`tangram run`: replay a trace for real; the result is analysed like a simulation's.
 
 Every replayed action does real work. A row that names a ``command`` runs it;
-a CPU row that names none runs ``tangram burn`` (executor/burn.py), which
+a CPU row that names none runs ``tangram burn`` (executor/bench/burn.py), which
 burns the row's ``t1_s`` CPU seconds with its parallel fraction, so the action
 takes as long on its granted cores as the simulator models it, and an elastic
 grant of k cores really speeds it up (``-n k``). A row without CPU (an API
@@ -31,12 +31,12 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from executor.backends.docker.limits import SandboxLimits
+from executor.backends.gpu.backend import GpuBackend
+from executor.backends.gpu.config import GpuCluster
+from executor.backends.gpu.measure import after_run, measure
 from executor.driver import LiveBackend, LiveExecutor
-from executor.gpu.backend import GpuBackend
-from executor.gpu.config import GpuCluster
-from executor.gpu.measure import after_run, measure
 from executor.local import local_cluster
-from executor.sandbox_limits import SandboxLimits
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome, quota_resource
@@ -55,18 +55,18 @@ def make_backend(name: str, workdir: Path, gpu: Any = None,
                  sandboxes: SandboxLimits = SandboxLimits(),
                  env: Mapping[str, str] | None = None) -> LiveBackend:
     """The env backend ``name`` behind a router that also sends API calls to the HTTP
-    backend and GPU actions to ``gpu`` (an ``executor.gpu.backend.GpuBackend``);
+    backend and GPU actions to ``gpu`` (an ``executor.backends.gpu.backend.GpuBackend``);
     ``sandboxes``: what each docker sandbox may use."""
-    from executor.http_api import RouterBackend
+    from executor.backends.http.backend import RouterBackend
 
     if name == "process":
-        from executor.process import ProcessBackend
+        from executor.backends.process.backend import ProcessBackend
 
         return RouterBackend(ProcessBackend(workdir, env=env), gpu=gpu)
     if name == "docker":
         import hashlib
 
-        from executor.docker_backend import DockerBackend
+        from executor.backends.docker.backend import DockerBackend
 
         owner = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
         return RouterBackend(DockerBackend(owner=owner, **sandboxes.docker_kwargs()), gpu=gpu)
@@ -95,7 +95,7 @@ def work_argv(step: Step) -> list[str] | None:
     p = truth.parallel_fraction if truth is not None else None
     p = 0.0 if p is None or math.isnan(p) else p
     # the running interpreter, so the worker is found whether or not a venv is active
-    return [sys.executable, "-m", "executor.burn", "--t1", f"{t1:.4f}", "-p", f"{p:.4f}"]
+    return [sys.executable, "-m", "executor.bench.burn", "--t1", f"{t1:.4f}", "-p", f"{p:.4f}"]
 
 
 def with_work(step: Step) -> Action:
@@ -221,7 +221,7 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
         # a trajectory's environment is a directory: nothing to start (the simulator
         # reads this from the cluster file run writes; docker's start is measured live)
         cluster = replace(cluster, extra={**cluster.extra, "env_start_s": 0.0})
-    # GPU workers on the Ray nodes (executor/gpu/ray_worker.py, RayWithGpus)
+    # GPU workers on the Ray nodes (executor/backends/gpu/ray_worker.py, RayWithGpus)
     ray_gpu = live.gpu if live is not None and live.capabilities.gpu else None  # type: ignore[attr-defined]
     if live is not None:  # the Ray nodes, with the quotas the trace needs
         if gpu is not None and ray_gpu is None:

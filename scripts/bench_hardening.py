@@ -26,7 +26,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
 from conftest import TOKEN, start_server  # noqa: E402
 
-from executor.status import MAX_STREAMS  # noqa: E402
+from executor.server.status import MAX_STREAMS  # noqa: E402
 
 H = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -46,8 +46,8 @@ QK_SCALE = 4.0
 def tiny_equal(device: str) -> dict:
     import torch
 
-    from executor.gpu.arrays import NumpyOps, TorchOps
-    from executor.gpu.model import TinyLM
+    from executor.backends.gpu.arrays import NumpyOps, TorchOps
+    from executor.backends.gpu.model import TinyLM
 
     cfg = {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
            "num_attention_heads": 4, "num_key_value_heads": 2}
@@ -116,8 +116,8 @@ def rotary_drift(path: str, device: str, tokens: list[int], want: list[float]) -
     buffers converted to bfloat16: the first must pass it, the second must not."""
     import torch
 
-    from executor.gpu.arrays import make_ops
-    from executor.gpu.model import HFModel
+    from executor.backends.gpu.arrays import make_ops
+    from executor.backends.gpu.model import HFModel
 
     model = HFModel(make_ops(device), path, "bfloat16")
     rotary = {t.name: t.dtype for t in model.layout.tensors if "inv_freq" in t.name}
@@ -141,10 +141,10 @@ def hf_equal(device: str, tmp: str, long: int) -> dict:
     machine has GPUs for."""
     import torch
 
+    from executor.backends.gpu.backend import GpuBackend
+    from executor.backends.gpu.config import checkpoint_bytes
+    from executor.backends.gpu.model import ModelSource
     from executor.driver import LiveExecutor
-    from executor.gpu.backend import GpuBackend
-    from executor.gpu.config import checkpoint_bytes
-    from executor.gpu.model import ModelSource
     from tangram.cluster import ClusterSpec, GpuNodeSpec, ServiceSpec
     from tangram.core import Tangram
     from tangram.model import Action, Demand

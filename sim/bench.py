@@ -5,7 +5,7 @@ virtual time until every one has run, timing every core call (each call is one
 scheduling pass plus its bookkeeping) with ``perf_counter``.
 
 Where the time goes in the GPU scenario (cProfile, 2026-11-30, the ``tangram`` policy's
-EOE scheduler of tangram/pools/eoe.py, which replaced Alg. 1's DP walk on the GPU pool): a
+EOE scheduler of tangram/gpu/eoe.py, which replaced Alg. 1's DP walk on the GPU pool): a
 finish frees one chunk and runs one pass; the pass is ~60% the EOE plan (ordering the
 services' queues, idle resident variants from the free blocks, a restore site when a
 new variant is due), the rest the core's bookkeeping (release, reserve, the Dispatch).

@@ -18,9 +18,9 @@ import simpy
 
 from sim.clock import SimClock
 from sim.modelled import CONTAINER_START, MAX_ATTEMPTS, POD_START, ModelledBackend, StartupModel
-from tangram.batching import MeasuredGpu
 from tangram.cluster import ClusterSpec
 from tangram.core import Tangram
+from tangram.gpu.batching import MeasuredGpu
 from tangram.model import Action
 from tangram.policies import Pods, Policy, make_policy
 from tangram.runtime import RunResult, Runtime

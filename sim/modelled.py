@@ -9,10 +9,10 @@ plus modelled overheads: environment start at a trajectory's first CPU action
 provider-admitted API calls the provider's 429s with exponential backoff.
 
 A batch dispatch (``Dispatch.batch``, continuous batching on a GPU service) runs as
-one batch: its time is :class:`tangram.batching.BatchModel` over each member's true
+one batch: its time is :class:`tangram.gpu.batching.BatchModel` over each member's true
 time alone on the granted GPUs, and every member ends when the batch does.
 
-With a live run's measurements (:class:`tangram.batching.MeasuredGpu`, from the
+With a live run's measurements (:class:`tangram.gpu.batching.MeasuredGpu`, from the
 cluster.yaml ``tangram run`` wrote), a GPU action takes what the run's workers took:
 one forward pass of its batch's requests at the measured cost, the restore at the
 node's measured bandwidth, and the workers' measured overhead — not the trace's truth.
@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from tangram.backoff import Backoff
-from tangram.batching import DEFAULT_BATCHING, BatchModel, MeasuredGpu
+from tangram.api.backoff import Backoff
+from tangram.gpu.batching import DEFAULT_BATCHING, BatchModel, MeasuredGpu
 from tangram.model import Dispatch, Outcome, counted
 from tangram.policies import ProviderLimit
 from tangram.protocol import Capabilities, PreRestore
@@ -93,7 +93,7 @@ NO_START = StartupModel("none", 0.0, 0.0)
 
 #: the round trip of a 429 answer itself, before the backoff starts
 RTT_429_S = 0.05
-#: attempts before a provider-admitted call gives up and fails (as executor/http_api.py)
+#: attempts before a provider-admitted call gives up and fails (as executor/backends/http/backend.py)
 MAX_ATTEMPTS = 6
 
 

@@ -22,12 +22,12 @@ from itertools import repeat
 from operator import attrgetter
 from types import MappingProxyType
 
-from tangram.admission import RESERVE, MemoryAdmission
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
+from tangram.cpu.admission import RESERVE, MemoryAdmission
 from tangram.estimates import Estimates
 from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
 from tangram.policies import Policy
-from tangram.pools.base import NONE, Pending, PoolPoints
+from tangram.pool import NONE, Pending, PoolPoints
 from tangram.protocol import (
     Attach,
     Cancel,
@@ -107,7 +107,7 @@ class Tangram:
                  admission: MemoryAdmission = RESERVE) -> None:
         """``admission``: when a CPU node takes one more trajectory's memory (the default,
         RESERVE: every declared limit reserved in full, the paper's rule; a node whose free
-        memory is observed, MemoryObserved, may admit by use: tangram/admission.py)."""
+        memory is observed, MemoryObserved, may admit by use: tangram/cpu/admission.py)."""
         self.cluster = cluster
         self.policy = policy or Policy()
         self.scheduler = self.policy.scheduler()
@@ -566,7 +566,7 @@ class Tangram:
         """Expected duration of a queued action at its minimum."""
         return self.estimates.estimate(p)
 
-    # -- memory admission (tangram/admission.py) ---------------------------------------
+    # -- memory admission (tangram/cpu/admission.py) ---------------------------------------
     def memory_observed(self, node: str, free_gb: float, idle_after_s: float,
                         now: float) -> list[Effect]:
         """``node``'s free memory as just observed: admission goes by it from now on.

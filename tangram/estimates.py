@@ -29,7 +29,7 @@ import numpy as np
 from tangram.model import Action
 
 if TYPE_CHECKING:
-    from tangram.pools.base import Pending
+    from tangram.pool import Pending
 
 Key = tuple[str, str]  # (task, kind)
 

@@ -300,7 +300,7 @@ class GpuPlan:
     ``resident`` is the node's resident set the core holds right after this decision and
     ``version`` numbers the node's residency changes (a later decision has a higher one):
     once every dispatch up to the highest version has been carried out, the worker must
-    hold exactly that set (executor/gpu/backend.py checks it)."""
+    hold exactly that set (executor/backends/gpu/backend.py checks it)."""
 
     node: str
     variant: Variant

@@ -30,18 +30,18 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, fields, replace
 from typing import Any, ClassVar, Protocol
 
+from tangram.api.quota import QuotaManager
 from tangram.cluster import ClusterSpec, CpuNodeSpec, QuotaSpec
-from tangram.managers.cpu import CpuManager
-from tangram.managers.gpu import GpuManager
-from tangram.managers.quota import QuotaManager
+from tangram.cpu.manager import CpuManager
+from tangram.cpu.pods import PodManager, PodPool
+from tangram.cpu.pool import CpuNodePool
+from tangram.gpu.cold import ExclusiveGpuManager
+from tangram.gpu.eoe import EoeScheduler
+from tangram.gpu.manager import GpuManager
+from tangram.gpu.pool import EoeGpuPool, GpuPool
+from tangram.gpu.static import ServicePool, static_placement
 from tangram.model import Action
-from tangram.pools.base import Pool
-from tangram.pools.cold import ExclusiveGpuManager
-from tangram.pools.cpu import CpuNodePool
-from tangram.pools.eoe import EoeScheduler
-from tangram.pools.gpu import EoeGpuPool, GpuPool
-from tangram.pools.pods import PodManager, PodPool
-from tangram.pools.static import ServicePool, static_placement
+from tangram.pool import Pool
 from tangram.scheduler import (
     FCFS,
     ElasticScheduler,
@@ -69,7 +69,7 @@ class Resources:
 @dataclass(frozen=True)
 class SharedCores:
     """Allocate-on-execution: one pool per node, cores granted per action (paper 5.2),
-    plus a light lane per node (tangram/pools/cpu.py, CpuNodePool): actions expected to take
+    plus a light lane per node (tangram/cpu/pool.py, CpuNodePool): actions expected to take
     at most ``light_s`` start at once on shared cores, at most one per ``lane_cores``
     cores of the node at a time (at least one). ``light_s`` 0: no lane.
 
@@ -144,9 +144,9 @@ class Pods:
 @dataclass(frozen=True)
 class SharedGpus:
     """Evict-on-execution from one pool of aligned chunks (paper 5.3) with the
-    burst-proof rules of tangram/pools/eoe.py (residency affinity, per-service batches,
+    burst-proof rules of tangram/gpu/eoe.py (residency affinity, per-service batches,
     restore-aware ordering, predictive pre-restore). Requests are batched
-    (tangram/batching.py)."""
+    (tangram/gpu/batching.py)."""
 
     def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
         gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
@@ -257,7 +257,7 @@ class TangramAdmits:
 @dataclass(frozen=True)
 class ProviderAdmits:
     """Every call is sent at once; the provider answers 429 past its quota and the caller
-    retries (tangram/backoff.py)."""
+    retries (tangram/api/backoff.py)."""
 
     name: ClassVar[str] = "provider"
 

@@ -162,7 +162,7 @@ class WorkerLost:
 class MemoryObserved:
     """``node``'s free memory was observed (e.g. ``MemAvailable``): from now on the node
     admits trajectories by it, under the core's memory admission rule
-    (:class:`tangram.admission.MemoryAdmission`, given at construction). While
+    (:class:`tangram.cpu.admission.MemoryAdmission`, given at construction). While
     trajectories wait for a node, idle ones (nothing in flight for ``idle_after_s``)
     give their place, least recently used first (effects :class:`Reclaim`), and a
     scheduling pass follows (its :class:`~tangram.model.Dispatch` effects)."""

@@ -43,11 +43,11 @@ from collections.abc import Iterable, Sequence
 from itertools import islice
 from typing import Protocol
 
+from tangram.api.quota import QuotaManager
 from tangram.arrange import arrange
 from tangram.estimates import Estimates, command_of
-from tangram.managers.quota import QuotaManager
 from tangram.model import Action, Elasticity
-from tangram.pools.base import Pending, Pool
+from tangram.pool import Pending, Pool
 
 
 class Ordering(Protocol):
@@ -129,7 +129,7 @@ class ElasticScheduler:
                          estimates: Estimates) -> tuple[Elasticity, float] | None:
         """E(m) and T1 when the action declares E(m) and its T1 is known (declared, or
         learnt): :meth:`profile`'s table is then ``E.durations(T1, choices)``, which the
-        core computes only when it is first read (tangram.pools.base.Pending). None:
+        core computes only when it is first read (tangram.pool.Pending). None:
         :meth:`profile` gives the table (learnt, or none). A subclass whose
         :meth:`profile` gives a declared action another table returns None here."""
         e = action.elasticity

@@ -8,9 +8,9 @@ from typing import Annotated
 import typer
 
 from analysis.experiments import gpu_target_jobs, gpu_target_verdict, run_jobs
-from executor.bench import executor_bench, ray_executor_bench, serve_bench
-from executor.bench_adapters import main as adapters_main
-from executor.gpu.bench import gpu_bench
+from executor.bench.adapters import main as adapters_main
+from executor.bench.executor import executor_bench, ray_executor_bench, serve_bench
+from executor.bench.gpu import gpu_bench
 from sim.bench import learning_bench, scheduler_bench, simulate_bench
 from tangram_cli.common import command_app, fail
 from tangram_cli.options import RAY_HELP, check_gpu_device, ray_spec

@@ -6,7 +6,7 @@ from typing import Annotated
 
 import typer
 
-from executor.burn import burn as run_burn
+from executor.bench.burn import burn as run_burn
 from tangram_cli.common import command_app
 
 app = command_app()

@@ -8,8 +8,8 @@ from typing import Annotated
 
 import typer
 
-from executor import sandbox_image
-from executor.docker_backend import build_image
+from executor.backends.docker import image as sandbox_image
+from executor.backends.docker.backend import build_image
 from tangram_cli.common import command_app, fail, out_console
 
 app = command_app(help="The local Docker image the docker backend runs in.", no_args_is_help=True)

@@ -9,8 +9,8 @@ from typing import Annotated
 import pandas as pd
 import typer
 
-from executor.gpu.arrays import check_device
-from executor.ray_cluster import RaySpec, RayUnavailable, require_ray
+from executor.backends.gpu.arrays import check_device
+from executor.backends.ray.cluster import RaySpec, RayUnavailable, require_ray
 from tangram.cluster import QuotaSpec
 from tangram.model import quota_resource
 from tangram.policies import Policy, make_policy

@@ -18,11 +18,11 @@ from executor.assemble import (
     serve_app,
     serve_gpu_cluster,
 )
-from executor.connections import HEADER_TIMEOUT_S
-from executor.limits import READ_TIMEOUT_S
-from executor.server import serve as run_server
-from executor.urls import parse_allow_list
-from tangram.admission import LIVE, MemoryAdmission
+from executor.backends.http.urls import parse_allow_list
+from executor.server.app import serve as run_server
+from executor.server.connections import HEADER_TIMEOUT_S
+from executor.server.limits import READ_TIMEOUT_S
+from tangram.cpu.admission import LIVE, MemoryAdmission
 from tangram_cli.common import command_app, err, fail, settle
 from tangram_cli.options import (
     RAY_HELP,
@@ -126,7 +126,7 @@ def serve(
         else:
             check_local_policy(specs, chosen)
         allow = pairs(allow_url, "--allow-url", "KEY=URL_PREFIX")
-        try:  # parsed once here so a malformed entry stops the start (executor/urls.py)
+        try:  # parsed once here so a malformed entry stops the start (executor/backends/http/urls.py)
             parse_allow_list(allow)
         except ValueError as e:
             fail(str(e))

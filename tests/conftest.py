@@ -46,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture(scope="session", autouse=True)
 def sandbox_users_reach_python() -> None:
-    """As root, commands run under sandbox user ids (executor/sandbox_uid.py), which must
+    """As root, commands run under sandbox user ids (executor/backends/process/uids.py), which must
     be able to run this Python: a Python below /root (pyenv) is made reachable by
     allowing others to pass through (o+x, not list) the directories on its way."""
     reachable_by_sandboxes(Path(sys.executable))
@@ -57,7 +57,7 @@ def reachable_by_sandboxes(path: Path) -> None:
     as root, commands run as sandbox users, and pytest's temporary directories are 0700."""
     if os.geteuid() != 0:
         return
-    from executor.sandbox_uid import unreachable
+    from executor.backends.process.uids import unreachable
 
     for d in unreachable(path):
         d.chmod(d.stat().st_mode | 0o001)
@@ -140,9 +140,9 @@ def docker_server(tmp_path_factory) -> Iterator[Server]:
 
 @pytest.fixture(scope="session")
 def ray_cluster():
-    """A real local Ray cluster of 3 nodes (executor/ray_cluster.py), started once
+    """A real local Ray cluster of 3 nodes (executor/backends/ray/cluster.py), started once
     for the whole session (~8 s on 2 cores) and shared by the Ray tests."""
-    from executor.ray_cluster import connect
+    from executor.backends.ray.cluster import connect
 
     conn = connect("local:3")
     yield conn

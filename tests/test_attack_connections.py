@@ -83,7 +83,7 @@ def test_many_status_streams_share_one_snapshot(small_server):
     """Issue 21 #7: each /v1/status/events stream rebuilt the snapshot 4 times a second
     (1,000 streams: loop at 100% CPU, healthz 1.6 s). Now one snapshot per change is
     shared by all streams, and a token gets at most MAX_STREAMS of them (429 past it)."""
-    from executor.status import MAX_STREAMS, POLL_S
+    from executor.server.status import MAX_STREAMS, POLL_S
 
     stop = threading.Event()
     opened: list[int] = []

@@ -11,10 +11,10 @@ import asyncio
 
 import pytest
 
+from executor.backends.http.backend import HttpBackend, RouterBackend
+from executor.backends.process.backend import ProcessBackend
 from executor.driver import LiveExecutor
-from executor.http_api import HttpBackend, RouterBackend
 from executor.local import local_cluster
-from executor.process import ProcessBackend
 from tangram.cluster import QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand
@@ -53,7 +53,7 @@ def _raiser(exc: BaseException):
 
 
 def test_process_backend_failures_end_the_action(tmp_path, monkeypatch):
-    import executor.process as proc_mod
+    import executor.backends.process.backend as proc_mod
 
     backend = RouterBackend(ProcessBackend(tmp_path / "work"))
     env = backend.env
@@ -142,7 +142,7 @@ def test_a_backend_that_refuses_to_start_ends_the_action(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("step", ["_create", "_grant", "_agent_exec", "_reclaim", "_set_cpus"])
 def test_docker_backend_failures_end_the_action(tmp_path, monkeypatch, step):
-    from executor.docker_backend import DockerBackend
+    from executor.backends.docker.backend import DockerBackend
 
     backend = DockerBackend(owner=f"inject-{tmp_path.name}")
     monkeypatch.setattr(backend, step, _raiser(RuntimeError(f"{step} broke")))

@@ -138,7 +138,7 @@ def test_commands_of_a_root_server_cannot_touch_it(http, process_server):
 
 
 def test_secret_looking_names_are_scrubbed():
-    from executor.process import scrubbed_env
+    from executor.backends.process.backend import scrubbed_env
 
     env = scrubbed_env({"MY_PRIVATE_PASSPHRASE": "x", "DB_PASSWORD": "x", "AWS_ACCESS_KEY_ID": "x",
                         "GH_AUTH": "x", "OPENAI_API_KEY": "x", "PATH": "/bin", "LANG": "C",
@@ -169,7 +169,7 @@ def test_a_declared_light_action_that_runs_long_is_demoted(http):
     exclusive-core work) for as long as it ran. Now a lane action running past
     LANE_DEMOTE_S drops to nice 19, and once two runs of its kind were seen to be long,
     the declaration is not believed: the next one gets a core of its own."""
-    from executor.process import DEMOTED_NICE, LANE_DEMOTE_S
+    from executor.backends.process.backend import DEMOTED_NICE, LANE_DEMOTE_S
 
     http.post("/v1/trajectories", json={"id": "liar"})
     wait = LANE_DEMOTE_S * 3

@@ -14,13 +14,13 @@ import pytest
 from helpers import procs_with, until
 from test_ray import shell
 
+from executor.backends.ray.backend import RayBackend
 from executor.driver import LiveExecutor
-from executor.ray_backend import RayBackend
 from tangram.core import Tangram
 
 
 def guard_of(marker: str) -> list[int]:
-    return [p for p in procs_with(marker) if p in procs_with("executor.ray_guard")]
+    return [p for p in procs_with(marker) if p in procs_with("executor.backends.ray.guard")]
 
 
 def alive(pid: int) -> bool:
@@ -122,14 +122,14 @@ def test_a_second_server_is_not_handed_the_same_cores(ray_cluster):
 
 
 def test_an_agent_listener_runs_nothing_for_a_peer_without_its_secret(ray_cluster):
-    """Dispatches travel over each agent's own TCP listener (executor/ray_channel.py): a
+    """Dispatches travel over each agent's own TCP listener (executor/backends/ray/channel.py): a
     peer that does not hold the agent's secret - a wrong answer to its challenge, or a
     dispatch sent without answering - is cut off and nothing it sent runs; the listener
     is on the node's address only; the driver's own connection is not disturbed."""
     import os
     import socket
 
-    from executor.ray_channel import DIGEST_BYTES, NONCE_BYTES, encode, proof
+    from executor.backends.ray.channel import DIGEST_BYTES, NONCE_BYTES, encode, proof
     from tangram.model import Dispatch, Lease
 
     async def forge(host: str, port: int, answer: bytes, node: str, cpu: int) -> bytes:
@@ -182,7 +182,7 @@ def test_the_driver_reads_nothing_from_a_listener_without_the_secret():
     secret) is hung up on, and the outcome it sends is never taken as one."""
     import os
 
-    from executor.ray_channel import DIGEST_BYTES, NONCE_BYTES, DriverSide, encode, proof
+    from executor.backends.ray.channel import DIGEST_BYTES, NONCE_BYTES, DriverSide, encode, proof
     from tangram.model import Outcome
 
     async def go() -> None:

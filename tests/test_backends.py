@@ -24,18 +24,18 @@ ROOT = Path(__file__).parent.parent
 def make(kind: str, tmp_path: Path, request):
     """The backend and the cluster it runs on."""
     if kind == "process":
-        from executor.process import ProcessBackend
+        from executor.backends.process.backend import ProcessBackend
 
         return ProcessBackend(tmp_path / "work"), local_cluster()
     if kind.startswith("ray-"):  # through node agents of a real 3-node local Ray cluster
-        from executor.ray_backend import RayBackend
-        from executor.sandbox_limits import SandboxLimits
+        from executor.backends.docker.limits import SandboxLimits
+        from executor.backends.ray.backend import RayBackend
 
         # the agents' sandboxes get the server's limits (here a 30 MB disk: checked below)
         backend = RayBackend(request.getfixturevalue("ray_cluster"), kind.removeprefix("ray-"),
                              sandboxes=SandboxLimits(disk_gb=0.03))
         return backend, backend.cluster()
-    from executor.docker_backend import DockerBackend
+    from executor.backends.docker.backend import DockerBackend
 
     return (DockerBackend(owner=f"conformance-{tmp_path.name}", agent=kind == "docker-agent"),
             local_cluster())
@@ -130,7 +130,7 @@ def test_docker_without_agent_output_and_files(tmp_path):
     the sentinel), a child left running must not hold the exec (and its core) open, and
     the output kept is the end of a long one. Files: the archive API does not see a tmpfs
     mount, so an upload used to land beneath /work, unseen by the commands."""
-    from executor.docker_backend import DockerBackend
+    from executor.backends.docker.backend import DockerBackend
 
     async def go() -> None:
         backend = DockerBackend(owner=f"exec-{tmp_path.name}", agent=False)
@@ -216,9 +216,9 @@ def test_the_fallback_start_pins_and_drops_the_user_on_either_loop(loop, tmp_pat
     subprocess_exec takes no ``user=``/``group=``)."""
     from conftest import reachable_by_sandboxes
 
-    from executor import spawner
+    from executor.backends.process import spawner
+    from executor.backends.process.backend import ProcessBackend
     from executor.commands import EXCLUSIVE_NICE
-    from executor.process import ProcessBackend
 
     monkeypatch.setattr(spawner, "as_user", lambda uid: None)
     reachable_by_sandboxes(tmp_path / "work")

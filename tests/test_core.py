@@ -5,16 +5,16 @@ from helpers import EventLoop, cluster, gpu_call, shell, test_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tangram.api.quota import QuotaManager
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec, QuotaSpec, ServiceSpec
 from tangram.core import Tangram
+from tangram.cpu.manager import CpuManager
+from tangram.cpu.pool import CpuNodePool
 from tangram.estimates import Estimates
-from tangram.managers.cpu import CpuManager
-from tangram.managers.gpu import GpuManager
-from tangram.managers.quota import QuotaManager
+from tangram.gpu.manager import GpuManager
 from tangram.model import Action, Demand
 from tangram.policies import PaperPolicy, Policy
-from tangram.pools import CpuNodePool, Pending
-from tangram.pools.base import NONE
+from tangram.pool import NONE, Pending
 
 
 @settings(max_examples=200, deadline=None)
@@ -22,7 +22,7 @@ from tangram.pools.base import NONE
 def test_pick_domains_follows_its_rule(free, n, local):
     """Fullest domains first, the first of equals (one core: a shortcut of its own); a
     NUMA-local request the least free domain that fits."""
-    from tangram.managers.cpu import pick_domains
+    from tangram.cpu.manager import pick_domains
 
     if local or n <= 0:
         fits = [d for d, f in enumerate(free) if f >= n]
@@ -44,7 +44,7 @@ def test_pick_domains_follows_its_rule(free, n, local):
 def test_expected_ends_kept_incrementally_match_the_rule(ops):
     """Pool.expected_ends is kept across starts, ends and time (also time going back):
     always the rule applied to ``running`` (past its expected end: as long again)."""
-    from tangram.pools.base import Pool
+    from tangram.pool import Pool
 
     pool = Pool("p")
     now = 0.0

@@ -265,7 +265,7 @@ def test_docker_containers_do_not_outlive_a_server_crash(tmp_path):
 
 
 def test_abandoned_container_removed_after_idle_ttl(tmp_path):
-    from executor.docker_backend import DockerBackend
+    from executor.backends.docker.backend import DockerBackend
     from executor.driver import LiveExecutor
     from executor.local import local_cluster
     from tangram.core import Tangram

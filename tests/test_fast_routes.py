@@ -1,4 +1,4 @@
-"""The per-action requests' own path (executor/routes/fast.py) answers as FastAPI's routes do.
+"""The per-action requests' own path (executor/server/routes/fast.py) answers as FastAPI's routes do.
 
 Against a real server, every request is sent twice: with ``Bearer`` (taken by the fast
 path when well-formed) and with ``bearer`` (a scheme HTTP reads case-insensitively, which
@@ -16,10 +16,10 @@ import httpx
 import pytest
 from conftest import TOKEN
 
-from executor.routes.fast import FastActions
-from executor.schemas import ActionOut
-from executor.server import _error
-from executor.service import Refused
+from executor.server.app import _error
+from executor.server.routes.fast import FastActions
+from executor.server.schemas import ActionOut
+from executor.server.service import Refused
 
 #: what differs between two runs of the same command (timings, where it ran)
 VOLATILE = {"queue_s", "exec_s", "cores", "units", "lane"}
@@ -88,7 +88,7 @@ def test_both_paths_answer_alike(process_server):
 
 
 class _Service:
-    """Stands in for executor.service.Service: records what the fast path asked of it."""
+    """Stands in for executor.server.service.Service: records what the fast path asked of it."""
 
     def __init__(self) -> None:
         self.calls: list[tuple] = []

@@ -16,9 +16,9 @@ from sim.clock import SimClock
 from sim.cluster import load_cluster
 from sim.driver import SimConfig, simulate
 from sim.modelled import ModelledBackend
-from tangram.batching import DEFAULT_BATCHING, BatchModel
 from tangram.cluster import ClusterSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
+from tangram.gpu.batching import DEFAULT_BATCHING, BatchModel
 from tangram.model import Action, Demand, Outcome
 from tangram.policies import make_policy
 from tangram.protocol import NONE, Capabilities
@@ -57,7 +57,7 @@ class Loop:
 
 
 def oldest_may_not_starve(core: Tangram, now: float) -> None:
-    """The stated bound (tangram/pools/eoe.py), checked at every event: while a free chunk it
+    """The stated bound (tangram/gpu/eoe.py), checked at every event: while a free chunk it
     could use exists, the oldest waiting request waits only by choice, for at most its
     cap (the restore time of its smallest variant) since it chose to; and nothing
     younger starts while it waits unless it waits by choice or can use a running

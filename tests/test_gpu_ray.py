@@ -1,4 +1,4 @@
-"""GPU workers on Ray nodes (executor/gpu/ray_worker.py), on a real local Ray cluster.
+"""GPU workers on Ray nodes (executor/backends/gpu/ray_worker.py), on a real local Ray cluster.
 
 The cpu device stands in for GPUs; a node declares its GPUs by label. Checked: GPU
 actions (a batch as one command) through a Ray node's worker actor with the residency
@@ -22,12 +22,12 @@ import yaml
 from conftest import TOKEN, start_server
 from helpers import until
 
+from executor.backends.gpu.config import load_gpu_cluster
+from executor.backends.gpu.model import random_size_bytes
+from executor.backends.gpu.ray_worker import GPU_MEM_LABEL, GPUS_LABEL, NODE_LOST, attach_gpus
+from executor.backends.ray.backend import RayBackend
+from executor.backends.ray.cluster import CPUS_LABEL, OBJECT_STORE_BYTES
 from executor.driver import LiveExecutor
-from executor.gpu.config import load_gpu_cluster
-from executor.gpu.model import random_size_bytes
-from executor.gpu.ray_worker import GPU_MEM_LABEL, GPUS_LABEL, NODE_LOST, attach_gpus
-from executor.ray_backend import RayBackend
-from executor.ray_cluster import CPUS_LABEL, OBJECT_STORE_BYTES
 from tangram.core import Tangram
 from tangram.model import Action, Demand
 from tangram.protocol import NodeJoined, NodeLost

@@ -23,14 +23,14 @@ import pytest
 import yaml
 from conftest import ROOT, TOKEN, free_port
 
+from executor.backends.gpu.arrays import NumpyOps
+from executor.backends.gpu.backend import GpuBackend
+from executor.backends.gpu.config import load_gpu_cluster, read_gpu_cluster
+from executor.backends.gpu.model import ModelError, ModelSource, TinyLM, load_model, random_size_bytes
 from executor.driver import LiveExecutor
-from executor.gpu.arrays import NumpyOps
-from executor.gpu.backend import GpuBackend
-from executor.gpu.config import load_gpu_cluster, read_gpu_cluster
-from executor.gpu.model import ModelError, ModelSource, TinyLM, load_model, random_size_bytes
-from tangram.batching import MeasuredGpu
 from tangram.cluster import ClusterError, ClusterSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
+from tangram.gpu.batching import MeasuredGpu
 from tangram.model import Action, Demand
 from tangram.policies import REGISTRY
 from tangram.protocol import PreRestore
@@ -242,7 +242,7 @@ def test_model_loaders_say_what_is_wrong(tmp_path: Path) -> None:
                            "services": [{"name": "a", "model": {"init": "random",
                                                                 "config": TINY}}]}, "cpu")
     assert ok.spec.services[0].size_gb == pytest.approx(TINY_GB)  # computed from the config
-    shipped = read_gpu_cluster(ROOT / "executor/gpu/clusters/cpu-tiny.yaml", "cpu")
+    shipped = read_gpu_cluster(ROOT / "executor/backends/gpu/clusters/cpu-tiny.yaml", "cpu")
     assert sorted(shipped.sources) == ["judge", "teacher0", "teacher1"]
 
 
@@ -269,7 +269,7 @@ def test_gpus_auto_without_a_driver_is_a_clear_error(tmp_path: Path) -> None:
     res = _cli("serve", "--gpus", "auto", "--gpu-cluster", str(spec), "--port",
                str(free_port()), "--state-dir", str(tmp_path / "st"), timeout=180)
     if _nvml_works():  # a machine with a driver: discovery must work instead
-        from executor.gpu.config import discover
+        from executor.backends.gpu.config import discover
 
         node, physical, info = discover()
         assert node.gpus in (1, 2, 4, 8) and info["driver"]
@@ -280,7 +280,7 @@ def test_gpus_auto_without_a_driver_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_cuda_device_without_torch_or_gpu_is_a_clear_error() -> None:
-    from executor.gpu.arrays import torch_available
+    from executor.backends.gpu.arrays import torch_available
 
     res = _cli("bench", "gpu", "--device", "cuda", timeout=180)
     if torch_available():
@@ -600,7 +600,7 @@ def test_the_yaml_dtype_is_the_workers_and_the_cores_size() -> None:
                                                          "dtype": "int8"}}]}
     with pytest.raises(ClusterError, match=r"services\[0\].model.dtype: expected one of"):
         load_gpu_cluster(bad, "cpu")
-    from executor.gpu.arrays import torch_available
+    from executor.backends.gpu.arrays import torch_available
 
     bf16 = {**data, "services": [{"name": "x", "model": {"init": "random", "config": TINY,
                                                           "dtype": "bfloat16"}}]}
@@ -669,7 +669,7 @@ def test_gpu_check_prints_one_json_with_verdicts_and_the_reason_of_a_failed_step
 
 
 def test_measured_costs_fit_and_read_back() -> None:
-    from executor.gpu.measure import fit_forward, probe_dop, shapes_for
+    from executor.backends.gpu.measure import fit_forward, probe_dop, shapes_for
 
     node = GpuNodeSpec("n", 4, 10.0)
     assert [probe_dop(gb, node) for gb in (5, 15, 30, 50)] == [1, 2, 4, None]
@@ -703,8 +703,8 @@ def test_a_hugging_face_batch_is_one_forward_pass_with_an_attention_mask(tmp_pat
     default (pyproject's addopts) and run by scripts/gpu_check.sh on a GPU machine."""
     import transformers
 
-    from executor.gpu.arrays import make_ops
-    from executor.gpu.model import Batch, HFModel, Request
+    from executor.backends.gpu.arrays import make_ops
+    from executor.backends.gpu.model import Batch, HFModel, Request
 
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128,
                                    num_hidden_layers=3, num_attention_heads=4,

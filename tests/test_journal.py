@@ -3,8 +3,8 @@ written in one transaction; reads see them at once; submissions are written at o
 
 import asyncio
 
-from executor.journal import Journal
-from executor.schemas import ActionOut
+from executor.server.journal import Journal
+from executor.server.schemas import ActionOut
 
 
 def _commits(journal: Journal) -> list[str]:

@@ -107,7 +107,9 @@ def test_the_core_reads_no_wall_clock():
 # -- one door into the core (tangram/protocol.py) ------------------------------------------
 #: modules of tangram/ that are the core's inside: managers, pools and schedulers are reached
 #: through the core's commands, effects and snapshot, never directly
-CORE_INSIDE = ("tangram.managers", "tangram.pools", "tangram.scheduler")
+CORE_INSIDE = ("tangram.cpu.manager", "tangram.cpu.pool", "tangram.cpu.pods", "tangram.gpu.manager",
+               "tangram.gpu.pool", "tangram.gpu.eoe", "tangram.gpu.static", "tangram.gpu.cold",
+               "tangram.api.quota", "tangram.pool", "tangram.scheduler")
 #: the core's mutable state (attributes of a Tangram)
 CORE_STATE = {"cpu", "gpu", "quota", "pools", "running", "queued", "unbound", "opening",
               "trajectories", "passes", "scheduler", "estimates", "cluster", "policy"}

@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 from helpers import cluster, shell
 
-from executor.ray_agent import NodeInfo, numa_order
-from executor.ray_backend import cluster_of
-from executor.ray_cluster import RaySpec, format_cpus, parse_cpus, split_cores
+from executor.backends.ray.agent import NodeInfo, numa_order
+from executor.backends.ray.backend import cluster_of
+from executor.backends.ray.cluster import RaySpec, format_cpus, parse_cpus, split_cores
 from tangram.cluster import CpuNodeSpec
 from tangram.core import Tangram
 from tangram.model import Outcome

@@ -1,4 +1,4 @@
-"""Memory admission (tangram/admission.py): declared limits as caps, admission
+"""Memory admission (tangram/cpu/admission.py): declared limits as caps, admission
 by observed free memory with headroom; a node nobody observes reserves in full."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tangram.admission import LIVE, RESERVE, MemoryAdmission
 from tangram.cluster import CpuNodeSpec
-from tangram.managers.cpu import CpuManager
+from tangram.cpu.admission import LIVE, RESERVE, MemoryAdmission
+from tangram.cpu.manager import CpuManager
 
 
 def manager(admission: MemoryAdmission) -> CpuManager:

@@ -86,7 +86,7 @@ def test_static_replicas_as_the_paper_deployed_them():
 def test_gpu_counts_in_one_gpu_steps_use_partial_nodes():
     from analysis.experiments import gpu_nodes_for
     from tangram.cluster import GpuNodeSpec, ServiceSpec
-    from tangram.managers.gpu import GpuManager
+    from tangram.gpu.manager import GpuManager
 
     nodes = gpu_nodes_for(29, GpuNodeSpec("g", 8, 80.0))
     assert [n.gpus for n in nodes] == [8, 8, 8, 4, 1] and len({n.name for n in nodes}) == 5

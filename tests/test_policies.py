@@ -11,9 +11,9 @@ from helpers import EventLoop, cluster, gpu_call, shell, test_run
 
 import cli
 from tangram.core import Tangram
+from tangram.cpu.pods import PodPool
+from tangram.gpu.static import ServicePool
 from tangram.policies import REGISTRY, K8sPolicy, Pods, make_policy
-from tangram.pools.pods import PodPool
-from tangram.pools.static import ServicePool
 from tangram_cli.options import POLICY_OPTIONS
 
 ROOT = Path(__file__).parent.parent

@@ -1,7 +1,7 @@
 """The Ray backend on a real local Ray cluster of 3 nodes (tests/conftest.py).
 
 On this 2-core machine the three nodes share the cores round-robin (one core
-each, executor/ray_cluster.py); what is checked is placement and failure
+each, executor/backends/ray/cluster.py); what is checked is placement and failure
 handling, not capacity.
 """
 
@@ -21,8 +21,8 @@ import httpx
 from conftest import TOKEN, reachable_by_sandboxes, start_server
 from helpers import cpus_of, until
 
+from executor.backends.ray.backend import RayBackend
 from executor.driver import LiveExecutor
-from executor.ray_backend import RayBackend
 from tangram.core import Tangram
 from tangram.model import Action, Demand
 

@@ -1,4 +1,4 @@
-"""The driver-agent connection (executor/ray_channel.py) against someone on the path: a
+"""The driver-agent connection (executor/backends/ray/channel.py) against someone on the path: a
 TCP proxy between a real driver end and a real agent end (127.0.0.1) that can slip
 frames into the stream, and a listener that never answers. No Ray is needed."""
 
@@ -9,8 +9,8 @@ import os
 
 import pytest
 
-from executor import ray_channel
-from executor.ray_channel import DIGEST_BYTES, HEADER, NONCE_BYTES, AgentSide, DriverSide, encode
+from executor.backends.ray import channel as ray_channel
+from executor.backends.ray.channel import DIGEST_BYTES, HEADER, NONCE_BYTES, AgentSide, DriverSide, encode
 
 SECRET = os.urandom(32)
 

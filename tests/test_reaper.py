@@ -1,4 +1,4 @@
-"""Cleaning up after closed trajectories in batches (executor/reaper.py), on real
+"""Cleaning up after closed trajectories in batches (executor/backends/process/reaper.py), on real
 processes: what each closed trajectory left is killed in one pass, nothing else is,
 trees of any depth are removed, and each close's follow-up runs only after."""
 
@@ -10,7 +10,7 @@ import time
 
 from helpers import procs_with
 
-from executor.reaper import Leftovers, Reaper, clean
+from executor.backends.process.reaper import Leftovers, Reaper, clean
 
 VAR = "TANGRAM_REAPER_TEST"
 

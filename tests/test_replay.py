@@ -30,7 +30,7 @@ def tangram(*args: str) -> subprocess.CompletedProcess:
 
 def test_burn_uses_its_cpu_budget_over_n_processes():
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    res = subprocess.run([sys.executable, "-m", "executor.burn", "--t1", "0.6", "-p", "0.5",
+    res = subprocess.run([sys.executable, "-m", "executor.bench.burn", "--t1", "0.6", "-p", "0.5",
                           "-n", "3"], capture_output=True, text=True, timeout=180, cwd=ROOT)
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
     assert res.returncode == 0, res.stderr
@@ -38,7 +38,7 @@ def test_burn_uses_its_cpu_budget_over_n_processes():
     cpu = (after.ru_utime + after.ru_stime) - (before.ru_utime + before.ru_stime)
     # 0.6 CPU seconds in all (start-up included), whatever the machine's load
     assert 0.55 <= cpu <= 0.9, cpu
-    bad = subprocess.run([sys.executable, "-m", "executor.burn", "--t1", "1", "-p", "2"],
+    bad = subprocess.run([sys.executable, "-m", "executor.bench.burn", "--t1", "1", "-p", "2"],
                          capture_output=True, text=True, timeout=180, cwd=ROOT)
     assert bad.returncode == 2 and "--parallel-fraction" in bad.stderr
     failing = tangram("burn", "--t1", "0.01", "--exit-code", "3")
@@ -46,7 +46,7 @@ def test_burn_uses_its_cpu_budget_over_n_processes():
 
 
 def test_burn_gets_n_like_pytest_only_when_elastic():
-    burn = [sys.executable, "-m", "executor.burn", "--t1", "2"]
+    burn = [sys.executable, "-m", "executor.bench.burn", "--t1", "2"]
     assert elastic_argv(burn, 4, True) == burn[:3] + ["-n", "4"] + burn[3:]
     assert elastic_argv(burn, 4, False) == burn
     assert elastic_argv(burn, 1, True) == burn
@@ -142,7 +142,7 @@ def test_a_scaled_replay_burns_s_times_the_work(tmp_path):
     by_id = {o["action_id"]: o for o in
              map(json.loads, (live / "outputs.jsonl").read_text().splitlines())}
     t1 = {aid: float(o["argv"][o["argv"].index("--t1") + 1]) for aid, o in by_id.items()
-          if "executor.burn" in o["argv"]}
+          if "executor.bench.burn" in o["argv"]}
     assert t1 == pytest.approx({"w#0": 0.1, "w#1": 0.2, "w#3": 0.05})
     config = json.loads((live / "config.json").read_text())
     assert config["work_scale"] == 0.25 and config["work_unscaled_rows"] == 1
@@ -179,7 +179,7 @@ def test_run_does_real_work_counts_failures_and_simulate_takes_its_cluster(tmp_p
     assert by_id["j0#2"]["status"] == "failed" and by_id["j0#2"]["exit_code"] == 3
     assert "to-stdout" in by_id["j0#2"]["output_tail"] and "to-stderr" in by_id["j0#2"]["output_tail"]
     # rows without a command burn CPU (not sleep, not echo)
-    assert by_id["j1#1"]["argv"][1:3] == ["-m", "executor.burn"]
+    assert by_id["j1#1"]["argv"][1:3] == ["-m", "executor.bench.burn"]
     assert "burn t1=0.2" in by_id["j1#1"]["output_tail"]
     frame = pd.read_parquet(live / "actions.parquet")
     assert set(frame.loc[frame["status"] == "failed", "action_id"]) == {"j0#2"}

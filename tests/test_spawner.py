@@ -1,4 +1,4 @@
-"""executor/spawner.py on real processes: what the process backend relies on of an
+"""executor/backends/process/spawner.py on real processes: what the process backend relies on of an
 asyncio Process (output, exit code, process group, wait after a timeout), no leaked
 descriptors, and asyncio's own path for anything else."""
 
@@ -8,7 +8,7 @@ import subprocess
 
 import pytest
 
-from executor import spawner
+from executor.backends.process import spawner
 
 
 @pytest.fixture(autouse=True, params=["on the loop", "in threads"])

@@ -16,7 +16,7 @@ import pytest
 from conftest import ROOT, TOKEN, Server, reachable_by_sandboxes, start_server
 from helpers import EventLoop, cluster, gpu_call, shell
 
-from executor.status import snapshot
+from executor.server.status import snapshot
 from tangram.core import Tangram
 
 ARTIFACTS = ROOT / "test-artifacts"
@@ -72,7 +72,8 @@ def server(tmp_path_factory) -> Iterator[Server]:
     # GPU workers on the CPU (the real worker path, `--gpu-device cpu`): the GPU section live
     srv = start_server(tmp_path_factory.mktemp("serve-status"), "process",
                        quotas=("api=concurrency:2",),
-                       extra_args=("--gpu-cluster", str(ROOT / "executor/gpu/clusters/cpu-tiny.yaml"),
+                       extra_args=("--gpu-cluster",
+                                   str(ROOT / "executor/backends/gpu/clusters/cpu-tiny.yaml"),
                                    "--gpu-device", "cpu"))
     yield srv
     srv.stop()

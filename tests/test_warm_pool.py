@@ -8,7 +8,7 @@ import time
 
 import docker
 
-from executor.docker_backend import DockerBackend
+from executor.backends.docker.backend import DockerBackend
 from executor.driver import LiveExecutor
 from executor.local import local_cluster
 from tangram.core import Tangram

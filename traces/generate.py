@@ -4,7 +4,7 @@ Every constant below names its source in ``CALIBRATION``, or says it is an
 assumption (and whether a reproduce study sweeps it); nothing is tuned to make a
 scheduler look good. One row per action, closed loop. Coding and DeepSearch rows
 name no command: `tangram run` burns a CPU row's ``t1_s`` with its parallel
-fraction (executor/burn.py) and waits an API row's ``t1_s``.
+fraction (executor/bench/burn.py) and waits an API row's ``t1_s``.
 """
 
 from __future__ import annotations

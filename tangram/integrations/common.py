@@ -22,7 +22,7 @@ CONFIG_KEYS = ("base_url", "token", "task", "image", "mem_gb", "shell", "kind", 
 REWARD_KEYS = ("command", "cpu", "elastic", "t1_s", "parallel_fraction", "timeout_s", "shell")
 
 
-#: the server's bounds (executor/schemas.py), checked when the config loads rather than
+#: the server's bounds (executor/server/schemas.py), checked when the config loads rather than
 #: answered as a 422 to every one of the model's calls
 MAX_MEM_GB = 4096.0
 MAX_TIMEOUT_S = 24 * 3600.0

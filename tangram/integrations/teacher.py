@@ -10,7 +10,7 @@ sequence::
 
 :class:`TangramTeacherClient` answers that call from a Tangram server: it posts
 the request to ``/v1/completions`` (OpenAI-compatible, vLLM's ``prompt_logprobs``
-extension; executor/openai_api.py), where it becomes a ``teacher_logprob`` GPU
+extension; executor/server/routes/openai.py), where it becomes a ``teacher_logprob`` GPU
 action of the named service, scheduled with every other action. The rows follow
 verl's vLLM server (``extract_prompt_logprobs``): row ``i`` holds the id and
 log-prob of token ``i + 1`` given its prefix, the last row is padding (``[0]``,

@@ -1,0 +1,1143 @@
+"""Docker backend: allocate-on-execution (paper section 5.2).
+
+A container per trajectory, created at its first action with the trajectory's
+memory limit, keeps its files between actions. Before each exec the
+container's cgroup is updated to exactly the granted cores (``cpuset``) and a
+matching CPU quota; after the exec the quota is reclaimed (1% of a core) so an
+idle container holds nothing. The container is removed when the trajectory
+closes, after an idle TTL if it is abandoned, and on shutdown; every container
+carries this executor's label so none can leak past a crash of one action.
+A warm pool (``warm``) keeps default-image containers created ahead of use, so
+a trajectory's first action does not wait for a container to start.
+
+Images. No image can be pulled on an offline machine, so the default sandbox
+image is built locally: ``tangram image build`` imports an empty root
+filesystem (labelled ``tangram.rootfs=host``) and the host's system
+directories are bind-mounted read-only over it at run time. Any other image a
+trajectory names is run unmodified: the host's ``/usr`` is bind-mounted
+read-only at ``/tangram-host/usr`` and the agent runs on the host's python
+through the host's dynamic loader, so the image needs no python of its own
+and its own ``/usr``, ``/bin`` and environment stay what the commands see.
+
+Lock-down (every sandbox): all capabilities dropped but the four the agent
+needs, no-new-privileges, a memory limit (the trajectory's ``mem_gb``, else
+``default_mem_gb``) without swap, a process limit, no network, and commands
+run as an unprivileged user that cannot signal the agent or reach its socket.
+The host enforces every timeout itself: an agent that does not answer in time
+gets its container killed (the action ends ``timeout``, the trajectory's next
+action gets a fresh container and ``state_lost``). An OOM kill is reported as
+status ``oom``.
+
+Disk (``disk_gb``): the engine's ``--storage-opt size`` works only on overlay2 over
+xfs with project quotas (and devicemapper, btrfs, zfs); elsewhere (fuse-overlayfs,
+overlay2 on ext4) it is refused. There, the places the sandbox user can write -
+``/work``, ``/tmp``, ``/var/tmp`` - are tmpfs mounts: what a command writes never
+reaches the host's disk. Being memory, they count against the sandbox's ``mem_gb``
+too, so they are bounded below it (``/work``: ``disk_gb`` and at most half of
+``mem_gb``; ``/tmp``: a quarter; ``/var/tmp``: 64 MiB), and an image's own files under
+``/work`` are hidden by the mount. An action that leaves ``/work`` full ends
+``failed`` with an error starting ``disk_full:``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import json
+import os
+import shutil
+import socket
+import tarfile
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import docker
+import docker.errors
+from docker.models.containers import _create_container_args
+from docker.types import DriverConfig, Mount
+
+from executor.backends.docker.limits import SandboxLimits
+from executor.backends.process.backend import outcome_of
+from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
+from executor.files import MAX_FILE_BYTES, FileError
+from executor.local import allowed_cpus
+from tangram.model import Dispatch, Outcome
+from tangram.protocol import Capabilities
+
+IMAGE = "tangram-sandbox:1"
+#: the agent and, mounted with it, the executor folder: the agent imports executor/files.py
+AGENT = Path(__file__).with_name("agent.py")
+AGENT_ROOT = AGENT.parents[2]
+LABEL = "tangram.executor"
+OWNER = "tangram.owner"
+HOST_ROOTFS = "tangram.rootfs"  # image label: "host" = run on the host's bind-mounted /usr
+HOST_MOUNTS = ("/usr", "/lib", "/lib64", "/bin", "/etc/alternatives")
+#: where the host's /usr (the agent's python) appears inside any other image
+HOST_PREFIX = "/tangram-host"
+#: what the agent needs: chown /work, switch to the sandbox user, kill runaway commands
+AGENT_CAPS = ["CHOWN", "SETUID", "SETGID", "KILL"]
+SANDBOX_USER = "65534:65534"
+#: seconds the host waits beyond an action's timeout before it stops trusting the agent
+GRACE_S = 5.0
+#: the timeout of an action that gives none (the API always gives one)
+DEFAULT_TIMEOUT_S = 24 * 3600.0
+PERIOD_US = 100_000
+IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
+#: the warm pool refills once no sandbox was taken for this long (DockerBackend._refill)
+WARM_QUIET_S = 0.5
+#: where a trajectory's commands run and its files live, inside the container
+SANDBOX_WORKDIR = "/work"
+#: `docker exec` path: where a command's output is written (one file per action)
+EXEC_OUTPUT = "/tmp/.tangram-output"
+#: the most of a command's output an outcome keeps (its end)
+OUTPUT_CAP = 1 << 20
+#: each sandbox's disk (see the module's docstring: storage-opt, else tmpfs mounts)
+DEFAULT_DISK_GB = SandboxLimits.disk_gb
+#: /work with less free than this after an action: the action ends ``disk_full``
+DISK_FULL_BYTES = 1 << 20
+#: Go's os.FileMode bits in the engine's archive stat (directory; device, pipe, socket, ...)
+GO_MODE_DIR = 1 << 31
+GO_MODE_IRREGULAR = (1 << 26) | (1 << 25) | (1 << 24) | (1 << 21) | (1 << 19)
+#: the largest answer taken from an agent (output is capped at 1 MiB, + JSON escapes)
+MAX_ANSWER = 16 << 20
+
+
+class AgentGone(OSError):
+    """The agent could not be reached before the request was sent (safe to retry)."""
+
+
+class AgentSilent(OSError):
+    """The agent did not answer within the action's timeout plus GRACE_S."""
+
+
+def build_image(client: docker.DockerClient | None = None, tag: str = IMAGE,
+                files: Mapping[str, bytes] | None = None,
+                env: Mapping[str, str] | None = None) -> str:
+    """Import a minimal root filesystem (directories only) as ``tag``; no registry.
+    ``files`` (path -> bytes, e.g. python packages: executor/backends/docker/image.py) are added
+    to it and ``env`` set in the image (commands see it; the run's own env wins)."""
+    client = client or docker.from_env()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        dirs = {"tmp": 0o1777, "work": 0o777, "proc": 0o555, "sys": 0o555, "dev": 0o755,
+                "etc": 0o755, "root": 0o700}
+        for path in files or {}:  # every parent directory, readable by the sandbox user
+            parts = path.strip("/").split("/")[:-1]
+            for i in range(1, len(parts) + 1):
+                dirs.setdefault("/".join(parts[:i]), 0o755)
+        for name, mode in dirs.items():
+            info = tarfile.TarInfo(name)
+            info.type = tarfile.DIRTYPE
+            info.mode = mode
+            tar.addfile(info)
+        contents = {"etc/passwd": (b"root:x:0:0:root:/root:/bin/sh\n"
+                                   b"nobody:x:65534:65534:nobody:/tmp:/bin/sh\n"),
+                    "etc/group": b"root:x:0:\nnogroup:x:65534:\n"}
+        contents.update({path.strip("/"): data for path, data in (files or {}).items()})
+        for name, data in contents.items():
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            info.mode = 0o644
+            tar.addfile(info, io.BytesIO(data))
+    repo, _, version = tag.rpartition(":") if ":" in tag.split("/")[-1] else (tag, "", "latest")
+    changes = ["WORKDIR /work", f"LABEL {HOST_ROOTFS}=host"]
+    changes += [f"ENV {k}={v}" for k, v in (env or {}).items()]
+    client.api.import_image_from_data(buf.getvalue(), repository=repo, tag=version,
+                                      changes=changes)
+    return tag
+
+
+def ensure_image(client: docker.DockerClient, tag: str = IMAGE) -> str:
+    """``tag`` if it is on this machine; the default image is built when missing."""
+    try:
+        client.images.get(tag)
+    except docker.errors.ImageNotFound:
+        if tag != IMAGE:
+            raise ValueError(f"image: {tag!r} is not on this machine (no registry is used: "
+                             "build it or `docker load` it first)") from None
+        build_image(client, tag)
+    except docker.errors.APIError as e:  # e.g. a malformed reference
+        raise ValueError(f"image: {tag!r}: {e.explanation or e}") from None
+    return tag
+
+
+def host_python() -> tuple[str, str, str] | None:
+    """(loader, library path, python) of the host's python3 as seen under HOST_PREFIX,
+    or None where they do not all live under /usr (then only the default image has
+    an agent)."""
+    python = os.path.realpath("/usr/bin/python3")
+    loader = os.path.realpath("/lib64/ld-linux-x86-64.so.2")
+    if not (os.path.exists(python) and os.path.exists(loader)
+            and python.startswith("/usr/") and loader.startswith("/usr/")):
+        return None
+    libs = ":".join(HOST_PREFIX + d for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")
+                    if os.path.isdir(d))
+    return HOST_PREFIX + loader, libs, HOST_PREFIX + python
+
+
+@dataclass(slots=True)
+class Sandbox:
+    container_id: str
+    last_used: float
+    image: str = IMAGE
+    mem_gb: float = 0.0
+    #: host path of the in-container agent's socket (None: fall back to docker exec)
+    socket: str | None = None
+    #: host directory of that socket (removed with the container)
+    agent_dir: str | None = None
+    #: cgroup files written directly when writable (None: the engine's update API)
+    cpuset_file: str | None = None
+    quota_file: str | None = None
+    busy: bool = False
+    #: grants so far; a reclaim only applies if no newer grant happened
+    grants: int = 0
+    #: serialises cgroup updates: a late reclaim must not undo the next action's grant
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    #: bytes free on /work after the last action (the agent's statvfs; None: unknown)
+    work_free: int | None = None
+    #: `docker exec` path: output files of finished actions, removed by the next exec
+    spent_outputs: list[str] = field(default_factory=list)
+
+
+class DockerBackend:
+    name = "docker"
+    capabilities = Capabilities(images=True, files=True, evicts=True)
+
+    def __init__(self, image: str = IMAGE, cpu_map: list[int] | None = None,
+                 idle_ttl_s: float = 600.0, workers: int = 16,
+                 client: docker.DockerClient | None = None, owner: str | None = None,
+                 agent: bool = True, default_mem_gb: float = SandboxLimits.mem_gb,
+                 pids_limit: int = SandboxLimits.pids, warm: int = 0,
+                 disk_gb: float = DEFAULT_DISK_GB) -> None:
+        self.client = client or docker.from_env()
+        self.image = ensure_image(self.client, image)
+        self.cpu_map = cpu_map or allowed_cpus()
+        self.idle_ttl_s = idle_ttl_s
+        self.default_mem_gb = default_mem_gb
+        self.pids_limit = pids_limit
+        self.disk_gb = disk_gb
+        self._storage_opt = _quota_capable(self.client)
+        self.warm_size = warm
+        self.run_id = uuid.uuid4().hex[:12]
+        # the agent runs on the host's python3: at /usr in the default image, under
+        # HOST_PREFIX in any other
+        self.agent = agent and os.path.exists("/usr/bin/python3")
+        self.host_python = host_python() if self.agent else None
+        #: who this executor is across restarts (e.g. its state directory): containers and
+        #: agent directories a crashed predecessor left behind are removed at start
+        self.owner = owner or self.run_id
+        # sparse: no per-container inspect, which races with containers going away
+        for c in self.client.containers.list(all=True, sparse=True,
+                                             filters={"label": f"{OWNER}={self.owner}"}):
+            self._remove(c.id)
+        prefix = f"tangram-agents-{self.owner}-"
+        for old in Path(tempfile.gettempdir()).glob(prefix + "*"):
+            shutil.rmtree(old, ignore_errors=True)
+        self.agent_root = tempfile.mkdtemp(prefix=prefix)
+        self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tangram-docker")
+        # removals apart from the actions' threads, so shutdown can wait for them (a removal
+        # racing shutdown's own would leave a container "removal in progress")
+        self._removers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tangram-rm")
+        self._lock = threading.Lock()
+        self._boxes: dict[str, Sandbox] = {}
+        self._mem: dict[str, float] = {}
+        self._images: dict[str, str] = {}  # trajectory -> its image, when not the default
+        self._host_rootfs: dict[str, bool] = {}
+        #: the cgroup files' paths with "{id}" for a container's id (see _cgroup_files)
+        self._cgroup_template: tuple[str, str] | None = None
+        self._lost: set[str] = set()  # trajectories whose container died: report at next action
+        self._running: dict[str, str] = {}  # action id -> container id
+        self._tasks: set[asyncio.Task] = set()  # actions running on the event loop
+        self._warm: list[Sandbox] = []
+        self._refilling = False
+        self._refiller: threading.Thread | None = None  # the latest refill's thread
+        self._last_take = float("-inf")  # monotonic time a sandbox was last taken warm
+        self._closed = False
+        self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
+        self._reaper.start()
+        self._refill_soon()
+
+    # -- Backend protocol ----------------------------------------------------------------
+    def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        loop = asyncio.get_running_loop()
+        ready = self._ready(d.action.trajectory)
+        if ready is None:  # a container to create or resize, or no agent: engine calls
+            self._in_thread(d, on_done, loop)
+            return
+        # on the event loop: no hop to a worker thread and back, which under a burst of
+        # first actions waited for the GIL and the cores behind the HTTP requests
+        task = loop.create_task(self._run_on_loop(d, *ready, on_done))
+        self._tasks.add(task)  # the loop keeps only a weak reference to a task
+        task.add_done_callback(self._tasks.discard)
+
+    def _in_thread(self, d: Dispatch, on_done: Callable[[Outcome], None],
+                   loop: asyncio.AbstractEventLoop) -> None:
+        def work() -> None:
+            box, grant = None, 0
+            try:
+                outcome, box = self._run(d)
+                grant = box.grants if box is not None else 0
+            except Exception as e:  # never leave an action unanswered
+                outcome = Outcome(d.action.id, "failed", None,
+                                  error=f"docker: {type(e).__name__}: {e}")
+            loop.call_soon_threadsafe(on_done, outcome)
+            if box is not None:  # after the answer: reclaiming is off the critical path
+                self._reclaim(box, grant)
+
+        self._pool.submit(work)
+
+    def cancel(self, action_id: str) -> None:
+        cid = self._running.get(action_id)
+        if cid:  # killing the exec'd tree: restart is the only portable way in Docker
+            try:
+                self.client.api.kill(cid)
+            except docker.errors.APIError:
+                pass
+
+    def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
+        """Remember the memory limit its container gets at its first action."""
+        self._mem[trajectory] = mem_gb or 0.0
+
+    def open_trajectory_image(self, trajectory: str, mem_gb: float | None, image: str) -> None:
+        """Like open_trajectory, in a container of ``image`` (it must be on this machine:
+        ValueError otherwise)."""
+        if image != self.image:
+            self._is_host_rootfs(image)  # checks it exists, once
+            self._images[trajectory] = image
+        self.open_trajectory(trajectory, mem_gb)
+
+    def close_trajectory(self, trajectory: str) -> None:
+        with self._lock:
+            box = self._boxes.pop(trajectory, None)
+            self._lost.discard(trajectory)
+            self._mem.pop(trajectory, None)
+            self._images.pop(trajectory, None)
+        if box:
+            try:
+                self._removers.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
+            except RuntimeError:  # the pool is shut down: the server is stopping
+                self._discard(box)
+
+    def evict(self, trajectory: str) -> bool:
+        """Remove an idle trajectory's container to free its memory (the core reclaimed
+        it for one waiting to start: tangram.protocol.Reclaim, Capabilities.evicts). Its
+        next action gets a fresh container and ``state_lost``. False if it is busy or has
+        none."""
+        with self._lock:
+            box = self._boxes.get(trajectory)
+            if box is None or box.busy:
+                return False
+            del self._boxes[trajectory]
+            self._lost.add(trajectory)
+        try:
+            self._removers.submit(self._discard, box)
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            self._discard(box)
+        return True
+
+    def shutdown(self) -> None:
+        self._closed = True
+        with self._lock:
+            boxes = list(self._boxes.values()) + self._warm
+            self._boxes.clear()
+            self._warm = []
+        self._pool.shutdown(wait=False, cancel_futures=True)
+        if self._refiller is not None:
+            # a sandbox it is creating now is discarded when _create returns: a container
+            # the engine makes after remove_all's listing below would outlive the executor
+            self._refiller.join(timeout=30)
+        self._removers.shutdown(wait=True)  # the closed trajectories' removals: seconds
+        # in parallel: a server with many sandboxes must still stop within seconds
+        with ThreadPoolExecutor(max_workers=16) as removers:
+            list(removers.map(self._discard, boxes))
+        self.remove_all()
+        shutil.rmtree(self.agent_root, ignore_errors=True)
+
+    def remove_all(self) -> int:
+        """Remove every container this executor created (by label)."""
+        ids = [c.id for c in self.client.containers.list(
+            all=True, sparse=True, filters={"label": f"{LABEL}={self.run_id}"})]
+        with ThreadPoolExecutor(max_workers=16) as removers:
+            list(removers.map(self._remove, ids))
+        return len(ids)
+
+    # -- sandboxes -------------------------------------------------------------------------
+    def _is_host_rootfs(self, image: str) -> bool:
+        """Whether ``image`` is an empty root filesystem run on the host's /usr (ours)."""
+        if image not in self._host_rootfs:
+            ensure_image(self.client, image)
+            labels = self.client.api.inspect_image(image).get("Config", {}).get("Labels") or {}
+            self._host_rootfs[image] = image == IMAGE or labels.get(HOST_ROOTFS) == "host"
+        return self._host_rootfs[image]
+
+    def _create(self, trajectory: str, image: str, mem_gb: float) -> Sandbox:
+        host_rootfs = self._is_host_rootfs(image)
+        mem = mem_gb or self.default_mem_gb
+        agent_dir = None
+        command: list[str] | None = ["sleep", "infinity"] if host_rootfs else None
+        env = {"HOME": "/tmp", "PATH": "/usr/bin:/bin"} if host_rootfs else {}
+        if host_rootfs:
+            mounts = {p: {"bind": p, "mode": "ro"} for p in HOST_MOUNTS if os.path.exists(p)}
+        else:  # the image's own /usr stays; the agent's python sits beside it
+            mounts = {"/usr": {"bind": HOST_PREFIX + "/usr", "mode": "ro"}}
+        if self.agent and (host_rootfs or self.host_python):
+            agent_dir = tempfile.mkdtemp(prefix="box-", dir=self.agent_root)
+            mounts[agent_dir] = {"bind": "/tangram", "mode": "rw"}
+            mounts[str(AGENT_ROOT)] = {"bind": "/tangram-agent", "mode": "ro"}
+            script = [f"/tangram-agent/{AGENT.relative_to(AGENT_ROOT)}", "/tangram/agent.sock", "/work"]
+            if host_rootfs:
+                command = ["/usr/bin/python3", "-S", *script]
+            else:
+                loader, libs, python = self.host_python  # type: ignore[misc]
+                command = [loader, "--library-path", libs, python, "-S", *script]
+                env.update({"PYTHONHOME": HOST_PREFIX + "/usr",
+                            "TANGRAM_AGENT_DROP": "PYTHONHOME"})
+        labels = {LABEL: self.run_id, OWNER: self.owner, "tangram.trajectory": trajectory[:200]}
+        disk = self._disk(mem, files_by_archive=agent_dir is None)
+        try:
+            # the engine's create API directly: ContainerCollection.create would inspect
+            # the new container (one more engine call) only to build an object we never use
+            cid = self.client.api.create_container(**_create_container_args(dict(
+                image=image, command=command, version=self.client.api._version,
+                detach=True, init=True, labels=labels, volumes=mounts,
+                working_dir="/work", network_mode="none", environment=env,
+                mem_limit=f"{int(mem * 1024)}m", memswap_limit=f"{int(mem * 1024)}m",
+                pids_limit=self.pids_limit, cap_drop=["ALL"], cap_add=AGENT_CAPS,
+                security_opt=["no-new-privileges"],
+                # unthrottled while the agent starts; idle quota once it listens
+                cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
+                cpu_quota=len(self.cpu_map) * PERIOD_US, **disk)))["Id"]
+        except Exception:
+            if agent_dir:
+                shutil.rmtree(agent_dir, ignore_errors=True)
+            raise
+        box = Sandbox(cid, time.monotonic(), image=image, mem_gb=mem, agent_dir=agent_dir)
+        try:
+            self.client.api.start(cid)
+            if agent_dir is not None:
+                sock = os.path.join(agent_dir, "agent.sock")
+                deadline = time.monotonic() + 10
+                pause = 0.005
+                # backing off to 20 ms: a start takes hundreds of ms on a loaded machine, and
+                # each 5 ms wake-up cost the server CPU (~1 ms per container) and the GIL
+                while (not os.path.exists(sock) and time.monotonic() < deadline
+                       and not self._closed):
+                    time.sleep(pause)
+                    pause = min(pause * 1.5, 0.02)
+                box.socket = sock if os.path.exists(sock) else None
+            box.cpuset_file, box.quota_file = self._cgroup_files(cid)
+            self._set_cpus(box, None, IDLE_QUOTA_US)
+        except Exception:
+            self._discard(box)  # a container that never started must not linger
+            raise
+        return box
+
+    def _cgroup_files(self, cid: str) -> tuple[str | None, str | None]:
+        """The container's cgroup files: where the first container's paths name its id, the
+        next ones' are the same paths with their own id (no engine call: inspecting each new
+        container for its pid cost ~0.5 ms of server CPU); else found through its pid."""
+        if self._cgroup_template is not None:
+            files = tuple(t.replace("{id}", cid) for t in self._cgroup_template)
+            if all(os.access(f, os.W_OK) for f in files):  # the id is in the path: its own
+                return files  # type: ignore[return-value]
+        cpuset, quota = _cgroup_files(self.client, cid)
+        if cpuset and quota and cid in cpuset and cid in quota:
+            self._cgroup_template = (cpuset.replace(cid, "{id}"), quota.replace(cid, "{id}"))
+        return cpuset, quota
+
+    def _disk(self, mem_gb: float, files_by_archive: bool) -> dict:
+        """The container options that bound what its commands write. Without an agent the
+        file API goes through the engine's archive API, which does not see a tmpfs mount
+        (an upload landed in the layer beneath /work, invisible to the commands): there
+        /work is an anonymous volume of the local driver backed by a tmpfs of the same
+        size, which the archive API does see, removed with the container."""
+        mb = int(self.disk_gb * 1024)
+        if self._storage_opt:
+            return {"storage_opt": {"size": f"{mb}m"}}
+        # tmpfs pages count against the memory limit and cannot be swapped: bounded well
+        # below it, so a full disk is ENOSPC for the writer, not an OOM kill of the agent
+        work = max(16, min(mb, int(mem_gb * 1024 / 2)))
+        tmp = max(16, min(mb, int(mem_gb * 1024 / 4)))
+        uid = SANDBOX_USER.split(":")[0]  # /work is the sandbox user's
+        tmpfs = {"/tmp": f"size={tmp}m,mode=1777,exec", "/var/tmp": "size=64m,mode=1777"}
+        work_opts = f"size={work}m,mode=0700,uid={uid},gid={uid},nosuid,nodev"
+        if not files_by_archive:
+            return {"tmpfs": {SANDBOX_WORKDIR: work_opts + ",exec", **tmpfs}}
+        # no_copy: the image's own /work (its owner and mode) must not be copied into it
+        return {"tmpfs": tmpfs, "mounts": [Mount(SANDBOX_WORKDIR, None, type="volume", no_copy=True,
+                                                 driver_config=DriverConfig("local", {
+                                                     "type": "tmpfs", "device": "tmpfs",
+                                                     "o": work_opts}))]}
+
+    def _refill_soon(self) -> None:
+        with self._lock:
+            if self._refilling or self._closed or len(self._warm) >= self.warm_size:
+                return
+            self._refilling = True
+        # its own thread, not the actions' pool: it waits for quiet (below) and must not
+        # hold a worker the burst's actions need
+        self._refiller = threading.Thread(target=self._refill, daemon=True, name="tangram-warm")
+        self._refiller.start()
+
+    def _refill(self) -> None:
+        """Keep ``warm_size`` default-image sandboxes ready (one at a time), starting each
+        once no sandbox was taken for WARM_QUIET_S: a container start costs the engine
+        (dockerd, runc) tens of ms of CPU, which the burst of first actions that emptied the
+        pool needs now; the pool is for the next burst."""
+        box: Sandbox | None = None
+        try:
+            while not self._closed:
+                with self._lock:
+                    if len(self._warm) >= self.warm_size:
+                        return
+                    wait = self._last_take + WARM_QUIET_S - time.monotonic()
+                if wait > 0:
+                    time.sleep(min(wait, 0.1))  # short steps: shutdown ends it promptly
+                    continue
+                box = self._create("", self.image, self.default_mem_gb)
+                with self._lock:
+                    if self._closed:
+                        break
+                    self._warm.append(box)
+                    box = None
+            if box is not None:
+                self._discard(box)
+        except Exception:  # noqa: BLE001 - a failed refill is retried at the next take
+            pass
+        finally:
+            with self._lock:
+                self._refilling = False
+
+    def _take_warm(self, image: str, mem_gb: float) -> Sandbox | None:
+        if image != self.image:
+            return None
+        with self._lock:
+            box = self._warm.pop() if self._warm else None
+            self._last_take = time.monotonic()
+        if box is None:
+            return None
+        # (its tmpfs mounts keep the size set for the pool's memory limit: with a smaller
+        # limit, a full /work may end in an OOM kill rather than ENOSPC - still never on
+        # the host's disk)
+        mem = mem_gb or self.default_mem_gb
+        self._refill_soon()
+        if mem != box.mem_gb:  # one engine call (~20 ms), still far cheaper than a container
+            try:
+                limit = f"{int(mem * 1024)}m"
+                self.client.api.update_container(box.container_id, mem_limit=limit,
+                                                 memswap_limit=limit)
+                box.mem_gb = mem
+            except docker.errors.APIError:
+                self._removers.submit(self._discard, box)
+                return None
+        return box
+
+    def _sandbox(self, trajectory: str) -> tuple[Sandbox, bool]:
+        """The trajectory's container (taken warm or created now); True if state was lost."""
+        with self._lock:
+            box = self._boxes.get(trajectory)
+            lost = trajectory in self._lost
+            image = self._images.get(trajectory, self.image)
+            mem = self._mem.get(trajectory, 0.0)
+        if box is not None:
+            return box, False
+        box = self._take_warm(image, mem) or self._create(trajectory, image, mem)
+        with self._lock:
+            other = self._boxes.get(trajectory)
+            if other is None:
+                self._boxes[trajectory] = box
+                self._lost.discard(trajectory)
+        if other is not None:  # created concurrently (a file upload racing the first action)
+            self._discard(box)
+            return other, False
+        return box, lost
+
+    def _ready(self, trajectory: str) -> tuple[Sandbox, bool] | None:
+        """The trajectory's sandbox (and whether state was lost) when its action can run on
+        the event loop: one with an agent and writable cgroup files that needs no engine
+        call - its own, or a warm one of the pool's memory limit (taken and bound to the
+        trajectory here). None: the threaded path (_sandbox) decides."""
+        def ready(box: Sandbox) -> bool:
+            return bool(box.socket and box.cpuset_file and box.quota_file)
+
+        with self._lock:
+            box = self._boxes.get(trajectory)
+            if box is not None:
+                return (box, False) if ready(box) else None
+            mem = self._mem.get(trajectory, 0.0) or self.default_mem_gb
+            if (self._images.get(trajectory, self.image) != self.image or not self._warm
+                    or not ready(self._warm[-1]) or self._warm[-1].mem_gb != mem):
+                return None
+            box = self._warm.pop()
+            self._last_take = time.monotonic()
+            self._boxes[trajectory] = box
+            lost = trajectory in self._lost
+            self._lost.discard(trajectory)
+        self._refill_soon()
+        return box, lost
+
+    def _grant(self, box: Sandbox, cores: list[int], engine: bool = True) -> float | None:
+        """AOE: the container's cgroup gets exactly ``cores`` right before the exec.
+        Seconds it took; None if ``engine`` is False and the cgroup files could not be
+        written (the engine's update API blocks for ~20 ms: not on the event loop)."""
+        t0 = time.time()
+        with box.lock:
+            box.busy = True
+            box.grants += 1
+            if not self._set_cpus(box, cores, len(cores) * PERIOD_US, engine):
+                return None
+        return time.time() - t0
+
+    def _set_cpus(self, box: Sandbox, cores: list[int] | None, quota_us: int,
+                  engine: bool = True) -> bool:
+        """Write the cgroup files directly (~0.1 ms) where we may; else ask the engine
+        (~20 ms), unless ``engine`` is False (then: False). Order matters when growing:
+        cores first, then the quota."""
+        if box.cpuset_file and box.quota_file:
+            try:
+                if cores is not None:
+                    with open(box.cpuset_file, "w") as f:
+                        f.write(",".join(map(str, cores)))
+                with open(box.quota_file, "w") as f:
+                    f.write(str(quota_us) if box.quota_file.endswith("cfs_quota_us")
+                            else f"{quota_us} {PERIOD_US}")
+                return True
+            except OSError:
+                box.cpuset_file = box.quota_file = None  # e.g. the container is gone
+        if not engine:
+            return False
+        kw = {"cpuset_cpus": ",".join(map(str, cores))} if cores is not None else {}
+        self.client.api.update_container(box.container_id, cpu_period=PERIOD_US,
+                                         cpu_quota=quota_us, **kw)
+        return True
+
+    # -- one action ------------------------------------------------------------------------
+    def _run(self, d: Dispatch) -> tuple[Outcome, Sandbox | None]:
+        t_start = time.time()
+        prepared = self._prepare(d)
+        if isinstance(prepared, Outcome):
+            return prepared, None
+        argv, cores, timeout, env = prepared
+        box, lost = self._sandbox(d.action.trajectory)
+        for attempt in (0, 1):
+            try:
+                update_s = self._grant(box, cores)
+            except docker.errors.APIError:
+                update_s = 0.0
+            self._running[d.action.id] = box.container_id
+            execute = self._agent_exec if box.socket else self._docker_exec
+            try:
+                code, output, t_exec, t_exited, timed_out, ooms = execute(
+                    box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
+                break
+            except AgentGone:
+                # the container died (or was killed) while idle: a fresh one, state lost
+                if attempt:
+                    raise
+                self._forget(d.action.trajectory, box)
+                box, _ = self._sandbox(d.action.trajectory)
+                lost = True
+            except (AgentSilent, docker.errors.APIError, OSError, ValueError) as e:
+                return self._exec_failed(d, box, timeout, e)
+            finally:
+                self._running.pop(d.action.id, None)
+        # An agent that answered was alive throughout (a dying one drops the connection);
+        # after `docker exec` only the engine can tell, and a signal-killed exec hints at it.
+        if not box.socket and not self._alive(
+                box.container_id, settle_s=1.0 if code is None or code >= 128 else 0):
+            return self._died(d, box), None
+        return self._outcome(d, box, lost, argv, cores, timeout, update_s, t_start,
+                             (code, output, t_exec, t_exited, timed_out, ooms))
+
+    async def _run_on_loop(self, d: Dispatch, box: Sandbox, lost: bool,
+                           on_done: Callable[[Outcome], None]) -> None:
+        """One action in a ready sandbox (see _ready), on the event loop: the cgroup files
+        written directly (~0.1 ms), the agent asked over its socket without blocking. What
+        needs the engine (a dead agent's replacement, a timeout's kill, a failure's
+        diagnosis) goes to the worker threads as before."""
+        loop = asyncio.get_running_loop()
+        t_start = time.time()
+        grant = 0
+        outcome: Outcome | None = None
+        exec_failed = False
+        failed_box: Sandbox | None = None  # after a failed exec: the box, if it is kept
+        try:
+            prepared = self._prepare(d)
+            if isinstance(prepared, Outcome):
+                outcome = prepared
+            else:
+                argv, cores, timeout, env = prepared
+                update_s = self._grant(box, cores, engine=False)
+                if update_s is None:  # its cgroup files are gone: the engine's way, in a thread
+                    self._in_thread(d, on_done, loop)
+                    return
+                grant = box.grants
+                self._running[d.action.id] = box.container_id
+                try:
+                    result = await self._agent_exec_async(
+                        box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
+                except AgentGone:
+                    # nothing reached it: the threaded path replaces the container (state lost)
+                    self._in_thread(d, on_done, loop)
+                    return
+                except (AgentSilent, OSError, ValueError) as e:
+                    exec_failed = True
+                    outcome, failed_box = await loop.run_in_executor(
+                        self._pool, self._exec_failed, d, box, timeout, e)
+                finally:
+                    self._running.pop(d.action.id, None)
+                if outcome is None:
+                    outcome, _ = self._outcome(d, box, lost, argv, cores, timeout, update_s,
+                                               t_start, result)
+        except Exception as e:  # never leave an action unanswered
+            outcome = Outcome(d.action.id, "failed", None,
+                              error=f"docker: {type(e).__name__}: {e}")
+        on_done(outcome)  # once, whatever happened above
+        if not grant or (exec_failed and failed_box is None):  # nothing (left) to reclaim
+            return
+        if exec_failed or not self._reclaim(box, grant, engine=False):
+            try:
+                self._removers.submit(self._reclaim, box, grant)
+            except RuntimeError:  # shutting down: the container goes anyway
+                pass
+
+    def _prepare(self, d: Dispatch) -> tuple[list[str], list[int], float, dict[str, str]] | Outcome:
+        """(argv, cores, timeout, env) of the action, or its failure (a bad payload)."""
+        payload = d.action.payload or {}
+        try:
+            argv = elastic_argv(argv_of(payload), d.units, d.action.elastic == "cpu")
+        except CommandError as e:
+            return Outcome(d.action.id, "failed", None, error=str(e))
+        cores = sorted(self.cpu_map[c] for c in d.lease.cores) or self.cpu_map
+        timeout = float(payload.get("timeout_s") or 0) or DEFAULT_TIMEOUT_S
+        env = {k: str(v) for k, v in (payload.get("env") or {}).items()}
+        env["TANGRAM_CORES"] = ",".join(map(str, cores))
+        return argv, cores, timeout, env
+
+    def _exec_failed(self, d: Dispatch, box: Sandbox, timeout: float,
+                     e: Exception) -> tuple[Outcome, Sandbox | None]:
+        """The outcome of an exec that raised ``e`` (after the request reached the sandbox)."""
+        if isinstance(e, AgentSilent):
+            self._kill(box)
+            self._forget(d.action.trajectory, box)
+            return Outcome(d.action.id, "timeout", None, error=(
+                f"the sandbox did not answer within the {timeout:g} s timeout (+{GRACE_S:g} s):"
+                " its container was killed and is recreated, without its files, at the "
+                "trajectory's next action"), extra={"state_lost": True}), None
+        if self._alive(box.container_id, settle_s=1.0):
+            return Outcome(d.action.id, "failed", None, error=f"exec failed: {e}"), box
+        return self._died(d, box), None
+
+    def _outcome(self, d: Dispatch, box: Sandbox, lost: bool, argv: list[str], cores: list[int],
+                 timeout: float, update_s: float, t_start: float,
+                 result: tuple[int | None, bytes, float, float, bool, int]
+                 ) -> tuple[Outcome, Sandbox]:
+        code, output, t_exec, t_exited, timed_out, ooms = result
+        extra = {"argv": argv, "cores": cores, "update_s": update_s, "t_spawned": t_exec,
+                 "t_exited": t_exited, "state_lost": lost, "container": box.container_id[:12],
+                 "via": "agent" if box.socket else "docker exec"}
+        if box.work_free is not None and box.work_free < DISK_FULL_BYTES:
+            return Outcome(d.action.id, "failed", code, (output or b"")[-OUTPUT_CAP:].decode(
+                errors="replace"), f"disk_full: {SANDBOX_WORKDIR} is full (the sandbox's "
+                f"disk limit: {self.disk_gb:g} GB, and at most half its mem_gb on this engine's "
+                "storage driver); remove files, or give the trajectory more mem_gb",
+                t_exec - t_start, {**extra, "reason": "disk_full"}), box
+        if ooms:
+            return Outcome(d.action.id, "oom", code, (output or b"")[-OUTPUT_CAP:].decode(
+                errors="replace"), self._oom_message(box), t_exec - t_start, extra), box
+        return outcome_of(d, code, output or b"", timed_out, timeout, extra,
+                          overhead_s=t_exec - t_start), box
+
+    def _oom_message(self, box: Sandbox) -> str:
+        return (f"out of memory: the sandbox's {box.mem_gb:g} GB limit was reached and the "
+                "kernel killed a process of the command (give the trajectory a larger mem_gb)")
+
+    def _agent_exec(self, box: Sandbox, argv: list[str], env: dict[str, str], timeout: float,
+                    nice: int) -> tuple[int | None, bytes, float, float, bool, int]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            # the agent enforces the timeout; the host does not trust it to
+            conn.settimeout(timeout + GRACE_S)
+            try:
+                conn.connect(box.socket)  # type: ignore[arg-type]
+            except OSError as e:
+                raise AgentGone(f"the sandbox agent is gone: {e}") from None
+            conn.sendall(_agent_request(argv, env, timeout, nice))
+            answer = _Answer()
+            try:
+                while not answer.add(conn.recv(1 << 16)):
+                    pass
+            except TimeoutError:
+                raise AgentSilent("no answer") from None
+        return _agent_answer(box, answer.data())
+
+    async def _agent_exec_async(self, box: Sandbox, argv: list[str], env: dict[str, str],
+                                timeout: float, nice: int
+                                ) -> tuple[int | None, bytes, float, float, bool, int]:
+        """_agent_exec without blocking the event loop (the same errors)."""
+        loop = asyncio.get_running_loop()
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.setblocking(False)
+            try:
+                async with asyncio.timeout(timeout + GRACE_S):
+                    await loop.sock_connect(conn, box.socket)  # type: ignore[arg-type]
+            except OSError as e:  # TimeoutError too: an agent that does not accept
+                raise AgentGone(f"the sandbox agent is gone: {e}") from None
+            answer = _Answer()
+            try:
+                # the agent enforces the timeout; the host does not trust it to
+                async with asyncio.timeout(timeout + GRACE_S):
+                    await loop.sock_sendall(conn, _agent_request(argv, env, timeout, nice))
+                    while not answer.add(await loop.sock_recv(conn, 1 << 16)):
+                        pass
+            except TimeoutError:
+                raise AgentSilent("no answer") from None
+        return _agent_answer(box, answer.data())
+
+    def _docker_exec(self, box: Sandbox, argv: list[str], env: dict[str, str], timeout: float,
+                     nice: int) -> tuple[int | None, bytes, float, float, bool, int]:
+        # The engine loses the attach stream of a short exec now and then (moby#27289,
+        # docker-py#2042: `cat f` answered exit 0 and no output, ~1 in 200 under
+        # `stress --cpu 8`, on 20.10). So the command's output goes to a file in the
+        # sandbox's own size-bounded /tmp; its shell then prints the file's end and a
+        # sentinel. No sentinel: the stream was lost (or the command was killed), and the
+        # file is read again by an exec of its own. (The archive API cannot read it: it
+        # does not see tmpfs mounts.) A command that leaves a child behind does not hold
+        # the exec open: the child's output is the file, not the stream. The previous
+        # actions' files are removed by this one's shell.
+        token = uuid.uuid4().hex
+        out, sentinel = f"{EXEC_OUTPUT}-{token}", f"\n{token}".encode()
+        with box.lock:
+            spent, box.spent_outputs = box.spent_outputs, []
+        script = ((f"rm -f {' '.join(spent)}; " if spent else "")
+                  + f'"$@" >{out} 2>&1; rc=$?; tail -c {OUTPUT_CAP} {out}; '
+                  + f"printf '\\n{token}'; exit $rc")
+        full = ["timeout", "-s", "KILL", f"{timeout:g}", *(["nice", "-n", str(nice)] if nice else []),
+                "sh", "-c", script, "sh", *argv]
+        try:
+            exec_id = self.client.api.exec_create(box.container_id, full, workdir="/work",
+                                                  environment=env, user=SANDBOX_USER)["Id"]
+        except docker.errors.APIError as e:
+            if not self._alive(box.container_id):
+                raise AgentGone(str(e)) from None
+            raise
+        t_exec = time.time()
+        output = self.client.api.exec_start(exec_id) or b""
+        t_exited = time.time()
+        code = self.client.api.exec_inspect(exec_id).get("ExitCode")
+        timed_out = code == 137 and t_exited - t_exec >= timeout * 0.99
+        for _ in range(2):
+            if output.endswith(sentinel):
+                break
+            output = self._read_output(box, out, sentinel)
+        # whole (sentinel seen), else three lost streams in a row: what the last one had
+        output = output[:-len(sentinel)] if output.endswith(sentinel) else output[-OUTPUT_CAP:]
+        with box.lock:
+            box.spent_outputs.append(out)
+        return code, output, t_exec, t_exited, timed_out, 0
+
+    def _read_output(self, box: Sandbox, path: str, sentinel: bytes) -> bytes:
+        """The end of an action's output file, by an exec of its own (plus the sentinel)."""
+        script = f"tail -c {OUTPUT_CAP} {path} 2>/dev/null; printf '\\n{sentinel[1:].decode()}'"
+        exec_id = self.client.api.exec_create(box.container_id, ["sh", "-c", script],
+                                              user=SANDBOX_USER)["Id"]
+        return self.client.api.exec_start(exec_id) or b""
+
+    # -- failures and cleanup --------------------------------------------------------------
+    def _forget(self, trajectory: str, box: Sandbox) -> None:
+        with self._lock:
+            if self._boxes.get(trajectory) is box:
+                del self._boxes[trajectory]
+            self._lost.add(trajectory)
+        self._discard(box)
+
+    def _died(self, d: Dispatch, box: Sandbox) -> Outcome:
+        try:
+            oom = bool(self.client.api.inspect_container(box.container_id)["State"]
+                       .get("OOMKilled"))
+        except docker.errors.APIError:
+            oom = False
+        self._forget(d.action.trajectory, box)
+        tail = ("; it will be recreated, without its files, at the trajectory's next action")
+        if oom:
+            return Outcome(d.action.id, "oom", None, error=self._oom_message(box) + tail,
+                           extra={"state_lost": True})
+        return Outcome(d.action.id, "failed", None,
+                       error="the trajectory's container died during the action" + tail,
+                       extra={"state_lost": True})
+
+    def _kill(self, box: Sandbox) -> None:
+        try:
+            self.client.api.kill(box.container_id)
+        except docker.errors.APIError:
+            pass
+
+    def _reclaim(self, box: Sandbox, grant: int, engine: bool = True) -> bool:
+        """Take the cores back (1% of one core) unless the next action already has them.
+        False if ``engine`` is False and only the engine could (see _set_cpus)."""
+        with box.lock:
+            if box.grants != grant:
+                return True
+            try:
+                if not self._set_cpus(box, None, IDLE_QUOTA_US, engine):
+                    return False
+            except (docker.errors.APIError, OSError):  # requests' errors are OSErrors too:
+                pass  # a box left busy would never be evicted nor reaped
+            box.busy = False
+            box.last_used = time.monotonic()
+        return True
+
+    def _alive(self, cid: str, settle_s: float = 0.0) -> bool:
+        """Whether the container still runs; a signal-killed exec may be the first sign
+        of a dying container, whose state the engine reports a moment later."""
+        deadline = time.monotonic() + settle_s
+        while True:
+            try:
+                state = self.client.api.inspect_container(cid)["State"]
+            except docker.errors.NotFound:
+                return False
+            if not state.get("Running") or state.get("Restarting"):
+                return False
+            if time.monotonic() >= deadline:
+                return True
+            time.sleep(0.05)
+
+    def _discard(self, box: Sandbox) -> None:
+        self._remove(box.container_id)
+        if box.agent_dir:
+            shutil.rmtree(box.agent_dir, ignore_errors=True)
+
+    def _remove(self, cid: str) -> None:
+        try:
+            # v: with its anonymous /work volume, if it has one (see _disk)
+            self.client.api.remove_container(cid, force=True, v=True)
+        except docker.errors.APIError:
+            pass
+
+    def _reap_loop(self) -> None:
+        """Remove containers of abandoned trajectories after the idle TTL."""
+        while not self._closed:
+            time.sleep(min(5.0, max(self.idle_ttl_s / 4, 0.2)))
+            now = time.monotonic()
+            with self._lock:
+                stale = [(t, b) for t, b in self._boxes.items()
+                         if not b.busy and now - b.last_used > self.idle_ttl_s]
+                for t, _ in stale:
+                    del self._boxes[t]
+                    self._lost.add(t)  # its next action, if any, must hear its files are gone
+            for _, box in stale:
+                self._discard(box)
+
+
+    # -- files (executor/server/routes/files.py) -------------------------------------------------------
+    # Through the sandbox's agent, which opens each path component inside the container
+    # without following a symlink (executor/backends/docker/agent.py). The engine's archive API
+    # follows links the sandbox made (``ln -s /etc x``; ``ln -s /tangram t`` reached the
+    # agent's socket): it is used only for a sandbox without an agent, after checking no
+    # component is a link (the check and the copy are two engine calls: a command running
+    # between them could still swap one in, so such sandboxes should not run untrusted code).
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int:
+        box, _ = self._sandbox(trajectory)  # a file may arrive before the first action
+        box.last_used = time.monotonic()
+        src = io.BytesIO(data) if isinstance(data, bytes | bytearray) else data
+        if box.socket:
+            size = _size_of(src)
+            ans = self._agent_file(box, {"op": "put", "parts": list(parts), "size": size}, src)
+            return int(ans["size"])
+        self._no_links(box, parts[:-1])
+        return self._archive_put(box, parts, src)
+
+    def get_file(self, trajectory: str, parts: tuple[str, ...],
+                 limit: int = MAX_FILE_BYTES) -> bytes:
+        rel = "/".join(parts)
+        with self._lock:
+            box = self._boxes.get(trajectory)
+        if box is None:  # no container yet (or it was reaped): nothing was written
+            raise FileError(404, f"{rel}: no such file")
+        box.last_used = time.monotonic()
+        if box.socket:
+            return self._agent_file(box, {"op": "get", "parts": list(parts), "limit": limit})
+        self._no_links(box, parts[:-1])
+        return self._archive_get(box, parts, limit)
+
+    def _agent_file(self, box: Sandbox, req: dict, src: BinaryIO | None = None) -> Any:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(60)
+            try:
+                conn.connect(box.socket)  # type: ignore[arg-type]
+            except OSError as e:
+                raise FileError(409, f"the sandbox agent is gone: {e}") from None
+            conn.sendall(json.dumps(req).encode() + b"\n")
+            while src is not None and (chunk := src.read(1 << 20)):
+                conn.sendall(chunk)
+            data = b""
+            while b"\n" not in data:
+                chunk = conn.recv(1 << 16)
+                if not chunk:
+                    raise FileError(409, "the sandbox agent closed the connection")
+                data += chunk
+            line, _, rest = data.partition(b"\n")
+            ans = json.loads(line)
+            if "error" in ans:
+                raise FileError(int(ans.get("status", 400)), ans["error"])
+            if req["op"] == "put":
+                return ans
+            size, chunks = int(ans["size"]), [rest]
+            got = len(rest)
+            while got < size:
+                chunk = conn.recv(min(1 << 20, size - got))
+                if not chunk:
+                    raise FileError(409, "the sandbox agent closed the connection")
+                chunks.append(chunk)
+                got += len(chunk)
+            return b"".join(chunks)[:size]
+
+    def _no_links(self, box: Sandbox, dirs: tuple[str, ...]) -> None:
+        for i in range(1, len(dirs) + 1):
+            rel = "/".join(dirs[:i])
+            try:
+                stream, st = self.client.api.get_archive(box.container_id,
+                                                         f"{SANDBOX_WORKDIR}/{rel}")
+                stream.close()  # only the stat header is wanted
+            except docker.errors.NotFound:
+                return  # made by the copy: not a link
+            except docker.errors.APIError as e:
+                raise FileError(400, f"{rel}: {e.explanation or e}") from None
+            if st.get("linkTarget") or not int(st.get("mode", 0)) & GO_MODE_DIR:
+                raise FileError(400, f"{rel}: is a symlink or not a directory (files stay "
+                                "inside the sandbox)")
+
+    def _archive_put(self, box: Sandbox, parts: tuple[str, ...], src: BinaryIO) -> int:
+        with tempfile.TemporaryFile() as buf:  # the tar on disk, not in memory
+            size = _size_of(src)
+            with tarfile.open(fileobj=buf, mode="w") as tar:
+                info = tarfile.TarInfo("/".join(parts))
+                info.size, info.mode, info.mtime = size, 0o644, int(time.time())
+                info.uid = info.gid = int(SANDBOX_USER.split(":")[0])  # the commands' own
+                tar.addfile(info, src)
+            buf.seek(0)
+            try:
+                self.client.api.put_archive(box.container_id, SANDBOX_WORKDIR, buf)
+            except docker.errors.APIError as e:
+                raise FileError(409, f"{'/'.join(parts)}: cannot write it in the sandbox: "
+                                f"{e.explanation or e}") from None
+        return size
+
+    def _archive_get(self, box: Sandbox, parts: tuple[str, ...], limit: int) -> bytes:
+        rel = "/".join(parts)
+        try:
+            chunks, st = self.client.api.get_archive(box.container_id, f"{SANDBOX_WORKDIR}/{rel}")
+        except docker.errors.NotFound:
+            raise FileError(404, f"{rel}: no such file") from None
+        except docker.errors.APIError as e:
+            raise FileError(400, f"{rel}: {e.explanation or e}") from None
+        mode = int(st.get("mode", 0))
+        if st.get("linkTarget"):
+            raise FileError(400, f"{rel}: is a symlink (read what it points to by its own path)")
+        if mode & GO_MODE_DIR:
+            raise FileError(409, f"{rel}: is a directory")
+        if mode & GO_MODE_IRREGULAR:
+            raise FileError(400, f"{rel}: is not a regular file")
+        if int(st.get("size", 0)) > limit:
+            raise FileError(413, f"{rel}: {st['size']} bytes, over the {limit}-byte limit")
+        with tarfile.open(fileobj=io.BytesIO(b"".join(chunks)), mode="r") as tar:
+            member = tar.next()
+            f = tar.extractfile(member) if member is not None else None
+            if f is None:
+                raise FileError(400, f"{rel}: is not a regular file")
+            return f.read(limit + 1)[:limit]
+
+
+class _Answer:
+    """An agent's answer as it arrives (one JSON line, bounded), for both ways of reading it."""
+
+    __slots__ = ("chunks", "size")
+
+    def __init__(self) -> None:
+        self.chunks: list[bytes] = []
+        self.size = 0
+
+    def add(self, chunk: bytes) -> bool:
+        """Keep ``chunk``; True once the answer is whole (its newline) or the agent closed."""
+        if not chunk:
+            return True
+        self.chunks.append(chunk)
+        self.size += len(chunk)
+        if chunk.endswith(b"\n"):
+            return True
+        if self.size > MAX_ANSWER:
+            raise OSError("the sandbox agent's answer is too large")
+        return False
+
+    def data(self) -> bytes:
+        return b"".join(self.chunks)
+
+
+def _agent_request(argv: list[str], env: dict[str, str], timeout: float, nice: int) -> bytes:
+    # the agent sets the niceness itself: the image may have no `nice` binary
+    req = {"argv": argv, "env": env, "cwd": "/work", "timeout_s": timeout, "nice": nice}
+    return json.dumps(req).encode() + b"\n"
+
+
+def _agent_answer(box: Sandbox, data: bytes) -> tuple[int | None, bytes, float, float, bool, int]:
+    """(code, output, t_start, t_end, timed_out, oom kills) of the agent's answer line."""
+    if not data.endswith(b"\n"):
+        raise OSError("the sandbox agent closed the connection")
+    ans = json.loads(data)
+    box.work_free = ans.get("work_free")
+    return (ans["code"], ans["output"].encode(), ans["t_start"], ans["t_end"],
+            ans["timed_out"], int(ans.get("oom_kills", 0)))
+
+
+def _size_of(f: BinaryIO) -> int:
+    """Bytes left in a seekable file object."""
+    here = f.tell()
+    end = f.seek(0, io.SEEK_END)
+    f.seek(here)
+    return end - here
+
+
+def _quota_capable(client: docker.DockerClient) -> bool:
+    """Whether the engine can bound a container's writable layer (``--storage-opt size``):
+    overlay2 over xfs (mounted with pquota, which only a create can tell), devicemapper,
+    btrfs, zfs."""
+    try:
+        info = client.info()
+    except docker.errors.APIError:
+        return False
+    driver = info.get("Driver", "")
+    status = dict(info.get("DriverStatus") or [])
+    if driver == "overlay2":
+        return status.get("Backing Filesystem", "") == "xfs"
+    return driver in ("devicemapper", "btrfs", "zfs")
+
+
+def _cgroup_files(client: docker.DockerClient, cid: str) -> tuple[str | None, str | None]:
+    """The container's cpuset and CPU-quota files, if this process may write them."""
+    try:
+        pid = client.api.inspect_container(cid)["State"]["Pid"]
+        with open(f"/proc/{pid}/cgroup") as f:
+            lines = [line.strip().split(":", 2) for line in f if line.strip()]
+    except (OSError, KeyError, docker.errors.APIError):
+        return None, None
+    paths = {}
+    for _, controllers, path in lines:
+        for ctl in controllers.split(",") if controllers else ["unified"]:
+            paths[ctl] = path
+    if "cpuset" in paths and "cpu" in paths:  # cgroup v1
+        cpuset = f"/sys/fs/cgroup/cpuset{paths['cpuset']}/cpuset.cpus"
+        quota = f"/sys/fs/cgroup/cpu{paths['cpu']}/cpu.cfs_quota_us"
+    elif "unified" in paths:  # cgroup v2
+        cpuset = f"/sys/fs/cgroup{paths['unified']}/cpuset.cpus"
+        quota = f"/sys/fs/cgroup{paths['unified']}/cpu.max"
+    else:
+        return None, None
+    if all(os.access(p, os.W_OK) for p in (cpuset, quota)):
+        return cpuset, quota
+    return None, None

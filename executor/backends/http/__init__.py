@@ -1,0 +1,1 @@
+"""The HTTP backend: outbound API calls under quota, to destinations on the allow-list."""

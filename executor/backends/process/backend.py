@@ -1,0 +1,449 @@
+"""Process backend (the embedded default): a working directory per trajectory,
+each action a subprocess pinned to exactly its granted cores.
+
+This is not isolation (see the README). What it does guarantee: a command sees
+none of the server's ``TANGRAM_*`` variables (nor other names that look like
+secrets), runs in its own process group, and every process it started - even one
+that left the group with ``setsid`` - is killed when the action times out and
+when the trajectory closes. An action ends when its command exits: a background
+child still holding the output pipe 0.5 s later is killed and the pipe dropped,
+so it never holds the action's cores. When the server runs as root, each
+trajectory's commands run under a user id of their own (executor/backends/process/uids.py):
+they cannot read the server's environment nor signal it, and are found by that id.
+Output is read as it comes and only its last ``MAX_OUTPUT`` bytes are kept, so a
+command printing gigabytes costs the server 1 MiB.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+import warnings
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import BinaryIO, cast
+from urllib.parse import quote
+
+from executor.backends.process import marks, spawner
+from executor.backends.process.reaper import Leftovers, Reaper, clean
+from executor.backends.process.uids import BLOCK, UidBlock, dropping, kill_uids, unreachable
+from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
+from executor.files import MAX_FILE_BYTES, read_file, write_file
+from executor.local import allowed_cpus
+from tangram.model import Dispatch, Outcome
+from tangram.protocol import Capabilities
+
+log = logging.getLogger("tangram.process")
+
+MAX_OUTPUT = 1 << 20  # keep at most the last 1 MiB of an action's output
+#: environment variables a command never inherits from the server
+SECRET_NAME = re.compile(r"^TANGRAM_|TOKEN|SECRET|PASS|PRIVATE|CREDENTIAL|AUTH|COOKIE|SESSION"
+                         r"|(^|_)(API_?|ACCESS_?)?KEY(_|$)|APIKEY", re.IGNORECASE)
+#: how long a background child may keep the output pipe after the command exited
+PIPE_GRACE_S = 0.5
+#: a light-lane action still running after this long is demoted to the lowest priority:
+#: the lane's nice 0 is for actions declared (or seen) to take a fraction of a second
+#: (8x the default light_s), not for one whose declaration was wrong
+LANE_DEMOTE_S = 2.0
+DEMOTED_NICE = 19
+#: seconds shutdown waits for closed trajectories' cleanup (then it kills what is left)
+REAPER_DRAIN_S = 60.0
+#: set in every command's environment; how its processes are found again to be killed
+MARK = "TANGRAM_SANDBOX"
+
+
+def dir_name(trajectory: str) -> str:
+    """The directory of a trajectory: one-to-one, never ``.``/``..``, never a ``/``.
+
+    Ids of the documented pattern (letters, digits, ``-_.:``) are used as they are;
+    anything else is percent-encoded (``%`` is not in the pattern, so no two ids share
+    a name), and a name too long for the file system gets a hash suffix.
+    """
+    name = quote(trajectory, safe="-_.:") if trajectory not in (".", "..") else \
+        trajectory.replace(".", "%2E")
+    if not name:
+        name = "%00empty"
+    if len(name) > 200:
+        import hashlib
+
+        name = name[:120] + "%" + hashlib.sha256(trajectory.encode()).hexdigest()
+    return name
+
+
+def outcome_of(d: Dispatch, code: int | None, output: bytes, timed_out: bool, timeout: float,
+               extra: Mapping, overhead_s: float = 0.0) -> Outcome:
+    text = output[-MAX_OUTPUT:].decode(errors="replace")
+    if timed_out:
+        return Outcome(d.action.id, "timeout", code, text,
+                       f"killed after the {timeout:g} s timeout", overhead_s, extra)
+    return Outcome(d.action.id, "ok", code, text, "", overhead_s, extra)
+
+
+async def read_tail(stream: asyncio.StreamReader, limit: int = MAX_OUTPUT) -> bytes:
+    """Everything ``stream`` gives until EOF, keeping only the last ``limit`` bytes."""
+    buf = bytearray()
+    while True:
+        chunk = await stream.read(1 << 16)
+        if not chunk:
+            return bytes(buf)
+        buf += chunk
+        if len(buf) > 2 * limit:  # trim rarely: amortised O(1) per byte
+            del buf[:-limit]
+
+
+def scrubbed_env(env: Mapping[str, str]) -> dict[str, str]:
+    return {k: v for k, v in env.items() if not SECRET_NAME.search(k)}
+
+
+def kill_marked(value_prefix: str) -> int:
+    """SIGKILL every process this backend marked ``MARK=<value_prefix>...``."""
+    return marks.kill_marked(MARK, value_prefix)
+
+
+def use_pidfd_watcher() -> None:
+    """Python 3.11 waits for each child in a thread of its own (a thread start per
+    action); a pidfd watcher waits on the event loop instead. 3.12+ does this itself."""
+    if sys.version_info >= (3, 12) or not hasattr(os, "pidfd_open"):
+        return
+    try:
+        os.close(os.pidfd_open(os.getpid()))
+        loop = asyncio.get_running_loop()
+    except (OSError, RuntimeError):
+        return
+    if not isinstance(loop, asyncio.BaseEventLoop):
+        return  # uvloop (`serve`, Ray's async actors when it is installed) waits itself
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        watcher = asyncio.PidfdChildWatcher()
+        watcher.attach_loop(loop)
+        try:
+            asyncio.set_child_watcher(watcher)
+        except NotImplementedError:  # a policy without child watchers (uvloop's)
+            watcher.close()
+
+
+class _Watched(asyncio.subprocess.SubprocessStreamProtocol):
+    """asyncio's protocol, plus a future set when the process itself exits.
+
+    ``Process.wait()`` returns only once every pipe is closed too, so a background
+    child holding stdout (``sleep 25 &``) would hold the action - and its cores - for
+    as long as it lives."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        super().__init__(limit=1 << 16, loop=loop)
+        self.exited: asyncio.Future[None] = loop.create_future()
+        self._process: asyncio.SubprocessTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        super().connection_made(transport)
+        # (uvloop's transport has the calls, not the asyncio class)
+        self._process = cast(asyncio.SubprocessTransport, transport)
+
+    def process_exited(self) -> None:
+        super().process_exited()
+        if not self.exited.done():
+            self.exited.set_result(None)
+
+    # the same two calls as executor/backends/process/spawner.py's SpawnedProcess: what _drain needs
+    def drop_output(self) -> None:
+        """Read no more of the output pipe (its reader gets the end)."""
+        pipe = self._process.get_pipe_transport(1) if self._process else None
+        if pipe is not None:
+            pipe.close()
+
+    def close(self) -> None:
+        if self._process is not None:
+            self._process.close()
+
+
+class ProcessBackend:
+    name = "process"
+    capabilities = Capabilities(files=True)
+
+    def __init__(self, root: str | Path, cpu_map: list[int] | None = None,
+                 env: Mapping[str, str] | None = None, keep_workdirs: bool = False,
+                 run_mark: str | None = None) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root = self.root.resolve()
+        self.cpu_map = cpu_map or allowed_cpus()
+        self.env = scrubbed_env(env if env is not None else os.environ)
+        self.keep_workdirs = keep_workdirs
+        self._procs: dict[str, asyncio.subprocess.Process] = {}
+        self._tasks: set[asyncio.Task] = set()
+        #: trajectory -> the random mark its processes carry (this run only)
+        self._marks: dict[str, str] = {}
+        #: set after the scrub, so it is never scrubbed: a Ray agent passes its marker here
+        #: and its guard kills ``MARK=<run_mark>.*`` (executor/backends/ray/guard.py)
+        self._run_mark = run_mark or secrets.token_hex(6)
+        self._reaper = Reaper(MARK)
+        #: as root: trajectory -> the user id its commands run under
+        self._uids = UidBlock() if dropping() else None
+        self._uid_of: dict[str, int] = {}
+        #: trajectory -> its work directory (checked once, dropped at its close)
+        self._dirs: dict[str, Path] = {}
+        if self._uids is not None:
+            self.root.chmod(0o711)  # sandboxes may enter their own directory, not list others
+            for path in (sys.executable, self.root):
+                blocked = unreachable(path)
+                if blocked:
+                    log.warning("commands run as sandbox users, who cannot pass through %s "
+                                "to reach %s (no o+x): programs commands run, and the work "
+                                "root, must be reachable by other users",
+                                ", ".join(map(str, blocked)), path)
+        use_pidfd_watcher()
+
+    @property
+    def uid_range(self) -> tuple[int, int] | None:
+        """The sandbox user ids this backend hands out (None: commands run as the server)."""
+        return None if self._uids is None else (self._uids.first,
+                                                self._uids.first + BLOCK - 1)
+
+    @property
+    def uid_lock(self) -> int | None:
+        """The descriptor whose ``flock`` holds the uid block (a guard inherits it)."""
+        return None if self._uids is None else self._uids.fd
+
+    def workdir(self, trajectory: str) -> Path:
+        path = self._dirs.get(trajectory)
+        if path is None:
+            path = self.root / dir_name(trajectory)
+            # the name cannot escape by construction; this check keeps it that way (once
+            # per trajectory: resolving is a system call per path component, per action)
+            if path.resolve().parent != self.root:
+                raise ValueError(f"trajectory: {trajectory!r} maps outside the work root")
+            self._dirs[trajectory] = path
+        try:  # (again each time: a command may have removed its directory)
+            path.mkdir()
+        except FileExistsError:
+            return path
+        uid = self._uid(trajectory)
+        if uid is not None:
+            os.chown(path, uid, uid)
+            path.chmod(0o700)
+        return path
+
+    def _uid(self, trajectory: str) -> int | None:
+        if self._uids is None:
+            return None
+        if trajectory not in self._uid_of:
+            self._uid_of[trajectory] = self._uids.take()
+        return self._uid_of[trajectory]
+
+    def _mark(self, trajectory: str) -> str:
+        if trajectory not in self._marks:
+            self._marks[trajectory] = f"{self._run_mark}.{secrets.token_hex(6)}"
+        return self._marks[trajectory]
+
+    def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        task = asyncio.get_running_loop().create_task(self._guarded(d, on_done))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _guarded(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        """Whatever fails, the action ends with a status (its lease is released then)."""
+        try:
+            await self._run(d, on_done)
+        except asyncio.CancelledError:
+            on_done(Outcome(d.action.id, "cancelled", None, error="cancelled"))
+            raise
+        except Exception as e:  # noqa: BLE001 - any failure must end the action
+            on_done(Outcome(d.action.id, "failed", None,
+                            error=f"process backend: {type(e).__name__}: {e}"))
+
+    def _command_env(self, d: Dispatch, cores: set[int], mark: str, home: Path,
+                     uid: int | None) -> dict[str, str]:
+        payload = d.action.payload or {}
+        env = {**self.env, **{k: str(v) for k, v in (payload.get("env") or {}).items()
+                              if not k.startswith("TANGRAM_")}}
+        if uid is not None:  # the server's HOME is not the sandbox user's to use
+            env.update(HOME=str(home), USER=f"sandbox{uid}", LOGNAME=f"sandbox{uid}")
+        env["TANGRAM_CORES"] = ",".join(map(str, sorted(cores)))
+        env[MARK] = mark
+        return env
+
+    async def _spawn(self, argv: list[str], d: Dispatch, cores: set[int], cwd: Path,
+                     env: dict[str, str], uid: int | None
+                     ) -> tuple[asyncio.subprocess.Process | spawner.SpawnedProcess,
+                                _Watched | spawner.SpawnedProcess]:
+        """Start ``argv`` pinned to ``cores``, in a session of its own, as ``uid``."""
+        nice = 0 if d.lease.lane else EXCLUSIVE_NICE
+        drop = [] if uid is None else spawner.as_user(uid)
+        if drop is not None and spawner.usable():
+            # pinned and niced by the starting thread, the user become by an exec: the
+            # cheap start (executor/backends/process/spawner.py), whose process is also its own watch
+            # (``exited``: the process, not its pipes)
+            proc = await spawner.create_subprocess_exec(
+                *drop, *argv, cores=cores, nice=nice, cwd=cwd, env=env,
+                stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+                stderr=asyncio.subprocess.STDOUT, start_new_session=True)
+            return proc, proc
+
+        # no pidfd or no setpriv: pinned, niced and the user become in the child before its
+        # exec (a preexec_fn forces a full fork: slower, but this is the fallback; not
+        # ``user=``/``group=``, which uvloop's subprocess_exec does not take)
+        def prepare() -> None:
+            spawner.place(cores, nice)
+            if uid is not None:  # no supplementary group of the server's either
+                os.setgroups([])
+                os.setgid(uid)
+                os.setuid(uid)
+
+        loop = asyncio.get_running_loop()
+        transport, protocol = await loop.subprocess_exec(
+            lambda: _Watched(loop), *argv, cwd=cwd, env=env,
+            stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, start_new_session=True, preexec_fn=prepare)
+        return asyncio.subprocess.Process(transport, protocol, loop), protocol
+
+    async def _run(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        t_start = time.time()
+        payload = d.action.payload or {}
+        try:
+            argv = elastic_argv(argv_of(payload), d.units, d.action.elastic == "cpu")
+        except CommandError as e:
+            on_done(Outcome(d.action.id, "failed", None, error=str(e)))
+            return
+        cores = {self.cpu_map[c] for c in d.lease.cores} or set(self.cpu_map)
+        timeout = float(payload.get("timeout_s") or 0) or None
+        mark = f"{self._mark(d.action.trajectory)}.{secrets.token_hex(4)}"
+        cwd = self.workdir(d.action.trajectory)
+        uid = self._uid(d.action.trajectory)
+        env = self._command_env(d, cores, mark, cwd, uid)
+        try:
+            proc, watched = await self._spawn(argv, d, cores, cwd, env, uid)
+        except (OSError, ValueError, subprocess.SubprocessError) as e:  # ValueError: NUL in an arg
+            on_done(Outcome(d.action.id, "failed", None, error=f"cannot start {argv[0]!r}: {e}"))
+            return
+        t_spawned = time.time()
+        self._procs[d.action.id] = proc
+        assert proc.stdout is not None
+        reader = asyncio.ensure_future(read_tail(proc.stdout))
+        demote = asyncio.get_running_loop().call_later(
+            LANE_DEMOTE_S, self._demote, proc) if d.lease.lane else None
+        try:
+            timed_out = await self._wait_exit(proc, watched, timeout)
+        finally:
+            self._procs.pop(d.action.id, None)
+            if demote is not None:
+                demote.cancel()
+        output = await self._drain(proc, watched, reader, mark, timed_out)
+        t_exited = time.time()
+        extra = {"argv": argv, "cores": sorted(cores), "spawn_s": t_spawned - t_start,
+                 "t_spawned": t_spawned, "t_exited": t_exited}
+        on_done(outcome_of(d, proc.returncode, output, timed_out, timeout or 0, extra,
+                           overhead_s=t_spawned - t_start))
+
+    async def _wait_exit(self, proc: asyncio.subprocess.Process, watched: _Watched,
+                         timeout: float | None) -> bool:
+        """Wait for the command itself to exit (not for its pipes); True if it timed out
+        and was killed with its process group."""
+        try:
+            await asyncio.wait_for(asyncio.shield(watched.exited), timeout)
+            return False
+        except TimeoutError:
+            self._kill_group(proc)
+            await watched.exited
+            return True
+
+    async def _drain(self, proc: asyncio.subprocess.Process,
+                     watched: _Watched | spawner.SpawnedProcess, reader: asyncio.Future,
+                     mark: str, timed_out: bool) -> bytes:
+        """The command's output once it exited. What still holds the pipe PIPE_GRACE_S
+        later (a background child) is killed, and the pipe is dropped either way: the
+        action ends now, whatever escaped the kill."""
+        if timed_out:
+            await asyncio.to_thread(self._kill_action, proc, mark)
+        try:
+            return await asyncio.wait_for(asyncio.shield(reader), PIPE_GRACE_S)
+        except TimeoutError:
+            pass
+        await asyncio.to_thread(self._kill_action, proc, mark)
+        try:
+            return await asyncio.wait_for(asyncio.shield(reader), PIPE_GRACE_S)
+        except TimeoutError:  # an escapee holds it: read no more (feeds EOF to the reader)
+            watched.drop_output()
+            return await reader
+        finally:
+            watched.close()
+
+    @staticmethod
+    def _demote(proc: asyncio.subprocess.Process) -> None:
+        """A lane action that runs long yields to the exclusive-core actions it shares
+        cores with (their nice 10), instead of preempting them."""
+        try:
+            os.setpriority(os.PRIO_PGRP, proc.pid, DEMOTED_NICE)
+        except OSError:
+            pass
+
+    def _kill_action(self, proc: asyncio.subprocess.Process, mark: str) -> None:
+        self._kill_group(proc)
+        kill_marked(mark)
+
+    @staticmethod
+    def _kill_group(proc: asyncio.subprocess.Process) -> None:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # the whole process group, children too
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def cancel(self, action_id: str) -> None:
+        proc = self._procs.get(action_id)
+        if proc is not None:
+            self._kill_group(proc)
+
+    def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
+        self.workdir(trajectory)
+
+    def close_trajectory(self, trajectory: str) -> None:
+        mark = self._marks.pop(trajectory, None)
+        uid = self._uid_of.pop(trajectory, None)
+        self._dirs.pop(trajectory, None)
+        path = self.root / dir_name(trajectory)
+        gone = None
+        if not self.keep_workdirs and path.exists():
+            # moved aside at once (a reopened id starts empty), removed off the loop; a
+            # name with a space is never one dir_name makes
+            gone = self.root / f" closing {secrets.token_hex(8)}"
+            path.rename(gone)
+
+        def give_back() -> None:  # once nothing of its id runs: for another trajectory
+            if uid is not None and self._uids is not None:
+                if self.keep_workdirs and path.exists():
+                    return  # the directory is still its: the id is not handed out again
+                self._uids.give(uid)
+
+        # every process any of its actions left behind (by its id as root, else its
+        # mark), then its directory (executor/backends/process/reaper.py: batched, off the loop)
+        left = Leftovers(None if mark is None else mark + ".", uid, gone, give_back)
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:  # no loop (tests, tools): inline
+            clean(MARK, [left])
+            return
+        self._reaper.add(left)
+
+    def shutdown(self) -> None:
+        for proc in list(self._procs.values()):
+            self._kill_group(proc)
+        if not self._reaper.drain(REAPER_DRAIN_S):
+            log.warning("process backend: closed trajectories still being cleaned up after "
+                        "%g s", REAPER_DRAIN_S)
+        kill_marked(self._run_mark + ".")
+        if self._uids is not None:
+            kill_uids(*self.uid_range)  # type: ignore[misc]
+
+    # -- files (executor/server/routes/files.py): confined to the trajectory's working directory ------
+    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int:
+        return write_file(self.workdir(trajectory), parts, data, owner=self._uid(trajectory))
+
+    def get_file(self, trajectory: str, parts: tuple[str, ...],
+                 limit: int = MAX_FILE_BYTES) -> bytes:
+        return read_file(self.workdir(trajectory), parts, limit)

@@ -1,0 +1,101 @@
+"""Unprivileged user ids for the process backend's commands when the server runs as root.
+
+A command that runs as root can read the server's environment (its token), signal the
+server and every other trajectory's commands. So, as root, each open trajectory gets a
+user id of its own, never used by anything else on the host: its commands cannot read
+``/proc/<server>/environ`` nor signal a process of another user, by construction (not by a
+filter), and every process carrying that uid - whatever it did to its environment, its
+session or its process group - is found again and killed when the trajectory closes.
+
+The ids come in blocks of :data:`BLOCK` claimed with ``flock`` on a file per block, so two
+servers (or two Ray agents) on one host never hand out the same id; the lock is released
+with the process that holds it (and with the guard it passed the descriptor to,
+executor/backends/ray/guard.py), never left behind by a crash.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import tempfile
+from pathlib import Path
+
+from executor.backends.process.marks import kill_until_gone, pids_where
+
+#: first id handed out (far above distributions' ranges and docker's userns maps)
+BASE = 3_000_000
+#: ids per block: at most this many trajectories open at once per backend
+BLOCK = 4096
+BLOCKS = 256
+LOCK_DIR = Path(tempfile.gettempdir()) / "tangram-uids"
+
+
+def dropping() -> bool:
+    """Whether commands run under ids of their own (only root can switch ids)."""
+    return os.geteuid() == 0
+
+
+class UidBlock:
+    """A block of ids held by this process: ``take`` one per trajectory, ``give`` it back."""
+
+    def __init__(self, lock_dir: Path = LOCK_DIR) -> None:
+        lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
+        for k in range(BLOCKS):
+            fd = os.open(lock_dir / f"block-{k}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                os.close(fd)
+                continue
+            self.fd = fd  # held for this process's life (and a guard's that inherits it)
+            self.first = BASE + k * BLOCK
+            break
+        else:
+            raise RuntimeError(f"no free block of sandbox user ids ({BLOCKS} held in {lock_dir})")
+        self._free = list(range(self.first + BLOCK - 1, self.first - 1, -1))
+
+    def take(self) -> int:
+        if not self._free:
+            raise RuntimeError(f"more than {BLOCK} trajectories open at once")
+        return self._free.pop()
+
+    def give(self, uid: int) -> None:
+        self._free.append(uid)
+
+    def owns(self, uid: int) -> bool:
+        return self.first <= uid < self.first + BLOCK
+
+
+def pids_of_uids(first: int, last: int) -> list[int]:
+    """Processes whose real user id is in ``[first, last]``."""
+    return pids_where(lambda pid: first <= real_uid(pid) <= last)
+
+
+def real_uid(pid: str) -> int:
+    """Process ``pid``'s real user id (a setuid program run by a sandbox keeps it), or -1
+    when it is gone."""
+    try:
+        with open(f"/proc/{pid}/status", "rb") as f:
+            return int(next(line for line in f if line.startswith(b"Uid:")).split()[1])
+    except (OSError, StopIteration, ValueError, IndexError):
+        return -1
+
+
+def kill_uids(first: int, last: int | None = None) -> int:
+    """SIGKILL every process of the ids ``[first, last]``; repeated while forks race."""
+    last = first if last is None else last
+    return kill_until_gone(lambda: pids_of_uids(first, last), rounds=10)
+
+
+def unreachable(path: str | Path) -> list[Path]:
+    """The directories on the way to ``path`` that another user cannot pass through
+    (no ``o+x``): a sandbox user cannot run a program below them (a Python in /root)."""
+    out = []
+    p = Path(os.path.realpath(path))
+    for d in reversed(p.parents):
+        try:
+            if not os.stat(d).st_mode & 0o001:
+                out.append(d)
+        except OSError:
+            out.append(d)
+    return out

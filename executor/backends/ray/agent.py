@@ -1,0 +1,291 @@
+"""The node agent: one Ray actor per node, pinned to it, that runs dispatches on
+that node's local backend (process or docker) and reports their outcomes.
+
+An agent holds no scheduling state — the one Tangram core lives in the
+`tangram serve` (or `tangram run`) process, and the agent only executes what
+it is sent. It reads its own node's inventory (cores it may pin to, grouped by
+NUMA domain, memory, GPUs) because only the node itself knows it.
+
+This module does not import Ray: the driver wraps :class:`NodeAgent` with
+``ray.remote`` (executor/backends/ray/backend.py), so the class is plain Python here.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import socket
+import subprocess
+import sys
+import tempfile
+import uuid
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import IO
+
+from executor.backends.docker.limits import SandboxLimits
+from executor.backends.ray.channel import AgentSide
+from executor.backends.ray.guard import fence
+from executor.local import allowed_cpus, mem_total_gb
+from tangram.cluster import CpuNodeSpec, GpuNodeSpec
+from tangram.model import Dispatch, Outcome
+
+
+@dataclass(frozen=True, slots=True)
+class NodeInfo:
+    """What an agent reports about its node: the core's view of it."""
+
+    name: str
+    ray_node_id: str
+    hostname: str
+    #: host CPU ids grouped by NUMA domain: the core's core i is ``cpus[i]``
+    cpus: tuple[int, ...]
+    numa: int
+    mem_gb: float
+    gpus: int
+    gpu_mem_gb: float
+    backend: str
+    #: what the agent's guard fences with (executor/backends/ray/guard.py): the mark on its
+    #: commands, its sandbox user ids (root only), its process id
+    marker: str = ""
+    uids: tuple[int, int] | None = None
+    pid: int = 0
+
+    @property
+    def docker_owner(self) -> str | None:
+        return f"tangram-ray-{self.marker}" if self.backend == "docker" else None
+
+    def cpu_spec(self) -> CpuNodeSpec | None:
+        return CpuNodeSpec(self.name, len(self.cpus), self.numa, self.mem_gb) if self.cpus else None
+
+    def gpu_spec(self) -> GpuNodeSpec | None:
+        """The core's GPU groups are aligned chunks of an 8-GPU node; other counts
+        are not offered to it."""
+        return GpuNodeSpec(self.name, 8, self.gpu_mem_gb) if self.gpus == 8 else None
+
+
+def numa_order(cpus: list[int], sysfs: Path = Path("/sys/devices/system/node")
+               ) -> tuple[list[int], int]:
+    """``cpus`` grouped by NUMA domain, and the domain count. The core splits a
+    node into equal domains, so unequal groups count as one domain."""
+    from executor.backends.ray.cluster import parse_cpus
+
+    groups: list[list[int]] = []
+    mine = set(cpus)
+    for node_dir in sorted(sysfs.glob("node[0-9]*"), key=lambda p: int(p.name[4:])):
+        try:
+            members = [c for c in parse_cpus((node_dir / "cpulist").read_text()) if c in mine]
+        except (OSError, ValueError):
+            return sorted(cpus), 1
+        if members:
+            groups.append(members)
+    if len(groups) < 2 or sum(map(len, groups)) != len(cpus) or \
+            len({len(g) for g in groups}) != 1:
+        return sorted(cpus), 1
+    return [c for g in groups for c in g], len(groups)
+
+
+def gpu_memory_gb() -> float:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            handle = pynvml.nvmlDeviceGetHandleByIndex(0)
+            return pynvml.nvmlDeviceGetMemoryInfo(handle).total / 1024**3
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # noqa: BLE001 - no NVML: the spec's default
+        return GpuNodeSpec("x").gpu_mem_gb
+
+
+def raylet_pid() -> int | None:
+    """The raylet this worker belongs to (its parent), if it is one."""
+    ppid = os.getppid()
+    try:
+        with open(f"/proc/{ppid}/comm") as f:
+            return ppid if "raylet" in f.read() else None
+    except OSError:
+        return None
+
+
+def start_guard(marker: str, docker_owner: str | None, uids: tuple[int, int] | None,
+                keep_fds: tuple[int, ...] = ()) -> IO[bytes]:
+    """Start the guard (executor/backends/ray/guard.py) and return the pipe it watches.
+
+    It must outlive this process, which is what it cleans up after, and Ray kills
+    a dead worker's *child* processes: ``setsid -f`` makes the guard a grandchild
+    in its own session, re-parented away from this worker. ``keep_fds`` (the lock of
+    the sandbox user ids) stay held by the guard until it has fenced."""
+    argv = [sys.executable, "-m", "executor.backends.ray.guard", marker, "--agent", str(os.getpid())]
+    raylet = raylet_pid()
+    if raylet is not None:
+        argv += ["--raylet", str(raylet)]
+    if docker_owner:
+        argv += ["--docker", docker_owner]
+    if uids is not None:
+        argv += ["--uids", f"{uids[0]}-{uids[1]}"]
+    setsid = shutil.which("setsid")
+    proc = subprocess.Popen([setsid, "-f", *argv] if setsid else argv, stdin=subprocess.PIPE,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            start_new_session=True, pass_fds=keep_fds)
+    if setsid:
+        proc.wait(10)  # setsid itself exits at once; its child holds the read end
+    assert proc.stdin is not None
+    return proc.stdin
+
+
+class NodeAgent:
+    """Runs dispatches on this node. Ray calls set it up (``listen``) and stop it
+    (``shutdown``); dispatches, cancellations and outcomes travel over the driver's
+    direct connection (executor/backends/ray/channel.py), served on the actor's event loop,
+    so many actions run at once and a cancel is not queued behind them."""
+
+    def __init__(self, name: str, ray_node_id: str, backend: str, root: str | None,
+                 cpus: list[int] | None, mem_gb: float | None, gpus: int,
+                 fenced: tuple[NodeInfo, ...] = (),
+                 sandboxes: SandboxLimits = SandboxLimits()) -> None:
+        # Before anything is offered: what earlier (dead) agents on this node left
+        # running is killed, so their orphans never share the cores offered again.
+        for old in fenced:
+            fence(old.marker, old.uids, old.docker_owner)
+        # Ray starts workers at a raised niceness; the backends nice exclusive-core actions
+        # relative to their own (+10) and run lane actions as is, so start from 0 when
+        # allowed (root or RLIMIT_NICE), else the two stay 10 apart from the worker's.
+        with contextlib.suppress(OSError):
+            os.setpriority(os.PRIO_PROCESS, 0, 0)
+        allowed = allowed_cpus()
+        # a label may name CPUs this node lacks (or its workers may not use): drop them
+        ordered, numa = numa_order(allowed if cpus is None else [c for c in cpus if c in allowed])
+        self.name = name
+        self.marker = f"{name}-{uuid.uuid4().hex[:8]}"
+        owner = f"tangram-ray-{self.marker}"
+        # the node's own temporary directory: the driver's paths mean nothing here
+        self.root = Path(root or tempfile.gettempdir()) / "tangram-ray" / self.marker
+        uids: tuple[int, int] | None = None
+        keep: tuple[int, ...] = ()
+        if backend == "process":
+            from executor.backends.process.backend import ProcessBackend
+
+            self.backend = ProcessBackend(self.root, cpu_map=ordered, run_mark=self.marker)
+            uids = self.backend.uid_range
+            lock = self.backend.uid_lock
+            keep = () if lock is None else (lock,)
+        elif backend == "docker":
+            from executor.backends.docker.backend import DockerBackend
+
+            self.backend = DockerBackend(cpu_map=ordered, owner=owner,
+                                         **sandboxes.docker_kwargs())
+        else:
+            raise ValueError(f"backend: unknown backend {backend!r} (process or docker)")
+        self._guard = start_guard(self.marker, owner if backend == "docker" else None, uids,
+                                  keep)
+        self.info_ = NodeInfo(name, ray_node_id, socket.gethostname(), tuple(ordered), numa,
+                              mem_gb if mem_gb is not None else mem_total_gb(), gpus,
+                              gpu_memory_gb() if gpus else 0.0, backend, self.marker, uids,
+                              os.getpid())
+        self._opened: set[str] = set()
+        self._server: asyncio.Server | None = None
+        self._links: set[AgentSide] = set()
+        self._tasks: set[asyncio.Task] = set()
+        self._closed: asyncio.Event | None = None
+
+    def info(self) -> NodeInfo:
+        return self.info_
+
+    async def listen(self, host: str, secret: bytes) -> tuple[NodeInfo, int]:
+        """Open this agent's listener (executor/backends/ray/channel.py) on ``host`` (its node's
+        IP, as Ray knows it), for peers holding ``secret``; its inventory and port."""
+        if self._server is None:
+            loop = asyncio.get_running_loop()
+            self._closed = asyncio.Event()
+            self._server = await loop.create_server(
+                lambda: AgentSide(secret, self._serve, self._links), host, 0)
+        return self.info_, self._server.sockets[0].getsockname()[1]
+
+    async def until_closed(self) -> None:
+        """Returns at shutdown: the driver keeps one such call open per agent, so
+        Ray reports the agent's death to it too (the connection is the faster sign)."""
+        assert self._closed is not None
+        await self._closed.wait()
+
+    def _serve(self, link: AgentSide, message: tuple) -> None:
+        """A message from the driver (on the loop, in the order sent)."""
+        kind = message[0]
+        if kind == "run":
+            task = asyncio.get_running_loop().create_task(self._reply(link, *message[1:]))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        elif kind == "cancel":
+            self.backend.cancel(message[1])
+        elif kind == "close":
+            self._close(message[1])
+
+    async def _reply(self, link: AgentSide, d: Dispatch, mem_gb: float | None) -> None:
+        try:
+            outcome = await self.run(d, mem_gb)
+        except Exception as e:  # noqa: BLE001 - e.g. the workdir cannot be made: answer it
+            outcome = Outcome(d.action.id, "failed", None, error=f"agent: {type(e).__name__}: {e}",
+                              extra={"node": self.name})
+        if link.transport is None:
+            return  # the driver is gone (it declares this node lost and kills us)
+        try:
+            link.send(("done", outcome))
+        except Exception as e:  # noqa: BLE001 - e.g. an output that cannot be pickled
+            link.send(("done", Outcome(d.action.id, "failed", None,
+                                       error=f"agent: cannot send the outcome: {e}",
+                                       extra=dict(outcome.extra))))
+
+    async def run(self, d: Dispatch, mem_gb: float | None) -> Outcome:
+        """Run one dispatch to its end; its environment is created at its first action."""
+        extra = {"node": self.name, "ray_node_id": self.info_.ray_node_id,
+                 "hostname": self.info_.hostname}
+        if d.lease.gpus:
+            return Outcome(d.action.id, "failed", None, extra=extra,
+                           error="the Ray agents run CPU actions only: GPU actions need the GPU "
+                                 "worker backend, which they do not wrap yet")
+        trajectory = d.action.trajectory
+        if trajectory not in self._opened:
+            self.backend.open_trajectory(trajectory, mem_gb)
+            self._opened.add(trajectory)
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Outcome] = loop.create_future()
+
+        def on_done(outcome: Outcome) -> None:  # process: loop thread; docker: a worker
+            loop.call_soon_threadsafe(lambda: done.done() or done.set_result(outcome))
+
+        try:
+            self.backend.start(d, on_done)
+        except Exception as e:  # noqa: BLE001 - never leave an action unanswered
+            return Outcome(d.action.id, "failed", None, error=f"{self.info_.backend}: {e}",
+                           extra=extra)
+        outcome = await done
+        return replace(outcome, extra={**outcome.extra, **extra})
+
+    async def cancel(self, action_id: str) -> None:
+        self.backend.cancel(action_id)
+
+    async def close_trajectory(self, trajectory: str) -> None:
+        self._close(trajectory)
+
+    def _close(self, trajectory: str) -> None:
+        if trajectory in self._opened:
+            self._opened.discard(trajectory)
+            self.backend.close_trajectory(trajectory)
+
+    async def shutdown(self) -> None:
+        """Stop what runs, remove environments, and let the guard go."""
+        if self._server is not None:
+            self._server.close()
+        for link in list(self._links):
+            if link.transport is not None:
+                link.transport.close()
+        for trajectory in list(self._opened):
+            self._close(trajectory)
+        self.backend.shutdown()
+        self._guard.close()  # the guard finds nothing left and exits
+        shutil.rmtree(self.root, ignore_errors=True)
+        if self._closed is not None:
+            self._closed.set()

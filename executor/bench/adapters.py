@@ -1,0 +1,178 @@
+"""Per-call overhead of the framework adapters (tangram.integrations) over the
+plain client, against a real `tangram serve` (JSON on stdout).
+
+    python -m executor.bench.adapters [--calls 200] [--backend process] [--url URL]
+
+Each call runs ``true`` in one open sandbox, sequentially (one call in flight),
+so a call's latency is the HTTP round trips, the scheduler pass and the spawn;
+an adapter's overhead is its mean latency minus the plain client's of the same
+flavour (asyncio for verl, blocking for gymnasium and SkyRL), and, steadier, its
+CPU time per call in the calling process minus the plain client's. The rounds
+interleave the paths, so a change of machine load hits all of them alike.
+Without --url a server is started on a free port and stopped at the end.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import types
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+
+from tangram.client import TangramClient, TangramSyncClient
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _serve(backend: str, token: str, state_dir: str) -> tuple[subprocess.Popen, str]:
+    port = _free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "serve", "--port", str(port),
+                             "--backend", backend, "--state-dir", state_dir],
+                            env={**os.environ, "TANGRAM_TOKEN": token},
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"bench: the server exited with code {proc.returncode}")
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                return proc, url
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit("bench: the server did not start within 60 s")
+
+
+def _stats(samples: list[float]) -> dict[str, float]:
+    ms = sorted(s * 1000 for s in samples)
+    return {"n": len(ms), "mean_ms": round(statistics.fmean(ms), 3),
+            "p50_ms": round(ms[len(ms) // 2], 3), "p95_ms": round(ms[int(len(ms) * 0.95)], 3)}
+
+
+def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, object]:
+    """Time ``calls`` calls through each path; returns the figures."""
+    from tangram.integrations import verl as verl_adapter
+    from tangram.integrations.gym import TangramEnv
+    from tangram.integrations.skyrl import TangramTextEnv
+
+    per_round = max(calls // rounds, 1)
+    names = ("client_async", "verl", "client_sync", "gymnasium", "skyrl")
+    times: dict[str, list[float]] = {k: [] for k in names}
+    cpu: dict[str, float] = dict.fromkeys(names, 0.0)  # this process's CPU time (s)
+
+    async def async_paths() -> None:
+        tool = verl_adapter.TangramTool({"base_url": url, "token": token, "task": "bench"})
+        rollout = types.SimpleNamespace(request_id="bench-rollout")
+        async with TangramClient(url, token) as tg:
+            tid = await tg.open_trajectory(task="bench")
+            await tg.run(tid, command="true")  # warm both paths up
+            iid, _ = await tool.create()
+            await tool.execute(iid, {"command": "true"}, agent_data=rollout)
+            await tool.release(iid)
+            for _ in range(rounds):
+                for _ in range(per_round):
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    await tg.run(tid, command="true")
+                    times["client_async"].append(time.perf_counter() - t0)
+                    cpu["client_async"] += time.process_time() - c0
+                for _ in range(per_round):  # verl 0.9's ToolAgentLoop order for one call
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    iid, _ = await tool.create(create_kwargs={})
+                    await tool.execute(iid, {"command": "true"}, agent_data=rollout)
+                    await tool.release(iid)
+                    times["verl"].append(time.perf_counter() - t0)
+                    cpu["verl"] += time.process_time() - c0
+            await tg.close_trajectory(tid)
+            await tool.close_all()
+
+    asyncio.run(async_paths())
+
+    gym_env = TangramEnv(url, token, task="bench")
+    sky_env = TangramTextEnv({"base_url": url, "token": token, "task": "bench",
+                              "max_turns": calls + 10}, {})
+    with TangramSyncClient(url, token) as tg:
+        tid = tg.open_trajectory(task="bench")
+        gym_env.reset(seed=0)
+        sky_env.init([])
+        paths: list[tuple[str, Callable[[], object]]] = [
+            ("client_sync", lambda: tg.run(tid, command="true")),
+            ("gymnasium", lambda: gym_env.step("true")),
+            ("skyrl", lambda: sky_env.step("<bash>true</bash>"))]
+        for _, fn in paths:
+            fn()
+        for _ in range(rounds):
+            for name, fn in paths:
+                for _ in range(per_round):
+                    c0, t0 = time.process_time(), time.perf_counter()
+                    fn()
+                    times[name].append(time.perf_counter() - t0)
+                    cpu[name] += time.process_time() - c0
+        tg.close_trajectory(tid)
+    gym_env.close()
+    sky_env.close()
+
+    figures = {name: {**_stats(t), "client_cpu_ms": round(cpu[name] * 1000 / len(t), 3)}
+               for name, t in times.items()}
+    # overhead_ms: wall-clock (noisy: server and machine load); overhead_cpu_ms: the
+    # adapter's own work in the caller's process (steadier)
+    base = {"verl": "client_async", "gymnasium": "client_sync", "skyrl": "client_sync"}
+    for name, ref in base.items():
+        f, r = figures[name], figures[ref]
+        f["overhead_ms"] = round(f["mean_ms"] - r["mean_ms"], 3)
+        f["overhead_cpu_ms"] = round(f["client_cpu_ms"] - r["client_cpu_ms"], 3)
+    return {"benchmark": "adapters", "command": "true", "calls_per_path": per_round * rounds,
+            "in_flight": 1, "verl_base": "verl BaseTool" if verl_adapter.HAVE_VERL else
+            "stand-in (verl not importable)", "paths": figures}
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--calls", type=int, default=200, help="calls timed per path (default 200)")
+    ap.add_argument("--backend", default="process", help="backend of the started server")
+    ap.add_argument("--url", help="use a running server (token from TANGRAM_TOKEN)")
+    args = ap.parse_args(argv)
+    if args.calls < 10:
+        ap.error("--calls: at least 10")
+    load_before = os.getloadavg()
+    if args.url:
+        token = os.environ.get("TANGRAM_TOKEN")
+        if not token:
+            ap.error("--url needs TANGRAM_TOKEN")
+        result = bench(args.url, token, args.calls)
+        result["backend"] = "given server"
+    else:
+        token = "bench-" + os.urandom(8).hex()
+        with tempfile.TemporaryDirectory(prefix="tangram-bench-") as state:
+            proc, url = _serve(args.backend, token, state)
+            try:
+                result = bench(url, token, args.calls)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+        result["backend"] = args.backend
+    result["load"] = {"cpus": os.cpu_count(), "loadavg_1m_before": round(load_before[0], 2),
+                      "loadavg_1m_after": round(os.getloadavg()[0], 2)}
+    print(json.dumps(result), flush=True)
+
+
+if __name__ == "__main__":
+    main()

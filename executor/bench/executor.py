@@ -1,0 +1,410 @@
+"""Per-action overhead of the live backends (``tangram bench executor``)."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from executor.driver import LiveExecutor
+from executor.local import local_cluster
+from executor.replay import make_backend
+from tangram.core import Tangram
+from tangram.model import Action, Demand
+
+
+def executor_bench(backend: str, n: int = 60, long_n: int = 5, long_s: float = 1.0) -> dict:
+    """Per-action overhead of a live backend, measured around real commands.
+
+    The command prints the wall clock at its first and last instruction, so
+    ``start overhead = command start - submit`` and ``end overhead = result
+    delivered - command end`` include the scheduler, the backend and (docker)
+    the cgroup update and exec, but not the command's own work.
+    """
+    async def go() -> dict:
+        with tempfile.TemporaryDirectory() as tmp:
+            ex = LiveExecutor(Tangram(local_cluster()), make_backend(backend, Path(tmp)))
+            try:
+                return {"backend": backend, **await overheads(ex, n, long_n, long_s)}
+            finally:
+                ex.shutdown()
+
+    return asyncio.run(go())
+
+
+async def overheads(ex: LiveExecutor, n: int, long_n: int = 5, long_s: float = 1.0) -> dict:
+    """Sequential short actions on one trajectory (see :func:`executor_bench`)."""
+    ex.open_trajectory("bench", "bench", 0.25)
+    starts, ends, updates, fractions, totals = [], [], [], [], []
+    try:
+        for i in range(n + long_n + 1):
+            sleep = long_s if i > n else 0.0
+            cmd = f"sh -c 'date +%s.%N; sleep {sleep}; date +%s.%N'"
+            action = Action(f"b{i}", "bench", "bench", "shell", {"cpu": Demand.fixed(1)},
+                            payload={"command": cmd})
+            t_submit = time.time()
+            rec, out = await ex.run(action)
+            t_done = time.time()
+            first, last = (float(x) for x in out.output.split())
+            if i == 0:
+                continue  # the first action creates the environment (container)
+            if i <= n:
+                starts.append((first - t_submit) * 1e3)
+                ends.append((t_done - last) * 1e3)
+                # clock-independent: valid when the command ran on another machine
+                totals.append(((t_done - t_submit) - (last - first)) * 1e3)
+                if "update_s" in out.extra:
+                    updates.append(out.extra["update_s"] * 1e3)
+            else:
+                fractions.append(((first - t_submit) + (t_done - last)) / (last - first))
+    finally:
+        ex.close_trajectory("bench")
+    s, e, t = np.asarray(starts), np.asarray(ends), np.asarray(totals)
+    res = {"actions": n,
+           "submit_to_start_p50_ms": round(float(np.percentile(s, 50)), 2),
+           "submit_to_start_p99_ms": round(float(np.percentile(s, 99)), 2),
+           "end_to_result_p50_ms": round(float(np.percentile(e, 50)), 2),
+           "end_to_result_p99_ms": round(float(np.percentile(e, 99)), 2),
+           "overhead_p50_ms": round(float(np.percentile(t, 50)), 2),
+           "overhead_p99_ms": round(float(np.percentile(t, 99)), 2),
+           f"overhead_fraction_of_{long_s:g}s_actions": round(float(np.mean(fractions)), 4)}
+    if updates:
+        u = np.asarray(updates)
+        res["cgroup_update_p50_ms"] = round(float(np.percentile(u, 50)), 2)
+        res["cgroup_update_p99_ms"] = round(float(np.percentile(u, 99)), 2)
+    return res
+
+
+async def throughput(ex: LiveExecutor, n: int, trajectories: int) -> dict:
+    """``n`` no-op actions (``true``) from ``trajectories`` closed-loop trajectories
+    at once: completed actions per second, and how they spread over the nodes."""
+    per = -(-n // trajectories)
+    nodes: dict[str, int] = {}
+
+    async def one(j: int) -> None:
+        ex.open_trajectory(f"tp{j}", "bench", 0.05)
+        try:
+            for i in range(per):
+                rec, out = await ex.run(Action(f"tp{j}-{i}", "bench", f"tp{j}", "shell",
+                                               {"cpu": Demand.fixed(1)}, payload={"argv": ["true"]}))
+                if out.status != "ok":
+                    raise RuntimeError(f"bench action failed: {out.error}")
+                nodes[rec.node or "-"] = nodes.get(rec.node or "-", 0) + 1
+        finally:
+            ex.close_trajectory(f"tp{j}")
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(one(j) for j in range(trajectories)))
+    wall = time.perf_counter() - t0
+    return {"actions": per * trajectories, "trajectories": trajectories,
+            "actions_per_s": round(per * trajectories / wall, 1),
+            "actions_per_node": dict(sorted(nodes.items()))}
+
+
+def ray_executor_bench(ray: str, backend: str = "process", n: int = 60,
+                       tp_actions: int = 300) -> list[dict]:
+    """The same overheads and throughput on this machine's local executor and through
+    Ray node agents (``ray`` as for ``--ray``). Rows: local, then ray."""
+    from executor.backends.ray.backend import RayBackend
+    from executor.backends.ray.cluster import connect
+
+    async def measure(make) -> dict:
+        ex, cores = make()
+        try:
+            row = await overheads(ex, n)
+            tp = await throughput(ex, tp_actions, 2 * cores)
+            return {**row, **{f"throughput_{k}": v for k, v in tp.items()}}
+        finally:
+            ex.shutdown()
+
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        def local():
+            cluster = local_cluster()
+            ex = LiveExecutor(Tangram(cluster), make_backend(backend, Path(tmp)))
+            return ex, sum(c.cores for c in cluster.cpu_nodes)
+
+        rows.append({"via": "local", "backend": backend, "nodes": 1,
+                     **asyncio.run(measure(local))})
+    t0 = time.perf_counter()
+    ray_backend = RayBackend(connect(ray), backend, owns_connection=True)
+    start_s = time.perf_counter() - t0
+    cluster = ray_backend.cluster()
+
+    def via_ray():
+        return (LiveExecutor(Tangram(cluster), ray_backend),
+                sum(c.cores for c in cluster.cpu_nodes))
+
+    rows.append({"via": "ray-agent", "ray": ray, "backend": backend,
+                 "nodes": len(cluster.cpu_nodes), "ray_start_s": round(start_s, 2),
+                 **asyncio.run(measure(via_ray))})
+    return rows
+
+
+def _proc_stat(pid: int) -> tuple[float, float, float]:
+    """(CPU seconds, its reaped children's CPU seconds, RSS MiB) of a process and its
+    threads. The children's is what starting the actions cost in them (the commands are
+    ``true``): the exec chain before the command, and the command's own exec."""
+    with open(f"/proc/{pid}/stat") as f:
+        fields = f.read().rsplit(")", 1)[1].split()
+    tick = os.sysconf("SC_CLK_TCK")
+    cpu = (int(fields[11]) + int(fields[12])) / tick
+    children = (int(fields[13]) + int(fields[14])) / tick
+    rss = int(fields[21]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+    return cpu, children, rss
+
+
+async def _trajectories(url: str, token: str, ids: list[int], actions: int,
+                        on_action: Callable[[], None]) -> tuple[list, list, list]:
+    """Trajectories ``t<i>`` at once, each ``actions`` trivial commands one after another:
+    (first-action latencies, later ones, errors)."""
+    from tangram.client import TangramClient
+
+    first: list[float] = []
+    later: list[float] = []
+    errors: list[str] = []
+    async with TangramClient(url, token, timeout_s=600) as tg:
+        async def one(i: int) -> None:
+            try:
+                tid = await tg.open_trajectory(f"t{i}")
+                for k in range(actions):
+                    a = time.perf_counter()
+                    res = await tg.run(tid, action_id=f"t{i}-{k}", argv=["true"])
+                    (first if k == 0 else later).append(time.perf_counter() - a)
+                    if res["status"] != "ok":
+                        errors.append(res["status"] + ": " + res["error"][:100])
+                    on_action()
+                await tg.close_trajectory(tid)
+            except Exception as e:  # noqa: BLE001 - counted, reported
+                errors.append(f"{type(e).__name__}: {e}"[:200])
+
+        await asyncio.gather(*(one(i) for i in ids))
+    return first, later, errors
+
+
+def _client_process(url: str, token: str, ids: list[int], actions: int, done, go,
+                    results) -> None:
+    """One client process of a multi-client run: ready, then its trajectories."""
+    def count() -> None:
+        with done.get_lock():
+            done.value += 1
+
+    results.put(("ready", None))
+    go.wait()
+    c0 = time.process_time()
+    out = asyncio.run(_trajectories(url, token, ids, actions, count))
+    results.put(("done", (*out, time.process_time() - c0)))
+
+
+async def _next(results, procs: list) -> tuple:
+    """The next message of the client processes (RuntimeError if one died silently)."""
+    import queue
+
+    while True:
+        try:
+            return await asyncio.to_thread(results.get, True, 1.0)
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead:
+                raise RuntimeError(f"a bench client process died (exit codes {dead})") from None
+
+
+def serve_bench(backend: str = "process", trajectories: int = 64, actions: int = 5,
+                warm: int = 0, samples: int = 10, every_s: float | None = None,
+                on_sample: Callable[[dict], None] | None = None, clients: int = 1) -> dict:
+    """Load on a real `tangram serve` subprocess, client and server on this machine.
+
+    ``trajectories`` run concurrently, each opening, running ``actions`` trivial
+    commands (``true``) one after another and closing. Reported: the server's CPU
+    time per action (from /proc, so the client's own cost is excluded), throughput,
+    the latency of each trajectory's first action (container start for docker,
+    unless the warm pool has one ready) and of later ones, the server's RSS over
+    the run (``samples`` points), and any client-side connection error.
+
+    ``every_s``: also sample over time, every that many seconds, the actions done,
+    the throughput and the server's CPU per action in the interval, and its RSS
+    (``timeline``; each sample is passed to ``on_sample`` as it is taken), so a long
+    run shows whether throughput holds and memory stays flat. The client's own CPU
+    time is reported too: client and server share this machine's cores.
+
+    ``clients``: the trajectories spread over that many client processes (as over an RL
+    job's rollout workers; one asyncio client driving thousands of connections spends
+    more CPU on its connection pool than the server spends on the actions).
+    """
+    import signal
+    import socket
+    import subprocess
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    token = "bench-" + os.urandom(8).hex()
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--backend", backend,
+               "--state-dir", tmp, "--warm-pool", str(warm)]
+        log = Path(tmp) / "server.log"
+        proc = subprocess.Popen(cmd, env={**os.environ, "TANGRAM_TOKEN": token},
+                                stdout=subprocess.DEVNULL, stderr=log.open("w"),
+                                cwd=Path(__file__).parents[2])
+        try:
+            return asyncio.run(_drive(proc, f"http://127.0.0.1:{port}", token, backend,
+                                      trajectories, actions, warm, samples, log,
+                                      every_s, on_sample, clients))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            try:
+                proc.wait(30)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+async def _warm_pool_full(workdir: Path, warm: int, proc, within_s: float = 120.0) -> None:
+    """Wait until the docker server's warm pool holds ``warm`` running sandboxes (its
+    containers: the owner label of executor/replay.make_backend, no trajectory yet)."""
+    import hashlib
+
+    import docker
+
+    owner = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
+    client = docker.from_env()
+    labels = [f"tangram.owner={owner}", "tangram.trajectory="]
+    deadline = time.time() + within_s
+    while len(client.containers.list(sparse=True, filters={"label": labels})) < warm:
+        if time.time() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"the server's warm pool did not fill to {warm} sandboxes "
+                               f"within {within_s:g} s")
+        await asyncio.sleep(0.5)
+    await asyncio.sleep(1.0)  # the last one's agent listening and its cgroup set
+    client.close()
+
+
+async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
+                 actions: int, warm: int, samples: int, log: Path,
+                 every_s: float | None = None,
+                 on_sample: Callable[[dict], None] | None = None, clients: int = 1) -> dict:
+    import multiprocessing
+
+    import httpx
+
+    from tangram.client import TangramClient
+
+    pid = proc.pid
+    deadline = time.time() + 60
+    while True:
+        try:
+            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            pass
+        if time.time() > deadline or proc.poll() is not None:
+            raise RuntimeError(f"the server did not start: {log.read_text()[-2000:]}")
+        await asyncio.sleep(0.2)
+    async with TangramClient(url, token, timeout_s=600) as tg:
+        # warm-up: imports and first-call paths out of the measurement (before the pool
+        # fills: the sandbox it takes is replaced before the clock starts)
+        tid = await tg.open_trajectory("warmup")
+        await tg.run(tid, argv=["true"])
+        await tg.close_trajectory(tid)
+    if warm:  # the pool full before timing (what a long-running server sees)
+        await _warm_pool_full(log.parent / "work", warm, proc)
+    rss: list[float] = []
+    total = trajectories * actions
+    ctx = multiprocessing.get_context("spawn")
+    done = ctx.Value("q", 0)  # actions done, over every client
+    step = max(total // samples, 1)
+    procs, results = [], ctx.Queue()
+    if clients > 1:  # started, and ready, before the clock starts
+        go = ctx.Event()
+        procs = [ctx.Process(target=_client_process, daemon=True,
+                             args=(url, token, list(range(c, trajectories, clients)), actions,
+                                   done, go, results)) for c in range(clients)]
+        for p in procs:
+            p.start()
+        for _ in procs:
+            await _next(results, procs)
+    cpu0, kids0, rss0 = _proc_stat(pid)
+    rss.append(round(rss0, 1))
+    t0 = time.perf_counter()
+    client0 = time.process_time()
+    timeline: list[dict] = []
+    last = [t0, 0, cpu0, kids0]  # time, actions done, server and children CPU of the last
+    # sample
+
+    def take_sample() -> None:
+        now, (cpu, kids, rss_now) = time.perf_counter(), _proc_stat(pid)
+        n = done.value - last[1]
+        row = {"t_s": round(now - t0, 2), "actions_done": done.value,
+               "actions_per_s": round(n / max(now - last[0], 1e-9), 1),
+               "server_cpu_ms_per_action": round((cpu - last[2]) * 1e3 / n, 3) if n else None,
+               "children_cpu_ms_per_action": round((kids - last[3]) * 1e3 / n, 3) if n
+               else None,
+               "server_rss_mb": round(rss_now, 1),
+               "load_avg_1m": round(os.getloadavg()[0], 2)}
+        timeline.append(row)
+        if on_sample is not None:
+            on_sample(row)
+        last[:] = [now, done.value, cpu, kids]
+
+    async def sample_every(interval: float) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            take_sample()
+
+    def count() -> None:
+        done.value += 1
+        if done.value % step == 0:
+            rss.append(round(_proc_stat(pid)[2], 1))
+
+    sampler = asyncio.ensure_future(sample_every(every_s)) if every_s else None
+    client_cpu = 0.0
+    try:
+        if procs:
+            go.set()
+            first, later, errors = [], [], []
+            for _ in procs:
+                _, (f1, l1, e1, c1) = await _next(results, procs)
+                first += f1
+                later += l1
+                errors += e1
+                client_cpu += c1
+        else:
+            first, later, errors = await _trajectories(url, token, list(range(trajectories)),
+                                                       actions, count)
+    finally:
+        if sampler is not None:
+            sampler.cancel()
+        for p in procs:
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    if sampler is not None:
+        take_sample()  # the end of the run (also: a run shorter than one interval)
+    wall = time.perf_counter() - t0
+    client_cpu += time.process_time() - client0
+    cpu1, kids1, rss1 = _proc_stat(pid)
+    f, lt = np.asarray(first or [0.0]), np.asarray(later or [0.0])
+    extra: dict = {}
+    if every_s:
+        extra = {"timeline": timeline,
+                 # flat RSS: what the server grew by from the first sample to the last
+                 "server_rss_growth_mb": round(rss1 - timeline[0]["server_rss_mb"], 1)
+                 if timeline else None}
+    return {"bench": "serve", "backend": backend, "trajectories": trajectories,
+            "actions_per_trajectory": actions, "actions": total, "warm_pool": warm,
+            "wall_s": round(wall, 2), "actions_per_s": round(total / wall, 1),
+            "server_cpu_ms_per_action": round((cpu1 - cpu0) * 1e3 / total, 3),
+            # (0 on docker: the commands run in containers, not as the server's children)
+            "children_cpu_ms_per_action": round((kids1 - kids0) * 1e3 / total, 3),
+            "first_action_p50_ms": round(float(np.percentile(f, 50)) * 1e3, 1),
+            "first_action_p99_ms": round(float(np.percentile(f, 99)) * 1e3, 1),
+            "later_action_p50_ms": round(float(np.percentile(lt, 50)) * 1e3, 1),
+            "server_rss_mb": rss + [round(rss1, 1)], "errors": len(errors),
+            "first_errors": errors[:3], "cpus": os.cpu_count(),
+            "clients": clients, "client_cpu_ms_per_action": round(client_cpu * 1e3 / total, 3),
+            "load_avg_1m": round(os.getloadavg()[0], 2), **extra}

@@ -1,2 +1,0 @@
-"""The HTTP routes of `tangram serve`, one APIRouter per area; each handler is a
-thin call into :class:`executor.service.Service`."""

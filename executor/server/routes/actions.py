@@ -1,0 +1,67 @@
+"""Trajectories and their actions: open, close, submit, wait, stream."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, Path, Query
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from executor.server.routes.deps import service
+from executor.server.schemas import (
+    ID_MAX,
+    ID_PATTERN,
+    MAX_TIMEOUT_S,
+    ActionIn,
+    ActionOut,
+    ErrorOut,
+    TrajectoryIn,
+)
+from executor.server.service import Service
+
+ERRORS = {code: {"model": ErrorOut, "description": text} for code, text in (
+    (401, "Missing or wrong bearer token"), (403, "Destination not allowed"),
+    (404, "Unknown trajectory or action"), (409, "Conflict with what exists"),
+    (413, "Body larger than 1 MiB"), (503, "Shutting down"))}
+router = APIRouter(prefix="/v1", responses=ERRORS)
+Svc = Annotated[Service, Depends(service)]
+TrajectoryId = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX,
+                                                     description="Trajectory id.")]
+ActionId = Annotated[str, Path(pattern=ID_PATTERN, max_length=ID_MAX, description="Action id.")]
+Wait = Annotated[float, Query(ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
+                              description="Block up to this many seconds for the action's end "
+                              "(or the server's shutdown).")]
+
+
+@router.post("/trajectories", status_code=201)
+async def open_trajectory(body: TrajectoryIn, s: Svc) -> dict[str, str]:
+    return s.open_trajectory(body)
+
+
+@router.delete("/trajectories/{tid}")
+async def close_trajectory(tid: TrajectoryId, s: Svc) -> dict[str, str]:
+    return s.close_trajectory(tid)
+
+
+@router.post("/trajectories/{tid}/actions", status_code=202, response_model=ActionOut,
+             responses={200: {"model": ActionOut, "description": "Already submitted (same body)"}})
+async def submit(tid: TrajectoryId, body: ActionIn, s: Svc, wait: Wait = 0.0) -> Any:
+    """Queue an action; with ``wait`` > 0, answer when it ends (one round trip per action)."""
+    view, created = await s.submit(tid, body)
+    if wait > 0 and view.status in ("queued", "running"):
+        view = await s.wait(body.id, wait)
+    return view if created else JSONResponse(view.model_dump(), status_code=200)
+
+
+@router.get("/actions/{aid}", response_model=ActionOut)
+async def get_action(aid: ActionId, s: Svc, wait: Wait = 0.0) -> Any:
+    """The action's state; with ``wait`` > 0, block until it ends (or the server stops)."""
+    return await s.wait(aid, wait)
+
+
+@router.get("/actions/{aid}/events", response_class=StreamingResponse,
+            responses={200: {"content": {"text/event-stream": {}},
+                             "description": "`event: status` lines, each with an ActionOut"}})
+async def stream(aid: ActionId, s: Svc) -> StreamingResponse:
+    """Server-sent events: the current state, then the result when it ends."""
+    return StreamingResponse(await s.events(aid), media_type="text/event-stream")

@@ -1,0 +1,288 @@
+"""CPU manager (paper 5.2, allocate-on-execution).
+
+Nodes x NUMA domains x cores. Cores are exclusive and granted per action;
+an elastic action's cores come from one NUMA domain (parallel efficiency
+depends on core distance). A trajectory is bound at its first action to a
+node with enough free cores for that action and memory for the whole
+trajectory, chosen by memory balance; its memory stays reserved until it is
+closed (its container keeps its state between actions). Whether a node has
+room for a trajectory's memory is ``admission``'s rule (tangram/cpu/admission.py:
+declared limits reserved in full unless the node's free memory is observed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+
+from tangram.cluster import CpuNodeSpec
+from tangram.cpu.admission import RESERVE, MemoryAdmission
+from tangram.model import slot_init
+
+
+@slot_init
+@dataclass(frozen=True, slots=True)
+class CpuLease:
+    action_id: str
+    node: str
+    cores: tuple[int, ...]
+
+
+class CpuNode:
+    __slots__ = ("name", "spec", "domains", "mem_reserved", "domain_size", "mem_observed_free",
+                 "mem_since", "free_cores")
+
+    def __init__(self, spec: CpuNodeSpec) -> None:
+        self.name = spec.name
+        self.spec = spec
+        self.domain_size = spec.cores // spec.numa
+        self.domains: list[list[int]] = [
+            list(range(d * self.domain_size, (d + 1) * self.domain_size)) for d in range(spec.numa)
+        ]
+        self.mem_reserved = 0.0
+        #: free memory last observed on the node (None: never observed) and the assumed
+        #: use of the trajectories bound to it since (MemoryAdmission.start_gb each)
+        self.mem_observed_free: float | None = None
+        self.mem_since = 0.0
+        #: the cores in ``domains``, kept with them by the manager (binding a trajectory
+        #: asks it of every node: a burst binds thousands)
+        self.free_cores: int = self.domain_size * spec.numa
+
+    @property
+    def mem_free(self) -> float:
+        return self.spec.mem_gb - self.mem_reserved
+
+    def free_per_domain(self) -> list[int]:
+        return list(map(len, self.domains))
+
+
+def pick_domains(free: list[int], n: int, numa_local: bool) -> list[tuple[int, int]] | None:
+    """Which domains give ``n`` cores: [(domain, count)], or None.
+
+    NUMA-local requests take the best-fitting single domain (least free that
+    still fits), keeping large domains whole for later elastic actions; others
+    take from the fullest domains first.
+    """
+    if numa_local or n <= 0:
+        best = -1
+        for d, f in enumerate(free):
+            if f >= n and (best < 0 or f < free[best]):
+                best = d
+        return None if best < 0 else [(best, n)]
+    if n == 1:  # (most actions: the fullest domain, the first of equals, as below; its
+        # twin is inlined in CpuManager.reserve: change both together)
+        most = max(free, default=0)
+        return None if most < 1 else [(free.index(most), 1)]
+    if sum(free) < n:
+        return None
+    out = []
+    for d in sorted(range(len(free)), key=lambda d: -free[d]):
+        take = min(free[d], n)
+        if take:
+            out.append((d, take))
+            n -= take
+        if n == 0:
+            break
+    return out
+
+
+class CpuManager:
+    def __init__(self, specs: Iterable[CpuNodeSpec],
+                 admission: MemoryAdmission = RESERVE) -> None:
+        self.nodes = {s.name: CpuNode(s) for s in specs}
+        self.admission = admission
+        #: trajectory -> the node it is bound to, and the memory it holds there
+        self._binding: dict[str, str] = {}
+        self._held: dict[str, float] = {}
+        #: ``_binding``, read-only and live: a router looks up thousands in a burst
+        self.bound: Mapping[str, str] = MappingProxyType(self._binding)
+        self._live: dict[str, CpuLease] = {}
+
+    # -- trajectories -------------------------------------------------------------
+    def node_of(self, trajectory: str) -> str | None:
+        return self._binding.get(trajectory)
+
+    def bind(self, trajectory: str, mem_gb: float, min_cores: int) -> str | None:
+        """Bind a trajectory to the least memory-loaded node that fits it."""
+        got = self.bind_many(((trajectory, mem_gb, min_cores),))
+        return got[0] if got else None
+
+    def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> list[str]:
+        """``bind`` each (trajectory, mem_gb, min_cores) in order until one fits no node;
+        the node of each bound, in order (one loop for a batch: a burst binds thousands).
+        ``min_cores`` is a whole number, an int or a float (a Demand's)."""
+        binding, held = self._binding, self._held
+        # each node with what of it does not change (its name, memory, and whether its free
+        # memory is observed: ``refusal``'s rule for a node nobody observes is inlined, the
+        # common case, as that rule is the same for every MemoryAdmission)
+        refusal, start_gb = self.admission.refusal, self.admission.start_gb
+        inline = type(self.admission).refusal is MemoryAdmission.refusal
+        nodes = [(node, node.name, node.spec.mem_gb, node.spec.mem_gb + 1e-9,
+                  inline and node.mem_observed_free is None) for node in self.nodes.values()]
+        done: list[str] = []
+        append = done.append
+        if len(nodes) == 1 and nodes[0][4]:
+            # one node, nobody observes it (a burst on one machine): the loop below without
+            # its loop over nodes (~1/3 of a trajectory's binding)
+            one, name, _, mem_cap, _ = nodes[0]
+            for trajectory, mem_gb, min_cores in requests:
+                bound = binding.get(trajectory)
+                if bound is None:
+                    if one.free_cores < min_cores or one.mem_reserved + mem_gb > mem_cap:
+                        break
+                    one.mem_reserved += mem_gb
+                    one.mem_since += start_gb if start_gb < mem_gb else mem_gb
+                    bound = binding[trajectory] = name
+                    held[trajectory] = mem_gb
+                append(bound)
+            return done
+        for trajectory, mem_gb, min_cores in requests:
+            bound = binding.get(trajectory)
+            if bound is None:
+                best: CpuNode | None = None
+                for node, name, node_mem, mem_cap, unobserved in nodes:
+                    if node.free_cores < min_cores:
+                        continue
+                    if unobserved:  # (every declared limit reserved in full)
+                        if node.mem_reserved + mem_gb > mem_cap:
+                            continue
+                    elif refusal(name, node_mem, node.mem_reserved, mem_gb,  # (mem_refusal)
+                                 node.mem_observed_free, node.mem_since) is not None:
+                        continue
+                    if best is None or (node.mem_reserved / node_mem
+                                        < best.mem_reserved / best.spec.mem_gb):
+                        best = node
+                if best is None:
+                    break
+                best.mem_reserved += mem_gb  # (hold_memory, inlined)
+                best.mem_since += start_gb if start_gb < mem_gb else mem_gb  # (min, inlined)
+                bound = binding[trajectory] = best.name
+                held[trajectory] = mem_gb
+            append(bound)
+        return done
+
+    def hold_memory(self, trajectory: str, node: str, mem_gb: float) -> None:
+        """Bind ``trajectory`` to ``node``, holding ``mem_gb`` there until it is unbound
+        (what ``bind`` does once it chose the node; a subclass choosing otherwise calls it)."""
+        host = self.nodes[node]
+        host.mem_reserved += mem_gb
+        host.mem_since += min(mem_gb, self.admission.start_gb)
+        self._binding[trajectory] = node
+        self._held[trajectory] = mem_gb
+
+    def mem_refusal(self, node: CpuNode, mem_gb: float) -> str | None:
+        """Why ``node`` cannot take a trajectory declaring ``mem_gb`` now (None: it can)."""
+        return self.admission.refusal(node.name, node.spec.mem_gb, node.mem_reserved, mem_gb,
+                                      node.mem_observed_free, node.mem_since)
+
+    def why_unbound(self, mem_gb: float, min_cores: int) -> str:
+        """Why no node takes a trajectory declaring ``mem_gb`` whose first action needs
+        ``min_cores`` cores (for a client waiting on it)."""
+        reasons = []
+        for node in self.nodes.values():
+            why = self.mem_refusal(node, mem_gb)
+            if why is None and node.free_cores < min_cores:
+                why = f"node {node.name}: {node.free_cores} free core(s), {min_cores} needed"
+            reasons.append(why or f"node {node.name}: room now (next scheduling pass)")
+        return "waiting for a node: " + "; ".join(reasons) if reasons else "no CPU node"
+
+    def observe_free(self, node: str, free_gb: float) -> None:
+        """The node's free memory as just observed (e.g. MemAvailable): admission from
+        now on goes by it (MemoryAdmission), not by the declared limits alone."""
+        host = self.nodes.get(node)
+        if host is not None:
+            host.mem_observed_free = max(0.0, float(free_gb))
+            host.mem_since = 0.0
+
+    def unbind(self, trajectory: str) -> None:
+        """Release a closed trajectory's memory (idempotent)."""
+        node = self._binding.pop(trajectory, None)
+        if node is not None:
+            self.nodes[node].mem_reserved -= self._held.pop(trajectory)
+
+    # -- cores ---------------------------------------------------------------------
+    def reserve(self, action_id: str, node: str, n: int, numa_local: bool) -> CpuLease | None:
+        if action_id in self._live:
+            raise ValueError(f"action_id: {action_id!r} already holds a lease")
+        host = self.nodes[node]
+        if n == 1 and not numa_local:
+            # (pick_domains' one-core rule, inlined: the fullest domain, the first of equals;
+            # a burst grants hundreds of single cores)
+            fullest = None
+            for dom in host.domains:
+                if dom and (fullest is None or len(dom) > len(fullest)):
+                    fullest = dom
+            if fullest is None:
+                return None
+            host.free_cores -= 1
+            lease = CpuLease(action_id, node, (fullest.pop(0),))
+            self._live[action_id] = lease
+            return lease
+        plan = pick_domains(host.free_per_domain(), n, numa_local)
+        if plan is None:
+            return None
+        cores: list[int] = []
+        for d, count in plan:
+            dom = host.domains[d]
+            cores.extend(dom[:count])
+            del dom[:count]
+            host.free_cores -= count
+        lease = CpuLease(action_id, node, tuple(sorted(cores)))
+        self._live[action_id] = lease
+        return lease
+
+    def release(self, lease: CpuLease) -> None:
+        """Idempotent: a second release of the same lease does nothing."""
+        if self._live.get(lease.action_id) is not lease:
+            return
+        del self._live[lease.action_id]
+        host = self.nodes[lease.node]
+        size = host.domain_size
+        cores = lease.cores
+        domains = host.domains
+        if cores and cores[0] // size == cores[-1] // size:  # one domain (sorted cores)
+            dom = domains[cores[0] // size]
+            dom.extend(cores)
+            dom.sort()
+        else:
+            for core in cores:
+                domains[core // size].append(core)
+            # (the others are sorted already: every change ends sorted)
+            for d in {core // size for core in cores}:
+                domains[d].sort()
+        host.free_cores += len(cores)
+
+    def in_use(self, node: str) -> int:
+        host = self.nodes.get(node)
+        if host is None:  # removed (remove_node): nothing in use there any more
+            return 0
+        return host.spec.cores - host.free_cores
+
+    def held_between_actions(self) -> dict[str, CpuLease]:
+        """Trajectory -> the cores it holds while no action of it runs (a pod; none here)."""
+        return {}
+
+    # -- membership (multi-node executors: a node joins or leaves) -------------------
+    def add_node(self, spec: CpuNodeSpec) -> None:
+        """A node joined: its cores and memory become grantable."""
+        if spec.name in self.nodes:
+            raise ValueError(f"node: {spec.name!r} is already in the cluster")
+        self.nodes[spec.name] = CpuNode(spec)
+
+    def remove_node(self, name: str) -> list[str]:
+        """A node left (its machine or its agent died): forget its cores, the leases
+        on them (releasing one later is a no-op) and its bindings. Returns the
+        trajectories that were bound there, whose environments are gone."""
+        host = self.nodes.pop(name, None)
+        if host is None:
+            return []
+        host.domains = [[] for _ in host.domains]  # a stale holder sees no free core
+        host.free_cores = 0
+        for aid in [a for a, lease in self._live.items() if lease.node == name]:
+            del self._live[aid]
+        lost = [t for t, node in self._binding.items() if node == name]
+        for t in lost:
+            del self._binding[t]
+            del self._held[t]
+        return lost

@@ -1,0 +1,362 @@
+"""What every pool is: the units a scheduling pass runs on (paper 5.2: one pass per CPU
+node), the queued action (:class:`Pending`), a grant, the extension points
+(:class:`PoolPoints`, the light lane :class:`LightLane`) and their defaults (:class:`Pool`,
+a pool with no key resource: API-only actions). The pools themselves live by resource:
+``tangram/cpu/pool.py`` (a CPU node with its light lane), ``tangram/cpu/pods.py``
+(Kubernetes), ``tangram/gpu/pool.py`` (evict-on-execution; its scheduler in ``eoe.py``),
+``tangram/gpu/static.py`` (fixed deployments), ``tangram/gpu/cold.py`` (serverless).
+
+A pool owns a FIFO wait queue and knows, for its key resource, how to check
+that a prefix of minimums fits the free resources *and their topology*, what
+capacity the elastic group shares, which DP operator describes that topology,
+and how to reserve and release the real units through its manager.
+
+Extension points, named as kube-scheduler names its plugins (a policy builds its
+pools from these; the core and the schedulers call nothing else). They are the
+:class:`PoolPoints` protocol (below); :class:`Pool` implements each with a default.
+
+==================== ================================================================
+``unit_choices``     PreFilter: the feasible unit counts of an action on this pool
+``new_scratch``,     Filter: does the next candidate's minimum fit what is left
+``fits_min``
+``option_costs``     Score: what each feasible unit count costs the action now
+``elastic_capacity`` the capacity the elastic group shares after the fixed ones
+``free_units``       units free now (a pass stops when none is left)
+``reserve``          Reserve: take the units (``None``: placement refused them)
+``release``          Unreserve: give them back (idempotent)
+``admit``,           an action joined the pool's queue(s) (a GPU pool learns request
+``arrived``          rates); ``queues``: every queue an action may wait in
+``take``,            actions left the queue: started (``take``), cancelled (``withdraw``),
+``withdraw``,        their node left (``drain``)
+``drain``
+``started``,         an action started on / ended its lease (``running``: what is
+``ended``            running, for the schedulers' expected ends)
+``batch``            queued actions that ride on a granted lease (continuous batching)
+``after_pass``       end of a scheduling pass (a GPU pool pre-restores while idle)
+``next_wakeup``      when the pool wants a pass although nothing arrives or ends
+``usage``            units in use, per resource, for utilisation sampling
+``lane``             the pool's light lane (:class:`LightLane`), or None
+==================== ================================================================
+
+Ordering (QueueSort) is the scheduler's: ``Ordering`` in tangram/scheduler.py.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from heapq import heapify, heappop, heappush
+from types import MappingProxyType
+from typing import Any, Protocol
+
+from tangram.arrange import DPOperator, LinearOperator
+from tangram.model import Action, Dispatch, Elasticity, GpuPlan, Lease, slot_init
+
+#: the quotas and durations of a Pending that has none: one shared, read-only mapping (a
+#: burst queues thousands; nothing writes to a Pending's tables)
+NONE: Mapping[Any, float] = MappingProxyType({})
+
+
+class Pending:
+    """A queued action with what the scheduler reads of it on every pass.
+
+    Identity equality (one object per queued action). ``durations``, the modelled
+    duration per feasible unit count of an elastic action, may be given as its
+    declared profile instead (``profile``: E(m) and T1): the table is then computed on
+    first read, from values that never change, so it is the same table, paid only for
+    the actions a pass looks at (a burst queues thousands at once, up to 32 counts each).
+
+    No ``__getattr__``: a class with one has every attribute read unspecialised by
+    CPython 3.11 (~2.5x a plain slot read; a Pending is read ~20-35 times over its life),
+    so the lazy table is a property over ``_durations`` (None until first read).
+
+    Once it starts, the core sets ``STARTED`` on it (its dispatch, pool and batch) and
+    keeps it as the running action: not a second object per dispatch (building one
+    through a class call is ~2,400 machine instructions, and one more the cyclic GC
+    tracks). They are unset while it is queued.
+    """
+
+    __slots__ = ("action", "submit_s", "key_min", "quotas", "elastic", "light", "choices",
+                 "_durations", "_profile", "dispatch", "pool", "batch_left")
+    #: the slots set when it starts (Tangram.running)
+    STARTED = ("dispatch", "pool", "batch_left")
+
+    action: Action
+    submit_s: float
+    key_min: int  # minimum units of the pool's key resource
+    quotas: Mapping[str, float]
+    elastic: bool  # schedulable elastic on this pool's key resource
+    #: expected to be short enough for the pool's light lane (tangram/cpu/pool.py CpuNodePool)
+    light: bool
+    choices: tuple[int, ...]
+    dispatch: Dispatch
+    pool: PoolPoints
+    #: a batch (Dispatch.batch): ids of its actions still running, shared by all of them;
+    #: the lease is released when the last one finishes (None: not a batch)
+    batch_left: set[str] | None
+
+    def __init__(self, action: Action, submit_s: float, key_min: int,
+                 quotas: Mapping[str, float] = NONE, elastic: bool = False,
+                 light: bool = False, choices: tuple[int, ...] = (),
+                 durations: Mapping[int, float] = NONE,
+                 profile: tuple[Elasticity, float] | None = None) -> None:
+        self.action = action
+        self.submit_s = submit_s
+        self.key_min = key_min
+        self.quotas = quotas
+        self.elastic = elastic
+        self.light = light
+        self.choices = choices
+        self._durations = durations if profile is None else None
+        self._profile = profile
+
+    @property
+    def durations(self) -> Mapping[int, float]:
+        """Modelled duration per feasible unit count (elastic actions only)."""
+        table = self._durations
+        if table is None:  # the lazy table, on its first read
+            e, t1 = self._profile  # type: ignore[misc]
+            table = self._durations = e.durations(t1, self.choices)
+        return table
+
+    def __repr__(self) -> str:
+        return (f"Pending({self.action.id!r}, submit_s={self.submit_s}, "
+                f"key_min={self.key_min}, elastic={self.elastic}, light={self.light})")
+
+
+@slot_init
+@dataclass(frozen=True, slots=True)
+class Grant:
+    part: Any
+    node: str | None
+    cores: tuple[int, ...] = ()
+    gpus: tuple[int, ...] = ()
+    restore_s: float = 0.0
+    lane: bool = False
+    #: a GPU grant of the evict-on-execution manager: its residency plan
+    plan: GpuPlan | None = None
+
+
+@slot_init
+@dataclass(frozen=True, slots=True)
+class LaneSlot:
+    """A place on a node's light lane (shared cores, no exclusive grant)."""
+
+    action_id: str
+    node: str
+
+
+class LightLane(Protocol):
+    """A node's light lane (see :class:`CpuNodePool`): light actions wait in ``light``
+    and start on shared cores while fewer than ``lane_slots`` run there."""
+
+    light: deque[Pending]
+    #: actions expected to take at most this long (s) may use the lane (0: no lane)
+    light_s: float
+    lane_slots: int
+
+    def lane_lease(self, p: Pending) -> Lease | None:
+        """``p``'s lease of a place on the lane (None: the lane is full)."""
+        ...
+
+    def core_lease(self, p: Pending) -> Lease | None:
+        """``p``'s lease of one idle exclusive core (None: none is idle)."""
+        ...
+
+
+class PoolPoints(Protocol):
+    """The extension points a pool offers the core and the schedulers."""
+
+    name: str
+    key: str | None
+    scheduler: Any
+    queue: deque[Pending]
+    running: dict[str, tuple[float, int, float]]
+    lane: LightLane | None
+
+    def expected_ends(self, now: float) -> list[tuple[float, int]]: ...
+
+    def admit(self, p: Pending) -> None: ...
+    def arrived(self, p: Pending, now: float) -> None: ...
+    def admit_many(self, ps: list[Pending], now: float) -> None: ...
+    def queues(self) -> tuple[deque[Pending], ...]: ...
+    def take(self, started: list[Pending]) -> None: ...
+    def withdraw(self, p: Pending) -> bool: ...
+    def drain(self) -> list[Pending]: ...
+    def unit_choices(self, action: Action) -> tuple[int, ...]: ...
+    def new_scratch(self) -> Any: ...
+    def fits_min(self, scratch: Any, p: Pending) -> bool: ...
+    def option_costs(self, p: Pending) -> dict[int, float]: ...
+    def elastic_capacity(self, nonelastic: list[Pending]) -> Any: ...
+    def free_units(self) -> int: ...
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None: ...
+    def release(self, part: Any) -> None: ...
+    def started(self, action_id: str, end_s: float, units: int, now: float) -> None: ...
+    def ended(self, action_id: str) -> None: ...
+    def batch(self, p: Pending, units: int, now: float,
+              estimates: Any) -> tuple[list[Pending], float | None]: ...
+    def after_pass(self, now: float, estimates: Any) -> None: ...
+    def next_wakeup(self, now: float) -> float | None: ...
+    def usage(self) -> dict[str, float]: ...
+
+
+class Pool:
+    """Base: a pool with no key resource (API-only actions)."""
+
+    key: str | None = None
+    operator: DPOperator = LinearOperator()
+    #: no light lane
+    lane: LightLane | None = None
+
+    def __init__(self, name: str, scheduler: Any = None) -> None:
+        self.name = name
+        #: a pool-specific scheduler (a baseline's fixed DoP); None: the policy's
+        self.scheduler = scheduler
+        self.queue: deque[Pending] = deque()
+        #: action id -> (expected end, units of the key resource, start)
+        self.running: dict[str, tuple[float, int, float]] = {}
+        # expected_ends, kept incrementally once first asked (None until then: a pool whose
+        # scheduler never asks pays nothing): the running actions not past their expected
+        # end as of the last call, (end, units); those past it, as ``running`` has them;
+        # and a heap of (end, id) of the former (lazily pruned) that finds who went past
+        self._ahead: dict[str, tuple[float, int]] = {}
+        self._overdue: dict[str, tuple[float, int, float]] = {}
+        self._by_end: list[tuple[float, str]] | None = None
+
+    def admit(self, p: Pending) -> None:
+        """Queue ``p`` (a pool may keep some actions in a queue of their own)."""
+        self.queue.append(p)
+
+    def admit_many(self, ps: list[Pending], now: float) -> None:
+        """``ps``, in order, arrived at ``now``: ``admit`` then ``arrived`` each (a pool
+        may do it in one loop: a burst queues thousands)."""
+        admit, arrived = self.admit, self.arrived
+        for p in ps:
+            admit(p)
+            arrived(p, now)
+
+    def queues(self) -> tuple[deque[Pending], ...]:
+        """Every queue an action of this pool may wait in."""
+        return (self.queue,)
+
+    def take(self, started: list[Pending]) -> None:
+        """``started`` (granted by a pass) leave the queue."""
+        queue = self.queue
+        if len(started) == 1:  # (most passes start one)
+            p = started[0]
+            if queue and queue[0] is p:
+                queue.popleft()
+            else:
+                queue.remove(p)
+            return
+        ids = {id(p) for p in started}
+        while queue and id(queue[0]) in ids:  # dispatches are mostly a queue prefix
+            ids.discard(id(queue.popleft()))
+        for p in started:
+            if id(p) in ids:
+                queue.remove(p)
+
+    def withdraw(self, p: Pending) -> bool:
+        """Take a cancelled ``p`` off whichever queue holds it (False: none does)."""
+        for q in self.queues():
+            if p in q:
+                q.remove(p)
+                return True
+        return False
+
+    def drain(self) -> list[Pending]:
+        """The pool's capacity left (its node did): empty its queues, returning what
+        waited there."""
+        waiting = [p for q in self.queues() for p in q]
+        for q in self.queues():
+            q.clear()
+        return waiting
+
+    def started(self, action_id: str, end_s: float, units: int, now: float) -> None:
+        """``action_id`` started on ``units``, expected to end at ``end_s``."""
+        self.running[action_id] = (end_s, units, now)
+        by_end = self._by_end
+        if by_end is not None:
+            self._ahead[action_id] = (end_s, units)
+            heappush(by_end, (end_s, action_id))
+            if len(by_end) > 2 * len(self.running) + 64:
+                # entries of actions that ended before their expected end: drop them (a
+                # pool whose scheduler rarely asks would otherwise grow the heap forever)
+                by_end[:] = [(e, aid) for aid, (e, _) in self._ahead.items()]
+                heapify(by_end)
+
+    def ended(self, action_id: str) -> None:
+        if self.running.pop(action_id, None) is not None and self._by_end is not None:
+            if self._ahead.pop(action_id, None) is None:
+                self._overdue.pop(action_id, None)
+
+    def expected_ends(self, now: float) -> list[tuple[float, int]]:
+        """(expected end, units) of every running action, for the schedulers' objective
+        (in no particular order: they go through a heap). An action past its expected end
+        is expected to run as long again as it has so far (heavy tails), not to finish
+        this instant. Kept incrementally: a pass is not an O(running) Python loop (a
+        256-core node runs hundreds), only those past their end are computed again."""
+        by_end, ahead, overdue = self._by_end, self._ahead, self._overdue
+        if by_end is None:  # first asked: from now on kept by started/ended
+            for aid, (end, units, _) in self.running.items():
+                ahead[aid] = (end, units)
+            by_end = self._by_end = [(end, aid) for aid, (end, _) in ahead.items()]
+            heapify(by_end)
+        while by_end and by_end[0][0] <= now:  # reached their expected end since
+            end, aid = heappop(by_end)
+            got = ahead.get(aid)
+            if got is not None and got[0] == end:  # (else: ended, a stale entry)
+                del ahead[aid]
+                overdue[aid] = self.running[aid]
+        out = list(ahead.values())
+        if overdue:
+            # (also right if ``now`` went back: the same rule as for one not yet moved)
+            out += [(end if end > now else now + (now - start), units)
+                    for end, units, start in overdue.values()]
+        return out
+
+    def unit_choices(self, action: Action) -> tuple[int, ...]:
+        return ()
+
+    def new_scratch(self) -> Any:
+        return None
+
+    def option_costs(self, p: Pending) -> dict[int, float]:
+        """What each feasible unit count would cost ``p`` now (its duration, plus any
+        state-dependent overhead the pool knows of)."""
+        return p.durations
+
+    def fits_min(self, scratch: Any, p: Pending) -> bool:
+        return True
+
+    def elastic_capacity(self, nonelastic: list[Pending]) -> Any:
+        return 0
+
+    def free_units(self) -> int:
+        return 1 << 30
+
+    def reserve(self, p: Pending, units: int, now: float) -> Grant | None:
+        return Grant(None, None)
+
+    def release(self, part: Any) -> None:
+        return None
+
+    def usage(self) -> dict[str, float]:
+        return {}
+
+    def arrived(self, p: Pending, now: float) -> None:
+        return None
+
+    def batch(self, p: Pending, units: int, now: float,
+              estimates: Any) -> tuple[list[Pending], float | None]:
+        """Queued actions (taken off the queue) that ``p``'s lease of ``units`` also
+        serves, and the batch's expected time; ([], None): ``p`` runs alone."""
+        return [], None
+
+    def after_pass(self, now: float, estimates: Any) -> None:
+        return None
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When this pool wants a pass although nothing arrives or ends (None: never)."""
+        return None
