@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
 # GPU check of the EOE workers on a real NVIDIA GPU (at most 8 minutes).
+# DEVICE=cpu is its dry run: every step runs, those that need torch or a GPU fail and say why
+# (tests/test_gpu_worker.py runs it in CI: the wiring and bench steps must pass there).
 #
 # Needs only: python3 with torch (CUDA), numpy, nvidia-ml-py, pyyaml (transformers brings it)
 # and, for step 2, transformers. Nothing is installed; the repository is put on PYTHONPATH.
@@ -27,6 +29,7 @@ PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}                      # DEVICE=cpu SIZES=0.02,0.05,0.1: a dry run, no GPU
 SIZES=${SIZES:-1,3,8}
 LONG=${LONG:-4096}                          # tokens of torch_check's long sequence
+WIRING_LIMIT=${WIRING_LIMIT:-60}
 BENCH_LIMIT=${BENCH_LIMIT:-360}
 TORCH_LIMIT=${TORCH_LIMIT:-100}
 DEVICE_TESTS_LIMIT=${DEVICE_TESTS_LIMIT:-240}
@@ -41,6 +44,9 @@ run_step() {  # name limit command...: stdout, stderr, exit status and limit int
     echo $? > "$TMP/$name.rc"
 }
 
+# 0. the worker path without torch (numpy weights, cpu device): the same code the torch step
+#    drives, run first so that a broken script fails fast (and in CI, which has no torch)
+run_step wiring "$WIRING_LIMIT" "$PY" scripts/torch_check.py --wiring
 run_step bench "$BENCH_LIMIT" "$PY" -m executor.bench.gpu --device "$DEVICE" --sizes-gb "$SIZES" \
     --batches 1,8,32 --tokens 128 --cycles 3
 run_step torch "$TORCH_LIMIT" "$PY" scripts/torch_check.py --device "$DEVICE" --long "$LONG"

@@ -3,7 +3,7 @@ a verdict with the figure it rests on.
 
     python scripts/gpu_verdict.py DIR DEVICE
 
-DIR holds, per step (``bench``, ``torch``, ``device_tests``), ``STEP.out`` (its stdout: one JSON object
+DIR holds, per step (``wiring``, ``bench``, ``torch``, ``device_tests``), ``STEP.out`` (its stdout: one JSON object
 when it finished), ``STEP.err`` (its stderr), ``STEP.rc`` (its exit status; 124: killed
 by ``timeout``) and ``STEP.limit`` (its time limit in seconds). Targets:
 
@@ -148,7 +148,7 @@ def verdicts(device: str, bench: dict | None, bench_why: str, torch: dict | None
 def main() -> None:
     d, device = Path(sys.argv[1]), sys.argv[2]
     steps, data = {}, {}
-    for name in ("bench", "torch", "device_tests"):
+    for name in ("wiring", "bench", "torch", "device_tests"):
         steps[name], data[name] = step(d, name)
     targets = verdicts(device, data["bench"], steps["bench"]["reason"], data["torch"],
                        steps["torch"]["reason"])

@@ -135,34 +135,21 @@ def rotary_drift(path: str, device: str, tokens: list[int], want: list[float]) -
                        and all(d == "float32" for d in rotary.values()) and rotary)}
 
 
-def hf_equal(device: str, tmp: str, long: int) -> dict:
-    """The worker path (core -> GpuBackend -> worker process) in bfloat16 against the
-    float32 reference, at DoP 1 (twice: restore, then reuse) and every layer split this
-    machine has GPUs for."""
-    import torch
-
+def worker_path(cluster: Any, source: Any, device: str, physical: dict[str, list[int]],
+                dops: list[int], tokens: list[int], judge: Any) -> dict:
+    """One service ``llama`` on node ``g`` through the real path (core -> GpuBackend ->
+    worker process): a log-prob request at each DoP of ``dops`` (the first two at DoP 1:
+    restore, then reuse), each result judged by ``judge(logprobs or None)``; then the
+    device copies against their host stage and the worker's resident set against the
+    core's (read through the core's door, its snapshot)."""
     from executor.backends.gpu.backend import GpuBackend
-    from executor.backends.gpu.config import checkpoint_bytes
-    from executor.backends.gpu.model import ModelSource
     from executor.driver import LiveExecutor
-    from tangram.cluster import ClusterSpec, GpuNodeSpec, ServiceSpec
     from tangram.core import Tangram
     from tangram.model import Action, Demand
 
-    path = llama_checkpoint(tmp, long)
-    tokens = sequence(long)
-    want = reference(path, device, tokens)
-    drift = rotary_drift(path, device, tokens, want)
-    seen = torch.cuda.device_count() if device == "cuda" else 8
-    node_gpus = max(g for g in (1, 2, 4, 8) if g <= max(seen, 1))
-    dops = [1, 1] + [k for k in (2, 4, 8) if k <= node_gpus]
-    size = checkpoint_bytes(path) / 1e9
-
     async def go() -> dict:
-        core = Tangram(ClusterSpec(gpu_nodes=(GpuNodeSpec("g", node_gpus, 10.0),),
-                                   services=(ServiceSpec("llama", size),)))
-        be = GpuBackend(core.gpu, {"llama": ModelSource.hf(path, "bfloat16")}, device,
-                        {"g": list(range(node_gpus))})
+        core = Tangram(cluster)
+        be = GpuBackend(cluster, {"llama": source}, device, physical)
         be.start_workers()
         await asyncio.to_thread(be.wait_ready, 300)
         ex = LiveExecutor(core, be)
@@ -175,21 +162,65 @@ def hf_equal(device: str, tmp: str, long: int) -> dict:
                                              payload={"op": "logprobs", "tokens": [tokens]}))
                 got = json.loads(out.output)["logprobs"][0] if out.ok else None
                 runs.append({"dop": k, "status": out.status, "error": out.error[:300],
-                             "restored": out.extra.get("restored"),
-                             **(compare(got, want) if got else {"ok": False})})
-            verify = [await be.verify("g", v) for v in sorted(core.gpu.resident_variants("g"))]
-            same = await be.worker_resident("g") == core.gpu.resident_variants("g")
+                             "restored": out.extra.get("restored"), **judge(got)})
+            (node,) = ex.snapshot().gpu_nodes
+            resident = frozenset(node.resident)
+            verify = [await be.verify("g", v) for v in sorted(resident)]
+            same = await be.worker_resident("g") == resident
         finally:
             ex.close_trajectory("t")
             ex.shutdown()
         ok = (all(r["status"] == "ok" and r["ok"] for r in runs) and same
               and all(v["equal"] for v in verify) and runs[0]["restored"]
               and not runs[1]["restored"])
-        return {"ok": bool(ok), "dtype": "bfloat16", "reference": "float32",
-                "positions": long, "tolerance": TOLERANCE, "runs": runs, "verify": verify,
-                "resident_equals_core": same}
+        return {"ok": bool(ok), "runs": runs, "verify": verify, "resident_equals_core": same}
 
-    out = asyncio.run(go())
+    return asyncio.run(go())
+
+
+def wiring() -> dict:
+    """The worker path without torch (numpy weights, the cpu device, 8 stand-in GPUs): what
+    the GPU check drives, so a broken script or a changed constructor fails here, in CI,
+    rather than on the GPU machine. Numerics are not judged (numpy against itself)."""
+    from executor.backends.gpu.model import ModelSource, random_size_bytes
+    from tangram.cluster import ClusterSpec, GpuNodeSpec, ServiceSpec
+
+    cfg = {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+           "num_attention_heads": 4, "num_key_value_heads": 2}
+    cluster = ClusterSpec(gpu_nodes=(GpuNodeSpec("g", 8, 10.0),),
+                          services=(ServiceSpec("llama", random_size_bytes(cfg, 4) / 1e9),))
+    out = worker_path(cluster, ModelSource.random(cfg), "cpu", {"g": list(range(8))},
+                      [1, 1, 2, 4, 8], [1, 5, 9, 3, 2],
+                      lambda got: {"ok": got is not None and len(got) == 4})
+    return {**out, "device": "cpu", "dops_tested": [1, 2, 4, 8]}
+
+
+def hf_equal(device: str, tmp: str, long: int) -> dict:
+    """The worker path (core -> GpuBackend -> worker process) in bfloat16 against the
+    float32 reference, at DoP 1 (twice: restore, then reuse) and every layer split this
+    machine has GPUs for."""
+    import torch
+
+    from executor.backends.gpu.config import checkpoint_bytes
+    from executor.backends.gpu.model import ModelSource
+    from tangram.cluster import ClusterSpec, GpuNodeSpec, ServiceSpec
+
+    path = llama_checkpoint(tmp, long)
+    tokens = sequence(long)
+    want = reference(path, device, tokens)
+    drift = rotary_drift(path, device, tokens, want)
+    seen = torch.cuda.device_count() if device == "cuda" else 8
+    node_gpus = max(g for g in (1, 2, 4, 8) if g <= max(seen, 1))
+    dops = [1, 1] + [k for k in (2, 4, 8) if k <= node_gpus]
+    size = checkpoint_bytes(path) / 1e9
+
+    cluster = ClusterSpec(gpu_nodes=(GpuNodeSpec("g", node_gpus, 10.0),),
+                          services=(ServiceSpec("llama", size),))
+    out = worker_path(cluster, ModelSource.hf(path, "bfloat16"), device,
+                      {"g": list(range(node_gpus))}, dops, tokens,
+                      lambda got: compare(got, want) if got else {"ok": False})
+    out.update({"dtype": "bfloat16", "reference": "float32", "positions": long,
+                "tolerance": TOLERANCE})
     where = f"{seen} GPU(s)" if device == "cuda" else "cpu device, 8 stand-in GPUs"
     note = (f"{where}: layer splits DoP {[k for k in dops if k > 1]} tested" if node_gpus > 1
             else f"{where}: DoP 1 only; layer splits (DoP 2/4/8) need more GPUs, not tested")
@@ -200,9 +231,16 @@ def hf_equal(device: str, tmp: str, long: int) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    ap.add_argument("--wiring", action="store_true",
+                    help="only the worker path without torch (numpy weights, cpu device): "
+                         "what CI runs so that a broken check cannot land")
     ap.add_argument("--long", type=int, default=4096,
                     help="tokens of the compared sequence (its last positions are the long ones)")
     args = ap.parse_args()
+    if args.wiring:
+        out = {"wiring": wiring()}
+        print(json.dumps(out, default=str))
+        sys.exit(0 if out["wiring"]["ok"] else 1)
     with tempfile.TemporaryDirectory() as tmp:
         out = {"device": args.device, "tiny": tiny_equal(args.device),
                "hf": hf_equal(args.device, tmp, args.long)}

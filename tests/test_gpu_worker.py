@@ -653,6 +653,8 @@ def test_gpu_check_prints_one_json_with_verdicts_and_the_reason_of_a_failed_step
     out = json.loads(res.stdout)  # one JSON object, nothing else on stdout
     assert res.returncode == 1 and out["ok"] is False
     assert out["steps"]["bench"] == {"ok": True, "rc": 0, "reason": ""}
+    # the torch-free wiring of the torch step (core -> GpuBackend -> worker) runs here too
+    assert out["steps"]["wiring"] == {"ok": True, "rc": 0, "reason": ""}
     assert not out["steps"]["device_tests"]["ok"]  # 1 s is too short for pytest
     torch_step = out["steps"]["torch"]
     assert not torch_step["ok"] and torch_step["rc"] in (1, 124)
