@@ -1,5 +1,6 @@
 """The layers hold (docs/design.md: tangram/ <- traces/ <- {sim/, executor/} <- analysis/ <-
-tangram_cli/ <- cli.py): every module's imports are parsed, and an upward import, a
+tangram_cli/ <- cli.py; scripts/, examples/ and notebooks/ on top): every module's imports
+are parsed (a notebook's code cells too), and an upward import, a
 sim<->executor import or an import cycle fails here, so the structure stays true as the code
 grows; and the core has one door (tangram/protocol.py): nothing outside tangram/ imports its
 inside or reaches into its state, and backends declare capabilities instead of being probed."""
@@ -7,6 +8,7 @@ inside or reaches into its state, and backends declare capabilities instead of b
 from __future__ import annotations
 
 import ast
+import json
 from pathlib import Path
 
 import pytest
@@ -22,7 +24,14 @@ ALLOWED = {
     "analysis": {"tangram", "traces", "sim", "executor"},
     "tangram_cli": {"tangram", "traces", "sim", "executor", "analysis"},
     "cli": set(PACKAGES),
+    # developer tools, users' examples and notebooks sit on top of everything; the door
+    # rules below hold for them as for any code outside tangram/
+    "scripts": set(PACKAGES),
+    "examples": set(PACKAGES),
+    "notebooks": set(PACKAGES),
 }
+#: folders of loose files (not packages) checked like the packages
+LOOSE = ("scripts", "examples", "notebooks")
 #: the HTTP client talks to a server, and the framework adapters built on it (idle TTL of
 #: a verl rollout's sandbox) live beside it: the modules of tangram/ allowed a wall clock
 WALL_CLOCK_OK = {"tangram/client.py"}
@@ -36,12 +45,26 @@ def modules() -> dict[str, Path]:
             rel = path.relative_to(ROOT).with_suffix("")
             name = ".".join(rel.parts)
             out[name.removesuffix(".__init__")] = path
+    for folder in LOOSE:
+        for path in [*(ROOT / folder).rglob("*.py"), *(ROOT / folder).rglob("*.ipynb")]:
+            rel = path.relative_to(ROOT).with_suffix("")
+            out[".".join(rel.parts)] = path
     return out
+
+
+def source_of(path: Path) -> str:
+    """A module's text, or a notebook's code cells (without IPython's magics)."""
+    if path.suffix != ".ipynb":
+        return path.read_text()
+    cells = json.loads(path.read_text())["cells"]
+    code = ["".join(c["source"]) for c in cells if c["cell_type"] == "code"]
+    return "\n".join(line for cell in code for line in cell.splitlines()
+                     if not line.lstrip().startswith(("%", "!")))
 
 
 def imports_of(path: Path, name: str) -> set[str]:
     """Project modules ``path`` imports (at any depth: lazy imports count too)."""
-    tree = ast.parse(path.read_text(), str(path))
+    tree = ast.parse(source_of(path), str(path))
     found: set[str] = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -113,7 +136,7 @@ CORE_INSIDE = ("tangram.cpu.manager", "tangram.cpu.pool", "tangram.cpu.pods", "t
 #: the core's mutable state (attributes of a Tangram)
 CORE_STATE = {"cpu", "gpu", "quota", "pools", "running", "queued", "unbound", "opening",
               "trajectories", "passes", "scheduler", "estimates", "cluster", "policy"}
-OUTSIDE = ("sim", "executor", "analysis", "traces", "cli")
+OUTSIDE = ("sim", "executor", "analysis", "traces", "cli", "tangram_cli", *LOOSE)
 
 
 def _coreish(node: ast.expr) -> bool:
@@ -130,7 +153,7 @@ def reach_ins(path: Path) -> list[str]:
     """Places in ``path`` that reach past the core's door: an attribute of the core's state
     or a private attribute of the core or the runtime (also through getattr)."""
     out = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(ast.parse(source_of(path))):
         if isinstance(node, ast.Attribute) and _coreish(node.value) and (
                 node.attr in CORE_STATE or node.attr.startswith("_")):
             out.append(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)}")
@@ -192,7 +215,7 @@ def test_backends_declare_capabilities_instead_of_being_probed():
     for name, path in modules().items():
         if name.split(".")[0] not in (*OUTSIDE, "tangram"):
             continue
-        for node in ast.walk(ast.parse(path.read_text())):
+        for node in ast.walk(ast.parse(source_of(path))):
             if (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
                     and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
                     and isinstance(node.args[1], ast.Constant) and node.args[1].value in probes):
