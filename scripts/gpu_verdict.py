@@ -3,9 +3,9 @@ a verdict with the figure it rests on.
 
     python scripts/gpu_verdict.py DIR DEVICE
 
-DIR holds, per step (``wiring``, ``bench``, ``torch``, ``device_tests``), ``STEP.out`` (its stdout: one JSON object
-when it finished), ``STEP.err`` (its stderr), ``STEP.rc`` (its exit status; 124: killed
-by ``timeout``) and ``STEP.limit`` (its time limit in seconds). Targets:
+DIR holds, per step (``wiring``, ``bench``, ``torch``, ``device_tests``), ``STEP.out`` (its
+stdout: one JSON object when it finished), ``STEP.err`` (its stderr), ``STEP.rc`` (its exit
+status; 124: killed by ``timeout``) and ``STEP.limit`` (its time limit in seconds). Targets:
 
 * ``restore_vs_pinned_copy``: every service's restore bandwidth is at least 80% of a
   plain pinned host-to-device copy of the same bytes (cuda only; on the cpu device the
