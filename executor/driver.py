@@ -129,6 +129,11 @@ class LiveExecutor:
     async def run(self, action: Action) -> tuple[Record, Outcome]:
         return await self.submit(action)
 
+    def cancel(self, action_id: str) -> bool:
+        """Drop a queued action (its result comes at once, ``cancelled``) or have the
+        backend stop a running one (its result comes when it stopped); False if neither."""
+        return self.runtime.cancel(action_id)
+
     # -- reads (the core's door: tangram/protocol.py) -------------------------------------
     def snapshot(self, detail: bool = True) -> Snapshot:
         return self.runtime.snapshot(detail)

@@ -57,6 +57,11 @@ def _file_url(trajectory: str, path: str) -> str:
     return f"/v1/trajectories/{quote(trajectory, safe='')}/files/{quote(path, safe='/')}"
 
 
+def _batch(actions: list[tuple[str, dict[str, Any]]]) -> dict[str, Any]:
+    return {"actions": [{"trajectory": tid, "action": {"id": uuid.uuid4().hex, **action}}
+                        for tid, action in actions]}
+
+
 def _finished(res: dict[str, Any]) -> bool:
     return res["status"] not in ("queued", "running")
 
@@ -141,8 +146,27 @@ class TangramClient:
         body = _trajectory_body(trajectory, task, mem_gb, image)
         return (await self._call("POST", "/v1/trajectories", json=body))["id"]
 
-    async def close_trajectory(self, trajectory: str) -> None:
-        await self._call("DELETE", f"/v1/trajectories/{trajectory}")
+    async def close_trajectory(self, trajectory: str) -> dict[str, Any]:
+        """Close it (what it has queued or running is cancelled first)."""
+        return await self._call("DELETE", f"/v1/trajectories/{trajectory}", timeout=90.0)
+
+    async def trajectories(self) -> list[dict[str, Any]]:
+        """The open trajectories: state, node, actions in flight, idle time, memory."""
+        return (await self._call("GET", "/v1/trajectories"))["trajectories"]
+
+    async def trajectory(self, trajectory: str) -> dict[str, Any]:
+        """One open trajectory (TangramError 404 once closed)."""
+        return await self._call("GET", f"/v1/trajectories/{trajectory}")
+
+    async def cancel(self, action_id: str) -> dict[str, Any]:
+        """Cancel a queued or running action; returns its state once it ended."""
+        return await self._call("DELETE", f"/v1/actions/{action_id}", timeout=90.0)
+
+    async def submit_batch(self, actions: list[tuple[str, dict[str, Any]]]
+                           ) -> list[dict[str, Any]]:
+        """Submit many ``(trajectory, action)`` pairs in one request: all are checked
+        before any is accepted. An action without an ``id`` gets one. Returns their states."""
+        return (await self._call("POST", "/v1/actions:batch", json=_batch(actions)))["actions"]
 
     async def submit(self, trajectory: str, *, action_id: str | None = None,
                      **action: Any) -> dict[str, Any]:
@@ -215,8 +239,20 @@ class TangramSyncClient:
         body = _trajectory_body(trajectory, task, mem_gb, image)
         return self._call("POST", "/v1/trajectories", json=body)["id"]
 
-    def close_trajectory(self, trajectory: str) -> None:
-        self._call("DELETE", f"/v1/trajectories/{trajectory}")
+    def close_trajectory(self, trajectory: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/trajectories/{trajectory}", timeout=90.0)
+
+    def trajectories(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/trajectories")["trajectories"]
+
+    def trajectory(self, trajectory: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/trajectories/{trajectory}")
+
+    def cancel(self, action_id: str) -> dict[str, Any]:
+        return self._call("DELETE", f"/v1/actions/{action_id}", timeout=90.0)
+
+    def submit_batch(self, actions: list[tuple[str, dict[str, Any]]]) -> list[dict[str, Any]]:
+        return self._call("POST", "/v1/actions:batch", json=_batch(actions))["actions"]
 
     def submit(self, trajectory: str, *, action_id: str | None = None,
                **action: Any) -> dict[str, Any]:

@@ -101,7 +101,7 @@ sys.meta_path.insert(0, Block())
 import tangram.integrations, tangram.integrations.common
 from tangram.integrations.verl import HAVE_VERL, TangramTool
 assert not HAVE_VERL
-tool = TangramTool({'base_url': 'http://127.0.0.1:1', 'token': 't'})
+tool = TangramTool({'base_url': 'http://127.0.0.1:1', 'token': 't', 'check_server': False})
 schema = tool.get_openai_tool_schema()['function']
 assert tool.name == 'shell' and schema['parameters']['required'] == ['command']
 for mod, hint in (('gym', 'pip install gymnasium'), ('skyrl', 'pip install skyrl-gym')):
@@ -152,7 +152,8 @@ def test_verl_loader_refuses_a_malformed_tool_config_at_load(tmp_path, monkeypat
     with pytest.raises(ValueError, match=r"config\.cpu: expected core counts"):
         tool_registry.initialize_tools_from_config(str(bad))
     for n_cores in ("2", "1-8", "1,2,4", 3):
-        assert TangramTool({"base_url": "u", "token": "t", "cpu": n_cores}).settings.cpu == \
+        assert TangramTool({"base_url": "u", "token": "t", "cpu": n_cores,
+                            "check_server": False}).settings.cpu == \
             str(n_cores)
 
 
@@ -293,7 +294,7 @@ async def _verl_reward_path(url: str) -> None:
 
     first = await score(step1)
     assert first == {"score": 1.0, "reward_exit_code": 0, "reward_status": "ok",
-                     "reward_score": 1.0}, first
+                     "reward_output": "", "reward_error": "", "reward_score": 1.0}, first
     assert (await score(step2))["reward_exit_code"] == 1
     assert await _gone(url, tid1) and await _gone(url, tid2)  # scored, then closed
     # scoring again (or after the idle TTL closed it) is 0.0 and says why; no tool call: same
@@ -587,8 +588,10 @@ async def _reward_scores_a_real_fix(url: str) -> None:
         return out
 
     unfixed, fixed = await asyncio.gather(rollout("det-0", False), rollout("det-1", True))
-    assert unfixed == {"score": 0.0, "reward_exit_code": 1, "reward_status": "ok"}, unfixed
-    assert fixed == {"score": 1.0, "reward_exit_code": 0, "reward_status": "ok"}, fixed
+    assert unfixed["score"] == 0.0 and unfixed["reward_exit_code"] == 1, unfixed
+    assert unfixed["reward_status"] == "ok" and "1 failed" in unfixed["reward_output"], unfixed
+    assert fixed["score"] == 1.0 and fixed["reward_exit_code"] == 0, fixed
+    assert fixed["reward_status"] == "ok" and not fixed["reward_error"], fixed
     await tool.close_all()
 
 

@@ -243,3 +243,49 @@ class ActionOut(BaseModel):
     retries: int = 0
     node: str | None = Field(None, description="The node it ran on (several with --ray).")
     argv: list[str] = Field(default_factory=list, description="What was executed (after -n).")
+
+
+#: actions in one ``POST /v1/actions:batch`` (a body stays under MAX_BODY_BYTES anyway)
+MAX_BATCH = 1024
+
+
+class BatchItem(BaseModel):
+    model_config = _STRICT
+
+    trajectory: Id = Field(description="The trajectory the action runs in.")
+    action: ActionIn
+
+
+class BatchIn(BaseModel):
+    """Many actions in one request: all are validated before any is accepted."""
+
+    model_config = _STRICT
+
+    actions: list[BatchItem] = Field(min_length=1, max_length=MAX_BATCH)
+
+
+class BatchOut(BaseModel):
+    actions: list[ActionOut] = Field(description="Each action's state, in the request's order "
+                                     "(an id submitted before with the same body: its state).")
+
+
+class TrajectoryOut(BaseModel):
+    id: str
+    task: str
+    state: str = Field(description="idle | queued (actions wait, none runs) | running | "
+                       "closing (its in-flight actions are being cancelled)")
+    node: str | None = Field(None, description="The CPU node it is bound to (None: not yet, "
+                             "or unbound while idle).")
+    in_flight: int = Field(description="Its actions queued or running.")
+    idle_s: float = Field(description="Seconds since its last action ended (0 while busy; "
+                          "since it opened when it has had none).")
+    age_s: float = Field(description="Seconds since it opened.")
+    mem_gb: float | None = Field(None, description="Its declared memory (None: its first "
+                                 "action's).")
+    image: str | None = None
+    actions: int = Field(description="Actions submitted to it.")
+    state_lost: int = Field(0, description="Its actions that reported its sandbox reset.")
+
+
+class TrajectoriesOut(BaseModel):
+    trajectories: list[TrajectoryOut]

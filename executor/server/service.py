@@ -12,6 +12,7 @@ the journal, so the server's memory does not grow with the number of actions.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import secrets
 import time
@@ -24,8 +25,14 @@ from executor.driver import LiveExecutor
 from executor.memwatch import MemoryWatch
 from executor.server.journal import RESTARTED, SHUTDOWN, Journal
 from executor.server.routes.gpus import metric_lines
-from executor.server.schemas import MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
-from tangram.model import Outcome, quota_resource
+from executor.server.schemas import (
+    MAX_TIMEOUT_S,
+    ActionIn,
+    ActionOut,
+    TrajectoryIn,
+    TrajectoryOut,
+)
+from tangram.model import Action, Outcome, quota_resource
 from tangram.runtime import Record
 
 
@@ -44,6 +51,39 @@ class Tracked:
     body: str
     done: asyncio.Event = field(default_factory=asyncio.Event)
     result: ActionOut | None = None
+    #: a client asked to cancel it: it ends ``cancelled`` whatever its backend reports
+    cancelled: bool = False
+
+
+@dataclass
+class Opened:
+    """What the service knows of an open trajectory (the core knows its node and load)."""
+
+    task: str
+    mem_gb: float | None
+    image: str | None
+    opened_at: float  # monotonic
+    last_active: float  # monotonic: its last submit or end
+    actions: int = 0
+    state_lost: int = 0
+    closing: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Prepared:
+    """A submitted action checked in full, ready to be accepted."""
+
+    trajectory: str
+    body: ActionIn
+    raw: str
+    action: Action
+
+
+#: how long a cancel (or a close with actions in flight) waits for a running action's
+#: backend to stop it; the answer then says what it is
+CANCEL_WAIT_S = 30.0
+#: the error of an action a client cancelled
+CANCELLED = "cancelled by the client"
 
 
 def result_of(rec: Record, out: Outcome) -> ActionOut:
@@ -55,6 +95,18 @@ def result_of(rec: Record, out: Outcome) -> ActionOut:
         queue_s=rec.start_s - rec.submit_s, exec_s=rec.end_s - rec.start_s,
         state_lost=bool(extra.get("state_lost")), retries=int(extra.get("retries", 0)),
         argv=list(extra.get("argv", [])), node=rec.node)
+
+
+def _item(i: int, detail: str) -> str:
+    """A refusal of a batch's item ``i``, its field named from the batch's top."""
+    field, sep, rest = detail.partition(": ")
+    if sep and field.translate({ord(c): None for c in "_.[]'"}).isalnum():
+        if field == "trajectory":
+            return f"actions[{i}].trajectory: {rest}"
+        return f"actions[{i}].action.{field}: {rest}"
+    if detail.startswith("unknown trajectory"):
+        return f"actions[{i}].trajectory: {detail}"
+    return f"actions[{i}]: {detail}"
 
 
 class Service:
@@ -81,6 +133,8 @@ class Service:
                            for k, v in parse_allow_list(allow_urls or {}).items()}
         self.result_ttl_s = result_ttl_s
         self.tracked: dict[str, Tracked] = {}
+        #: open trajectories, in the order they opened (GET /v1/trajectories)
+        self.opened: dict[str, Opened] = {}
         self.counts: dict[str, int] = {}
         self.act_sum = 0.0
         self.started = time.time()
@@ -101,21 +155,125 @@ class Service:
             raise Refused(422, str(e)) from None
         except OSError as e:  # e.g. the work directory cannot be made
             raise Refused(503, f"cannot open trajectory {tid!r}: {e}") from None
+        now = time.monotonic()
+        self.opened[tid] = Opened(body.task, body.mem_gb,
+                                  body.image or self.task_images.get(body.task), now, now)
         return {"id": tid, "task": body.task}
 
-    def close_trajectory(self, tid: str) -> dict[str, str]:
+    async def close_trajectory(self, tid: str) -> dict[str, str | int]:
+        """Close it; its actions still queued or running are cancelled first (their
+        results say ``cancelled``)."""
         if not self.executor.has_trajectory(tid):
             raise Refused(404, f"unknown trajectory {tid!r}")
+        opened = self.opened.get(tid)
+        if opened is not None:
+            opened.closing = True  # no new action while its last ones are cancelled
+        in_flight = [aid for aid, t in self.tracked.items()
+                     if t.trajectory == tid and t.result is None]
         try:
+            await asyncio.gather(*(self._cancel(aid, self.tracked[aid]) for aid in in_flight))
+            if not self.executor.has_trajectory(tid):  # closed by a concurrent request
+                return {"id": tid, "status": "closed", "cancelled": len(in_flight)}
             self.executor.close_trajectory(tid)
-        except ValueError as e:
+        except ValueError as e:  # an action its backend did not stop within CANCEL_WAIT_S
+            if opened is not None:
+                opened.closing = False
             raise Refused(409, str(e)) from None
-        return {"id": tid, "status": "closed"}
+        self.opened.pop(tid, None)
+        return {"id": tid, "status": "closed", "cancelled": len(in_flight)}
+
+    def trajectories(self) -> list[TrajectoryOut]:
+        """Every open trajectory with its state, node, idle time and memory."""
+        return [view for tid in list(self.opened)
+                if (view := self.trajectory_view(tid)) is not None]
+
+    def trajectory_view(self, tid: str) -> TrajectoryOut | None:
+        opened = self.opened.get(tid)
+        core = self.executor.trajectory(tid)
+        if opened is None or core is None:
+            return None
+        now = time.monotonic()
+        running = any(self.executor.is_running(aid) for aid, t in self.tracked.items()
+                      if t.trajectory == tid and t.result is None) if core.in_flight else False
+        state = ("closing" if opened.closing else "running" if running
+                 else "queued" if core.in_flight else "idle")
+        return TrajectoryOut(
+            id=tid, task=opened.task, state=state, node=core.node, in_flight=core.in_flight,
+            idle_s=0.0 if core.in_flight else now - opened.last_active,
+            age_s=now - opened.opened_at, mem_gb=opened.mem_gb, image=opened.image,
+            actions=opened.actions, state_lost=opened.state_lost)
+
+    # -- cancel ----------------------------------------------------------------------------
+    async def cancel(self, aid: str) -> ActionOut:
+        """Cancel a queued or running action and answer its state once it ended (a
+        queued one at once; a running one when its backend stopped it, which gives its
+        cores back). An action that already ended is answered as it ended."""
+        t = self.tracked.get(aid)
+        if t is None:
+            view = self.journal.get(aid)
+            if view is None:
+                raise Refused(404, f"unknown action {aid!r}")
+            return view
+        if t.result is None:
+            await self._cancel(aid, t)
+        view = self.view(aid)
+        assert view is not None
+        return view
+
+    async def _cancel(self, aid: str, t: Tracked) -> None:
+        if t.result is None:
+            t.cancelled = True
+            self.executor.cancel(aid)
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(t.done.wait(), CANCEL_WAIT_S)
 
     # -- actions -------------------------------------------------------------------------
     async def submit(self, tid: str, body: ActionIn) -> tuple[ActionOut, bool]:
         """Queue an action; (its state, True) or, for a repeat, (its state, False)."""
         self._not_closing()
+        ready = await self._prepare(tid, body)
+        if isinstance(ready, ActionOut):
+            return ready, False
+        self._accept(ready)
+        return self.view(body.id), True  # type: ignore[return-value]
+
+    async def submit_batch(self, items: list[tuple[str, ActionIn]]
+                           ) -> list[tuple[ActionOut, bool]]:
+        """Queue many actions: every one is checked before any is accepted (a refusal
+        names the item: ``actions[3].cpu: ...``); repeats answer their state."""
+        self._not_closing()
+        seen: set[str] = set()
+        for i, (_, body) in enumerate(items):
+            if body.id in seen:
+                raise Refused(422, f"actions[{i}].action.id: {body.id!r} is given twice in "
+                              "this batch")
+            seen.add(body.id)
+        ready: list[Prepared | ActionOut] = []
+        for i, (tid, body) in enumerate(items):
+            try:
+                ready.append(await self._prepare(tid, body))
+            except Refused as e:
+                raise Refused(e.status, _item(i, e.detail)) from None
+        # the checks above awaited: a trajectory may have closed meanwhile
+        for i, r in enumerate(ready):
+            if isinstance(r, Prepared) and not self._accepting(r.trajectory):
+                raise Refused(404, f"actions[{i}].trajectory: {r.trajectory!r} closed")
+        out: list[tuple[ActionOut, bool]] = []
+        for r in ready:
+            if isinstance(r, ActionOut):
+                out.append((r, False))
+            else:
+                self._accept(r)
+                out.append((self.view(r.body.id), True))  # type: ignore[arg-type]
+        return out
+
+    def _accepting(self, tid: str) -> bool:
+        opened = self.opened.get(tid)
+        return self.executor.has_trajectory(tid) and not (opened and opened.closing)
+
+    async def _prepare(self, tid: str, body: ActionIn) -> Prepared | ActionOut:
+        """``body`` checked in full (a Refused names the field), or its stored state
+        when it was submitted before with this same body."""
         try:
             body.check_shape()
         except ValueError as e:
@@ -138,6 +296,9 @@ class Service:
         state = self.executor.trajectory(tid)
         if state is None:
             raise Refused(404, f"unknown trajectory {tid!r}")
+        opened = self.opened.get(tid)
+        if opened is not None and opened.closing:
+            raise Refused(409, f"trajectory: {tid!r} is closing")
         public_only = self._check_destination(body) if body.request is not None else False
         action = body.to_action(tid, state.task, argv, self.max_cores)
         if public_only:
@@ -148,10 +309,17 @@ class Service:
             raise Refused(404, str(e.args[0])) from None
         except ValueError as e:
             raise Refused(422, str(e)) from None
-        self.tracked[body.id] = Tracked(tid, raw)
-        self.journal.submitted(body.id, tid, raw)
-        self.executor.submit(action, lambda rec, out, aid=body.id: self._finish(aid, rec, out))
-        return self.view(body.id), True  # type: ignore[return-value]
+        return Prepared(tid, body, raw, action)
+
+    def _accept(self, p: Prepared) -> None:
+        aid = p.body.id
+        self.tracked[aid] = Tracked(p.trajectory, p.raw)
+        opened = self.opened.get(p.trajectory)
+        if opened is not None:
+            opened.actions += 1
+            opened.last_active = time.monotonic()
+        self.journal.submitted(aid, p.trajectory, p.raw)
+        self.executor.submit(p.action, lambda rec, out, aid=aid: self._finish(aid, rec, out))
 
     def _repeat(self, tid: str, aid: str, raw: str) -> ActionOut | None:
         """The stored state when ``aid`` was submitted before with this same body."""
@@ -200,6 +368,15 @@ class Service:
     def _finish(self, aid: str, rec: Record, out: Outcome) -> None:
         res = result_of(rec, out)
         t = self.tracked.get(aid)
+        if t is not None and t.cancelled:
+            # stopped or dropped at a client's request (a queued action's record names no
+            # trajectory: it never started)
+            res = res.model_copy(update={"trajectory": t.trajectory, "status": "cancelled",
+                                         "error": CANCELLED})
+        opened = self.opened.get(res.trajectory)
+        if opened is not None:
+            opened.last_active = time.monotonic()
+            opened.state_lost += res.state_lost
         if t is not None:
             t.result = res
             t.done.set()

@@ -8,18 +8,28 @@ model's arguments.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 import os
 import re
-from collections.abc import Mapping
+import time
+import uuid
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
-from tangram.client import TangramSyncClient
+import httpx
+
+from tangram.client import TangramError, TangramSyncClient
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 #: the keys of an adapter's configuration (unknown keys are refused with this list)
 CONFIG_KEYS = ("base_url", "token", "task", "image", "mem_gb", "shell", "kind", "cpu",
-               "timeout_s", "reward", "idle_ttl_s", "max_output_chars")
-REWARD_KEYS = ("command", "cpu", "elastic", "t1_s", "parallel_fraction", "timeout_s", "shell")
+               "timeout_s", "reward", "idle_ttl_s", "max_output_chars", "check_server")
+REWARD_KEYS = ("command", "cpu", "elastic", "t1_s", "parallel_fraction", "timeout_s", "shell",
+               "state_lost_score")
 
 
 #: the server's bounds (executor/server/schemas.py), checked when the config loads rather than
@@ -79,6 +89,11 @@ class RewardConfig:
     ``elastic: true`` makes cores its key elastic resource: granted k >= 2 cores, a
     ``pytest`` / ``python -m pytest`` command runs as ``pytest -n k`` (pytest-xdist must
     be in the sandbox). The rewrite applies to argv only, so it needs ``shell: false``.
+
+    ``state_lost_score``: the score of a rollout whose sandbox was reset on the way (its
+    container evicted or dead: the reward would test an empty sandbox). None (the
+    default) fails the scoring, naming the rollout, rather than report a result no test
+    produced; a number scores such rollouts with it (``reward_status: "state_lost"``).
     """
 
     command: str
@@ -88,6 +103,7 @@ class RewardConfig:
     parallel_fraction: float | None = None
     timeout_s: float | None = None
     shell: bool = True
+    state_lost_score: float | None = None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "reward") -> RewardConfig:
@@ -114,7 +130,10 @@ class RewardConfig:
             parallel_fraction=float(pf) if pf is not None else None,
             timeout_s=(_num(f"{where}.timeout_s", raw["timeout_s"], most=MAX_TIMEOUT_S)
                        if raw.get("timeout_s") is not None else None),
-            shell=shell)
+            shell=shell,
+            state_lost_score=(_num(f"{where}.state_lost_score", raw["state_lost_score"],
+                                   positive=False)
+                              if raw.get("state_lost_score") is not None else None))
 
     def action(self) -> dict[str, Any]:
         body: dict[str, Any] = {"kind": "reward_test", "command": self.command, "shell": self.shell,
@@ -143,6 +162,9 @@ class SandboxConfig:
     idle_ttl_s: float = 600.0
     #: the model sees at most this many characters of a command's output (the tail)
     max_output_chars: int = 8192
+    #: ask the server once, when the adapter is built, whether it answers and takes the
+    #: token (a wrong URL or token then fails the framework's loader, not every call)
+    check_server: bool = True
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "config",
@@ -179,7 +201,8 @@ class SandboxConfig:
                        if timeout is not None else None),
             reward=RewardConfig.from_dict(reward, f"{where}.reward") if reward is not None else None,
             idle_ttl_s=_num(f"{where}.idle_ttl_s", raw.get("idle_ttl_s", 600.0)),
-            max_output_chars=max_out)
+            max_output_chars=max_out,
+            check_server=_flag(f"{where}.check_server", raw.get("check_server", True)))
 
     def action(self, command: str) -> dict[str, Any]:
         """The action that runs one of the model's commands."""
@@ -192,14 +215,185 @@ class SandboxConfig:
     def open_args(self) -> dict[str, Any]:
         return {"task": self.task, "mem_gb": self.mem_gb, "image": self.image}
 
+    def check(self, where: str = "config") -> None:
+        """Fail now, naming ``base_url`` or ``token``, if the server does not answer or
+        refuses the token (unless ``check_server: false``)."""
+        if self.check_server:
+            check_server(self.base_url, self.token, f"{where}.base_url", f"{where}.token")
+
 
 def passed(result: Mapping[str, Any]) -> bool:
     """Whether a reward command succeeded (ran to its end with exit code 0)."""
     return result.get("status") == "ok" and result.get("exit_code") == 0
 
 
+# -- the server: checked at load, retried where a failure is transient --------------------
+def check_server(base_url: str, token: str, url_name: str = "config.base_url",
+                 token_name: str = "config.token", timeout_s: float = 10.0) -> None:
+    """Raise ValueError naming ``url_name`` or ``token_name`` unless a Tangram server
+    answers at ``base_url`` and takes the token (one authenticated ``GET /metrics``)."""
+    url = base_url.rstrip("/")
+    try:
+        resp = httpx.get(f"{url}/metrics", headers={"Authorization": f"Bearer {token}"},
+                         timeout=timeout_s)
+    except httpx.HTTPError as e:
+        raise ValueError(f"{url_name}: no Tangram server answers at {url} ({describe(e)}); "
+                         "start `tangram serve` there or fix the URL") from None
+    if resp.status_code == 401:
+        raise ValueError(f"{token_name}: the server at {url} refused it (HTTP 401); use the "
+                         "token `tangram serve` was started with (its --token / TANGRAM_TOKEN)")
+    if resp.status_code != 200:
+        raise ValueError(f"{url_name}: {url} answered HTTP {resp.status_code} to "
+                         "GET /metrics; is it a Tangram server?")
+
+
+#: statuses a later try may not get (a restarting proxy, an overloaded server)
+TRANSIENT_STATUSES = (502, 503, 504)
+#: the waits between tries of a call that failed transiently (then it fails)
+RETRY_DELAYS_S = (0.5, 1.0, 2.0, 4.0)
+
+
+def transient(e: BaseException) -> bool:
+    """Whether trying ``e``'s request again may succeed (the connection, not the request)."""
+    return isinstance(e, httpx.TransportError) or (
+        isinstance(e, TangramError) and e.status in TRANSIENT_STATUSES)
+
+
+def describe(e: BaseException) -> str:
+    """``e`` as its cause, for a log line or the model's error text."""
+    if isinstance(e, TangramError) and e.status == 401:
+        return "the server refused the token (HTTP 401): check the config's token / TANGRAM_TOKEN"
+    if isinstance(e, httpx.ConnectError):
+        return f"cannot connect to the Tangram server: {e or type(e).__name__}"
+    if isinstance(e, httpx.TimeoutException):
+        return f"the Tangram server did not answer in time ({type(e).__name__})"
+    return str(e) or type(e).__name__
+
+
+def call_retrying(call: Callable[[], T], what: str) -> T:
+    """``call()``, tried again after a transient failure (logged with its cause); the
+    last failure, or any other, is logged and raised. ``call`` must be idempotent (an
+    action submitted under one id is)."""
+    for delay in (*RETRY_DELAYS_S, None):
+        try:
+            return call()
+        except (TangramError, httpx.HTTPError) as e:
+            if delay is None or not transient(e):
+                log.error("%s failed: %s", what, describe(e))
+                raise
+            log.warning("%s: %s; trying again in %g s", what, describe(e), delay)
+            time.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+async def call_retrying_async(call: Callable[[], Awaitable[T]], what: str) -> T:
+    """:func:`call_retrying` for a coroutine (``call()`` makes a fresh one per try)."""
+    for delay in (*RETRY_DELAYS_S, None):
+        try:
+            return await call()
+        except (TangramError, httpx.HTTPError) as e:
+            if delay is None or not transient(e):
+                log.error("%s failed: %s", what, describe(e))
+                raise
+            log.warning("%s: %s; trying again in %g s", what, describe(e), delay)
+            await asyncio.sleep(delay)
+    raise AssertionError("unreachable")
+
+
+# -- rewards: a test result, or why there is none -----------------------------------------
+class SandboxLost(RuntimeError):
+    """A rollout's sandbox was reset on the way and no ``state_lost_score`` is configured."""
+
+
+#: characters of a reward command's output kept with its score (its tail)
+REWARD_OUTPUT_CHARS = 2000
+#: output lines that say the reward command could not run, whatever its exit code
+_COULD_NOT_RUN = re.compile(r"No module named [^\n]*|ModuleNotFoundError[^\n]*|"
+                            r"[^\n]*error(?:s)? during collection[^\n]*|ERROR collecting[^\n]*")
+#: pytest's own exit codes that mean its tests never ran (3 internal error, 4 usage
+#: error, 5 no tests collected; 2 with a collection error is caught by its output)
+_PYTEST_NOT_RUN = {3: "pytest's internal error", 4: "pytest's usage error",
+                   5: "pytest collected no tests"}
+
+
+def could_not_run(exit_code: int | None, output: str, command: str) -> str:
+    """Why the reward command could not run ("" when it ran and its exit code is a test
+    result): a missing program or module, a collection error, pytest that ran no test."""
+    if exit_code in (None, 0):
+        return ""
+    if exit_code == 127:
+        return "its program was not found in the sandbox (exit code 127)"
+    if exit_code == 126:
+        return "its program is not executable in the sandbox (exit code 126)"
+    m = _COULD_NOT_RUN.search(output)
+    if m:
+        return f"it could not run: {m.group(0).strip()[:200]} (exit code {exit_code})"
+    if "pytest" in command and exit_code in _PYTEST_NOT_RUN:
+        return f"{_PYTEST_NOT_RUN[exit_code]} (exit code {exit_code})"
+    return ""
+
+
+@dataclass(frozen=True, slots=True)
+class Reward:
+    """A scored rollout. ``status``: ``ok`` (the command ran: its exit code is the
+    test's result), ``error`` (it could not run: ``error`` says why), ``state_lost``, or
+    the server's status of the action (``timeout``, ``oom``, ``failed``, ``cancelled``)."""
+
+    score: float
+    status: str
+    exit_code: int
+    output: str
+    error: str
+
+    def fields(self) -> dict[str, Any]:
+        """As verl's reward extra info: the same keys, each of one type, for every rollout."""
+        return {"score": self.score, "reward_exit_code": self.exit_code,
+                "reward_status": self.status, "reward_output": self.output,
+                "reward_error": self.error}
+
+
+def judge(result: Mapping[str, Any], reward: RewardConfig | Mapping[str, Any],
+          lost_before: bool = False, who: str = "rollout") -> Reward:
+    """The reward of a rollout from its reward action's ``result``. ``lost_before``: the
+    rollout's sandbox was reset at an earlier call. Raises SandboxLost for a reset
+    sandbox when no ``state_lost_score`` is configured. Logs every score that is not a
+    test result."""
+    cfg = reward if isinstance(reward, Mapping) else {
+        "command": reward.command, "state_lost_score": reward.state_lost_score}
+    output = str(result.get("output") or "")[-REWARD_OUTPUT_CHARS:]
+    code = result.get("exit_code")
+    exit_code = int(code) if isinstance(code, int) else -1
+    if lost_before or result.get("state_lost"):
+        why = ("its sandbox was reset during the rollout (its container was evicted or died; "
+               "its files are gone), so the reward command would test an empty sandbox")
+        if cfg.get("state_lost_score") is None:
+            raise SandboxLost(f"{who}: {why}; set reward.state_lost_score (e.g. 0.0) to score "
+                              "such rollouts instead of failing")
+        log.warning("%s: %s: scored %g (reward.state_lost_score)", who, why,
+                    cfg["state_lost_score"])
+        return Reward(float(cfg["state_lost_score"]), "state_lost", exit_code, output, why)
+    status = str(result.get("status"))
+    if status != "ok":
+        error = str(result.get("error") or "")
+        log.warning("%s: the reward command ended %s: %s", who, status, error)
+        return Reward(0.0, status, exit_code, output, error)
+    why = could_not_run(code if isinstance(code, int) else None, output,
+                        str(cfg.get("command") or ""))
+    if why:
+        log.error("%s: the reward command %r %s; output tail: %s", who, cfg.get("command"),
+                  why, output[-500:])
+        return Reward(0.0, "error", exit_code, output, why)
+    return Reward(1.0 if exit_code == 0 else 0.0, "ok", exit_code, output, "")
+
+
+#: the first line of what the model sees after its sandbox was reset
+STATE_LOST_NOTE = ("[the sandbox was reset before this command ran: the files and processes "
+                   "of earlier commands are gone]")
+
+
 def render(result: Mapping[str, Any], max_chars: int = 8192, mem_gb: float | None = None) -> str:
-    """What the model sees: the output's tail, then one line on how the command ended."""
+    """What the model sees: a line first if its sandbox was reset, the output's tail,
+    then one line on how the command ended."""
     output = str(result.get("output") or "")
     if len(output) > max_chars:
         output = "...(truncated)\n" + output[-max_chars:]
@@ -215,7 +409,8 @@ def render(result: Mapping[str, Any], max_chars: int = 8192, mem_gb: float | Non
         note = f"[{status}: {result.get('error') or 'no detail'}]"
     if output and not output.endswith("\n"):
         output += "\n"
-    return output + note
+    first = STATE_LOST_NOTE + "\n" if result.get("state_lost") else ""
+    return first + output + note
 
 
 class SyncTrajectory:
@@ -225,13 +420,44 @@ class SyncTrajectory:
     settings: SandboxConfig
     trajectory: str | None
     _client: TangramSyncClient | None
+    #: whether the episode's sandbox was reset at one of its calls (its reward then
+    #: scores state_lost, never an empty sandbox)
+    lost: bool = False
 
     def _http(self) -> TangramSyncClient:
         if self._client is None:
             self._client = TangramSyncClient(self.settings.base_url, self.settings.token)
         return self._client
 
+    def _open_trajectory(self, files: Mapping[str, Any]) -> None:
+        """A fresh sandbox holding ``files`` (path -> content)."""
+        self._close_trajectory()
+        client = self._http()
+        self.trajectory = call_retrying(
+            lambda: client.open_trajectory(None, **self.settings.open_args()),
+            "opening a sandbox")
+        self.lost = False
+        for path, content in files.items():
+            client.put_file(self.trajectory, str(path), content)
+
+    def _run(self, action: Mapping[str, Any]) -> dict[str, Any]:
+        """Run ``action`` in the episode's sandbox (tried again, under the same id, after a
+        transient failure); notes a reset sandbox."""
+        assert self.trajectory is not None
+        client, tid, aid = self._http(), self.trajectory, uuid.uuid4().hex
+        res = call_retrying(lambda: client.run(tid, action_id=aid, **action),
+                            f"sandbox {tid}: an action")
+        if res.get("state_lost"):
+            log.warning("sandbox %s was reset (state_lost): %s", tid, res.get("error") or
+                        "its container was evicted or died between actions")
+            self.lost = True
+        return res
+
     def _close_trajectory(self) -> None:
         if self.trajectory is not None:
             tid, self.trajectory = self.trajectory, None
-            self._http().close_trajectory(tid)
+            try:
+                self._http().close_trajectory(tid)
+            except TangramError as e:
+                if e.status != 404:  # 404: the server already forgot it
+                    raise

@@ -58,7 +58,7 @@ except ImportError as e:  # pragma: no cover - exercised by the import test
     raise ImportError("tangram.integrations.gym needs gymnasium: pip install gymnasium") from e
 
 from tangram.client import TangramSyncClient
-from tangram.integrations.common import SandboxConfig, SyncTrajectory, passed, render
+from tangram.integrations.common import SandboxConfig, SyncTrajectory, judge, render
 
 #: the characters of every action and observation
 CHARSET = string.printable
@@ -84,10 +84,11 @@ class TangramEnv(SyncTrajectory, gymnasium.Env):
                  shell: bool = True, timeout_s: float | None = 60.0,
                  reward: dict[str, Any] | None = None, prompt: str = "", max_steps: int = 50,
                  submit_action: str = "submit", max_action_chars: int = 4096,
-                 max_obs_chars: int = 8192, render_mode: str | None = None) -> None:
+                 max_obs_chars: int = 8192, render_mode: str | None = None,
+                 check_server: bool = True) -> None:
         raw = {"base_url": base_url, "token": token, "task": task, "image": image,
                "mem_gb": mem_gb, "shell": shell, "timeout_s": timeout_s, "reward": reward,
-               "max_output_chars": max_obs_chars}
+               "max_output_chars": max_obs_chars, "check_server": check_server}
         self.settings = SandboxConfig.from_dict({k: v for k, v in raw.items() if v is not None}
                                                 | {"timeout_s": timeout_s})
         if not isinstance(max_obs_chars, int) or max_obs_chars < 256:
@@ -106,20 +107,17 @@ class TangramEnv(SyncTrajectory, gymnasium.Env):
         self._client: TangramSyncClient | None = None
         self.trajectory: str | None = None
         self._steps = 0
+        self.settings.check()  # a wrong URL or token fails gymnasium.make, not every step
 
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """A fresh sandbox; ``options={"files": {path: text or bytes}}`` are written into
         it before the first step."""
         super().reset(seed=seed)
-        self._close_trajectory()
         files = (options or {}).get("files") or {}
         if not isinstance(files, dict):
             raise ValueError(f"options['files']: expected a mapping path -> content, got {files!r}")
-        client = self._http()
-        self.trajectory = client.open_trajectory(None, **self.settings.open_args())
-        for path, content in files.items():
-            client.put_file(self.trajectory, str(path), content)
+        self._open_trajectory(files)
         self._steps = 0
         return self.prompt, {"step": 0}
 
@@ -129,24 +127,32 @@ class TangramEnv(SyncTrajectory, gymnasium.Env):
         if not isinstance(action, str) or not action.strip():
             raise ValueError(f"action: expected a non-empty command string, got {action!r}")
         self._steps += 1
-        client = self._http()
         if action.strip() == self.submit_action:
             if self.settings.reward is None:
                 obs = "[submitted; no reward command is configured, so the reward is 0]"
                 return obs, 0.0, True, False, {"step": self._steps, "status": "submitted"}
-            res = client.run(self.trajectory, **self.settings.reward.action())
+            lost_before = self.lost
+            res = self._run(self.settings.reward.action())
             obs = to_charset(render(res, self.max_obs_chars - 200, self.settings.mem_gb),
                              self.max_obs_chars)
-            info = {"step": self._steps, "status": "submitted"}
+            # raises SandboxLost for a reset sandbox unless reward.state_lost_score is set
+            scored = judge(res, self.settings.reward, lost_before, f"sandbox {self.trajectory}")
+            info = {"step": self._steps, "status": "submitted", "reward_status": scored.status}
             if isinstance(res.get("exit_code"), int):
                 info["reward_exit_code"] = res["exit_code"]
-            return obs, 1.0 if passed(res) else 0.0, True, False, info
-        res = client.run(self.trajectory, **self.settings.action(action))
+            if scored.error:
+                info["reward_error"] = scored.error
+            if self.lost:
+                info["state_lost"] = True
+            return obs, scored.score, True, False, info
+        res = self._run(self.settings.action(action))
         obs = to_charset(render(res, self.max_obs_chars - 200, self.settings.mem_gb),
                          self.max_obs_chars)
         info = {"step": self._steps, "status": str(res["status"])}
         if isinstance(res.get("exit_code"), int):  # none after a timeout: the key is left out
             info["exit_code"] = res["exit_code"]
+        if res.get("state_lost"):  # the observation's first line says so too
+            info["state_lost"] = True
         return obs, 0.0, False, self._steps >= self.max_steps, info
 
     def close(self) -> None:

@@ -45,7 +45,7 @@ except ImportError as e:  # pragma: no cover - exercised by the import test
     raise ImportError("tangram.integrations.skyrl needs skyrl-gym: pip install skyrl-gym") from e
 
 from tangram.client import TangramSyncClient
-from tangram.integrations.common import RewardConfig, SandboxConfig, SyncTrajectory, passed, render
+from tangram.integrations.common import RewardConfig, SandboxConfig, SyncTrajectory, judge, render
 
 ENV_ID = "tangram-shell"
 COMMAND = re.compile(r"<bash>(.*?)</bash>", re.DOTALL)
@@ -92,14 +92,11 @@ class TangramTextEnv(SyncTrajectory, BaseTextEnv):
         self.trajectory: str | None = None
         self._client: TangramSyncClient | None = None
         self.chat_history: ConversationType = []
+        self.settings.check("env_config")  # a wrong URL or token fails make, not every step
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         """Open the sandbox and write the sample's files; the prompt is unchanged."""
-        self._close_trajectory()
-        client = self._http()
-        self.trajectory = client.open_trajectory(None, **self.settings.open_args())
-        for path, content in self.files.items():
-            client.put_file(self.trajectory, str(path), content)
+        self._open_trajectory(self.files)
         self.turns = 0
         self.chat_history = list(prompt)
         return prompt, {}
@@ -113,10 +110,10 @@ class TangramTextEnv(SyncTrajectory, BaseTextEnv):
         metadata: dict[str, Any] = {"turn": self.turns}
         observation = None
         if match and match.group(1).strip():
-            res = self._http().run(self.trajectory, **self.settings.action(match.group(1).strip()))
+            res = self._run(self.settings.action(match.group(1).strip()))
             observation = render(res, self.settings.max_output_chars, self.settings.mem_gb)
             metadata.update(command=match.group(1).strip(), exit_code=res.get("exit_code"),
-                            status=res["status"])
+                            status=res["status"], state_lost=bool(res.get("state_lost")))
         elif not SUBMIT.search(action):
             observation = HINT
         done = bool(SUBMIT.search(action)) or self.turns >= self.max_turns
@@ -140,9 +137,14 @@ class TangramTextEnv(SyncTrajectory, BaseTextEnv):
         if self.reward is None or self.trajectory is None:
             metadata["reward"] = "no reward command configured"
             return 0.0
-        res = self._http().run(self.trajectory, **self.reward.action())
-        metadata.update(reward_exit_code=res.get("exit_code"), reward_status=res["status"])
-        return 1.0 if passed(res) else 0.0
+        lost_before = self.lost
+        res = self._run(self.reward.action())
+        # raises SandboxLost for a reset sandbox unless reward.state_lost_score is set
+        scored = judge(res, self.reward, lost_before, f"sandbox {self.trajectory}")
+        metadata.update(reward_exit_code=scored.exit_code, reward_status=scored.status,
+                        reward_error=scored.error, reward_output=scored.output,
+                        state_lost=self.lost)
+        return scored.score
 
 
 

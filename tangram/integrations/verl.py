@@ -65,7 +65,16 @@ from typing import Any
 import httpx
 
 from tangram.client import TangramClient, TangramError
-from tangram.integrations.common import RewardConfig, SandboxConfig, passed, render
+from tangram.integrations.common import (
+    Reward,
+    RewardConfig,
+    SandboxConfig,
+    call_retrying_async,
+    check_server,
+    describe,
+    judge,
+    render,
+)
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +147,8 @@ class _Sandbox:
     trajectory: str
     last_used: float
     busy: int = 0
+    #: reset at one of the rollout's calls (its reward then scores state_lost)
+    lost: bool = False
 
 
 class TangramTool(_Base):
@@ -150,6 +161,7 @@ class TangramTool(_Base):
     def __init__(self, config: dict, tool_schema: Any = None) -> None:
         # `type` is verl's own key (native); everything else is ours and validated
         self.settings = SandboxConfig.from_dict(config or {}, "config", ignore=("type",))
+        self.settings.check()  # a wrong URL or token fails verl's loader, naming it
         if tool_schema is None:
             tool_schema = (OpenAIFunctionToolSchema.model_validate(DEFAULT_TOOL_SCHEMA)
                            if HAVE_VERL else DEFAULT_TOOL_SCHEMA)
@@ -160,6 +172,7 @@ class TangramTool(_Base):
         self._client: TangramClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task | None = None
+        self._background: set[asyncio.Task] = set()  # cancels sent for abandoned calls
 
     def get_openai_tool_schema(self) -> Any:
         return self.tool_schema
@@ -185,13 +198,14 @@ class TangramTool(_Base):
         try:
             result = await self._run(key, self.settings.action(command),
                                      kwargs.get("agent_data"))
-        except (TangramError, httpx.HTTPError) as e:
-            return (ToolResponse(text=f"Error: the sandbox service failed: {e}"), 0.0,
-                    {"error": str(e)})
+        except (TangramError, httpx.HTTPError) as e:  # logged with its cause by _run
+            return (ToolResponse(text=f"Error: the sandbox service failed: {describe(e)}"),
+                    0.0, {"error": describe(e)})
+        # a reset sandbox: the text's first line tells the model (verl keeps the head)
         text = render(result, self.settings.max_output_chars, self.settings.mem_gb)
         metrics = {"status": result["status"], "exit_code": result.get("exit_code"),
                    "units": result.get("units"), "queue_s": result.get("queue_s"),
-                   "exec_s": result.get("exec_s")}
+                   "exec_s": result.get("exec_s"), "state_lost": bool(result.get("state_lost"))}
         return ToolResponse(text=text), 0.0, metrics
 
     async def calc_reward(self, instance_id: str, **kwargs: Any) -> float:
@@ -200,8 +214,10 @@ class TangramTool(_Base):
         if self.settings.reward is None:
             return 0.0
         key = self._key(instance_id, kwargs.get("agent_data"))
+        box = await self._sandbox(key)
+        lost_before = box.lost
         result = await self._run(key, self.settings.reward.action())
-        return 1.0 if passed(result) else 0.0
+        return judge(result, self.settings.reward, lost_before, f"rollout {key}").score
 
     async def release(self, instance_id: str, **kwargs: Any) -> None:
         """End the instance; its sandbox closes only if it was the instance's own
@@ -217,10 +233,12 @@ class TangramTool(_Base):
         box = self._sandboxes.pop(key, None)
         if box is None:
             return
-        # the server refuses (409) while one of its actions is in flight: that action
-        # ends within its timeout, so wait for it rather than leave the trajectory open
+        # closing cancels what the trajectory has in flight (the server does): a call
+        # still running ends within its timeout, so let it end first
         deadline = time.monotonic() + (self.settings.timeout_s or 60.0) + 30.0
-        while True:
+        while box.busy and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        while True:  # an older server refuses (409) while an action is in flight
             try:
                 await self._http().close_trajectory(box.trajectory)
                 return
@@ -275,39 +293,66 @@ class TangramTool(_Base):
         request_id = getattr(agent_data, "request_id", None)
         return str(request_id) if request_id is not None else None
 
-    def _publish(self, agent_data: Any, key: str, trajectory: str) -> None:
+    def _publish(self, agent_data: Any, key: str, box: _Sandbox) -> None:
         """What compute_score needs to find and score the rollout's sandbox (no token)."""
         extra = getattr(agent_data, "extra_fields", None)
         if isinstance(extra, dict):
             reward = self.settings.reward
-            extra[EXTRA_KEY] = {"rollout": key, "trajectory": trajectory,
+            extra[EXTRA_KEY] = {"rollout": key, "trajectory": box.trajectory,
                                 "base_url": self.settings.base_url,
-                                "reward": reward.action() if reward is not None else None}
+                                "reward": reward.action() if reward is not None else None,
+                                "state_lost_score": reward.state_lost_score if reward else None,
+                                "state_lost": box.lost}
 
     async def _run(self, key: str, action: dict[str, Any],
                    agent_data: Any = None) -> dict[str, Any]:
         box = await self._sandbox(key)
-        self._publish(agent_data, key, box.trajectory)
+        self._publish(agent_data, key, box)
         box.busy += 1
+        aid = uuid.uuid4().hex  # one id for every try: a repeat is the same action
         try:
-            http = self._http()
-            aid = uuid.uuid4().hex
-            call = asyncio.ensure_future(http.run(box.trajectory, action_id=aid, **action))
-            try:
-                done, _ = await asyncio.wait({call}, timeout=self.admission_warn_s)
-                if not done:  # still waiting: say why in verl's log (a full machine?)
-                    with contextlib.suppress(TangramError, httpx.HTTPError):
-                        state = await http.wait(aid, 0)
-                        if state.get("status") == "queued" and state.get("error"):
-                            log.warning("rollout %s: its call has waited %g s: %s", key,
-                                        self.admission_warn_s, state["error"])
-                return await call
-            except BaseException:
-                call.cancel()
-                raise
+            result = await call_retrying_async(
+                lambda: self._call(key, box.trajectory, aid, action),
+                f"rollout {key}: a call in sandbox {box.trajectory}")
+        except asyncio.CancelledError:
+            # verl gave up on the call: stop it on the server too (its cores come back)
+            task = asyncio.get_running_loop().create_task(self._cancel(aid))
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+            raise
         finally:
             box.busy -= 1
             box.last_used = time.monotonic()
+        if result.get("state_lost"):
+            log.warning("rollout %s: its sandbox %s was reset (state_lost): %s", key,
+                        box.trajectory, result.get("error") or "its container was evicted or "
+                        "died between calls; the model is told, the reward will say so")
+            box.lost = True
+            self._publish(agent_data, key, box)
+        return result
+
+    async def _call(self, key: str, trajectory: str, aid: str,
+                    action: dict[str, Any]) -> dict[str, Any]:
+        http = self._http()
+        call = asyncio.ensure_future(http.run(trajectory, action_id=aid, **action))
+        try:
+            done, _ = await asyncio.wait({call}, timeout=self.admission_warn_s)
+            if not done:  # still waiting: say why in verl's log (a full machine?)
+                with contextlib.suppress(TangramError, httpx.HTTPError):
+                    state = await http.wait(aid, 0)
+                    if state.get("status") == "queued" and state.get("error"):
+                        log.warning("rollout %s: its call has waited %g s: %s", key,
+                                    self.admission_warn_s, state["error"])
+            return await call
+        except BaseException:
+            call.cancel()
+            raise
+
+    async def _cancel(self, aid: str) -> None:
+        try:
+            await self._http().cancel(aid)
+        except (TangramError, httpx.HTTPError) as e:
+            log.warning("cancelling abandoned call %s: %s", aid, describe(e))
 
     async def _sandbox(self, key: str) -> _Sandbox:
         """The rollout's sandbox, opened once even when its calls run in parallel."""
@@ -320,7 +365,8 @@ class TangramTool(_Base):
         fut: asyncio.Future[_Sandbox] = asyncio.get_running_loop().create_future()
         self._opening[key] = fut
         try:
-            tid = await self._http().open_trajectory(None, **self.settings.open_args())
+            tid = uuid.uuid4().hex  # chosen here: a try repeated after a lost answer is a no-op
+            await call_retrying_async(lambda: self._open(tid), f"rollout {key}: opening a sandbox")
             box = _Sandbox(tid, time.monotonic())
             self._sandboxes[key] = box
             fut.set_result(box)
@@ -331,6 +377,13 @@ class TangramTool(_Base):
             raise
         finally:
             del self._opening[key]
+
+    async def _open(self, tid: str) -> None:
+        try:
+            await self._http().open_trajectory(tid, **self.settings.open_args())
+        except TangramError as e:
+            if e.status != 409:  # 409: an earlier try of this same open got through
+                raise
 
     def _http(self) -> TangramClient:
         """A client bound to the running loop (verl may call from several loops)."""
@@ -362,48 +415,93 @@ class TangramTool(_Base):
 
 
 # -- verl's reward path -------------------------------------------------------------------
-async def compute_score(data_source: Any = None, solution_str: str | None = None,
+def __getattr__(name: str) -> Any:
+    """``compute_score``, checked as verl's loader fetches it.
+
+    verl's ``get_custom_reward_fn`` loads ``reward.custom_reward_function.name`` with
+    ``getattr`` on this module, in the reward workers, before any rollout is scored: the
+    reward workers' TANGRAM_TOKEN (and TANGRAM_URL, when set) are checked there, so a
+    missing or wrong token fails the loader naming it rather than every reward batch
+    (whose sandboxes could then not even be closed)."""
+    if name == "compute_score":
+        check_reward_env()
+        return score_rollout
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def check_reward_env() -> None:
+    """Raise ValueError unless TANGRAM_TOKEN is set and, when TANGRAM_URL is set, a
+    Tangram server answers there and takes the token."""
+    token = os.environ.get("TANGRAM_TOKEN")
+    if not token:
+        raise ValueError("compute_score: TANGRAM_TOKEN is not set where verl's reward workers "
+                         "run; without it no rollout can be scored and no sandbox closed (set "
+                         "it in their environment, e.g. Ray's runtime_env env_vars)")
+    url = os.environ.get("TANGRAM_URL")
+    if url:
+        check_server(url, token, "compute_score: TANGRAM_URL", "compute_score: TANGRAM_TOKEN")
+
+
+async def score_rollout(data_source: Any = None, solution_str: str | None = None,
                         ground_truth: Any = None, extra_info: dict[str, Any] | None = None,
                         **reward_kwargs: Any) -> dict[str, Any]:
-    """verl's ``custom_reward_function``: score the rollout in its own sandbox, then close it.
+    """verl's ``custom_reward_function`` (configured as ``compute_score``, which checks the
+    reward workers' token when verl loads it): score the rollout in its own sandbox, then
+    close the sandbox, whatever happens.
 
     ``extra_info[EXTRA_KEY]`` is what TangramTool put into the rollout's
     ``tool_extra_fields``. The reward command is the tool config's ``reward`` unless
     ``reward_kwargs`` (``custom_reward_function.reward_kwargs``) give one: keys of
-    the tool's ``reward`` block (``command``, ``cpu``, ``elastic``, ...). Returns
-    ``{"score": 1.0 | 0.0, "reward_exit_code": int (-1: none), "reward_status": str}``
-    (the same keys for every rollout: verl gathers them per key into
-    ``reward_extra_info``). A rollout that never called the tool has no sandbox and
-    scores 0.0 with ``reward_status`` ``"no sandbox"``.
+    the tool's ``reward`` block (``command``, ``cpu``, ``elastic``, ``state_lost_score``,
+    ...). Returns the same keys for every rollout (verl gathers them per key into
+    ``reward_extra_info``): ``score``; ``reward_status``, which says whether the score is
+    a test result: ``ok`` (the command ran; 1.0 if it exited 0, else 0.0), ``error``
+    (it could not run: a missing program or module, a collection error; 0.0),
+    ``state_lost`` (the sandbox was reset during the rollout: ``state_lost_score``;
+    without one this raises :class:`~tangram.integrations.common.SandboxLost`), the
+    action's status (``timeout``, ``oom``, ``failed``; 0.0), ``no sandbox`` (the
+    rollout never called the tool) or ``sandbox closed`` (scored before, or closed by
+    its idle TTL); ``reward_exit_code`` (-1: none), ``reward_output`` (the output's
+    tail) and ``reward_error`` (why it is not a test result; "" when it is).
     """
     entry = (extra_info or {}).get(EXTRA_KEY)
     reward_kwargs = {k: v for k, v in reward_kwargs.items()
                      if k not in ("reward_router_address", "reward_model_tokenizer")}
     if not isinstance(entry, dict) or not entry.get("trajectory"):
-        return {"score": 0.0, "reward_exit_code": -1, "reward_status": "no sandbox"}
-    if reward_kwargs:
-        action = RewardConfig.from_dict(reward_kwargs, "reward_kwargs").action()
-    elif entry.get("reward"):
-        action = dict(entry["reward"])
-    else:
-        raise ValueError("compute_score: no reward command (give the tool config a `reward` "
-                         "block or custom_reward_function.reward_kwargs.command)")
+        return Reward(0.0, "no sandbox", -1, "", "the rollout never called the tool").fields()
     base_url = entry.get("base_url") or os.environ.get("TANGRAM_URL")
     if not base_url:
         raise ValueError("compute_score: no Tangram URL (the tool's base_url or TANGRAM_URL)")
+    token = os.environ.get("TANGRAM_TOKEN")
+    if not token:
+        check_reward_env()  # raises, naming TANGRAM_TOKEN
     trajectory = str(entry["trajectory"])
-    async with TangramClient(base_url, os.environ.get("TANGRAM_TOKEN")) as tg:
+    who = f"rollout {entry.get('rollout', trajectory)}"
+    async with TangramClient(base_url, token) as tg:
         try:
-            result = await tg.run(trajectory, **action)
-        except TangramError as e:
-            if e.status != 404:
-                raise
-            # closed already (its idle TTL, or scored before): nothing to score
-            return {"score": 0.0, "reward_exit_code": -1, "reward_status": "sandbox closed"}
+            if reward_kwargs:
+                reward: RewardConfig | dict[str, Any] = RewardConfig.from_dict(
+                    reward_kwargs, "reward_kwargs")
+                action = reward.action()  # type: ignore[union-attr]
+            elif entry.get("reward"):
+                action = dict(entry["reward"])
+                reward = {**action, "state_lost_score": entry.get("state_lost_score")}
+            else:
+                raise ValueError("compute_score: no reward command (give the tool config a "
+                                 "`reward` block or custom_reward_function.reward_kwargs.command)")
+            aid = uuid.uuid4().hex  # one id for every try: a repeat is the same action
+            try:
+                result = await call_retrying_async(
+                    lambda: tg.run(trajectory, action_id=aid, **action),
+                    f"{who}: its reward in sandbox {trajectory}")
+            except TangramError as e:
+                if e.status != 404:
+                    raise
+                # closed already (its idle TTL, or scored before): nothing to score
+                return Reward(0.0, "sandbox closed", -1, "",
+                              "the sandbox was closed before the reward ran (scored before, "
+                              "or idle for the tool's idle_ttl_s)").fields()
+            return judge(result, reward, bool(entry.get("state_lost")), who).fields()
         finally:
             with contextlib.suppress(TangramError, httpx.HTTPError):
                 await tg.close_trajectory(trajectory)
-    code = result.get("exit_code")
-    return {"score": 1.0 if passed(result) else 0.0,
-            "reward_exit_code": int(code) if isinstance(code, int) else -1,
-            "reward_status": str(result.get("status"))}

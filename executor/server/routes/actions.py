@@ -14,10 +14,14 @@ from executor.server.schemas import (
     MAX_TIMEOUT_S,
     ActionIn,
     ActionOut,
+    BatchIn,
+    BatchOut,
     ErrorOut,
+    TrajectoriesOut,
     TrajectoryIn,
+    TrajectoryOut,
 )
-from executor.server.service import Service
+from executor.server.service import Refused, Service
 
 ERRORS = {code: {"model": ErrorOut, "description": text} for code, text in (
     (401, "Missing or wrong bearer token"), (403, "Destination not allowed"),
@@ -38,9 +42,33 @@ async def open_trajectory(body: TrajectoryIn, s: Svc) -> dict[str, str]:
     return s.open_trajectory(body)
 
 
+@router.get("/trajectories", response_model=TrajectoriesOut)
+async def list_trajectories(s: Svc) -> Any:
+    """The open trajectories: state, node, actions in flight, idle time, memory."""
+    return TrajectoriesOut(trajectories=s.trajectories())
+
+
+@router.get("/trajectories/{tid}", response_model=TrajectoryOut)
+async def get_trajectory(tid: TrajectoryId, s: Svc) -> Any:
+    """One open trajectory (404 once it is closed)."""
+    view = s.trajectory_view(tid)
+    if view is None:
+        raise Refused(404, f"unknown trajectory {tid!r}")
+    return view
+
+
 @router.delete("/trajectories/{tid}")
-async def close_trajectory(tid: TrajectoryId, s: Svc) -> dict[str, str]:
-    return s.close_trajectory(tid)
+async def close_trajectory(tid: TrajectoryId, s: Svc) -> dict[str, str | int]:
+    """Close it; what it has queued or running is cancelled first (``cancelled``: how many)."""
+    return await s.close_trajectory(tid)
+
+
+@router.post("/actions:batch", status_code=202, response_model=BatchOut)
+async def submit_batch(body: BatchIn, s: Svc) -> Any:
+    """Queue many actions (of any trajectories): every one is checked before any is
+    accepted; a refusal names the item (``actions[3].action.cpu``)."""
+    done = await s.submit_batch([(item.trajectory, item.action) for item in body.actions])
+    return BatchOut(actions=[view for view, _ in done])
 
 
 @router.post("/trajectories/{tid}/actions", status_code=202, response_model=ActionOut,
@@ -51,6 +79,13 @@ async def submit(tid: TrajectoryId, body: ActionIn, s: Svc, wait: Wait = 0.0) ->
     if wait > 0 and view.status in ("queued", "running"):
         view = await s.wait(body.id, wait)
     return view if created else JSONResponse(view.model_dump(), status_code=200)
+
+
+@router.delete("/actions/{aid}", response_model=ActionOut)
+async def cancel_action(aid: ActionId, s: Svc) -> Any:
+    """Cancel a queued or running action; answers once it ended (``cancelled``, its cores
+    back). One that had already ended is answered as it ended."""
+    return await s.cancel(aid)
 
 
 @router.get("/actions/{aid}", response_model=ActionOut)

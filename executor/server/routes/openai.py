@@ -81,9 +81,9 @@ async def _gpu_action(s: Service, model: str, kind: str, inputs: dict[str, Any])
                                      inputs=inputs, timeout_s=WAIT_S))
         out = await s.wait(aid, WAIT_S)
     finally:
-        try:
-            s.close_trajectory(tid)
-        except Refused:  # still in flight (shutdown or timeout): the server fails it
+        try:  # an action still in flight (a timeout, a client gone) is cancelled
+            await s.close_trajectory(tid)
+        except Refused:  # shutting down: the server fails it
             pass
     if out.status != "ok":
         bad_input = out.error.startswith("payload.")
