@@ -117,6 +117,9 @@ async def _api(url: str) -> None:
         await until(lambda: _status(tg, "long", "running"), "the long action never started")
         assert (await tg.trajectory(a))["state"] == "running"
         assert (await tg.wait("behind", 0))["status"] == "queued"
+        again = await tg.submit_batch([  # a repeat (same id, same body) answers its state
+            (a, {"id": "long", "command": "sleep 60", "shell": True, "cpu": str(cores)})])
+        assert again[0]["status"] == "running" and (await tg.trajectory(a))["actions"] == 1
         # cancelling the queued one answers at once; the running one once it stopped
         assert (await tg.cancel("behind"))["status"] == "cancelled"
         cancelled = await tg.cancel("long")

@@ -292,7 +292,7 @@ class Service:
         raw = body.model_dump_json()
         repeat = self._repeat(tid, body.id, raw)
         if repeat is not None:
-            return repeat, False
+            return repeat
         state = self.executor.trajectory(tid)
         if state is None:
             raise Refused(404, f"unknown trajectory {tid!r}")
