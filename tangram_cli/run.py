@@ -13,6 +13,7 @@ from executor.assemble import AssemblyError, ray_backend, replay_gpu_cluster
 from executor.replay import replay
 from sim.cluster import load_cluster
 from tangram.cluster import ClusterError
+from tangram_cli.checks import all_failed, sandbox_reach_problem
 from tangram_cli.common import command_app, fail, out_console, print_summary, with_progress
 from tangram_cli.options import (
     RAY_HELP,
@@ -83,6 +84,10 @@ def run(
     specs = quota_specs(quota)
     if backend not in ("process", "docker"):
         fail(f"--backend: unknown backend {backend!r} (process or docker)")
+    if backend == "process" and not ray:  # as root: sandbox users run the commands
+        problem = sandbox_reach_problem()
+        if problem:
+            fail(problem)
     gpu = live = None
     try:
         if gpu_device is not None:
@@ -106,3 +111,6 @@ def run(
     if not quiet:
         print_summary(run_.summary)
     out_console.print(f"wrote {out}/ (summary.json, actions.parquet, trace.json)")
+    nothing_ran = all_failed(out)
+    if nothing_ran:
+        fail(nothing_ran, code=1)

@@ -23,6 +23,7 @@ from executor.server.app import serve as run_server
 from executor.server.connections import HEADER_TIMEOUT_S
 from executor.server.limits import READ_TIMEOUT_S
 from tangram.cpu.admission import LIVE, MemoryAdmission
+from tangram_cli.checks import sandbox_reach_problem
 from tangram_cli.common import command_app, err, fail, settle
 from tangram_cli.options import (
     RAY_HELP,
@@ -142,6 +143,10 @@ def serve(
                             sandbox_mem_gb, sandbox_pids, warm_pool, None if ray else gc,
                             gpu_device, admission, sandbox_disk_gb=sandbox_disk_gb,
                             read_timeout_s=read_timeout_s)
+        if backend == "process" and not ray:  # as root: sandbox users run the commands
+            problem = sandbox_reach_problem()
+            if problem:
+                fail(problem)
         token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
         if not os.environ.get("TANGRAM_TOKEN"):
             err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)

@@ -18,12 +18,15 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import TOKEN
+from conftest import ROOT, TOKEN
 from verl_torchfree import (
     AgentData,
     OneRowData,
@@ -353,3 +356,52 @@ def test_a_lost_sandbox_reaches_the_model_and_every_reward(docker_server, monkey
     assert out["done"] and out["metadata"]["reward_status"] == "state_lost"
     sky.close()
 
+
+
+# -- `tangram run` / `serve` refuse what cannot run -----------------------------------------
+def _tiny_trace(tmp_path, command: str):
+    import pandas as pd
+
+    from traces.schema import COLUMNS, write
+
+    base = {k: v[2] for k, v in COLUMNS.items()}
+    rows = [{**base, "task": "t", "trajectory": f"j{j}", "seq": i, "kind": "shell",
+             "think_s": 0.0, "t1_s": 0.05, "cpu_cores": "1", "mem_gb": 0.25,
+             "command": command} for j in range(2) for i in range(2)]
+    return write(pd.DataFrame(rows), tmp_path / "t.csv")
+
+
+def test_run_exits_non_zero_when_every_action_failed(tmp_path):
+    trace = _tiny_trace(tmp_path, "sh -c 'echo no such thing >&2; exit 3'")
+    res = subprocess.run([sys.executable, str(ROOT / "cli.py"), "run", "--trace", str(trace),
+                          "--out", str(tmp_path / "out"), "--quiet"],
+                         capture_output=True, text=True, timeout=300)
+    assert res.returncode == 1, res.stderr
+    assert "every action failed (4/4)" in res.stderr and "no such thing" in res.stderr
+    assert "exit code 3" in res.stderr and "Traceback" not in res.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="sandbox users exist only for a root server")
+def test_run_and_serve_refuse_a_python_sandbox_users_cannot_reach(tmp_path):
+    """A venv in a directory other users cannot enter (the /root trap): its python symlink
+    points at a reachable interpreter, the venv and the package are not reachable."""
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o700)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(locked / "venv")],
+                   check=True, timeout=120)
+    python = locked / "venv" / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import site; print(site.getsitepackages()[0])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = subprocess.run([sys.executable, "-c", "import site; print(site.getsitepackages()[0])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    # this venv's packages, Tangram's editable install included (its .pth files run)
+    (Path(site) / "ours.pth").write_text(f"import site; site.addsitedir({ours!r})\n")
+    locked.chmod(0o700)
+    trace = _tiny_trace(tmp_path, "true")
+    for args in (["run", "--trace", str(trace), "--out", str(tmp_path / "out"), "--quiet"],
+                 ["serve", "--port", "1", "--state-dir", str(tmp_path / "state")]):
+        res = subprocess.run([str(python), str(ROOT / "cli.py"), *args], capture_output=True,
+                             text=True, timeout=300, cwd=ROOT)
+        assert res.returncode == 2, (args[0], res.stdout, res.stderr)
+        assert str(locked) in res.stderr and "chmod o+x" in res.stderr, res.stderr
+        assert "Traceback" not in res.stderr

@@ -1,0 +1,90 @@
+"""What `tangram run` and `tangram serve` check before they start, and what `run` says
+after it ended, so that a run cannot fail every action and still look fine.
+
+As root, the process backend runs each trajectory's commands under a user id of its
+own (executor/backends/process/uids.py). Those users must reach the Python that runs
+Tangram's helpers (``python -m executor.bench.burn``: every replayed action) and the
+package itself. A venv below ``/root`` (mode 0700) is the usual trap: the interpreter
+its symlink points at is reachable, the venv (``sys.prefix``, its site-packages) and
+the package are not, and every action fails with ``No module named 'executor'``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import executor
+
+#: an unprivileged user id that is not the server's: what a sandbox user may do, it may
+NOBODY = 65534
+#: what a sandbox user must be able to run: the replay's helper (every replayed action)
+PROBE = "import executor.bench.burn"
+
+
+def blocked_dirs(path: Path) -> list[Path]:
+    """The directories on the way to ``path`` - as written (a venv's ``bin/python``
+    symlink) and resolved - that other users cannot pass through (no ``o+x``)."""
+    out: list[Path] = []
+    for p in (Path(os.path.abspath(path)), Path(os.path.realpath(path))):
+        for d in reversed(p.parents):
+            try:
+                ok = bool(os.stat(d).st_mode & 0o001)
+            except FileNotFoundError:  # made later, by the server (0711)
+                continue
+            except OSError:
+                ok = False
+            if not ok and d not in out:
+                out.append(d)
+    return out
+
+
+def sandbox_reach_problem(python: str = sys.executable, uid: int = NOBODY) -> str | None:
+    """Why the sandbox users of a root process backend cannot run ``python`` with the
+    Tangram package (a message naming the directories and the fix), or None (also when
+    not root: commands then run as this user). Tries it for real, as user ``uid``."""
+    if os.geteuid() != 0:
+        return None
+    needed = [Path(python), Path(sys.prefix), Path(executor.__file__).parent]
+    try:
+        probe = subprocess.run([python, "-c", PROBE], cwd="/", user=uid, group=uid,
+                               extra_groups=[], env={"PATH": os.environ.get("PATH", "")},
+                               capture_output=True, text=True, timeout=120)
+        failed = probe.returncode != 0
+        said = (probe.stderr.strip().splitlines() or [f"exit code {probe.returncode}"])[-1]
+    except (OSError, subprocess.SubprocessError) as e:
+        failed, said = True, str(e)
+    blocked = [d for p in needed for d in blocked_dirs(p)]
+    blocked = list(dict.fromkeys(blocked))  # each once, in order
+    if not failed:
+        return None
+    where = ", ".join(map(str, blocked)) or "(no directory on the way lacks o+x: check the " \
+                                            "files' read permissions)"
+    return (f"the process backend runs commands as sandbox users (this is root), and they "
+            f"cannot run {python} with Tangram ({said}); directories they cannot pass "
+            f"through: {where}. Fix: `chmod o+x` those directories (others may pass "
+            "through, not list them), or install Tangram where other users can enter "
+            "(e.g. python3 -m venv /opt/tangram && /opt/tangram/bin/pip install tangram-rl)")
+
+
+def all_failed(out: Path) -> str | None:
+    """When every action of a live run in ``out`` failed: a message naming the
+    commonest error (its count, and an action's output's last line), else None."""
+    path = out / "outputs.jsonl"
+    if not path.exists():
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    if not rows or any(r.get("status") == "ok" for r in rows):
+        return None
+    causes: Counter[str] = Counter()
+    for r in rows:
+        tail = [line for line in str(r.get("output_tail") or "").splitlines() if line.strip()]
+        causes[" | ".join(x for x in (r.get("error") or r.get("status"),
+                                      tail[-1][:200] if tail else "") if x)] += 1
+    cause, n = causes.most_common(1)[0]
+    return (f"every action failed ({len(rows)}/{len(rows)}); the commonest error "
+            f"({n} actions): {cause} (each action's output tail: {path})")
