@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from collections import Counter
@@ -88,3 +89,52 @@ def all_failed(out: Path) -> str | None:
     cause, n = causes.most_common(1)[0]
     return (f"every action failed ({len(rows)}/{len(rows)}); the commonest error "
             f"({n} actions): {cause} (each action's output tail: {path})")
+
+
+#: the program of the shipped reward (examples/verl_tool.yaml): what `serve` checks by default
+REWARD_COMMAND = "python3 -m pytest"
+
+
+def reward_probe(command: str) -> str | None:
+    """A shell script that exits non-zero, saying what is missing, when ``command``'s
+    program (and, for ``PROG -m MODULE``, the module) is not there; None when
+    ``command`` does not split."""
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    if not argv:
+        return None
+    prog = shlex.quote(argv[0])
+    script = (f"command -v {prog} >/dev/null 2>&1 || "
+              f"{{ echo {shlex.quote(f'program {argv[0]!r} not found on PATH')}; exit 127; }}")
+    if len(argv) >= 3 and argv[1] == "-m":
+        find = "import importlib.util, sys; sys.exit(importlib.util.find_spec(sys.argv[1]) is None)"
+        script += (f"; {prog} -c {shlex.quote(find)} {shlex.quote(argv[2])} || "
+                   f"{{ echo {shlex.quote(f'{argv[0]} has no module {argv[2]!r}')}; exit 1; }}")
+    return script
+
+
+def reward_command_problem(command: str, uid: int = NOBODY) -> str | None:
+    """Why ``command``'s program cannot run in the process backend's default sandbox
+    (this machine, with the backend's environment; as a sandbox user when root), or None.
+    The docker backend's default image runs the host's programs the same way."""
+    script = reward_probe(command)
+    if script is None:
+        return f"--reward-command: cannot split {command!r}"
+    from executor.backends.process.backend import scrubbed_env
+
+    user = {"user": uid, "group": uid, "extra_groups": []} if os.geteuid() == 0 else {}
+    try:
+        res = subprocess.run(["sh", "-c", script], cwd="/", env=scrubbed_env(os.environ),
+                             capture_output=True, text=True, timeout=120, **user)
+    except (OSError, subprocess.SubprocessError) as e:
+        return f"the reward command {command!r} could not be checked: {e}"
+    if res.returncode == 0:
+        return None
+    said = (res.stdout + res.stderr).strip().splitlines() or [f"exit code {res.returncode}"]
+    return (f"the reward command {command!r} cannot run in the default sandbox: {said[-1]}; "
+            "every rollout's reward would be reward_status 'error'. Install it where the "
+            "sandboxes run (process backend: on this machine's PATH; docker: the image, "
+            "`tangram image build`), or name your reward's program with --reward-command "
+            "('' skips this check)")

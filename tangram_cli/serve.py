@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from executor.assemble import (
     AssemblyError,
@@ -23,7 +24,7 @@ from executor.server.app import serve as run_server
 from executor.server.connections import HEADER_TIMEOUT_S
 from executor.server.limits import READ_TIMEOUT_S
 from tangram.cpu.admission import LIVE, MemoryAdmission
-from tangram_cli.checks import sandbox_reach_problem
+from tangram_cli.checks import REWARD_COMMAND, reward_command_problem, sandbox_reach_problem
 from tangram_cli.common import command_app, err, fail, settle
 from tangram_cli.options import (
     RAY_HELP,
@@ -96,6 +97,10 @@ def serve(
     read_timeout_s: Annotated[float, typer.Option(
         min=0.1, help="Seconds a request body may go without a byte arriving; then the "
                       "request gets 408.")] = READ_TIMEOUT_S,
+    reward_command: Annotated[str, typer.Option(
+        help="The reward command your rollouts run (e.g. the verl tool config's reward."
+             "command): at start, a warning names its program (or its `-m` module) if the "
+             "default sandbox lacks it. '' skips the check.")] = REWARD_COMMAND,
     access_log: Annotated[bool, typer.Option(
         help="Log every HTTP request to stderr (off: at thousands of actions a second the "
              "log line costs a few percent of the server's CPU; the journal and /metrics "
@@ -147,6 +152,12 @@ def serve(
             problem = sandbox_reach_problem()
             if problem:
                 fail(problem)
+        # a reward that cannot run scores every rollout 0 (docker images: their own check)
+        if reward_command and backend == "process" and not ray:
+            missing = reward_command_problem(reward_command)
+            if missing:
+                err.print(f"[bold yellow]warning:[/] {escape(missing)}", highlight=False,
+                          soft_wrap=True)
         token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
         if not os.environ.get("TANGRAM_TOKEN"):
             err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)

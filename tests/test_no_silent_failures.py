@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, TOKEN
+from conftest import ROOT, TOKEN, start_server
 from verl_torchfree import (
     AgentData,
     OneRowData,
@@ -405,3 +405,16 @@ def test_run_and_serve_refuse_a_python_sandbox_users_cannot_reach(tmp_path):
         assert res.returncode == 2, (args[0], res.stdout, res.stderr)
         assert str(locked) in res.stderr and "chmod o+x" in res.stderr, res.stderr
         assert "Traceback" not in res.stderr
+
+
+def test_serve_warns_when_the_reward_commands_program_is_missing(tmp_path):
+    server = start_server(tmp_path / "state", extra_args=(
+        "--reward-command", "no-such-program-xyz -q tests"))
+    try:
+        said = server.log.read_text()
+    finally:
+        server.stop()
+    assert "warning:" in said and "'no-such-program-xyz' not found on PATH" in said, said
+    ok = start_server(tmp_path / "ok", extra_args=("--reward-command", "sh -c true"))
+    ok.stop()
+    assert "warning:" not in ok.log.read_text()
