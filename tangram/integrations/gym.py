@@ -25,8 +25,10 @@ usually say what happened).
 An observation is the command's output followed by one line on how it ended
 (``[exit code 0]``, ``[timed out: ...]``, ...). ``info`` is small and
 deterministic: ``{"step": int, "status": str, "exit_code": int}``
-(``"reward_exit_code": int`` after a submission); nothing random such as ids or
-timings. Every key holds one type: a key with no value (no exit code after a
+(after a submission ``"reward_exit_code": int``, ``"reward_status": str`` - ``ok``,
+``error`` when the reward could not run, with ``"reward_error": str``, ``state_lost``,
+or the action's status - and ``"state_lost": True`` after a sandbox reset, which the
+observation's first line also says); nothing random such as ids or timings. Every key holds one type: a key with no value (no exit code after a
 timeout or a submission) is left out, which gymnasium's vector envs turn into
 their ``_key`` mask.
 
@@ -42,7 +44,9 @@ the process backend runs as the server's own user.
 
 The action ``submit`` (``submit_action``) ends the episode: it runs the reward
 command (``reward.command``; reward 1.0 if it exits 0, else 0.0) and never runs
-a program called ``submit``. Without a reward command, ``submit`` ends the
+a program called ``submit``. After a sandbox reset it raises
+:class:`~tangram.integrations.common.SandboxLost` unless ``reward.state_lost_score``
+gives the reward of such an episode. Without a reward command, ``submit`` ends the
 episode with reward 0.0. After ``max_steps`` steps the episode is truncated.
 """
 

@@ -17,7 +17,10 @@ The tool config names the class; verl's own loader
                  reward: {command: "python3 -m pytest -q tests", cpu: "1-8"}}
 
 The token comes from the config or from TANGRAM_TOKEN (the reward workers read
-TANGRAM_TOKEN).
+TANGRAM_TOKEN). The tool asks the server once when verl's loader builds it, and verl's
+``get_custom_reward_fn`` checks the reward workers' TANGRAM_TOKEN when it loads
+``compute_score``: a wrong URL or token fails there, naming it. A lost sandbox is told
+to the model (the first line of the next tool output) and to the reward.
 
 The sandbox belongs to the rollout. verl's ``ToolAgentLoop`` calls
 ``create -> execute -> release`` for *every* tool call and passes the rollout's
@@ -32,8 +35,10 @@ its reward managers (``verl.experimental.reward_loop.reward_manager.*``) merge
 them into ``extra_info`` and call ``compute_score(data_source, solution_str,
 ground_truth, extra_info)``. :func:`compute_score` finds the sandbox there, runs
 the tool config's reward command in it (a ``reward_test`` action, elastic where
-configured), returns ``{"score", "reward_exit_code", "reward_status"}`` and closes
-the sandbox. A sandbox is otherwise closed when
+configured), returns ``{"score", "reward_exit_code", "reward_status", "reward_output",
+"reward_error"}`` and closes the sandbox (:func:`score_rollout` says what each status
+means: a reward that could not run is ``error``, a sandbox reset during the rollout is
+``state_lost``, never a test result). A sandbox is otherwise closed when
 
 * its rollout ends inside ``rollout_scope()`` (``examples/verl_agent_loop.py``
   wraps ``ToolAgentLoop.run`` in it), or ``await tool.close_rollout(key)``;
