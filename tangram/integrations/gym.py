@@ -28,8 +28,9 @@ deterministic: ``{"step": int, "status": str, "exit_code": int}``
 (after a submission ``"reward_exit_code": int``, ``"reward_status": str`` - ``ok``,
 ``error`` when the reward could not run, with ``"reward_error": str``, ``state_lost``,
 or the action's status - and ``"state_lost": True`` after a sandbox reset, which the
-observation's first line also says); nothing random such as ids or timings. Every key holds one type: a key with no value (no exit code after a
-timeout or a submission) is left out, which gymnasium's vector envs turn into
+observation's first line also says); nothing random such as ids or timings. Every
+key holds one type: a key with no value (no exit code after a timeout or a
+submission) is left out, which gymnasium's vector envs turn into
 their ``_key`` mask.
 
 Vector envs: ``gymnasium.vector.SyncVectorEnv([make] * 4)`` works as it is;
