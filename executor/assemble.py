@@ -31,9 +31,9 @@ from executor.backends.gpu.model import ModelError
 from executor.backends.gpu.ray_worker import attach_gpus, local_gpu_labels
 from executor.backends.ray.backend import RayBackend
 from executor.backends.ray.cluster import RaySpec, connect
+from executor.backends.registry import make_backend
 from executor.driver import LiveBackend
 from executor.local import local_cluster
-from executor.replay import make_backend
 from executor.server.app import create_app
 from executor.server.limits import READ_TIMEOUT_S
 from tangram.cluster import ClusterError, ClusterSpec, QuotaSpec

@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from executor.backends.docker.limits import SandboxLimits
 from executor.backends.gpu.backend import GpuBackend
 from executor.backends.gpu.config import GpuCluster
 from executor.backends.gpu.measure import after_run, measure
+from executor.backends.registry import make_backend
 from executor.driver import LiveBackend, LiveExecutor
 from executor.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
@@ -49,28 +49,6 @@ from traces.select import head, scale_think
 
 #: characters of each action's output kept in outputs.jsonl
 OUTPUT_TAIL = 2000
-
-
-def make_backend(name: str, workdir: Path, gpu: Any = None,
-                 sandboxes: SandboxLimits = SandboxLimits(),
-                 env: Mapping[str, str] | None = None) -> LiveBackend:
-    """The env backend ``name`` behind a router that also sends API calls to the HTTP
-    backend and GPU actions to ``gpu`` (an ``executor.backends.gpu.backend.GpuBackend``);
-    ``sandboxes``: what each docker sandbox may use."""
-    from executor.backends.http.backend import RouterBackend
-
-    if name == "process":
-        from executor.backends.process.backend import ProcessBackend
-
-        return RouterBackend(ProcessBackend(workdir, env=env), gpu=gpu)
-    if name == "docker":
-        import hashlib
-
-        from executor.backends.docker.backend import DockerBackend
-
-        owner = hashlib.sha1(str(workdir.resolve()).encode()).hexdigest()[:16]
-        return RouterBackend(DockerBackend(owner=owner, **sandboxes.docker_kwargs()), gpu=gpu)
-    raise ValueError(f"backend: unknown backend {name!r} (process or docker)")
 
 
 def replay_cluster(df: pd.DataFrame, quotas: tuple[QuotaSpec, ...]) -> ClusterSpec:

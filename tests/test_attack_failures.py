@@ -11,8 +11,9 @@ import asyncio
 
 import pytest
 
-from executor.backends.http.backend import HttpBackend, RouterBackend
+from executor.backends.http.backend import HttpBackend
 from executor.backends.process.backend import ProcessBackend
+from executor.backends.router import RouterBackend
 from executor.driver import LiveExecutor
 from executor.local import local_cluster
 from tangram.cluster import QuotaSpec

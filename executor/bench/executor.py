@@ -11,9 +11,9 @@ from pathlib import Path
 
 import numpy as np
 
+from executor.backends.registry import make_backend
 from executor.driver import LiveExecutor
 from executor.local import local_cluster
-from executor.replay import make_backend
 from tangram.core import Tangram
 from tangram.model import Action, Demand
 
@@ -266,7 +266,7 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
 
 async def _warm_pool_full(workdir: Path, warm: int, proc, within_s: float = 120.0) -> None:
     """Wait until the docker server's warm pool holds ``warm`` running sandboxes (its
-    containers: the owner label of executor/replay.make_backend, no trajectory yet)."""
+    containers: the owner label of executor/backends/registry.make_backend, no trajectory yet)."""
     import hashlib
 
     import docker

@@ -36,6 +36,7 @@ from typing import Any
 from executor.backends.gpu.backend import GpuBackend, NodeWorker
 from executor.backends.gpu.config import GpuCluster
 from executor.backends.gpu.model import ModelSource
+from executor.backends.router import route
 from tangram.cluster import ClusterSpec, GpuNodeSpec
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Command, NodeJoined, NodeLost, PreRestore, Sink
@@ -368,7 +369,7 @@ class RayWithGpus:
         self.gpu.watch(sink)
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
-        if d.lease.gpus:
+        if route(d, has_gpu=True) == "gpu":
             self.gpu.start(d, on_done)
         else:
             self.ray_backend.start(d, on_done)

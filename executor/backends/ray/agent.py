@@ -28,6 +28,7 @@ from typing import IO
 from executor.backends.docker.limits import SandboxLimits
 from executor.backends.ray.channel import AgentSide
 from executor.backends.ray.guard import fence
+from executor.backends.registry import env_backend
 from executor.local import allowed_cpus, mem_total_gb
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec
 from tangram.model import Dispatch, Outcome
@@ -166,20 +167,12 @@ class NodeAgent:
         self.root = Path(root or tempfile.gettempdir()) / "tangram-ray" / self.marker
         uids: tuple[int, int] | None = None
         keep: tuple[int, ...] = ()
+        self.backend = env_backend(backend, self.root, cpu_map=ordered, run_mark=self.marker,
+                                   owner=owner, sandboxes=sandboxes)
         if backend == "process":
-            from executor.backends.process.backend import ProcessBackend
-
-            self.backend = ProcessBackend(self.root, cpu_map=ordered, run_mark=self.marker)
             uids = self.backend.uid_range
             lock = self.backend.uid_lock
             keep = () if lock is None else (lock,)
-        elif backend == "docker":
-            from executor.backends.docker.backend import DockerBackend
-
-            self.backend = DockerBackend(cpu_map=ordered, owner=owner,
-                                         **sandboxes.docker_kwargs())
-        else:
-            raise ValueError(f"backend: unknown backend {backend!r} (process or docker)")
         self._guard = start_guard(self.marker, owner if backend == "docker" else None, uids,
                                   keep)
         self.info_ = NodeInfo(name, ray_node_id, socket.gethostname(), tuple(ordered), numa,

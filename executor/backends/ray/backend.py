@@ -41,6 +41,7 @@ from executor.backends.http.backend import HttpBackend
 from executor.backends.ray.agent import NodeAgent, NodeInfo
 from executor.backends.ray.channel import SECRET_BYTES, DriverSide
 from executor.backends.ray.cluster import CPUS_LABEL, MEM_LABEL, RayConnection, parse_cpus, require_ray
+from executor.backends.router import route
 from tangram.cluster import ClusterSpec, CpuNodeSpec, QuotaSpec
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities, NodeJoined, NodeLost, Sink
@@ -314,7 +315,7 @@ class RayBackend:
     # -- Backend protocol --------------------------------------------------------------
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         node = d.lease.node
-        if node is None or (d.action.payload or {}).get("request"):
+        if node is None or route(d, has_gpu=False) == "http":
             self.http.start(d, on_done)  # API calls leave from here, as without Ray
             return
         agent = self.agents.get(node)
