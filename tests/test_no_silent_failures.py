@@ -418,3 +418,43 @@ def test_serve_warns_when_the_reward_commands_program_is_missing(tmp_path):
     ok = start_server(tmp_path / "ok", extra_args=("--reward-command", "sh -c true"))
     ok.stop()
     assert "warning:" not in ok.log.read_text()
+
+
+def test_a_transient_failure_is_retried_and_logged_a_wrong_token_is_not(caplog):
+    """call_retrying against a real HTTP server on 127.0.0.1 that answers 503 once."""
+    import http.server
+    import threading
+
+    from tangram.client import TangramSyncClient
+    from tangram.integrations.common import call_retrying
+
+    answers = [(503, {"detail": "the server is shutting down"}), (201, {"id": "t1", "task": "x"}),
+               (401, {"detail": "missing or wrong bearer token"})]
+
+    class Stub(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            status, body = answers.pop(0)
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Stub)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with TangramSyncClient(f"http://127.0.0.1:{server.server_port}", TOKEN) as client:
+            with caplog.at_level("WARNING", logger="tangram.integrations.common"):
+                assert call_retrying(lambda: client.open_trajectory(), "opening") == "t1"
+                assert "opening: HTTP 503" in caplog.text and "trying again" in caplog.text
+                with pytest.raises(TangramError):
+                    call_retrying(lambda: client.open_trajectory(), "opening")
+        assert "opening failed: the server refused the token (HTTP 401)" in caplog.text
+        assert not answers  # one try for the 401: not transient
+    finally:
+        server.shutdown()
