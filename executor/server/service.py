@@ -168,8 +168,10 @@ class Service:
         opened = self.opened.get(tid)
         if opened is not None:
             opened.closing = True  # no new action while its last ones are cancelled
+        core = self.executor.trajectory(tid)
+        # (a scan of every tracked action only when it has some in flight: most closes don't)
         in_flight = [aid for aid, t in self.tracked.items()
-                     if t.trajectory == tid and t.result is None]
+                     if t.trajectory == tid and t.result is None] if core and core.in_flight else []
         try:
             await asyncio.gather(*(self._cancel(aid, self.tracked[aid]) for aid in in_flight))
             if not self.executor.has_trajectory(tid):  # closed by a concurrent request
@@ -184,18 +186,26 @@ class Service:
 
     def trajectories(self) -> list[TrajectoryOut]:
         """Every open trajectory with its state, node, idle time and memory."""
+        running = self._running_trajectories()
         return [view for tid in list(self.opened)
-                if (view := self.trajectory_view(tid)) is not None]
+                if (view := self.trajectory_view(tid, running)) is not None]
 
-    def trajectory_view(self, tid: str) -> TrajectoryOut | None:
+    def _running_trajectories(self) -> set[str]:
+        """The trajectories with an action running (one pass over the tracked actions)."""
+        return {t.trajectory for aid, t in self.tracked.items()
+                if t.result is None and self.executor.is_running(aid)}
+
+    def trajectory_view(self, tid: str, running: set[str] | None = None) -> TrajectoryOut | None:
+        """One open trajectory (None if it is not open); ``running``: the trajectories with
+        an action running, when the caller has them."""
         opened = self.opened.get(tid)
         core = self.executor.trajectory(tid)
         if opened is None or core is None:
             return None
         now = time.monotonic()
-        running = any(self.executor.is_running(aid) for aid, t in self.tracked.items()
-                      if t.trajectory == tid and t.result is None) if core.in_flight else False
-        state = ("closing" if opened.closing else "running" if running
+        busy = core.in_flight and tid in (self._running_trajectories() if running is None
+                                          else running)
+        state = ("closing" if opened.closing else "running" if busy
                  else "queued" if core.in_flight else "idle")
         return TrajectoryOut(
             id=tid, task=opened.task, state=state, node=core.node, in_flight=core.in_flight,
