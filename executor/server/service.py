@@ -82,6 +82,8 @@ class Prepared:
 #: how long a cancel (or a close with actions in flight) waits for a running action's
 #: backend to stop it; the answer then says what it is
 CANCEL_WAIT_S = 30.0
+#: how often a cancel asks again while the action has not ended
+CANCEL_REPEAT_S = 0.5
 #: the error of an action a client cancelled
 CANCELLED = "cancelled by the client"
 
@@ -231,11 +233,16 @@ class Service:
         return view
 
     async def _cancel(self, aid: str, t: Tracked) -> None:
-        if t.result is None:
-            t.cancelled = True
+        """Cancel ``aid`` and wait (up to CANCEL_WAIT_S) for its end. The stop is asked
+        again every CANCEL_REPEAT_S: an action the core dispatched may not have its process
+        yet (the process backend spawns it off the loop), and a stop sent before that
+        finds nothing to kill."""
+        t.cancelled = True
+        deadline = time.monotonic() + CANCEL_WAIT_S
+        while t.result is None and time.monotonic() < deadline:
             self.executor.cancel(aid)
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(t.done.wait(), CANCEL_WAIT_S)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(t.done.wait(), CANCEL_REPEAT_S)
 
     # -- actions -------------------------------------------------------------------------
     async def submit(self, tid: str, body: ActionIn) -> tuple[ActionOut, bool]:
