@@ -429,8 +429,17 @@ class ProcessBackend:
             self._kill_group(proc)
 
     def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
+        """Its memory limit and work directory. A directory already there is a trajectory
+        a previous run left open, restored after a restart (executor/server/service.py):
+        its files are kept, given to the user id it has now."""
         self._memory.open(trajectory, mem_gb)
-        self.workdir(trajectory)
+        restored = (self.root / dir_name(trajectory)).is_dir()
+        path = self.workdir(trajectory)
+        uid = self._uid(trajectory)
+        if restored and uid is not None:
+            for top, dirs, files in os.walk(path):
+                for name in (top, *(os.path.join(top, n) for n in dirs + files)):
+                    os.lchown(name, uid, uid)
 
     def close_trajectory(self, trajectory: str) -> None:
         mark = self._marks.pop(trajectory, None)
