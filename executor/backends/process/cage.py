@@ -19,8 +19,10 @@ Where: under the server's own memory cgroup (cgroup v1's memory hierarchy, where
 server may make children of its own cgroup: this kind of machine), in a folder of this
 run, one child per trajectory. cgroup v2 would need the server to move itself into a leaf
 first (no process may sit in a cgroup whose children have controllers); it does not, and
-there, as for a server that is not root, each process is limited by ``RLIMIT_AS`` instead
-(per process, and of address space rather than memory: a weaker bound, but a bound).
+there, as for a server that is not root, each process is limited by ``RLIMIT_DATA`` instead
+(per process, and of its private writable mappings - heap, anonymous maps, stacks - rather
+than of the memory it touches: a weaker bound, but a bound; not ``RLIMIT_AS``, which counts
+address space merely reserved, and stops a JVM or a many-threaded program from starting).
 
 The kernel counts each OOM kill in the victim's own cgroup, whichever limit was passed
 (the trajectory's, an enclosing container's, or the machine's): :meth:`Cage.oom_kills`
@@ -43,8 +45,8 @@ OOM_SCORE_ADJ = 1000
 #: the exec prefix: join the cgroup ($1, its cgroup.procs), take the OOM preference ($2),
 #: then run the rest (a failed write stops here: no command runs unconfined)
 _JOIN = 'echo 0 >"$1" && echo "$2" >/proc/self/oom_score_adj && shift 2 && exec "$@"'
-#: without a cgroup: the OOM preference and an address-space limit ($1, KiB)
-_RLIMIT = 'echo "$2" >/proc/self/oom_score_adj && ulimit -v "$1" && shift 2 && exec "$@"'
+#: without a cgroup: the OOM preference and a data limit ($1, KiB: RLIMIT_DATA)
+_RLIMIT = 'echo "$2" >/proc/self/oom_score_adj && ulimit -d "$1" && shift 2 && exec "$@"'
 SH = "/bin/sh"
 
 
@@ -81,7 +83,7 @@ class Cage:
 
 def prefix(cage: Cage | None, limit_bytes: int) -> list[str]:
     """The exec chain's start that confines a command: into ``cage``, else under an
-    address-space limit of ``limit_bytes``; either way with :data:`OOM_SCORE_ADJ`."""
+    data limit (``RLIMIT_DATA``) of ``limit_bytes``; either way with :data:`OOM_SCORE_ADJ`."""
     if cage is not None:
         return [SH, "-c", _JOIN, "tangram-cage", str(cage.path / "cgroup.procs"),
                 str(OOM_SCORE_ADJ)]
@@ -108,8 +110,8 @@ class Cages:
         try:
             top.mkdir(exist_ok=True)
         except OSError as e:
-            log.warning("no memory cgroup for sandboxes (%s): an address-space limit per "
-                        "process instead", e)
+            log.warning("no memory cgroup for sandboxes (%s): a data limit per process "
+                        "instead", e)
             return None
         return cls(top)
 
@@ -151,7 +153,7 @@ def _remove_stale(own: Path) -> None:
 
 class MemoryLimits:
     """The process backend's memory bounds, per trajectory: its cgroup (or its limit for
-    ``RLIMIT_AS``), what its actions' exec chains start with, and whether an action
+    ``RLIMIT_DATA``), what its actions' exec chains start with, and whether an action
     ended for memory (a kernel OOM kill counted in its cgroup, or a :meth:`shed`)."""
 
     def __init__(self, run_mark: str, default_gb: float) -> None:
@@ -172,8 +174,8 @@ class MemoryLimits:
                 self._cage[trajectory] = self.cages.make(f"t{self._names}",
                                                          self._limit[trajectory])
             except OSError as e:  # e.g. a limit below what the cgroup holds already
-                log.warning("trajectory %r: no memory cgroup (%s): an address-space limit "
-                            "per process instead", trajectory, e)
+                log.warning("trajectory %r: no memory cgroup (%s): a data limit per "
+                            "process instead", trajectory, e)
 
     def limit_bytes(self, trajectory: str) -> int:
         if trajectory not in self._limit:  # (an action before its open: a backend's tool)
@@ -195,7 +197,7 @@ class MemoryLimits:
             (cage.path / "cgroup.procs").write_text("0")
         else:
             limit = self.limit_bytes(trajectory)
-            resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
         Path("/proc/self/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
 
     def kills(self, trajectory: str) -> int:
