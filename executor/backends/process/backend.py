@@ -436,10 +436,12 @@ class ProcessBackend:
         restored = (self.root / dir_name(trajectory)).is_dir()
         path = self.workdir(trajectory)
         uid = self._uid(trajectory)
-        if restored and uid is not None:
-            for top, dirs, files in os.walk(path):
-                for name in (top, *(os.path.join(top, n) for n in dirs + files)):
-                    os.lchown(name, uid, uid)
+        if restored and uid is not None:  # (chown walks iteratively, links not followed:
+            # a tree thousands of levels deep would exhaust os.walk's recursion)
+            done = subprocess.run(["chown", "-R", "-P", "-h", f"{uid}:{uid}", "--", str(path)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if done.returncode != 0:
+                raise OSError(f"its files cannot be given to its user id: {done.stderr[-200:]}")
 
     def close_trajectory(self, trajectory: str) -> None:
         mark = self._marks.pop(trajectory, None)
