@@ -16,6 +16,16 @@ def allowed_cpus() -> list[int]:
 
 
 def mem_total_gb() -> float:
+    """This machine's memory, or the memory limit of the cgroup it runs in when smaller
+    (a container's: executor/cgroups.py)."""
+    from executor import cgroups
+
+    limit = cgroups.limit_gb()
+    host = _meminfo_total_gb()
+    return host if limit is None else min(host, limit)
+
+
+def _meminfo_total_gb() -> float:
     try:
         with open("/proc/meminfo") as f:
             for line in f:

@@ -47,6 +47,7 @@ from tangram.protocol import (
     QueueView,
     QuotaView,
     Reclaim,
+    Shed,
     Snapshot,
     Stop,
     Submit,
@@ -572,8 +573,10 @@ class Tangram:
         """``node``'s free memory as just observed: admission goes by it from now on.
         While trajectories wait for a node, idle ones give their place for the first one
         waiting (``_reclaim``) and a scheduling pass follows, so memory freed by a
-        sandbox's processes (not only by a close) admits them. The effects: the
-        trajectories reclaimed (Reclaim), then what started (Dispatch)."""
+        sandbox's processes (not only by a close) admits them. Still short of the
+        headroom after that (no evicting backend freed memory), the node is told to shed
+        its largest sandbox (Shed). The effects: the trajectories reclaimed (Reclaim), what
+        started (Dispatch), then a Shed."""
         if node not in self.cpu.nodes:
             raise KeyError(f"node: unknown CPU node {node!r}")
         if not free_gb >= 0:
@@ -587,6 +590,10 @@ class Tangram:
             reclaimed, again = self._reclaim(node, now, idle_after_s)
             out.extend(Reclaim(t) for t in reclaimed)
             out.extend(self._schedule(now, self.pools.values()))  # binds the first one
+        keep = self.cpu.admission.headroom * self.cpu.nodes[node].spec.mem_gb
+        freed = self._evicts and any(isinstance(e, Reclaim) for e in out)
+        if free_gb < keep - 1e-9 and not freed:  # (an eviction shows in the next one)
+            out.append(Shed(node, free_gb, keep))
         return out
 
     def _reclaim(self, node: str, now: float, idle_after_s: float) -> tuple[list[str], bool]:

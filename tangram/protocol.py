@@ -69,6 +69,9 @@ class Capabilities:
     #: reclaims idle trajectories also when the node is short of memory by observation,
     #: not only when their declared limits pass the cap: only an eviction frees memory
     evicts: bool = False
+    #: kills the sandbox using the most memory of a node short of memory by observation
+    #: (:class:`Shed`: ``shed``; its actions end ``oom``)
+    sheds: bool = False
 
     def __or__(self, other: Capabilities) -> Capabilities:
         """What a router over two backends can do (either one can)."""
@@ -214,7 +217,19 @@ class Reclaim:
     trajectory: str
 
 
-Effect = Dispatch | PreRestore | Stop | Cancelled | Reclaim
+@dataclass(frozen=True, slots=True)
+class Shed:
+    """``node`` is short of memory by observation: ``free_gb`` free, under the ``keep_gb``
+    its admission keeps free, and nothing reclaimed frees memory. A backend with
+    ``Capabilities.sheds`` kills the sandbox that uses the most memory there (its actions
+    end ``oom``), before the kernel's OOM killer picks by size alone."""
+
+    node: str
+    free_gb: float
+    keep_gb: float
+
+
+Effect = Dispatch | PreRestore | Stop | Cancelled | Reclaim | Shed
 
 
 # -- the snapshot (reads) -----------------------------------------------------------------
@@ -345,6 +360,13 @@ class Evicting(Backend, Protocol):
     (then its memory shows in the next observation)."""
 
     def evict(self, trajectory: str) -> bool: ...
+
+
+class Shedding(Backend, Protocol):
+    """A backend with ``Capabilities.sheds``: kills what the sandbox using the most memory
+    on ``effect.node`` runs (:class:`Shed`); the trajectory shed, or None."""
+
+    def shed(self, effect: Shed) -> str | None: ...
 
 
 class NodeWatching(Backend, Protocol):

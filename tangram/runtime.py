@@ -34,6 +34,8 @@ from tangram.protocol import (
     PreRestore,
     PreRestoring,
     Reclaim,
+    Shed,
+    Shedding,
     Snapshot,
     Stop,
     Submit,
@@ -220,6 +222,9 @@ class Runtime:
                 # for an idle trajectory (a busy one keeps it: the next observation shows it)
                 if self.capabilities.evicts:
                     cast(Evicting, self.backend).evict(e.trajectory)
+            elif isinstance(e, Shed):
+                if self.capabilities.sheds:
+                    cast(Shedding, self.backend).shed(e)
             elif isinstance(e, Cancelled):
                 cb = self._callbacks.pop(e.action_id, None)
                 if cb:

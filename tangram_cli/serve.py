@@ -63,7 +63,8 @@ def serve(
         help="TASK=IMAGE: the docker image of that task's sandboxes (docker backend; default "
              "tangram-sandbox:1, see `tangram image build`).")] = [],  # noqa: B006
     sandbox_mem_gb: Annotated[float, typer.Option(
-        min=0.01, help="docker: memory limit of a sandbox whose trajectory gives no mem_gb.")] = 2.0,
+        min=0.01, help="Memory limit of a sandbox (docker container, or the process backend's "
+        "cgroup) whose trajectory gives no mem_gb.")] = 2.0,
     sandbox_pids: Annotated[int, typer.Option(min=8, help="docker: most processes in a sandbox.")] = 512,
     sandbox_disk_gb: Annotated[float, typer.Option(
         min=0.01, help="docker: most a sandbox may write (storage-opt size where the storage "

@@ -88,7 +88,9 @@ class Server:
 
 
 def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, ...] = (),
-                 extra_args: tuple[str, ...] = (), max_fds: int | None = None) -> Server:
+                 extra_args: tuple[str, ...] = (), max_fds: int | None = None,
+                 cgroup: Path | None = None) -> Server:
+    """``cgroup``: a memory cgroup (v1) the server runs in, as in a container with a limit."""
     port = free_port()
     log = state_dir / f"server-{port}.log"
     state_dir.mkdir(parents=True, exist_ok=True)
@@ -99,13 +101,16 @@ def start_server(state_dir: Path, backend: str = "process", quotas: tuple[str, .
         args += ["--quota", q]
     args += extra_args
     env = {**os.environ, "TANGRAM_TOKEN": TOKEN}
-    def limit_fds() -> None:  # a host's usual 1,024, or lower
-        import resource
+    def prepare() -> None:
+        if max_fds:  # a host's usual 1,024, or lower
+            import resource
 
-        resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))
+            resource.setrlimit(resource.RLIMIT_NOFILE, (max_fds, max_fds))
+        if cgroup is not None:
+            (cgroup / "cgroup.procs").write_text("0")
 
     proc = subprocess.Popen(args, stdout=log.open("w"), stderr=subprocess.STDOUT, env=env,
-                            cwd=ROOT, preexec_fn=limit_fds if max_fds else None)
+                            cwd=ROOT, preexec_fn=prepare if max_fds or cgroup else None)
     url = f"http://127.0.0.1:{port}"
     # a hang guard: `serve --ray local:3` starts a cluster (> 180 s seen beside stress --cpu 8)
     deadline = time.time() + 300

@@ -189,7 +189,7 @@ def test_an_idle_trajectory_over_the_cap_is_reclaimed_for_a_waiting_one():
 def test_an_observed_shortage_reclaims_one_per_observation_only_if_the_backend_evicts(evicts):
     from helpers import shell
 
-    from tangram.protocol import MemoryObserved, Open, Reclaim, Submit
+    from tangram.protocol import MemoryObserved, Open, Reclaim, Shed, Submit
 
     core = _core(LIVE, evicts=evicts)
     core.handle(MemoryObserved("n0", 15.0), 0.0)
@@ -202,8 +202,10 @@ def test_an_observed_shortage_reclaims_one_per_observation_only_if_the_backend_e
     assert "1.0 GB free (observed)" in core.why_queued("b1")
     out = core.handle(MemoryObserved("n0", 1.0, idle_after_s=2.0), 5.0)
     # one per observation (its freed memory shows in the next one), and only when the
-    # backend frees memory: the process backend's idle trajectories hold none
-    assert out == ([Reclaim("a")] if evicts else [])
+    # backend frees memory: the process backend's idle trajectories hold none, so the
+    # node sheds its largest sandbox at once instead (issue 34 #1)
+    keep = LIVE.headroom * core.cluster.cpu_nodes[0].mem_gb
+    assert out == ([Reclaim("a")] if evicts else [Shed("n0", 1.0, keep)])
     (d,) = core.handle(MemoryObserved("n0", 6.0), 6.0)  # memory freed: b is admitted
     assert d.action.id == "b1" and core.node_of("c") == "n0"
 

@@ -22,11 +22,13 @@ def env_backend(name: str, root: Path, *, cpu_map: list[int] | None = None,
     the cores it may use (default: all this process may), ``run_mark`` the process backend's
     mark for its children, ``owner`` the docker containers' owner label (default: derived from
     ``root``, so one state directory owns one set of containers), ``sandboxes`` what each
-    docker sandbox may use, ``env`` extra environment for the process backend's commands."""
+    sandbox may use (the process backend: its memory limit), ``env`` extra environment for
+    the process backend's commands."""
     if name == "process":
         from executor.backends.process.backend import ProcessBackend
 
-        return ProcessBackend(root, cpu_map=cpu_map, env=env, run_mark=run_mark)
+        return ProcessBackend(root, cpu_map=cpu_map, env=env, run_mark=run_mark,
+                              default_mem_gb=sandboxes.mem_gb)
     if name == "docker":
         from executor.backends.docker.backend import DockerBackend
 

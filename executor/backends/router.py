@@ -9,7 +9,7 @@ from typing import BinaryIO, Literal
 
 from executor.backends.http.backend import HttpBackend
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import NONE, Capabilities, PreRestore, Sink
+from tangram.protocol import NONE, Capabilities, PreRestore, Shed, Sink
 
 Route = Literal["gpu", "http", "env"]
 
@@ -50,6 +50,11 @@ class RouterBackend:
     def evict(self, trajectory: str) -> bool:
         """Capabilities.evicts (the env backend's): free an idle trajectory's memory."""
         return self.env.evict(trajectory)
+
+    def shed(self, effect: Shed) -> str | None:
+        """Capabilities.sheds (the env backend's): kill the largest sandbox of a node short
+        of memory."""
+        return self.env.shed(effect)
 
     def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int:
         return self.env.put_file(trajectory, parts, data)

@@ -11,6 +11,11 @@ write), before a waiting client is woken to read them (that takes the loop two m
 turns). Every read writes the batch first. A crash loses at most that turn's results:
 those actions then read as unfinished, reported failed after the restart, as a crash
 a moment earlier would have left them.
+
+Open trajectories are journalled too (written at once, as their open's answer promises
+them), and forgotten at their close: a server restarted on the same state directory
+opens again those a crash (or a stop) left open (executor/server/service.py), so their
+clients' next submits find them.
 """
 
 from __future__ import annotations
@@ -38,6 +43,8 @@ class Journal:
             self.db.execute("ALTER TABLE actions ADD COLUMN output BLOB")
         self.db.execute("CREATE TABLE IF NOT EXISTS actions (id TEXT PRIMARY KEY, trajectory "
                         "TEXT, body TEXT, status TEXT, result TEXT, output BLOB)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS trajectories (id TEXT PRIMARY KEY, task "
+                        "TEXT, mem_gb REAL, image TEXT)")
         #: results not written yet, in the order they came
         self._finished: list[tuple[str, str, bytes, str]] = []
 
@@ -82,6 +89,19 @@ class Journal:
             self.db.execute("ROLLBACK")
             raise
         self.db.execute("COMMIT")
+
+    def opened(self, tid: str, task: str, mem_gb: float | None, image: str | None) -> None:
+        self.db.execute("INSERT OR REPLACE INTO trajectories VALUES (?, ?, ?, ?)",
+                        (tid, task, mem_gb, image))
+
+    def closed(self, tid: str) -> None:
+        self.db.execute("DELETE FROM trajectories WHERE id=?", (tid,))
+
+    def open_trajectories(self) -> list[tuple[str, str, float | None, str | None]]:
+        """(id, task, mem_gb, image) of every trajectory opened and not closed, in the
+        order they were opened."""
+        return list(self.db.execute("SELECT id, task, mem_gb, image FROM trajectories "
+                                    "ORDER BY rowid"))
 
     def body(self, aid: str) -> tuple[str, str] | None:
         """(trajectory, request body) of a submitted action."""

@@ -14,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import logging
 import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
@@ -35,6 +36,7 @@ from executor.server.schemas import (
 from tangram.model import Action, Outcome, quota_resource
 from tangram.runtime import Record
 
+log = logging.getLogger("tangram.service")
 
 class Refused(Exception):
     """A request the service will not carry out; ``status`` is the HTTP status."""
@@ -141,6 +143,7 @@ class Service:
         self.act_sum = 0.0
         self.started = time.time()
         self.recovered = journal.recover()
+        self.restored = self._restore()
         self.closing = asyncio.Event()
         self.max_cores = int(executor.snapshot(detail=False).capacity.get("cpu", 1))
 
@@ -157,10 +160,30 @@ class Service:
             raise Refused(422, str(e)) from None
         except OSError as e:  # e.g. the work directory cannot be made
             raise Refused(503, f"cannot open trajectory {tid!r}: {e}") from None
+        image = body.image or self.task_images.get(body.task)
+        self.journal.opened(tid, body.task, body.mem_gb, image)
         now = time.monotonic()
-        self.opened[tid] = Opened(body.task, body.mem_gb,
-                                  body.image or self.task_images.get(body.task), now, now)
+        self.opened[tid] = Opened(body.task, body.mem_gb, image, now, now)
         return {"id": tid, "task": body.task}
+
+    def _restore(self) -> int:
+        """Open again the trajectories the journal says a previous run left open (a crash
+        or a stop): their clients' next submits find them. The process backend keeps their
+        work directories; what else their sandboxes held (processes, files elsewhere) is
+        gone. One that cannot be opened again is forgotten (its next submit gets 404)."""
+        restored = 0
+        for tid, task, mem_gb, image in self.journal.open_trajectories():
+            try:
+                self.executor.open_trajectory(tid, task, mem_gb, image)
+                restored += 1
+            except (ValueError, OSError) as e:
+                log.warning("trajectory %r left open by the previous run not restored: %s",
+                            tid, e)
+                self.journal.closed(tid)
+                continue
+            now = time.monotonic()
+            self.opened[tid] = Opened(task, mem_gb, image, now, now)
+        return restored
 
     async def close_trajectory(self, tid: str) -> dict[str, str | int]:
         """Close it; its actions still queued or running are cancelled first (their
@@ -184,6 +207,7 @@ class Service:
                 opened.closing = False
             raise Refused(409, str(e)) from None
         self.opened.pop(tid, None)
+        self.journal.closed(tid)
         return {"id": tid, "status": "closed", "cancelled": len(in_flight)}
 
     def trajectories(self) -> list[TrajectoryOut]:
@@ -482,7 +506,8 @@ class Service:
 
     def health(self) -> dict[str, object]:
         return {"status": "closing" if self.closing.is_set() else "ok",
-                "uptime_s": time.time() - self.started, "recovered_as_failed": self.recovered}
+                "uptime_s": time.time() - self.started, "recovered_as_failed": self.recovered,
+                "trajectories_restored": self.restored}
 
     def metrics(self) -> str:
         snap = self.executor.snapshot(detail=False)

@@ -32,13 +32,22 @@ from typing import BinaryIO, cast
 from urllib.parse import quote
 
 from executor.backends.process import marks, spawner
+from executor.backends.process.cage import Cages, MemoryLimits
 from executor.backends.process.reaper import Leftovers, Reaper, clean
-from executor.backends.process.uids import BLOCK, UidBlock, dropping, kill_uids, unreachable
+from executor.backends.process.sweep import sweep
+from executor.backends.process.uids import (
+    BLOCK,
+    UidBlock,
+    dropping,
+    kill_uids,
+    pids_of_uids,
+    unreachable,
+)
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import Capabilities
+from tangram.protocol import Capabilities, Shed
 
 log = logging.getLogger("tangram.process")
 
@@ -165,11 +174,12 @@ class _Watched(asyncio.subprocess.SubprocessStreamProtocol):
 
 class ProcessBackend:
     name = "process"
-    capabilities = Capabilities(files=True)
+    capabilities = Capabilities(files=True, sheds=True)
 
     def __init__(self, root: str | Path, cpu_map: list[int] | None = None,
                  env: Mapping[str, str] | None = None, keep_workdirs: bool = False,
-                 run_mark: str | None = None) -> None:
+                 run_mark: str | None = None, default_mem_gb: float = 2.0) -> None:
+        """``default_mem_gb``: the memory limit of a trajectory that declares none."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.root = self.root.resolve()
@@ -184,12 +194,15 @@ class ProcessBackend:
         #: and its guard kills ``MARK=<run_mark>.*`` (executor/backends/ray/guard.py)
         self._run_mark = run_mark or secrets.token_hex(6)
         self._reaper = Reaper(MARK)
+        #: each trajectory's memory limit and OOM preference (executor/backends/process/cage.py)
+        self._memory = MemoryLimits(self._run_mark, default_mem_gb)
         #: as root: trajectory -> the user id its commands run under
         self._uids = UidBlock() if dropping() else None
         self._uid_of: dict[str, int] = {}
         #: trajectory -> its work directory (checked once, dropped at its close)
         self._dirs: dict[str, Path] = {}
         if self._uids is not None:
+            self._sweep_block()
             self.root.chmod(0o711)  # sandboxes may enter their own directory, not list others
             for path in (sys.executable, self.root):
                 blocked = unreachable(path)
@@ -199,6 +212,13 @@ class ProcessBackend:
                                 "root, must be reachable by other users",
                                 ", ".join(map(str, blocked)), path)
         use_pidfd_watcher()
+
+    def _sweep_block(self) -> None:
+        """What an earlier holder of this block of ids left (a server killed, not shut
+        down): its sandboxes' processes and files are no trajectory's to come."""
+        first, last = self.uid_range  # type: ignore[misc]
+        kill_uids(first, last)
+        sweep(lambda uid: first <= uid <= last)
 
     @property
     def uid_range(self) -> tuple[int, int] | None:
@@ -276,12 +296,13 @@ class ProcessBackend:
         """Start ``argv`` pinned to ``cores``, in a session of its own, as ``uid``."""
         nice = 0 if d.lease.lane else EXCLUSIVE_NICE
         drop = [] if uid is None else spawner.as_user(uid)
+        confine = self._memory.prefix(d.action.trajectory)
         if drop is not None and spawner.usable():
             # pinned and niced by the starting thread, the user become by an exec: the
             # cheap start (executor/backends/process/spawner.py), whose process is also its own watch
             # (``exited``: the process, not its pipes)
             proc = await spawner.create_subprocess_exec(
-                *drop, *argv, cores=cores, nice=nice, cwd=cwd, env=env,
+                *confine, *drop, *argv, cores=cores, nice=nice, cwd=cwd, env=env,
                 stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
                 stderr=asyncio.subprocess.STDOUT, start_new_session=True)
             return proc, proc
@@ -291,6 +312,7 @@ class ProcessBackend:
         # ``user=``/``group=``, which uvloop's subprocess_exec does not take)
         def prepare() -> None:
             spawner.place(cores, nice)
+            self._memory.join(d.action.trajectory)
             if uid is not None:  # no supplementary group of the server's either
                 os.setgroups([])
                 os.setgid(uid)
@@ -317,6 +339,7 @@ class ProcessBackend:
         cwd = self.workdir(d.action.trajectory)
         uid = self._uid(d.action.trajectory)
         env = self._command_env(d, cores, mark, cwd, uid)
+        kills = self._memory.kills(d.action.trajectory)
         try:
             proc, watched = await self._spawn(argv, d, cores, cwd, env, uid)
         except (OSError, ValueError, subprocess.SubprocessError) as e:  # ValueError: NUL in an arg
@@ -338,6 +361,12 @@ class ProcessBackend:
         t_exited = time.time()
         extra = {"argv": argv, "cores": sorted(cores), "spawn_s": t_spawned - t_start,
                  "t_spawned": t_spawned, "t_exited": t_exited}
+        oom = self._memory.ended_for_memory(d.action.trajectory, kills, t_start)
+        if oom:
+            on_done(Outcome(d.action.id, "oom", proc.returncode,
+                            output[-MAX_OUTPUT:].decode(errors="replace"), oom,
+                            t_spawned - t_start, extra))
+            return
         on_done(outcome_of(d, proc.returncode, output, timed_out, timeout or 0, extra,
                            overhead_s=t_spawned - t_start))
 
@@ -400,12 +429,25 @@ class ProcessBackend:
             self._kill_group(proc)
 
     def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
-        self.workdir(trajectory)
+        """Its memory limit and work directory. A directory already there is a trajectory
+        a previous run left open, restored after a restart (executor/server/service.py):
+        its files are kept, given to the user id it has now."""
+        self._memory.open(trajectory, mem_gb)
+        restored = (self.root / dir_name(trajectory)).is_dir()
+        path = self.workdir(trajectory)
+        uid = self._uid(trajectory)
+        if restored and uid is not None:  # (chown walks iteratively, links not followed:
+            # a tree thousands of levels deep would exhaust os.walk's recursion)
+            done = subprocess.run(["chown", "-R", "-P", "-h", f"{uid}:{uid}", "--", str(path)],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+            if done.returncode != 0:
+                raise OSError(f"its files cannot be given to its user id: {done.stderr[-200:]}")
 
     def close_trajectory(self, trajectory: str) -> None:
         mark = self._marks.pop(trajectory, None)
         uid = self._uid_of.pop(trajectory, None)
         self._dirs.pop(trajectory, None)
+        cage = self._memory.close(trajectory)
         path = self.root / dir_name(trajectory)
         gone = None
         if not self.keep_workdirs and path.exists():
@@ -415,6 +457,8 @@ class ProcessBackend:
             path.rename(gone)
 
         def give_back() -> None:  # once nothing of its id runs: for another trajectory
+            if cage is not None:
+                Cages.remove(cage)
             if uid is not None and self._uids is not None:
                 if self.keep_workdirs and path.exists():
                     return  # the directory is still its: the id is not handed out again
@@ -439,6 +483,54 @@ class ProcessBackend:
         kill_marked(self._run_mark + ".")
         if self._uids is not None:
             kill_uids(*self.uid_range)  # type: ignore[misc]
+        self._memory.shutdown()
+
+    def shed(self, effect: Shed) -> str | None:
+        """Capabilities.sheds: the machine is short of memory (the core's Shed): kill every
+        process of the trajectory that uses the most (its cgroup's working set, else its
+        processes' resident memory); its running actions end ``oom``. The trajectory,
+        None when no sandbox holds memory."""
+        use = {t: self._memory.used_bytes(t) for t in self._marks}
+        use = {t: (b if b is not None else self._rss(t)) for t, b in use.items()}
+        if not use or max(use.values()) <= 0:
+            return None
+        worst = max(use, key=use.__getitem__)
+        self._memory.shed(worst, time.time(), (
+            f"out of memory: the machine was short of memory ({effect.free_gb:.2f} GB free "
+            f"where {effect.keep_gb:.2f} GB are kept free) and this trajectory's commands "
+            f"used the most ({use[worst] / 1024**3:.2f} GB): they were killed"))
+        log.warning("memory short (%.2f GB free, %.2f GB kept): killed trajectory %r's "
+                    "commands (%.2f GB)", effect.free_gb, effect.keep_gb, worst,
+                    use[worst] / 1024**3)
+        self._kill_trajectory(worst)
+        return worst
+
+    def _pids(self, trajectory: str) -> list[int]:
+        uid = self._uid_of.get(trajectory)
+        if uid is not None:
+            return pids_of_uids(uid, uid)
+        mark = self._marks.get(trajectory)
+        return [] if mark is None else marks.marked_pids(MARK, mark + ".")
+
+    def _rss(self, trajectory: str) -> int:
+        page = os.sysconf("SC_PAGE_SIZE")
+        total = 0
+        for pid in self._pids(trajectory):
+            try:
+                with open(f"/proc/{pid}/statm") as f:
+                    total += int(f.read().split()[1]) * page
+            except (OSError, ValueError, IndexError):
+                pass
+        return total
+
+    def _kill_trajectory(self, trajectory: str) -> None:
+        uid = self._uid_of.get(trajectory)
+        if uid is not None:
+            kill_uids(uid)
+        else:
+            mark = self._marks.get(trajectory)
+            if mark is not None:
+                kill_marked(mark + ".")
 
     # -- files (executor/server/routes/files.py): confined to the trajectory's working directory ------
     def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int:

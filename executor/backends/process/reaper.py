@@ -13,13 +13,15 @@ Which pass: as root, commands run as a sandbox user of their trajectory
 program too), so the uids are searched; the environment mark is then redundant (a
 process of another real id is one that became root through su/sudo, which a sandbox
 user cannot). Otherwise the mark in each process's environment (executor/backends/process/marks.py).
+
+Then, as root, what the uids own where any user may write (``/tmp``, ``/dev/shm``, IPC
+objects: executor/backends/process/sweep.py) is removed, and only then are the ids given back: nothing
+of one trajectory is there for the next one under the same id.
 """
 
 from __future__ import annotations
 
 import logging
-import shutil
-import subprocess
 import threading
 import time
 from collections.abc import Callable
@@ -27,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from executor.backends.process.marks import carries, kill_until_gone, pids_where
+from executor.backends.process.sweep import remove_tree, sweep
 from executor.backends.process.uids import real_uid
 
 log = logging.getLogger("tangram.process")
@@ -40,20 +43,6 @@ class Leftovers:
     uid: int | None  # the sandbox user its commands ran as (a root server)
     tree: Path | None  # its directory, already moved aside, to remove
     then: Callable[[], None] | None = None  # once all is gone (e.g. the uid given back)
-
-
-def remove_tree(path: Path) -> None:
-    """Remove ``path`` whatever its depth. ``shutil.rmtree`` recurses once per level and
-    gives up past ~1,000 (RecursionError, which ``ignore_errors`` does not catch): then
-    ``rm -rf``, which walks iteratively, finishes it (a process start only then)."""
-    try:
-        shutil.rmtree(path, ignore_errors=True)
-    except RecursionError:
-        pass
-    rm = shutil.which("rm")
-    if path.exists() and rm is not None:
-        subprocess.run([rm, "-rf", "--one-file-system", "--", str(path)],
-                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
 
 
 def find(var: str, marks: tuple[str, ...], uids: frozenset[int]) -> list[int]:
@@ -123,6 +112,8 @@ def clean(var: str, batch: list[Leftovers]) -> None:
     marks = tuple(x.mark for x in batch if x.mark is not None and x.uid is None)
     if uids or marks:
         kill_until_gone(lambda: find(var, marks, uids), rounds=ROUNDS)
+    if uids:  # what they wrote outside their directories, before the ids go to another
+        sweep(uids.__contains__)
     for x in batch:
         if x.tree is not None:
             remove_tree(x.tree)

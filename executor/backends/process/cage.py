@@ -1,0 +1,237 @@
+"""A memory limit for each trajectory's commands on the process backend.
+
+Without one, a trajectory's commands could use all of the machine's memory: the kernel's
+OOM killer would then pick by size alone, the server or another job of the machine
+included. So every command joins, before it runs, a memory cgroup of its trajectory whose
+limit is the trajectory's declared ``mem_gb`` (else the sandbox default), and raises its
+own ``oom_score_adj`` to :data:`OOM_SCORE_ADJ`: past its limit the kernel kills inside
+the trajectory only, and when the whole machine is short the kernel picks the sandboxes'
+processes before the server and before anything else on the machine.
+
+How a command joins: its exec chain starts with ``sh -c`` (:func:`prefix`), which, still
+as root, writes itself into the cgroup and its ``oom_score_adj`` and then execs the rest
+(``setpriv`` dropping to the sandbox user, then the command). Everything the command
+starts inherits both, from its first instruction on: nothing it forks escapes, which a
+move by the server after the start could not promise. It costs the child ~0.5 ms of CPU
+per start (one ``dash`` exec; measured 2026-12-02 on this kind of machine).
+
+Where: under the server's own memory cgroup (cgroup v1's memory hierarchy, where a root
+server may make children of its own cgroup: this kind of machine), in a folder of this
+run, one child per trajectory. cgroup v2 would need the server to move itself into a leaf
+first (no process may sit in a cgroup whose children have controllers); it does not, and
+there, as for a server that is not root, each process is limited by ``RLIMIT_DATA`` instead
+(per process, and of its private writable mappings - heap, anonymous maps, stacks - rather
+than of the memory it touches: a weaker bound, but a bound; not ``RLIMIT_AS``, which counts
+address space merely reserved, and stops a JVM or a many-threaded program from starting).
+
+The kernel counts each OOM kill in the victim's own cgroup, whichever limit was passed
+(the trajectory's, an enclosing container's, or the machine's): :meth:`Cage.oom_kills`
+read before and after an action tells the backend it ended ``oom``.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from executor.cgroups import own_memory_cgroup
+
+log = logging.getLogger("tangram.process")
+
+#: the OOM killer's preference for sandbox processes (1000: first, whatever their size)
+OOM_SCORE_ADJ = 1000
+#: the exec prefix: join the cgroup ($1, its cgroup.procs), take the OOM preference ($2),
+#: then run the rest (a failed write stops here: no command runs unconfined)
+_JOIN = 'echo 0 >"$1" && echo "$2" >/proc/self/oom_score_adj && shift 2 && exec "$@"'
+#: without a cgroup: the OOM preference and a data limit ($1, KiB: RLIMIT_DATA)
+_RLIMIT = 'echo "$2" >/proc/self/oom_score_adj && ulimit -d "$1" && shift 2 && exec "$@"'
+SH = "/bin/sh"
+
+
+@dataclass(frozen=True)
+class Cage:
+    """One trajectory's memory cgroup (cgroup v1)."""
+
+    path: Path
+    limit_bytes: int
+
+    def oom_kills(self) -> int:
+        """Processes of this cgroup the kernel killed for memory so far (-1: unknown)."""
+        try:
+            for line in (self.path / "memory.oom_control").read_text().splitlines():
+                if line.startswith("oom_kill "):
+                    return int(line.split()[1])
+        except (OSError, ValueError):
+            pass
+        return -1
+
+    def used_bytes(self) -> int:
+        """What it holds that only a kill frees: its usage less the file cache the kernel
+        can drop (the "working set", as kubelet counts it)."""
+        try:
+            usage = int((self.path / "memory.usage_in_bytes").read_text())
+            inactive = 0
+            for line in (self.path / "memory.stat").read_text().splitlines():
+                if line.startswith("total_inactive_file "):
+                    inactive = int(line.split()[1])
+            return max(usage - inactive, 0)
+        except (OSError, ValueError):
+            return 0
+
+
+def prefix(cage: Cage | None, limit_bytes: int) -> list[str]:
+    """The exec chain's start that confines a command: into ``cage``, else under an
+    data limit (``RLIMIT_DATA``) of ``limit_bytes``; either way with :data:`OOM_SCORE_ADJ`."""
+    if cage is not None:
+        return [SH, "-c", _JOIN, "tangram-cage", str(cage.path / "cgroup.procs"),
+                str(OOM_SCORE_ADJ)]
+    return [SH, "-c", _RLIMIT, "tangram-cage", str(max(limit_bytes // 1024, 1)),
+            str(OOM_SCORE_ADJ)]
+
+
+class Cages:
+    """The trajectories' cgroups of one backend: ``<own cgroup>/tangram-<pid>-<mark>/<n>``."""
+
+    def __init__(self, top: Path) -> None:
+        self.top = top
+
+    @classmethod
+    def here(cls, mark: str) -> Cages | None:
+        """Where this process may make memory cgroups (root, cgroup v1), else None."""
+        if os.geteuid() != 0:
+            return None
+        own = own_memory_cgroup()
+        if own is None:
+            return None
+        _remove_stale(own)
+        top = own / f"tangram-{os.getpid()}-{mark}"
+        try:
+            top.mkdir(exist_ok=True)
+        except OSError as e:
+            log.warning("no memory cgroup for sandboxes (%s): a data limit per process "
+                        "instead", e)
+            return None
+        return cls(top)
+
+    def make(self, name: str, limit_bytes: int) -> Cage:
+        """A new cgroup ``name`` limited to ``limit_bytes`` (OSError if it cannot be)."""
+        path = self.top / name
+        path.mkdir(exist_ok=True)
+        (path / "memory.limit_in_bytes").write_text(str(limit_bytes))
+        return Cage(path, limit_bytes)
+
+    @staticmethod
+    def remove(cage: Cage) -> None:
+        """Remove ``cage`` once its processes are gone (its charges go to the parent)."""
+        try:
+            cage.path.rmdir()
+        except OSError as e:
+            log.warning("memory cgroup %s not removed: %s", cage.path, e)
+
+    def close(self) -> None:
+        for child in self.top.iterdir() if self.top.is_dir() else ():
+            if child.is_dir():
+                try:
+                    child.rmdir()
+                except OSError:
+                    pass
+        try:
+            self.top.rmdir()
+        except OSError:
+            pass
+
+
+def _remove_stale(own: Path) -> None:
+    """The cgroups of servers that died without removing them (their pid is gone)."""
+    for d in own.glob("tangram-*-*"):
+        pid = d.name.split("-")[1]
+        if pid.isdigit() and not Path(f"/proc/{pid}").exists():
+            Cages(d).close()
+
+
+class MemoryLimits:
+    """The process backend's memory bounds, per trajectory: its cgroup (or its limit for
+    ``RLIMIT_DATA``), what its actions' exec chains start with, and whether an action
+    ended for memory (a kernel OOM kill counted in its cgroup, or a :meth:`shed`)."""
+
+    def __init__(self, run_mark: str, default_gb: float) -> None:
+        self.default_gb = default_gb
+        self.cages = Cages.here(run_mark)
+        self._limit: dict[str, int] = {}
+        self._cage: dict[str, Cage] = {}
+        #: trajectory -> (when it was shed, why): its actions started before end ``oom``
+        self._shed: dict[str, tuple[float, str]] = {}
+        self._names = 0
+
+    def open(self, trajectory: str, mem_gb: float | None) -> None:
+        gb = mem_gb if mem_gb else self.default_gb
+        self._limit[trajectory] = int(gb * 1024**3)
+        if self.cages is not None and trajectory not in self._cage:
+            self._names += 1
+            try:
+                self._cage[trajectory] = self.cages.make(f"t{self._names}",
+                                                         self._limit[trajectory])
+            except OSError as e:  # e.g. a limit below what the cgroup holds already
+                log.warning("trajectory %r: no memory cgroup (%s): a data limit per "
+                            "process instead", trajectory, e)
+
+    def limit_bytes(self, trajectory: str) -> int:
+        if trajectory not in self._limit:  # (an action before its open: a backend's tool)
+            self.open(trajectory, None)
+        return self._limit[trajectory]
+
+    def prefix(self, trajectory: str) -> list[str]:
+        """What the trajectory's commands' exec chain starts with (as root, before the
+        user is dropped: :func:`prefix`)."""
+        return prefix(self._cage.get(trajectory), self.limit_bytes(trajectory))
+
+    def join(self, trajectory: str) -> None:
+        """In a child before its exec, still as root (the start through a preexec_fn):
+        what :meth:`prefix` does by an exec."""
+        import resource
+
+        cage = self._cage.get(trajectory)
+        if cage is not None:
+            (cage.path / "cgroup.procs").write_text("0")
+        else:
+            limit = self.limit_bytes(trajectory)
+            resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+        Path("/proc/self/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
+
+    def kills(self, trajectory: str) -> int:
+        """The trajectory's OOM kills so far (read before an action starts)."""
+        cage = self._cage.get(trajectory)
+        return cage.oom_kills() if cage is not None else -1
+
+    def ended_for_memory(self, trajectory: str, kills_before: int, t_start: float) -> str:
+        """Why an action of ``trajectory`` started at ``t_start`` ended for memory ("":
+        it did not)."""
+        shed = self._shed.get(trajectory)
+        if shed is not None and shed[0] >= t_start:
+            return shed[1]
+        cage = self._cage.get(trajectory)
+        if cage is not None and kills_before >= 0 and cage.oom_kills() > kills_before:
+            return (f"out of memory: the kernel killed a process of the command (the "
+                    f"trajectory's limit is {cage.limit_bytes / 1024**3:g} GB, its mem_gb; "
+                    "or the machine ran short and its commands were the first to go)")
+        return ""
+
+    def used_bytes(self, trajectory: str) -> int | None:
+        """What the trajectory's cgroup holds (None: it has none)."""
+        cage = self._cage.get(trajectory)
+        return cage.used_bytes() if cage is not None else None
+
+    def shed(self, trajectory: str, t: float, why: str) -> None:
+        self._shed[trajectory] = (t, why)
+
+    def close(self, trajectory: str) -> Cage | None:
+        """Forget ``trajectory``; its cgroup, to remove once its processes are gone."""
+        self._limit.pop(trajectory, None)
+        self._shed.pop(trajectory, None)
+        return self._cage.pop(trajectory, None)
+
+    def shutdown(self) -> None:
+        if self.cages is not None:
+            self.cages.close()

@@ -1,0 +1,159 @@
+"""Attack (issue 34 #1): memory on the process backend.
+
+Twelve trajectories declaring 4 GB each were all admitted on a 24 GB machine and each
+started a 2.5 GB allocator: nothing limited a command's memory, and nothing but the
+attacker's own floor stopped them short of the kernel's OOM killer, which could have
+taken the server or another job of the machine. Now each trajectory's commands run in a
+memory cgroup limited to its ``mem_gb`` with the OOM killer's preference raised, and a
+machine short of memory sheds its largest sandbox (status ``oom``, said in its error).
+
+Bounded on a shared machine: the sizes are scaled down (limits of a few hundred MB), and
+the "machine" of the shedding test is a cgroup of 1.5 GB the test makes and runs the
+server in (a container with a memory limit, as the server sees it): nothing here can
+take more than that from the machine, whatever the server does.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from conftest import TOKEN, start_server
+
+from executor.cgroups import own_memory_cgroup
+
+H = {"Authorization": f"Bearer {TOKEN}"}
+OWN = own_memory_cgroup() if os.geteuid() == 0 else None
+needs_cgroups = pytest.mark.skipif(OWN is None or not os.access(OWN, os.W_OK),
+                                   reason="needs root and a writable cgroup v1 memory hierarchy")
+
+#: allocate MB megabytes, STEP at a time every PAUSE seconds, then hold them HOLD seconds
+ALLOCATE = ("import sys, time\nmb, step, pause, hold = map(float, sys.argv[1:])\nheld = []\n"
+            "while len(held) * step < mb:\n    held.append(bytearray(int(step * 2**20)))\n"
+            "    time.sleep(pause)\nprint('held', len(held) * step, flush=True)\n"
+            "time.sleep(hold)\n")
+
+
+def _alloc(mb: float, step: float = 10, pause: float = 0.0, hold: float = 0.0) -> list[str]:
+    return [sys.executable, "-c", ALLOCATE, str(mb), str(step), str(pause), str(hold)]
+
+
+def _submit(c: httpx.Client, tid: str, argv: list[str]) -> str:
+    aid = f"{tid}-{secrets.token_hex(4)}"
+    r = c.post(f"/v1/trajectories/{tid}/actions",
+               json={"id": aid, "argv": argv, "timeout_s": 300})
+    assert r.status_code == 202, r.text
+    return aid
+
+
+def _result(c: httpx.Client, aid: str) -> dict:
+    deadline = time.time() + 300
+    while True:
+        res = c.get(f"/v1/actions/{aid}", params={"wait": 30}).json()
+        if res["status"] not in ("queued", "running") or time.time() > deadline:
+            return res
+
+
+@needs_cgroups
+def test_a_trajectory_past_its_limit_is_killed_alone_and_ends_oom(tmp_path):
+    server = start_server(tmp_path / "state")
+    try:
+        with httpx.Client(base_url=server.url, headers=H, timeout=120) as c:
+            c.post("/v1/trajectories", json={"id": "hog", "mem_gb": 0.25})
+            c.post("/v1/trajectories", json={"id": "calm"})
+            res = _result(c, _submit(c, "hog", _alloc(600)))
+            assert res["status"] == "oom", res
+            assert "out of memory" in res["error"] and "0.25 GB" in res["error"], res
+            assert "held" not in res["output"]
+            # the rest goes on: the server, another trajectory, the hog's next action
+            assert _result(c, _submit(c, "calm", ["echo", "fine"]))["output"] == "fine\n"
+            res = _result(c, _submit(c, "hog", ["cat", "/proc/self/oom_score_adj"]))
+            assert res["status"] == "ok" and res["output"] == "1000\n", res
+            res = _result(c, _submit(c, "hog", _alloc(100)))  # within its limit
+            assert res["status"] == "ok" and "held 100" in res["output"], res
+            assert server.proc.poll() is None
+    finally:
+        server.stop()
+
+
+@needs_cgroups
+def test_a_machine_short_of_memory_sheds_its_largest_sandbox(tmp_path):
+    """The server in a 1.5 GB cgroup (its machine, as it sees it) keeping 0.3 GB free;
+    four trajectories declaring 0.9 GB each (admitted: 3.6 GB of declared limits, within
+    the overcommit) each grow an allocator to 0.65 GB, two at a time (a core each): past
+    what the machine keeps free. The largest is shed (or, where the server is late on a
+    loaded machine, killed by the kernel within the 1.5 GB: a sandbox's process first);
+    a small trajectory beside them and the server are untouched, and every acknowledged
+    action has its result."""
+    cg = OWN / f"tangram-test-{secrets.token_hex(4)}"  # type: ignore[operator]
+    cg.mkdir()
+    server = None
+    try:
+        (cg / "memory.limit_in_bytes").write_text(str(int(1.5 * 2**30)))
+        server = start_server(tmp_path / "state", cgroup=cg,
+                              extra_args=("--mem-headroom", "0.2"))
+        with httpx.Client(base_url=server.url, headers=H, timeout=120) as c:
+            aids = []
+            for i in range(4):
+                c.post("/v1/trajectories", json={"id": f"big{i}", "mem_gb": 0.9})
+                aids.append(_submit(c, f"big{i}", _alloc(650, step=5, pause=0.05, hold=2)))
+            c.post("/v1/trajectories", json={"id": "small"})
+            small = [_result(c, _submit(c, "small", ["echo", str(i)])) for i in range(3)]
+            results = [_result(c, aid) for aid in aids]
+            assert server.proc.poll() is None
+            assert c.get("/healthz").status_code == 200
+            statuses = [r["status"] for r in results]
+            assert set(statuses) <= {"ok", "oom"} and "oom" in statuses, results
+            # shed by the server ("the machine was short of memory"), or, where it was
+            # late (a loaded machine), by the kernel at the 1.5 GB: either way they alone
+            assert all(r["error"].startswith("out of memory") for r in results
+                       if r["status"] == "oom"), results
+            assert all(r["status"] == "ok" for r in small), small
+            for aid, r in zip(aids, results, strict=True):  # the journal has each of them
+                assert c.get(f"/v1/actions/{aid}").json()["status"] == r["status"]
+    finally:
+        if server is not None:
+            server.stop()
+        _remove(cg)
+
+
+def _remove(cg: Path) -> None:
+    """The test's cgroup, once the server and its sandboxes have left it."""
+    deadline = time.time() + 60
+    while time.time() < deadline:
+        for child in sorted(cg.rglob("*"), key=lambda p: -len(p.parts)):
+            if child.is_dir():
+                try:
+                    child.rmdir()
+                except OSError:
+                    pass
+        try:
+            cg.rmdir()
+            return
+        except OSError:
+            for pid in (cg / "cgroup.procs").read_text().split():
+                try:
+                    os.kill(int(pid), 9)
+                except OSError:
+                    pass
+            time.sleep(0.2)
+
+
+def test_without_a_cgroup_a_command_gets_a_data_limit_and_the_oom_preference():
+    """Where no cgroup can be made (cgroup v2, a server that is not root): the exec
+    prefix sets RLIMIT_DATA to the trajectory's limit and raises oom_score_adj."""
+    import subprocess
+
+    from executor.backends.process.cage import prefix
+
+    confine = prefix(None, 256 * 2**20)
+    out = subprocess.run([*confine, "sh", "-c", "cat /proc/self/oom_score_adj; ulimit -d"],
+                         capture_output=True, text=True, check=True).stdout
+    assert out.split() == ["1000", str(256 * 1024)]
+    res = subprocess.run([*confine, *_alloc(400)], capture_output=True, text=True)
+    assert res.returncode != 0 and "MemoryError" in res.stderr, res

@@ -1,0 +1,64 @@
+"""Attack (issue 34 #4): open trajectories across a restart.
+
+After a kill -9 and a restart on the same state directory, 839 next-action submits got
+404: the server forgot every open trajectory, and each client had to notice and reopen.
+Now the journal records opens and closes; a restarted server opens again what was left
+open (the process backend keeps its work directory), so the next submit works, and a
+finished action submitted again with the same id returns its journalled result without
+running again (what lets a preempted trainer fast-forward a rollout)."""
+
+from __future__ import annotations
+
+import signal
+
+import httpx
+from conftest import TOKEN, start_server
+
+H = {"Authorization": f"Bearer {TOKEN}"}
+
+
+def _run(c: httpx.Client, tid: str, aid: str, command: str) -> httpx.Response:
+    return c.post(f"/v1/trajectories/{tid}/actions", params={"wait": 60},
+                  json={"id": aid, "shell": True, "command": command})
+
+
+def test_open_trajectories_survive_a_kill_and_finished_actions_are_not_run_again(tmp_path):
+    state = tmp_path / "state"
+    server = start_server(state)
+    try:
+        with httpx.Client(base_url=server.url, headers=H, timeout=120) as c:
+            for tid in ("t1", "t2", "gone"):
+                assert c.post("/v1/trajectories", json={"id": tid, "mem_gb": 0.5}
+                              ).status_code == 201
+            assert _run(c, "t1", "w1", "echo kept > f").json()["status"] == "ok"
+            once = _run(c, "t1", "n1", "echo run >> log; wc -l < log").json()
+            assert once["status"] == "ok" and once["output"] == "1\n", once
+            assert c.delete("/v1/trajectories/gone").status_code == 200
+        server.stop(signal.SIGKILL)
+
+        server = start_server(state)
+        with httpx.Client(base_url=server.url, headers=H, timeout=120) as c:
+            assert c.get("/healthz").json()["trajectories_restored"] == 2
+            res = _run(c, "t1", "r1", "cat f; echo more >> f; id -u; stat -c %u f")
+            assert res.status_code == 202, res.text
+            out = res.json()
+            assert out["status"] == "ok" and out["output"].startswith("kept\n"), out
+            uid, owner = out["output"].split()[1:3]
+            assert uid == owner  # its files are its own under the id it has now
+            assert _run(c, "t2", "r2", "true").json()["status"] == "ok"
+            # the same id and body: the journalled result, not a second run
+            again = _run(c, "t1", "n1", "echo run >> log; wc -l < log")
+            assert again.status_code in (200, 202) and again.json()["output"] == "1\n", again.text
+            assert _run(c, "t1", "r3", "wc -l < log").json()["output"] == "1\n"
+            # a closed trajectory stays closed
+            assert _run(c, "gone", "g1", "true").status_code == 404
+            assert c.delete("/v1/trajectories/t2").status_code == 200
+        server.stop()  # a stop, not a crash: open trajectories are kept the same way
+
+        server = start_server(state)
+        with httpx.Client(base_url=server.url, headers=H, timeout=120) as c:
+            assert c.get("/healthz").json()["trajectories_restored"] == 1
+            assert _run(c, "t1", "s1", "cat f").json()["output"] == "kept\nmore\n"
+            assert _run(c, "t2", "s2", "true").status_code == 404
+    finally:
+        server.stop()
