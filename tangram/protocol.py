@@ -69,6 +69,9 @@ class Capabilities:
     #: reclaims idle trajectories also when the node is short of memory by observation,
     #: not only when their declared limits pass the cap: only an eviction frees memory
     evicts: bool = False
+    #: carries out a fork action (kind ``fork``, tangram/fork.py): copies the source
+    #: trajectory's sandbox into the trajectories its payload names
+    forks: bool = False
 
     def __or__(self, other: Capabilities) -> Capabilities:
         """What a router over two backends can do (either one can)."""
@@ -224,6 +227,8 @@ class TrajectoryView:
     #: the CPU node it is bound to (None: not yet)
     node: str | None
     in_flight: int
+    #: its declared memory (None: its first CPU action's); a fork's copies declare it too
+    mem_gb: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -17,10 +17,12 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from executor.backends.http.urls import UrlRefused, check_headers, listed, parse_allow_list, parse_target
 from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
+from executor.fork import ForkRefused, copy_ids, fork
 from executor.memwatch import MemoryWatch
 from executor.server.journal import RESTARTED, SHUTDOWN, Journal
 from executor.server.routes.gpus import metric_lines
@@ -102,6 +104,22 @@ class Service:
         except OSError as e:  # e.g. the work directory cannot be made
             raise Refused(503, f"cannot open trajectory {tid!r}: {e}") from None
         return {"id": tid, "task": body.task}
+
+    async def fork_trajectories(self, body: TrajectoryIn) -> dict[str, Any]:
+        """``body.count`` copies of ``body.fork_of`` (executor/fork.py)."""
+        self._not_closing()
+        assert body.fork_of is not None
+        if body.mem_gb is not None or body.image is not None:
+            raise Refused(422, "fork_of: a copy takes its source's mem_gb and image; "
+                          "leave mem_gb and image out")
+        try:
+            done = await fork(self.executor, body.fork_of,
+                              copy_ids(body.fork_of, body.count, body.id), self.closing)
+        except ForkRefused as e:
+            raise Refused(e.status, e.detail) from None
+        return {"ids": list(done.ids), "fork_of": done.source, "action": done.action,
+                "method": done.method, "bytes": done.bytes, "queue_s": done.queue_s,
+                "fork_s": done.fork_s}
 
     def close_trajectory(self, tid: str) -> dict[str, str]:
         if not self.executor.has_trajectory(tid):

@@ -32,11 +32,13 @@ from typing import BinaryIO, cast
 from urllib.parse import quote
 
 from executor.backends.process import marks, spawner
+from executor.backends.process.fork import run_fork
 from executor.backends.process.reaper import Leftovers, Reaper, clean
 from executor.backends.process.uids import BLOCK, UidBlock, dropping, kill_uids, unreachable
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
+from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities
 
@@ -165,7 +167,7 @@ class _Watched(asyncio.subprocess.SubprocessStreamProtocol):
 
 class ProcessBackend:
     name = "process"
-    capabilities = Capabilities(files=True)
+    capabilities = Capabilities(files=True, forks=True)
 
     def __init__(self, root: str | Path, cpu_map: list[int] | None = None,
                  env: Mapping[str, str] | None = None, keep_workdirs: bool = False,
@@ -250,7 +252,10 @@ class ProcessBackend:
     async def _guarded(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         """Whatever fails, the action ends with a status (its lease is released then)."""
         try:
-            await self._run(d, on_done)
+            if d.action.kind == FORK:  # a copy of the sandbox (tangram/fork.py), no command
+                await run_fork(self, d, on_done)
+            else:
+                await self._run(d, on_done)
         except asyncio.CancelledError:
             on_done(Outcome(d.action.id, "cancelled", None, error="cancelled"))
             raise
