@@ -196,3 +196,17 @@ def bench_adapters(
 ) -> None:
     """Per-call overhead of the verl, gymnasium and SkyRL adapters over the plain client (JSON)."""
     adapters_main(["--backend", backend, "--calls", str(calls)])
+
+
+@app.command("fork")
+def bench_fork(
+    size: Annotated[int, typer.Option(min=1, max=65, help="Rollouts per group.")] = 8,
+    rounds: Annotated[int, typer.Option(min=1, help="Groups played each way.")] = 3,
+) -> None:
+    """A GRPO group on a real `tangram serve` (process backend): every rollout preparing
+    its sandbox (git clone of a local repository + pip install of a local wheel, offline)
+    against one preparation forked into the others. One JSON line: open-to-first-action
+    per rollout, the group's total CPU, the fork's method and seconds per copy."""
+    from executor.bench.fork import fork_bench
+
+    _emit(fork_bench(size, rounds))
