@@ -210,3 +210,25 @@ def bench_fork(
     from executor.bench.fork import fork_bench
 
     _emit(fork_bench(size, rounds))
+
+
+@app.command("fork-sim")
+def bench_fork_sim(
+    trajectories: Annotated[int, typer.Option(min=1, help="Coding trajectories.")] = 1024,
+    group: Annotated[int, typer.Option(min=2, max=65, help="Rollouts per GRPO group.")] = 8,
+    cluster: Annotated[str, typer.Option(help="Cluster YAML or built-in name.")] = "paper",
+    fork_s: Annotated[float | None, typer.Option(
+        min=0, help="Seconds per copy (default: the cluster file's measured extra.fork_s).")] = None,
+    seed: int = 0,
+) -> None:
+    """The coding workload in GRPO groups, simulated with and without forking the prepared
+    sandbox, on the whole cluster and on one CPU node (oversubscribed): env time per
+    trajectory, step time, mean ACT, first agent action, core-seconds of preparation
+    (JSON lines)."""
+    from analysis.forks import fork_sim_rows
+
+    try:
+        for row in fork_sim_rows(trajectories, group, cluster, seed=seed, fork_s=fork_s):
+            _emit(row)
+    except ValueError as e:
+        fail(f"bench fork-sim: {e}")
