@@ -90,6 +90,9 @@ def test_fork_refusals(process_server):
             c.fork(src, 65)
         assert e.value.status == 422
         with pytest.raises(TangramError) as e:
+            c.fork(src, 10, prefix="x" * 127)
+        assert e.value.status == 422 and "shorter" in str(e.value)
+        with pytest.raises(TangramError) as e:
             c._call("POST", "/v1/trajectories", json={"fork_of": src, "mem_gb": 1})
         assert e.value.status == 422 and "mem_gb" in str(e.value)
         # closed: refused like an unknown one
@@ -124,3 +127,32 @@ def test_copies_declare_the_sources_memory_and_wait_for_a_node(tmp_path):
             c.close_trajectory(src)
     finally:
         server.stop()
+
+
+def test_gymnasium_reset_forks_a_prepared_env(process_server):
+    """A GRPO group through gymnasium: one env prepares, the others reset as its copies."""
+    import gymnasium
+
+    import tangram.integrations.gym  # noqa: F401
+
+    def make():
+        return gymnasium.make("tangram/Shell-v0", base_url=process_server.url, token=TOKEN,
+                              task="gym-fork")
+
+    lead, other = make(), make()
+    try:
+        lead.reset()
+        obs, *_ = lead.step("echo prepared > state.txt && echo done")
+        assert "done" in obs
+        source = lead.unwrapped.trajectory
+        other.reset(options={"fork_of": source})
+        assert other.unwrapped.trajectory != source
+        obs, *_ = other.step("cat state.txt && echo mine > state.txt")
+        assert obs.startswith("prepared")
+        obs, *_ = lead.step("cat state.txt")
+        assert obs.startswith("prepared")  # the copy's write stayed in the copy
+        with pytest.raises(ValueError, match="fork_of"):
+            other.reset(options={"fork_of": 7})
+    finally:
+        lead.close()
+        other.close()

@@ -26,7 +26,7 @@ from executor.fork import ForkRefused, copy_ids, fork
 from executor.memwatch import MemoryWatch
 from executor.server.journal import RESTARTED, SHUTDOWN, Journal
 from executor.server.routes.gpus import metric_lines
-from executor.server.schemas import MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
+from executor.server.schemas import ID_MAX, MAX_TIMEOUT_S, ActionIn, ActionOut, TrajectoryIn
 from tangram.model import Outcome, quota_resource
 from tangram.runtime import Record
 
@@ -112,9 +112,12 @@ class Service:
         if body.mem_gb is not None or body.image is not None:
             raise Refused(422, "fork_of: a copy takes its source's mem_gb and image; "
                           "leave mem_gb and image out")
+        ids = copy_ids(body.fork_of, body.count, body.id)
+        if max(map(len, ids)) > ID_MAX:
+            raise Refused(422, f"id: the copies' ids ({ids[-1]!r}) would pass {ID_MAX} "
+                          "characters; use a shorter id")
         try:
-            done = await fork(self.executor, body.fork_of,
-                              copy_ids(body.fork_of, body.count, body.id), self.closing)
+            done = await fork(self.executor, body.fork_of, ids, self.closing)
         except ForkRefused as e:
             raise Refused(e.status, e.detail) from None
         return {"ids": list(done.ids), "fork_of": done.source, "action": done.action,
