@@ -8,14 +8,16 @@ or the server stops meanwhile, every copy opened is closed again.
 
 A source with an action in flight is refused (409), not waited for: its files are
 changing, and a fork waiting behind a long test run would hold the request as long.
-The caller forks between actions - when a rollout's setup has ended.
+The caller forks between actions - when a rollout's setup has ended. Other forks of the
+same source are no such action (a fork only reads the source): a group's rollouts may
+fork one prepared sandbox all at once (:class:`Forking` counts them).
 """
 
 from __future__ import annotations
 
 import asyncio
 import secrets
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from executor.driver import LiveExecutor
 from tangram.fork import MAX_COPIES, fork_action
@@ -46,6 +48,26 @@ class Forked:
     fork_s: float
 
 
+@dataclass(slots=True)
+class Forking:
+    """Forks in flight per source (the actions in flight that do not change its files)."""
+
+    sources: dict[str, int] = field(default_factory=dict)
+
+    def count(self, source: str) -> int:
+        return self.sources.get(source, 0)
+
+    def add(self, source: str) -> None:
+        self.sources[source] = self.count(source) + 1
+
+    def done(self, source: str) -> None:
+        left = self.count(source) - 1
+        if left > 0:
+            self.sources[source] = left
+        else:
+            self.sources.pop(source, None)
+
+
 def copy_ids(source: str, count: int, prefix: str | None) -> list[str]:
     """``<prefix>-<i>`` when the caller names them, else random ids."""
     if prefix is not None:
@@ -54,8 +76,10 @@ def copy_ids(source: str, count: int, prefix: str | None) -> list[str]:
 
 
 async def fork(executor: LiveExecutor, source: str, copies: list[str],
-               stop: asyncio.Event | None = None) -> Forked:
-    """Open ``copies`` as copies of ``source``'s sandbox now; ForkRefused says why not."""
+               stop: asyncio.Event | None = None, forking: Forking | None = None) -> Forked:
+    """Open ``copies`` as copies of ``source``'s sandbox now; ForkRefused says why not.
+    ``forking``: the forks in flight (the caller's, across requests)."""
+    forking = forking if forking is not None else Forking()
     view = executor.trajectory(source)
     if view is None:
         raise ForkRefused(404, f"fork_of: unknown trajectory {source!r} (never opened, "
@@ -63,8 +87,9 @@ async def fork(executor: LiveExecutor, source: str, copies: list[str],
     if not executor.backend.capabilities.forks:
         raise ForkRefused(501, f"fork_of: the {executor.backend.name} backend cannot fork "
                           "a sandbox (use --backend process)")
-    if view.in_flight:
-        raise ForkRefused(409, f"fork_of: trajectory {source!r} has {view.in_flight} "
+    busy = view.in_flight - forking.count(source)
+    if busy:
+        raise ForkRefused(409, f"fork_of: trajectory {source!r} has {busy} "
                           "action(s) in flight; fork it between actions (once they ended)")
     if not 1 <= len(copies) <= MAX_COPIES:
         raise ForkRefused(422, f"count: 1 to {MAX_COPIES} copies, got {len(copies)}")
@@ -80,6 +105,8 @@ async def fork(executor: LiveExecutor, source: str, copies: list[str],
             opened.append(c)
         action = fork_action(f"fork-{secrets.token_hex(8)}", view.task, source, copies)
         done = executor.submit(action)
+        forking.add(source)
+        done.add_done_callback(lambda _: forking.done(source))
         if stop is not None:
             stopping = asyncio.ensure_future(stop.wait())
             try:

@@ -156,3 +156,25 @@ def test_gymnasium_reset_forks_a_prepared_env(process_server):
     finally:
         lead.close()
         other.close()
+
+
+def test_concurrent_forks_of_one_source(process_server):
+    """A group's rollouts fork one prepared sandbox at once: a fork in flight is no
+    action that keeps another fork out (it only reads the source)."""
+    import asyncio
+
+    from tangram.client import TangramClient
+
+    async def go() -> None:
+        async with TangramClient(process_server.url, TOKEN, timeout_s=120) as tg:
+            src = await tg.open_trajectory(task="grpo", mem_gb=0.1)
+            await tg.run(src, command="echo ready > f.txt", shell=True)
+            done = await asyncio.gather(*(tg.fork(src, 1) for _ in range(4)))
+            ids = [d["ids"][0] for d in done]
+            assert len(set(ids)) == 4
+            for t in ids:
+                assert await tg.get_file(t, "f.txt") == b"ready\n"
+                await tg.close_trajectory(t)
+            await tg.close_trajectory(src)
+
+    asyncio.run(go())

@@ -22,7 +22,7 @@ from typing import Any
 from executor.backends.http.urls import UrlRefused, check_headers, listed, parse_allow_list, parse_target
 from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
-from executor.fork import ForkRefused, copy_ids, fork
+from executor.fork import Forking, ForkRefused, copy_ids, fork
 from executor.memwatch import MemoryWatch
 from executor.server.journal import RESTARTED, SHUTDOWN, Journal
 from executor.server.routes.gpus import metric_lines
@@ -89,6 +89,8 @@ class Service:
         self.recovered = journal.recover()
         self.closing = asyncio.Event()
         self.max_cores = int(executor.snapshot(detail=False).capacity.get("cpu", 1))
+        #: forks in flight per source (tangram/fork.py: they do not keep others from forking)
+        self.forking = Forking()
 
     # -- trajectories ------------------------------------------------------------------
     def open_trajectory(self, body: TrajectoryIn) -> dict[str, str]:
@@ -117,7 +119,7 @@ class Service:
             raise Refused(422, f"id: the copies' ids ({ids[-1]!r}) would pass {ID_MAX} "
                           "characters; use a shorter id")
         try:
-            done = await fork(self.executor, body.fork_of, ids, self.closing)
+            done = await fork(self.executor, body.fork_of, ids, self.closing, self.forking)
         except ForkRefused as e:
             raise Refused(e.status, e.detail) from None
         return {"ids": list(done.ids), "fork_of": done.source, "action": done.action,

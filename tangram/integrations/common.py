@@ -18,7 +18,8 @@ from tangram.client import TangramSyncClient
 
 #: the keys of an adapter's configuration (unknown keys are refused with this list)
 CONFIG_KEYS = ("base_url", "token", "task", "image", "mem_gb", "shell", "kind", "cpu",
-               "timeout_s", "reward", "idle_ttl_s", "max_output_chars")
+               "timeout_s", "reward", "idle_ttl_s", "max_output_chars", "group_setup")
+GROUP_SETUP_KEYS = ("command", "timeout_s")
 REWARD_KEYS = ("command", "cpu", "elastic", "t1_s", "parallel_fraction", "timeout_s", "shell")
 
 
@@ -126,6 +127,32 @@ class RewardConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupSetup:
+    """A GRPO group's sandbox preparation (clone, install), run once per group: in a
+    template sandbox that each rollout of the group starts as a copy of (a fork)."""
+
+    command: str
+    timeout_s: float = 600.0
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], where: str) -> GroupSetup:
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{where}: expected a mapping with a command, got {raw!r}")
+        unknown = sorted(set(raw) - set(GROUP_SETUP_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; known: {list(GROUP_SETUP_KEYS)}")
+        if not raw.get("command"):
+            raise ValueError(f"{where}.command: missing (the shell command that prepares a "
+                             "group's sandbox)")
+        return cls(_text(f"{where}.command", raw["command"]),
+                   _num(f"{where}.timeout_s", raw.get("timeout_s", 600.0), most=MAX_TIMEOUT_S))
+
+    def action(self) -> dict[str, Any]:
+        return {"kind": "setup", "command": self.command, "shell": True,
+                "timeout_s": self.timeout_s}
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxConfig:
     """Where the sandbox lives and how the model's commands run in it."""
 
@@ -143,6 +170,8 @@ class SandboxConfig:
     idle_ttl_s: float = 600.0
     #: the model sees at most this many characters of a command's output (the tail)
     max_output_chars: int = 8192
+    #: prepare once per GRPO group and fork (None: every rollout starts empty)
+    group_setup: GroupSetup | None = None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "config",
@@ -179,7 +208,9 @@ class SandboxConfig:
                        if timeout is not None else None),
             reward=RewardConfig.from_dict(reward, f"{where}.reward") if reward is not None else None,
             idle_ttl_s=_num(f"{where}.idle_ttl_s", raw.get("idle_ttl_s", 600.0)),
-            max_output_chars=max_out)
+            max_output_chars=max_out,
+            group_setup=(GroupSetup.from_dict(raw["group_setup"], f"{where}.group_setup")
+                         if raw.get("group_setup") is not None else None))
 
     def action(self, command: str) -> dict[str, Any]:
         """The action that runs one of the model's commands."""
