@@ -696,3 +696,37 @@ def test_verl_group_setup_prepares_once_and_forks_each_rollout(process_server):
             TangramTool({"base_url": "http://x", "token": "t", "group_setup": {}})
 
     run(go())
+
+
+def test_skyrl_group_setup_prepares_once_per_group(process_server):
+    """Two samples of one GRPO group (extras group): one setup, each its own copy."""
+    import skyrl_gym
+
+    import tangram.integrations.skyrl  # noqa: F401
+
+    config = {"base_url": process_server.url, "token": TOKEN, "task": "skyrl-grpo",
+              "group_setup": {"command": "echo prepared >> state.txt"}}
+    envs = [skyrl_gym.make("tangram-shell", env_config=config,
+                           extras={"group": "prompt-3", "max_turns": 5}) for _ in range(2)]
+    prompt = [{"role": "user", "content": "go"}]
+    try:
+        for i, env in enumerate(envs):
+            env.init(prompt)
+            out = env.step(f"<bash>cat state.txt && echo {i} > mine.txt</bash>")
+            assert out["observations"][0]["content"].startswith("prepared\n"), out
+        assert envs[0].trajectory != envs[1].trajectory
+        out = envs[0].step("<bash>cat mine.txt</bash>")
+        assert out["observations"][0]["content"].startswith("0\n")
+    finally:
+        for env in envs:
+            env.close()
+    from tangram.client import TangramSyncClient
+    from tangram.integrations.common import group_template
+
+    with TangramSyncClient(process_server.url, TOKEN) as c:  # the same one, still prepared
+        template = group_template(c, envs[0].settings, "prompt-3")
+        assert c.get_file(template, "state.txt") == b"prepared\n"  # the setup ran once
+        c.close_trajectory(template)
+    with pytest.raises(ValueError, match="group_setup"):
+        skyrl_gym.make("tangram-shell", env_config={"base_url": "http://x", "token": "t"},
+                       extras={"group": "g"})

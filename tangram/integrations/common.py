@@ -224,6 +224,33 @@ class SandboxConfig:
         return {"task": self.task, "mem_gb": self.mem_gb, "image": self.image}
 
 
+def group_template(client: TangramSyncClient, settings: SandboxConfig, group: str) -> str:
+    """The prepared template sandbox of GRPO group ``group`` (``settings.group_setup``),
+    shared by every env of the group, in this process or another: its trajectory id and
+    its setup action's id are derived from the group, the task and the command, so the
+    first env to ask opens it and runs the setup, and the others (the open refused as
+    already done, the setup's submit answered as a repeat) wait for the same setup. No
+    env runs in it: each forks it. It stays open for the group's later rollouts; close
+    it (``close_trajectory``) when the group is done."""
+    import hashlib
+
+    from tangram.client import TangramError
+
+    assert settings.group_setup is not None
+    digest = hashlib.sha256("\0".join((settings.base_url, settings.task, group,
+                                       settings.group_setup.command)).encode()).hexdigest()
+    tid = f"group-{digest[:24]}"
+    try:
+        client.open_trajectory(tid, **settings.open_args())
+    except TangramError as e:
+        if e.status != 409:  # 409: another env of the group opened it
+            raise
+    result = client.run(tid, action_id=f"{tid}-setup", **settings.group_setup.action())
+    if not passed(result):
+        raise TangramError(500, f"group_setup of group {group!r} failed: {render(result, 2000)}")
+    return tid
+
+
 def passed(result: Mapping[str, Any]) -> bool:
     """Whether a reward command succeeded (ran to its end with exit code 0)."""
     return result.get("status") == "ok" and result.get("exit_code") == 0
