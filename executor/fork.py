@@ -86,7 +86,7 @@ async def fork(executor: LiveExecutor, source: str, copies: list[str],
                           "closed, or lost with its node)")
     if not executor.backend.capabilities.forks:
         raise ForkRefused(501, f"fork_of: the {executor.backend.name} backend cannot fork "
-                          "a sandbox (use --backend process)")
+                          "a sandbox (use --backend process or docker)")
     busy = view.in_flight - forking.count(source)
     if busy:
         raise ForkRefused(409, f"fork_of: trajectory {source!r} has {busy} "

@@ -178,3 +178,37 @@ def test_concurrent_forks_of_one_source(process_server):
             await tg.close_trajectory(src)
 
     asyncio.run(go())
+
+
+def test_docker_copies_are_independent_and_removed(docker_server):
+    """The docker backend: /work copied between containers; each copy's container goes
+    with its close."""
+    import docker
+
+    client = docker.from_env()
+    with TangramSyncClient(docker_server.url, TOKEN, timeout_s=180) as c:
+        src = c.open_trajectory("dfork-src", task="grpo", mem_gb=0.25)
+        res = c.run(src, command="mkdir -p repo && echo prepared > repo/state.txt", shell=True)
+        assert res["exit_code"] == 0, res
+        done = c.fork(src, 2, prefix="dfork")
+        assert done["method"] == "copy" and done["bytes"] >= len("prepared\n"), done
+        a, b = done["ids"]
+        res = c.run(a, command="cat repo/state.txt && echo mine > repo/state.txt", shell=True)
+        assert res["output"] == "prepared\n", res
+        assert c.get_file(b, "repo/state.txt") == b"prepared\n"
+        assert c.get_file(src, "repo/state.txt") == b"prepared\n"
+        assert c.get_file(a, "repo/state.txt") == b"mine\n"
+        res = c.run(b, command="id -u && stat -c %u repo/state.txt", shell=True)
+        uid, owner = res["output"].split()
+        assert uid == owner, res  # the copy's files are its sandbox user's
+        for t in (src, a, b):
+            c.close_trajectory(t)
+    deadline = time.time() + 120
+    left = None
+    while time.time() < deadline:
+        left = [x for t in ("dfork-src", "dfork-0", "dfork-1") for x in client.containers.list(
+            all=True, filters={"label": f"tangram.trajectory={t}"})]
+        if not left:
+            break
+        time.sleep(0.5)
+    assert not left
