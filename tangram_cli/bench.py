@@ -202,14 +202,17 @@ def bench_adapters(
 def bench_fork(
     size: Annotated[int, typer.Option(min=1, max=65, help="Rollouts per group.")] = 8,
     rounds: Annotated[int, typer.Option(min=1, help="Groups played each way.")] = 3,
+    backend: Annotated[str, typer.Option(help="process or docker.")] = "process",
 ) -> None:
-    """A GRPO group on a real `tangram serve` (process backend): every rollout preparing
+    """A GRPO group on a real `tangram serve` (process or docker backend): every rollout preparing
     its sandbox (git clone of a local repository + pip install of a local wheel, offline)
     against one preparation forked into the others. One JSON line: open-to-first-action
     per rollout, the group's total CPU, the fork's method and seconds per copy."""
     from executor.bench.fork import fork_bench
 
-    _emit(fork_bench(size, rounds))
+    if backend not in ("process", "docker"):
+        fail(f"bench fork: --backend must be process or docker, got {backend!r}")
+    _emit(fork_bench(size, rounds, backend))
 
 
 @app.command("fork-sim")

@@ -1,8 +1,9 @@
 """`tangram bench fork`: a GRPO group of rollouts, each preparing its sandbox, against
 one preparation forked into the others (issue 36), on a real `tangram serve`.
 
-The setup is a real one, offline: ``git clone`` of a small local repository and
-``pip install`` of one small local wheel into the sandbox, both made by the bench. Per
+The setup is a real one, offline: ``git clone`` of a small local repository (uploaded as
+a ``git bundle``) and ``pip install`` of one small local wheel (uploaded too) into the
+sandbox, both made by the bench; on the process or the docker backend. Per
 group (``size`` rollouts, started together at t0):
 
 * ``separate``: every rollout opens its sandbox and runs the setup, then its first
@@ -22,6 +23,7 @@ import asyncio
 import base64
 import hashlib
 import os
+import shutil
 import signal
 import socket
 import statistics
@@ -30,6 +32,7 @@ import sys
 import tempfile
 import time
 import zipfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from tangram.client import TangramClient
@@ -78,17 +81,30 @@ def make_wheel(root: Path, name: str = "forkbench", version: str = "1.0") -> Pat
     return wheel
 
 
-def setup_command(repo: Path, wheel: Path) -> str:
-    # (as root the commands run as sandbox users: the repository is another user's)
-    # (in the sandbox's own HOME: git's local transport drops command-line config)
-    return ("git config --global safe.directory '*' && "
-            f"git clone -q file://{repo} repo && "
-            f"{sys.executable} -m pip install -q --no-index --no-deps --no-cache-dir "
-            f"--disable-pip-version-check --target site {wheel}")
+def make_bundle(repo: Path) -> bytes:
+    """The repository as one file (``git bundle``): uploaded into the sandbox, cloned
+    there - the same on both backends, and no other user's repository for git to refuse."""
+    out = repo.parent / "repo.bundle"
+    subprocess.run(["git", "bundle", "create", "-q", str(out), "--all"], cwd=repo, check=True)
+    return out.read_bytes()
 
 
-FIRST_ACTION = (f"PYTHONPATH=site {sys.executable} -c "
-                "\"import forkbench.util as u; assert u.double(2) == 4\" && ls repo/src | wc -l")
+def python_of(backend: str) -> str:
+    """The interpreter commands run: the server's on the process backend, the host's in
+    a docker sandbox (which mounts the host's /usr)."""
+    return sys.executable if backend == "process" else "/usr/bin/python3"
+
+
+def setup_command(backend: str, wheel: str) -> str:
+    git = shutil.which("git") or "git"
+    return (f"{git} clone -q repo.bundle repo && {python_of(backend)} -m pip install -q "
+            f"--no-index --no-deps --no-cache-dir --disable-pip-version-check --target site "
+            f"{wheel}")
+
+
+def first_action(backend: str) -> str:
+    return (f"PYTHONPATH=site {python_of(backend)} -c "
+            "\"import forkbench.util as u; assert u.double(2) == 4\" && ls repo/src | wc -l")
 
 
 def _cpu_s(pid: int) -> float:
@@ -98,27 +114,39 @@ def _cpu_s(pid: int) -> float:
     return sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
 
 
-async def _first(tg: TangramClient, tid: str, t0: float) -> float:
-    res = await tg.run(tid, command=FIRST_ACTION, shell=True)
+@dataclass(frozen=True, slots=True)
+class Setup:
+    """What a rollout's sandbox is prepared with: files uploaded, then a command."""
+
+    files: tuple[tuple[str, bytes], ...]
+    command: str
+    first: str
+    mem_gb: float
+
+
+async def _first(tg: TangramClient, tid: str, t0: float, setup: Setup) -> float:
+    res = await tg.run(tid, command=setup.first, shell=True)
     if res["status"] != "ok" or res["exit_code"] != 0:
         raise RuntimeError(f"first action of {tid}: {res}")
     return time.perf_counter() - t0
 
 
-async def _prepare(tg: TangramClient, setup: str, mem_gb: float) -> str:
-    tid = await tg.open_trajectory(task="bench-fork", mem_gb=mem_gb)
-    res = await tg.run(tid, command=setup, shell=True, timeout_s=600)
+async def _prepare(tg: TangramClient, setup: Setup) -> str:
+    tid = await tg.open_trajectory(task="bench-fork", mem_gb=setup.mem_gb)
+    for path, data in setup.files:
+        await tg.put_file(tid, path, data)
+    res = await tg.run(tid, command=setup.command, shell=True, timeout_s=600)
     if res["status"] != "ok" or res["exit_code"] != 0:
         raise RuntimeError(f"setup: {res}")
     return tid
 
 
-async def _separate(tg: TangramClient, size: int, setup: str, mem_gb: float) -> dict:
+async def _separate(tg: TangramClient, size: int, setup: Setup) -> dict:
     t0 = time.perf_counter()
 
     async def one() -> tuple[str, float]:
-        tid = await _prepare(tg, setup, mem_gb)
-        return tid, await _first(tg, tid, t0)
+        tid = await _prepare(tg, setup)
+        return tid, await _first(tg, tid, t0, setup)
 
     done = await asyncio.gather(*(one() for _ in range(size)))
     for tid, _ in done:
@@ -126,13 +154,13 @@ async def _separate(tg: TangramClient, size: int, setup: str, mem_gb: float) -> 
     return {"open_to_first_s": [round(s, 3) for _, s in done]}
 
 
-async def _forked(tg: TangramClient, size: int, setup: str, mem_gb: float) -> dict:
+async def _forked(tg: TangramClient, size: int, setup: Setup) -> dict:
     t0 = time.perf_counter()
-    lead = await _prepare(tg, setup, mem_gb)
+    lead = await _prepare(tg, setup)
     forked = await tg.fork(lead, size - 1) if size > 1 else {"ids": [], "fork_s": 0.0,
                                                              "method": "", "bytes": 0}
     ids = [lead, *forked["ids"]]
-    times = await asyncio.gather(*(_first(tg, t, t0) for t in ids))
+    times = await asyncio.gather(*(_first(tg, t, t0, setup) for t in ids))
     for t in ids:
         await tg.close_trajectory(t)
     copies = max(size - 1, 1)
@@ -141,14 +169,14 @@ async def _forked(tg: TangramClient, size: int, setup: str, mem_gb: float) -> di
             "fork_queue_s": forked.get("queue_s", 0.0), "bytes_per_copy": forked["bytes"]}
 
 
-async def _rounds(url: str, token: str, pid: int, size: int, rounds: int, setup: str,
-                  mem_gb: float) -> dict:
+async def _rounds(url: str, token: str, pid: int, size: int, rounds: int,
+                  setup: Setup) -> dict:
     runs: dict[str, list[dict]] = {"separate": [], "fork": []}
     async with TangramClient(url, token, timeout_s=900) as tg:
         for _ in range(rounds):
             for name, play in (("separate", _separate), ("fork", _forked)):
                 cpu0, wall0 = _cpu_s(pid), time.perf_counter()
-                row = await play(tg, size, setup, mem_gb)
+                row = await play(tg, size, setup)
                 await asyncio.sleep(0.5)  # closed sandboxes' cleanup is off the loop
                 row["cpu_s"] = _cpu_s(pid) - cpu0
                 row["wall_s"] = time.perf_counter() - wall0
@@ -169,8 +197,9 @@ async def _rounds(url: str, token: str, pid: int, size: int, rounds: int, setup:
     return out
 
 
-def fork_bench(size: int = 8, rounds: int = 3, mem_gb: float = 0.25) -> dict:
-    """The group of ``size`` rollouts, ``rounds`` times each way, on the process backend."""
+def fork_bench(size: int = 8, rounds: int = 3, backend: str = "process",
+               mem_gb: float = 0.5) -> dict:
+    """The group of ``size`` rollouts, ``rounds`` times each way, on ``backend``."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -179,9 +208,11 @@ def fork_bench(size: int = 8, rounds: int = 3, mem_gb: float = 0.25) -> dict:
         root = Path(tmp)
         root.chmod(0o755)  # commands may run as sandbox users: they read the repo and wheel
         repo, wheel = make_repo(root), make_wheel(root)
+        setup = Setup((("repo.bundle", make_bundle(repo)), (wheel.name, wheel.read_bytes())),
+                      setup_command(backend, wheel.name), first_action(backend), mem_gb)
         state = root / "state"
         cmd = [sys.executable, "-m", "cli", "serve", "--port", str(port), "--backend",
-               "process", "--state-dir", str(state)]
+               backend, "--state-dir", str(state)]
         log = root / "server.log"
         proc = subprocess.Popen(cmd, env={**os.environ, "TANGRAM_TOKEN": token},
                                 stdout=subprocess.DEVNULL, stderr=log.open("w"),
@@ -189,8 +220,7 @@ def fork_bench(size: int = 8, rounds: int = 3, mem_gb: float = 0.25) -> dict:
         try:
             url = f"http://127.0.0.1:{port}"
             _wait_healthy(url, proc, log)
-            result = asyncio.run(_rounds(url, token, proc.pid, size, rounds,
-                                         setup_command(repo, wheel), mem_gb))
+            result = asyncio.run(_rounds(url, token, proc.pid, size, rounds, setup))
         finally:
             proc.send_signal(signal.SIGTERM)
             try:
@@ -198,7 +228,7 @@ def fork_bench(size: int = 8, rounds: int = 3, mem_gb: float = 0.25) -> dict:
             except subprocess.TimeoutExpired:
                 proc.kill()
     sep, fk = result["separate"], result["fork"]
-    return {"bench": "fork", "backend": "process", "group": size, "rounds": rounds,
+    return {"bench": "fork", "backend": backend, "group": size, "rounds": rounds,
             "setup": f"git clone (local repo, {REPO_FILES} files) + pip install (local wheel)",
             "loadavg_1m": os.getloadavg()[0], "cpus": os.cpu_count(),
             "fork_method": fk["method"], "fork_s_per_copy": fk["fork_s_per_copy_median"],
@@ -208,6 +238,9 @@ def fork_bench(size: int = 8, rounds: int = 3, mem_gb: float = 0.25) -> dict:
             "group_ready_s_median": {"separate": sep["open_to_first_s_max_median"],
                                      "fork": fk["open_to_first_s_max_median"]},
             "cpu_s_median": {"separate": sep["cpu_s_median"], "fork": fk["cpu_s_median"]},
+            "cpu_scope": ("the server and every command it ran (its reaped children)"
+                          if backend == "process" else "the server only: the commands run "
+                          "in containers, not as its children"),
             "detail": result}
 
 
