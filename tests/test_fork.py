@@ -116,10 +116,11 @@ def test_copies_declare_the_sources_memory_and_wait_for_a_node(tmp_path):
             src = c.open_trajectory(task="grpo", mem_gb=big)
             assert c.run(src, command="echo ready > f.txt", shell=True)["exit_code"] == 0
             (copy,) = c.fork(src, 1)["ids"]
-            c.submit(src, command="sleep 3", id="mem-busy")
+            c.submit(src, command="sleep 10", id="mem-busy")
             first = c.submit(copy, command="cat f.txt", id="mem-copy")
-            if first["status"] == "queued":  # (unless the source already idled)
-                assert "waiting for a node" in first["error"], first
+            # (the source is busy: it cannot give its place; a copy that declared nothing
+            # would have fit beside it and started at once)
+            assert first["status"] == "queued" and "waiting for a node" in first["error"], first
             done = c.wait("mem-copy", 120)
             assert done["status"] == "ok" and done["output"] == "ready\n", done
             c.wait("mem-busy", 120)
