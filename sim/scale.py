@@ -18,6 +18,7 @@ so it is Tangram's).
 
 from __future__ import annotations
 
+import gc
 import json
 import multiprocessing as mp
 import resource
@@ -108,6 +109,10 @@ def run_point(workload: str, n: int, seed: int = 0) -> ScalePoint:
     load = os.getloadavg()[0]
     c0 = _cpu()
     raw = generate(workload, n, seed=seed)
+    # as `tangram simulate` does once its trace is read (tangram_cli/common.settle): what
+    # exists now is frozen out of the cyclic GC's scans
+    gc.collect()
+    gc.freeze()
     c1 = _cpu()
     cluster = load_cluster("paper")
     with tempfile.TemporaryDirectory() as tmp:
