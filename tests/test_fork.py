@@ -72,7 +72,7 @@ def test_fork_refusals(process_server):
         assert e.value.status == 404 and "fork_of" in str(e.value)
         src = c.open_trajectory(task="grpo", mem_gb=0.1)
         # an action in flight: refused (409), not waited for; nothing opened
-        busy = c.submit(src, command="sleep 30", id="fork-busy")
+        busy = c.submit(src, command="sleep 8", id="fork-busy")
         assert busy["status"] in ("queued", "running")
         with pytest.raises(TangramError) as e:
             c.fork(src, 2, prefix="fork-busy-copy")
@@ -80,7 +80,7 @@ def test_fork_refusals(process_server):
         with pytest.raises(TangramError) as e:
             c.run("fork-busy-copy-0", command="true")
         assert e.value.status == 404
-        c.wait("fork-busy", 60)  # (sleep 30 at most; a cancel is another issue's)
+        c.wait("fork-busy", 60)
         # a copy id already open; a count out of range; the source's memory is not given
         c.open_trajectory("fork-taken-0", task="grpo")
         with pytest.raises(TangramError) as e:
