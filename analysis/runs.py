@@ -117,14 +117,15 @@ def simulate(trace: pd.DataFrame | str | Path, cluster: Any = None, policy: str 
              asynchronous: bool = False, out: str | Path | None = None,
              progress: Callable[[int, int], None] | None = None, source: str | None = None,
              extra_config: Mapping[str, Any] | None = None, perfetto: bool = False,
-             **options: Any) -> Run:
+             fork: bool = False, **options: Any) -> Run:
     """Simulate ``trace`` on ``cluster`` under ``policy`` and return the Run (what
     `tangram simulate` does; it calls this). ``trace``: a frame or a trace file;
     ``cluster``: a ClusterSpec, a built-in name or a YAML path (None: default);
     ``options``: policy parameters (depth, lookahead, ordering, pod_cores, gpu_dop).
     With ``out``, the run directory is written too (its cluster.yaml is ``cluster`` as
     `--cluster` reads it), with trace.json when ``perfetto``; ``extra_config`` goes into
-    config.json. Raises ValueError on bad input."""
+    config.json. ``fork``: the trace's GRPO groups prepare once and fork (sim/driver.py
+    ``SimConfig.fork``). Raises ValueError on bad input."""
     from sim.cluster import load_cluster
     from sim.driver import SimConfig
     from sim.driver import simulate as run_sim
@@ -140,12 +141,12 @@ def simulate(trace: pd.DataFrame | str | Path, cluster: Any = None, policy: str 
     spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(cluster)
     chosen = make_policy(policy, options)
     cfg = SimConfig(policy=policy, seed=seed, steps=steps, train_s=train_s,
-                    asynchronous=asynchronous, options=dict(options))
+                    asynchronous=asynchronous, options=dict(options), fork=fork)
     result = run_sim(trace, spec, cfg, progress=progress)
     config = {"trace": source or "<in memory>", "cluster": spec.to_yaml(),
               "policy": chosen.params(), **(extra_config or {}),
               "sim": {"seed": seed, "steps": steps, "train_s": train_s,
-                      "asynchronous": asynchronous}}
+                      "asynchronous": asynchronous, **({"fork": True} if fork else {})}}
     run = from_analysed(analyse(result), config, name)
     if out is not None:
         run = Run(run.name, run.summary, run.actions, run.utilisation, run.config, run.timing,

@@ -20,10 +20,12 @@ from sim.clock import SimClock
 from sim.modelled import CONTAINER_START, MAX_ATTEMPTS, POD_START, ModelledBackend, StartupModel
 from tangram.cluster import ClusterSpec
 from tangram.core import Tangram
+from tangram.fork import FORK
 from tangram.gpu.batching import MeasuredGpu
 from tangram.model import Action
 from tangram.policies import Pods, Policy, make_policy
 from tangram.runtime import RunResult, Runtime
+from traces.groups import GroupPlay, plays
 from traces.player import play, refuse_misfits
 from traces.schema import TrajectorySpec, trajectories
 
@@ -50,6 +52,10 @@ class SimConfig:
     api_attempts: int | None = MAX_ATTEMPTS
     #: virtual seconds between utilisation samples
     sample_s: float = 1.0
+    #: GRPO groups of the trace (its ``group`` column) prepare their sandbox once and fork
+    #: it into the other rollouts (traces/groups.py), at cluster.yaml's ``extra.fork_s``
+    #: per copy; otherwise every rollout prepares its own
+    fork: bool = False
 
 
 def policy_of(config: SimConfig) -> Policy:
@@ -71,6 +77,18 @@ def startup_of(policy: Policy, config: SimConfig,
         # (0 for the process backend's working directories, pods included)
         return StartupModel("measured", float(measured), 0.0)
     return POD_START if pods else CONTAINER_START
+
+
+def fork_s_of(cluster: ClusterSpec) -> float:
+    """Seconds one sandbox copy takes (cluster.yaml ``extra.fork_s``, measured by
+    `tangram bench fork` on the backend the cluster runs)."""
+    value = cluster.extra.get("fork_s")
+    if value is None:
+        raise ValueError("fork: the cluster file has no extra.fork_s (seconds per sandbox "
+                         "copy; measure it with `tangram bench fork`)")
+    if not float(value) >= 0:
+        raise ValueError(f"extra.fork_s: must be >= 0, got {value!r}")
+    return float(value)
 
 
 def busy_of(core: Tangram) -> Callable[[str], float]:
@@ -118,8 +136,10 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     used = {s for s in df["service"].unique() if s}
     cluster = replace(cluster, services=tuple(s for s in cluster.services if s.name in used))
     core = Tangram(cluster, policy)
-    steps_specs = [list(trajectories(df, prefix=f"s{k}/" if config.steps > 1 else ""))
+    fork_s = fork_s_of(cluster) if config.fork else None
+    steps_plays = [plays(trajectories(df, prefix=f"s{k}/" if config.steps > 1 else ""), fork_s)
                    for k in range(config.steps)]
+    steps_specs = [[s for p in ps for s in (p.leader, *p.copies)] for ps in steps_plays]
     refuse_misfits(cluster, policy, steps_specs[0])
     env = simpy.Environment()
     clock = SimClock(env)
@@ -149,8 +169,25 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
 
     door = SimDoor(env, runtime, policy, backend, config.env_hold == "trajectory")
 
-    def rollout(specs: list[TrajectorySpec]):
-        yield simpy.AllOf(env, [env.process(play(s, door, ended=ended)) for s in specs])
+    def copy_of(forked: simpy.Event, spec: TrajectorySpec):
+        yield forked  # its sandbox exists once the leader's fork ended
+        yield from play(spec, door, ended=ended)
+
+    def group(p: GroupPlay) -> list[simpy.Process]:
+        if not p.copies:
+            return [env.process(play(p.leader, door, ended=ended))]
+        forked = env.event()
+
+        def leader_ended(action: Action, result: Any) -> None:
+            ended(action, result)
+            if action.kind == FORK:
+                forked.succeed()
+
+        return [env.process(play(p.leader, door, ended=leader_ended)),
+                *(env.process(copy_of(forked, c)) for c in p.copies)]
+
+    def rollout(specs: list[TrajectorySpec], groups: list[GroupPlay]):
+        yield simpy.AllOf(env, [proc for p in groups for proc in group(p)])
         if config.env_hold == "rollout":
             for s in specs:
                 runtime.close_trajectory(s.id)
@@ -174,7 +211,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     def rl_loop():
         for k, specs in enumerate(steps_specs):
             t0 = env.now
-            yield env.process(rollout(specs))
+            yield env.process(rollout(specs, steps_plays[k]))
             rollout_s = env.now - t0
             if config.asynchronous:  # training overlaps the next rollout
                 step_s = max(rollout_s, config.train_s)

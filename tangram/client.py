@@ -53,6 +53,13 @@ def _trajectory_body(trajectory: str | None, task: str, mem_gb: float | None,
     return body
 
 
+def _fork_body(trajectory: str, count: int, prefix: str | None) -> dict[str, Any]:
+    body: dict[str, Any] = {"fork_of": trajectory, "count": count}
+    if prefix is not None:
+        body["id"] = prefix
+    return body
+
+
 def _file_url(trajectory: str, path: str) -> str:
     return f"/v1/trajectories/{quote(trajectory, safe='')}/files/{quote(path, safe='/')}"
 
@@ -146,6 +153,15 @@ class TangramClient:
         body = _trajectory_body(trajectory, task, mem_gb, image)
         return (await self._call("POST", "/v1/trajectories", json=body))["id"]
 
+    async def fork(self, trajectory: str, count: int, prefix: str | None = None
+                   ) -> dict[str, Any]:
+        """Open ``count`` trajectories whose sandboxes start as copies of ``trajectory``'s
+        files now (it must have no action in flight); ``prefix`` names them
+        ``<prefix>-0``... The answer: ``ids``, ``method`` (how the files were copied),
+        ``fork_s``."""
+        return await self._call("POST", "/v1/trajectories",
+                                json=_fork_body(trajectory, count, prefix))
+
     async def close_trajectory(self, trajectory: str) -> dict[str, Any]:
         """Close it (what it has queued or running is cancelled first)."""
         return await self._call("DELETE", f"/v1/trajectories/{trajectory}", timeout=90.0)
@@ -238,6 +254,10 @@ class TangramSyncClient:
                         mem_gb: float | None = None, image: str | None = None) -> str:
         body = _trajectory_body(trajectory, task, mem_gb, image)
         return self._call("POST", "/v1/trajectories", json=body)["id"]
+
+    def fork(self, trajectory: str, count: int, prefix: str | None = None) -> dict[str, Any]:
+        """As :meth:`TangramClient.fork`."""
+        return self._call("POST", "/v1/trajectories", json=_fork_body(trajectory, count, prefix))
 
     def close_trajectory(self, trajectory: str) -> dict[str, Any]:
         return self._call("DELETE", f"/v1/trajectories/{trajectory}", timeout=90.0)

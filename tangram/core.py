@@ -210,7 +210,7 @@ class Tangram:
         """The open trajectory ``trajectory`` (None: not open)."""
         s = self.trajectories.get(trajectory)
         return None if s is None else TrajectoryView(s.task, self.cpu.node_of(trajectory),
-                                                     s.in_flight)
+                                                     s.in_flight, s.mem_gb)
 
     def is_running(self, action_id: str) -> bool:
         return action_id in self.running

@@ -72,6 +72,9 @@ class Capabilities:
     #: kills the sandbox using the most memory of a node short of memory by observation
     #: (:class:`Shed`: ``shed``; its actions end ``oom``)
     sheds: bool = False
+    #: carries out a fork action (kind ``fork``, tangram/fork.py): copies the source
+    #: trajectory's sandbox into the trajectories its payload names
+    forks: bool = False
 
     def __or__(self, other: Capabilities) -> Capabilities:
         """What a router over two backends can do (either one can)."""
@@ -239,6 +242,8 @@ class TrajectoryView:
     #: the CPU node it is bound to (None: not yet)
     node: str | None
     in_flight: int
+    #: its declared memory (None: its first CPU action's); a fork's copies declare it too
+    mem_gb: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

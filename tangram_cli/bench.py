@@ -196,3 +196,42 @@ def bench_adapters(
 ) -> None:
     """Per-call overhead of the verl, gymnasium and SkyRL adapters over the plain client (JSON)."""
     adapters_main(["--backend", backend, "--calls", str(calls)])
+
+
+@app.command("fork")
+def bench_fork(
+    size: Annotated[int, typer.Option(min=1, max=65, help="Rollouts per group.")] = 8,
+    rounds: Annotated[int, typer.Option(min=1, help="Groups played each way.")] = 3,
+    backend: Annotated[str, typer.Option(help="process or docker.")] = "process",
+) -> None:
+    """A GRPO group on a real `tangram serve` (process or docker backend): every rollout preparing
+    its sandbox (git clone of a local repository + pip install of a local wheel, offline)
+    against one preparation forked into the others. One JSON line: open-to-first-action
+    per rollout, the group's total CPU, the fork's method and seconds per copy."""
+    from executor.bench.fork import fork_bench
+
+    if backend not in ("process", "docker"):
+        fail(f"bench fork: --backend must be process or docker, got {backend!r}")
+    _emit(fork_bench(size, rounds, backend))
+
+
+@app.command("fork-sim")
+def bench_fork_sim(
+    trajectories: Annotated[int, typer.Option(min=1, help="Coding trajectories.")] = 1024,
+    group: Annotated[int, typer.Option(min=2, max=65, help="Rollouts per GRPO group.")] = 8,
+    cluster: Annotated[str, typer.Option(help="Cluster YAML or built-in name.")] = "paper",
+    fork_s: Annotated[float | None, typer.Option(
+        min=0, help="Seconds per copy (default: the cluster file's measured extra.fork_s).")] = None,
+    seed: int = 0,
+) -> None:
+    """The coding workload in GRPO groups, simulated with and without forking the prepared
+    sandbox, on the whole cluster and on one CPU node (oversubscribed): env time per
+    trajectory, step time, mean ACT, first agent action, core-seconds of preparation
+    (JSON lines)."""
+    from analysis.forks import fork_sim_rows
+
+    try:
+        for row in fork_sim_rows(trajectories, group, cluster, seed=seed, fork_s=fork_s):
+            _emit(row)
+    except ValueError as e:
+        fail(f"bench fork-sim: {e}")

@@ -57,6 +57,10 @@ def simulate(
     pod_cores: PodCoresOpt = 4,
     gpu_dop: GpuDopOpt = None,
     perfetto: PerfettoOpt = False,
+    fork: Annotated[bool, typer.Option(
+        "--fork", help="GRPO groups (the trace's group column) prepare their sandbox once "
+                       "and fork it into the other rollouts, at the cluster file's "
+                       "extra.fork_s per copy (default: every rollout prepares its own).")] = False,
 ) -> None:
     """Simulate a trace on a cluster under one policy (virtual time, same scheduler as live).
 
@@ -83,7 +87,7 @@ def simulate(
                                extra_config={"limit": limit, "think_scale": think_scale,
                                              "work_scale": work_scale,
                                              "work_unscaled_rows": fixed},
-                               perfetto=perfetto, **options),
+                               perfetto=perfetto, fork=fork, **options),
             quiet, f"simulating {trace.name} under {policy}")
     except ValueError as e:
         fail(str(e))

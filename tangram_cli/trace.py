@@ -45,10 +45,14 @@ def trace_generate(
         help="mopd / mixed: 'burst' (default; every trajectory starts together and sends "
              "its teacher request when its own generation ends) or 'spread' (starts spread "
              "over ~20 min by the Azure trace's inter-arrival gaps).")] = None,
+    group_size: Annotated[int | None, typer.Option(
+        min=1, max=65, help="coding: GRPO groups of this many rollouts of one prompt (a "
+                            "group column; one sandbox setup_s drawn per group; "
+                            "`simulate --fork` prepares it once per group).")] = None,
 ) -> None:
     """Generate a calibrated synthetic trace (sources in traces/README.md)."""
     try:
-        df = generate(workload, trajectories, seed, arrival)
+        df = generate(workload, trajectories, seed, arrival, group_size=group_size)
         write(df, out)
     except (ValueError, TraceError) as e:
         fail(str(e))

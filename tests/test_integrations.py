@@ -671,3 +671,65 @@ def test_verl_teachers_and_a_reward_model_served_from_the_gpu_pool(gpu_server):
     gpus = httpx.get(gpu_server.url + "/v1/gpus", headers=h, timeout=30).json()
     assert gpus["services"]["teacher0"]["requests"] >= 2
     assert gpus["services"]["teacher1"]["requests"] >= 2 and gpus["services"]["judge"]["requests"]
+
+
+def test_verl_group_setup_prepares_once_and_forks_each_rollout(process_server):
+    """A GRPO group through verl's own _call_tool: the dataset's create_kwargs name the
+    group; its sandbox is prepared once (group_setup) and each rollout starts as a copy."""
+    async def go() -> None:
+        tool = TangramTool({"base_url": process_server.url, "token": TOKEN, "task": "grpo",
+                            "group_setup": {"command": "echo prepared >> state.txt"}})
+        rollouts = [AgentData(f"grpo-{i}") for i in range(4)]
+        for a in rollouts:
+            a.tools_kwargs = {tool.name: {"create_kwargs": {"group": "prompt-7"}}}
+        outs = await asyncio.gather(*(verl_call_tool(
+            tool, {"command": f"cat state.txt && echo {i} > mine.txt"}, a)
+            for i, a in enumerate(rollouts)))
+        for resp, _, _ in outs:
+            assert resp.text.startswith("prepared\n"), resp.text  # one setup, copied
+        tids = {a.extra_fields["tangram"]["trajectory"] for a in rollouts}
+        assert len(tids) == 4 and list(tool._templates) == ["prompt-7"]
+        template = tool._templates["prompt-7"].result()
+        assert template not in tids
+        resp, _, _ = await verl_call_tool(tool, {"command": "cat mine.txt"}, rollouts[2])
+        assert resp.text.startswith("2\n")  # each copy its own files
+        await tool.close_all()
+        assert await _gone(process_server.url, template)
+        with pytest.raises(ValueError, match="group_setup.command"):
+            TangramTool({"base_url": "http://x", "token": "t", "group_setup": {}})
+
+    run(go())
+
+
+def test_skyrl_group_setup_prepares_once_per_group(process_server):
+    """Two samples of one GRPO group (extras group): one setup, each its own copy."""
+    import skyrl_gym
+
+    import tangram.integrations.skyrl  # noqa: F401
+
+    config = {"base_url": process_server.url, "token": TOKEN, "task": "skyrl-grpo",
+              "group_setup": {"command": "echo prepared >> state.txt"}}
+    envs = [skyrl_gym.make("tangram-shell", env_config=config,
+                           extras={"group": "prompt-3", "max_turns": 5}) for _ in range(2)]
+    prompt = [{"role": "user", "content": "go"}]
+    try:
+        for i, env in enumerate(envs):
+            env.init(prompt)
+            out = env.step(f"<bash>cat state.txt && echo {i} > mine.txt</bash>")
+            assert out["observations"][0]["content"].startswith("prepared\n"), out
+        assert envs[0].trajectory != envs[1].trajectory
+        out = envs[0].step("<bash>cat mine.txt</bash>")
+        assert out["observations"][0]["content"].startswith("0\n")
+    finally:
+        for env in envs:
+            env.close()
+    from tangram.client import TangramSyncClient
+    from tangram.integrations.common import group_template
+
+    with TangramSyncClient(process_server.url, TOKEN) as c:  # the same one, still prepared
+        template = group_template(c, envs[0].settings, "prompt-3")
+        assert c.get_file(template, "state.txt") == b"prepared\n"  # the setup ran once
+        c.close_trajectory(template)
+    with pytest.raises(ValueError, match="group_setup"):
+        skyrl_gym.make("tangram-shell", env_config={"base_url": "http://x", "token": "t"},
+                       extras={"group": "g"})

@@ -17,6 +17,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from traces.groups import assign_groups
 from traces.schema import COLUMNS
 
 #: every number a generator uses, with where it comes from (printed by the report)
@@ -49,6 +50,10 @@ CALIBRATION: dict[str, tuple[float | str, str]] = {
                                           "swept x0.5-x2 (sensitivity think_scale)"),
     "decode_tok_per_s": (40.0, "assumption: decode speed of a 32B policy model, 30-60 tok/s; "
                                "enters only through think time (swept by think_scale)"),
+    "setup_median_s": (40.0, "assumption: preparing a coding sandbox (clone the task's "
+                             "repository, install its dependencies) takes tens of seconds to "
+                             "minutes (lognormal, sigma 0.7, clipped 5-600 s); drawn once per "
+                             "GRPO group (--group-size), not swept"),
     # -- DeepSearch -----------------------------------------------------------------------
     "deepsearch_short_share": (0.4, "assumption: share of questions answered in 1-3 searches "
                                     "(Search-R1-style); not swept"),
@@ -290,12 +295,16 @@ def declare(df: pd.DataFrame, rng: np.random.Generator, sigma: float) -> pd.Data
 
 def generate(workload: str, trajectories: int, seed: int = 0,
              arrival: str | None = None, teacher_skew: float | None = None,
-             profile_sigma: float | None = None) -> pd.DataFrame:
+             profile_sigma: float | None = None,
+             group_size: int | None = None) -> pd.DataFrame:
     """``arrival`` (mopd, mixed): ``burst`` (default) or ``spread``. ``teacher_skew``
     (mopd, mixed): the Zipf exponent of calls across teachers (None: calibrated default).
     ``profile_sigma``: the profiling error of profiled rows' declared t1_s and parallel
     fraction (None: calibrated default; 0: profiles are exact). A row's truth does not
-    depend on ``profile_sigma`` (the error draws from a stream of its own)."""
+    depend on ``profile_sigma`` (the error draws from a stream of its own).
+    ``group_size`` (coding): GRPO groups of that many rollouts of one prompt, each group's
+    sandbox setup (``setup_s``) drawn once, from a stream of its own (the actions are
+    those of the ungrouped trace): traces/groups.py."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload: unknown {workload!r} (choose from {sorted(WORKLOADS)})")
     if trajectories < 1:
@@ -310,6 +319,9 @@ def generate(workload: str, trajectories: int, seed: int = 0,
                          f"teachers, not {workload!r}")
     if teacher_skew is not None and not teacher_skew >= 0:
         raise ValueError(f"teacher_skew: must be >= 0, got {teacher_skew!r}")
+    if group_size is not None and workload != "coding":
+        raise ValueError(f"group_size: only coding rollouts prepare a sandbox to fork, "
+                         f"not {workload!r}")
     sigma = c("profile_sigma") if profile_sigma is None else float(profile_sigma)
     if not sigma >= 0:
         raise ValueError(f"profile_sigma: must be >= 0, got {profile_sigma!r}")
@@ -326,4 +338,13 @@ def generate(workload: str, trajectories: int, seed: int = 0,
         df[col] = df[col].astype(float).round(4)
     # the profiling error draws from its own stream: the same seed gives the same truth
     # whatever sigma, so a sweep over sigma changes only what the scheduler is told
-    return declare(df, np.random.default_rng([seed, 1]), sigma)
+    df = declare(df, np.random.default_rng([seed, 1]), sigma)
+    if group_size is not None:
+        df = assign_groups(df, group_size, _setup_draws(np.random.default_rng([seed, 2]),
+                                                        -(-trajectories // group_size)))
+    return df
+
+
+def _setup_draws(rng: np.random.Generator, groups: int) -> np.ndarray:
+    """One sandbox setup time per group (s)."""
+    return np.clip(rng.lognormal(np.log(c("setup_median_s")), 0.7, groups), 5.0, 600.0).round(2)

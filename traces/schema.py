@@ -55,6 +55,8 @@ COLUMNS: dict[str, tuple[str, bool, Any, str]] = {
     "setup_s": ("float", False, 0.0, "fixed setup time paid before the action runs (s)"),
     "timeout_s": ("float", False, 0.0, "kill after this long (0: no timeout) (s)"),
     "command": ("str", False, "", "command line for live replay (tangram run)"),
+    "group": ("str", False, "", "GRPO group: rollouts of one prompt, whose sandboxes start "
+              "from the same prepared state ('' for none; traces/groups.py)"),
 }
 
 
@@ -271,6 +273,13 @@ def validate(df: pd.DataFrame, version: int | None = SCHEMA_VERSION) -> pd.DataF
     tasks = out.groupby("trajectory")["task"].nunique()
     for traj in tasks.index[tasks > 1][:20]:
         problems.append(f"trajectory {traj!r}: rows name more than one task")
+    groups = out.groupby("trajectory")["group"].nunique()
+    for traj in groups.index[groups > 1][:20]:
+        problems.append(f"trajectory {traj!r}: rows name more than one group")
+    grouped = out[out["group"] != ""]
+    group_tasks = grouped.groupby("group")["task"].nunique()
+    for g in group_tasks.index[group_tasks > 1][:20]:
+        problems.append(f"group {g!r}: its trajectories name more than one task")
     if problems:
         raise TraceError(problems)
     out["seq"] = out["seq"].astype(int)
@@ -321,6 +330,8 @@ class TrajectorySpec:
     task: str
     mem_gb: float
     steps: tuple[Step, ...]
+    #: its GRPO group ('' for none): traces/groups.py
+    group: str = ""
 
 
 def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]:
@@ -372,5 +383,7 @@ def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]
                 elasticity=declared_e if profiled else None,
                 service=cols["service"][i] or None, payload=payload), truth))
         mem = float(np.max(cols["mem_gb"][start:end])) if end > start else 0.0
-        yield TrajectorySpec(f"{prefix}{traj}", str(cols["task"][start]), mem, tuple(steps))
+        group = str(cols["group"][start])
+        yield TrajectorySpec(f"{prefix}{traj}", str(cols["task"][start]), mem, tuple(steps),
+                             f"{prefix}{group}" if group else "")
         start = end

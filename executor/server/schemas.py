@@ -82,6 +82,11 @@ class TrajectoryIn(BaseModel):
     mem_gb: float | None = Field(None, ge=0, le=4096, description="Memory of its environment (GB).")
     image: Image | None = Field(None, description="Docker image of its sandbox (docker backend; "
                                 "default: the task's image from the server config).")
+    fork_of: Id | None = Field(None, description="Open ``count`` trajectories whose sandboxes "
+                               "start as copies of this open trajectory's files (its task and "
+                               "memory; ``id``, when given, names them ``<id>-0``, ``<id>-1``, ...). "
+                               "Refused (409) while it has an action in flight.")
+    count: int = Field(1, ge=1, le=64, description="Copies to open (with ``fork_of``).")
 
 
 class RequestSpec(BaseModel):

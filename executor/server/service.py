@@ -19,14 +19,17 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from executor.backends.http.urls import UrlRefused, check_headers, listed, parse_allow_list, parse_target
 from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
+from executor.fork import Forking, ForkRefused, copy_ids, fork
 from executor.memwatch import MemoryWatch
 from executor.server.journal import RESTARTED, SHUTDOWN, Journal
 from executor.server.routes.gpus import metric_lines
 from executor.server.schemas import (
+    ID_MAX,
     MAX_TIMEOUT_S,
     ActionIn,
     ActionOut,
@@ -146,6 +149,8 @@ class Service:
         self.restored = self._restore()
         self.closing = asyncio.Event()
         self.max_cores = int(executor.snapshot(detail=False).capacity.get("cpu", 1))
+        #: forks in flight per source (tangram/fork.py: they do not keep others from forking)
+        self.forking = Forking()
 
     # -- trajectories ------------------------------------------------------------------
     def open_trajectory(self, body: TrajectoryIn) -> dict[str, str]:
@@ -165,6 +170,33 @@ class Service:
         now = time.monotonic()
         self.opened[tid] = Opened(body.task, body.mem_gb, image, now, now)
         return {"id": tid, "task": body.task}
+
+    async def fork_trajectories(self, body: TrajectoryIn) -> dict[str, Any]:
+        """``body.count`` copies of ``body.fork_of`` (executor/fork.py)."""
+        self._not_closing()
+        assert body.fork_of is not None
+        if body.mem_gb is not None or body.image is not None:
+            raise Refused(422, "fork_of: a copy takes its source's mem_gb and image; "
+                          "leave mem_gb and image out")
+        ids = copy_ids(body.fork_of, body.count, body.id)
+        if max(map(len, ids)) > ID_MAX:
+            raise Refused(422, f"id: the copies' ids ({ids[-1]!r}) would pass {ID_MAX} "
+                          "characters; use a shorter id")
+        try:
+            done = await fork(self.executor, body.fork_of, ids, self.closing, self.forking)
+        except ForkRefused as e:
+            raise Refused(e.status, e.detail) from None
+        # the copies are open trajectories like any: listed, journalled (a restart reopens
+        # them), with their source's task, memory and image
+        source = self.opened.get(body.fork_of)
+        if source is not None:
+            now = time.monotonic()
+            for tid in done.ids:
+                self.journal.opened(tid, source.task, source.mem_gb, source.image)
+                self.opened[tid] = Opened(source.task, source.mem_gb, source.image, now, now)
+        return {"ids": list(done.ids), "fork_of": done.source, "action": done.action,
+                "method": done.method, "bytes": done.bytes, "queue_s": done.queue_s,
+                "fork_s": done.fork_s}
 
     def _restore(self) -> int:
         """Open again the trajectories the journal says a previous run left open (a crash

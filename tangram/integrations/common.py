@@ -27,7 +27,9 @@ T = TypeVar("T")
 
 #: the keys of an adapter's configuration (unknown keys are refused with this list)
 CONFIG_KEYS = ("base_url", "token", "task", "image", "mem_gb", "shell", "kind", "cpu",
-               "timeout_s", "reward", "idle_ttl_s", "max_output_chars", "check_server")
+               "timeout_s", "reward", "idle_ttl_s", "max_output_chars", "check_server",
+               "group_setup")
+GROUP_SETUP_KEYS = ("command", "timeout_s")
 REWARD_KEYS = ("command", "cpu", "elastic", "t1_s", "parallel_fraction", "timeout_s", "shell",
                "state_lost_score")
 
@@ -145,6 +147,32 @@ class RewardConfig:
 
 
 @dataclass(frozen=True, slots=True)
+class GroupSetup:
+    """A GRPO group's sandbox preparation (clone, install), run once per group: in a
+    template sandbox that each rollout of the group starts as a copy of (a fork)."""
+
+    command: str
+    timeout_s: float = 600.0
+
+    @classmethod
+    def from_dict(cls, raw: Mapping[str, Any], where: str) -> GroupSetup:
+        if not isinstance(raw, Mapping):
+            raise ValueError(f"{where}: expected a mapping with a command, got {raw!r}")
+        unknown = sorted(set(raw) - set(GROUP_SETUP_KEYS))
+        if unknown:
+            raise ValueError(f"{where}: unknown key(s) {unknown}; known: {list(GROUP_SETUP_KEYS)}")
+        if not raw.get("command"):
+            raise ValueError(f"{where}.command: missing (the shell command that prepares a "
+                             "group's sandbox)")
+        return cls(_text(f"{where}.command", raw["command"]),
+                   _num(f"{where}.timeout_s", raw.get("timeout_s", 600.0), most=MAX_TIMEOUT_S))
+
+    def action(self) -> dict[str, Any]:
+        return {"kind": "setup", "command": self.command, "shell": True,
+                "timeout_s": self.timeout_s}
+
+
+@dataclass(frozen=True, slots=True)
 class SandboxConfig:
     """Where the sandbox lives and how the model's commands run in it."""
 
@@ -165,6 +193,8 @@ class SandboxConfig:
     #: ask the server once, when the adapter is built, whether it answers and takes the
     #: token (a wrong URL or token then fails the framework's loader, not every call)
     check_server: bool = True
+    #: prepare once per GRPO group and fork (None: every rollout starts empty)
+    group_setup: GroupSetup | None = None
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str = "config",
@@ -202,7 +232,9 @@ class SandboxConfig:
             reward=RewardConfig.from_dict(reward, f"{where}.reward") if reward is not None else None,
             idle_ttl_s=_num(f"{where}.idle_ttl_s", raw.get("idle_ttl_s", 600.0)),
             max_output_chars=max_out,
-            check_server=_flag(f"{where}.check_server", raw.get("check_server", True)))
+            check_server=_flag(f"{where}.check_server", raw.get("check_server", True)),
+            group_setup=(GroupSetup.from_dict(raw["group_setup"], f"{where}.group_setup")
+                         if raw.get("group_setup") is not None else None))
 
     def action(self, command: str) -> dict[str, Any]:
         """The action that runs one of the model's commands."""
@@ -220,6 +252,33 @@ class SandboxConfig:
         refuses the token (unless ``check_server: false``)."""
         if self.check_server:
             check_server(self.base_url, self.token, f"{where}.base_url", f"{where}.token")
+
+
+def group_template(client: TangramSyncClient, settings: SandboxConfig, group: str) -> str:
+    """The prepared template sandbox of GRPO group ``group`` (``settings.group_setup``),
+    shared by every env of the group, in this process or another: its trajectory id and
+    its setup action's id are derived from the group, the task and the command, so the
+    first env to ask opens it and runs the setup, and the others (the open refused as
+    already done, the setup's submit answered as a repeat) wait for the same setup. No
+    env runs in it: each forks it. It stays open for the group's later rollouts; close
+    it (``close_trajectory``) when the group is done."""
+    import hashlib
+
+    from tangram.client import TangramError
+
+    assert settings.group_setup is not None
+    digest = hashlib.sha256("\0".join((settings.base_url, settings.task, group,
+                                       settings.group_setup.command)).encode()).hexdigest()
+    tid = f"group-{digest[:24]}"
+    try:
+        client.open_trajectory(tid, **settings.open_args())
+    except TangramError as e:
+        if e.status != 409:  # 409: another env of the group opened it
+            raise
+    result = client.run(tid, action_id=f"{tid}-setup", **settings.group_setup.action())
+    if not passed(result):
+        raise TangramError(500, f"group_setup of group {group!r} failed: {render(result, 2000)}")
+    return tid
 
 
 def passed(result: Mapping[str, Any]) -> bool:
@@ -429,13 +488,18 @@ class SyncTrajectory:
             self._client = TangramSyncClient(self.settings.base_url, self.settings.token)
         return self._client
 
-    def _open_trajectory(self, files: Mapping[str, Any]) -> None:
-        """A fresh sandbox holding ``files`` (path -> content)."""
+    def _open_trajectory(self, files: Mapping[str, Any], fork_of: str | None = None) -> None:
+        """A fresh sandbox holding ``files`` (path -> content): an empty one, or with
+        ``fork_of`` a copy of that open trajectory's files (a GRPO group's prepared one)."""
         self._close_trajectory()
         client = self._http()
-        self.trajectory = call_retrying(
-            lambda: client.open_trajectory(None, **self.settings.open_args()),
-            "opening a sandbox")
+        if fork_of is not None:
+            self.trajectory = call_retrying(lambda: client.fork(fork_of, 1)["ids"][0],
+                                            f"forking sandbox {fork_of}")
+        else:
+            self.trajectory = call_retrying(
+                lambda: client.open_trajectory(None, **self.settings.open_args()),
+                "opening a sandbox")
         self.lost = False
         for path, content in files.items():
             client.put_file(self.trajectory, str(path), content)

@@ -117,12 +117,17 @@ class TangramEnv(SyncTrajectory, gymnasium.Env):
     def reset(self, *, seed: int | None = None,
               options: dict[str, Any] | None = None) -> tuple[str, dict[str, Any]]:
         """A fresh sandbox; ``options={"files": {path: text or bytes}}`` are written into
-        it before the first step."""
+        it before the first step. ``options={"fork_of": <trajectory>}``: the sandbox starts
+        as a copy of that open trajectory's files (e.g. another env's ``trajectory``, once
+        it prepared: a GRPO group's rollouts prepare once; it must be between steps)."""
         super().reset(seed=seed)
         files = (options or {}).get("files") or {}
         if not isinstance(files, dict):
             raise ValueError(f"options['files']: expected a mapping path -> content, got {files!r}")
-        self._open_trajectory(files)
+        fork_of = (options or {}).get("fork_of")
+        if fork_of is not None and not isinstance(fork_of, str):
+            raise ValueError(f"options['fork_of']: expected a trajectory id, got {fork_of!r}")
+        self._open_trajectory(files, fork_of)
         self._steps = 0
         return self.prompt, {"step": 0}
 

@@ -16,8 +16,10 @@
 (``base_url``, ``token``, ``task``, ``image``, ``mem_gb``, ``shell``, ``timeout_s``,
 ``reward``, ...) plus ``max_turns``. ``extras`` (per sample, as SkyRL passes them)
 may hold ``max_turns``, ``files`` (path -> content, written before the first
-turn) and ``reward_command`` (this sample's reward command, overriding the
-config's).
+turn), ``reward_command`` (this sample's reward command, overriding the
+config's) and ``group`` (its GRPO group: with ``group_setup: {command: ...}`` in
+``env_config`` the group's sandbox is prepared once and each sample's starts as a
+copy of it: ``tangram.integrations.common.group_template``).
 
 Like SkyRL's own environments, the command is parsed out of the model's text
 with a tag: the first ``<bash>...</bash>`` is run; ``<submit/>`` (or
@@ -45,7 +47,14 @@ except ImportError as e:  # pragma: no cover - exercised by the import test
     raise ImportError("tangram.integrations.skyrl needs skyrl-gym: pip install skyrl-gym") from e
 
 from tangram.client import TangramSyncClient
-from tangram.integrations.common import RewardConfig, SandboxConfig, SyncTrajectory, judge, render
+from tangram.integrations.common import (
+    RewardConfig,
+    SandboxConfig,
+    SyncTrajectory,
+    group_template,
+    judge,
+    render,
+)
 
 ENV_ID = "tangram-shell"
 COMMAND = re.compile(r"<bash>(.*?)</bash>", re.DOTALL)
@@ -89,6 +98,12 @@ class TangramTextEnv(SyncTrajectory, BaseTextEnv):
         if not isinstance(files, Mapping):
             raise ValueError(f"extras['files']: expected a mapping path -> content, got {files!r}")
         self.files = dict(files)
+        group = extras.get("group")
+        if group is not None and self.settings.group_setup is None:
+            raise ValueError("extras['group']: needs a group_setup block in env_config "
+                             "(the command that prepares the group's sandbox)")
+        #: this sample's GRPO group: its sandbox starts as a copy of the group's prepared one
+        self.group = str(group) if group is not None else None
         self.trajectory: str | None = None
         self._client: TangramSyncClient | None = None
         self.chat_history: ConversationType = []
@@ -96,7 +111,9 @@ class TangramTextEnv(SyncTrajectory, BaseTextEnv):
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
         """Open the sandbox and write the sample's files; the prompt is unchanged."""
-        self._open_trajectory(self.files)
+        fork_of = (group_template(self._http(), self.settings, self.group)
+                   if self.group is not None else None)
+        self._open_trajectory(self.files, fork_of)
         self.turns = 0
         self.chat_history = list(prompt)
         return prompt, {}

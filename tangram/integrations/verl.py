@@ -78,6 +78,7 @@ from tangram.integrations.common import (
     check_server,
     describe,
     judge,
+    passed,
     render,
 )
 
@@ -174,6 +175,10 @@ class TangramTool(_Base):
         self._instances: dict[str, str] = {}  # instance id -> the sandbox key it uses
         self._sandboxes: dict[str, _Sandbox] = {}
         self._opening: dict[str, asyncio.Future[_Sandbox]] = {}
+        #: with ``group_setup``: instance/rollout key -> its GRPO group (the dataset's
+        #: ``create_kwargs: {group: ...}``), and group -> its prepared template sandbox
+        self._group_of: dict[str, str] = {}
+        self._templates: dict[str, asyncio.Future[str]] = {}
         self._client: TangramClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task | None = None
@@ -188,6 +193,9 @@ class TangramTool(_Base):
         rollout it belongs to is known)."""
         iid = instance_id or uuid.uuid4().hex
         self._instances.setdefault(iid, iid)
+        group = (kwargs.get("create_kwargs") or {}).get("group")
+        if group is not None and self.settings.group_setup is not None:
+            self._group_of[iid] = str(group)
         self._ensure_loop()
         return iid, ToolResponse()
 
@@ -262,6 +270,8 @@ class TangramTool(_Base):
         """Close every sandbox this tool holds (e.g. at the end of training)."""
         for key in list(self._sandboxes):
             await self.close_rollout(key)
+        for group in list(self._templates):
+            await self.close_group(group)
         if self._sweeper is not None:
             self._sweeper.cancel()
             self._sweeper = None
@@ -277,6 +287,9 @@ class TangramTool(_Base):
             key = self._instances.get(instance_id, instance_id)
         if instance_id in self._instances:
             self._instances[instance_id] = key
+        group = self._group_of.get(instance_id)
+        if group is not None:
+            self._group_of.setdefault(key, group)
         scope = _SCOPE.get()
         if scope is not None:
             scope.add((self, key))
@@ -370,8 +383,14 @@ class TangramTool(_Base):
         fut: asyncio.Future[_Sandbox] = asyncio.get_running_loop().create_future()
         self._opening[key] = fut
         try:
-            tid = uuid.uuid4().hex  # chosen here: a try repeated after a lost answer is a no-op
-            await call_retrying_async(lambda: self._open(tid), f"rollout {key}: opening a sandbox")
+            group = self._group_of.get(key)
+            if group is not None:  # a copy of the group's prepared sandbox
+                template = await self._template(group)
+                tid = (await self._http().fork(template, 1))["ids"][0]
+            else:
+                tid = uuid.uuid4().hex  # chosen here: a try repeated after a lost answer is a no-op
+                await call_retrying_async(lambda: self._open(tid),
+                                          f"rollout {key}: opening a sandbox")
             box = _Sandbox(tid, time.monotonic())
             self._sandboxes[key] = box
             fut.set_result(box)
@@ -389,6 +408,39 @@ class TangramTool(_Base):
         except TangramError as e:
             if e.status != 409:  # 409: an earlier try of this same open got through
                 raise
+
+    async def _template(self, group: str) -> str:
+        """The group's template sandbox, prepared once (``group_setup.command``); no
+        rollout runs in it, so it is never busy when a rollout forks it. Closed by
+        ``close_all`` or ``close_group``."""
+        pending = self._templates.get(group)
+        if pending is None:
+            pending = self._templates[group] = asyncio.ensure_future(self._prepare(group))
+        try:
+            return await asyncio.shield(pending)
+        except BaseException:
+            if self._templates.get(group) is pending and pending.done():
+                del self._templates[group]  # a failed setup is tried again by the next
+            raise
+
+    async def _prepare(self, group: str) -> str:
+        assert self.settings.group_setup is not None
+        http = self._http()
+        tid = await http.open_trajectory(None, **self.settings.open_args())
+        result = await http.run(tid, **self.settings.group_setup.action())
+        if not passed(result):
+            with contextlib.suppress(TangramError, httpx.HTTPError):
+                await http.close_trajectory(tid)
+            raise TangramError(500, f"group_setup of group {group!r} failed: "
+                                    f"{render(result, 2000)}")
+        return tid
+
+    async def close_group(self, group: str) -> None:
+        """Close group ``group``'s template sandbox (its rollouts' copies stay theirs)."""
+        pending = self._templates.pop(group, None)
+        if pending is not None and pending.done() and not pending.exception():
+            with contextlib.suppress(TangramError, httpx.HTTPError):
+                await self._http().close_trajectory(pending.result())
 
     def _http(self) -> TangramClient:
         """A client bound to the running loop (verl may call from several loops)."""

@@ -63,11 +63,13 @@ import docker.errors
 from docker.models.containers import _create_container_args
 from docker.types import DriverConfig, Mount
 
+from executor.backends.docker.fork import fork_containers
 from executor.backends.docker.limits import SandboxLimits
 from executor.backends.process.backend import outcome_of
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, FileError
 from executor.local import allowed_cpus
+from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities
 
@@ -208,7 +210,7 @@ class Sandbox:
 
 class DockerBackend:
     name = "docker"
-    capabilities = Capabilities(images=True, files=True, evicts=True)
+    capabilities = Capabilities(images=True, files=True, evicts=True, forks=True)
 
     def __init__(self, image: str = IMAGE, cpu_map: list[int] | None = None,
                  idle_ttl_s: float = 600.0, workers: int = 16,
@@ -267,6 +269,9 @@ class DockerBackend:
     # -- Backend protocol ----------------------------------------------------------------
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         loop = asyncio.get_running_loop()
+        if d.action.kind == FORK:  # a copy of the sandbox (executor/backends/docker/fork.py)
+            self._pool.submit(self._fork, d, on_done, loop)
+            return
         ready = self._ready(d.action.trajectory)
         if ready is None:  # a container to create or resize, or no agent: engine calls
             self._in_thread(d, on_done, loop)
@@ -292,6 +297,15 @@ class DockerBackend:
                 self._reclaim(box, grant)
 
         self._pool.submit(work)
+
+    def _fork(self, d: Dispatch, on_done: Callable[[Outcome], None],
+              loop: asyncio.AbstractEventLoop) -> None:
+        try:
+            outcome = fork_containers(self, d)
+        except Exception as e:  # never leave an action unanswered
+            outcome = Outcome(d.action.id, "failed", None, error=f"docker fork: "
+                              f"{type(e).__name__}: {e}")
+        loop.call_soon_threadsafe(on_done, outcome)
 
     def cancel(self, action_id: str) -> None:
         cid = self._running.get(action_id)

@@ -33,6 +33,7 @@ from urllib.parse import quote
 
 from executor.backends.process import marks, spawner
 from executor.backends.process.cage import Cages, MemoryLimits
+from executor.backends.process.fork import run_fork
 from executor.backends.process.reaper import Leftovers, Reaper, clean
 from executor.backends.process.sweep import sweep
 from executor.backends.process.uids import (
@@ -46,6 +47,7 @@ from executor.backends.process.uids import (
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
+from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities, Shed
 
@@ -174,7 +176,7 @@ class _Watched(asyncio.subprocess.SubprocessStreamProtocol):
 
 class ProcessBackend:
     name = "process"
-    capabilities = Capabilities(files=True, sheds=True)
+    capabilities = Capabilities(files=True, sheds=True, forks=True)
 
     def __init__(self, root: str | Path, cpu_map: list[int] | None = None,
                  env: Mapping[str, str] | None = None, keep_workdirs: bool = False,
@@ -270,7 +272,10 @@ class ProcessBackend:
     async def _guarded(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         """Whatever fails, the action ends with a status (its lease is released then)."""
         try:
-            await self._run(d, on_done)
+            if d.action.kind == FORK:  # a copy of the sandbox (tangram/fork.py), no command
+                await run_fork(self, d, on_done)
+            else:
+                await self._run(d, on_done)
         except asyncio.CancelledError:
             on_done(Outcome(d.action.id, "cancelled", None, error="cancelled"))
             raise

@@ -38,7 +38,11 @@ Wait = Annotated[float, Query(ge=0, le=MAX_TIMEOUT_S, allow_inf_nan=False,
 
 
 @router.post("/trajectories", status_code=201)
-async def open_trajectory(body: TrajectoryIn, s: Svc) -> dict[str, str]:
+async def open_trajectory(body: TrajectoryIn, s: Svc) -> dict[str, Any]:
+    """Open a trajectory; with ``fork_of``, ``count`` copies of an open one's sandbox
+    (answered once the copies are made: ``ids``, ``method``, ``fork_s``)."""
+    if body.fork_of is not None:
+        return await s.fork_trajectories(body)
     return s.open_trajectory(body)
 
 

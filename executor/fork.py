@@ -1,0 +1,134 @@
+"""A fork on the live executor: open the copies, queue the fork action, wait for it.
+
+The order is what makes it all-or-nothing and fair: the copies are opened first (the
+core registers them with the source's declared memory: they count and wait for a node
+like any open), then the fork is submitted as an action of the source and the core
+schedules it like any other CPU action; the backend carries it out. If the fork fails
+or the server stops meanwhile, every copy opened is closed again.
+
+A source with an action in flight is refused (409), not waited for: its files are
+changing, and a fork waiting behind a long test run would hold the request as long.
+The caller forks between actions - when a rollout's setup has ended. Other forks of the
+same source are no such action (a fork only reads the source): a group's rollouts may
+fork one prepared sandbox all at once (:class:`Forking` counts them).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from dataclasses import dataclass, field
+
+from executor.driver import LiveExecutor
+from tangram.fork import MAX_COPIES, fork_action
+
+
+class ForkRefused(Exception):
+    """A fork the executor will not carry out; ``status`` is the HTTP status."""
+
+    def __init__(self, status: int, detail: str) -> None:
+        super().__init__(detail)
+        self.status = status
+        self.detail = detail
+
+
+@dataclass(frozen=True, slots=True)
+class Forked:
+    """What a fork did: the copies' ids and how the backend copied."""
+
+    source: str
+    ids: tuple[str, ...]
+    action: str
+    #: how the backend copied ("reflink", "copy", ...)
+    method: str
+    #: bytes of the source's files (what each copy holds)
+    bytes: int
+    #: seconds the fork waited in the queue, and ran
+    queue_s: float
+    fork_s: float
+
+
+@dataclass(slots=True)
+class Forking:
+    """Forks in flight per source (the actions in flight that do not change its files)."""
+
+    sources: dict[str, int] = field(default_factory=dict)
+
+    def count(self, source: str) -> int:
+        return self.sources.get(source, 0)
+
+    def add(self, source: str) -> None:
+        self.sources[source] = self.count(source) + 1
+
+    def done(self, source: str) -> None:
+        left = self.count(source) - 1
+        if left > 0:
+            self.sources[source] = left
+        else:
+            self.sources.pop(source, None)
+
+
+def copy_ids(source: str, count: int, prefix: str | None) -> list[str]:
+    """``<prefix>-<i>`` when the caller names them, else random ids."""
+    if prefix is not None:
+        return [f"{prefix}-{i}" for i in range(count)]
+    return [secrets.token_hex(8) for _ in range(count)]
+
+
+async def fork(executor: LiveExecutor, source: str, copies: list[str],
+               stop: asyncio.Event | None = None, forking: Forking | None = None) -> Forked:
+    """Open ``copies`` as copies of ``source``'s sandbox now; ForkRefused says why not.
+    ``forking``: the forks in flight (the caller's, across requests)."""
+    forking = forking if forking is not None else Forking()
+    view = executor.trajectory(source)
+    if view is None:
+        raise ForkRefused(404, f"fork_of: unknown trajectory {source!r} (never opened, "
+                          "closed, or lost with its node)")
+    if not executor.backend.capabilities.forks:
+        raise ForkRefused(501, f"fork_of: the {executor.backend.name} backend cannot fork "
+                          "a sandbox (use --backend process or docker)")
+    busy = view.in_flight - forking.count(source)
+    if busy:
+        raise ForkRefused(409, f"fork_of: trajectory {source!r} has {busy} "
+                          "action(s) in flight; fork it between actions (once they ended)")
+    if not 1 <= len(copies) <= MAX_COPIES:
+        raise ForkRefused(422, f"count: 1 to {MAX_COPIES} copies, got {len(copies)}")
+    taken = [c for c in copies if executor.has_trajectory(c)] + \
+        ([source] if source in copies else [])
+    if taken or len(set(copies)) != len(copies):
+        raise ForkRefused(409, f"id: trajectory {(taken or copies)[0]!r} is already open "
+                          "(or named twice)")
+    opened: list[str] = []
+    try:
+        for c in copies:
+            executor.open_trajectory(c, view.task, view.mem_gb)
+            opened.append(c)
+        action = fork_action(f"fork-{secrets.token_hex(8)}", view.task, source, copies)
+        done = executor.submit(action)
+        forking.add(source)
+        done.add_done_callback(lambda _: forking.done(source))
+        if stop is not None:
+            stopping = asyncio.ensure_future(stop.wait())
+            try:
+                await asyncio.wait((done, stopping), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                stopping.cancel()
+            if not done.done():
+                raise ForkRefused(503, "the server is shutting down")
+        rec, out = await done
+    except BaseException:
+        _close(executor, opened)
+        raise
+    if not out.ok:
+        _close(executor, opened)
+        raise ForkRefused(500, f"fork of {source!r} {out.status}: {out.error}")
+    extra = dict(out.extra or {})
+    return Forked(source, tuple(copies), action.id, str(extra.get("method", "")),
+                  int(extra.get("bytes", 0)), rec.start_s - rec.submit_s,
+                  rec.end_s - rec.start_s)
+
+
+def _close(executor: LiveExecutor, trajectories: list[str]) -> None:
+    for t in trajectories:
+        if executor.has_trajectory(t):
+            executor.close_trajectory(t)
