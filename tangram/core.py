@@ -119,6 +119,8 @@ class Tangram:
         self.estimates = estimates or Estimates()
         res = self.policy.build(cluster)
         self.cpu, self.gpu, self.quota, self.pools = res.cpu, res.gpu, res.quota, res.pools
+        #: the CPU nodes' light lanes (asked for their next overstay after every event)
+        self._lanes = self._lanes_of()
         self.cpu.admission = admission
         #: the attached backend frees an idle trajectory's memory when it is reclaimed
         #: (Capabilities.evicts)
@@ -578,8 +580,12 @@ class Tangram:
     def lane_wakeup(self) -> float | None:
         """When the next action on a light lane overstays it, unless it ends first (then
         ``Overstay``; None: no lane runs anything)."""
-        return min((at for pool in self.pools.values() if pool.lane is not None
-                    and (at := pool.lane.lane_wakeup()) is not None), default=None)
+        return min((at for lane in self._lanes if (at := lane.lane_wakeup()) is not None),
+                   default=None)
+
+    def _lanes_of(self) -> tuple[LightLane, ...]:
+        return tuple(pool.lane for pool in self.pools.values()
+                     if pool.lane is not None and pool.lane.lane_slots)
 
     def estimate(self, p: Pending) -> float:
         """Expected duration of a queued action at its minimum."""
@@ -954,6 +960,7 @@ class Tangram:
         (trajectories waiting to be bound may fit on it)."""
         pool = self.policy.cpu.grow(self.cpu, spec)  # the pool build would have made for it
         self.pools[pool.name] = pool
+        self._lanes = self._lanes_of()
         self._cpu_nodes_changed((*self.cluster.cpu_nodes, spec))
         return self._schedule(now, ())
 
