@@ -190,17 +190,17 @@ def bench_live_mix(
     (mean/p99/max; light ones and those importing sympy apart), the rewards' wait, time and
     cores, and the machine's load (one JSON line per policy, then a summary). Takes
     minutes: the tests really run."""
-    from executor.bench.live_mix import REWARD_MODULES, live_mix_bench
+    from executor.bench.live_mix import REWARD_MODULES, check, live_mix_bench
     from tangram.policies import make_policy
 
     names = tuple(p.strip() for p in policies.split(",") if p.strip())
     try:
         for name in names:
             make_policy(name)
-        rows = live_mix_bench(names, trajectories, cores, shorts, seed, think_s,
-                              tuple(m.strip() for m in modules.split(",")) if modules
-                              else REWARD_MODULES)
+        check(cores)
+        for row in live_mix_bench(names, trajectories, cores, shorts, seed, think_s,
+                                  tuple(m.strip() for m in modules.split(",")) if modules
+                                  else REWARD_MODULES):
+            _emit(row)
     except (ValueError, RuntimeError) as e:
         fail(f"bench live-mix: {e}")
-    for row in rows:
-        _emit(row)

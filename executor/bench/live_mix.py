@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -176,16 +177,24 @@ def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, within_s: float =
         time.sleep(0.2)
 
 
-def live_mix_bench(policies: tuple[str, ...] = POLICIES, trajectories: int = 8, cores: int = 2,
-                   shorts: int = 6, seed: int = 0, think_s: float = 1.0,
-                   modules: tuple[str, ...] = REWARD_MODULES) -> list[dict]:
-    """One row per policy (same trajectories, same cores), then a summary row comparing
-    the first policy with the others."""
+def check(cores: int) -> None:
+    """Refuse what this machine cannot run (ValueError naming the option)."""
     if cores > len(os.sched_getaffinity(0)):
         raise ValueError(f"cores: {cores} asked, this process may use "
                          f"{len(os.sched_getaffinity(0))}")
+
+
+def live_mix_bench(policies: tuple[str, ...] = POLICIES, trajectories: int = 8, cores: int = 2,
+                   shorts: int = 6, seed: int = 0, think_s: float = 1.0,
+                   modules: tuple[str, ...] = REWARD_MODULES) -> Iterator[dict]:
+    """One row per policy as each run ends (same trajectories, same cores), then a summary
+    row comparing the first policy with the others."""
+    check(cores)
     steps = plan(trajectories, shorts, seed, modules, think_s)
-    rows = [run_policy(p, steps, cores) for p in policies]
+    rows = []
+    for p in policies:
+        rows.append(run_policy(p, steps, cores))
+        yield rows[-1]
     first, others = rows[0], rows[1:]
     summary = {
         "summary": True, "policy": first["policy"], "against": [r["policy"] for r in others],
@@ -197,4 +206,4 @@ def live_mix_bench(policies: tuple[str, ...] = POLICIES, trajectories: int = 8, 
                                         <= r["short_wait"].get("mean_s", 0) for r in others),
         "light_waits_over_2s": first["light_waits_over_2s"],
     }
-    return [*rows, summary]
+    yield summary
