@@ -65,11 +65,12 @@ class Run:
         cap = self.summary.get("utilisation", {}).get(resource, {}).get("capacity")
         return float(cap) if cap else None
 
-    def write(self, out: str | Path) -> Path:
-        """Write this run as a run directory (the files `tangram simulate` writes)."""
+    def write(self, out: str | Path, perfetto: bool = False) -> Path:
+        """Write this run as a run directory (the files `tangram simulate` writes; trace.json
+        with ``perfetto``)."""
         return write_run(out, Analysed(self.summary, self.actions, self.utilisation,
                                        self.timing if self.timing is not None else pd.DataFrame()),
-                         self.config)
+                         self.config, perfetto=perfetto)
 
 
 class RunError(ValueError):
@@ -115,14 +116,15 @@ def simulate(trace: pd.DataFrame | str | Path, cluster: Any = None, policy: str 
              name: str | None = None, seed: int = 0, steps: int = 1, train_s: float = 0.0,
              asynchronous: bool = False, out: str | Path | None = None,
              progress: Callable[[int, int], None] | None = None, source: str | None = None,
-             extra_config: Mapping[str, Any] | None = None, **options: Any) -> Run:
+             extra_config: Mapping[str, Any] | None = None, perfetto: bool = False,
+             **options: Any) -> Run:
     """Simulate ``trace`` on ``cluster`` under ``policy`` and return the Run (what
     `tangram simulate` does; it calls this). ``trace``: a frame or a trace file;
     ``cluster``: a ClusterSpec, a built-in name or a YAML path (None: default);
     ``options``: policy parameters (depth, lookahead, ordering, pod_cores, gpu_dop).
     With ``out``, the run directory is written too (its cluster.yaml is ``cluster`` as
-    `--cluster` reads it); ``extra_config`` goes into config.json. Raises ValueError on bad
-    input."""
+    `--cluster` reads it), with trace.json when ``perfetto``; ``extra_config`` goes into
+    config.json. Raises ValueError on bad input."""
     from sim.cluster import load_cluster
     from sim.driver import SimConfig
     from sim.driver import simulate as run_sim
@@ -148,7 +150,7 @@ def simulate(trace: pd.DataFrame | str | Path, cluster: Any = None, policy: str 
     if out is not None:
         run = Run(run.name, run.summary, run.actions, run.utilisation, run.config, run.timing,
                   Path(out))
-        run.write(out)
+        run.write(out, perfetto=perfetto)
     return run
 
 

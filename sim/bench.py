@@ -123,6 +123,7 @@ from __future__ import annotations
 import gc
 import os
 import time
+from collections import deque
 from collections.abc import Iterator
 
 import numpy as np
@@ -224,6 +225,39 @@ def run_scheduler_scenario(name: str, cluster: ClusterSpec, actions: list[Action
     }
 
 
+def fifo_cpu_s(cluster: ClusterSpec, actions: list[Action]) -> float:
+    """This thread's CPU seconds for a plain FIFO dispatcher to run ``actions`` on the same
+    virtual clock: one queue, each action its minimum units of its key resource when they
+    are free, in order, for its declared duration; no placement, no elasticity, no records.
+    The floor that ``tangram bench scheduler``'s per-dispatch CPU is divided by (absolute
+    figures move up to 3x between machines; a ratio measured in the same process does not)."""
+    clock = SimClock()
+    free = {"cpu": float(sum(n.cores for n in cluster.cpu_nodes)),
+            "gpu": float(sum(g.gpus for g in cluster.gpu_nodes))}
+    queue = deque(actions)
+
+    def key(a: Action) -> tuple[str, float]:
+        return ("gpu", a.min("gpu")) if a.min("gpu") > 0 else ("cpu", a.min("cpu"))
+
+    def start_ready() -> None:
+        while queue:
+            res, units = key(queue[0])
+            if free[res] < units:
+                return
+            a = queue.popleft()
+            free[res] -= units
+            clock.call_later(a.t1_s or 0.0, lambda res=res, units=units: finish(res, units))
+
+    def finish(res: str, units: float) -> None:
+        free[res] += units
+        start_ready()
+
+    t0 = time.thread_time()
+    start_ready()
+    clock.run()
+    return time.thread_time() - t0
+
+
 def scheduler_bench(n: int = 2048, seed: int = 0) -> Iterator[dict]:
     core = pin_one_core()
     for name, build in (("cpu-node-256c", cpu_scenario), ("gpu-5x8-12svc", gpu_scenario)):
@@ -234,9 +268,46 @@ def scheduler_bench(n: int = 2048, seed: int = 0) -> Iterator[dict]:
         out["cpu_time_dispatch_per_s"] = cpu["dispatch_per_s"]
         out["cpu_time_pass_p99_us"] = cpu["pass_p99_us"]
         out["cpu_time_burst_pass_us"] = cpu["burst_pass_us"]
+        # per dispatch, CPU time: the core's, and a plain FIFO dispatcher's on the same
+        # actions and clock, in this process a moment apart (the ratio holds across machines)
+        per = 1e6 / cpu["dispatch_per_s"]
+        fifo = 1e6 * fifo_cpu_s(cluster, actions) / len(actions)
+        out["cpu_us_per_dispatch"] = round(per, 2)
+        out["fifo_cpu_us_per_dispatch"] = round(fifo, 2)
+        out["ratio_to_fifo"] = round(per / fifo, 2)
         out["load_avg_1m"] = round(os.getloadavg()[0], 2)
         out["pinned_core"] = core
         yield out
+    yield closed_loop_scenario(seed)
+
+
+def closed_loop_scenario(seed: int = 0, trajectories_n: int = 256) -> dict:
+    """Many actions per trajectory with learning on: a generated AI-coding batch (about 30
+    actions a trajectory; the unprofiled ones' durations learnt as they finish) simulated
+    closed-loop on the paper cluster. The core's CPU per dispatch (its thread's CPU clock)
+    beside the bare SimPy model of the same trace and loop (sim/scale.py's floor)."""
+    from sim.cluster import load_cluster
+    from sim.driver import SimConfig, simulate
+    from sim.scale import floor_model
+    from traces.generate import generate
+    from traces.schema import trajectories, validate
+
+    df = validate(generate("coding", trajectories_n, seed))
+    cluster = load_cluster("paper")
+    result = simulate(df, cluster, SimConfig(seed=seed))
+    n = len(result.records)
+    capacity = {"cpu": float(sum(nd.cores for nd in cluster.cpu_nodes)),
+                "gpu": float(sum(g.gpus for g in cluster.gpu_nodes))}
+    specs = list(trajectories(df))
+    t0 = time.thread_time()
+    floor_model(specs, capacity)
+    floor_us = 1e6 * (time.thread_time() - t0) / n
+    core_us = 1e6 * result.timing.core_s / n
+    return {"scenario": f"coding-{trajectories_n}x~30-closed-loop-learning", "actions": n,
+            "cpu_us_per_dispatch": round(core_us, 2),
+            "floor_cpu_us_per_action": round(floor_us, 2),
+            "ratio_to_floor": round(core_us / floor_us, 2),
+            "load_avg_1m": round(os.getloadavg()[0], 2)}
 
 
 def simulate_bench(trajectories_n: int = 2048, seed: int = 0) -> dict:

@@ -131,7 +131,9 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
                               busy=busy_of(core), aoe_s=config.aoe_s,
                               measured=MeasuredGpu.from_extra(cluster.extra, cluster.restore_gbps),
                               max_attempts=config.api_attempts)
-    runtime = Runtime(core, clock, backend, stopwatch=time.perf_counter)
+    # the core's seconds by this thread's CPU clock: a simulation is one thread, and its
+    # decision times should not grow with the machine's load (live runs use wall clock)
+    runtime = Runtime(core, clock, backend, stopwatch=time.thread_time)
     total = sum(len(s.steps) for specs in steps_specs for s in specs)
     done = [0]
     step_log: list[dict[str, float]] = []

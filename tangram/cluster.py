@@ -113,116 +113,133 @@ class ClusterSpec:
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> ClusterSpec:
-        problems: list[str] = []
+        """The cluster of a YAML/JSON mapping; ClusterError lists every problem found."""
         if not isinstance(data, Mapping):
             raise ClusterError([f"top level: expected a mapping, got {type(data).__name__}"])
-        known = {"cpu_nodes", "gpu_nodes", "services", "quotas", "restore_gbps", "extra"}
+        read = _Reader(data)
         for key in data:
-            if key not in known:
-                problems.append(f"{key}: unknown field (expected one of {sorted(known)})")
+            if key not in KNOWN_FIELDS:
+                read.problems.append(f"{key}: unknown field (expected one of {sorted(KNOWN_FIELDS)})")
+        cpu = read.cpu_nodes()
+        gpu = read.gpu_nodes()
+        services, quotas = read.services(), read.quotas()
+        restore = read.num("restore_gbps", data.get("restore_gbps", 20.0))
+        names = [n.name for n in cpu] + [n.name for n in gpu]
+        if len(set(names)) != len(names):
+            read.problems.append("node names: duplicated (give each group its own prefix)")
+        if read.problems:
+            raise ClusterError(read.problems)
+        return cls(tuple(cpu), tuple(gpu), tuple(services), tuple(quotas), restore or 20.0,
+                   dict(data.get("extra", {}) or {}))
 
-        def num(where: str, value: Any, *, positive: bool = True, integer: bool = False):
-            ok = isinstance(value, int | float) and not isinstance(value, bool)
-            if ok and (math.isnan(value) or math.isinf(value)):
-                ok = False
-            if ok and integer and value != int(value):
-                ok = False
-            if ok and (value <= 0 if positive else value < 0):
-                ok = False
-            if not ok:
-                kind = "an integer" if integer else "a number"
-                problems.append(f"{where}: expected {kind} {'> 0' if positive else '>= 0'}, "
-                                f"got {value!r}")
-                return None
-            return int(value) if integer else float(value)
 
-        def groups(name: str, fields: dict[str, tuple[bool, Any]]):
-            """Entries ``{count, prefix, field...}`` expanded into named nodes."""
-            out = []
-            raw = data.get(name, [])
-            if not isinstance(raw, list):
-                problems.append(f"{name}: expected a list")
-                return out
-            for i, entry in enumerate(raw):
-                where = f"{name}[{i}]"
-                if not isinstance(entry, Mapping):
-                    problems.append(f"{where}: expected a mapping")
-                    continue
-                for key in entry:
-                    if key not in fields and key not in ("count", "prefix", "name"):
-                        problems.append(f"{where}.{key}: unknown field")
-                count = num(f"{where}.count", entry.get("count", 1), integer=True) or 0
-                prefix = str(entry.get("prefix", f"{name.split('_')[0]}{i}-"))
-                if "name" in entry:  # one node named as is (what to_yaml writes)
-                    if count != 1 or "prefix" in entry:
-                        problems.append(f"{where}.name: names one node (no count, no prefix)")
-                        continue
-                    vals = {key: num(f"{where}.{key}", entry.get(key, default), integer=integer)
-                            for key, (integer, default) in fields.items()}
-                    if None not in vals.values():
-                        out.append((str(entry["name"]), vals))
-                    continue
-                vals = {}
-                for key, (integer, default) in fields.items():
-                    vals[key] = num(f"{where}.{key}", entry.get(key, default), integer=integer)
-                if None in vals.values():
-                    continue
-                for k in range(count):
-                    out.append((f"{prefix}{k}", vals))
-            return out
+#: the top-level fields of a cluster file
+KNOWN_FIELDS = ("cpu_nodes", "gpu_nodes", "services", "quotas", "restore_gbps", "extra")
 
-        cpu = [CpuNodeSpec(n, **v) for n, v in groups(
+
+class _Reader:
+    """Reads the sections of a cluster mapping, collecting every problem (field and value)
+    instead of stopping at the first."""
+
+    def __init__(self, data: Mapping[str, Any]) -> None:
+        self.data = data
+        self.problems: list[str] = []
+
+    def num(self, where: str, value: Any, *, positive: bool = True, integer: bool = False):
+        ok = isinstance(value, int | float) and not isinstance(value, bool)
+        if ok and (math.isnan(value) or math.isinf(value)):
+            ok = False
+        if ok and integer and value != int(value):
+            ok = False
+        if ok and (value <= 0 if positive else value < 0):
+            ok = False
+        if not ok:
+            kind = "an integer" if integer else "a number"
+            self.problems.append(f"{where}: expected {kind} {'> 0' if positive else '>= 0'}, "
+                                 f"got {value!r}")
+            return None
+        return int(value) if integer else float(value)
+
+    def _list(self, name: str) -> list:
+        raw = self.data.get(name, [])
+        if not isinstance(raw, list):
+            self.problems.append(f"{name}: expected a list")
+            return []
+        return raw
+
+    def groups(self, name: str, fields: dict[str, tuple[bool, Any]]) -> list[tuple[str, dict]]:
+        """Entries ``{count, prefix, field...}`` expanded into named nodes (or one entry
+        ``{name, field...}``, what ``to_yaml`` writes)."""
+        out = []
+        for i, entry in enumerate(self._list(name)):
+            where = f"{name}[{i}]"
+            if not isinstance(entry, Mapping):
+                self.problems.append(f"{where}: expected a mapping")
+                continue
+            for key in entry:
+                if key not in fields and key not in ("count", "prefix", "name"):
+                    self.problems.append(f"{where}.{key}: unknown field")
+            count = self.num(f"{where}.count", entry.get("count", 1), integer=True) or 0
+            prefix = str(entry.get("prefix", f"{name.split('_')[0]}{i}-"))
+            if "name" in entry and (count != 1 or "prefix" in entry):
+                self.problems.append(f"{where}.name: names one node (no count, no prefix)")
+                continue
+            vals = {key: self.num(f"{where}.{key}", entry.get(key, default), integer=integer)
+                    for key, (integer, default) in fields.items()}
+            if None in vals.values():
+                continue
+            if "name" in entry:
+                out.append((str(entry["name"]), vals))
+            else:
+                out.extend((f"{prefix}{k}", vals) for k in range(count))
+        return out
+
+    def cpu_nodes(self) -> list[CpuNodeSpec]:
+        cpu = [CpuNodeSpec(n, **v) for n, v in self.groups(
             "cpu_nodes", {"cores": (True, 256), "numa": (True, 2), "mem_gb": (False, 2400.0)})]
         for node in cpu:
             if node.cores % node.numa:
-                problems.append(f"cpu_nodes: {node.name}: cores {node.cores} not divisible "
-                                f"by numa {node.numa}")
+                self.problems.append(f"cpu_nodes: {node.name}: cores {node.cores} not divisible "
+                                     f"by numa {node.numa}")
                 break
-        gpu = [GpuNodeSpec(n, **v) for n, v in groups(
+        return cpu
+
+    def gpu_nodes(self) -> list[GpuNodeSpec]:
+        gpu = [GpuNodeSpec(n, **v) for n, v in self.groups(
             "gpu_nodes", {"gpus": (True, 8), "gpu_mem_gb": (False, 80.0),
                           "host_mem_gb": (False, 3000.0)})]
         for node in gpu:
             if node.gpus not in (1, 2, 4, 8):
-                problems.append(f"gpu_nodes: {node.name}: gpus must be 1, 2, 4 or 8 (aligned "
-                                f"chunks of 1/2/4/8), got {node.gpus}")
+                self.problems.append(f"gpu_nodes: {node.name}: gpus must be 1, 2, 4 or 8 "
+                                     f"(aligned chunks of 1/2/4/8), got {node.gpus}")
                 break
-        services = []
-        raw_services = data.get("services", [])
-        if not isinstance(raw_services, list):
-            problems.append("services: expected a list")
-            raw_services = []
-        for i, s in enumerate(raw_services):
+        return gpu
+
+    def services(self) -> list[ServiceSpec]:
+        out = []
+        for i, s in enumerate(self._list("services")):
             if not isinstance(s, Mapping) or not isinstance(s.get("name"), str):
-                problems.append(f"services[{i}]: expected {{name: str, size_gb: number}}")
+                self.problems.append(f"services[{i}]: expected {{name: str, size_gb: number}}")
                 continue
-            size = num(f"services[{i}].size_gb", s.get("size_gb"))
+            size = self.num(f"services[{i}].size_gb", s.get("size_gb"))
             if size is not None:
-                services.append(ServiceSpec(s["name"], size))
-        quotas = []
-        raw_quotas = data.get("quotas", [])
-        if not isinstance(raw_quotas, list):
-            problems.append("quotas: expected a list")
-            raw_quotas = []
-        for i, q in enumerate(raw_quotas):
+                out.append(ServiceSpec(s["name"], size))
+        return out
+
+    def quotas(self) -> list[QuotaSpec]:
+        out = []
+        for i, q in enumerate(self._list("quotas")):
             where = f"quotas[{i}]"
             if not isinstance(q, Mapping) or not isinstance(q.get("key"), str):
-                problems.append(f"{where}: expected {{key: str, mode, limit, window_s}}")
+                self.problems.append(f"{where}: expected {{key: str, mode, limit, window_s}}")
                 continue
-            key = q["key"]
-            key = quota_resource(key)
             mode = q.get("mode", "concurrency")
             if mode not in ("concurrency", "window"):
-                problems.append(f"{where}.mode: expected 'concurrency' or 'window', got {mode!r}")
+                self.problems.append(f"{where}.mode: expected 'concurrency' or 'window', "
+                                     f"got {mode!r}")
                 continue
-            limit = num(f"{where}.limit", q.get("limit", 1))
-            window = num(f"{where}.window_s", q.get("window_s", 1.0))
+            limit = self.num(f"{where}.limit", q.get("limit", 1))
+            window = self.num(f"{where}.window_s", q.get("window_s", 1.0))
             if limit is not None and window is not None:
-                quotas.append(QuotaSpec(key, mode, limit, window))
-        restore = num("restore_gbps", data.get("restore_gbps", 20.0))
-        names = [n.name for n in cpu] + [n.name for n in gpu]
-        if len(set(names)) != len(names):
-            problems.append("node names: duplicated (give each group its own prefix)")
-        if problems:
-            raise ClusterError(problems)
-        return cls(tuple(cpu), tuple(gpu), tuple(services), tuple(quotas), restore or 20.0,
-                   dict(data.get("extra", {}) or {}))
+                out.append(QuotaSpec(quota_resource(q["key"]), mode, limit, window))
+        return out

@@ -20,7 +20,7 @@ These are parts (values with behaviour), never mode flags tested by the core or 
 drivers: the core asks the policy's parts (``build``, ``route``, ``env.opened``,
 ``api.core_quotas``, ``grow``) and the simulator asks ``api.provider``.
 
-The pools a policy builds implement the extension points of tangram/pools/ (PoolPoints).
+The pools a policy builds implement the extension points of tangram/pool.py (PoolPoints).
 Baselines never subclass the core.
 """
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Annotated
 
 import typer
@@ -12,8 +13,11 @@ from executor.bench.adapters import main as adapters_main
 from executor.bench.executor import executor_bench, ray_executor_bench, serve_bench
 from executor.bench.gpu import gpu_bench
 from sim.bench import learning_bench, scheduler_bench, simulate_bench
+from sim.scale import POINTS as SCALE_POINTS
+from sim.scale import run as scale_run
 from tangram_cli.common import command_app, fail
 from tangram_cli.options import RAY_HELP, check_gpu_device, ray_spec
+from traces.generate import WORKLOADS
 
 app = command_app(help="Benchmarks that print their figures as JSON lines.", no_args_is_help=True)
 
@@ -68,6 +72,31 @@ def bench_learning(
     and per kind alone."""
     for row in learning_bench(seeds):
         _emit(row)
+
+
+@app.command("sim-scale")
+def bench_sim_scale(
+    points: Annotated[str, typer.Option(
+        help="workload:trajectories pairs, comma-separated (default: coding at 2048, 8192, "
+             "32768, 65536 and mopd at 2048, 16384 — the full run takes tens of minutes)")]
+    = ",".join(f"{w}:{n}" for w, n in SCALE_POINTS),
+    seed: int = 0,
+    out: Annotated[Path | None, typer.Option(help="Also append each row to this JSON-lines file.")]
+    = None,
+) -> None:
+    """The simulator's cost at fleet scale beside a bare SimPy model of the same trace and
+    closed loop, run in the same process (the floor): actions per CPU-second, the ratio to
+    the floor (the figure that holds across machines), the core's share, peak RSS (JSON
+    lines, one per point, each point in a fresh process)."""
+    try:
+        chosen = [(w.strip(), int(n)) for w, n in (p.split(":") for p in points.split(",") if p)]
+    except ValueError:
+        fail(f"bench sim-scale: --points: expected workload:trajectories,..., got {points!r}")
+    for w, n in chosen:
+        if w not in WORKLOADS or n < 1:
+            fail(f"bench sim-scale: --points: {w}:{n}: workload one of {sorted(WORKLOADS)}, "
+                 "trajectories >= 1")
+    scale_run(chosen, seed, out, emit=_emit)
 
 
 @app.command("simulate")

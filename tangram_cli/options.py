@@ -26,6 +26,9 @@ OrderingOpt = Annotated[str, typer.Option(
     help="Queue order: fcfs, or sef (shortest expected first, aging-bounded).")]
 PodCoresOpt = Annotated[int, typer.Option(min=1, help="k8s/baseline: cores per trajectory pod.")]
 GpuDopOpt = Annotated[int | None, typer.Option(help="static/serverless: GPUs per instance.")]
+PerfettoOpt = Annotated[bool, typer.Option(
+    "--perfetto", help="Also write trace.json: one slice per action in Chrome's trace format "
+                       "(open in ui.perfetto.dev). Large for big runs, so only when asked.")]
 WorkScaleOpt = Annotated[float, typer.Option(
     min=0,
     help="Multiply every row's work by S (t1_s, setup_s, unit_overhead_s, timeout_s): the CPU "

@@ -20,6 +20,7 @@ from tangram_cli.options import (
     GpuDopOpt,
     LookaheadOpt,
     OrderingOpt,
+    PerfettoOpt,
     PodCoresOpt,
     PolicyOpt,
     WorkScaleOpt,
@@ -62,6 +63,7 @@ def run(
     gpu_scale: Annotated[float, typer.Option(
         min=1e-9, help="Scale of service sizes and GPU memory without --gpu-cluster.")] = 1e-4,
     gpu_tokens: Annotated[int, typer.Option(min=2, help="Tokens per GPU request.")] = 32,
+    perfetto: PerfettoOpt = False,
 ) -> None:
     """Replay a trace on this machine's real cores (process or docker backend), or on
     the nodes of a Ray cluster (--ray).
@@ -102,7 +104,8 @@ def run(
         fail(str(e.args[0]) if e.args else str(e))
     run_ = analyse(result)
     write_run(out, run_, {"trace": str(trace), **config, "work_scale": work_scale,
-                          "work_unscaled_rows": fixed})
+                          "work_unscaled_rows": fixed}, perfetto=perfetto)
     if not quiet:
         print_summary(run_.summary)
-    out_console.print(f"wrote {out}/ (summary.json, actions.parquet, trace.json)")
+    out_console.print(f"wrote {out}/ (summary.json, actions.parquet"
+                      + (", trace.json)" if perfetto else ")"))

@@ -16,6 +16,7 @@ from tangram_cli.options import (
     GpuDopOpt,
     LookaheadOpt,
     OrderingOpt,
+    PerfettoOpt,
     PodCoresOpt,
     PolicyOpt,
     WorkScaleOpt,
@@ -55,11 +56,12 @@ def simulate(
     ordering: OrderingOpt = "fcfs",
     pod_cores: PodCoresOpt = 4,
     gpu_dop: GpuDopOpt = None,
+    perfetto: PerfettoOpt = False,
 ) -> None:
     """Simulate a trace on a cluster under one policy (virtual time, same scheduler as live).
 
-    Writes summary.json, actions.parquet, timing.parquet, trace.json (Chrome/Perfetto),
-    utilisation.parquet and config.json to --out.
+    Writes summary.json, actions.parquet, timing.parquet, utilisation.parquet, config.json
+    and cluster.yaml to --out; trace.json (Chrome/Perfetto) with --perfetto.
     """
     trace = trace or DEFAULT_TRACE
     check_work_scale(work_scale)
@@ -81,10 +83,11 @@ def simulate(
                                extra_config={"limit": limit, "think_scale": think_scale,
                                              "work_scale": work_scale,
                                              "work_unscaled_rows": fixed},
-                               **options),
+                               perfetto=perfetto, **options),
             quiet, f"simulating {trace.name} under {policy}")
     except ValueError as e:
         fail(str(e))
     if not quiet:
         print_summary(run_.summary)
-    out_console.print(f"wrote {out}/ (summary.json, actions.parquet, trace.json)")
+    out_console.print(f"wrote {out}/ (summary.json, actions.parquet"
+                      + (", trace.json)" if perfetto else ")"))

@@ -175,7 +175,7 @@ def test_tangram_run_replays_a_trace_and_writes_simulate_outputs(tmp_path, polic
     cli = [sys.executable, str(ROOT / "cli.py")]
     out = tmp_path / "live"
     res = subprocess.run([*cli, "run", "--trace", str(trace), "--out", str(out), "--quiet",
-                          *policy], capture_output=True, text=True, timeout=300)
+                          "--perfetto", *policy], capture_output=True, text=True, timeout=300)
     assert res.returncode == 0, res.stderr
     config = json.loads((out / "config.json").read_text())
     assert config["policy"]["name"] == ("k8s" if policy else "tangram")

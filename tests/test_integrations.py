@@ -604,7 +604,7 @@ def gpu_server(tmp_path_factory):
     from conftest import start_server
 
     server = start_server(tmp_path_factory.mktemp("serve-gpu"), "process", extra_args=(
-        "--gpu-cluster", str(ROOT / "executor" / "gpu" / "clusters" / "cpu-tiny.yaml"),
+        "--gpu-cluster", str(ROOT / "executor/backends/gpu/clusters/cpu-tiny.yaml"),
         "--gpu-device", "cpu"))
     yield server
     server.stop()

@@ -70,7 +70,7 @@ def test_cli_simulate_writes_outputs_and_refuses_bad_cluster(tmp_path):
     assert tangram("trace", "generate", "--workload", "coding", "--trajectories", "8",
                    "--out", str(trace)).returncode == 0
     out = tmp_path / "run"
-    res = tangram("simulate", "--trace", str(trace), "--out", str(out), "--quiet")
+    res = tangram("simulate", "--trace", str(trace), "--out", str(out), "--quiet", "--perfetto")
     assert res.returncode == 0, res.stderr
     summary = json.loads((out / "summary.json").read_text())
     for key in ("policy", "actions", "act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s",
@@ -78,6 +78,10 @@ def test_cli_simulate_writes_outputs_and_refuses_bad_cluster(tmp_path):
         assert key in summary
     assert len(pd.read_parquet(out / "actions.parquet")) == summary["actions"]
     assert json.loads((out / "trace.json").read_text())["traceEvents"]
+    bare = tmp_path / "bare"  # without --perfetto: no trace.json, the rest as before
+    assert tangram("simulate", "--trace", str(trace), "--out", str(bare), "--quiet").returncode == 0
+    assert not (bare / "trace.json").exists()
+    assert (bare / "actions.parquet").read_bytes() == (out / "actions.parquet").read_bytes()
     cluster = tmp_path / "bad.yaml"
     cluster.write_text("cpu_nodes:\n  - {count: 1, cores: -4}\nquotas:\n  - {key: s, mode: x}\n")
     res = tangram("simulate", "--trace", str(trace), "--cluster", str(cluster), "--quiet")

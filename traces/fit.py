@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 from tangram.core import Tangram
+from tangram.protocol import Close, Open
 from traces.schema import TrajectorySpec
 
 MAX_PROBLEMS = 200
@@ -16,7 +17,7 @@ def misfits(core: Tangram, specs: Iterable[TrajectorySpec]) -> list[str]:
     problems: list[str] = []
     for spec in specs:
         try:
-            core.open_trajectory(spec.id, spec.task, spec.mem_gb)
+            core.handle(Open(spec.id, spec.task, spec.mem_gb), 0.0)
         except ValueError as e:
             problems.append(f"trajectory {spec.id!r}: {e.args[0] if e.args else e}")
             continue
@@ -28,7 +29,7 @@ def misfits(core: Tangram, specs: Iterable[TrajectorySpec]) -> list[str]:
                 problems.append(f"trajectory {spec.id!r}, action {step.action.id!r}: {msg}")
                 if len(problems) >= MAX_PROBLEMS:
                     return problems
-        core.close_trajectory(spec.id, 0.0)
+        core.handle(Close(spec.id), 0.0)
     return problems
 
 

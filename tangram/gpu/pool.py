@@ -89,9 +89,7 @@ class ServiceDemand:
 
     def add_many(self, service: str, works: Iterable[float], now: float) -> None:
         """Add each of ``works`` of ``service``, in order (a burst adds thousands)."""
-        v = self._value.get(service, 0.0)  # (value, inlined: every request adds)
-        if v and now > self._at[service]:
-            v *= math.exp(-(now - self._at[service]) / self.tau_s)
+        v = self.value(service, now)
         for work in works:  # (in order, one at a time: the sum add gave)
             v += work
         self._value[service] = v
@@ -198,7 +196,7 @@ class GpuPool(Pool):
         and the demand."""
         for service, group in groups.items():
             last = group[-1]
-            self.accepted[service] = last.choices or (last.key_min,)  # (accepts, inlined)
+            self.accepted[service] = accepts(last)
             # (work_s is the declared T1 when there is one)
             self.demand.add_many(service, [1.0 if p.action.t1_s is None else p.action.t1_s
                                            for p in group], now)
