@@ -179,12 +179,15 @@ def test_a_declared_light_action_that_runs_long_is_moved_off_the_lane(http):
     lanes = []
     for i in range(3):
         res = _run(http, "liar", f"liar{i}", kind="liar-kind", t1_s=0, shell=True,
-                   command=f"nice; sleep {wait}; nice")
+                   command=f"nice; sleep {wait}; nice; grep Cpus_allowed_list /proc/self/status")
         assert res["status"] == "ok", res
         lanes.append(res["lane"])
         if res["lane"]:  # the server's own niceness at first (0, or what it was started at)
-            before, after = map(int, res["output"].split())
+            before, after, cpus = res["output"].split("\n")[:3]
+            before, after = int(before), int(after)
             assert after in (min(before + EXCLUSIVE_NICE, 19), DEMOTED_NICE), res
             assert before < after, res
+            if after != DEMOTED_NICE:  # it holds a core of its own: pinned there
+                assert cpus.split()[-1].isdigit(), res
     assert lanes == [True, False, False], lanes
     http.delete("/v1/trajectories/liar")
