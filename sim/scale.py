@@ -1,62 +1,15 @@
-"""``tangram bench sim-scale``: the simulator's cost at the scale of large sandbox fleets,
-beside a floor that holds across machines.
-
-Each point simulates one generated trace (coding on the paper cluster at 2,048 ... 65,536
-trajectories; MOPD at 2,048 and 16,384) under the default policy, and, in the same child
-process, the **floor**: a minimal SimPy model of the same trace and closed loop (each
-trajectory thinks, takes its action's minimum units from one shared pool per resource for
-the action's true duration on them, gives them back), with no scheduler, no records and
-no outputs. Absolute speeds differ up to 3x between machines and with their load; the
-ratio to the floor, measured in the same process a moment apart, is the figure to compare.
-
-Per point (one JSON line): actions, CPU seconds and actions per CPU-second of Tangram and
-of the floor, their ratio, the core's share of Tangram's CPU (the injected stopwatch's
-seconds inside ``Tangram.handle``), CPU microseconds per action, and peak RSS (each point
-runs in a child process of its own, so its peak is its own; the floor runs after Tangram,
-so it is Tangram's).
+"""The floor of ``tangram bench sim-scale`` (analysis/scale.py): a minimal SimPy model of a
+trace's closed loop, with no scheduler, no records and no outputs. Absolute speeds differ up
+to 3x between machines and with their load; the simulator's cost divided by this floor's,
+measured in the same process a moment apart, is the figure to compare.
 """
 
 from __future__ import annotations
 
-import gc
-import json
-import multiprocessing as mp
-import resource
-import time
-from collections.abc import Callable, Iterable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections.abc import Iterable
 from typing import Any
 
 import simpy
-
-#: (workload, trajectories) of the full bench
-POINTS: tuple[tuple[str, int], ...] = (
-    ("coding", 2048), ("coding", 8192), ("coding", 32768), ("coding", 65536),
-    ("mopd", 2048), ("mopd", 16384))
-
-
-@dataclass(frozen=True)
-class ScalePoint:
-    workload: str
-    trajectories: int
-    actions: int
-    tangram_cpu_s: float
-    floor_cpu_s: float
-    #: actions per CPU-second
-    tangram_rate: float
-    floor_rate: float
-    #: Tangram's CPU per action over the floor's (1.0: as cheap as a bare SimPy model)
-    ratio_to_floor: float
-    #: CPU microseconds per action, Tangram (whole simulation: trace to results)
-    us_per_action: float
-    #: share of Tangram's CPU spent inside the core (Tangram.handle)
-    core_share: float
-    peak_rss_mb: float
-    generate_cpu_s: float
-    #: load average of the machine when the point started (a figure of a loaded machine
-    #: reads slower; the ratio to the floor much less so)
-    load_1m: float
 
 
 def floor_model(specs: Iterable[Any], capacity: dict[str, float]) -> int:
@@ -88,83 +41,3 @@ def floor_model(specs: Iterable[Any], capacity: dict[str, float]) -> int:
         env.process(trajectory(spec.steps))
     env.run()
     return done[0]
-
-
-def _cpu() -> float:
-    return time.process_time()
-
-
-def run_point(workload: str, n: int, seed: int = 0) -> ScalePoint:
-    """One point, in this process (the bench runs each in a child of its own). Tangram's
-    cost is what ``tangram simulate --trace`` does with a trace: validate it, simulate it
-    under the default policy, write the run directory (into a temporary one)."""
-    import os
-    import tempfile
-
-    from analysis.runs import simulate
-    from sim.cluster import load_cluster
-    from traces.generate import generate
-    from traces.schema import trajectories, validate
-
-    load = os.getloadavg()[0]
-    c0 = _cpu()
-    raw = generate(workload, n, seed=seed)
-    # as `tangram simulate` does once its trace is read (tangram_cli/common.settle): what
-    # exists now is frozen out of the cyclic GC's scans
-    gc.collect()
-    gc.freeze()
-    c1 = _cpu()
-    cluster = load_cluster("paper")
-    with tempfile.TemporaryDirectory() as tmp:
-        df = validate(raw)
-        run = simulate(df, cluster, "tangram", seed=seed, out=Path(tmp) / "run")
-    c2 = _cpu()
-    actions = len(run.actions)
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
-    capacity = {"cpu": float(sum(nd.cores for nd in cluster.cpu_nodes)),
-                "gpu": float(sum(g.gpus for g in cluster.gpu_nodes))}
-    c3 = _cpu()
-    floor_actions = floor_model(trajectories(df), capacity)
-    c4 = _cpu()
-    if floor_actions != actions:
-        raise RuntimeError(f"sim-scale: the floor ran {floor_actions} actions, Tangram {actions}")
-    t_cpu, f_cpu = c2 - c1, c4 - c3
-    core_s = float(run.summary.get("timing", {}).get("core_s", 0.0))
-    return ScalePoint(workload, n, actions, round(t_cpu, 3), round(f_cpu, 3),
-                      round(actions / t_cpu, 1), round(actions / f_cpu, 1),
-                      round(t_cpu / f_cpu, 2), round(1e6 * t_cpu / actions, 1),
-                      round(core_s / t_cpu, 3), round(peak, 1), round(c1 - c0, 3),
-                      round(load, 2))
-
-
-def _child(workload: str, n: int, seed: int, conn: Any) -> None:
-    try:
-        conn.send(("ok", asdict(run_point(workload, n, seed))))
-    except BaseException as e:  # noqa: BLE001 - reported by the parent, with its type
-        conn.send(("error", f"{type(e).__name__}: {e}"))
-    finally:
-        conn.close()
-
-
-def run(points: Iterable[tuple[str, int]], seed: int = 0, out: Path | None = None,
-        emit: Callable[[dict[str, Any]], None] = lambda row: None) -> list[dict[str, Any]]:
-    """Every point in a fresh child process (spawned: nothing inherited but the code), one
-    after another; each row is passed to ``emit`` as it finishes and, with ``out``, appended
-    to ``out`` as a JSON line."""
-    ctx = mp.get_context("spawn")
-    rows = []
-    for workload, n in points:
-        parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(workload, n, seed, child))
-        proc.start()
-        child.close()
-        status, value = parent.recv()
-        proc.join()
-        if status != "ok":
-            raise RuntimeError(f"sim-scale {workload} x {n}: {value}")
-        rows.append(value)
-        emit(value)
-        if out is not None:
-            with out.open("a") as f:
-                f.write(json.dumps(value) + "\n")
-    return rows

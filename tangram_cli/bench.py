@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 
 from analysis.experiments import gpu_target_jobs, gpu_target_verdict, run_jobs
+from analysis.scale import POINTS as SCALE_POINTS
+from analysis.scale import run as scale_run
 from executor.bench.adapters import main as adapters_main
 from executor.bench.executor import executor_bench, ray_executor_bench, serve_bench
 from executor.bench.gpu import gpu_bench
 from sim.bench import learning_bench, scheduler_bench, simulate_bench
-from sim.scale import POINTS as SCALE_POINTS
-from sim.scale import run as scale_run
 from tangram_cli.common import command_app, fail
 from tangram_cli.options import RAY_HELP, check_gpu_device, ray_spec
 from traces.generate import WORKLOADS
