@@ -24,10 +24,10 @@ from types import MappingProxyType
 
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.cpu.admission import RESERVE, MemoryAdmission
-from tangram.estimates import Estimates
+from tangram.estimates import Estimates, command_of
 from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
 from tangram.policies import Policy
-from tangram.pool import NONE, Pending, PoolPoints
+from tangram.pool import NONE, LightLane, Pending, PoolPoints
 from tangram.protocol import (
     Attach,
     Cancel,
@@ -39,9 +39,11 @@ from tangram.protocol import (
     Finish,
     GpuNodeView,
     MemoryObserved,
+    Moved,
     NodeJoined,
     NodeLost,
     Open,
+    Overstay,
     Poll,
     PreRestore,
     QueueView,
@@ -60,6 +62,9 @@ from tangram.protocol import (
 #: without a string test per submission
 _UNCOUNTED = frozenset({"cpu", "gpu", "mem_gb", "gpu_mem_gb"})
 _ID, _TRAJECTORY = attrgetter("id"), attrgetter("trajectory")
+#: a lane action overstays at its start + the lane's hold; a timer set for that instant
+#: may fire a rounding error before it (now + (at - now) != at in floating point)
+_TICK = 1e-9
 
 
 def _by_pool(actions: list[Action], pools: list[PoolPoints | None]
@@ -115,6 +120,8 @@ class Tangram:
         self.estimates = estimates or Estimates()
         res = self.policy.build(cluster)
         self.cpu, self.gpu, self.quota, self.pools = res.cpu, res.gpu, res.quota, res.pools
+        #: the CPU nodes' light lanes (asked for their next overstay after every event)
+        self._lanes = self._lanes_of()
         self.cpu.admission = admission
         #: the attached backend frees an idle trajectory's memory when it is reclaimed
         #: (Capabilities.evicts)
@@ -173,6 +180,10 @@ class Tangram:
                 out = list(self.submit_many(actions, now))
             case Poll():
                 out = list(self.poll(now))
+            case Overstay():
+                out = self._schedule(now, [
+                    pool for pool in self.pools.values() if pool.lane is not None
+                    and (at := pool.lane.lane_wakeup()) is not None and at <= now + _TICK])
             case Open(trajectory, task, mem_gb):
                 self.open_trajectory(trajectory, task, mem_gb)
                 out = []
@@ -221,7 +232,7 @@ class Tangram:
 
     def why_queued(self, action_id: str) -> str:
         """Why the queued action ``action_id`` waits, when it waits for a node to admit its
-        trajectory (memory, or cores for its first action): a client can tell a full
+        trajectory (memory: binding never waits for a core): a client can tell a full
         machine from a busy one. "" when it does not wait for a node (or is not queued)."""
         p = self.queued.get(action_id)
         if p is None:
@@ -234,7 +245,7 @@ class Tangram:
         if not first and tid not in self.opening:
             return ""  # e.g. an API call of an unbound trajectory: it waits in its pool
         need = self._trajectory_mem(p.action) if first else (state.mem_gb or 0.0)
-        return self.cpu.why_unbound(need, p.key_min if first else 0)
+        return self.cpu.why_unbound(need)
 
     def busy_fraction(self, node: str) -> float:
         """Fraction of ``node``'s cores held exclusively (what a light-lane action shares)."""
@@ -320,7 +331,7 @@ class Tangram:
         if self.cluster.cpu_nodes:
             self.policy.env.opened(trajectory, self._request_env)
 
-    def close_trajectory(self, trajectory: str, now: float) -> list[Dispatch]:
+    def close_trajectory(self, trajectory: str, now: float) -> list[Effect]:
         """Release the trajectory's memory. Refused while actions are in flight."""
         state = self.trajectories.get(trajectory)
         if state is None:
@@ -420,11 +431,11 @@ class Tangram:
                                      f"({max_node_mem} GB)")
         return states or one_by_one
 
-    def submit(self, action: Action, now: float) -> list[Dispatch]:
+    def submit(self, action: Action, now: float) -> list[Effect]:
         """Queue ``action`` and return what can start now."""
         return self.submit_many([action], now)
 
-    def submit_many(self, actions: Iterable[Action], now: float) -> list[Dispatch]:
+    def submit_many(self, actions: Iterable[Action], now: float) -> list[Effect]:
         """Queue a batch (e.g. a step's reward requests) with one scheduling pass per
         pool touched. All or nothing: one invalid action queues none of them.
 
@@ -496,7 +507,7 @@ class Tangram:
         """Queue ``action`` (submitted at ``submit_s``) in ``pool``."""
         self._queue_many(pool, [action], submit_s)
 
-    def finish(self, action_id: str, now: float, outcome: Outcome | None = None) -> list[Dispatch]:
+    def finish(self, action_id: str, now: float, outcome: Outcome | None = None) -> list[Effect]:
         """Release what ``action_id`` held and return what can start now."""
         p = self.running.pop(action_id, None)
         if p is None:
@@ -524,8 +535,12 @@ class Tangram:
         if (outcome is None or outcome.ok) and p.batch_left is None:
             # a batch member's elapsed time is the batch's, not its own: not observed
             elapsed = now - dispatch.start_s - lease.restore_s
+            lane = pool.lane
             self.estimates.durations.observe(action, lease.units, max(elapsed, 0.0),
-                                             pool.name, p.elastic)
+                                             pool.name, p.elastic,
+                                             lane.light_s if lane is not None else 0.0)
+        if lease.lane:
+            self.estimates.durations.lane.ended(action_id)
         touched: Iterable[PoolPoints] = [pool]
         if lease.parts[1] is not None:  # freed quota may unblock any pool's head
             touched = self.pools.values()
@@ -547,7 +562,7 @@ class Tangram:
             state.in_flight -= 1
         return True
 
-    def poll(self, now: float) -> list[Dispatch]:
+    def poll(self, now: float) -> list[Effect]:
         """Re-run every pool (window quotas regain room as time passes)."""
         return self._schedule(now, self.pools.values())
 
@@ -562,6 +577,16 @@ class Tangram:
             if w is not None and (at is None or w < at):
                 at = w
         return at
+
+    def lane_wakeup(self) -> float | None:
+        """When the next action on a light lane overstays it, unless it ends first (then
+        ``Overstay``; None: no lane runs anything)."""
+        return min((at for lane in self._lanes if (at := lane.lane_wakeup()) is not None),
+                   default=None)
+
+    def _lanes_of(self) -> tuple[LightLane, ...]:
+        return tuple(pool.lane for pool in self.pools.values()
+                     if pool.lane is not None and pool.lane.lane_slots)
 
     def estimate(self, p: Pending) -> float:
         """Expected duration of a queued action at its minimum."""
@@ -651,13 +676,12 @@ class Tangram:
         unit_choices, estimates = pool.unit_choices, self.estimates
         lane = pool.lane
         # the light lane (a CPU node's): actions expected to take at most ``light_s`` on one
-        # core, declared or from at least two observed runs of their (task, kind)
+        # core, by their command, declared or observed (tangram/estimates.py LaneModel)
         light_s = lane.light_s if lane is not None else 0.0
-        # per (task, kind) of the batch: (a declared T1 within light_s is believed, light
-        # when nothing is declared); a declaration is bounded by what is observed (issue
-        # 21): once two runs of its (task, kind) took longer than the lane allows, ``t1_s:
-        # 0`` is not believed
-        kinds: dict[tuple[str, str], tuple[bool, bool]] = {}
+        durations = estimates.durations
+        lane_model, mean_n = durations.lane, durations.mean_n
+        # per (task, kind) of the batch: its runs and their mean
+        kinds: dict[tuple[str, str], tuple[int, float]] = {}
         new = object.__new__
         for action in actions:
             cost = action.cost
@@ -699,15 +723,15 @@ class Tangram:
                 choices = ()
             light = False
             if key_min == 1 and light_s and not quotas:
-                t1 = action.t1_s
-                if t1 is None or t1 <= light_s:
+                command = command_of(action)
+                if command:  # (its own runs, else its declaration, else its kind's)
+                    light = lane_model.light(action, command, light_s, 0, 0.0)
+                else:  # (by its kind: a batch looks each kind's runs up once)
                     k = (action.task, action.kind)
-                    believed = kinds.get(k)
-                    if believed is None:
-                        n, mean = estimates.durations.mean_n(k)
-                        believed = kinds[k] = (not (n >= 2 and mean > light_s),
-                                               n >= 2 and mean <= light_s)
-                    light = believed[0] if t1 is not None else believed[1]
+                    runs = kinds.get(k)
+                    if runs is None:
+                        runs = kinds[k] = mean_n(k)
+                    light = lane_model.light(action, "", light_s, *runs)
             # Pending(action, now, key_min, quotas, False, light, choices, NONE), its slots set
             # here: CPython 3.11 calls a class's Python __init__ through a slow generic path
             # (~2,400 machine instructions a Pending, ~1,400 so; a burst builds thousands).
@@ -772,24 +796,28 @@ class Tangram:
             touched[pool.name] = None
         unbound.extendleft(reversed(waiting))
 
-    def _schedule(self, now: float, pools: Iterable[PoolPoints]) -> list[Dispatch]:
+    def _schedule(self, now: float, pools: Iterable[PoolPoints]) -> list[Effect]:
         # an insertion-ordered set: the pools' passes run in a fixed order (a set of
         # names would follow string hashing, which differs between processes, and the
         # order matters where pools share a quota: same-seed runs must be identical)
         names = {p.name: None for p in pools}
         if self.unbound or self.opening:  # (else binding has nothing to do)
             self._bind_waiting(names)
-        out: list[Dispatch] = []
+        out: list[Effect] = []
         for name in list(names):
             out.extend(self._pass(self.pools[name], now))
         return out
 
-    def _pass(self, pool: PoolPoints, now: float) -> list[Dispatch]:
+    def _pass(self, pool: PoolPoints, now: float) -> list[Effect]:
         """Scheduling passes until nothing more starts. Greedy eviction may leave units
         free that an evicted action could have used (a DP prefix cannot always absorb
         them: an action takes at most 8 GPUs); the next pass offers them again."""
         lane = pool.lane
-        out = self._lane(pool, now) if lane is not None and lane.light else []
+        out: list[Effect] = []
+        if lane is not None:
+            out = self._move_off_lane(lane, now)
+            if lane.light:
+                out.extend(self._lane(pool, now))
         while pool.queue:
             got = self._pass_once(pool, now)
             out.extend(got)
@@ -838,6 +866,19 @@ class Tangram:
             out.append(d)
         return out
 
+    def _move_off_lane(self, lane: LightLane, now: float) -> list[Effect]:
+        """Actions overstaying the lane leave it (their commands are known long from now
+        on), and those moved off it take idle exclusive cores (CpuNodePool)."""
+        if lane.lane_slots == 0:
+            return []
+        moved = {}
+        for aid in lane.overstayed(now + _TICK):
+            self.estimates.durations.lane.overstaying(self.running[aid].action)
+            moved[aid] = ()
+        moved.update(lane.book())  # (one moved and booked at once: one effect)
+        node = lane.node
+        return [Moved(aid, node, cores) for aid, cores in moved.items()]
+
     def _lane(self, pool: PoolPoints, now: float) -> list[Dispatch]:
         """Start waiting light actions, in order, on the node's lane while it has room,
         then on idle exclusive cores (see CpuNodePool)."""
@@ -851,7 +892,7 @@ class Tangram:
         full = False  # the lane is full: it stays full for this pass (nothing ends in it)
         while light:
             p = light[0]
-            lease = None if full else lane_lease(p)
+            lease = None if full else lane_lease(p, now)
             if lease is None:
                 full = True
                 lease = core_lease(p)
@@ -921,15 +962,16 @@ class Tangram:
         return out
 
     # -- membership (multi-node executors, e.g. Ray: a node joins or leaves) -----------
-    def add_node(self, spec: CpuNodeSpec, now: float) -> list[Dispatch]:
+    def add_node(self, spec: CpuNodeSpec, now: float) -> list[Effect]:
         """A CPU node joined: add its capacity and pool; return what can start now
         (trajectories waiting to be bound may fit on it)."""
         pool = self.policy.cpu.grow(self.cpu, spec)  # the pool build would have made for it
         self.pools[pool.name] = pool
+        self._lanes = self._lanes_of()
         self._cpu_nodes_changed((*self.cluster.cpu_nodes, spec))
         return self._schedule(now, ())
 
-    def gpu_node_back(self, node: str, now: float) -> list[Dispatch]:
+    def gpu_node_back(self, node: str, now: float) -> list[Effect]:
         """A GPU node of the cluster that was lost is back: its free GPUs rejoin the pool
         (nothing resident). Returns what can start now. A GPU node the cluster never had
         is refused (the GPU pools are built from the cluster's nodes)."""
@@ -939,7 +981,7 @@ class Tangram:
         self.gpu.unfence(node)
         return self._schedule(now, [p for p in self.pools.values() if p.key == "gpu"])
 
-    def remove_node(self, node: str, now: float) -> list[Dispatch]:
+    def remove_node(self, node: str, now: float) -> list[Effect]:
         """A CPU node left (its machine or its agent died). Idempotent.
 
         Its capacity goes; trajectories bound there are unbound (their state is gone)

@@ -12,6 +12,9 @@ for them.
   for elastic actions nobody profiled, a :class:`SpeedupCurve` per (task, kind)
   fitted online from the runs observed at different unit counts, and per command
   of that kind (:class:`CommandCurves`: the kind's shape, the command's own scale).
+* :class:`LaneModel`: which one-core actions are light (short enough for a CPU node's
+  light lane), learnt per command: ``ls`` and ``python -c "import sympy"`` are the same
+  kind, not the same command.
 * :class:`ArrivalModel`: closed-loop arrivals (docs/design.md: agentic
   workloads are closed loop). Trajectories that are thinking after an action on a pool will
   most likely submit their next action there; each counts with the observed
@@ -219,6 +222,84 @@ class CommandCurves:
         return command in self._index
 
 
+class LaneModel:
+    """Which one-core actions are *light* (expected to take at most a lane's ``light_s``),
+    by the finest identity an action has: its command (issue 30).
+
+    Per (task, kind) the lane never engaged where a kind mixes commands (``ls``: 10 ms,
+    ``python -c "import sympy"``: 2-5 s, both ``shell``), and once it did, the slow one
+    took the lane's only slot. So, for an action naming its command:
+
+    * a command seen before is light iff its runs' mean is within ``light_s`` and none of
+      its runs is overstaying the lane right now (:meth:`overstaying`: known long before
+      it ends);
+    * a command never seen: its declared ``t1_s`` if any; else the kind's prior: light iff
+      at least half of the kind's observed runs (of any command, at least two) were. A
+      wrong guess costs little: an action overstaying the lane is moved off it
+      (tangram/cpu/pool.py) and its command is known long from then on.
+
+    An action naming no command (a trace's rows) has nothing finer than its kind: a
+    declared ``t1_s`` within ``light_s`` is believed until two runs of the kind took
+    longer on average (issue 21), and an undeclared one is light once two runs of its
+    kind were, on average.
+    """
+
+    __slots__ = ("_runs", "_kinds", "_over")
+
+    def __init__(self) -> None:
+        #: (task, kind, command) -> its runs' mean
+        self._runs: dict[tuple[str, str, str], _Mean] = {}
+        #: (task, kind) -> (runs within light_s, runs) of actions naming a command
+        self._kinds: dict[Key, tuple[int, int]] = {}
+        #: action id -> the command it runs, for actions overstaying a lane now
+        self._over: dict[str, tuple[str, str, str]] = {}
+
+    def observe(self, action: Action, command: str, elapsed: float, light_s: float) -> None:
+        """A one-core run of ``command`` ended after ``elapsed`` s (``light_s``: the lane's
+        bound for the kind's prior)."""
+        key = (action.task, action.kind, command)
+        mean = self._runs.get(key)
+        if mean is None:
+            mean = self._runs[key] = _Mean()
+        mean.add(elapsed)
+        light, runs = self._kinds.get(key[:2], (0, 0))
+        self._kinds[key[:2]] = (light + (elapsed <= light_s), runs + 1)
+
+    def overstaying(self, action: Action) -> None:
+        """``action`` (naming its command) ran on the lane past its bound: its command is
+        not light, from now on (its end is observed as any run's)."""
+        command = command_of(action)
+        if command:
+            self._over[action.id] = (action.task, action.kind, command)
+
+    def ended(self, action_id: str) -> None:
+        """``action_id`` ended (however): no longer overstaying (its run, if it was
+        observed, says what its command takes)."""
+        if self._over:
+            self._over.pop(action_id, None)
+
+    def light(self, action: Action, command: str, light_s: float,
+              kind_n: int, kind_mean: float) -> bool:
+        """Is ``action`` (a one-core action naming ``command``; "" when it names none)
+        expected to take at most ``light_s``? ``kind_n``/``kind_mean``: its (task, kind)'s
+        runs and their mean (DurationModel.mean_n)."""
+        t1 = action.t1_s
+        if not command:
+            if t1 is not None:
+                return t1 <= light_s and not (kind_n >= 2 and kind_mean > light_s)
+            return kind_n >= 2 and kind_mean <= light_s
+        key = (action.task, action.kind, command)
+        mean = self._runs.get(key)
+        if key in self._over.values():
+            return False
+        if mean is not None:
+            return mean.mean <= light_s
+        if t1 is not None:
+            return t1 <= light_s
+        light, runs = self._kinds.get(key[:2], (0, 0))
+        return runs >= 2 and 2 * light >= runs
+
+
 class DurationModel:
     """Observed execution times."""
 
@@ -237,6 +318,8 @@ class DurationModel:
         self._t1: dict[Key, _Mean] = {}
         self._curves: dict[Key, SpeedupCurve] = {}
         self._commands: dict[Key, CommandCurves] = {}
+        #: which one-core commands are light (a CPU node's light lane)
+        self.lane = LaneModel()
         #: pool name -> moving average of its non-elastic actions' execution time
         self._short: dict[str, float] = {}
 
@@ -286,7 +369,9 @@ class DurationModel:
         return self._short.get(pool, self._short_prior_s)
 
     def observe(self, action: Action, units: int, elapsed: float, pool: str,
-                elastic: bool) -> None:
+                elastic: bool, light_s: float = 0.0) -> None:
+        """A run of ``action`` on ``units`` units (0: on a light lane) took ``elapsed`` s
+        in ``pool`` (``light_s``: that pool's light-lane bound, 0 for none)."""
         key = (action.task, action.kind)
         # (get before setdefault: every finish observes, a new _Mean only for a new key)
         mean = self._mean.get(key)
@@ -307,12 +392,23 @@ class DurationModel:
         if not elastic:
             s = self._short.get(pool, self._short_prior_s)
             self._short[pool] = s + 0.05 * (elapsed - s)
+            if light_s and units <= 1:
+                command = command_of(action)
+                if command:
+                    self.lane.observe(action, command, elapsed, light_s)
 
 
 def command_of(action: Action) -> str:
-    """The command an action runs (its payload's ``command``), "" when it names none."""
+    """The command an action runs (its payload's ``command``, else its ``argv`` joined),
+    "" when it names none."""
     payload = action.payload
-    return str(payload.get("command") or "") if isinstance(payload, dict) else ""
+    if not isinstance(payload, dict):
+        return ""
+    command = payload.get("command")
+    if command:
+        return str(command)
+    argv = payload.get("argv")
+    return " ".join(map(str, argv)) if isinstance(argv, list | tuple) and argv else ""
 
 
 class ArrivalModel:

@@ -76,14 +76,21 @@ class SharedCores:
     ``light_s`` = 0.25 s (assumption, swept in tests): a quarter of a second is below
     what a whole-core wait behind a test run costs (seconds) and long enough for the
     shell commands agents issue most (ls, cat, grep, git status: tens of ms).
-    ``lane_cores`` = 4 bounds the lane to a quarter of a node's cores' time."""
+    ``lane_cores`` = 4 bounds the lane to a quarter of a node's cores' time.
+    ``lane_hold_s`` = 1 s (4 x ``light_s``, assumption): an action still running that long
+    after it started on the lane is moved off it (CpuNodePool), so a light action waits
+    at most that long per lane slot's worth of actions ahead of it, and a command slower
+    than expected costs the lane at most that."""
 
     light_s: float = 0.25
     lane_cores: int = 4
+    lane_hold_s: float = 1.0
 
     def __post_init__(self) -> None:
         if not self.light_s >= 0:
             raise ValueError(f"light_s: must be >= 0, got {self.light_s!r}")
+        if not self.lane_hold_s > 0:
+            raise ValueError(f"lane_hold_s: must be > 0, got {self.lane_hold_s!r}")
         if not isinstance(self.lane_cores, int) or self.lane_cores < 1:
             raise ValueError(f"lane_cores: must be an integer >= 1, got {self.lane_cores!r}")
 
@@ -93,7 +100,8 @@ class SharedCores:
 
     def _pool(self, cpu: CpuManager, node: str) -> Pool:
         return CpuNodePool(f"cpu:{node}", node, cpu, light_s=self.light_s,
-                           lane_slots=max(1, cpu.nodes[node].spec.cores // self.lane_cores))
+                           lane_slots=max(1, cpu.nodes[node].spec.cores // self.lane_cores),
+                           hold_s=self.lane_hold_s)
 
     def grow(self, cpu: CpuManager, spec: CpuNodeSpec) -> Pool:
         """A node joined: its capacity in ``cpu`` and the pool ``build`` would have made."""
@@ -470,7 +478,7 @@ REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (
 PARAMS: dict[str, str] = {"depth": "scheduler", "lookahead": "scheduler",
                           "ordering": "scheduler", "max_wait_s": "scheduler",
                           "pod_cores": "cpu", "pod_dop": "cpu", "light_s": "cpu",
-                          "lane_cores": "cpu", "gpu_dop": "gpu", "replicas": "gpu",
+                          "lane_cores": "cpu", "lane_hold_s": "cpu", "gpu_dop": "gpu", "replicas": "gpu",
                           "split": "gpu",
                           "init_s": "gpu"}
 

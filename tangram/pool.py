@@ -149,15 +149,34 @@ class LaneSlot:
 
 class LightLane(Protocol):
     """A node's light lane (see :class:`CpuNodePool`): light actions wait in ``light``
-    and start on shared cores while fewer than ``lane_slots`` run there."""
+    and start on shared cores while fewer than ``lane_slots`` run there; one still running
+    ``hold_s`` after its start is moved off the lane (``overstayed``, ``book``)."""
 
     light: deque[Pending]
+    #: the node whose cores the lane shares
+    node: str
     #: actions expected to take at most this long (s) may use the lane (0: no lane)
     light_s: float
     lane_slots: int
+    #: the longest an action holds a place on the lane (s)
+    hold_s: float
 
-    def lane_lease(self, p: Pending) -> Lease | None:
-        """``p``'s lease of a place on the lane (None: the lane is full)."""
+    def lane_lease(self, p: Pending, now: float) -> Lease | None:
+        """``p``'s lease of a place on the lane from ``now`` (None: the lane is full)."""
+        ...
+
+    def overstayed(self, now: float) -> list[str]:
+        """The lane's actions running ``hold_s`` or longer at ``now``, in start order: they
+        leave the lane (their places are free) and wait for an exclusive core (``book``)."""
+        ...
+
+    def book(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Actions moved off the lane that now get an exclusive core (while one is idle),
+        in the order they left it: (action id, the core)."""
+        ...
+
+    def lane_wakeup(self) -> float | None:
+        """When the next action on the lane overstays (None: none runs there)."""
         ...
 
     def core_lease(self, p: Pending) -> Lease | None:

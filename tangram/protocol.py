@@ -75,6 +75,9 @@ class Capabilities:
     #: carries out a fork action (kind ``fork``, tangram/fork.py): copies the source
     #: trajectory's sandbox into the trajectories its payload names
     forks: bool = False
+    #: changes a running action's cores and priority when the core moves it off a
+    #: light lane (:class:`Moved`: ``move``)
+    moves: bool = False
 
     def __or__(self, other: Capabilities) -> Capabilities:
         """What a router over two backends can do (either one can)."""
@@ -139,6 +142,13 @@ class Poll:
 
 
 @dataclass(frozen=True, slots=True)
+class Overstay:
+    """Time passed: an action on a CPU node's light lane may have overstayed it (sent at
+    ``Tangram.lane_wakeup``; a pass runs on those nodes only, so a lane action that ended
+    in time costs nothing)."""
+
+
+@dataclass(frozen=True, slots=True)
 class NodeJoined:
     """A CPU node joined (its capacity becomes schedulable), or a GPU node of the
     cluster came back after it was lost (a :class:`GpuNodeSpec`: its GPUs are free
@@ -178,8 +188,8 @@ class MemoryObserved:
     idle_after_s: float = 2.0
 
 
-Command = (Attach | Open | Submit | Finish | Cancel | Close | Poll | NodeJoined | NodeLost
-           | WorkerLost | MemoryObserved)
+Command = (Attach | Open | Submit | Finish | Cancel | Close | Poll | Overstay | NodeJoined
+           | NodeLost | WorkerLost | MemoryObserved)
 #: where a backend sends the commands it originates (nodes joining or leaving, workers lost)
 Sink = Callable[[Command], None]
 
@@ -232,7 +242,21 @@ class Shed:
     keep_gb: float
 
 
-Effect = Dispatch | PreRestore | Stop | Cancelled | Reclaim | Shed
+@dataclass(frozen=True, slots=True)
+class Moved:
+    """The running light-lane action ``action_id`` overstayed the lane's bound: it left
+    the lane (its slot went to the next light action) and is accounted on its node's
+    exclusive cores from now on. ``cores``: the core it now holds, to run on at the
+    exclusive actions' priority; () while none is free: it runs on at the lowest priority
+    (yielding to every exclusive action) until a later ``Moved`` gives it one. Carried out
+    by a backend with ``Capabilities.moves``; the core's accounting holds either way."""
+
+    action_id: str
+    node: str
+    cores: tuple[int, ...]
+
+
+Effect = Dispatch | PreRestore | Stop | Cancelled | Reclaim | Shed | Moved
 
 
 # -- the snapshot (reads) -----------------------------------------------------------------
@@ -341,9 +365,10 @@ class Backend(Protocol):
 
     Every driver calls ``start`` and ``cancel``; the rest only when the backend's
     ``capabilities`` say so: ``prerestore`` (``prerestores``), ``watch``
-    (``watches_nodes``), ``evict`` (``evicts``). A live backend (executor/driver.py ``LiveBackend``) adds the
-    trajectory's environment (``open_trajectory``, ``close_trajectory``,
-    ``open_trajectory_image`` when ``images``) and ``shutdown``.
+    (``watches_nodes``), ``evict`` (``evicts``), ``move`` (``moves``). A live backend
+    (executor/driver.py ``LiveBackend``) adds the trajectory's environment
+    (``open_trajectory``, ``close_trajectory``, ``open_trajectory_image`` when ``images``)
+    and ``shutdown``.
     """
 
     capabilities: Capabilities
@@ -372,6 +397,13 @@ class Shedding(Backend, Protocol):
     on ``effect.node`` runs (:class:`Shed`); the trajectory shed, or None."""
 
     def shed(self, effect: Shed) -> str | None: ...
+
+
+class Moving(Backend, Protocol):
+    """A backend with ``Capabilities.moves``: runs the light-lane action the core moved
+    off the lane (:class:`Moved`) on its new cores and priority."""
+
+    def move(self, effect: Moved) -> None: ...
 
 
 class NodeWatching(Backend, Protocol):

@@ -29,7 +29,10 @@ from tangram.protocol import (
     Effect,
     Evicting,
     Finish,
+    Moved,
+    Moving,
     Open,
+    Overstay,
     Poll,
     PreRestore,
     PreRestoring,
@@ -149,6 +152,10 @@ class Runtime:
         self._callbacks: dict[str, ResultCallback] = {}
         self._wakeup: Timer | None = None
         self._wakeup_at: float | None = None
+        #: the light lanes' timer (``Overstay``), apart: a lane action that ends in time
+        #: leaves a timer that fires for nothing, which must not cost a pass everywhere
+        self._lane_timer: Timer | None = None
+        self._lane_at: float | None = None
 
     def _timed(self, command: Command) -> list[Effect]:
         t0 = self.stopwatch()
@@ -217,6 +224,11 @@ class Runtime:
                 cast(PreRestoring, self.backend).prerestore(e)
             elif isinstance(e, Stop):
                 self.backend.cancel(e.action_id)
+            elif isinstance(e, Moved):
+                # the core accounts it either way; a backend that cannot move a running
+                # process (the simulator's model, docker, Ray) leaves it where it runs
+                if self.capabilities.moves:
+                    cast(Moving, self.backend).move(e)
             elif isinstance(e, Reclaim):
                 # the core unbound it either way; only an evicting backend holds memory
                 # for an idle trajectory (a busy one keeps it: the next observation shows it)
@@ -288,6 +300,19 @@ class Runtime:
 
     def _arm_wakeup(self) -> None:
         now = self.clock.now()
+        lane_at = self.core.lane_wakeup()
+        if lane_at is not None and (self._lane_at is None or lane_at < self._lane_at
+                                    or self._lane_at < now):
+            if self._lane_timer is not None:
+                self._lane_timer.cancel()
+            self._lane_at = lane_at
+
+            def overstay() -> None:
+                self._lane_timer = None
+                self._lane_at = None
+                self._carry_out(self._timed(Overstay()))
+
+            self._lane_timer = self.clock.call_later(max(lane_at - now, 0.0), overstay)
         at = self.core.next_wakeup(now)
         if at is None or (self._wakeup_at is not None and self._wakeup_at <= at
                           and self._wakeup_at > now):

@@ -198,6 +198,43 @@ def bench_adapters(
     adapters_main(["--backend", backend, "--calls", str(calls)])
 
 
+@app.command("live-mix")
+def bench_live_mix(
+    policies: Annotated[str, typer.Option(
+        help="Policies, comma-separated; the first is compared with the others.")]
+    = "tangram,fixed-dop:1,fixed-dop:2",
+    trajectories: Annotated[int, typer.Option(min=1, help="Concurrent trajectories.")] = 8,
+    cores: Annotated[int, typer.Option(min=1, help="Cores the server is pinned to.")] = 2,
+    shorts: Annotated[int, typer.Option(min=2, help="Short commands per trajectory.")] = 6,
+    think_s: Annotated[float, typer.Option(min=0.0, help="Mean think time between actions.")]
+    = 1.0,
+    modules: Annotated[str | None, typer.Option(
+        help="Reward test modules (sympy's), comma-separated; default: four of a few "
+             "seconds each on an idle core.")] = None,
+    seed: int = 0,
+) -> None:
+    """A real test suite (sympy's own test modules, one per trajectory as its reward)
+    beside short shell commands, through a real `tangram serve --backend process` pinned
+    to --cores, under each policy in turn: makespan, the short commands' queue wait
+    (mean/p99/max; light ones and those importing sympy apart), the rewards' wait, time and
+    cores, and the machine's load (one JSON line per policy, then a summary). Takes
+    minutes: the tests really run."""
+    from executor.bench.live_mix import REWARD_MODULES, check, live_mix_bench
+    from tangram.policies import make_policy
+
+    names = tuple(p.strip() for p in policies.split(",") if p.strip())
+    try:
+        for name in names:
+            make_policy(name)
+        check(cores)
+        for row in live_mix_bench(names, trajectories, cores, shorts, seed, think_s,
+                                  tuple(m.strip() for m in modules.split(",")) if modules
+                                  else REWARD_MODULES):
+            _emit(row)
+    except (ValueError, RuntimeError) as e:
+        fail(f"bench live-mix: {e}")
+
+
 @app.command("fork")
 def bench_fork(
     size: Annotated[int, typer.Option(min=1, max=65, help="Rollouts per group.")] = 8,

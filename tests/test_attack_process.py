@@ -164,23 +164,30 @@ def test_a_deep_tree_is_removed_when_its_trajectory_closes(http, process_server)
     assert not (work / "deep").exists()
 
 
-def test_a_declared_light_action_that_runs_long_is_demoted(http):
+def test_a_declared_light_action_that_runs_long_is_moved_off_the_lane(http):
     """Issue 21 #10: ``t1_s: 0`` put an action on the shared lane (nice 0, preempting
-    exclusive-core work) for as long as it ran. Now a lane action running past
-    LANE_DEMOTE_S drops to nice 19, and once two runs of its kind were seen to be long,
-    the declaration is not believed: the next one gets a core of its own."""
-    from executor.backends.process.backend import DEMOTED_NICE, LANE_DEMOTE_S
+    exclusive-core work) for as long as it ran. Issue 30: a lane action still running
+    ``lane_hold_s`` after it started is moved off the lane by the core: onto a core of its
+    own at the exclusive actions' priority, or at nice 19 while none is free; and its
+    command is known long from then on: the next run of it gets a core of its own."""
+    from executor.backends.process.backend import DEMOTED_NICE
+    from executor.commands import EXCLUSIVE_NICE
+    from tangram.policies import SharedCores
 
     http.post("/v1/trajectories", json={"id": "liar"})
-    wait = LANE_DEMOTE_S * 3
+    wait = SharedCores().lane_hold_s * 3
     lanes = []
     for i in range(3):
         res = _run(http, "liar", f"liar{i}", kind="liar-kind", t1_s=0, shell=True,
-                   command=f"nice; sleep {wait}; nice")
+                   command=f"nice; sleep {wait}; nice; grep Cpus_allowed_list /proc/self/status")
         assert res["status"] == "ok", res
         lanes.append(res["lane"])
         if res["lane"]:  # the server's own niceness at first (0, or what it was started at)
-            before, after = map(int, res["output"].split())
-            assert before < DEMOTED_NICE and after == DEMOTED_NICE, res
-    assert lanes == [True, True, False], lanes
+            before, after, cpus = res["output"].split("\n")[:3]
+            before, after = int(before), int(after)
+            assert after in (min(before + EXCLUSIVE_NICE, 19), DEMOTED_NICE), res
+            assert before < after, res
+            if after != DEMOTED_NICE:  # it holds a core of its own: pinned there
+                assert cpus.split()[-1].isdigit(), res
+    assert lanes == [True, False, False], lanes
     http.delete("/v1/trajectories/liar")

@@ -29,7 +29,10 @@ def test_remove_node_rebinds_queued_actions_and_drops_capacity():
     assert core.remove_node(lost, 2.0) == []  # the other node is busy with b1
     assert core.remove_node(lost, 2.0) == []  # idempotent
     assert core.capacity()["cpu"] == 1.0 and lost not in core.cpu.nodes
-    assert core.cpu.node_of("a") is None  # unbound: its environment is gone
+    # unbound from the lost node (its environment is gone) and bound again at once where
+    # its memory fits, its queued action waiting there for a core (issue 30: placing a
+    # trajectory never waits for a free core)
+    assert core.cpu.node_of("a") == nodes["b"]
     # a1 is still running (the executor reports it); finishing it releases nothing
     assert core.finish("a1", 3.0, Outcome("a1", "failed", None)) == []
     assert core.cpu.in_use(nodes["b"]) == 1

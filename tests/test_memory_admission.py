@@ -19,7 +19,7 @@ def manager(admission: MemoryAdmission) -> CpuManager:
 def test_unobserved_node_reserves_declared_limits_in_full():
     cpu = manager(LIVE)  # LIVE, but nobody observed the node: the paper's rule
     assert [cpu.bind(f"t{i}", 4.0, 0) for i in range(5)] == ["n"] * 4 + [None]
-    assert "16 of 16 GB reserved" in cpu.why_unbound(4.0, 0)
+    assert "16 of 16 GB reserved" in cpu.why_unbound(4.0)
     cpu.unbind("t0")
     assert cpu.bind("t4", 4.0, 0) == "n"
 
@@ -31,18 +31,18 @@ def test_observed_node_admits_by_use_up_to_the_overcommit_cap():
     # 0.25 GB assumed each until the next observation: 15 - 1.6 headroom -> 53 of them
     bound = [cpu.bind(f"t{i}", 4.0, 0) for i in range(64)]
     assert bound.count("n") == 53 and bound[53:] == [None] * 11
-    assert "headroom" in cpu.why_unbound(4.0, 0)
+    assert "headroom" in cpu.why_unbound(4.0)
     cpu.observe_free("n", 14.0)  # the next observation: they use little
     assert all(cpu.bind(f"t{i}", 4.0, 0) == "n" for i in range(53, 64))
     assert cpu.bind("t64", 4.0, 0) is None  # 260 GB would pass 16 x 16
-    assert "overcommit" in cpu.why_unbound(4.0, 0)
+    assert "overcommit" in cpu.why_unbound(4.0)
 
 
 def test_observed_shortage_holds_admission_until_memory_frees():
     cpu = manager(LIVE)
     cpu.observe_free("n", 1.0)  # the machine really is short: under 10% headroom
     assert cpu.bind("t", 4.0, 0) is None
-    assert "1.0 GB free (observed)" in cpu.why_unbound(4.0, 0)
+    assert "1.0 GB free (observed)" in cpu.why_unbound(4.0)
     cpu.observe_free("n", 6.0)
     assert cpu.bind("t", 4.0, 0) == "n"
 
@@ -258,7 +258,7 @@ def test_bind_many_inline_rule_binds_as_refusal_does(requests, busy, admission):
         slow = CpuManager(nodes, _Refusing(admission.overcommit, admission.headroom,
                                            admission.start_gb))
         for cpu in (fast, slow):
-            for i in range(busy):  # cores taken: a first action needing more waits
+            for i in range(busy):  # cores taken: ranks the nodes, never makes one wait
                 cpu.reserve(f"x{i}", "n", 1, False)
         assert fast.bind_many(requests) == slow.bind_many(requests)
         for name in fast.nodes:

@@ -9,7 +9,7 @@ from typing import BinaryIO, Literal
 
 from executor.backends.http.backend import HttpBackend
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import NONE, Capabilities, PreRestore, Shed, Sink
+from tangram.protocol import NONE, Capabilities, Moved, PreRestore, Shed, Sink
 
 Route = Literal["gpu", "http", "env"]
 
@@ -83,6 +83,12 @@ class RouterBackend:
         """A GPU variant loaded ahead of demand: the GPU backend's (only it pre-restores)."""
         if self.gpu is not None:
             self.gpu.prerestore(effect)
+
+    def move(self, effect: Moved) -> None:
+        """A light-lane action moved off the lane (Capabilities.moves: the env backend's,
+        which ran it)."""
+        if self.env.capabilities.moves:
+            self.env.move(effect)
 
     def cancel(self, action_id: str) -> None:
         backend = self._where.get(action_id)

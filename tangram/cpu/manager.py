@@ -3,9 +3,12 @@
 Nodes x NUMA domains x cores. Cores are exclusive and granted per action;
 an elastic action's cores come from one NUMA domain (parallel efficiency
 depends on core distance). A trajectory is bound at its first action to a
-node with enough free cores for that action and memory for the whole
-trajectory, chosen by memory balance; its memory stays reserved until it is
-closed (its container keeps its state between actions). Whether a node has
+node with memory for the whole trajectory, chosen by memory balance among the
+nodes where that action can start now (free cores), else among all of them:
+binding never waits for a free core (issue 30: an ``ls`` waited for a whole test
+run to be *placed*); the action then queues on its node like any other. Its
+memory stays reserved until it is closed (its container keeps its state between
+actions). Whether a node has
 room for a trajectory's memory is ``admission``'s rule (tangram/cpu/admission.py:
 declared limits reserved in full unless the node's free memory is observed).
 """
@@ -104,14 +107,16 @@ class CpuManager:
         return self._binding.get(trajectory)
 
     def bind(self, trajectory: str, mem_gb: float, min_cores: int) -> str | None:
-        """Bind a trajectory to the least memory-loaded node that fits it."""
+        """Bind a trajectory to the least memory-loaded node that takes its memory,
+        preferring nodes with ``min_cores`` free (its first action starts at once)."""
         got = self.bind_many(((trajectory, mem_gb, min_cores),))
         return got[0] if got else None
 
     def bind_many(self, requests: Iterable[tuple[str, float, int]]) -> list[str]:
-        """``bind`` each (trajectory, mem_gb, min_cores) in order until one fits no node;
-        the node of each bound, in order (one loop for a batch: a burst binds thousands).
-        ``min_cores`` is a whole number, an int or a float (a Demand's)."""
+        """``bind`` each (trajectory, mem_gb, min_cores) in order until one fits no node
+        (by memory: free cores only rank the nodes); the node of each bound, in order (one
+        loop for a batch: a burst binds thousands). ``min_cores`` is a whole number, an int
+        or a float (a Demand's)."""
         binding, held = self._binding, self._held
         # each node with what of it does not change (its name, memory, and whether its free
         # memory is observed: ``refusal``'s rule for a node nobody observes is inlined, the
@@ -129,7 +134,7 @@ class CpuManager:
             for trajectory, mem_gb, min_cores in requests:
                 bound = binding.get(trajectory)
                 if bound is None:
-                    if one.free_cores < min_cores or one.mem_reserved + mem_gb > mem_cap:
+                    if one.mem_reserved + mem_gb > mem_cap or one.spec.cores < min_cores:
                         break
                     one.mem_reserved += mem_gb
                     one.mem_since += start_gb if start_gb < mem_gb else mem_gb
@@ -141,8 +146,9 @@ class CpuManager:
             bound = binding.get(trajectory)
             if bound is None:
                 best: CpuNode | None = None
+                best_idle = False
                 for node, name, node_mem, mem_cap, unobserved in nodes:
-                    if node.free_cores < min_cores:
+                    if node.spec.cores < min_cores:  # (never: a smaller node of a mixed cluster)
                         continue
                     if unobserved:  # (every declared limit reserved in full)
                         if node.mem_reserved + mem_gb > mem_cap:
@@ -150,9 +156,12 @@ class CpuManager:
                     elif refusal(name, node_mem, node.mem_reserved, mem_gb,  # (mem_refusal)
                                  node.mem_observed_free, node.mem_since) is not None:
                         continue
-                    if best is None or (node.mem_reserved / node_mem
-                                        < best.mem_reserved / best.spec.mem_gb):
-                        best = node
+                    # a node where the first action starts now first, then memory balance
+                    idle = node.free_cores >= min_cores
+                    if best is None or idle > best_idle or (
+                            idle == best_idle and node.mem_reserved / node_mem
+                            < best.mem_reserved / best.spec.mem_gb):
+                        best, best_idle = node, idle
                 if best is None:
                     break
                 best.mem_reserved += mem_gb  # (hold_memory, inlined)
@@ -176,14 +185,12 @@ class CpuManager:
         return self.admission.refusal(node.name, node.spec.mem_gb, node.mem_reserved, mem_gb,
                                       node.mem_observed_free, node.mem_since)
 
-    def why_unbound(self, mem_gb: float, min_cores: int) -> str:
-        """Why no node takes a trajectory declaring ``mem_gb`` whose first action needs
-        ``min_cores`` cores (for a client waiting on it)."""
+    def why_unbound(self, mem_gb: float) -> str:
+        """Why no node takes a trajectory declaring ``mem_gb`` (for a client waiting on
+        it; binding waits for memory only, never for a free core)."""
         reasons = []
         for node in self.nodes.values():
             why = self.mem_refusal(node, mem_gb)
-            if why is None and node.free_cores < min_cores:
-                why = f"node {node.name}: {node.free_cores} free core(s), {min_cores} needed"
             reasons.append(why or f"node {node.name}: room now (next scheduling pass)")
         return "waiting for a node: " + "; ".join(reasons) if reasons else "no CPU node"
 

@@ -6,7 +6,7 @@ from collections import deque
 from typing import Any
 
 from tangram.arrange import LinearOperator
-from tangram.cpu.manager import CpuManager, pick_domains
+from tangram.cpu.manager import CpuLease, CpuManager, pick_domains
 from tangram.model import Action, Lease
 from tangram.pool import Grant, LaneSlot, LightLane, Pending, Pool
 
@@ -26,13 +26,25 @@ class CpuNodePool(Pool):
     headroom held back (a core kept idle for light actions wastes a core whenever none
     comes) and over fractional cores (a cgroup quota below one core slows the light
     action itself, the one we want to finish now).
+
+    An action the pool expected light may not be (a command never seen, a wrong
+    declaration): one still running ``hold_s`` after it started on the lane is *moved* off
+    it (issue 30). Its place on the lane is free at once (the next light action starts),
+    and it is accounted on the node's exclusive cores from then on: it takes an idle core
+    now (the backend runs it there, at the exclusive actions' priority), or the first core
+    that frees, before the queue (it is running: finishing it frees what it uses); until
+    then it runs on at the lowest priority, yielding to every exclusive action, and
+    counts on no core. We chose this over leaving it on the lane (one slow command held
+    the only slot: issue 30) and over killing and requeueing it (its work lost, and a
+    command may not be safe to run twice). So a light action waits at most ``hold_s`` per
+    ``lane_slots`` actions ahead of it on the lane, whatever runs on the cores.
     """
 
     key = "cpu"
     operator = LinearOperator()
 
     def __init__(self, name: str, node: str, manager: CpuManager, scheduler: Any = None,
-                 light_s: float = 0.0, lane_slots: int = 0) -> None:
+                 light_s: float = 0.0, lane_slots: int = 0, hold_s: float = 1.0) -> None:
         super().__init__(name, scheduler)
         self.node = node
         self.manager = manager
@@ -40,7 +52,15 @@ class CpuNodePool(Pool):
         #: actions expected to take at most this long (s) may use the lane (0: no lane)
         self.light_s = light_s
         self.lane_slots = lane_slots if light_s > 0 else 0
-        self._lane: set[str] = set()
+        #: the longest an action holds a place on the lane (then it is moved off)
+        self.hold_s = hold_s
+        #: action id -> when it overstays, of the actions on the lane (in start order, so
+        #: the first is the first to overstay)
+        self._lane: dict[str, float] = {}
+        #: actions moved off the lane waiting for an exclusive core, in the order they
+        #: left it (an insertion-ordered set), and those holding one, with its lease
+        self._waiting: dict[str, None] = {}
+        self._booked: dict[str, CpuLease] = {}
         self._all_cores = tuple(range(self.host.spec.cores))
         self._choices: dict[tuple[float, ...], tuple[int, ...]] = {}
         #: light actions wait here, for the lane (or an idle core), never behind the queue
@@ -73,17 +93,21 @@ class CpuNodePool(Pool):
 
     def drain(self) -> list[Pending]:
         self.lane_slots = 0  # no capacity left to report
+        # its running actions end as failed (Tangram.remove_node): none is moved or booked
+        self._lane.clear()
+        self._waiting.clear()
+        self._booked.clear()
         return super().drain()
 
     # The lane's two leases are built here, as the core builds one from a grant (a light
     # action holds no quota: no quota lease), without the Grant in between: a burst
     # starts hundreds, and a frozen value costs ~1/4 of a lane dispatch to build.
-    def lane_lease(self, p: Pending) -> Lease | None:
-        """``p``'s lease of a place on the lane (None: the lane is full)."""
+    def lane_lease(self, p: Pending, now: float) -> Lease | None:
+        """``p``'s lease of a place on the lane from ``now`` (None: the lane is full)."""
         if len(self._lane) >= self.lane_slots:
             return None
         aid = p.action.id
-        self._lane.add(aid)
+        self._lane[aid] = now + self.hold_s
         # (positional: units 0, gpus (), restore_s 0.0, lane)
         return Lease(aid, 0, (LaneSlot(aid, self.node), None), self.node, self._all_cores, (),
                      0.0, True)
@@ -96,6 +120,36 @@ class CpuNodePool(Pool):
         if lease is None:
             return None
         return Lease(aid, 1, (lease, None), self.node, lease.cores)
+
+    def overstayed(self, now: float) -> list[str]:
+        lane = self._lane
+        out: list[str] = []
+        for aid, until in lane.items():  # (in start order: stops at the first not due)
+            if until > now:
+                break
+            out.append(aid)
+        for aid in out:
+            del lane[aid]
+            self._waiting[aid] = None
+        return out
+
+    def book(self) -> list[tuple[str, tuple[int, ...]]]:
+        out: list[tuple[str, tuple[int, ...]]] = []
+        waiting = self._waiting
+        while waiting and self.host.free_cores:
+            aid = next(iter(waiting))
+            lease = self.manager.reserve(aid, self.node, 1, False)
+            if lease is None:
+                break
+            del waiting[aid]
+            self._booked[aid] = lease
+            end, _, start = self.running[aid]
+            self.started(aid, end, 1, start)  # (the objective sees the core it holds)
+            out.append((aid, lease.cores))
+        return out
+
+    def lane_wakeup(self) -> float | None:
+        return next(iter(self._lane.values()), None)  # (in start order)
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
         # elastic actions stay inside one NUMA domain; cached per feasible set (a burst
@@ -134,9 +188,15 @@ class CpuNodePool(Pool):
 
     def release(self, part: Any) -> None:
         if isinstance(part, LaneSlot):
-            self._lane.discard(part.action_id)
+            aid = part.action_id
+            if self._lane.pop(aid, None) is None:  # (mostly: it ended on the lane)
+                self._waiting.pop(aid, None)
+                lease = self._booked.pop(aid, None)
+                if lease is not None:
+                    self.manager.release(lease)
             return
         self.manager.release(part)
 
     def usage(self) -> dict[str, float]:
+        # (a core held by an action moved off the lane is in the manager's count)
         return {"cpu": float(self.manager.in_use(self.node)), "cpu_lane": float(len(self._lane))}

@@ -49,7 +49,7 @@ from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.local import allowed_cpus
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import Capabilities, Shed
+from tangram.protocol import Capabilities, Moved, Shed
 
 log = logging.getLogger("tangram.process")
 
@@ -59,10 +59,9 @@ SECRET_NAME = re.compile(r"^TANGRAM_|TOKEN|SECRET|PASS|PRIVATE|CREDENTIAL|AUTH|C
                          r"|(^|_)(API_?|ACCESS_?)?KEY(_|$)|APIKEY", re.IGNORECASE)
 #: how long a background child may keep the output pipe after the command exited
 PIPE_GRACE_S = 0.5
-#: a light-lane action still running after this long is demoted to the lowest priority:
-#: the lane's nice 0 is for actions declared (or seen) to take a fraction of a second
-#: (8x the default light_s), not for one whose declaration was wrong
-LANE_DEMOTE_S = 2.0
+#: a light-lane action the core moved off the lane while no core was free runs at the
+#: lowest priority (``move``): the lane's nice 0 is for actions expected to take a
+#: fraction of a second, not for one whose declaration (or guess) was wrong
 DEMOTED_NICE = 19
 #: seconds shutdown waits for closed trajectories' cleanup (then it kills what is left)
 REAPER_DRAIN_S = 60.0
@@ -176,7 +175,7 @@ class _Watched(asyncio.subprocess.SubprocessStreamProtocol):
 
 class ProcessBackend:
     name = "process"
-    capabilities = Capabilities(files=True, sheds=True, forks=True)
+    capabilities = Capabilities(files=True, sheds=True, moves=True, forks=True)
 
     def __init__(self, root: str | Path, cpu_map: list[int] | None = None,
                  env: Mapping[str, str] | None = None, keep_workdirs: bool = False,
@@ -189,6 +188,10 @@ class ProcessBackend:
         self.env = scrubbed_env(env if env is not None else os.environ)
         self.keep_workdirs = keep_workdirs
         self._procs: dict[str, asyncio.subprocess.Process] = {}
+        #: running action -> the mark its processes carry (a move finds them by it)
+        self._action_marks: dict[str, str] = {}
+        #: actions being started: a move that comes first waits here for the process
+        self._starting: dict[str, Moved | None] = {}
         self._tasks: set[asyncio.Task] = set()
         #: trajectory -> the random mark its processes carry (this run only)
         self._marks: dict[str, str] = {}
@@ -345,23 +348,27 @@ class ProcessBackend:
         uid = self._uid(d.action.trajectory)
         env = self._command_env(d, cores, mark, cwd, uid)
         kills = self._memory.kills(d.action.trajectory)
+        aid = d.action.id
+        self._starting[aid] = None
         try:
             proc, watched = await self._spawn(argv, d, cores, cwd, env, uid)
         except (OSError, ValueError, subprocess.SubprocessError) as e:  # ValueError: NUL in an arg
-            on_done(Outcome(d.action.id, "failed", None, error=f"cannot start {argv[0]!r}: {e}"))
+            on_done(Outcome(aid, "failed", None, error=f"cannot start {argv[0]!r}: {e}"))
             return
+        finally:
+            early = self._starting.pop(aid, None)
         t_spawned = time.time()
-        self._procs[d.action.id] = proc
+        self._procs[aid] = proc
+        self._action_marks[aid] = mark
+        if early is not None:  # moved off the lane before its process existed
+            self.move(early)
         assert proc.stdout is not None
         reader = asyncio.ensure_future(read_tail(proc.stdout))
-        demote = asyncio.get_running_loop().call_later(
-            LANE_DEMOTE_S, self._demote, proc) if d.lease.lane else None
         try:
             timed_out = await self._wait_exit(proc, watched, timeout)
         finally:
-            self._procs.pop(d.action.id, None)
-            if demote is not None:
-                demote.cancel()
+            self._procs.pop(aid, None)
+            self._action_marks.pop(aid, None)
         output = await self._drain(proc, watched, reader, mark, timed_out)
         t_exited = time.time()
         extra = {"argv": argv, "cores": sorted(cores), "spawn_s": t_spawned - t_start,
@@ -408,14 +415,24 @@ class ProcessBackend:
         finally:
             watched.close()
 
-    @staticmethod
-    def _demote(proc: asyncio.subprocess.Process) -> None:
-        """A lane action that runs long yields to the exclusive-core actions it shares
-        cores with (their nice 10), instead of preempting them."""
-        try:
-            os.setpriority(os.PRIO_PGRP, proc.pid, DEMOTED_NICE)
-        except OSError:
-            pass
+    def move(self, effect: Moved) -> None:
+        """The core moved a light-lane action off the lane (tangram/cpu/pool.py): every
+        process of it runs on the core it now holds, at the exclusive actions' priority;
+        while it holds none, at the lowest priority on the cores it shares, yielding to
+        the exclusive actions there instead of preempting them (nice 0 on the lane)."""
+        aid = effect.action_id
+        if aid in self._starting:
+            self._starting[aid] = effect
+            return
+        mark = self._action_marks.get(aid)
+        if mark is None:  # ended meanwhile
+            return
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        cores = {self.cpu_map[c] for c in effect.cores} or None
+        nice = min(own + EXCLUSIVE_NICE, 19) if cores else DEMOTED_NICE
+        # (a /proc scan, on the loop: moves are rare, a few ms, and must apply in order)
+        for pid in marks.marked_pids(MARK, mark):
+            spawner.replace_running(pid, cores, nice)
 
     def _kill_action(self, proc: asyncio.subprocess.Process, mark: str) -> None:
         self._kill_group(proc)

@@ -180,6 +180,23 @@ def place(cores: Set[int] | None, nice: int) -> None:
         os.setpriority(os.PRIO_PROCESS, 0, min(os.getpriority(os.PRIO_PROCESS, 0) + nice, 19))
 
 
+def replace_running(pid: int, cores: Set[int] | None, nice: int) -> None:
+    """Pin every thread of the running process ``pid`` to ``cores`` (None: leave them)
+    and set its niceness to ``nice`` (lowering it needs the privilege to: without, it
+    keeps what it had). A process gone meanwhile is left alone."""
+    try:
+        tids = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+    except OSError:
+        return
+    for tid in tids:
+        try:
+            if cores is not None:
+                os.sched_setaffinity(tid, cores)
+            os.setpriority(os.PRIO_PROCESS, tid, nice)
+        except OSError:  # gone, or a niceness it may not lower
+            continue
+
+
 def _popen_placed(argv: Sequence[str], kw: dict[str, Any], cores: Set[int] | None,
                   nice: int) -> subprocess.Popen:
     """``Popen(argv, **kw)`` whose child starts on ``cores``, ``nice`` nicer than this
