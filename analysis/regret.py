@@ -296,6 +296,7 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             if len(ratios) == len(rows):  # only configurations that ran in every cell
                 per[label] = float(np.exp(np.mean(np.log(ratios))))
         best_single = min(per, key=per.get) if per else None
+        tuned = best_baselines(rows, m)
         out["metrics"][m] = {
             "max_regret": max(vals) if vals else None,
             "geomean_regret": float(np.exp(np.mean(np.log(vals)))) if vals else None,
@@ -305,8 +306,42 @@ def summarise(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
             "best_single": best_single,
             "best_single_geomean": per.get(best_single) if best_single else None,
             "single_geomeans": {k: round(v, 4) for k, v in sorted(per.items(), key=lambda kv: kv[1])},
+            # the same, among the baselines only (not Tangram's own variants, not a
+            # configuration that is the default on a workload): tuned once per workload
+            "best_baseline": tuned,
         }
     return out
+
+
+#: competitors that are the default with one part changed (not a baseline an operator
+#: would deploy instead of Tangram)
+OWN = ("tangram", "per-trajectory-api")
+
+
+def best_baselines(rows: Sequence[dict[str, Any]], metric: str) -> dict[str, Any]:
+    """Per workload, the baseline configuration with the least geometric mean of its
+    figure over Tangram's across that workload's cells (chosen once), and that mean over
+    every cell with each workload's choice."""
+    chosen: dict[str, Any] = {}
+    logs: list[float] = []
+    for w in dict.fromkeys(r["workload"] for r in rows):
+        cells_w = [r for r in rows if r["workload"] == w]
+        per: dict[str, list[float]] = {}
+        for r in cells_w:
+            for label, v in r["runs"].items():
+                if label.startswith(OWN) or "error" in v or not r["tangram"][metric]:
+                    continue
+                x = v[metric] / r["tangram"][metric]
+                if not math.isnan(x) and x > 0:
+                    per.setdefault(label, []).append(math.log(x))
+        full = {k: float(np.mean(v)) for k, v in per.items() if len(v) == len(cells_w)}
+        if not full:
+            continue
+        label = min(full, key=full.get)
+        chosen[w] = {"config": label, "geomean": round(math.exp(full[label]), 4)}
+        logs.extend(per[label])
+    return {"per_workload": chosen,
+            "geomean": round(math.exp(float(np.mean(logs))), 4) if logs else None}
 
 
 def losses(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -380,3 +415,28 @@ def scale_for(full: bool, seeds: Sequence[int] | None = None,
 
 
 Progress = Callable[[dict[str, Any]], None]
+
+
+METRIC_NAMES = {"act_mean_s": "mean ACT", "act_p99_s": "p99 ACT", "step_time_s": "step time",
+                "reward_s": "reward time"}
+
+
+def losses_markdown(rows: Sequence[dict[str, Any]]) -> list[str]:
+    """Every cell above 1.0 as Markdown lines, grouped by (workload, cluster, rate) and
+    metric: the cells (profile error / seed), the worst regret and who won them."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for loss in losses(rows):
+        key = (loss["workload"], loss["cluster"], loss["rate"], loss["metric"])
+        groups.setdefault(key, []).append(loss)
+    order = sorted(groups, key=lambda k: (WORKLOADS.index(k[0]), CLUSTERS.index(k[1]), k[2],
+                                          METRICS.index(k[3])))
+    out = []
+    for w, c, rate, m in order:
+        g = groups[(w, c, rate, m)]
+        winners = sorted({x["best"] for x in g})
+        where = ", ".join(f"e{x['profile_sigma']:g}/s{x['seed']} {x['regret']:.3f}"
+                          for x in sorted(g, key=lambda x: (x["profile_sigma"], x["seed"])))
+        out.append(f"* {w}, {c} cluster, rate x{rate:g}, {METRIC_NAMES[m]}: "
+                   f"{len(g)} cell(s), worst {max(x['regret'] for x in g):.3f} "
+                   f"({where}); won by {', '.join(winners)}")
+    return out

@@ -16,6 +16,7 @@ from analysis.regret import (
     SCALES,
     Cell,
     cluster_of,
+    losses_markdown,
     measure,
     row_of,
     summarise,
@@ -95,4 +96,9 @@ def test_row_and_summary_name_the_winner_and_the_best_single_configuration() -> 
     # k8s could not be deployed: it is not a single configuration that ran everywhere
     assert "k8s 4c -n 1" not in s["metrics"]["act_mean_s"]["single_geomeans"]
     assert s["metrics"]["act_mean_s"]["best_single"] == "fixed-dop:4"
+    assert s["metrics"]["act_mean_s"]["best_baseline"]["per_workload"]["coding"] == {
+        "config": "fixed-dop:4", "geomean": 0.5}
     json.dumps(s)  # regret.json is JSON
+    [line] = [x for x in losses_markdown([row]) if "mean ACT" in x]
+    assert "coding, paper cluster, rate x1" in line and "e0/s1 2.000" in line
+    assert "fixed-dop:4" in line
