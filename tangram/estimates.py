@@ -322,6 +322,8 @@ class DurationModel:
         self.lane = LaneModel()
         #: pool name -> moving average of its non-elastic actions' execution time
         self._short: dict[str, float] = {}
+        #: pool name -> [elastic actions, all actions] observed there
+        self._kinds_seen: dict[str, list[int]] = {}
 
     def mean(self, key: Key) -> float | None:
         m = self._mean.get(key)
@@ -389,6 +391,11 @@ class DurationModel:
             command = command_of(action)
             if command:
                 self._commands.setdefault(key, CommandCurves()).observe(command, units, elapsed)
+        seen = self._kinds_seen.get(pool)
+        if seen is None:
+            seen = self._kinds_seen[pool] = [0, 0]
+        seen[0] += elastic
+        seen[1] += 1
         if not elastic:
             s = self._short.get(pool, self._short_prior_s)
             self._short[pool] = s + 0.05 * (elapsed - s)
@@ -396,6 +403,12 @@ class DurationModel:
                 command = command_of(action)
                 if command:
                     self.lane.observe(action, command, elapsed, light_s)
+
+    def elastic_share(self, pool: str) -> float:
+        """Share of the actions observed on ``pool`` that were elastic (Laplace prior
+        1/2): how many of a pool's next arrivals will want a wide grant."""
+        e, n = self._kinds_seen.get(pool, (0, 0))
+        return (e + 1) / (n + 2)
 
 
 def command_of(action: Action) -> str:

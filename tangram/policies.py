@@ -36,7 +36,7 @@ from tangram.cpu.manager import CpuManager
 from tangram.cpu.pods import PodManager, PodPool
 from tangram.cpu.pool import CpuNodePool
 from tangram.gpu.cold import ExclusiveGpuManager
-from tangram.gpu.eoe import EoeScheduler
+from tangram.gpu.eoe import EoeScheduler, NoAffinity, NoOrdering, NoPrerestore
 from tangram.gpu.manager import GpuManager
 from tangram.gpu.pool import EoeGpuPool, GpuPool
 from tangram.gpu.static import ServicePool, static_placement
@@ -158,10 +158,37 @@ class SharedGpus:
 
     def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
         gpu = GpuManager(cluster.gpu_nodes, cluster.services, cluster.restore_gbps)
-        return gpu, [EoeGpuPool(GPU_POOL, gpu, EoeScheduler())]
+        return gpu, [EoeGpuPool(GPU_POOL, gpu, self.scheduler())]
+
+    def scheduler(self) -> EoeScheduler:
+        return EoeScheduler()
 
     def route(self, action: Action) -> str:
         return GPU_POOL
+
+
+@dataclass(frozen=True)
+class GpusNoAffinity(SharedGpus):
+    """Ablation: :class:`SharedGpus` without residency affinity."""
+
+    def scheduler(self) -> EoeScheduler:
+        return NoAffinity()
+
+
+@dataclass(frozen=True)
+class GpusNoOrdering(SharedGpus):
+    """Ablation: :class:`SharedGpus` without restore-aware ordering."""
+
+    def scheduler(self) -> EoeScheduler:
+        return NoOrdering()
+
+
+@dataclass(frozen=True)
+class GpusNoPrerestore(SharedGpus):
+    """Ablation: :class:`SharedGpus` without predictive pre-restore."""
+
+    def scheduler(self) -> EoeScheduler:
+        return NoPrerestore()
 
 
 @dataclass(frozen=True)
@@ -393,6 +420,27 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class NoAffinityPolicy(Policy):
+    name: ClassVar[str] = "tangram-no-affinity"
+    description: ClassVar[str] = "ablation: tangram without GPU residency affinity"
+    gpu: Any = field(default_factory=GpusNoAffinity)
+
+
+@dataclass(frozen=True)
+class NoOrderingPolicy(Policy):
+    name: ClassVar[str] = "tangram-no-ordering"
+    description: ClassVar[str] = "ablation: tangram without restore-aware GPU ordering"
+    gpu: Any = field(default_factory=GpusNoOrdering)
+
+
+@dataclass(frozen=True)
+class NoPrerestorePolicy(Policy):
+    name: ClassVar[str] = "tangram-no-prerestore"
+    description: ClassVar[str] = "ablation: tangram without predictive GPU pre-restore"
+    gpu: Any = field(default_factory=GpusNoPrerestore)
+
+
+@dataclass(frozen=True)
 class PaperPolicy(Policy):
     name: ClassVar[str] = "tangram-paper"
     description: ClassVar[str] = ("the paper's Alg. 1-2 rules: the objective sees only the "
@@ -472,7 +520,8 @@ class BaselinePolicy(Policy):
 #: every policy, by the name `tangram policies` lists
 REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (
     Policy, PaperPolicy, K8sPolicy, StaticPolicy, ServerlessPolicy, FixedDopPolicy,
-    PerTrajectoryApiPolicy, BaselinePolicy)}
+    PerTrajectoryApiPolicy, BaselinePolicy, NoAffinityPolicy, NoOrderingPolicy,
+    NoPrerestorePolicy)}
 
 #: the parameters a user may set, and which part of a policy each belongs to
 PARAMS: dict[str, str] = {"depth": "scheduler", "lookahead": "scheduler",

@@ -104,6 +104,11 @@ class ElasticScheduler:
         self.depth = depth
         self.lookahead = lookahead
         self.ordering: Ordering = ordering or FCFS()
+        #: pool name -> ids of the elastic actions started there (those still in the
+        #: pool's ``running`` are running): how many share the pool now
+        self._elastic_ids: dict[str, set[str]] = {}
+        #: pool name -> moving average (over passes) of the elastic actions there
+        self._concurrency: dict[str, float] = {}
 
     def min_units(self, choices: tuple[int, ...]) -> int:
         """Units an elastic action needs at least (its smallest feasible amount)."""
@@ -177,8 +182,10 @@ class ElasticScheduler:
             # the queue behind the window: each of those starts no earlier than the
             # window's last action, so it is delayed as much as that one is
             tail = max(0, len(pool.queue) - len(cands) - len(rest))
-            decisions.extend(self.allocate(pool, fixed, elastic, rest, now, estimates, expected,
-                                           tail))
+            chosen = self.allocate(pool, fixed, elastic, rest, now, estimates, expected, tail)
+            ids = self._elastic_ids.setdefault(pool.name, set())
+            ids.update(p.action.id for p, _ in chosen)
+            decisions.extend(chosen)
         return decisions
 
     # -- the three hooks where we go beyond Alg. 1-2 (PaperScheduler undoes them) -----
@@ -190,6 +197,65 @@ class ElasticScheduler:
     def option_costs(self, pool: Pool, p: Pending) -> dict[int, float]:
         """What each unit count costs ``p`` in the DP (with state-dependent overhead)."""
         return pool.option_costs(p)
+
+    def width_caps(self, pool: Pool, elastic: list[Pending], rest: list[Pending], now: float,
+                   estimates: Estimates, tail: int) -> list[int] | None:
+        """The widest grant each elastic candidate may get (None: no cap).
+
+        A grant is irrevocable: the units an action takes are not there for the elastic
+        actions that arrive while it runs. With sublinear speedups the mean completion
+        time is least when the actions present share the units (heSRPT, Berg et al.
+        2020: with speedup m^p every job gets a share, none the whole pool; EQUI when
+        sizes are unknown), so an action takes at most the pool's units over the number
+        of elastic actions expected to share the pool during its run: the elastic ones
+        running and waiting now (itself among them), or, when more, how many the pool
+        has held on average (closed loop: the actions that will arrive during its run
+        are, on average, as many as have been there). Only what the core observed: its
+        grants, its queue, the learnt share of elastic actions."""
+        running = pool.running
+        ids = self._elastic_ids.get(pool.name)
+        if ids:
+            ids.intersection_update(running)
+        free = pool.free_units()
+        total = free + sum(u for _, u, _ in running.values())
+        share = estimates.durations.elastic_share(pool.name)
+        present = ((len(ids) if ids else 0) + len(elastic)
+                   + sum(1 for p in rest if p.elastic) + share * tail)
+        avg = self._concurrency.get(pool.name, present)
+        avg += self.CONCURRENCY_ALPHA * (present - avg)
+        self._concurrency[pool.name] = avg
+        # the width an arriving elastic action should find: an equal share of the units
+        # among as many as the pool holds on average
+        fair = max(1.0, total / max(avg, 1.0))
+        arrivals = estimates.arrivals
+        thinking = arrivals.thinking(pool.name) * share
+        think_s = max(arrivals.think_s, 1e-9)
+        ends = sorted(pool.expected_ends(now))
+        caps = []
+        for p in elastic:
+            cap = p.key_min
+            for u, d in p.durations.items():
+                if u <= cap or u > free or u > self.FAIR_SPAN * fair:
+                    continue
+                # units the elastic arrivals during its run want, less what the running
+                # actions give back by then: a grant leaves at least that much free
+                freed = sum(k for end, k in ends if end <= now + d)
+                reserve = thinking * min(1.0, d / think_s) * fair - freed
+                if u <= free - max(0.0, reserve):
+                    cap = u
+            caps.append(cap)
+        return caps
+
+    #: the widest grant, in fair shares (an equal share among the elastic actions the
+    #: pool holds on average): uneven grants cost more than they give (speedups are
+    #: concave, so the same units spread evenly finish more work)
+    FAIR_SPAN = 2.0
+
+    #: candidates of a pass that try every width below the DP's (each a few walks)
+    WIDTH_TRIES = 2
+
+    #: weight of a pass's count in the average number of elastic actions in a pool
+    CONCURRENCY_ALPHA = 0.05
 
     def may_wait(self, head: Pending, rest: list[Pending], now: float,
                  running: list[tuple[float, int]], free: int) -> bool:
@@ -208,6 +274,10 @@ class ElasticScheduler:
         """Greedy eviction over the elastic group (Alg. 1, lines 5-14)."""
         estimate = estimates.estimate
         options = [self.option_costs(pool, p) for p in elastic]
+        caps = self.width_caps(pool, elastic, rest, now, estimates, tail)
+        if caps is not None:
+            options = [{u: c for u, c in o.items() if u <= cap} for o, cap in zip(
+                options, caps, strict=True)]
         table = arrange(options, pool.operator.space(pool.elastic_capacity(fixed)))
         n = len(elastic)
         minimum = [p.key_min for p in elastic]
@@ -246,6 +316,19 @@ class ElasticScheduler:
         prev_obj = best_obj if full[1] == minimum else objective(full[1])
         if prev_obj < best_obj:
             best_units, best_obj = full[1], prev_obj
+        # the DP hands out the widest counts that fit; with the actions that will arrive
+        # in the objective a narrower one can be better: the first WIDTH_TRIES candidates
+        # each try every count between their minimum and the DP's (the others held)
+        for i in range(min(n, self.WIDTH_TRIES)):
+            top = full[1][i]
+            for u in options[i]:
+                if minimum[i] < u < top:
+                    units = list(full[1])
+                    units[i] = u
+                    obj = objective(units)
+                    if obj < best_obj:
+                        best_units, best_obj = units, obj
+        prev_obj = min(prev_obj, best_obj)
         for t in range(n - 1, -1 if may_wait else 0, -1):
             cand = table.best(t)
             if cand is None:
@@ -364,6 +447,10 @@ class PaperScheduler(ElasticScheduler):
 
     def option_costs(self, pool: Pool, p: Pending) -> dict[int, float]:
         return p.durations
+
+    def width_caps(self, pool: Pool, elastic: list[Pending], rest: list[Pending], now: float,
+                   estimates: Estimates, tail: int) -> list[int] | None:
+        return None
 
     def may_wait(self, head: Pending, rest: list[Pending], now: float,
                  running: list[tuple[float, int]], free: int) -> bool:

@@ -36,6 +36,52 @@ def bench_scheduler(
         _emit(row)
 
 
+@app.command("regret")
+def bench_regret(
+    out: Annotated[Path, typer.Option(help="Directory for regret.json and regret.png.")]
+    = Path("runs/regret"),
+    seeds: Annotated[str | None, typer.Option(
+        help="Trace seeds, comma-separated (default: 1009,2027,3041, used nowhere else).")] = None,
+    workloads: Annotated[str | None, typer.Option(
+        help="Workloads, comma-separated (default: coding,deepsearch,mopd,mixed).")] = None,
+    full: Annotated[bool, typer.Option(
+        "--full", help="The paper's batch sizes and node shape, every profile error "
+                       "(hours). Default: the quick scale (minutes).")] = False,
+    workers: Annotated[int, typer.Option(min=1, help="Parallel simulations.")] = 2,
+) -> None:
+    """The regret matrix: per cell (workload x seed x cluster x arrival rate x profile
+    error) and metric (mean ACT, p99 ACT, step time, reward time), the default policy's
+    figure over the best competitor's (every policy of `tangram policies`, fixed DoP
+    1-16, k8s pod cores x in-pod -n, static GPU splits, tangram-paper, one ablation per
+    GPU extension), and which competitor that was. One JSON line per cell, then the
+    summary; regret.json and a heat map (regret.png) in --out."""
+    import time
+
+    from analysis.regret import heatmap, report, run_matrix, scale_for
+
+    try:
+        sc = scale_for(full, [int(x) for x in seeds.split(",") if x.strip()] if seeds else None,
+                       [w.strip() for w in workloads.split(",") if w.strip()]
+                       if workloads else None)
+    except ValueError as e:
+        fail(f"bench regret: {e}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"--out: cannot create {out}: {e}")
+    t0 = time.perf_counter()
+    rows = []
+    for row in run_matrix(sc, workers):
+        rows.append(row)
+        _emit({k: v for k, v in row.items() if k != "runs"})
+    doc = report(rows, sc, round(time.perf_counter() - t0, 1))
+    (out / "regret.json").write_text(json.dumps(doc, indent=1) + "\n")
+    heatmap(rows, str(out / "regret.png"))
+    _emit({"summary": doc["summary"], "losses": len(doc["losses"]),
+           "regret_json": str(out / "regret.json"), "figure": str(out / "regret.png"),
+           "elapsed_s": doc["elapsed_s"]})
+
+
 @app.command("gpu-target")
 def bench_gpu_target(
     trajectories: Annotated[str, typer.Option(help="Batch sizes, comma-separated.")]

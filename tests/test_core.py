@@ -348,7 +348,10 @@ def test_elastic_head_waits_for_a_wider_grant_when_it_pays():
     core, shell_d, out = _waiting_case(paper_exact=False)
     assert out == []
     [d] = core.finish(shell_d.action.id, 0.5)
-    assert (d.action.id, d.units) == ("A", 4)
+    # wider than the one core it would have had at once; one of the four is left for
+    # the action the now-thinking trajectory "s" is expected to submit during A's run
+    # (the width cap: a grant is irrevocable)
+    assert (d.action.id, d.units) == ("A", 3)
     _, _, out = _waiting_case(paper_exact=True)  # the paper's Alg. 1 starts it at once
     assert [(d.action.id, d.units) for d in out] == [("A", 1)]
 

@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING
 from tangram.api.quota import QuotaManager
 from tangram.arrange import CHUNK_SIZES
 from tangram.estimates import Estimates
-from tangram.gpu.manager import GpuLease, Site
+from tangram.gpu.manager import GpuLease, GpuManager, Site
 from tangram.gpu.pool import accepts, solo_s, work_s
 from tangram.pool import Pending
 from tangram.scheduler import Decision, ElasticScheduler
@@ -82,6 +82,25 @@ class EoeScheduler(ElasticScheduler):
         fits = [c for c in choices if c <= want]
         return fits[-1] if fits else choices[0]
 
+    def widen(self, pool: EoeGpuPool, p: Pending, k: int, waiting: int,
+              estimates: Estimates) -> int:
+        """A wider DoP than the demand share ``k`` when the free GPUs allow it: the
+        services still waiting in this pass (``waiting``, this one among them) each get an
+        equal part of the free GPUs, and within its part the request takes the DoP that
+        ends it first (restore + run, both observed or declared). Under a burst the part
+        is small and ``k`` stands; on an idle pool a request no longer runs on one GPU
+        while seven sit free (what the paper's DP does, and why it won at low load)."""
+        mgr = pool.manager
+        room = mgr.free_gpus() / max(waiting, 1)
+        service = p.action.service or ""
+        best, best_s = k, mgr.variant_restore_s(service, k) + solo_s(p, k, estimates)
+        for c in accepts(p):
+            if k < c <= room:
+                t = mgr.variant_restore_s(service, c) + solo_s(p, c, estimates)
+                if t < best_s:
+                    best, best_s = c, t
+        return best
+
     # -- one pass ------------------------------------------------------------------------
     def plan(self, pool: EoeGpuPool, now: float, estimates: Estimates,  # type: ignore[override]
              quota: QuotaManager) -> list[Decision]:
@@ -110,7 +129,7 @@ class EoeScheduler(ElasticScheduler):
             # accepts)
             # (per service, not for every resident variant: a pass rarely looks past one
             # or two services; a site an earlier service took is no longer idle)
-            sites = mgr.idle_sites_of(service)
+            sites = self.resident_sites(mgr, service)
             idle = sorted(sites, key=lambda s: -s[2]) if sites else []
             placed: list[tuple[Pending, GpuLease, int]] = []
             while idle and (lead := members.peek()) is not None:
@@ -129,13 +148,15 @@ class EoeScheduler(ElasticScheduler):
                 if shares is None:
                     shares = pool.demand.shares(list(mgr.services), now)
                 k = self.target_dop(pool, service, accepts(nxt), now, shares)
+                k = self.widen(pool, nxt, k, len(groups) - gi, estimates)
                 restore_s = mgr.variant_restore_s(service, k)
                 # its own variants it can use, running or just placed
                 mine = [end for end, units in ends if units in accepts(nxt)]
                 mine += [now + lease.restore_s + solo_s(lead, units, estimates)
                          for lead, lease, units in placed if units in accepts(nxt)]
                 since = pool.deferred_since(nxt, now)
-                if mine and now - since < restore_s - 1e-9:
+                if (mine and now - since < restore_s - 1e-9 and self.waits_for_own
+                        and not self._restores_freely(pool, service, k)):
                     backlog = pool.waiting_count(service) * solo_s(nxt, k, estimates)
                     if min(mine) - now + backlog / (2 * len(mine)) <= restore_s:
                         # waiting for its own variants costs less than a restore; it
@@ -171,6 +192,24 @@ class EoeScheduler(ElasticScheduler):
             if blocked or mgr.free_gpus() <= 0:
                 break  # starvation bound: nothing younger takes the chunk it waits for
         return decisions
+
+    # -- the extensions' hooks (each has an ablation below: tangram-no-*) --------------
+    #: rule 3: a service whose variants are busy may wait for them instead of restoring
+    waits_for_own = True
+
+    def resident_sites(self, mgr: GpuManager, service: str) -> list[Site]:
+        """Rule 1: the idle chunks where a variant of ``service`` is resident."""
+        return mgr.idle_sites_of(service)
+
+    @staticmethod
+    def _restores_freely(pool: EoeGpuPool, service: str, k: int) -> bool:
+        """Whether a new variant of ``k`` GPUs would go where it evicts nothing: then
+        waiting for a busy variant of its own saves no restore of anyone else's, only
+        delays the request (the ablation row of rule 3 won every cell where GPUs sat
+        free), so rule 3 applies only when a restore would evict."""
+        mgr = pool.manager
+        site = mgr.restore_site(service, k)
+        return site is not None and not mgr.victims_at(service, site)
 
     @staticmethod
     def _busy_ends(pool: EoeGpuPool, service: str, now: float) -> list[tuple[float, int]]:
@@ -302,4 +341,31 @@ class _Cursor:
         """Submit time of the next request when the limit held it back (else None)."""
         if self._i < len(self._q) and self.peek() is None:
             return self._q[self._i].submit_s
+        return None
+
+
+# -- ablations: the default without one extension (rows of the regret matrix) ------------
+class NoAffinity(EoeScheduler):
+    """Without residency affinity: every request goes through the restore path."""
+
+    name = "tangram-eoe-no-affinity"
+
+    def resident_sites(self, mgr: GpuManager, service: str) -> list[Site]:
+        return []
+
+
+class NoOrdering(EoeScheduler):
+    """Without restore-aware ordering: a request never waits for its service's busy
+    variants, it restores another as soon as a chunk is free."""
+
+    name = "tangram-eoe-no-ordering"
+    waits_for_own = False
+
+
+class NoPrerestore(EoeScheduler):
+    """Without predictive pre-restore."""
+
+    name = "tangram-eoe-no-prerestore"
+
+    def prerestore(self, pool: EoeGpuPool, now: float, estimates: Estimates) -> None:
         return None

@@ -1,0 +1,104 @@
+"""The regret matrix's hardest cells at a small size, with a seed of their own: the default
+policy within the issue's bounds of the competitor that beat it before (mean ACT and step
+time <= 1.03, p99 ACT <= 1.10). Figures are simulated (virtual time): no wall clock."""
+
+from __future__ import annotations
+
+import json
+from functools import cache
+
+import pytest
+
+from analysis.regret import (
+    ALIASES,
+    BOUNDS,
+    COMPETITORS,
+    SCALES,
+    Cell,
+    cluster_of,
+    losses_markdown,
+    measure,
+    row_of,
+    summarise,
+    trace_of,
+)
+from sim.driver import SimConfig, simulate
+from tangram.policies import REGISTRY
+
+#: a seed no other test or study uses
+SEED = 4177
+
+
+@cache
+def _run(cell: Cell, policy: str) -> dict[str, float]:
+    sc = SCALES["quick"]
+    return measure(simulate(trace_of(cell), cluster_of(cell, sc),
+                            SimConfig(policy=policy, seed=cell.seed)))
+
+
+def _within(ours: dict[str, float], theirs: dict[str, float],
+            metrics: tuple[str, ...] = ("act_mean_s", "act_p99_s", "step_time_s")) -> None:
+    ratios = {m: ours[m] / theirs[m] for m in metrics}
+    over = {m: r for m, r in ratios.items() if r > BOUNDS[m]}
+    assert not over, f"regret over the bound: {over} (all: {ratios})"
+
+
+@pytest.mark.parametrize("cluster,rate", [("paper", 3.0), ("over", 1.0)])
+def test_high_load_coding_act_within_bounds_of_fixed_dop_4(cluster: str, rate: float) -> None:
+    cell = Cell("coding", SEED, cluster, rate, 0.3, 24, "quick")
+    _within(_run(cell, "tangram"), _run(cell, "fixed-dop:4"), ("act_mean_s", "act_p99_s"))
+
+
+@pytest.mark.parametrize("cluster,rate", [
+    pytest.param("paper", 3.0, marks=pytest.mark.xfail(
+        strict=True, reason="a known loss (README: Where Tangram loses): step time 1.09x "
+                            "fixed-dop:4's here; the step is the slowest trajectory's, and "
+                            "an elastic test started on 1-2 cores when few were free is not "
+                            "widened later")),
+    ("over", 1.0)])
+def test_high_load_coding_step_within_bound_of_fixed_dop_4(cluster: str, rate: float) -> None:
+    cell = Cell("coding", SEED, cluster, rate, 0.3, 24, "quick")
+    _within(_run(cell, "tangram"), _run(cell, "fixed-dop:4"), ("step_time_s",))
+
+
+def test_mopd_within_bounds_of_tangram_paper() -> None:
+    # a small GPU pool at the generator's rate: before, the paper's rules won here 1.2-1.75x
+    # (a new variant on one GPU while seven sat free)
+    cell = Cell("mopd", SEED, "over", 1.0, 0.3, 64, "quick")
+    _within(_run(cell, "tangram"), _run(cell, "tangram-paper"))
+
+
+def test_every_competitor_names_a_policy_and_aliases_name_a_run() -> None:
+    for workload, comps in COMPETITORS.items():
+        labels = {c.label for c in comps} | {"tangram"}
+        for c in comps:
+            assert c.policy.startswith("fixed-dop:") or c.policy in REGISTRY, c
+        for alias, target in ALIASES[workload].items():
+            assert target in labels, (workload, alias, target)
+        # every policy of `tangram policies` is either run or an alias on every workload
+        named = labels | set(ALIASES[workload]) | {c.policy for c in comps}
+        missing = [p for p in REGISTRY if p != "fixed-dop:N" and p not in named]
+        assert not missing, (workload, missing)
+
+
+def test_row_and_summary_name_the_winner_and_the_best_single_configuration() -> None:
+    cell = Cell("coding", 1, "paper", 1.0, 0.0, 4, "quick")
+    runs = {"tangram": {"act_mean_s": 2.0, "act_p99_s": 4.0, "step_time_s": 10.0, "reward_s": 1.0},
+            "fixed-dop:4": {"act_mean_s": 1.0, "act_p99_s": 8.0, "step_time_s": 10.0,
+                            "reward_s": 2.0},
+            "k8s 4c -n 1": {"error": "does not fit"}}
+    row = row_of(cell, cluster_of(cell, SCALES["quick"]), runs)
+    assert row["regret"] == {"act_mean_s": 2.0, "act_p99_s": 0.5, "step_time_s": 1.0,
+                             "reward_s": 0.5}
+    assert row["best"]["act_mean_s"] == "fixed-dop:4"
+    s = summarise([row])
+    assert s["metrics"]["act_mean_s"]["cells_over_1"] == 1
+    # k8s could not be deployed: it is not a single configuration that ran everywhere
+    assert "k8s 4c -n 1" not in s["metrics"]["act_mean_s"]["single_geomeans"]
+    assert s["metrics"]["act_mean_s"]["best_single"] == "fixed-dop:4"
+    assert s["metrics"]["act_mean_s"]["best_baseline"]["per_workload"]["coding"] == {
+        "config": "fixed-dop:4", "geomean": 0.5}
+    json.dumps(s)  # regret.json is JSON
+    [line] = [x for x in losses_markdown([row]) if "mean ACT" in x]
+    assert "coding, paper cluster, rate x1" in line and "e0/s1 2.000" in line
+    assert "fixed-dop:4" in line
