@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from executor.backends.registry import make_backend
+from executor.bench.serving import stop, wait_healthy
 from executor.driver import LiveExecutor
 from executor.local import local_cluster
 from tangram.core import Tangram
@@ -236,7 +237,6 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
     job's rollout workers; one asyncio client driving thousands of connections spends
     more CPU on its connection pool than the server spends on the actions).
     """
-    import signal
     import socket
     import subprocess
     import sys
@@ -257,11 +257,7 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
                                       trajectories, actions, warm, samples, log,
                                       every_s, on_sample, clients))
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
 
 
 async def _warm_pool_full(workdir: Path, warm: int, proc, within_s: float = 120.0) -> None:
@@ -290,21 +286,10 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
                  on_sample: Callable[[dict], None] | None = None, clients: int = 1) -> dict:
     import multiprocessing
 
-    import httpx
-
     from tangram.client import TangramClient
 
     pid = proc.pid
-    deadline = time.time() + 60
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if time.time() > deadline or proc.poll() is not None:
-            raise RuntimeError(f"the server did not start: {log.read_text()[-2000:]}")
-        await asyncio.sleep(0.2)
+    await asyncio.to_thread(wait_healthy, url, proc, log, 60.0)
     async with TangramClient(url, token, timeout_s=600) as tg:
         # warm-up: imports and first-call paths out of the measurement (before the pool
         # fills: the sandbox it takes is replaced before the clock starts)

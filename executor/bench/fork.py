@@ -24,7 +24,6 @@ import base64
 import hashlib
 import os
 import shutil
-import signal
 import socket
 import statistics
 import subprocess
@@ -35,6 +34,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from executor.bench.serving import stop, wait_healthy
 from tangram.client import TangramClient
 
 #: files of the bench's repository (a small Python project: sources and tests)
@@ -219,14 +219,10 @@ def fork_bench(size: int = 8, rounds: int = 3, backend: str = "process",
                                 cwd=Path(__file__).parents[2])
         try:
             url = f"http://127.0.0.1:{port}"
-            _wait_healthy(url, proc, log)
+            wait_healthy(url, proc, log)
             result = asyncio.run(_rounds(url, token, proc.pid, size, rounds, setup))
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
+            stop(proc)
     sep, fk = result["separate"], result["fork"]
     return {"bench": "fork", "backend": backend, "group": size, "rounds": rounds,
             "setup": f"git clone (local repo, {REPO_FILES} files) + pip install (local wheel)",
@@ -242,18 +238,3 @@ def fork_bench(size: int = 8, rounds: int = 3, backend: str = "process",
                           if backend == "process" else "the server only: the commands run "
                           "in containers, not as its children"),
             "detail": result}
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, within_s: float = 120.0) -> None:
-    import httpx
-
-    deadline = time.time() + within_s
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    raise RuntimeError("server did not start")

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import signal
 import socket
 import subprocess
 import sys
@@ -31,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from executor.bench.serving import stop, wait_healthy
 
 #: reward runs: sympy test modules of a few seconds on one idle core (traces/profile_suite.py)
 REWARD_MODULES = ("sympy.core.tests.test_numbers", "sympy.core.tests.test_relational",
@@ -149,32 +150,13 @@ def run_policy(policy: str, trajectories: list[list[Step]], cores: int) -> dict:
             stderr=log.open("w"), cwd=Path(__file__).resolve().parents[2],
             preexec_fn=lambda: os.sched_setaffinity(0, cpus))
         try:
-            _wait_healthy(f"http://127.0.0.1:{port}", proc, log)
+            wait_healthy(f"http://127.0.0.1:{port}", proc, log)
             load0 = os.getloadavg()[0]
             row = asyncio.run(_drive(f"http://127.0.0.1:{port}", token, trajectories, cores))
             return {"policy": policy, **row, "load_avg_1m_before": round(load0, 2),
                     "load_avg_1m_after": round(os.getloadavg()[0], 2)}
         finally:
-            proc.send_signal(signal.SIGTERM)
-            try:
-                proc.wait(30)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-
-
-def _wait_healthy(url: str, proc: subprocess.Popen, log: Path, within_s: float = 120.0) -> None:
-    import httpx
-
-    deadline = time.time() + within_s
-    while True:
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        if time.time() > deadline or proc.poll() is not None:
-            raise RuntimeError(f"the server did not start: {log.read_text()[-2000:]}")
-        time.sleep(0.2)
+            stop(proc)
 
 
 def check(cores: int) -> None:
