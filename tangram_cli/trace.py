@@ -39,8 +39,9 @@ def trace_validate(path: Path, cluster: Annotated[str | None, typer.Option(
     exact = exact_profiles(df)
     if exact:
         err.print(f"[bold yellow]warning:[/] {escape(str(path))}: {exact} of "
-                  f"{int(df['profiled'].astype(bool).sum())} profiled rows have no declared_t1_s: "
-                  "the scheduler is given their exact profiles (the truth). Declare what a "
+                  f"{int(df['profiled'].astype(bool).sum())} profiled rows declare no t1_s (or "
+                  "one equal to the truth): the scheduler is given their exact profiles. "
+                  "Declare what a "
                   "profile would say (`tangram trace generate` does, with a profiling error "
                   f"of sigma {CALIBRATION['profile_sigma'][0]}).", highlight=False, soft_wrap=True)
 
