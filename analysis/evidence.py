@@ -466,7 +466,8 @@ def training(lead: dict[str, Any]) -> dict[str, Any]:
         vb, cb = interval([r["best_s"] + T for r in rows], [r["ours_s"] + T for r in rows])
         sweep.append({"training_s": round(T, 2), "vs_default": round(vd, 4), "ci_vs_default": cd,
                       "vs_best": round(vb, 4), "ci_vs_best": cb})
-    lead_row = sweep.pop()
+    lead_row = sweep[-1]  # the range spans the sweep and the lead
+    sweep = sweep[:-1]
     return {"lead_training_s": lead_row["training_s"],
             **{name: v for name, v in lead_row.items() if name != "training_s"},
             "lead_source": "assumption: a training phase as long as Tangram's own rollout "
@@ -477,8 +478,8 @@ def training(lead: dict[str, Any]) -> dict[str, Any]:
                            f"{t:.1f} s (Tangram): T = (k - {PAPER_STEP} t) / "
                            f"{PAPER_STEP - 1:.1f} = {top:.1f} s"),
             "best_rollout_s": kb, "sweep": sweep,
-            "range_vs_default": _span([r["vs_default"] for r in sweep]),
-            "range_vs_best": _span([r["vs_best"] for r in sweep])}
+            "range_vs_default": _span([r["vs_default"] for r in (*sweep, lead_row)]),
+            "range_vs_best": _span([r["vs_best"] for r in (*sweep, lead_row)])}
 
 
 def _grid(c: Claim, ev: dict[str, Any], best: Candidate) -> dict[str, Any]:
