@@ -70,19 +70,16 @@ def trace(inputs: dict[str, Any], make, cache: Path | None) -> pd.DataFrame:
     disk cache under ``cache``, or made (and validated) once and stored. A copy: callers
     may scale columns."""
     k = key(inputs, TRACE_CODE)
-    if k in _MEMO:
-        _MEMO.move_to_end(k)
-        return _MEMO[k].copy()
     path = cache / "traces" / f"{k}.pkl" if cache is not None else None
-    if path is not None and path.exists():
-        df = pd.read_pickle(path)
-    else:
-        df = make()
-        if path is not None:
-            _atomic_write(path, df.to_pickle)
-    _MEMO[k] = df
-    while len(_MEMO) > MEMO_SIZE:
-        _MEMO.popitem(last=False)
+    df = _MEMO.get(k)
+    if df is None:
+        df = pd.read_pickle(path) if path is not None and path.exists() else make()
+        _MEMO[k] = df
+        while len(_MEMO) > MEMO_SIZE:
+            _MEMO.popitem(last=False)
+    _MEMO.move_to_end(k)
+    if path is not None and not path.exists():  # made here, or by an earlier run's memo
+        _atomic_write(path, df.to_pickle)
     return df.copy()
 
 

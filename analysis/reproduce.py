@@ -462,7 +462,7 @@ def _fig6_label(f6: pd.DataFrame, w: str) -> str:
 
 
 def draw_ranges(results: list[dict[str, Any]], out: Path) -> Path | None:
-    """Each headline's range (seeds and unswept assumptions) against the default baseline,
+    """Each headline's 95% interval (seeds) and range (assumptions) against the default baseline,
     its value against the best-tuned baseline, and the paper's value."""
     import matplotlib.pyplot as plt
 
@@ -494,7 +494,7 @@ def draw_ranges(results: list[dict[str, Any]], out: Path) -> Path | None:
     ax.invert_yaxis()
     ax.set_xscale("log")
     return _finish(ax, out, "headline_ranges", "baseline / Tangram (log)", "",
-                   "Headlines: range over seeds and assumptions; best vs default baseline",
+                   "Headlines: 95% interval over seeds, range over assumptions; vs default and best",
                    legend_size=7)
 
 
