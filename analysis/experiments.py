@@ -18,12 +18,14 @@ from __future__ import annotations
 import itertools
 import math
 from collections.abc import Callable, Iterable
-from concurrent.futures import ProcessPoolExecutor
+from concurrent.futures import Future, ProcessPoolExecutor
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from analysis import cache as store
 from analysis.outputs import analyse
 from sim.clock import SimClock
 from sim.cluster import load_cluster
@@ -157,21 +159,33 @@ def cluster_for(job: Job) -> ClusterSpec:
     return c
 
 
-def trace_for(job: Job):
-    """The job's trace as generated (before think/test scaling)."""
+def trace_for(job: Job, cache: Path | None = None):
+    """The job's trace as generated and validated (before think/test scaling): made and
+    validated once per inputs, then served from this process's memo or ``cache``."""
     skew = job.teacher_skew if job.workload in ("mopd", "mixed") else None
-    return generate(job.workload, job.trajectories, job.seed, job.arrival, skew,
-                    job.profile_sigma)
+    args = (job.workload, job.trajectories, job.seed, job.arrival, skew, job.profile_sigma)
+    return store.trace({"generate": args}, lambda: validate(generate(*args)), cache)
 
 
-def run_job(job: Job) -> dict[str, Any]:
-    df = trace_for(job)
+def run_job(job: Job, cache: Path | None = None) -> dict[str, Any]:
+    """One simulation's result row; with ``cache``, stored there by the job's hash and
+    served from it when the same job (and code) ran before."""
+    done = store.load_result(cache, job)
+    if done is not None:
+        return done
+    row = _run_job(job, cache)
+    store.store_result(cache, job, row)
+    return row
+
+
+def _run_job(job: Job, cache: Path | None) -> dict[str, Any]:
+    df = trace_for(job, cache)
+    # scaling a validated trace's durations keeps it valid: no second validation
     if job.think_scale != 1.0:
         df["think_s"] = df["think_s"] * job.think_scale
     if job.test_scale != 1.0:
         tests = df["kind"].isin(["test_run", "reward_test"])
         df.loc[tests, "t1_s"] = df.loc[tests, "t1_s"] * job.test_scale
-    df = validate(df)
     tags = {"experiment": job.experiment, "workload": job.workload, "policy": job.policy,
             "trajectories": job.trajectories, "seed": job.seed, **dict(job.tags)}
     cluster = cluster_for(job)
@@ -358,25 +372,72 @@ EXPERIMENTS: dict[str, Callable[[dict], list[Job]]] = {
 EXTRA = ("optgap", "table1", "gpu_savings", "evidence")
 
 
-def run_jobs(jobs: list[Job], workers: int = 2,
-             progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
-    out: list[dict[str, Any]] = []
-    if workers <= 1:
-        for i, job in enumerate(jobs):
-            out.append(run_job(job))
-            if progress:
-                progress(i + 1, len(jobs))
-        return out
-    with ProcessPoolExecutor(max_workers=workers) as pool:
-        # largest first: the pool's tail is then short jobs
-        order = sorted(range(len(jobs)), key=lambda i: -jobs[i].trajectories)
-        futures = {i: pool.submit(run_job, jobs[i]) for i in order}
+class Runner:
+    """Where a command's simulations run: one worker pool for the whole command (started
+    on first use; ``workers`` 1 runs them here), results and traces cached under
+    ``cache`` by their inputs' hash (None: no disk cache)."""
+
+    def __init__(self, workers: int = 2, cache: Path | None = None) -> None:
+        self.workers = workers
+        self.cache = cache
+        self._pool: ProcessPoolExecutor | None = None
+        #: jobs served from the cache, and jobs simulated, over this runner's life
+        self.hits = 0
+        self.simulated = 0
+
+    def __enter__(self) -> Runner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def submit(self, fn: Callable[..., Any], *args: Any) -> Future:
+        """Run ``fn(*args)`` in the pool (here, with one worker): e.g. a figure."""
+        if self.workers <= 1:
+            fut: Future = Future()
+            fut.set_result(fn(*args))
+            return fut
+        if self._pool is None:
+            self._pool = ProcessPoolExecutor(max_workers=self.workers)
+        return self._pool.submit(fn, *args)
+
+    def run(self, jobs: list[Job], progress: Callable[[int, int], None] | None = None
+            ) -> list[dict[str, Any]]:
+        """Every job's result row, in order: from the cache where it ran before (counted
+        in ``hits``), else simulated in the pool (``simulated``)."""
         results: dict[int, dict[str, Any]] = {}
+        for i, job in enumerate(jobs):
+            row = store.load_result(self.cache, job)
+            if row is not None:
+                results[i] = row
+        self.hits += len(results)
+        # largest first: the pool's tail is then short jobs
+        order = sorted((i for i in range(len(jobs)) if i not in results),
+                       key=lambda i: -jobs[i].trajectories)
+        futures = {i: self.submit(run_job, jobs[i], self.cache) for i in order}
         for done, i in enumerate(order, 1):
             results[i] = futures[i].result()
+            self.simulated += 1
             if progress:
-                progress(done, len(jobs))
+                progress(done + len(jobs) - len(order), len(jobs))
         return [results[i] for i in range(len(jobs))]
+
+
+#: a Runner, or a worker count for a pool of this call only
+Workers = Runner | int
+
+
+def run_jobs(jobs: list[Job], workers: Workers = 2,
+             progress: Callable[[int, int], None] | None = None) -> list[dict[str, Any]]:
+    if isinstance(workers, Runner):
+        return workers.run(jobs, progress)
+    with Runner(workers) as runner:
+        return runner.run(jobs, progress)
 
 
 # -- beyond the paper (a): optimality gap on small instances --------------------------------
@@ -474,7 +535,7 @@ def optgap(n_instances: int, seed: int = 0) -> list[dict[str, Any]]:
 
 
 # -- GPU savings in 1-GPU steps ------------------------------------------------------------
-def gpu_savings(scale: str, workers: int = 2,
+def gpu_savings(scale: str, workers: Workers = 2,
                 progress: Callable[[int, int], None] | None = None, seed: int = 0,
                 teacher_skew: float | None = None,
                 targets: Iterable[float] = ()) -> list[dict[str, Any]]:

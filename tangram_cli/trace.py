@@ -6,13 +6,15 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 
 from sim.cluster import load_cluster
 from tangram.cluster import ClusterError
 from tangram.core import Tangram
-from tangram_cli.common import command_app, fail, out_console
+from tangram_cli.common import command_app, err, fail, out_console
 from traces.fit import misfits
-from traces.generate import generate
+from traces.generate import CALIBRATION, generate
+from traces.samples import exact_profiles
 from traces.schema import TraceError, load, write
 from traces.schema import trajectories as trajectory_specs
 
@@ -22,7 +24,8 @@ app = command_app(help="Validate and generate workload traces.", no_args_is_help
 @app.command("validate")
 def trace_validate(path: Path, cluster: Annotated[str | None, typer.Option(
         help="Also check that every action fits this cluster (YAML or built-in name).")] = None) -> None:
-    """Exit 0 when PATH is a valid trace; else exit 2 listing every problem."""
+    """Exit 0 when PATH is a valid trace; else exit 2 listing every problem. Warns (exit 0)
+    when profiled rows declare no profile: simulating them tells the scheduler the truth."""
     try:
         df = load(path)
         if cluster:
@@ -33,6 +36,14 @@ def trace_validate(path: Path, cluster: Annotated[str | None, typer.Option(
     except (TraceError, ClusterError) as e:
         fail(str(e))
     out_console.print(f"{path}: valid ({len(df)} actions, {df['trajectory'].nunique()} trajectories)")
+    exact = exact_profiles(df)
+    if exact:
+        err.print(f"[bold yellow]warning:[/] {escape(str(path))}: {exact} of "
+                  f"{int(df['profiled'].astype(bool).sum())} profiled rows declare no t1_s (or "
+                  "one equal to the truth): the scheduler is given their exact profiles. "
+                  "Declare what a "
+                  "profile would say (`tangram trace generate` does, with a profiling error "
+                  f"of sigma {CALIBRATION['profile_sigma'][0]}).", highlight=False, soft_wrap=True)
 
 
 @app.command("generate")
@@ -45,6 +56,9 @@ def trace_generate(
         help="mopd / mixed: 'burst' (default; every trajectory starts together and sends "
              "its teacher request when its own generation ends) or 'spread' (starts spread "
              "over ~20 min by the Azure trace's inter-arrival gaps).")] = None,
+    profile_sigma: Annotated[float | None, typer.Option(
+        min=0.0, help="Profiling error of the declared profiles (lognormal sigma; default "
+                      f"{CALIBRATION['profile_sigma'][0]}; 0: exact profiles).")] = None,
     group_size: Annotated[int | None, typer.Option(
         min=1, max=65, help="coding: GRPO groups of this many rollouts of one prompt (a "
                             "group column; one sandbox setup_s drawn per group; "
@@ -52,7 +66,8 @@ def trace_generate(
 ) -> None:
     """Generate a calibrated synthetic trace (sources in traces/README.md)."""
     try:
-        df = generate(workload, trajectories, seed, arrival, group_size=group_size)
+        df = generate(workload, trajectories, seed, arrival, profile_sigma=profile_sigma,
+                      group_size=group_size)
         write(df, out)
     except (ValueError, TraceError) as e:
         fail(str(e))

@@ -98,3 +98,25 @@ def test_help_on_every_command():
                  ["policies", "--help"]):
         res = tangram(*args)
         assert res.returncode == 0 and "Usage" in res.stdout, args
+
+
+def test_every_shipped_trace_declares_its_profiles(tmp_path):
+    """The samples tell the scheduler what a profile would (the generator's default
+    error), never the truth; the generated ones are exactly their recipe's output."""
+    from traces.samples import DIR, GENERATED, exact_profiles
+
+    shipped = sorted(DIR.glob("*.parquet"))
+    assert {s.path for s in GENERATED} < set(shipped)
+    for path in shipped:
+        df = load(path)
+        profiled = df["profiled"].astype(bool)
+        assert profiled.any() and exact_profiles(df) == 0, path.name
+        assert df.loc[profiled, "declared_t1_s"].notna().all(), path.name
+    for s in GENERATED:
+        pd.testing.assert_frame_equal(load(s.path), s.make(), check_dtype=False, atol=1e-9)
+    # `trace validate` warns (and still passes) when a trace gives exact profiles
+    exact = write(generate("mopd", 4, 0, profile_sigma=0.0), tmp_path / "exact.parquet")
+    res = tangram("trace", "validate", str(exact))
+    assert res.returncode == 0 and "4 of 4 profiled rows" in res.stderr, res.stderr
+    res = tangram("trace", "validate", str(DIR / "mopd.parquet"))
+    assert res.returncode == 0 and "warning" not in res.stderr, res.stderr

@@ -143,6 +143,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     import pyarrow.parquet as pq
 
+    from traces.samples import declare_measured
     from traces.schema import validate, write
 
     commands = [PYTEST.format(module=m) for m in TEST_MODULES + REWARD_MODULES]
@@ -150,7 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     load0 = os.getloadavg()[0]
     prof = profile(shell + commands, set(commands), log=lambda s: print(s, file=sys.stderr))
     load1 = os.getloadavg()[0]
-    df = validate(build(args.trajectories, prof, args.seed))
+    # what a profile tells the scheduler: the measurement off by the profiling error
+    df = declare_measured(validate(build(args.trajectories, prof, args.seed)), args.seed)
     path = write(df, args.out)
     if path.suffix == ".parquet":  # where and under what load it was profiled
         table = pq.read_table(path)
