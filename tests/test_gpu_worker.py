@@ -385,10 +385,12 @@ def test_run_replays_gpu_rows_with_measured_restores(tmp_path: Path) -> None:
     assert all(f.seconds([32]) > 0 for f in measured.forward.values())
     assert measured.overhead_s > 0
     # the simulator models those services: a GPU action takes the measured forward pass
-    # of its batch, plus the workers' overhead (and a restore at the measured bandwidth)
+    # of its batch, plus the workers' overhead (and a restore at the measured bandwidth);
+    # 48 requests, so that some ride on a resident variant (12 may all restore: a new
+    # variant is as wide as its share of the free GPUs)
     sim = tmp_path / "sim"
     res = _cli("simulate", "--trace", str(ROOT / "traces/samples/mopd.parquet"), "--cluster",
-               str(out / "cluster.yaml"), "--limit", "12", "--think-scale", "0", "--out",
+               str(out / "cluster.yaml"), "--limit", "48", "--think-scale", "0", "--out",
                str(sim), "-q")
     assert res.returncode == 0, res.stderr
     import pandas as pd
@@ -399,7 +401,7 @@ def test_run_replays_gpu_rows_with_measured_restores(tmp_path: Path) -> None:
     service = {f"{r.trajectory}#{r.seq}": r.service for r in trace.itertuples()}
     acts = pd.read_parquet(sim / "actions.parquet")
     gpu_rows = acts[acts["gpus"].astype(bool)]
-    assert len(gpu_rows) == 12
+    assert len(gpu_rows) == 48
     lead = gpu_rows["batch_of"].where(gpu_rows["batch_of"].astype(bool), gpu_rows["action_id"])
     size = lead.map(lead.value_counts())
     checked = 0
