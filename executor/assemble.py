@@ -33,7 +33,7 @@ from executor.backends.ray.backend import RayBackend
 from executor.backends.ray.cluster import RaySpec, connect
 from executor.backends.registry import make_backend
 from executor.driver import LiveBackend
-from executor.local import local_cluster
+from executor.node.local import local_cluster
 from executor.server.app import create_app
 from executor.server.limits import READ_TIMEOUT_S
 from tangram.cluster import ClusterError, ClusterSpec, QuotaSpec
@@ -180,7 +180,7 @@ def serve_app(opts: ServeOptions, token: str, ray: Any = None) -> FastAPI:
         return make_backend(opts.backend, opts.state_dir / "work", gpu=gpu,
                             sandboxes=opts.sandboxes)
 
-    # this machine is the one CPU node: its free memory is observed (executor/memwatch.py)
+    # this machine is the one CPU node: its free memory is observed (executor/node/memwatch.py)
     app = create_app(make_live_backend, make_core, token, opts.state_dir, **hardening,
                      memory_node=cluster.cpu_nodes[0].name)
     if gc is not None:

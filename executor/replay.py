@@ -36,7 +36,7 @@ from executor.backends.gpu.config import GpuCluster
 from executor.backends.gpu.measure import after_run, measure
 from executor.backends.registry import make_backend
 from executor.driver import LiveBackend, LiveExecutor
-from executor.local import local_cluster
+from executor.node.local import local_cluster
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome, quota_resource

@@ -15,7 +15,7 @@ from executor.backends.http.backend import HttpBackend
 from executor.backends.process.backend import ProcessBackend
 from executor.backends.router import RouterBackend
 from executor.driver import LiveExecutor
-from executor.local import local_cluster
+from executor.node.local import local_cluster
 from tangram.cluster import QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Demand

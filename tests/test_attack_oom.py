@@ -25,7 +25,7 @@ import httpx
 import pytest
 from conftest import TOKEN, start_server
 
-from executor.cgroups import own_memory_cgroup
+from executor.node.cgroups import own_memory_cgroup
 
 H = {"Authorization": f"Bearer {TOKEN}"}
 OWN = own_memory_cgroup() if os.geteuid() == 0 else None

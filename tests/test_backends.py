@@ -14,7 +14,7 @@ import pytest
 from helpers import cpus_of
 
 from executor.driver import LiveExecutor
-from executor.local import local_cluster
+from executor.node.local import local_cluster
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Elasticity
 

@@ -18,7 +18,7 @@ from fastapi import FastAPI, Response
 from helpers import cpus_of
 
 from executor.commands import elastic_argv
-from executor.local import allowed_cpus
+from executor.node.local import allowed_cpus
 from tangram.client import TangramClient, TangramError
 
 PY = sys.executable
@@ -267,7 +267,7 @@ def test_docker_containers_do_not_outlive_a_server_crash(tmp_path):
 def test_abandoned_container_removed_after_idle_ttl(tmp_path):
     from executor.backends.docker.backend import DockerBackend
     from executor.driver import LiveExecutor
-    from executor.local import local_cluster
+    from executor.node.local import local_cluster
     from tangram.core import Tangram
     from tangram.model import Action, Demand
 

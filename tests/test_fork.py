@@ -107,7 +107,7 @@ def test_copies_declare_the_sources_memory_and_wait_for_a_node(tmp_path):
     """60% of the machine declared by the source: its copy cannot be held beside it
     (--mem-overcommit 1), so the copy's first action waits for a node while the source
     runs, and runs once the source idles (an idle sandbox gives its place)."""
-    from executor.local import mem_total_gb
+    from executor.node.local import mem_total_gb
 
     server = start_server(tmp_path, "process", extra_args=("--mem-overcommit", "1"))
     big = round(mem_total_gb() * 0.6, 2)

@@ -63,7 +63,7 @@ def test_an_idle_sandbox_gives_its_place_to_a_waiting_one(backend, tmp_path):
     both waiting for an idle TTL; on docker its next action says its state was lost."""
     from conftest import TOKEN, start_server
 
-    from executor.local import mem_total_gb
+    from executor.node.local import mem_total_gb
     from tangram.client import TangramSyncClient
 
     server = start_server(tmp_path, backend, extra_args=("--mem-overcommit", "1"))
@@ -101,7 +101,7 @@ def test_a_verl_call_waiting_for_memory_logs_why_then_runs(tmp_path, caplog):
 
     from conftest import TOKEN, start_server
 
-    from executor.local import mem_total_gb
+    from executor.node.local import mem_total_gb
     from tangram.client import TangramSyncClient
     from tangram.integrations.verl import TangramTool
 

@@ -10,7 +10,7 @@ import docker
 
 from executor.backends.docker.backend import DockerBackend
 from executor.driver import LiveExecutor
-from executor.local import local_cluster
+from executor.node.local import local_cluster
 from tangram.core import Tangram
 from tangram.model import Action, Demand
 

@@ -14,7 +14,7 @@ import numpy as np
 from executor.backends.registry import make_backend
 from executor.bench.serving import stop, wait_healthy
 from executor.driver import LiveExecutor
-from executor.local import local_cluster
+from executor.node.local import local_cluster
 from tangram.core import Tangram
 from tangram.model import Action, Demand
 

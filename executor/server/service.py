@@ -24,8 +24,8 @@ from typing import Any
 from executor.backends.http.urls import UrlRefused, check_headers, listed, parse_allow_list, parse_target
 from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
-from executor.fork import Forking, ForkRefused, copy_ids, fork
-from executor.memwatch import MemoryWatch
+from executor.node.memwatch import MemoryWatch
+from executor.server.fork import Forking, ForkRefused, copy_ids, fork
 from executor.server.journal import RESTARTED, SHUTDOWN, Journal
 from executor.server.routes.gpus import metric_lines
 from executor.server.schemas import (
@@ -172,7 +172,7 @@ class Service:
         return {"id": tid, "task": body.task}
 
     async def fork_trajectories(self, body: TrajectoryIn) -> dict[str, Any]:
-        """``body.count`` copies of ``body.fork_of`` (executor/fork.py)."""
+        """``body.count`` copies of ``body.fork_of`` (executor/server/fork.py)."""
         self._not_closing()
         assert body.fork_of is not None
         if body.mem_gb is not None or body.image is not None:

@@ -68,7 +68,7 @@ from executor.backends.docker.limits import SandboxLimits
 from executor.backends.process.backend import outcome_of
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, FileError
-from executor.local import allowed_cpus
+from executor.node.local import allowed_cpus
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities

@@ -238,7 +238,7 @@ def discover(node: str = "gpu-local") -> tuple[GpuNodeSpec, list[int], dict[str,
         driver = _text(nv.nvmlSystemGetDriverVersion())
     finally:
         nv.nvmlShutdown()
-    from executor.local import mem_total_gb
+    from executor.node.local import mem_total_gb
 
     mem = min(g["mem_total_gb"] for g in gpus[:use])
     spec = GpuNodeSpec(node, use, round(mem * 0.95, 3), mem_total_gb())  # 5%: CUDA context

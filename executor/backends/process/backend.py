@@ -46,7 +46,7 @@ from executor.backends.process.uids import (
 )
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, read_file, write_file
-from executor.local import allowed_cpus
+from executor.node.local import allowed_cpus
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities, Moved, Shed

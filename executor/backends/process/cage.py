@@ -36,7 +36,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor.cgroups import own_memory_cgroup
+from executor.node.cgroups import own_memory_cgroup
 
 log = logging.getLogger("tangram.process")
 

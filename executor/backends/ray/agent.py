@@ -29,7 +29,7 @@ from executor.backends.docker.limits import SandboxLimits
 from executor.backends.ray.channel import AgentSide
 from executor.backends.ray.guard import fence
 from executor.backends.registry import env_backend
-from executor.local import allowed_cpus, mem_total_gb
+from executor.node.local import allowed_cpus, mem_total_gb
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec
 from tangram.model import Dispatch, Outcome
 

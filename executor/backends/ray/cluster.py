@@ -25,7 +25,7 @@ import socket
 from dataclasses import dataclass, field
 from typing import Any
 
-from executor.local import allowed_cpus, mem_total_gb
+from executor.node.local import allowed_cpus, mem_total_gb
 
 #: Node labels Tangram reads (``ray start --labels='{"tangram-cpus": "0-15"}'``).
 CPUS_LABEL = "tangram-cpus"

@@ -12,7 +12,7 @@ follows, so memory freed by a sandbox's processes (not only by a close) admits t
 Still below the headroom after that, the node sheds its largest sandbox (``Shed``: the
 process backend kills that trajectory's commands, which end ``oom``), before the kernel's
 OOM killer would pick by size alone. A server in a container sees its container's limit
-as its memory (executor/cgroups.py).
+as its memory (executor/node/cgroups.py).
 
 Only the machine the server runs on is observed (executor/assemble.py); a multi-node
 backend (Ray) observes nothing: its nodes keep reserving every declared limit in full.
@@ -22,14 +22,14 @@ from __future__ import annotations
 
 import asyncio
 
-from executor import cgroups
 from executor.driver import LiveExecutor
+from executor.node import cgroups
 from tangram.protocol import MemoryObserved
 
 
 def mem_available_gb(path: str = "/proc/meminfo") -> float | None:
     """The kernel's estimate of memory available to new work (GB), None if unknown; in
-    a cgroup with a memory limit, at most what that limit leaves (executor/cgroups.py)."""
+    a cgroup with a memory limit, at most what that limit leaves (executor/node/cgroups.py)."""
     host = _meminfo_available_gb(path)
     limited = cgroups.free_gb()
     if host is None or limited is None:

@@ -17,8 +17,8 @@ def allowed_cpus() -> list[int]:
 
 def mem_total_gb() -> float:
     """This machine's memory, or the memory limit of the cgroup it runs in when smaller
-    (a container's: executor/cgroups.py)."""
-    from executor import cgroups
+    (a container's: executor/node/cgroups.py)."""
+    from executor.node import cgroups
 
     limit = cgroups.limit_gb()
     host = _meminfo_total_gb()
