@@ -290,9 +290,9 @@ class Service:
 
     async def _cancel(self, aid: str, t: Tracked) -> None:
         """Cancel ``aid`` and wait (up to CANCEL_WAIT_S) for its end. The stop is asked
-        again every CANCEL_REPEAT_S: an action the core dispatched may not have its process
-        yet (the process backend spawns it off the loop), and a stop sent before that
-        finds nothing to kill."""
+        again every CANCEL_REPEAT_S: an action the core dispatched may not have reached its
+        backend yet (the process backend itself remembers a cancel that arrives while it
+        starts the process; the others are asked again until the action ends)."""
         t.cancelled = True
         deadline = time.monotonic() + CANCEL_WAIT_S
         while t.result is None and time.monotonic() < deadline:

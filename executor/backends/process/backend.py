@@ -192,6 +192,8 @@ class ProcessBackend:
         self._action_marks: dict[str, str] = {}
         #: actions being started: a move that comes first waits here for the process
         self._starting: dict[str, Moved | None] = {}
+        #: actions cancelled while their process was being started: killed once it exists
+        self._cancelled_starting: set[str] = set()
         self._tasks: set[asyncio.Task] = set()
         #: trajectory -> the random mark its processes carry (this run only)
         self._marks: dict[str, str] = {}
@@ -268,6 +270,9 @@ class ProcessBackend:
         return self._marks[trajectory]
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        # starting from now: a move or a cancel that comes before its process exists is
+        # kept and carried out once it does (_run)
+        self._starting[d.action.id] = None
         task = asyncio.get_running_loop().create_task(self._guarded(d, on_done))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -285,6 +290,9 @@ class ProcessBackend:
         except Exception as e:  # noqa: BLE001 - any failure must end the action
             on_done(Outcome(d.action.id, "failed", None,
                             error=f"process backend: {type(e).__name__}: {e}"))
+        finally:  # (a fork, or a command refused before its start, leaves them here)
+            self._starting.pop(d.action.id, None)
+            self._cancelled_starting.discard(d.action.id)
 
     def _command_env(self, d: Dispatch, cores: set[int], mark: str, home: Path,
                      uid: int | None) -> dict[str, str]:
@@ -349,7 +357,6 @@ class ProcessBackend:
         env = self._command_env(d, cores, mark, cwd, uid)
         kills = self._memory.kills(d.action.trajectory)
         aid = d.action.id
-        self._starting[aid] = None
         try:
             proc, watched = await self._spawn(argv, d, cores, cwd, env, uid)
         except (OSError, ValueError, subprocess.SubprocessError) as e:  # ValueError: NUL in an arg
@@ -357,11 +364,15 @@ class ProcessBackend:
             return
         finally:
             early = self._starting.pop(aid, None)
+            cancelled = aid in self._cancelled_starting
+            self._cancelled_starting.discard(aid)
         t_spawned = time.time()
         self._procs[aid] = proc
         self._action_marks[aid] = mark
         if early is not None:  # moved off the lane before its process existed
             self.move(early)
+        if cancelled:  # cancelled before its process existed
+            self._kill_group(proc)
         assert proc.stdout is not None
         reader = asyncio.ensure_future(read_tail(proc.stdout))
         try:
@@ -446,6 +457,9 @@ class ProcessBackend:
             pass
 
     def cancel(self, action_id: str) -> None:
+        if action_id in self._starting:  # its process is being started: killed once it is
+            self._cancelled_starting.add(action_id)
+            return
         proc = self._procs.get(action_id)
         if proc is not None:
             self._kill_group(proc)
