@@ -210,8 +210,10 @@ class ElasticScheduler:
         of elastic actions expected to share the pool during its run: the elastic ones
         running and waiting now (itself among them), or, when more, how many the pool
         has held on average (closed loop: the actions that will arrive during its run
-        are, on average, as many as have been there). Only what the core observed: its
-        grants, its queue, the learnt share of elastic actions."""
+        are, on average, as many as have been there), and at most an equal share, with
+        the elastic arrivals expected during its run, of what is free then. Only
+        what the core observed: its grants, its queue, the learnt share of elastic
+        actions, the expected ends of its grants, the trajectories now thinking."""
         running = pool.running
         ids = self._elastic_ids.get(pool.name)
         if ids:
@@ -237,11 +239,16 @@ class ElasticScheduler:
             for u, d in p.durations.items():
                 if u <= cap or u > free or u > self.FAIR_SPAN * fair:
                     continue
-                # units the elastic arrivals during its run want, less what the running
-                # actions give back by then: a grant leaves at least that much free
+                # An equal split of the units free now and those the running actions give
+                # back during its run, between itself and the elastic arrivals expected
+                # meanwhile (the queue present is the objective's to weigh). Issue 30: the
+                # rule before reserved a fair share for each expected arrival and fell back
+                # to the minimum when that exceeded what was free; on a pool averaging one
+                # elastic action the fair share is the whole pool, so one expected arrival
+                # left a 38 s suite on 1 core of 22 free (and the arrival got 12).
                 freed = sum(k for end, k in ends if end <= now + d)
-                reserve = thinking * min(1.0, d / think_s) * fair - freed
-                if u <= free - max(0.0, reserve):
+                coming = thinking * min(1.0, d / think_s)
+                if u <= (free + freed) / (1.0 + coming):
                     cap = u
             caps.append(cap)
         return caps

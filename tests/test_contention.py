@@ -13,6 +13,7 @@ from analysis.outputs import analyse
 from sim.driver import SimConfig, simulate
 from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.estimates import DurationModel, SpeedupCurve
+from tangram.model import Action, Demand
 from traces.schema import COLUMNS, validate
 
 NODE = ClusterSpec(cpu_nodes=(CpuNodeSpec("n0", 2, 1, 64.0),))
@@ -89,7 +90,6 @@ def test_curve_recovers_a_noiseless_curve(a, b, c, units):
 
 def test_exploration_is_bounded_and_a_learnt_slowdown_keeps_the_minimum():
     from tangram.core import Tangram
-    from tangram.model import Action, Demand
 
     model = DurationModel()
     key, choices = ("t", "test_run"), (1, 2, 4)
@@ -100,9 +100,34 @@ def test_exploration_is_bounded_and_a_learnt_slowdown_keeps_the_minimum():
     assert model.learnt_table(key, choices) is None  # stop exploring: run at the minimum
     # a kind whose workers cost more than they bring: -n 2 slower than -n 1
     core = Tangram(ClusterSpec(cpu_nodes=(CpuNodeSpec("n0", 4, 1, 16.0),)))
-    for m in (1, 2, 4, 1, 2, 4):
+    # (enough runs to outweigh the prior the fit is shrunk to: EXPLORE_RUNS runs' worth)
+    for m in (1, 2, 4) * DurationModel.EXPLORE_RUNS:
         core.estimates.durations.observe(act, m, 4.0 + 1.0 / m + 2.0 * (m - 1), "cpu:n0", True)
     core.open_trajectory("j")
     [d] = core.submit(Action("y", "t", "j", "test_run", {"cpu": Demand.range(1, 4)},
                              elastic="cpu"), 0.0)
-    assert d.units == 1 and d.expected_s == pytest.approx(5.0)
+    table = core.estimates.durations.learnt_table(key, choices + (3,))
+    assert d.units == 1 and d.expected_s == pytest.approx(table[1])
+
+
+def test_a_few_runs_do_not_overrule_the_speedup_prior():
+    """The runs of one kind are suites of different sizes: a few of them fit any shape.
+    The learnt curve is shrunk towards the exploration prior (as if it were EXPLORE_RUNS
+    runs), so three runs in which the wide grants happened to be the large suites do not
+    make the kind look serial (issue 30: a flat curve after 12 runs kept the next tests
+    on 1 core of 63 free, and those runs then confirmed it); many runs do."""
+    act = Action("x", "t", "j", "test_run", {"cpu": Demand.range(1, 16)}, elastic="cpu")
+    key, choices = ("t", "test_run"), (1, 2, 4, 8, 16)
+    few = DurationModel()
+    for m, s in ((16, 12.0), (16, 10.0), (1, 9.0)):  # wide runs no faster: a flat fit
+        few.observe(act, m, s, "cpu:n0", elastic=True)
+    curve = few.curve(key)
+    assert curve is not None and curve.duration(16) >= curve.duration(1)  # the fit: serial
+    table = few.learnt_table(key, choices)
+    assert table is not None and table[16] < table[1]  # still worth trying wider
+    many = DurationModel()
+    for _ in range(20 * DurationModel.EXPLORE_RUNS):
+        for m, s in ((16, 10.0), (1, 10.0)):  # a kind that really is serial
+            many.observe(act, m, s, "cpu:n0", elastic=True)
+    table = many.learnt_table(key, choices)
+    assert table is not None and table[16] > 0.9 * table[1]

