@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import os
 import shutil
 import socket
@@ -73,6 +74,7 @@ from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities
 
+log = logging.getLogger("tangram.docker")
 IMAGE = "tangram-sandbox:1"
 #: the agent and, mounted with it, the executor folder: the agent imports executor/files.py
 AGENT = Path(__file__).with_name("agent.py")
@@ -238,17 +240,10 @@ class DockerBackend:
         # HOST_PREFIX in any other
         self.agent = agent and os.path.exists("/usr/bin/python3")
         self.host_python = host_python() if self.agent else None
-        #: who this executor is across restarts (e.g. its state directory): containers and
-        #: agent directories a crashed predecessor left behind are removed at start
+        #: who this executor is across restarts (e.g. its state directory): what a crashed
+        #: predecessor left behind is adopted (a running trajectory's container, its agent
+        #: directory) or removed at start
         self.owner = owner or self.run_id
-        # sparse: no per-container inspect, which races with containers going away
-        for c in self.client.containers.list(all=True, sparse=True,
-                                             filters={"label": f"{OWNER}={self.owner}"}):
-            self._remove(c.id)
-        prefix = f"tangram-agents-{self.owner}-"
-        for old in Path(tempfile.gettempdir()).glob(prefix + "*"):
-            shutil.rmtree(old, ignore_errors=True)
-        self.agent_root = tempfile.mkdtemp(prefix=prefix)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tangram-docker")
         # removals apart from the actions' threads, so shutdown can wait for them (a removal
         # racing shutdown's own would leave a container "removal in progress")
@@ -268,9 +263,62 @@ class DockerBackend:
         self._refiller: threading.Thread | None = None  # the latest refill's thread
         self._last_take = float("-inf")  # monotonic time a sandbox was last taken warm
         self._closed = False
+        self._leftovers, self._lost_at_start, keep = self._adoptable()
+        prefix = f"tangram-agents-{self.owner}-"
+        #: trajectories whose containers a stop removed (a restart restores them: their
+        #: next action must say state_lost, not run silently in a fresh container)
+        self._lost_file = Path(tempfile.gettempdir()) / f"tangram-lost-{self.owner}.json"
+        try:
+            self._lost_at_start |= set(json.loads(self._lost_file.read_text())) - set(
+                self._leftovers)
+            self._lost_file.unlink()
+        except (OSError, ValueError, TypeError):
+            pass
+        for old in Path(tempfile.gettempdir()).glob(prefix + "*"):
+            for box_dir in old.iterdir() if old.is_dir() else ():
+                if str(box_dir) not in keep:
+                    shutil.rmtree(box_dir, ignore_errors=True)
+            if not keep or not any(k.startswith(str(old) + os.sep) for k in keep):
+                shutil.rmtree(old, ignore_errors=True)
+        self.agent_root = tempfile.mkdtemp(prefix=prefix)
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
         self._reaper.start()
         self._refill_soon()
+
+    def _adoptable(self) -> tuple[dict[str, Sandbox], set[str], set[str]]:
+        """What a predecessor of the same owner left (a kill -9 leaves its containers
+        running): a running trajectory's container with its agent, to be adopted when
+        the restored trajectory is opened again (executor/server/service.py); the
+        trajectories whose container is not running any more (their next action says
+        ``state_lost``); the agent directories to keep. Everything else is removed now
+        (warm sandboxes, dead containers)."""
+        adopt: dict[str, Sandbox] = {}
+        lost: set[str] = set()
+        keep: set[str] = set()
+        # sparse: no per-container inspect, which races with containers going away
+        for c in self.client.containers.list(all=True, sparse=True,
+                                             filters={"label": f"{OWNER}={self.owner}"}):
+            try:
+                info = self.client.api.inspect_container(c.id)
+            except docker.errors.APIError:
+                continue  # gone meanwhile
+            tid = (info["Config"].get("Labels") or {}).get("tangram.trajectory", "")
+            agent_dir = next((m["Source"] for m in info.get("Mounts", [])
+                              if m.get("Destination") == "/tangram"), None)
+            sock = os.path.join(agent_dir, "agent.sock") if agent_dir else None
+            if tid and info["State"].get("Running") and sock and os.path.exists(sock) \
+                    and tid not in adopt:
+                mem = (info["HostConfig"].get("Memory") or 0) / 2**30
+                box = Sandbox(c.id, time.monotonic(), image=info["Config"]["Image"],
+                              mem_gb=mem, agent_dir=agent_dir, socket=sock)
+                box.cpuset_file, box.quota_file = self._cgroup_files(c.id)
+                adopt[tid] = box
+                keep.add(agent_dir)  # type: ignore[arg-type]
+                continue
+            if tid:
+                lost.add(tid)
+            self._remove(c.id)
+        return adopt, lost - set(adopt), keep
 
     # -- Backend protocol ----------------------------------------------------------------
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
@@ -322,8 +370,22 @@ class DockerBackend:
                 pass
 
     def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
-        """Remember the memory limit its container gets at its first action."""
-        self._mem[trajectory] = mem_gb or 0.0
+        """Remember the memory limit its container gets at its first action. A trajectory
+        a predecessor left open (restored after a restart) gets its container back if it
+        still runs; if it died, the next action says ``state_lost``."""
+        with self._lock:
+            self._mem[trajectory] = mem_gb or 0.0
+            box = self._leftovers.pop(trajectory, None)
+            if box is not None:
+                self._boxes[trajectory] = box
+            elif trajectory in self._lost_at_start:
+                self._lost_at_start.discard(trajectory)
+                self._lost.add(trajectory)
+        if box is not None:
+            try:
+                self._set_cpus(box, None, IDLE_QUOTA_US)
+            except (docker.errors.APIError, OSError):
+                pass  # gone since: its next action finds out (AgentGone: state_lost)
 
     def open_trajectory_image(self, trajectory: str, mem_gb: float | None, image: str) -> None:
         """Like open_trajectory, in a container of ``image`` (it must be on this machine:
@@ -365,9 +427,11 @@ class DockerBackend:
     def shutdown(self) -> None:
         self._closed = True
         with self._lock:
-            boxes = list(self._boxes.values()) + self._warm
+            boxes = list(self._boxes.values()) + self._warm + list(self._leftovers.values())
+            removed = sorted(set(self._boxes) | set(self._leftovers) | self._lost_at_start)
             self._boxes.clear()
             self._warm = []
+            self._leftovers.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
         if self._refiller is not None:
             # a sandbox it is creating now is discarded when _create returns: a container
@@ -379,6 +443,12 @@ class DockerBackend:
             list(removers.map(self._discard, boxes))
         self.remove_all()
         shutil.rmtree(self.agent_root, ignore_errors=True)
+        if removed and self.owner != self.run_id:  # an owner that outlives this run
+            try:
+                self._lost_file.write_text(json.dumps(removed))
+            except OSError as e:
+                log.warning("cannot record the sandboxes this stop removed (%s): a restart "
+                            "will not tell their trajectories their files are gone", e)
 
     def remove_all(self) -> int:
         """Remove every container this executor created (by label)."""
@@ -952,6 +1022,12 @@ class DockerBackend:
                 for t, _ in stale:
                     del self._boxes[t]
                     self._lost.add(t)  # its next action, if any, must hear its files are gone
+                # a predecessor's containers no restored trajectory claimed: abandoned
+                unclaimed = [(t, b) for t, b in self._leftovers.items()
+                             if now - b.last_used > self.idle_ttl_s]
+                for t, _ in unclaimed:
+                    del self._leftovers[t]
+                stale += unclaimed
             for _, box in stale:
                 self._discard(box)
 
