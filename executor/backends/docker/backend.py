@@ -54,7 +54,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -94,12 +94,18 @@ GRACE_S = 5.0
 DEFAULT_TIMEOUT_S = 24 * 3600.0
 PERIOD_US = 100_000
 IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
+#: containers made at once for opening trajectories (each start costs the engine tens of ms
+#: of CPU; more at once only queue in dockerd)
+CREATORS = 4
 #: while a file operation runs in an idle container: its agent serves the copy at a
 #: core's pace (at the idle 1% a put or get took 2.4-3.5 s against 0.05 s on the process
 #: backend, issue 33 #9); a file operation is short and mostly I/O
 FILE_QUOTA_US = PERIOD_US
 #: the warm pool refills once no sandbox was taken for this long (DockerBackend._refill)
 WARM_QUIET_S = 0.5
+#: the most sandboxes the warm pool keeps when sized from demand (an idle one holds a few
+#: MB; its memory limit is not reserved)
+WARM_MAX = 64
 #: where a trajectory's commands run and its files live, inside the container
 SANDBOX_WORKDIR = "/work"
 #: `docker exec` path: where a command's output is written (one file per action)
@@ -248,6 +254,12 @@ class DockerBackend:
         # removals apart from the actions' threads, so shutdown can wait for them (a removal
         # racing shutdown's own would leave a container "removal in progress")
         self._removers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tangram-rm")
+        # containers made for trajectories as they open, apart from the actions' threads:
+        # a creation never holds an action's worker (nor, so, its cores)
+        self._creators = ThreadPoolExecutor(max_workers=CREATORS,
+                                            thread_name_prefix="tangram-create")
+        #: trajectory -> its container being made (open_trajectory)
+        self._creating: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._boxes: dict[str, Sandbox] = {}
         self._mem: dict[str, float] = {}
@@ -261,7 +273,11 @@ class DockerBackend:
         self._warm: list[Sandbox] = []
         self._refilling = False
         self._refiller: threading.Thread | None = None  # the latest refill's thread
-        self._last_take = float("-inf")  # monotonic time a sandbox was last taken warm
+        self._last_take = float("-inf")  # monotonic time a trajectory last needed a sandbox
+        #: trajectories that needed a sandbox in the current burst (needs less than
+        #: WARM_QUIET_S apart), and the most in one burst so far: the warm pool's size
+        self._burst = 0
+        self._burst_peak = 0
         self._closed = False
         self._leftovers, self._lost_at_start, keep = self._adoptable()
         prefix = f"tangram-agents-{self.owner}-"
@@ -302,9 +318,11 @@ class DockerBackend:
                 info = self.client.api.inspect_container(c.id)
             except docker.errors.APIError:
                 continue  # gone meanwhile
-            tid = (info["Config"].get("Labels") or {}).get("tangram.trajectory", "")
             agent_dir = next((m["Source"] for m in info.get("Mounts", [])
                               if m.get("Destination") == "/tangram"), None)
+            # a warm sandbox taken by a trajectory has no label naming it: its mark does
+            tid = (info["Config"].get("Labels") or {}).get("tangram.trajectory", "") \
+                or _marked(agent_dir)
             sock = os.path.join(agent_dir, "agent.sock") if agent_dir else None
             if tid and info["State"].get("Running") and sock and os.path.exists(sock) \
                     and tid not in adopt:
@@ -381,11 +399,39 @@ class DockerBackend:
             elif trajectory in self._lost_at_start:
                 self._lost_at_start.discard(trajectory)
                 self._lost.add(trajectory)
+            if (box is None and trajectory not in self._boxes and trajectory not in self._lost
+                    and trajectory not in self._creating and not self._closed):
+                # its container made now, while the first action is on its way and waits
+                # for admission and a core: not by that action, holding its core (a lost
+                # trajectory's next action makes its own, to say state_lost)
+                self._creating[trajectory] = self._creators.submit(self._make_box, trajectory)
         if box is not None:
             try:
                 self._set_cpus(box, None, IDLE_QUOTA_US)
             except (docker.errors.APIError, OSError):
                 pass  # gone since: its next action finds out (AgentGone: state_lost)
+
+    def _make_box(self, trajectory: str) -> None:
+        """The opening trajectory's container: taken warm or created (open_trajectory)."""
+        try:
+            with self._lock:
+                if trajectory not in self._mem or trajectory in self._boxes or self._closed:
+                    return  # closed meanwhile, or its first action made one
+                image = self._images.get(trajectory, self.image)
+                mem = self._mem[trajectory]
+            box = self._take_warm(image, mem) or self._create(trajectory, image, mem)
+            with self._lock:
+                keep = (trajectory in self._mem and trajectory not in self._boxes
+                        and not self._closed)
+                if keep:
+                    self._boxes[trajectory] = box
+            if keep:
+                _mark(box, trajectory)
+            else:
+                self._discard(box)
+        finally:
+            with self._lock:
+                self._creating.pop(trajectory, None)
 
     def open_trajectory_image(self, trajectory: str, mem_gb: float | None, image: str) -> None:
         """Like open_trajectory, in a container of ``image`` (it must be on this machine:
@@ -433,6 +479,8 @@ class DockerBackend:
             self._warm = []
             self._leftovers.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        # a creation in progress sees _closed and discards what it made
+        self._creators.shutdown(wait=True, cancel_futures=True)
         if self._refiller is not None:
             # a sandbox it is creating now is discarded when _create returns: a container
             # the engine makes after remove_all's listing below would outlive the executor
@@ -566,9 +614,27 @@ class DockerBackend:
                                                      "type": "tmpfs", "device": "tmpfs",
                                                      "o": work_opts}))]}
 
+    def _needed(self) -> None:
+        """A trajectory needs a sandbox now (taken warm or created): counted in its burst.
+        Under ``self._lock``."""
+        now = time.monotonic()
+        if now - self._last_take > WARM_QUIET_S:
+            self._burst = 0
+        self._burst += 1
+        self._burst_peak = max(self._burst_peak, self._burst)
+        self._last_take = now
+
+    @property
+    def warm_target(self) -> int:
+        """Sandboxes the warm pool keeps: the configured size, or, if more, the largest
+        burst of trajectories that needed one so far (an RL step's rollouts start
+        together, and the next step starts as many: their containers are made in the
+        quiet between steps, not while the rollouts wait), at most WARM_MAX."""
+        return max(self.warm_size, min(self._burst_peak, WARM_MAX))
+
     def _refill_soon(self) -> None:
         with self._lock:
-            if self._refilling or self._closed or len(self._warm) >= self.warm_size:
+            if self._refilling or self._closed or len(self._warm) >= self.warm_target:
                 return
             self._refilling = True
         # its own thread, not the actions' pool: it waits for quiet (below) and must not
@@ -577,7 +643,7 @@ class DockerBackend:
         self._refiller.start()
 
     def _refill(self) -> None:
-        """Keep ``warm_size`` default-image sandboxes ready (one at a time), starting each
+        """Keep ``warm_target`` default-image sandboxes ready (one at a time), starting each
         once no sandbox was taken for WARM_QUIET_S: a container start costs the engine
         (dockerd, runc) tens of ms of CPU, which the burst of first actions that emptied the
         pool needs now; the pool is for the next burst."""
@@ -585,7 +651,7 @@ class DockerBackend:
         try:
             while not self._closed:
                 with self._lock:
-                    if len(self._warm) >= self.warm_size:
+                    if len(self._warm) >= self.warm_target:
                         return
                     wait = self._last_take + WARM_QUIET_S - time.monotonic()
                 if wait > 0:
@@ -610,8 +676,9 @@ class DockerBackend:
             return None
         with self._lock:
             box = self._warm.pop() if self._warm else None
-            self._last_take = time.monotonic()
+            self._needed()
         if box is None:
+            self._refill_soon()  # the demand may have grown the pool's size
             return None
         # (its tmpfs mounts keep the size set for the pool's memory limit: with a smaller
         # limit, a full /work may end in an OOM kill rather than ENOSPC - still never on
@@ -632,6 +699,13 @@ class DockerBackend:
     def _sandbox(self, trajectory: str) -> tuple[Sandbox, bool]:
         """The trajectory's container (taken warm or created now); True if state was lost."""
         with self._lock:
+            making = self._creating.get(trajectory)
+        if making is not None:  # made since it opened: wait for it (or make one if it failed)
+            try:
+                making.result()
+            except Exception:  # noqa: BLE001 - the creation's error: made again below
+                pass
+        with self._lock:
             box = self._boxes.get(trajectory)
             lost = trajectory in self._lost
             image = self._images.get(trajectory, self.image)
@@ -647,6 +721,7 @@ class DockerBackend:
         if other is not None:  # created concurrently (a file upload racing the first action)
             self._discard(box)
             return other, False
+        _mark(box, trajectory)
         return box, lost
 
     def _ready(self, trajectory: str) -> tuple[Sandbox, bool] | None:
@@ -661,15 +736,18 @@ class DockerBackend:
             box = self._boxes.get(trajectory)
             if box is not None:
                 return (box, False) if ready(box) else None
+            if trajectory in self._creating:
+                return None  # being made: the threaded path waits for it
             mem = self._mem.get(trajectory, 0.0) or self.default_mem_gb
             if (self._images.get(trajectory, self.image) != self.image or not self._warm
                     or not ready(self._warm[-1]) or self._warm[-1].mem_gb != mem):
                 return None
             box = self._warm.pop()
-            self._last_take = time.monotonic()
+            self._needed()
             self._boxes[trajectory] = box
             lost = trajectory in self._lost
             self._lost.discard(trajectory)
+        _mark(box, trajectory)
         self._refill_soon()
         return box, lost
 
@@ -1218,6 +1296,27 @@ def _size_of(f: BinaryIO) -> int:
     end = f.seek(0, io.SEEK_END)
     f.seek(here)
     return end - here
+
+
+#: in a sandbox's agent directory (host side): the trajectory it serves, so a restarted
+#: server can adopt it (a warm sandbox's label names no trajectory: labels are fixed at
+#: creation)
+MARK = "trajectory"
+
+
+def _mark(box: Sandbox, trajectory: str) -> None:
+    if box.agent_dir:
+        try:
+            Path(box.agent_dir, MARK).write_text(trajectory)
+        except OSError:
+            pass  # then a restart takes it for a warm one and removes it
+
+
+def _marked(agent_dir: str | None) -> str:
+    try:
+        return Path(agent_dir, MARK).read_text() if agent_dir else ""
+    except OSError:
+        return ""
 
 
 def _quota_capable(client: docker.DockerClient) -> bool:
