@@ -97,7 +97,7 @@ def test_docker_trajectories_get_their_containers_back_or_hear_they_are_gone(tmp
             while len(boxes("")) < 3:
                 assert time.monotonic() < deadline, "the warm pool did not fill"
                 time.sleep(0.2)
-            assert c.post("/v1/trajectories", json={"id": "warm", "mem_gb": 0.5}
+            assert c.post("/v1/trajectories", json={"id": "warm"}  # the pool's limit
                           ).status_code == 201
             assert _run(c, "warm", "warm-w", "echo kept > f").json()["status"] == "ok"
             assert boxes("warm") == []  # it runs in a sandbox of the pool

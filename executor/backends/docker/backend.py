@@ -231,7 +231,7 @@ class DockerBackend:
                  client: docker.DockerClient | None = None, owner: str | None = None,
                  agent: bool = True, default_mem_gb: float = SandboxLimits.mem_gb,
                  pids_limit: int = SandboxLimits.pids, warm: int = 0,
-                 disk_gb: float = DEFAULT_DISK_GB) -> None:
+                 disk_gb: float = DEFAULT_DISK_GB, removed_file: Path | None = None) -> None:
         self.client = client or docker.from_env()
         self.image = ensure_image(self.client, image)
         self.cpu_map = cpu_map or allowed_cpus()
@@ -281,15 +281,17 @@ class DockerBackend:
         self._closed = False
         self._leftovers, self._lost_at_start, keep = self._adoptable()
         prefix = f"tangram-agents-{self.owner}-"
-        #: trajectories whose containers a stop removed (a restart restores them: their
-        #: next action must say state_lost, not run silently in a fresh container)
-        self._lost_file = Path(tempfile.gettempdir()) / f"tangram-lost-{self.owner}.json"
-        try:
-            self._lost_at_start |= set(json.loads(self._lost_file.read_text())) - set(
-                self._leftovers)
-            self._lost_file.unlink()
-        except (OSError, ValueError, TypeError):
-            pass
+        #: where a stop records the trajectories whose containers it removed (a restart
+        #: restores them: their next action must say state_lost, not run silently in a
+        #: fresh container); None: not recorded (an owner that does not outlive the run)
+        self.removed_file = removed_file
+        if removed_file is not None:
+            try:
+                self._lost_at_start |= set(json.loads(removed_file.read_text())) - set(
+                    self._leftovers)
+                removed_file.unlink()
+            except (OSError, ValueError, TypeError):
+                pass
         for old in Path(tempfile.gettempdir()).glob(prefix + "*"):
             for box_dir in old.iterdir() if old.is_dir() else ():
                 if str(box_dir) not in keep:
@@ -399,12 +401,20 @@ class DockerBackend:
             elif trajectory in self._lost_at_start:
                 self._lost_at_start.discard(trajectory)
                 self._lost.add(trajectory)
+            warm = None
             if (box is None and trajectory not in self._boxes and trajectory not in self._lost
                     and trajectory not in self._creating and not self._closed):
-                # its container made now, while the first action is on its way and waits
-                # for admission and a core: not by that action, holding its core (a lost
-                # trajectory's next action makes its own, to say state_lost)
-                self._creating[trajectory] = self._creators.submit(self._make_box, trajectory)
+                # a warm sandbox of its limit now, else its container made now, while the
+                # first action is on its way and waits for admission and a core: not by that
+                # action, holding its core (a lost trajectory's next action makes its own,
+                # to say state_lost)
+                warm = self._take_ready_warm(trajectory)
+                if warm is None:
+                    self._creating[trajectory] = self._creators.submit(self._make_box,
+                                                                       trajectory)
+        if warm is not None:
+            _mark(warm, trajectory)
+            self._refill_soon()
         if box is not None:
             try:
                 self._set_cpus(box, None, IDLE_QUOTA_US)
@@ -491,9 +501,10 @@ class DockerBackend:
             list(removers.map(self._discard, boxes))
         self.remove_all()
         shutil.rmtree(self.agent_root, ignore_errors=True)
-        if removed and self.owner != self.run_id:  # an owner that outlives this run
+        if removed and self.removed_file is not None:
             try:
-                self._lost_file.write_text(json.dumps(removed))
+                self.removed_file.parent.mkdir(parents=True, exist_ok=True)
+                self.removed_file.write_text(json.dumps(removed))
             except OSError as e:
                 log.warning("cannot record the sandboxes this stop removed (%s): a restart "
                             "will not tell their trajectories their files are gone", e)
@@ -674,16 +685,16 @@ class DockerBackend:
     def _take_warm(self, image: str, mem_gb: float) -> Sandbox | None:
         if image != self.image:
             return None
+        mem = mem_gb or self.default_mem_gb
         with self._lock:
-            box = self._warm.pop() if self._warm else None
+            # its tmpfs mounts keep the sizes set for the pool's memory limit: under a
+            # smaller limit a full /work would end in an OOM kill instead of ENOSPC
+            # (disk_full), so only a trajectory allowed at least as much takes one
+            box = self._warm.pop() if self._warm and self._warm[-1].mem_gb <= mem else None
             self._needed()
         if box is None:
             self._refill_soon()  # the demand may have grown the pool's size
             return None
-        # (its tmpfs mounts keep the size set for the pool's memory limit: with a smaller
-        # limit, a full /work may end in an OOM kill rather than ENOSPC - still never on
-        # the host's disk)
-        mem = mem_gb or self.default_mem_gb
         self._refill_soon()
         if mem != box.mem_gb:  # one engine call (~20 ms), still far cheaper than a container
             try:
@@ -729,27 +740,32 @@ class DockerBackend:
         the event loop: one with an agent and writable cgroup files that needs no engine
         call - its own, or a warm one of the pool's memory limit (taken and bound to the
         trajectory here). None: the threaded path (_sandbox) decides."""
-        def ready(box: Sandbox) -> bool:
-            return bool(box.socket and box.cpuset_file and box.quota_file)
-
         with self._lock:
             box = self._boxes.get(trajectory)
             if box is not None:
-                return (box, False) if ready(box) else None
+                return (box, False) if _ready_box(box) else None
             if trajectory in self._creating:
                 return None  # being made: the threaded path waits for it
-            mem = self._mem.get(trajectory, 0.0) or self.default_mem_gb
-            if (self._images.get(trajectory, self.image) != self.image or not self._warm
-                    or not ready(self._warm[-1]) or self._warm[-1].mem_gb != mem):
+            box = self._take_ready_warm(trajectory)
+            if box is None:
                 return None
-            box = self._warm.pop()
-            self._needed()
-            self._boxes[trajectory] = box
             lost = trajectory in self._lost
             self._lost.discard(trajectory)
         _mark(box, trajectory)
         self._refill_soon()
         return box, lost
+
+    def _take_ready_warm(self, trajectory: str) -> Sandbox | None:
+        """A warm sandbox bound to ``trajectory`` with no engine call (of the pool's memory
+        limit and image, its agent listening), or None. Under ``self._lock``."""
+        mem = self._mem.get(trajectory, 0.0) or self.default_mem_gb
+        if (self._images.get(trajectory, self.image) != self.image or not self._warm
+                or not _ready_box(self._warm[-1]) or self._warm[-1].mem_gb != mem):
+            return None
+        box = self._warm.pop()
+        self._needed()
+        self._boxes[trajectory] = box
+        return box
 
     def _grant(self, box: Sandbox, cores: list[int], engine: bool = True) -> float | None:
         """AOE: the container's cgroup gets exactly ``cores`` right before the exec.
@@ -1302,6 +1318,12 @@ def _size_of(f: BinaryIO) -> int:
 #: server can adopt it (a warm sandbox's label names no trajectory: labels are fixed at
 #: creation)
 MARK = "trajectory"
+
+
+def _ready_box(box: Sandbox) -> bool:
+    """Whether an action can run in ``box`` with no engine call (its agent, its cgroup
+    files writable)."""
+    return bool(box.socket and box.cpuset_file and box.quota_file)
 
 
 def _mark(box: Sandbox, trajectory: str) -> None:
