@@ -35,8 +35,9 @@ def _containers(server, trajectory: str) -> list:
     import docker
 
     owner = hashlib.sha1(str((server.state_dir / "work").resolve()).encode()).hexdigest()[:16]
-    return docker.from_env().containers.list(sparse=True, filters={"label": [
-        f"tangram.owner={owner}", f"tangram.trajectory={trajectory}"]})
+    return docker.from_env().containers.list(
+        sparse=True, filters={"label": [f"tangram.owner={owner}", f"tangram.trajectory={trajectory}"]}
+    )
 
 
 def _until(cond, what: str, within_s: float = 120.0) -> None:
@@ -49,11 +50,11 @@ def _until(cond, what: str, within_s: float = 120.0) -> None:
 def test_a_trajectory_has_its_container_before_its_first_action(server):
     with httpx.Client(base_url=server.url, headers=H, timeout=120) as c:
         assert c.post("/v1/trajectories", json={"id": "early"}).status_code == 201
-        _until(lambda: len(_containers(server, "early")) == 1,
-               "no container made for the opened trajectory")
+        _until(lambda: len(_containers(server, "early")) == 1, "no container made for the opened trajectory")
         made = _containers(server, "early")[0].id
-        res = c.post("/v1/trajectories/early/actions", params={"wait": 60},
-                     json={"id": "e1", "command": "true"}).json()
+        res = c.post(
+            "/v1/trajectories/early/actions", params={"wait": 60}, json={"id": "e1", "command": "true"}
+        ).json()
         assert res["status"] == "ok" and not res["state_lost"], res
         assert [b.id for b in _containers(server, "early")] == [made]  # the same one
         assert c.delete("/v1/trajectories/early").status_code == 200
@@ -65,11 +66,13 @@ def test_the_warm_pool_is_sized_from_the_last_burst(server):
         for i in range(n):
             assert c.post("/v1/trajectories", json={"id": f"b{i}"}).status_code == 201
         for i in range(n):
-            res = c.post(f"/v1/trajectories/b{i}/actions", params={"wait": 60},
-                         json={"id": f"b{i}-1", "command": "true"}).json()
+            res = c.post(
+                f"/v1/trajectories/b{i}/actions",
+                params={"wait": 60},
+                json={"id": f"b{i}-1", "command": "true"},
+            ).json()
             assert res["status"] == "ok", res
         # the pool (containers of no trajectory yet) fills to the burst's size
-        _until(lambda: len(_containers(server, "")) >= n,
-               f"the warm pool did not fill to {n}")
+        _until(lambda: len(_containers(server, "")) >= n, f"the warm pool did not fill to {n}")
         for i in range(n):
             assert c.delete(f"/v1/trajectories/b{i}").status_code == 200

@@ -34,8 +34,11 @@ from tangram.protocol import QueueView, Snapshot, Waiting
 H = {"Authorization": f"Bearer {TOKEN}"}
 LIGHT = {"model": "teacher0", "prompt": [1, 2, 3, 4], "prompt_logprobs": 0, "max_tokens": 1}
 #: a request that keeps the one GPU busy for a while on the CPU double (64 x 64 tokens)
-HEAVY = {"model": "teacher1", "prompt": [[(7 * i + j) % 1000 for j in range(64)]
-                                         for i in range(64)], "prompt_logprobs": 0}
+HEAVY = {
+    "model": "teacher1",
+    "prompt": [[(7 * i + j) % 1000 for j in range(64)] for i in range(64)],
+    "prompt_logprobs": 0,
+}
 
 
 @pytest.fixture(scope="module")
@@ -45,8 +48,9 @@ def one_gpu_server(tmp_path_factory):
     assert "gpus: 8" in tiny
     cluster = tmp / "one-gpu.yaml"
     cluster.write_text(tiny.replace("gpus: 8", "gpus: 1"))
-    server = start_server(tmp / "state", "process", extra_args=(
-        "--gpu-cluster", str(cluster), "--gpu-device", "cpu"))
+    server = start_server(
+        tmp / "state", "process", extra_args=("--gpu-cluster", str(cluster), "--gpu-device", "cpu")
+    )
     yield server
     server.stop()
 
@@ -71,8 +75,7 @@ def _gpu_leased(url: str) -> bool:
 def _blockers(url: str, n: int) -> tuple[list[threading.Thread], list[int]]:
     """``n`` heavy requests of another service in flight (each in a thread)."""
     codes: list[int] = []
-    threads = [threading.Thread(target=lambda: codes.append(_post(url, HEAVY).status_code))
-               for _ in range(n)]
+    threads = [threading.Thread(target=lambda: codes.append(_post(url, HEAVY).status_code)) for _ in range(n)]
     for t in threads:
         t.start()
     return threads, codes
@@ -91,15 +94,31 @@ def _wait_leased(url: str, threads: list[threading.Thread]) -> None:
 def test_the_estimate_reads_the_queue_and_the_observed_cost_only():
     """More GPU work ahead: later; a service never observed: no estimate (no guess); an
     unobserved service ahead counts at the observed mean; CPU queues do not count."""
+
     def snap(gpu_waiting: list[str], running: list[str], cpu_waiting: int = 0) -> Snapshot:
         def waiting(services: list[str | None]) -> tuple[Waiting, ...]:
-            return tuple(Waiting(Action(id=f"a{i}", task="t", trajectory="t", kind="k", service=s),
-                                 0.0, 1) for i, s in enumerate(services))
+            return tuple(
+                Waiting(Action(id=f"a{i}", task="t", trajectory="t", kind="k", service=s), 0.0, 1)
+                for i, s in enumerate(services)
+            )
+
         run = {f"r{i}": _dispatch(s) for i, s in enumerate(running)}
-        return Snapshot("tangram", len(gpu_waiting) + cpu_waiting, len(run), 0, 0, {}, {}, {},
-                        detail=True, running=run,
-                        queues=(QueueView("gpu:n", "gpu", waiting(gpu_waiting)),
-                                QueueView("cpu:n", "cpu", waiting([None] * cpu_waiting))))
+        return Snapshot(
+            "tangram",
+            len(gpu_waiting) + cpu_waiting,
+            len(run),
+            0,
+            0,
+            {},
+            {},
+            {},
+            detail=True,
+            running=run,
+            queues=(
+                QueueView("gpu:n", "gpu", waiting(gpu_waiting)),
+                QueueView("cpu:n", "cpu", waiting([None] * cpu_waiting)),
+            ),
+        )
 
     cost = {"a": 2.0, "b": 4.0}
     assert expected_done_s(snap([], []), cost, 2, "a") == 2.0
@@ -113,12 +132,16 @@ def test_the_estimate_reads_the_queue_and_the_observed_cost_only():
 def _dispatch(service: str):
     from tangram.model import Dispatch
 
-    return Dispatch(Action(id="x", task="t", trajectory="t", kind="k", service=service),
-                    Lease(action_id="x", units=1, gpus=(0,), node="n"), 0.0, 0.0, None)
+    return Dispatch(
+        Action(id="x", task="t", trajectory="t", kind="k", service=service),
+        Lease(action_id="x", units=1, gpus=(0,), node="n"),
+        0.0,
+        0.0,
+        None,
+    )
 
 
-def test_a_request_the_pool_would_not_serve_in_time_is_refused_with_retry_after(
-        one_gpu_server, caplog):
+def test_a_request_the_pool_would_not_serve_in_time_is_refused_with_retry_after(one_gpu_server, caplog):
     url = one_gpu_server.url
     # observations: each service served once (a service never served is never refused)
     assert _post(url, LIGHT).status_code == 200
@@ -133,8 +156,12 @@ def test_a_request_the_pool_would_not_serve_in_time_is_refused_with_retry_after(
     assert r.status_code == 429, r.text
     assert int(r.headers["Retry-After"]) >= 1
     assert "timeout" in r.json()["detail"] and "teacher0" in r.json()["detail"]
-    r = httpx.post(url + "/classify", json={"model": "teacher0", "input": [1, 2, 3],
-                                            "timeout_s": light / 2}, headers=H, timeout=60)
+    r = httpx.post(
+        url + "/classify",
+        json={"model": "teacher0", "input": [1, 2, 3], "timeout_s": light / 2},
+        headers=H,
+        timeout=60,
+    )
     assert r.status_code == 429 and "Retry-After" in r.headers, r.text
     assert _services(url)["teacher0"]["requests"] == before  # nothing was run
 
@@ -154,9 +181,11 @@ def test_a_request_the_pool_would_not_serve_in_time_is_refused_with_retry_after(
     _wait_leased(url, threads2)
     client = TangramTeacherClient("teacher0", url, TOKEN, wait_s=1.5 * light)
     with caplog.at_level(logging.WARNING, logger="tangram.teacher"):
-        out = asyncio.run(client.generate("r1", prompt_ids=LIGHT["prompt"],
-                                          sampling_params={"max_tokens": 1,
-                                                           "prompt_logprobs": 0}))
+        out = asyncio.run(
+            client.generate(
+                "r1", prompt_ids=LIGHT["prompt"], sampling_params={"max_tokens": 1, "prompt_logprobs": 0}
+            )
+        )
     assert len(out.extra_fields["prompt_ids"]) == len(LIGHT["prompt"])
     assert any("HTTP 429" in rec.getMessage() for rec in caplog.records), caplog.text
     for t in threads + threads2:
@@ -172,8 +201,11 @@ def test_the_client_gives_up_after_retry_s_with_the_servers_reason(one_gpu_serve
     light = _per_request(_services(url)["teacher0"])
     client = TangramTeacherClient("teacher0", url, TOKEN, wait_s=light / 2, retry_s=0)
     with pytest.raises(RuntimeError, match="HTTP 429.*timeout"):
-        asyncio.run(client.generate("r2", prompt_ids=LIGHT["prompt"],
-                                    sampling_params={"max_tokens": 1, "prompt_logprobs": 0}))
+        asyncio.run(
+            client.generate(
+                "r2", prompt_ids=LIGHT["prompt"], sampling_params={"max_tokens": 1, "prompt_logprobs": 0}
+            )
+        )
 
 
 if __name__ == "__main__":  # pragma: no cover

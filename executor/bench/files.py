@@ -48,8 +48,7 @@ async def _measure(url: str, token: str, n: int, size: int) -> dict:
         await tg.close_trajectory(tid)
 
     def stats(xs: list[float]) -> dict:
-        return {"p50_s": round(float(np.median(xs)), 4),
-                "p90_s": round(float(np.percentile(xs, 90)), 4)}
+        return {"p50_s": round(float(np.median(xs)), 4), "p90_s": round(float(np.percentile(xs, 90)), 4)}
 
     return {"put": stats(puts), "get": stats(gets)}
 
@@ -63,9 +62,23 @@ def run_backend(backend: str, n: int, size: int) -> dict:
     with tempfile.TemporaryDirectory() as tmp:
         log = Path(tmp) / "server.log"
         proc = subprocess.Popen(
-            [sys.executable, "-m", "cli", "serve", "--port", str(port), "--backend", backend,
-             "--state-dir", tmp], env={**os.environ, "TANGRAM_TOKEN": token},
-            stdout=subprocess.DEVNULL, stderr=log.open("w"), cwd=Path(__file__).parents[2])
+            [
+                sys.executable,
+                "-m",
+                "cli",
+                "serve",
+                "--port",
+                str(port),
+                "--backend",
+                backend,
+                "--state-dir",
+                tmp,
+            ],
+            env={**os.environ, "TANGRAM_TOKEN": token},
+            stdout=subprocess.DEVNULL,
+            stderr=log.open("w"),
+            cwd=Path(__file__).parents[2],
+        )
         try:
             url = f"http://127.0.0.1:{port}"
             wait_healthy(url, proc, log, 120.0)
@@ -80,7 +93,8 @@ def files_bench(n: int = 20, size: int = 65536) -> dict:
         out[backend] = run_backend(backend, n, size)
     for op in ("put", "get"):
         out[f"{op}_docker_over_process"] = round(
-            out["docker"][op]["p50_s"] / max(out["process"][op]["p50_s"], 1e-9), 2)
+            out["docker"][op]["p50_s"] / max(out["process"][op]["p50_s"], 1e-9), 2
+        )
     out["load_avg_1m"] = round(os.getloadavg()[0], 2)
     out["cpus"] = os.cpu_count()
     return out
