@@ -3,6 +3,7 @@ each declaring more memory than the machine has in total.
 
     python examples/verl_stall_bench.py                      # 64 rollouts x 4 calls
     python examples/verl_stall_bench.py --mem-overcommit 1   # every limit reserved
+    python examples/verl_stall_bench.py --backend docker --steps 2 --fresh-ids --train-s 30
 
 It starts `tangram serve` (``--backend``, default process) on a free loopback port, builds the
 tool with verl's own loader from examples/verl_tool.yaml (mem_gb 4 per sandbox),
@@ -13,7 +14,10 @@ the stock loop nothing closes a rollout's sandbox when it ends.
 
 Prints one JSON object: the wait of each call in Tangram's queue (``queue_s``:
 admission to a node plus waiting for a core; the first call of a rollout is the
-one admitted, ``admission_wait_s``), how many calls waited for memory admission
+one admitted, ``admission_wait_s``), the first call's wait end to end as the rollout
+sees it (``first_call_wait_s``, and per step: with ``--fresh-ids`` each step's rollouts get
+new sandboxes, ``--train-s`` apart, so a docker warm pool sized from the first step's
+demand serves the second), how many calls waited for memory admission
 (``tangram_actions_waiting_for_node``, sampled every 0.2 s), the peak of open
 sandboxes, the memory they declare vs the memory the machine actually used
 (MemTotal - MemAvailable, less the baseline: other work on the machine counts too),
@@ -84,7 +88,7 @@ def start_server(state: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
 
 
 async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s: float,
-                steps: int) -> dict:
+                steps: int, train_s: float = 0.0, fresh_ids: bool = False) -> dict:
     os.environ.update(TANGRAM_URL=url, TANGRAM_TOKEN=TOKEN)
     registry = load_verl_tools()
     with contextlib.redirect_stdout(sys.stderr):  # verl's loader prints the tool schema
@@ -92,18 +96,22 @@ async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s:
     loop = stock_loop([tool])
     rng = random.Random(0)
     waits: list[tuple[int, float]] = []  # (call index, queue_s)
+    walls: list[tuple[int, int, float]] = []  # (step, call index, seconds, end to end)
     errors: list[str] = []
     peak = {"open": 0, "declared_gb": 0.0, "used_gb": 0.0, "waiting": 0, "samples": 0,
             "waiting_samples": 0}
     base = used_gb()
 
     async def rollout(i: int) -> None:
-        agent = AgentData(f"det-{i % rollouts}")  # full_determinism's ids, reused every step
+        # full_determinism's ids, reused every step; without it (fresh_ids) new each step
+        agent = AgentData(f"r-{i}" if fresh_ids else f"det-{i % rollouts}")
         for c in range(calls):
             await asyncio.sleep(rng.uniform(0.2, 1.8) * think_s)  # the model generating
             call = function_call("shell", json.dumps(
                 {"command": f"echo call {c} >> log.txt && wc -l < log.txt"}))
+            t = time.monotonic()
             resp, _, metrics = await loop._call_tool(call, agent.tools_kwargs, agent)
+            walls.append((i // rollouts, c, time.monotonic() - t))
             if metrics.get("queue_s") is None:
                 errors.append(resp.text[:200])
             else:
@@ -136,10 +144,14 @@ async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s:
                 t.cancel()
             if pending:
                 break
+            if step + 1 < steps:
+                await asyncio.sleep(train_s)  # the trainer's update between rollout steps
         wall = time.monotonic() - t0
         await asyncio.sleep(0.5)
         sampler.cancel()
     first = [w for c, w in waits if c == 0]
+    first_wall = [w for _, c, w in walls if c == 0]
+    per_step = [[w for s, c, w in walls if c == 0 and s == step] for step in range(steps)]
     every = [w for _, w in waits]
     return {
         "rollouts": rollouts, "steps": steps, "calls_per_rollout": calls,
@@ -148,6 +160,13 @@ async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s:
         "first_error": errors[0] if errors else None,
         "admission_wait_s": {"p50": percentile(first, 0.5), "p99": percentile(first, 0.99),
                              "max": max(first) if first else None},
+        # the first call end to end, as the rollout waits for it: opening the sandbox, its
+        # admission, the container's start (docker), the command and the answer
+        "first_call_wait_s": {"p50": percentile(first_wall, 0.5),
+                              "p99": percentile(first_wall, 0.99),
+                              "max": round(max(first_wall), 4) if first_wall else None},
+        "first_call_wait_s_per_step": [{"p50": percentile(xs, 0.5), "p99": percentile(xs, 0.99)}
+                                       for xs in per_step],
         "queue_wait_all_calls_s": {"p50": percentile(every, 0.5), "p99": percentile(every, 0.99),
                                    "max": max(every) if every else None},
         # sampled every 0.2 s: calls waiting for memory admission (not for a core)
@@ -167,6 +186,11 @@ def main() -> None:
     ap.add_argument("--deadline-s", type=float, default=120.0, help="give up on a step after")
     ap.add_argument("--steps", type=int, default=1,
                     help="batches one after another (a step's sandboxes stay open, idle)")
+    ap.add_argument("--train-s", type=float, default=0.0,
+                    help="pause between steps (the trainer's update)")
+    ap.add_argument("--fresh-ids", action="store_true",
+                    help="new rollout ids each step (verl without full_determinism): a new "
+                         "sandbox per rollout per step")
     ap.add_argument("--backend", default="process", help="process or docker (a container each)")
     ap.add_argument("--mem-overcommit", type=float, default=None,
                     help="passed to tangram serve (default: its own)")
@@ -178,7 +202,8 @@ def main() -> None:
         proc, url = start_server(Path(tmp), extra)
         try:
             out = asyncio.run(bench(url, args.rollouts, args.calls, args.think_s,
-                                    args.deadline_s, args.steps))
+                                    args.deadline_s, args.steps, args.train_s,
+                                    args.fresh_ids))
         finally:
             proc.send_signal(signal.SIGTERM)
             proc.wait(60)

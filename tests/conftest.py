@@ -152,3 +152,34 @@ def ray_cluster():
     conn = connect("local:3")
     yield conn
     conn.close()
+
+
+def sandbox_containers(trajectory: str, owner: str | None = None, all: bool = True) -> list:
+    """The docker containers serving ``trajectory``: created for it (its label) or taken
+    from the warm pool (whose label names no trajectory: the mark in its agent directory
+    does, executor/backends/docker/backend.py ``MARK``). ``owner``: one server's only."""
+    import docker
+    import docker.errors
+
+    from executor.backends.docker.backend import MARK
+
+    labels = ["tangram.executor"] + ([f"tangram.owner={owner}"] if owner else [])
+    out = []
+    client = docker.from_env()
+    # sparse, then one inspect each: a full listing fails on a container going away
+    for s in client.containers.list(all=all, sparse=True, filters={"label": labels}):
+        try:
+            c = client.containers.get(s.id)
+        except docker.errors.NotFound:
+            continue
+        if c.labels.get("tangram.trajectory") == trajectory:
+            out.append(c)
+            continue
+        for m in c.attrs.get("Mounts", []):
+            if m.get("Destination") == "/tangram":
+                try:
+                    if (Path(m["Source"]) / MARK).read_text() == trajectory:
+                        out.append(c)
+                except OSError:
+                    pass
+    return out

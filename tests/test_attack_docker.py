@@ -8,10 +8,9 @@ import hashlib
 import subprocess
 import time
 
-import docker
 import httpx
 import pytest
-from conftest import TOKEN
+from conftest import TOKEN, sandbox_containers
 
 H = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -35,8 +34,7 @@ def _run(http, tid: str, aid: str, **body) -> dict:
 
 def _box(server, tid: str):
     owner = hashlib.sha1(str((server.state_dir / "work").resolve()).encode()).hexdigest()[:16]
-    boxes = docker.from_env().containers.list(all=True, filters={
-        "label": [f"tangram.owner={owner}", f"tangram.trajectory={tid}"]})
+    boxes = sandbox_containers(tid, owner)  # its own, or one taken from the warm pool
     assert len(boxes) == 1, boxes
     return boxes[0]
 

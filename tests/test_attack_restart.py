@@ -9,7 +9,9 @@ running again (what lets a preempted trainer fast-forward a rollout)."""
 
 from __future__ import annotations
 
+import hashlib
 import signal
+import time
 
 import httpx
 from conftest import TOKEN, start_server
@@ -62,3 +64,69 @@ def test_open_trajectories_survive_a_kill_and_finished_actions_are_not_run_again
             assert _run(c, "t2", "s2", "true").status_code == 404
     finally:
         server.stop()
+
+
+def test_docker_trajectories_get_their_containers_back_or_hear_they_are_gone(tmp_path):
+    """Docker (issue 34 #4): a kill -9 leaves the sandboxes running; the restarted server
+    adopts a restored trajectory's container (its files are there, state_lost false); one
+    whose container died meanwhile gets a fresh one and its next action says state_lost;
+    one that never ran an action starts clean without a false alarm. A stop removes the
+    containers: after it, the next action says state_lost too (not a silent empty box)."""
+    import docker
+
+    client = docker.from_env()
+
+    def boxes(tid: str) -> list:
+        return client.containers.list(all=True, sparse=True, filters={"label": [
+            f"tangram.owner={owner}", f"tangram.trajectory={tid}"]})
+
+    state = tmp_path / "state"
+    owner = hashlib.sha1(str((state / "work").resolve()).encode()).hexdigest()[:16]
+    server = start_server(state, "docker")
+    try:
+        with httpx.Client(base_url=server.url, headers=H, timeout=120) as c:
+            for tid in ("alive", "dead", "idle"):
+                assert c.post("/v1/trajectories", json={"id": tid, "mem_gb": 0.5}
+                              ).status_code == 201
+            for tid in ("alive", "dead"):
+                assert _run(c, tid, f"{tid}-w", "echo kept > f").json()["status"] == "ok"
+            # the warm pool, sized from that burst of 3, fills (one at a time: with the third
+            # made, two are ready); a trajectory opened now runs in a warm sandbox, whose
+            # label names no trajectory
+            deadline = time.monotonic() + 120
+            while len(boxes("")) < 3:
+                assert time.monotonic() < deadline, "the warm pool did not fill"
+                time.sleep(0.2)
+            assert c.post("/v1/trajectories", json={"id": "warm"}  # the pool's limit
+                          ).status_code == 201
+            assert _run(c, "warm", "warm-w", "echo kept > f").json()["status"] == "ok"
+            assert boxes("warm") == []  # it runs in a sandbox of the pool
+        server.stop(signal.SIGKILL)
+        assert len(boxes("alive")) == 1 and len(boxes("dead")) == 1
+        adopted = boxes("alive")[0].id
+        client.api.kill(boxes("dead")[0].id)
+
+        server = start_server(state, "docker")
+        with httpx.Client(base_url=server.url, headers=H, timeout=120) as c:
+            assert c.get("/healthz").json()["trajectories_restored"] == 4
+            out = _run(c, "warm", "w2", "cat f").json()
+            assert out["output"] == "kept\n" and not out["state_lost"], out
+            out = _run(c, "alive", "a2", "cat f").json()
+            assert out["status"] == "ok" and out["output"] == "kept\n", out
+            assert not out["state_lost"] and [b.id for b in boxes("alive")] == [adopted]
+            out = _run(c, "dead", "d2", "cat f").json()
+            assert out["state_lost"] and out["exit_code"] != 0, out
+            out = _run(c, "idle", "i2", "true").json()
+            assert out["status"] == "ok" and not out["state_lost"], out
+        server.stop()
+
+        server = start_server(state, "docker")
+        with httpx.Client(base_url=server.url, headers=H, timeout=120) as c:
+            out = _run(c, "alive", "a3", "cat f").json()
+            assert out["state_lost"] and out["exit_code"] != 0, out
+            for tid in ("alive", "dead", "idle", "warm"):
+                assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
+    finally:
+        server.stop()
+    for tid in ("alive", "dead", "idle", "warm", ""):  # nothing left behind
+        assert boxes(tid) == [], tid

@@ -188,12 +188,22 @@ def test_restart_reports_unfinished_actions_failed(tmp_path):
 
 
 # -- docker backend -------------------------------------------------------------------------
-def _containers(server) -> list:
+def _owner(server) -> str:
     import hashlib
 
-    owner = hashlib.sha1(str((server.state_dir / "work").resolve()).encode()).hexdigest()[:16]
-    return docker.from_env().containers.list(all=True, sparse=True,
-                                             filters={"label": f"tangram.owner={owner}"})
+    return hashlib.sha1(str((server.state_dir / "work").resolve()).encode()).hexdigest()[:16]
+
+
+def _containers(server) -> list:
+    return _serving(docker.from_env().containers.list(
+        all=True, sparse=True, filters={"label": f"tangram.owner={_owner(server)}"}))
+
+
+def _serving(containers: list) -> list:
+    """Less the warm pool's (labelled with no trajectory: made for the next burst, sized
+    from the last one's)."""
+    return [c for c in containers
+            if (c.attrs.get("Labels") or {}).get("tangram.trajectory", "") != ""]
 
 
 async def _docker_flow(server) -> None:
@@ -255,13 +265,18 @@ def test_docker_containers_do_not_outlive_a_server_crash(tmp_path):
             await tg.run(tid, command="true")
 
     run(open_some())
-    assert len(_containers(server)) == 1
+    before = [c.id for c in _containers(server)]
+    assert len(before) == 1
     server.stop(signal.SIGKILL)  # no chance to clean up
     again = start_server(tmp_path / "state", "docker")
     try:
-        assert _containers(again) == []  # the successor removed the leftovers
+        # the open trajectory is restored and its container adopted (issue 34 #4), not
+        # left behind and not duplicated
+        assert [c.id for c in _containers(again)] == before
     finally:
         again.stop()
+    assert _containers(again) == [] and docker.from_env().containers.list(  # the stop removed
+        all=True, sparse=True, filters={"label": f"tangram.owner={_owner(again)}"}) == []
 
 
 def test_abandoned_container_removed_after_idle_ttl(tmp_path):
@@ -287,8 +302,8 @@ def test_abandoned_container_removed_after_idle_ttl(tmp_path):
             ex.shutdown()
 
     def _count(backend) -> int:
-        return len(docker.from_env().containers.list(
-            all=True, sparse=True, filters={"label": f"tangram.owner={backend.owner}"}))
+        return len(_serving(docker.from_env().containers.list(
+            all=True, sparse=True, filters={"label": f"tangram.owner={backend.owner}"})))
 
     run(go())
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 
 import pytest
-from conftest import TOKEN, start_server
+from conftest import TOKEN, sandbox_containers, start_server
 
 from tangram.client import TangramError, TangramSyncClient
 from tangram.fork import FORK, fork_action
@@ -184,9 +184,6 @@ def test_concurrent_forks_of_one_source(process_server):
 def test_docker_copies_are_independent_and_removed(docker_server):
     """The docker backend: /work copied between containers; each copy's container goes
     with its close."""
-    import docker
-
-    client = docker.from_env()
     with TangramSyncClient(docker_server.url, TOKEN, timeout_s=180) as c:
         src = c.open_trajectory("dfork-src", task="grpo", mem_gb=0.25)
         res = c.run(src, command="mkdir -p repo && echo prepared > repo/state.txt", shell=True)
@@ -207,8 +204,7 @@ def test_docker_copies_are_independent_and_removed(docker_server):
     deadline = time.time() + 120
     left = None
     while time.time() < deadline:
-        left = [x for t in ("dfork-src", "dfork-0", "dfork-1") for x in client.containers.list(
-            all=True, filters={"label": f"tangram.trajectory={t}"})]
+        left = [x for t in ("dfork-src", "dfork-0", "dfork-1") for x in sandbox_containers(t)]
         if not left:
             break
         time.sleep(0.5)

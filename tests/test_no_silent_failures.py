@@ -26,7 +26,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import ROOT, TOKEN, start_server
+from conftest import ROOT, TOKEN, sandbox_containers, start_server
 from verl_torchfree import (
     AgentData,
     OneRowData,
@@ -289,8 +289,7 @@ def test_gymnasium_and_skyrl_say_why_a_reward_is_not_a_test_result(process_serve
 
 # -- a lost sandbox (docker: its container killed between two calls) ------------------------
 def _kill_sandbox(trajectory: str) -> None:
-    ids = subprocess.run(["docker", "ps", "-q", "--filter", f"label=tangram.trajectory={trajectory}"],
-                         capture_output=True, text=True, check=True).stdout.split()
+    ids = [c.id for c in sandbox_containers(trajectory, all=False)]  # its own or a pool's
     assert ids, f"no container for {trajectory}"
     subprocess.run(["docker", "kill", *ids], capture_output=True, check=True)
 

@@ -38,13 +38,13 @@ def test_warm_sandboxes_are_used_resized_and_refilled(tmp_path):
 
         async def go() -> str:
             ex = LiveExecutor(Tangram(local_cluster()), backend)
-            ex.open_trajectory("a", "t", 0.25)
+            ex.open_trajectory("a", "t", 3.0)  # above the pool's 2 GB: taken, resized
             t0 = time.perf_counter()
             _, out = await ex.run(Action("a1", "t", "a", "shell", {"cpu": Demand.fixed(1)},
                                          payload={"command": "cat /sys/fs/cgroup/memory/"
                                                   "memory.limit_in_bytes"}))
             assert out.status == "ok", out
-            assert int(out.output) == 256 * 2**20  # the trajectory's limit, not the pool's
+            assert int(out.output) == 3 * 2**30  # the trajectory's limit, not the pool's
             assert out.extra["container"] in {i[:12] for i in warm_ids}  # taken warm
             return f"{(time.perf_counter() - t0) * 1e3:.0f} ms"
 

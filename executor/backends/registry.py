@@ -33,7 +33,10 @@ def env_backend(name: str, root: Path, *, cpu_map: list[int] | None = None,
         from executor.backends.docker.backend import DockerBackend
 
         owner = owner or hashlib.sha1(str(root.resolve()).encode()).hexdigest()[:16]
-        return DockerBackend(cpu_map=cpu_map, owner=owner, **sandboxes.docker_kwargs())
+        # what a stop removed, beside the journal: a restart on the same state directory
+        # tells the trajectories it restores (DockerBackend.removed_file)
+        return DockerBackend(cpu_map=cpu_map, owner=owner, removed_file=root / ".docker-removed",
+                             **sandboxes.docker_kwargs())
     raise ValueError(f"backend: unknown backend {name!r} ({' or '.join(ENV_BACKENDS)})")
 
 

@@ -161,14 +161,16 @@ def _proc_stat(pid: int) -> tuple[float, float, float]:
 
 
 async def _trajectories(url: str, token: str, ids: list[int], actions: int,
-                        on_action: Callable[[], None]) -> tuple[list, list, list]:
+                        on_action: Callable[[], None]) -> tuple[list, list, list, list]:
     """Trajectories ``t<i>`` at once, each ``actions`` trivial commands one after another:
-    (first-action latencies, later ones, errors)."""
+    (first-action latencies, later ones, errors, the first actions' time in the server's
+    core: queued + executing, as each result reports it)."""
     from tangram.client import TangramClient
 
     first: list[float] = []
     later: list[float] = []
     errors: list[str] = []
+    first_core: list[float] = []
     async with TangramClient(url, token, timeout_s=600) as tg:
         async def one(i: int) -> None:
             try:
@@ -177,6 +179,8 @@ async def _trajectories(url: str, token: str, ids: list[int], actions: int,
                     a = time.perf_counter()
                     res = await tg.run(tid, action_id=f"t{i}-{k}", argv=["true"])
                     (first if k == 0 else later).append(time.perf_counter() - a)
+                    if k == 0:
+                        first_core.append((res.get("queue_s") or 0.0) + (res.get("exec_s") or 0.0))
                     if res["status"] != "ok":
                         errors.append(res["status"] + ": " + res["error"][:100])
                     on_action()
@@ -185,7 +189,7 @@ async def _trajectories(url: str, token: str, ids: list[int], actions: int,
                 errors.append(f"{type(e).__name__}: {e}"[:200])
 
         await asyncio.gather(*(one(i) for i in ids))
-    return first, later, errors
+    return first, later, errors, first_core
 
 
 def _client_process(url: str, token: str, ids: list[int], actions: int, done, go,
@@ -351,16 +355,17 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
     try:
         if procs:
             go.set()
-            first, later, errors = [], [], []
+            first, later, errors, core = [], [], [], []
             for _ in procs:
-                _, (f1, l1, e1, c1) = await _next(results, procs)
+                _, (f1, l1, e1, k1, c1) = await _next(results, procs)
                 first += f1
                 later += l1
                 errors += e1
+                core += k1
                 client_cpu += c1
         else:
-            first, later, errors = await _trajectories(url, token, list(range(trajectories)),
-                                                       actions, count)
+            first, later, errors, core = await _trajectories(
+                url, token, list(range(trajectories)), actions, count)
     finally:
         if sampler is not None:
             sampler.cancel()
@@ -373,7 +378,7 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
     wall = time.perf_counter() - t0
     client_cpu += time.process_time() - client0
     cpu1, kids1, rss1 = _proc_stat(pid)
-    f, lt = np.asarray(first or [0.0]), np.asarray(later or [0.0])
+    f, lt, fc = (np.asarray(x or [0.0]) for x in (first, later, core))
     extra: dict = {}
     if every_s:
         extra = {"timeline": timeline,
@@ -388,6 +393,12 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
             "children_cpu_ms_per_action": round((kids1 - kids0) * 1e3 / total, 3),
             "first_action_p50_ms": round(float(np.percentile(f, 50)) * 1e3, 1),
             "first_action_p99_ms": round(float(np.percentile(f, 99)) * 1e3, 1),
+            "first_action_p99_over_p50": round(float(np.percentile(f, 99)
+                                                     / max(np.percentile(f, 50), 1e-9)), 2),
+            # of the first actions' latency, what the server's core saw (queued + running);
+            # the rest is HTTP, the event loops and the client
+            "first_action_core_p50_ms": round(float(np.percentile(fc, 50)) * 1e3, 1),
+            "first_action_core_p99_ms": round(float(np.percentile(fc, 99)) * 1e3, 1),
             "later_action_p50_ms": round(float(np.percentile(lt, 50)) * 1e3, 1),
             "server_rss_mb": rss + [round(rss1, 1)], "errors": len(errors),
             "first_errors": errors[:3], "cpus": os.cpu_count(),

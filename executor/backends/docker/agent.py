@@ -207,10 +207,24 @@ class Body:
         return chunk
 
 
+def files_module():
+    """executor/files.py, imported once by the agent (executor/ is mounted whole; files.py
+    sits three levels up from this file; stdlib only). Imported in each file operation's
+    child it was compiled and run again every time (the sandbox user cannot write its
+    bytecode): ~25 ms of a 30 ms operation."""
+    if "files" not in sys.modules:
+        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
+            os.path.abspath(__file__)))))
+    import files
+
+    return files
+
+
 def as_sandbox_user(conn: socket.socket, req: dict, rest: bytes, workdir: str) -> None:
     """Run :func:`file_op` in a child that is the sandbox user: it can reach exactly what
     the commands can (the agent has no CAP_DAC_OVERRIDE anyway), and what it makes is
     theirs."""
+    files_module()  # before the fork: the child inherits it
     pid = os.fork()
     if pid == 0:  # the child: syscalls only until it exits
         code = 1
@@ -227,10 +241,7 @@ def as_sandbox_user(conn: socket.socket, req: dict, rest: bytes, workdir: str) -
 
 
 def file_op(conn: socket.socket, req: dict, rest: bytes, workdir: str) -> None:
-    # executor/ is mounted whole; files.py sits three levels up from this file (stdlib only)
-    sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))
-    import files
-
+    files = files_module()
     owner = None  # run as the sandbox user: what it writes is its own
     parts = tuple(str(p) for p in req["parts"])
     try:

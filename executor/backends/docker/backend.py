@@ -44,6 +44,7 @@ from __future__ import annotations
 import asyncio
 import io
 import json
+import logging
 import os
 import shutil
 import socket
@@ -53,7 +54,7 @@ import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -73,6 +74,7 @@ from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities
 
+log = logging.getLogger("tangram.docker")
 IMAGE = "tangram-sandbox:1"
 #: the agent and, mounted with it, the executor folder: the agent imports executor/files.py
 AGENT = Path(__file__).with_name("agent.py")
@@ -92,8 +94,18 @@ GRACE_S = 5.0
 DEFAULT_TIMEOUT_S = 24 * 3600.0
 PERIOD_US = 100_000
 IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
+#: containers made at once for opening trajectories (each start costs the engine tens of ms
+#: of CPU; more at once only queue in dockerd)
+CREATORS = 4
+#: while a file operation runs in an idle container: its agent serves the copy at a
+#: core's pace (at the idle 1% a put or get took 2.4-3.5 s against 0.05 s on the process
+#: backend, issue 33 #9); a file operation is short and mostly I/O
+FILE_QUOTA_US = PERIOD_US
 #: the warm pool refills once no sandbox was taken for this long (DockerBackend._refill)
 WARM_QUIET_S = 0.5
+#: the most sandboxes the warm pool keeps when sized from demand (an idle one holds a few
+#: MB; its memory limit is not reserved)
+WARM_MAX = 64
 #: where a trajectory's commands run and its files live, inside the container
 SANDBOX_WORKDIR = "/work"
 #: `docker exec` path: where a command's output is written (one file per action)
@@ -198,6 +210,8 @@ class Sandbox:
     cpuset_file: str | None = None
     quota_file: str | None = None
     busy: bool = False
+    #: file operations in progress (the idle quota is lifted to FILE_QUOTA_US meanwhile)
+    files: int = 0
     #: grants so far; a reclaim only applies if no newer grant happened
     grants: int = 0
     #: serialises cgroup updates: a late reclaim must not undo the next action's grant
@@ -217,7 +231,7 @@ class DockerBackend:
                  client: docker.DockerClient | None = None, owner: str | None = None,
                  agent: bool = True, default_mem_gb: float = SandboxLimits.mem_gb,
                  pids_limit: int = SandboxLimits.pids, warm: int = 0,
-                 disk_gb: float = DEFAULT_DISK_GB) -> None:
+                 disk_gb: float = DEFAULT_DISK_GB, removed_file: Path | None = None) -> None:
         self.client = client or docker.from_env()
         self.image = ensure_image(self.client, image)
         self.cpu_map = cpu_map or allowed_cpus()
@@ -232,21 +246,20 @@ class DockerBackend:
         # HOST_PREFIX in any other
         self.agent = agent and os.path.exists("/usr/bin/python3")
         self.host_python = host_python() if self.agent else None
-        #: who this executor is across restarts (e.g. its state directory): containers and
-        #: agent directories a crashed predecessor left behind are removed at start
+        #: who this executor is across restarts (e.g. its state directory): what a crashed
+        #: predecessor left behind is adopted (a running trajectory's container, its agent
+        #: directory) or removed at start
         self.owner = owner or self.run_id
-        # sparse: no per-container inspect, which races with containers going away
-        for c in self.client.containers.list(all=True, sparse=True,
-                                             filters={"label": f"{OWNER}={self.owner}"}):
-            self._remove(c.id)
-        prefix = f"tangram-agents-{self.owner}-"
-        for old in Path(tempfile.gettempdir()).glob(prefix + "*"):
-            shutil.rmtree(old, ignore_errors=True)
-        self.agent_root = tempfile.mkdtemp(prefix=prefix)
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tangram-docker")
         # removals apart from the actions' threads, so shutdown can wait for them (a removal
         # racing shutdown's own would leave a container "removal in progress")
         self._removers = ThreadPoolExecutor(max_workers=4, thread_name_prefix="tangram-rm")
+        # containers made for trajectories as they open, apart from the actions' threads:
+        # a creation never holds an action's worker (nor, so, its cores)
+        self._creators = ThreadPoolExecutor(max_workers=CREATORS,
+                                            thread_name_prefix="tangram-create")
+        #: trajectory -> its container being made (open_trajectory)
+        self._creating: dict[str, Future] = {}
         self._lock = threading.Lock()
         self._boxes: dict[str, Sandbox] = {}
         self._mem: dict[str, float] = {}
@@ -260,11 +273,72 @@ class DockerBackend:
         self._warm: list[Sandbox] = []
         self._refilling = False
         self._refiller: threading.Thread | None = None  # the latest refill's thread
-        self._last_take = float("-inf")  # monotonic time a sandbox was last taken warm
+        self._last_take = float("-inf")  # monotonic time a trajectory last needed a sandbox
+        #: trajectories that needed a sandbox in the current burst (needs less than
+        #: WARM_QUIET_S apart), and the most in one burst so far: the warm pool's size
+        self._burst = 0
+        self._burst_peak = 0
         self._closed = False
+        self._leftovers, self._lost_at_start, keep = self._adoptable()
+        prefix = f"tangram-agents-{self.owner}-"
+        #: where a stop records the trajectories whose containers it removed (a restart
+        #: restores them: their next action must say state_lost, not run silently in a
+        #: fresh container); None: not recorded (an owner that does not outlive the run)
+        self.removed_file = removed_file
+        if removed_file is not None:
+            try:
+                self._lost_at_start |= set(json.loads(removed_file.read_text())) - set(
+                    self._leftovers)
+                removed_file.unlink()
+            except (OSError, ValueError, TypeError):
+                pass
+        for old in Path(tempfile.gettempdir()).glob(prefix + "*"):
+            for box_dir in old.iterdir() if old.is_dir() else ():
+                if str(box_dir) not in keep:
+                    shutil.rmtree(box_dir, ignore_errors=True)
+            if not keep or not any(k.startswith(str(old) + os.sep) for k in keep):
+                shutil.rmtree(old, ignore_errors=True)
+        self.agent_root = tempfile.mkdtemp(prefix=prefix)
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
         self._reaper.start()
         self._refill_soon()
+
+    def _adoptable(self) -> tuple[dict[str, Sandbox], set[str], set[str]]:
+        """What a predecessor of the same owner left (a kill -9 leaves its containers
+        running): a running trajectory's container with its agent, to be adopted when
+        the restored trajectory is opened again (executor/server/service.py); the
+        trajectories whose container is not running any more (their next action says
+        ``state_lost``); the agent directories to keep. Everything else is removed now
+        (warm sandboxes, dead containers)."""
+        adopt: dict[str, Sandbox] = {}
+        lost: set[str] = set()
+        keep: set[str] = set()
+        # sparse: no per-container inspect, which races with containers going away
+        for c in self.client.containers.list(all=True, sparse=True,
+                                             filters={"label": f"{OWNER}={self.owner}"}):
+            try:
+                info = self.client.api.inspect_container(c.id)
+            except docker.errors.APIError:
+                continue  # gone meanwhile
+            agent_dir = next((m["Source"] for m in info.get("Mounts", [])
+                              if m.get("Destination") == "/tangram"), None)
+            # a warm sandbox taken by a trajectory has no label naming it: its mark does
+            tid = (info["Config"].get("Labels") or {}).get("tangram.trajectory", "") \
+                or _marked(agent_dir)
+            sock = os.path.join(agent_dir, "agent.sock") if agent_dir else None
+            if tid and info["State"].get("Running") and sock and os.path.exists(sock) \
+                    and tid not in adopt:
+                mem = (info["HostConfig"].get("Memory") or 0) / 2**30
+                box = Sandbox(c.id, time.monotonic(), image=info["Config"]["Image"],
+                              mem_gb=mem, agent_dir=agent_dir, socket=sock)
+                box.cpuset_file, box.quota_file = self._cgroup_files(c.id)
+                adopt[tid] = box
+                keep.add(agent_dir)  # type: ignore[arg-type]
+                continue
+            if tid:
+                lost.add(tid)
+            self._remove(c.id)
+        return adopt, lost - set(adopt), keep
 
     # -- Backend protocol ----------------------------------------------------------------
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
@@ -316,8 +390,58 @@ class DockerBackend:
                 pass
 
     def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
-        """Remember the memory limit its container gets at its first action."""
-        self._mem[trajectory] = mem_gb or 0.0
+        """Remember the memory limit its container gets at its first action. A trajectory
+        a predecessor left open (restored after a restart) gets its container back if it
+        still runs; if it died, the next action says ``state_lost``."""
+        with self._lock:
+            self._mem[trajectory] = mem_gb or 0.0
+            box = self._leftovers.pop(trajectory, None)
+            if box is not None:
+                self._boxes[trajectory] = box
+            elif trajectory in self._lost_at_start:
+                self._lost_at_start.discard(trajectory)
+                self._lost.add(trajectory)
+            warm = None
+            if (box is None and trajectory not in self._boxes and trajectory not in self._lost
+                    and trajectory not in self._creating and not self._closed):
+                # a warm sandbox of its limit now, else its container made now, while the
+                # first action is on its way and waits for admission and a core: not by that
+                # action, holding its core (a lost trajectory's next action makes its own,
+                # to say state_lost)
+                warm = self._take_ready_warm(trajectory)
+                if warm is None:
+                    self._creating[trajectory] = self._creators.submit(self._make_box,
+                                                                       trajectory)
+        if warm is not None:
+            _mark(warm, trajectory)
+            self._refill_soon()
+        if box is not None:
+            try:
+                self._set_cpus(box, None, IDLE_QUOTA_US)
+            except (docker.errors.APIError, OSError):
+                pass  # gone since: its next action finds out (AgentGone: state_lost)
+
+    def _make_box(self, trajectory: str) -> None:
+        """The opening trajectory's container: taken warm or created (open_trajectory)."""
+        try:
+            with self._lock:
+                if trajectory not in self._mem or trajectory in self._boxes or self._closed:
+                    return  # closed meanwhile, or its first action made one
+                image = self._images.get(trajectory, self.image)
+                mem = self._mem[trajectory]
+            box = self._take_warm(image, mem) or self._create(trajectory, image, mem)
+            with self._lock:
+                keep = (trajectory in self._mem and trajectory not in self._boxes
+                        and not self._closed)
+                if keep:
+                    self._boxes[trajectory] = box
+            if keep:
+                _mark(box, trajectory)
+            else:
+                self._discard(box)
+        finally:
+            with self._lock:
+                self._creating.pop(trajectory, None)
 
     def open_trajectory_image(self, trajectory: str, mem_gb: float | None, image: str) -> None:
         """Like open_trajectory, in a container of ``image`` (it must be on this machine:
@@ -359,10 +483,14 @@ class DockerBackend:
     def shutdown(self) -> None:
         self._closed = True
         with self._lock:
-            boxes = list(self._boxes.values()) + self._warm
+            boxes = list(self._boxes.values()) + self._warm + list(self._leftovers.values())
+            removed = sorted(set(self._boxes) | set(self._leftovers) | self._lost_at_start)
             self._boxes.clear()
             self._warm = []
+            self._leftovers.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        # a creation in progress sees _closed and discards what it made
+        self._creators.shutdown(wait=True, cancel_futures=True)
         if self._refiller is not None:
             # a sandbox it is creating now is discarded when _create returns: a container
             # the engine makes after remove_all's listing below would outlive the executor
@@ -373,6 +501,13 @@ class DockerBackend:
             list(removers.map(self._discard, boxes))
         self.remove_all()
         shutil.rmtree(self.agent_root, ignore_errors=True)
+        if removed and self.removed_file is not None:
+            try:
+                self.removed_file.parent.mkdir(parents=True, exist_ok=True)
+                self.removed_file.write_text(json.dumps(removed))
+            except OSError as e:
+                log.warning("cannot record the sandboxes this stop removed (%s): a restart "
+                            "will not tell their trajectories their files are gone", e)
 
     def remove_all(self) -> int:
         """Remove every container this executor created (by label)."""
@@ -490,9 +625,27 @@ class DockerBackend:
                                                      "type": "tmpfs", "device": "tmpfs",
                                                      "o": work_opts}))]}
 
+    def _needed(self) -> None:
+        """A trajectory needs a sandbox now (taken warm or created): counted in its burst.
+        Under ``self._lock``."""
+        now = time.monotonic()
+        if now - self._last_take > WARM_QUIET_S:
+            self._burst = 0
+        self._burst += 1
+        self._burst_peak = max(self._burst_peak, self._burst)
+        self._last_take = now
+
+    @property
+    def warm_target(self) -> int:
+        """Sandboxes the warm pool keeps: the configured size, or, if more, the largest
+        burst of trajectories that needed one so far (an RL step's rollouts start
+        together, and the next step starts as many: their containers are made in the
+        quiet between steps, not while the rollouts wait), at most WARM_MAX."""
+        return max(self.warm_size, min(self._burst_peak, WARM_MAX))
+
     def _refill_soon(self) -> None:
         with self._lock:
-            if self._refilling or self._closed or len(self._warm) >= self.warm_size:
+            if self._refilling or self._closed or len(self._warm) >= self.warm_target:
                 return
             self._refilling = True
         # its own thread, not the actions' pool: it waits for quiet (below) and must not
@@ -501,7 +654,7 @@ class DockerBackend:
         self._refiller.start()
 
     def _refill(self) -> None:
-        """Keep ``warm_size`` default-image sandboxes ready (one at a time), starting each
+        """Keep ``warm_target`` default-image sandboxes ready (one at a time), starting each
         once no sandbox was taken for WARM_QUIET_S: a container start costs the engine
         (dockerd, runc) tens of ms of CPU, which the burst of first actions that emptied the
         pool needs now; the pool is for the next burst."""
@@ -509,7 +662,7 @@ class DockerBackend:
         try:
             while not self._closed:
                 with self._lock:
-                    if len(self._warm) >= self.warm_size:
+                    if len(self._warm) >= self.warm_target:
                         return
                     wait = self._last_take + WARM_QUIET_S - time.monotonic()
                 if wait > 0:
@@ -532,15 +685,16 @@ class DockerBackend:
     def _take_warm(self, image: str, mem_gb: float) -> Sandbox | None:
         if image != self.image:
             return None
-        with self._lock:
-            box = self._warm.pop() if self._warm else None
-            self._last_take = time.monotonic()
-        if box is None:
-            return None
-        # (its tmpfs mounts keep the size set for the pool's memory limit: with a smaller
-        # limit, a full /work may end in an OOM kill rather than ENOSPC - still never on
-        # the host's disk)
         mem = mem_gb or self.default_mem_gb
+        with self._lock:
+            # its tmpfs mounts keep the sizes set for the pool's memory limit: under a
+            # smaller limit a full /work would end in an OOM kill instead of ENOSPC
+            # (disk_full), so only a trajectory allowed at least as much takes one
+            box = self._warm.pop() if self._warm and self._warm[-1].mem_gb <= mem else None
+            self._needed()
+        if box is None:
+            self._refill_soon()  # the demand may have grown the pool's size
+            return None
         self._refill_soon()
         if mem != box.mem_gb:  # one engine call (~20 ms), still far cheaper than a container
             try:
@@ -555,6 +709,13 @@ class DockerBackend:
 
     def _sandbox(self, trajectory: str) -> tuple[Sandbox, bool]:
         """The trajectory's container (taken warm or created now); True if state was lost."""
+        with self._lock:
+            making = self._creating.get(trajectory)
+        if making is not None:  # made since it opened: wait for it (or make one if it failed)
+            try:
+                making.result()
+            except Exception:  # noqa: BLE001 - the creation's error: made again below
+                pass
         with self._lock:
             box = self._boxes.get(trajectory)
             lost = trajectory in self._lost
@@ -571,6 +732,7 @@ class DockerBackend:
         if other is not None:  # created concurrently (a file upload racing the first action)
             self._discard(box)
             return other, False
+        _mark(box, trajectory)
         return box, lost
 
     def _ready(self, trajectory: str) -> tuple[Sandbox, bool] | None:
@@ -578,24 +740,32 @@ class DockerBackend:
         the event loop: one with an agent and writable cgroup files that needs no engine
         call - its own, or a warm one of the pool's memory limit (taken and bound to the
         trajectory here). None: the threaded path (_sandbox) decides."""
-        def ready(box: Sandbox) -> bool:
-            return bool(box.socket and box.cpuset_file and box.quota_file)
-
         with self._lock:
             box = self._boxes.get(trajectory)
             if box is not None:
-                return (box, False) if ready(box) else None
-            mem = self._mem.get(trajectory, 0.0) or self.default_mem_gb
-            if (self._images.get(trajectory, self.image) != self.image or not self._warm
-                    or not ready(self._warm[-1]) or self._warm[-1].mem_gb != mem):
+                return (box, False) if _ready_box(box) else None
+            if trajectory in self._creating:
+                return None  # being made: the threaded path waits for it
+            box = self._take_ready_warm(trajectory)
+            if box is None:
                 return None
-            box = self._warm.pop()
-            self._last_take = time.monotonic()
-            self._boxes[trajectory] = box
             lost = trajectory in self._lost
             self._lost.discard(trajectory)
+        _mark(box, trajectory)
         self._refill_soon()
         return box, lost
+
+    def _take_ready_warm(self, trajectory: str) -> Sandbox | None:
+        """A warm sandbox bound to ``trajectory`` with no engine call (of the pool's memory
+        limit and image, its agent listening), or None. Under ``self._lock``."""
+        mem = self._mem.get(trajectory, 0.0) or self.default_mem_gb
+        if (self._images.get(trajectory, self.image) != self.image or not self._warm
+                or not _ready_box(self._warm[-1]) or self._warm[-1].mem_gb != mem):
+            return None
+        box = self._warm.pop()
+        self._needed()
+        self._boxes[trajectory] = box
+        return box
 
     def _grant(self, box: Sandbox, cores: list[int], engine: bool = True) -> float | None:
         """AOE: the container's cgroup gets exactly ``cores`` right before the exec.
@@ -899,7 +1069,8 @@ class DockerBackend:
             if box.grants != grant:
                 return True
             try:
-                if not self._set_cpus(box, None, IDLE_QUOTA_US, engine):
+                if not self._set_cpus(box, None, FILE_QUOTA_US if box.files else IDLE_QUOTA_US,
+                                      engine):
                     return False
             except (docker.errors.APIError, OSError):  # requests' errors are OSErrors too:
                 pass  # a box left busy would never be evicted nor reaped
@@ -945,6 +1116,12 @@ class DockerBackend:
                 for t, _ in stale:
                     del self._boxes[t]
                     self._lost.add(t)  # its next action, if any, must hear its files are gone
+                # a predecessor's containers no restored trajectory claimed: abandoned
+                unclaimed = [(t, b) for t, b in self._leftovers.items()
+                             if now - b.last_used > self.idle_ttl_s]
+                for t, _ in unclaimed:
+                    del self._leftovers[t]
+                stale += unclaimed
             for _, box in stale:
                 self._discard(box)
 
@@ -981,6 +1158,26 @@ class DockerBackend:
         return self._archive_get(box, parts, limit)
 
     def _agent_file(self, box: Sandbox, req: dict, src: BinaryIO | None = None) -> Any:
+        """One file operation by the sandbox's agent, the container's CPU quota lifted
+        from the idle 1% to FILE_QUOTA_US meanwhile (an action's grant, if one comes,
+        is left as it is; the last file operation or the action's reclaim restores it)."""
+        self._file_quota(box, +1)
+        try:
+            return self._agent_file_io(box, req, src)
+        finally:
+            self._file_quota(box, -1)
+
+    def _file_quota(self, box: Sandbox, step: int) -> None:
+        with box.lock:
+            box.files += step
+            if box.busy or box.files > 1 or (step < 0 and box.files):
+                return  # an action holds its grant, or another file operation the lift
+            try:
+                self._set_cpus(box, None, FILE_QUOTA_US if box.files else IDLE_QUOTA_US)
+            except (docker.errors.APIError, OSError):  # the container is gone: the
+                pass  # operation itself says so
+
+    def _agent_file_io(self, box: Sandbox, req: dict, src: BinaryIO | None = None) -> Any:
         with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
             conn.settimeout(60)
             try:
@@ -1115,6 +1312,33 @@ def _size_of(f: BinaryIO) -> int:
     end = f.seek(0, io.SEEK_END)
     f.seek(here)
     return end - here
+
+
+#: in a sandbox's agent directory (host side): the trajectory it serves, so a restarted
+#: server can adopt it (a warm sandbox's label names no trajectory: labels are fixed at
+#: creation)
+MARK = "trajectory"
+
+
+def _ready_box(box: Sandbox) -> bool:
+    """Whether an action can run in ``box`` with no engine call (its agent, its cgroup
+    files writable)."""
+    return bool(box.socket and box.cpuset_file and box.quota_file)
+
+
+def _mark(box: Sandbox, trajectory: str) -> None:
+    if box.agent_dir:
+        try:
+            Path(box.agent_dir, MARK).write_text(trajectory)
+        except OSError:
+            pass  # then a restart takes it for a warm one and removes it
+
+
+def _marked(agent_dir: str | None) -> str:
+    try:
+        return Path(agent_dir, MARK).read_text() if agent_dir else ""
+    except OSError:
+        return ""
 
 
 def _quota_capable(client: docker.DockerClient) -> bool:

@@ -95,6 +95,8 @@ class ServiceStats:
     compute_s: float = 0.0
     #: run commands served to their end (a batch of several requests is one)
     batches: int = 0
+    #: GPU-seconds its run commands held their leases (restores included; a batch once)
+    gpu_s: float = 0.0
 
 
 class NodeWorker:
@@ -427,13 +429,14 @@ class GpuBackend:
         c = f.command
         c.left.discard(aid)
         lease = f.dispatch.lease
+        st = self.stats[f.variant[0]]
         if not c.left:  # the lease's GPUs were busy from the command to its last action
             now = time.perf_counter()
             for g in lease.gpus:
                 key = (lease.node or "", g)
                 self.gpu_busy_s[key] = self.gpu_busy_s.get(key, 0.0) + now - f.t_start
+            st.gpu_s += (now - f.t_start) * len(lease.gpus)
         problem = self._check_reported(nw, applied, resident)
-        st = self.stats[f.variant[0]]
         st.requests += 1
         if not c.counted and info.get("restore_bytes"):  # a batch restores once
             c.counted = True
@@ -594,6 +597,17 @@ class GpuBackend:
         return any(action_id in nw.inflight and nw.inflight[action_id].computing
                    for nw in self.workers.values())
 
+    @property
+    def gpu_count(self) -> int:
+        """GPUs of all nodes."""
+        return sum(n.gpus for n in self.nodes.values())
+
+    def gpu_s_per_request(self) -> dict[str, float]:
+        """Observed GPU-seconds per request of each service that has served one: its run
+        commands' lease time (restores included) over its requests, so a batch's time is
+        shared by its members and the figure is what a request costs the pool as served."""
+        return {s: st.gpu_s / st.requests for s, st in self.stats.items() if st.requests}
+
     def snapshot(self) -> dict[str, Any]:
         """Per-node, per-GPU and per-service figures (``/v1/gpus``, ``/metrics``). The
         resident variants and their memory are the worker's mirror (which the checks keep
@@ -634,7 +648,8 @@ class GpuBackend:
                            "restore_seconds": st.restore_s,
                            "restore_bytes": st.restore_bytes, "evictions": st.evictions,
                            "requests": st.requests, "failed": st.failed,
-                           "batches": st.batches, "compute_seconds": st.compute_s}
+                           "batches": st.batches, "compute_seconds": st.compute_s,
+                           "gpu_seconds": st.gpu_s}
         return {"device": self.device, "nodes": nodes, "services": services,
                 "crashes": self.crashes, "mismatches": self.mismatches}
 

@@ -18,21 +18,33 @@ What is not served, refused with a 422 that says so: text prompts (the services
 take token ids: tokenize on the client, as verl does), generating tokens
 (``max_tokens`` above 1: the GPU actions are forward passes) and top-k prompt
 log-probs (``prompt_logprobs`` above 0: the services give each token's own).
+
+Backpressure: a request the GPU pool would not serve within its timeout (``timeout_s``
+in the body, at most and by default ``WAIT_S``) is answered at once with HTTP 429 and a
+``Retry-After`` header (seconds), instead of holding the client until the timeout and
+failing then. The estimate reads only what the server has seen: the GPU actions queued
+and running (the core's snapshot) and the GPU-seconds each service's requests have
+cost so far (:meth:`GpuBackend.gpu_s_per_request`); a service not served yet is not
+refused.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import secrets
 import time
+from collections.abc import Mapping
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends
+from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
 from executor.server.routes.deps import service
+from executor.server.routes.gpus import gpu_backend
 from executor.server.schemas import ActionIn, Name, TrajectoryIn
 from executor.server.service import Refused, Service
+from tangram.protocol import Snapshot
 
 router = APIRouter()
 Svc = Annotated[Service, Depends(service)]
@@ -51,6 +63,9 @@ class CompletionIn(BaseModel):
     max_tokens: int | None = Field(None, ge=0, description="0 or 1: a forward pass.")
     prompt_logprobs: int | None = Field(None, ge=0)
     temperature: float | None = None
+    timeout_s: float | None = Field(None, gt=0, le=WAIT_S, description=(
+        "How long the client waits (default and most: 600 s); a request the pool would "
+        "not serve in time is answered 429 with Retry-After at once."))
 
 
 class ClassifyIn(BaseModel):
@@ -59,6 +74,9 @@ class ClassifyIn(BaseModel):
     model: Name = Field(description="The GPU service (a reward model).")
     input: Tokens | list[Tokens] | str = Field(description="Token ids, or a list of them.")
     yes_token: int = Field(1, ge=0, description="The score: log-prob of this next token.")
+    timeout_s: float | None = Field(None, gt=0, le=WAIT_S, description=(
+        "How long the client waits (default and most: 600 s); a request the pool would "
+        "not serve in time is answered 429 with Retry-After at once."))
 
 
 def _rows(value: Any, field: str, least: int) -> list[list[int]]:
@@ -72,14 +90,51 @@ def _rows(value: Any, field: str, least: int) -> list[list[int]]:
     return rows
 
 
-async def _gpu_action(s: Service, model: str, kind: str, inputs: dict[str, Any]) -> Any:
+def expected_done_s(snap: Snapshot, gpu_s: Mapping[str, float], gpus: int,
+                    service: str) -> float | None:
+    """Seconds until a request of ``service`` submitted now would end, as far as the
+    server can tell: the GPU-seconds of what is ahead of it (GPU actions queued and
+    running; each at its service's observed GPU-seconds per request, a service not
+    observed yet at the mean of those that were) spread over the pool's GPUs, then its
+    own. A running action counts whole (its remaining time is not known), so the
+    estimate errs late. None while ``service`` has not been observed: no guess."""
+    if service not in gpu_s or gpus <= 0:
+        return None
+    mean = sum(gpu_s.values()) / len(gpu_s)
+    ahead = [w.action.service for q in snap.queues if q.resource == "gpu" for w in q.waiting]
+    ahead += [d.action.service for d in snap.running.values() if d.lease.gpus]
+    work = sum(gpu_s.get(svc or "", mean) for svc in ahead)
+    return work / gpus + gpu_s[service]
+
+
+def _admit(s: Service, model: str, timeout_s: float) -> None:
+    """Refuse with 429 + Retry-After a request the pool would not serve in ``timeout_s``."""
+    gpu = gpu_backend(s.executor.backend)
+    if gpu is None:
+        return
+    done = expected_done_s(s.executor.snapshot(), gpu.gpu_s_per_request(), gpu.gpu_count,
+                           model)
+    if done is None or done <= timeout_s:
+        return
+    # by then the work ahead has drained enough for a new request to end in time
+    # (if nothing else arrives): the earliest a retry is worth making
+    retry = max(1, math.ceil(done - timeout_s))
+    raise HTTPException(429, f"{model}: the GPU pool would serve this request in about "
+                             f"{done:.0f} s, past its {timeout_s:g} s timeout; retry after "
+                             f"{retry} s", headers={"Retry-After": str(retry)})
+
+
+async def _gpu_action(s: Service, model: str, kind: str, inputs: dict[str, Any],
+                      timeout_s: float | None) -> Any:
     """One GPU action in a trajectory of its own, closed when it ends."""
+    wait_s = timeout_s or WAIT_S
+    _admit(s, model, wait_s)
     tid = s.open_trajectory(TrajectoryIn(task=model))["id"]
     aid = f"{kind}-{secrets.token_hex(8)}"
     try:
         await s.submit(tid, ActionIn(id=aid, kind=kind, service=model, gpus="1",
-                                     inputs=inputs, timeout_s=WAIT_S))
-        out = await s.wait(aid, WAIT_S)
+                                     inputs=inputs, timeout_s=wait_s))
+        out = await s.wait(aid, wait_s)
     finally:
         try:  # an action still in flight (a timeout, a client gone) is cancelled
             await s.close_trajectory(tid)
@@ -101,7 +156,8 @@ async def completions(body: CompletionIn, s: Svc) -> dict[str, Any]:
     if body.prompt_logprobs is not None and body.prompt_logprobs > 0:
         raise Refused(422, "prompt_logprobs: 0 (each prompt token's own log-prob) or null; "
                            "top-k is not served")
-    res = await _gpu_action(s, body.model, "teacher_logprob", {"op": "logprobs", "tokens": rows})
+    res = await _gpu_action(s, body.model, "teacher_logprob", {"op": "logprobs", "tokens": rows},
+                            body.timeout_s)
     choices = []
     for i, (row, lps) in enumerate(zip(rows, res["logprobs"], strict=True)):
         prompt_lps: list[dict[str, Any] | None] = [None]
@@ -122,7 +178,8 @@ async def classify(body: ClassifyIn, s: Svc) -> dict[str, Any]:
     """A reward model's score per sequence (vLLM's classify shape)."""
     rows = _rows(body.input, "input", 1)
     res = await _gpu_action(s, body.model, "reward_judge",
-                            {"op": "score", "tokens": rows, "yes_token": body.yes_token})
+                            {"op": "score", "tokens": rows, "yes_token": body.yes_token},
+                            body.timeout_s)
     return {"id": f"classify-{secrets.token_hex(12)}", "object": "list",
             "created": int(time.time()), "model": body.model,
             "data": [{"index": i, "label": None, "probs": [score], "num_classes": 1}
