@@ -202,8 +202,6 @@ def analyse(result: RunResult, extra: Mapping[str, Any] | None = None) -> Analys
     summary.update(gpu_summary(frame, result.capacity.get("gpu", 0.0), summary["makespan_s"],
                                gpu["gpu_restore_s_total"] if gpu else None,
                                gpu["gpu_restores"] if gpu else None))
-    if gpu is not None:
-        summary["gpu_prerestores"] = int(gpu["gpu_prerestores"])
     t = result.timing
     decisions = pd.DataFrame({"action_id": list(t.decision_s),
                               "decision_us": [v * 1e6 for v in t.decision_s.values()]})

@@ -105,7 +105,7 @@ def _k8s() -> list[Competitor]:
             for pod in (1, 2, 4, 8) for dop in dict.fromkeys((1, pod))]
 
 
-ABLATIONS = ("tangram-no-affinity", "tangram-no-ordering", "tangram-no-prerestore")
+ABLATIONS = ("tangram-no-affinity", "tangram-no-ordering")
 FIXED = tuple(Competitor(f"fixed-dop:{d}", f"fixed-dop:{d}") for d in (1, 2, 4, 8, 16))
 STATIC = (Competitor("static 4 GPUs x 1 each (paper)", "static",
                      (("gpu_dop", 4), ("replicas", 1))),

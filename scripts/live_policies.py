@@ -60,7 +60,6 @@ def main() -> None:
                         "act_mean_s": s["act_mean_s"],
                         "restores_measured": g.get("restores_measured"),
                         "restores_modelled": g.get("restores_modelled"),
-                        "prerestores": s.get("gpu_prerestores"),
                         "evictions": g.get("evictions"),
                         "mismatches": g.get("residency_mismatches")})
         rows.append(row)

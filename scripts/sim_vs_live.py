@@ -42,7 +42,6 @@ def figures(run: Path) -> dict:
     return {"gpu_actions": len(gpu), "failed": int((gpu["status"] != "ok").sum()),
             "act_mean_s": float(gpu["act_s"].mean()), "queue_mean_s": float(gpu["queue_s"].mean()),
             "exec_mean_s": float(gpu["exec_s"].mean()), "restores": int(summary["restores"]),
-            "prerestores": int(summary.get("gpu_prerestores", 0)),
             "leases": int(lead.nunique()), "largest_batch": int(lead.value_counts().max())}
 
 

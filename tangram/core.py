@@ -257,7 +257,6 @@ class Tangram:
         replay); ``detail`` False: only the counts, usage, capacity and counters."""
         gpu = self.gpu
         counters = {"gpu_restores": gpu.restores, "gpu_restore_hits": gpu.hits,
-                    "gpu_prerestores": gpu.prerestores,
                     "gpu_restore_s_total": gpu.restore_s_total, "scheduler_passes": self.passes,
                     "trajectories_reclaimed": self.reclaimed}
         snap = Snapshot(self.policy.label, len(self.queued), len(self.running),

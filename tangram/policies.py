@@ -36,7 +36,7 @@ from tangram.cpu.manager import CpuManager
 from tangram.cpu.pods import PodManager, PodPool
 from tangram.cpu.pool import CpuNodePool
 from tangram.gpu.cold import ExclusiveGpuManager
-from tangram.gpu.eoe import EoeScheduler, NoAffinity, NoOrdering, NoPrerestore
+from tangram.gpu.eoe import EoeScheduler, NoAffinity, NoOrdering
 from tangram.gpu.manager import GpuManager
 from tangram.gpu.pool import EoeGpuPool, GpuPool
 from tangram.gpu.static import ServicePool, static_placement
@@ -153,7 +153,7 @@ class Pods:
 class SharedGpus:
     """Evict-on-execution from one pool of aligned chunks (paper 5.3) with the
     burst-proof rules of tangram/gpu/eoe.py (residency affinity, per-service batches,
-    restore-aware ordering, predictive pre-restore). Requests are batched
+    restore-aware ordering). Requests are batched
     (tangram/gpu/batching.py)."""
 
     def build(self, cluster: ClusterSpec) -> tuple[GpuManager, list[Pool]]:
@@ -181,14 +181,6 @@ class GpusNoOrdering(SharedGpus):
 
     def scheduler(self) -> EoeScheduler:
         return NoOrdering()
-
-
-@dataclass(frozen=True)
-class GpusNoPrerestore(SharedGpus):
-    """Ablation: :class:`SharedGpus` without predictive pre-restore."""
-
-    def scheduler(self) -> EoeScheduler:
-        return NoPrerestore()
 
 
 @dataclass(frozen=True)
@@ -434,18 +426,11 @@ class NoOrderingPolicy(Policy):
 
 
 @dataclass(frozen=True)
-class NoPrerestorePolicy(Policy):
-    name: ClassVar[str] = "tangram-no-prerestore"
-    description: ClassVar[str] = "ablation: tangram without predictive GPU pre-restore"
-    gpu: Any = field(default_factory=GpusNoPrerestore)
-
-
-@dataclass(frozen=True)
 class PaperPolicy(Policy):
     name: ClassVar[str] = "tangram-paper"
     description: ClassVar[str] = ("the paper's Alg. 1-2 rules: the objective sees only the "
                                   "queue, no waiting, durations-only DP; the paper's GPU "
-                                  "placement (no residency affinity or pre-restore)")
+                                  "placement (no residency affinity)")
     gpu: Any = field(default_factory=PaperGpus)
 
     def scheduler(self) -> ElasticScheduler:
@@ -520,8 +505,7 @@ class BaselinePolicy(Policy):
 #: every policy, by the name `tangram policies` lists
 REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (
     Policy, PaperPolicy, K8sPolicy, StaticPolicy, ServerlessPolicy, FixedDopPolicy,
-    PerTrajectoryApiPolicy, BaselinePolicy, NoAffinityPolicy, NoOrderingPolicy,
-    NoPrerestorePolicy)}
+    PerTrajectoryApiPolicy, BaselinePolicy, NoAffinityPolicy, NoOrderingPolicy)}
 
 #: the parameters a user may set, and which part of a policy each belongs to
 PARAMS: dict[str, str] = {"depth": "scheduler", "lookahead": "scheduler",

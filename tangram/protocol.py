@@ -341,8 +341,8 @@ class Snapshot:
     unbound: int
     usage: Mapping[str, float]
     capacity: Mapping[str, float]
-    #: deterministic counts: gpu_restores, gpu_restore_hits, gpu_prerestores,
-    #: gpu_restore_s_total, scheduler_passes, trajectories_reclaimed
+    #: deterministic counts: gpu_restores, gpu_restore_hits, gpu_restore_s_total,
+    #: scheduler_passes, trajectories_reclaimed
     counters: Mapping[str, float]
     #: first actions waiting for a node to admit their trajectory (the binding queue:
     #: memory, or cores for the first action; also counted in ``queued``)

@@ -176,7 +176,7 @@ def test_resident_service_is_reused_at_its_dop_not_restored_per_grant():
     assert recs[0].restore_s > 0
     assert all(r.restore_s == 0 for r in recs[1:])
     assert len({(r.gpus, r.units) for r in recs[1:]}) == 1  # same chunk, same DoP
-    assert core.gpu.restores - core.gpu.prerestores == 1
+    assert core.gpu.restores == 1
 
 
 def test_co_resident_services_share_a_chunk_when_memory_fits():
@@ -199,26 +199,6 @@ def test_burst_is_served_in_batches_without_bouncing_services():
     assert any(r.batch_of for r in recs)  # the queue is long: requests ride in batches
     restores = core.gpu.restores
     assert restores <= 8, f"{restores} restores for a 2-service burst"
-
-
-def evicted_then_asked_again(policy: str):
-    """"a" asked steadily, evicted by a burst of a large "b", asked again later."""
-    core = Tangram(gpu_cluster(nodes=1, sizes=(("a", 60.0), ("b", 600.0))), make_policy(policy))
-    loop = Loop(core)
-    for i in range(11):
-        loop.at(2.0 * i, gpu_call(f"a{i}", "a", t1=0.5, choices=(1,), aid=f"a{i}"))
-    loop.at(21.0, gpu_call("b", "b", t1=0.5, choices=(8,), aid="b"))  # 75 GB on every GPU
-    loop.at(40.0, gpu_call("late", "a", t1=0.5, choices=(1,), aid="late"))
-    loop.run()
-    return core, {r.action_id: r for r in loop.runtime.records}
-
-
-def test_idle_gpus_pre_restore_the_service_in_demand():
-    core, recs = evicted_then_asked_again("tangram")
-    assert core.gpu.prerestores >= 1  # restored while idle, after "b" evicted it
-    assert recs["late"].restore_s == 0
-    core, recs = evicted_then_asked_again("tangram-paper")  # no pre-restore: it pays
-    assert core.gpu.prerestores == 0 and recs["late"].restore_s > 0
 
 
 # -- batching --------------------------------------------------------------------------

@@ -82,12 +82,13 @@ def test_cancel_answers_with_an_effect():
 
 @pytest.mark.parametrize("declares", [True, False])
 def test_pre_restores_are_effects_for_a_backend_that_declares_them(declares):
-    """The core plans pre-restores only after a backend with Capabilities.prerestores
-    attached, and hands each one to it as a PreRestore effect."""
-    sizes = (("a", 60.0), ("b", 600.0))
+    """The core loads a variant ahead of demand (the static policy deploys its replicas
+    before their first requests) only after a backend with Capabilities.prerestores
+    attached, and hands each load to it as a PreRestore effect."""
+    sizes = (("a", 60.0), ("b", 60.0))
     core = Tangram(ClusterSpec(gpu_nodes=(GpuNodeSpec("g0", 8, 80.0),),
                                services=tuple(ServiceSpec(n, s) for n, s in sizes),
-                               restore_gbps=25.0), make_policy("tangram"))
+                               restore_gbps=25.0), make_policy("static"))
     clock = SimClock()
     seen: list[PreRestore] = []
 
@@ -98,22 +99,16 @@ def test_pre_restores_are_effects_for_a_backend_that_declares_them(declares):
             seen.append(effect)
 
     runtime = Runtime(core, clock, Recording(clock, np.random.default_rng(0)))
-
-    def go(i: int, service: str, gpus: int) -> None:
-        core.handle(Open(f"j{i}"), clock.now())
-        runtime.submit(gpu_call(f"j{i}", service, t1=0.5, choices=(gpus,), aid=f"r{i}"),
-                       lambda rec, out: runtime.close_trajectory(rec.trajectory))
-
-    # "a" asked steadily, evicted by a burst of a large "b", asked again later
-    for i, (t, service, gpus) in enumerate([*((2.0 * k, "a", 1) for k in range(11)),
-                                            (21.0, "b", 8), (40.0, "a", 1)]):
-        clock.call_later(t, lambda i=i, service=service, gpus=gpus: go(i, service, gpus))
+    core.handle(Open("j0"), clock.now())
+    runtime.submit(gpu_call("j0", "a", t1=0.5, choices=(1,), aid="r0"),
+                   lambda rec, out: runtime.close_trajectory(rec.trajectory))
     clock.run()
-    prerestores = core.snapshot(detail=False).counters["gpu_prerestores"]
-    assert len(seen) == prerestores
-    assert (prerestores >= 1) == declares
+    assert bool(seen) == declares
+    # "b", never asked, was loaded ahead of demand ("a"'s replica came with its dispatch's
+    # plan); a deployment is charged no restore time
+    assert [e.plan.variant[0] for e in seen] == (["b"] if declares else [])
     for e in seen:
-        assert e.plan.restore and e.plan.variant[0] == "a" and e.restore_s > 0
+        assert e.plan.restore and e.restore_s == 0.0
 
 
 def test_the_snapshot_is_a_frozen_copy():

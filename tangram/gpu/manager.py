@@ -10,10 +10,8 @@ Restoring a variant of ``size_gb`` onto ``k`` GPUs costs
 
 Several variants stay co-resident on a GPU while their memory fits; a restore evicts
 only what is needed, least recently used first, among the variants on the GPUs that
-are short of memory. A variant may also be restored ahead of demand
-(:meth:`GpuManager.prerestore`, the ``tangram`` policy's predictive pre-restore): it
-is resident from then on, and an action that lands on it before the load completes
-pays only the part of the restore that is left.
+are short of memory. A static replica is loaded ahead of its first request
+(:meth:`GpuManager.deploy`: a pre-restore effect for the backend).
 """
 
 from __future__ import annotations
@@ -48,7 +46,7 @@ Chunk = tuple[int, int]  # (start, size)
 
 
 class GpuNode:
-    __slots__ = ("name", "spec", "free", "nfree", "resident", "mem_used", "ready", "down")
+    __slots__ = ("name", "spec", "free", "nfree", "resident", "mem_used", "down")
 
     def __init__(self, spec: GpuNodeSpec) -> None:
         self.name = spec.name
@@ -61,8 +59,6 @@ class GpuNode:
         # (service, size, start) -> None, in LRU order (oldest first)
         self.resident: OrderedDict[tuple[str, int, int], None] = OrderedDict()
         self.mem_used = [0.0] * spec.gpus
-        #: pre-restored variants still loading -> when the load completes
-        self.ready: dict[tuple[str, int, int], float] = {}
         #: the node left (GpuManager.fence): no free chunk, nothing resident
         self.down = False
 
@@ -80,8 +76,6 @@ class GpuManager:
         self._live: dict[str, GpuLease] = {}
         self.restores = 0
         self.hits = 0
-        #: restores made ahead of demand (counted in ``restores`` too)
-        self.prerestores = 0
         #: whether the backend running the dispatches can restore ahead of demand (the
         #: runtime sets it from the backend; a live GPU worker restores only on dispatch)
         self.prerestore_ok = False
@@ -93,7 +87,8 @@ class GpuManager:
         self._live_of: dict[str, set[str]] = {}
         #: numbers the residency decisions (GpuPlan.version), over all nodes
         self._version = 0
-        #: pre-restores decided and not yet handed out (the core turns them into effects)
+        #: deployments decided and not yet handed out (the core turns them into pre-restore
+        #: effects)
         self._prerestored: list[tuple[GpuPlan, float, float]] = []
         #: (node, variant) of static replicas deployed once (a later load is a restore)
         self._deployed: set[tuple[str, Variant]] = set()
@@ -250,9 +245,6 @@ class GpuManager:
         if not restored:
             self.hits += 1
             node.resident.move_to_end(variant)
-            ready = node.ready.pop(variant, None)
-            if ready is not None and ready > now:  # pre-restore still loading
-                restore_s = ready - now
             gone: tuple[Variant, ...] = ()  # a hit evicts nothing
         else:
             self.restores += 1
@@ -399,27 +391,6 @@ class GpuManager:
             return out
         return None
 
-    def prerestore(self, service: str, site: Site, now: float) -> float:
-        """Restore ``service`` into the free chunk ``site`` ahead of demand (the chunk
-        stays free: the load uses the host link, not the GPUs' compute). Returns the
-        restore time; the variant is usable at once, paying what is left of it."""
-        name, sub, k = site
-        node = self.nodes[name]
-        if self.free_block(node, sub, k) is None:
-            raise ValueError(f"prerestore: chunk {site} is not free")
-        variant = (service, k, sub)
-        if variant in node.resident:
-            return 0.0
-        self._restore_est.clear()
-        self.restores += 1
-        self.prerestores += 1
-        before = list(node.resident)
-        restore_s = self._restore(node, variant)
-        self.restore_s_total += restore_s
-        node.ready[variant] = now + restore_s
-        self._prerestored.append((self._plan(node, variant, before, True), now, restore_s))
-        return restore_s
-
     def check_invariants(self) -> None:
         """Raise AssertionError if the bookkeeping is inconsistent (tests): every GPU is
         either in one free block or in one live lease, never both; blocks are aligned;
@@ -510,7 +481,6 @@ class GpuManager:
         for g in range(start, start + k):
             node.mem_used[g] -= share
         del node.resident[variant]
-        node.ready.pop(variant, None)
         self._sites.get(service, set()).discard((node.name, start, k))
 
     def release(self, lease: GpuLease) -> None:
@@ -650,7 +620,6 @@ class GpuManager:
         for service, k, start in n.resident:
             self._sites.get(service, set()).discard((node, start, k))
         n.resident.clear()
-        n.ready.clear()
         n.mem_used = [0.0] * n.spec.gpus
         self._restore_est.clear()
         self._version += 1

@@ -232,8 +232,7 @@ class EoeGpuPool(GpuPool):
     :class:`tangram.gpu.eoe.EoeScheduler`: it keeps each service's queue in order
     (``waiting``), lets the scheduler place whole batches on chosen chunks
     (``plan_batch``), remembers the requests that wait by choice for a busy variant of
-    their own (``defer``), learns request rates and pre-restores while GPUs are idle
-    (when the backend carries pre-restores out)."""
+    their own (``defer``) and learns request rates."""
 
     def __init__(self, name: str, manager: GpuManager, scheduler: Any,
                  batching: BatchModel = DEFAULT_BATCHING) -> None:
@@ -390,6 +389,3 @@ class EoeGpuPool(GpuPool):
         if self.wake_at is None or until < self.wake_at:
             self.wake_at = until
 
-    def after_pass(self, now: float, estimates: Any) -> None:
-        if self.manager.prerestore_ok:
-            self.scheduler.prerestore(self, now, estimates)
