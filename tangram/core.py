@@ -889,11 +889,16 @@ class Tangram:
         queued, running, started = self.queued, self.running, pool.started
         duration, lane_lease, core_lease = self.estimates.duration, lane.lane_lease, lane.core_lease
         full = False  # the lane is full: it stays full for this pass (nothing ends in it)
+        queue = pool.queue
         while light:
             p = light[0]
             lease = None if full else lane_lease(p, now)
             if lease is None:
                 full = True
+                # an idle exclusive core goes to whichever waited first: a light action
+                # does not overtake the queue's head (arrival order within the pool)
+                if queue and queue[0].submit_s < p.submit_s:
+                    break
                 lease = core_lease(p)
                 if lease is None:
                     break
