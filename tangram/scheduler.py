@@ -219,7 +219,7 @@ class ElasticScheduler:
             ids.intersection_update(running)
         free = pool.free_units()
         # (in order of end: what the running actions give back by a time is a prefix)
-        ends = sorted(pool.expected_ends(now))
+        ends = pool.expected_ends(now)
         end_at = [end for end, _ in ends]
         freed_by = list(accumulate((k for _, k in ends), initial=0))
         total = free + freed_by[-1]
@@ -235,11 +235,14 @@ class ElasticScheduler:
         arrivals = estimates.arrivals
         thinking = arrivals.thinking(pool.name) * share
         think_s = max(arrivals.think_s, 1e-9)
+        widest = min(free, self.FAIR_SPAN * fair)
         caps = []
         for p in elastic:
             cap = p.key_min
             for u, d in p.durations.items():
-                if u <= cap or u > free or u > self.FAIR_SPAN * fair:
+                if u > widest:
+                    break  # (and every count after it: a table's counts ascend, as choices)
+                if u <= cap:
                     continue
                 # units the elastic arrivals during its run want, less what the running
                 # actions give back by then: a grant leaves at least that much free
@@ -291,8 +294,9 @@ class ElasticScheduler:
         head = elastic[0]
         # (past its expected end: expected to run as long again as it has so far)
         ends = pool.expected_ends(now)
-        ends.extend((now + estimate(p), p.key_min) for p in fixed)
-        ends.sort()
+        if fixed:
+            ends.extend((now + estimate(p), p.key_min) for p in fixed)
+            ends.sort()
         running = Ends(ends)
         free0 = pool.free_units() - sum(p.key_min for p in fixed)
         # Beyond the paper: evicting down to nothing lets the head wait for more units
