@@ -394,9 +394,9 @@ class Ends:
     """(expected end, units) of the running actions, popped in order of end, as the
     objective's walks see them: the actions running when the pass began, sorted once per
     pass and shared by every walk (read from an index, never copied), and a small heap of
-    those the walk itself started. A pop takes the least of the two heads: the sequence a
-    heap of them all would give (equal entries are equal values), without copying and
-    heapifying hundreds of running actions per alternative a pass weighs."""
+    those the walk itself started. Each is taken from the least of the two heads: the
+    sequence a heap of them all would give (equal entries are equal values), without
+    copying and heapifying hundreds of running actions per alternative a pass weighs."""
 
     __slots__ = ("_base", "_next", "_started")
 
@@ -416,35 +416,38 @@ class Ends:
     def copy(self) -> Ends:
         return Ends(self._base, self._next, self._started.copy())
 
-    def __bool__(self) -> bool:
-        return self._next < len(self._base) or bool(self._started)
+    def free_up(self, free: int, need: int, clock: float) -> tuple[int, float]:
+        """Take the entries that end first until ``need`` units are free (or none is
+        left): (units free, the clock) then, from ``free`` units free at ``clock``."""
+        base, i, started = self._base, self._next, self._started
+        n = len(base)
+        while free < need:
+            # the least of the two heads
+            if i < n and (not started or base[i] <= started[0]):
+                end, units = base[i]
+                i += 1
+            elif started:
+                end, units = heapq.heappop(started)
+            else:
+                break
+            free += units
+            if end > clock:
+                clock = end
+        self._next = i
+        return free, clock
 
     def push(self, entry: tuple[float, int]) -> None:
         heapq.heappush(self._started, entry)
-
-    def pop(self) -> tuple[float, int]:
-        """The entry that ends first (the ends must not be empty)."""
-        i, started = self._next, self._started
-        if i < len(self._base):
-            head = self._base[i]
-            if not started or head <= started[0]:
-                self._next = i + 1
-                return head
-        return heapq.heappop(started)
 
 
 def _earliest_finish(ends: Ends, free: int, clock: float, p: Pending) -> tuple[int, float]:
     """The unit count that would finish ``p`` first given when the running actions free
     their units (waiting for them if that pays), and when it would start."""
-    ordered = ends.copy()  # (popped here, not by the walk: ``ends`` stays as it is)
+    ordered = ends.copy()  # (taken from here, not by the walk: ``ends`` stays as it is)
     avail, t = free, clock
     best_u, best_finish, best_start = p.key_min, float("inf"), clock
     for u in p.choices:
-        while avail < u and ordered:
-            end, units = ordered.pop()
-            avail += units
-            if end > t:
-                t = end
+        avail, t = ordered.free_up(avail, u, t)
         if avail < u:
             break
         finish = t + p.durations[u]
@@ -456,11 +459,7 @@ def _earliest_finish(ends: Ends, free: int, clock: float, p: Pending) -> tuple[i
 def _place(ends: Ends, free: int, clock: float, need: int, dur: float,
            now: float) -> tuple[float, int, float]:
     """Start an action of ``need`` units once they are free; (cost, free, clock) after."""
-    while free < need and ends:
-        end, units = ends.pop()
-        free += units
-        if end > clock:
-            clock = end
+    free, clock = ends.free_up(free, need, clock)
     ends.push((clock + dur, need))
     return clock - now + dur, free - need, clock
 
