@@ -129,6 +129,15 @@ class SpeedupCurve:
         a, b, c = f
         return a + b / units + c * (units - 1)
 
+    def table(self, choices: tuple[int, ...]) -> dict[int, float] | None:
+        """:meth:`duration` of each of ``choices`` (at least 1e-6), the fit read once;
+        None until it can be trusted."""
+        f = self.fit()
+        if f is None:
+            return None
+        a, b, c = f
+        return {u: max(a + b / u + c * (u - 1), 1e-6) for u in choices}
+
 
 class CommandCurves:
     """Speedup curves of one (task, kind) per *command* (a test file, a suite), with the
@@ -355,8 +364,9 @@ class DurationModel:
             if table is not None:
                 return table
         c = self._curves.get(key)
-        if c is not None and c.fit() is not None:
-            return {u: max(c.duration(u) or 0.0, 1e-6) for u in choices}
+        table = c.table(choices) if c is not None else None
+        if table is not None:
+            return table
         if c is not None and c.n >= self.EXPLORE_RUNS:
             return None
         p = self.PRIOR_PARALLEL
