@@ -16,7 +16,7 @@ completions lives in :class:`tangram.estimates.Estimates`.
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import repeat
 from operator import attrgetter
@@ -25,7 +25,7 @@ from types import MappingProxyType
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.cpu.admission import RESERVE, MemoryAdmission
 from tangram.estimates import Estimates, command_of
-from tangram.model import Action, BatchMember, Dispatch, GpuPlan, Lease, Outcome, counted
+from tangram.model import Action, BatchMember, Demand, Dispatch, GpuPlan, Lease, Outcome, counted
 from tangram.policies import Policy
 from tangram.pool import NONE, LightLane, Pending, PoolPoints
 from tangram.protocol import (
@@ -65,6 +65,15 @@ _ID, _TRAJECTORY = attrgetter("id"), attrgetter("trajectory")
 #: a lane action overstays at its start + the lane's hold; a timer set for that instant
 #: may fire a rounding error before it (now + (at - now) != at in floating point)
 _TICK = 1e-9
+
+
+def _quotas(cost: Mapping[str, Demand]) -> Mapping[str, float]:
+    """The quotas an action of ``cost`` holds while it runs (NONE, shared, for most: they
+    hold none)."""
+    for res in cost:  # (a loop: cheaper than a set test for the usual one or two)
+        if res not in _UNCOUNTED and counted(res):
+            return {k: d.min for k, d in cost.items() if counted(k) and d.min > 0}
+    return NONE
 
 
 def _by_pool(actions: list[Action], pools: list[PoolPoints | None]
@@ -400,9 +409,8 @@ class Tangram:
                         if demand.min > spec.limit:
                             raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
                                              f"limit {spec.limit}")
-            gpu = cost.get("gpu")  # (action.min, inlined)
-            if gpu is not None and gpu.choices[0] > 0:
-                k = (action.service or "", gpu.choices)
+            if action.min("gpu") > 0:
+                k = (action.service or "", cost["gpu"].choices)
                 why = seen.get(k, False)
                 if why is False:
                     why = seen[k] = self.gpu.feasible(*k)[1]
@@ -681,14 +689,8 @@ class Tangram:
         lane_model, mean_n = durations.lane, durations.mean_n
         # per (task, kind) of the batch: its runs and their mean
         kinds: dict[tuple[str, str], tuple[int, float]] = {}
-        new = object.__new__
         for action in actions:
-            cost = action.cost
-            quotas = NONE  # shared: most actions hold no quota
-            for res in cost:  # (_quotas, inlined)
-                if res not in _UNCOUNTED and counted(res):
-                    quotas = {k: d.min for k, d in cost.items() if counted(k) and d.min > 0}
-                    break
+            quotas = _quotas(action.cost)
             if key is None:  # (a pool with no key resource: API calls)
                 append(Pending(action, now, 0, quotas))
                 continue
@@ -698,19 +700,8 @@ class Tangram:
                 if sched.elastic_enabled and len(choices) > 1:
                     declared = sched.declared_profile(action, estimates)
                     if declared is not None:  # its table, E.durations(T1, choices), on first read
-                        # (Pending(action, now, key_min, quotas, True, False, choices, NONE,
-                        # declared), without the class call: see below)
-                        p = new(Pending)
-                        p.action = action
-                        p.submit_s = now
-                        p.key_min = key_min
-                        p.quotas = quotas
-                        p.elastic = True
-                        p.light = False
-                        p.choices = choices
-                        p._durations = None
-                        p._profile = declared
-                        append(p)
+                        append(Pending(action, now, key_min, quotas, True, False, choices,
+                                       NONE, declared))
                         continue
                     durations = sched.profile(action, choices, estimates)
                     if durations:
@@ -731,21 +722,7 @@ class Tangram:
                     if runs is None:
                         runs = kinds[k] = mean_n(k)
                     light = lane_model.light(action, "", light_s, *runs)
-            # Pending(action, now, key_min, quotas, False, light, choices, NONE), its slots set
-            # here: CPython 3.11 calls a class's Python __init__ through a slow generic path
-            # (~2,400 machine instructions a Pending, ~1,400 so; a burst builds thousands).
-            # tests/test_core.py checks these are the Pendings the class builds.
-            p = new(Pending)
-            p.action = action
-            p.submit_s = now
-            p.key_min = key_min
-            p.quotas = quotas
-            p.elastic = False
-            p.light = light
-            p.choices = choices
-            p._durations = NONE
-            p._profile = None
-            append(p)
+            append(Pending(action, now, key_min, quotas, False, light, choices))
         return out
 
     def _request_env(self, trajectory: str) -> None:
@@ -775,7 +752,7 @@ class Tangram:
         if not self.unbound or (not newly and self.unbound[0].action.trajectory in self.opening):
             return
         waiting: deque[Pending] = deque()
-        unbound, opening, trajectories = self.unbound, self.opening, self.trajectories
+        unbound, opening = self.unbound, self.opening
         bind, route, resources = self.cpu.bind, self.policy.route, self._resources
         while unbound:
             p = unbound[0]
@@ -783,10 +760,7 @@ class Tangram:
             if action.trajectory in opening:
                 waiting.append(unbound.popleft())
                 continue
-            mem = trajectories[action.trajectory].mem_gb  # (_trajectory_mem, inlined)
-            if mem is None:
-                mem = action.min("mem_gb")
-            node = bind(action.trajectory, mem, p.key_min)
+            node = bind(action.trajectory, self._trajectory_mem(action), p.key_min)
             if node is None:
                 break
             unbound.popleft()
@@ -887,7 +861,7 @@ class Tangram:
         light = lane.light
         # (hoisted: a burst starts hundreds here)
         queued, running, started = self.queued, self.running, pool.started
-        duration, lane_lease, core_lease = self.estimates.duration, lane.lane_lease, lane.core_lease
+        estimate, lane_lease, core_lease = self.estimates.estimate, lane.lane_lease, lane.core_lease
         full = False  # the lane is full: it stays full for this pass (nothing ends in it)
         queue = pool.queue
         while light:
@@ -907,7 +881,7 @@ class Tangram:
             aid = action.id
             del queued[aid]
             units = lease.units
-            expected = duration(action, p.key_min, p.durations)  # (estimate, inlined)
+            expected = estimate(p)
             d = Dispatch(action, lease, p.submit_s, now, expected)
             p.dispatch, p.pool, p.batch_left = d, pool, None
             running[aid] = p

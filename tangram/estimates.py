@@ -129,6 +129,15 @@ class SpeedupCurve:
         a, b, c = f
         return a + b / units + c * (units - 1)
 
+    def table(self, choices: tuple[int, ...]) -> dict[int, float] | None:
+        """:meth:`duration` of each of ``choices`` (at least 1e-6), the fit read once;
+        None until it can be trusted."""
+        f = self.fit()
+        if f is None:
+            return None
+        a, b, c = f
+        return {u: max(a + b / u + c * (u - 1), 1e-6) for u in choices}
+
 
 class CommandCurves:
     """Speedup curves of one (task, kind) per *command* (a test file, a suite), with the
@@ -362,7 +371,8 @@ class DurationModel:
         else:
             t1 = self.default_s
         prior = {u: t1 * ((1 - p) + p / u) for u in choices}
-        if c is not None and c.fit() is not None:
+        fitted = c.table(choices) if c is not None else None
+        if fitted is not None:
             # the fit weighed against the prior as if the prior were EXPLORE_RUNS runs
             # (shrinkage): the runs of one kind are suites of different sizes, and a few
             # of them fit any shape. Issue 30: after 12 runs the kind's curve was flat,
@@ -370,8 +380,7 @@ class DurationModel:
             # flat curve; and a per-unit cost fitted to the size scatter (0.19 s/unit on
             # an Amdahl-only trace) held every test at 6 of 64 free cores.
             w = c.n / (c.n + self.EXPLORE_RUNS)
-            return {u: max(w * (c.duration(u) or 0.0) + (1 - w) * prior[u], 1e-6)
-                    for u in choices}
+            return {u: max(w * fitted[u] + (1 - w) * prior[u], 1e-6) for u in choices}
         if c is not None and c.n >= self.EXPLORE_RUNS:
             return None
         return prior

@@ -381,17 +381,13 @@ class Policy:
         out: list[Pool | None] = []
         append = out.append
         for action in actions:
-            cost = action.cost  # (action.min, inlined: every submission routes)
-            gpu = cost.get("gpu")
-            if gpu is not None and gpu.choices[0] > 0:
+            if action.min("gpu") > 0:
                 append(pools[self.gpu.route(action)])
-                continue
-            cpu = cost.get("cpu")
-            if cpu is not None and cpu.choices[0] > 0:
+            elif action.min("cpu") > 0:
                 # (``in`` then ``[]``: a mappingproxy's ``get`` is a method call on its dict,
                 # ~3x the cost; a burst's trajectories are mostly not bound yet)
                 t = action.trajectory
-                append(pools[f"cpu:{bound[t]}"] if t in bound else None)  # (node_pool, inlined)
+                append(self.node_pool(bound[t], res) if t in bound else None)
             else:
                 append(pools[API_POOL])
         return out

@@ -43,6 +43,7 @@ Ordering (QueueSort) is the scheduler's: ``Ordering`` in tangram/scheduler.py.
 
 from __future__ import annotations
 
+from bisect import bisect_left, insort
 from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -220,6 +221,11 @@ class PoolPoints(Protocol):
     def usage(self) -> dict[str, float]: ...
 
 
+def _remove(ordered: list[tuple[float, int]], entry: tuple[float, int]) -> None:
+    """Take one ``entry`` out of the sorted list ``ordered`` (it holds it)."""
+    del ordered[bisect_left(ordered, entry)]
+
+
 class Pool:
     """Base: a pool with no key resource (API-only actions)."""
 
@@ -237,11 +243,15 @@ class Pool:
         self.running: dict[str, tuple[float, int, float]] = {}
         # expected_ends, kept incrementally once first asked (None until then: a pool whose
         # scheduler never asks pays nothing): the running actions not past their expected
-        # end as of the last call, (end, units); those past it, as ``running`` has them;
-        # and a heap of (end, id) of the former (lazily pruned) that finds who went past
+        # end as of the last call, (end, units), by id and as one sorted list; those past
+        # it, as ``running`` has them; a heap of (end, id) of the former (lazily pruned)
+        # that finds who went past; and the last answer, while nothing started or ended
+        # (a pass asks twice: the width caps and the objective)
         self._ahead: dict[str, tuple[float, int]] = {}
+        self._ahead_sorted: list[tuple[float, int]] = []
         self._overdue: dict[str, tuple[float, int, float]] = {}
         self._by_end: list[tuple[float, str]] | None = None
+        self._last_ends: tuple[float, list[tuple[float, int]]] | None = None
 
     def admit(self, p: Pending) -> None:
         """Queue ``p`` (a pool may keep some actions in a queue of their own)."""
@@ -297,7 +307,15 @@ class Pool:
         self.running[action_id] = (end_s, units, now)
         by_end = self._by_end
         if by_end is not None:
-            self._ahead[action_id] = (end_s, units)
+            self._last_ends = None
+            entry = (end_s, units)
+            # (started again, as a lane action that booked a core: its entry replaced)
+            old = self._ahead.get(action_id)
+            if old is not None:
+                _remove(self._ahead_sorted, old)
+            self._overdue.pop(action_id, None)
+            self._ahead[action_id] = entry
+            insort(self._ahead_sorted, entry)
             heappush(by_end, (end_s, action_id))
             if len(by_end) > 2 * len(self.running) + 64:
                 # entries of actions that ended before their expected end: drop them (a
@@ -307,33 +325,44 @@ class Pool:
 
     def ended(self, action_id: str) -> None:
         if self.running.pop(action_id, None) is not None and self._by_end is not None:
-            if self._ahead.pop(action_id, None) is None:
+            self._last_ends = None
+            entry = self._ahead.pop(action_id, None)
+            if entry is None:
                 self._overdue.pop(action_id, None)
+            else:
+                _remove(self._ahead_sorted, entry)
 
     def expected_ends(self, now: float) -> list[tuple[float, int]]:
-        """(expected end, units) of every running action, for the schedulers' objective
-        (in no particular order: they go through a heap). An action past its expected end
-        is expected to run as long again as it has so far (heavy tails), not to finish
-        this instant. Kept incrementally: a pass is not an O(running) Python loop (a
-        256-core node runs hundreds), only those past their end are computed again."""
+        """(expected end, units) of every running action, for the schedulers' objective,
+        sorted (a new list: the caller's to change). An action past its expected end is
+        expected to run as long again as it has so far (heavy tails), not to finish this
+        instant. Kept incrementally: a pass is not an O(running) Python loop (a 256-core
+        node runs hundreds), only those past their end are computed again."""
+        last = self._last_ends
+        if last is not None and last[0] == now:
+            return last[1].copy()
         by_end, ahead, overdue = self._by_end, self._ahead, self._overdue
         if by_end is None:  # first asked: from now on kept by started/ended
             for aid, (end, units, _) in self.running.items():
                 ahead[aid] = (end, units)
             by_end = self._by_end = [(end, aid) for aid, (end, _) in ahead.items()]
             heapify(by_end)
+            self._ahead_sorted = sorted(ahead.values())
         while by_end and by_end[0][0] <= now:  # reached their expected end since
             end, aid = heappop(by_end)
             got = ahead.get(aid)
             if got is not None and got[0] == end:  # (else: ended, a stale entry)
                 del ahead[aid]
+                _remove(self._ahead_sorted, got)
                 overdue[aid] = self.running[aid]
-        out = list(ahead.values())
+        out = self._ahead_sorted.copy()
         if overdue:
             # (also right if ``now`` went back: the same rule as for one not yet moved)
             out += [(end if end > now else now + (now - start), units)
                     for end, units, start in overdue.values()]
-        return out
+            out.sort()  # (a sorted run and a short one: about linear)
+        self._last_ends = (now, out)
+        return out.copy()
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
         return ()

@@ -39,8 +39,9 @@ by about the same amount in every alternative, and the cap bounds a pass.
 from __future__ import annotations
 
 import heapq
+from bisect import bisect_right
 from collections.abc import Iterable, Sequence
-from itertools import islice
+from itertools import accumulate, islice
 from typing import Protocol
 
 from tangram.api.quota import QuotaManager
@@ -219,7 +220,11 @@ class ElasticScheduler:
         if ids:
             ids.intersection_update(running)
         free = pool.free_units()
-        total = free + sum(u for _, u, _ in running.values())
+        # (in order of end: what the running actions give back by a time is a prefix)
+        ends = pool.expected_ends(now)
+        end_at = [end for end, _ in ends]
+        freed_by = list(accumulate((k for _, k in ends), initial=0))
+        total = free + freed_by[-1]
         share = estimates.durations.elastic_share(pool.name)
         present = ((len(ids) if ids else 0) + len(elastic)
                    + sum(1 for p in rest if p.elastic) + share * tail)
@@ -232,12 +237,14 @@ class ElasticScheduler:
         arrivals = estimates.arrivals
         thinking = arrivals.thinking(pool.name) * share
         think_s = max(arrivals.think_s, 1e-9)
-        ends = sorted(pool.expected_ends(now))
+        widest = min(free, self.FAIR_SPAN * fair)
         caps = []
         for p in elastic:
             cap = p.key_min
             for u, d in p.durations.items():
-                if u <= cap or u > free or u > self.FAIR_SPAN * fair:
+                if u > widest:
+                    break  # (and every count after it: a table's counts ascend, as choices)
+                if u <= cap:
                     continue
                 # An equal split of the units free now and those the running actions give
                 # back during its run, between itself and the elastic arrivals expected
@@ -246,7 +253,7 @@ class ElasticScheduler:
                 # to the minimum when that exceeded what was free; on a pool averaging one
                 # elastic action the fair share is the whole pool, so one expected arrival
                 # left a 38 s suite on 1 core of 22 free (and the arrival got 12).
-                freed = sum(k for end, k in ends if end <= now + d)
+                freed = freed_by[bisect_right(end_at, now + d)]
                 coming = thinking * min(1.0, d / think_s)
                 if u <= (free + freed) / (1.0 + coming):
                     cap = u
@@ -265,7 +272,7 @@ class ElasticScheduler:
     CONCURRENCY_ALPHA = 0.05
 
     def may_wait(self, head: Pending, rest: list[Pending], now: float,
-                 running: list[tuple[float, int]], free: int) -> bool:
+                 running: Ends, free: int) -> bool:
         """Whether eviction may go down to nothing so the head waits for a wider grant.
         Only with a short queue (behind a long one the units are contended anyway), and
         bounded: it never waits longer than its own run at the minimum, so its ACT at
@@ -293,8 +300,11 @@ class ElasticScheduler:
             return list(zip(elastic, minimum, strict=True))
         head = elastic[0]
         # (past its expected end: expected to run as long again as it has so far)
-        running = pool.expected_ends(now)
-        running.extend((now + estimate(p), p.key_min) for p in fixed)
+        ends = pool.expected_ends(now)
+        if fixed:
+            ends.extend((now + estimate(p), p.key_min) for p in fixed)
+            ends.sort()
+        running = Ends(ends)
         free0 = pool.free_units() - sum(p.key_min for p in fixed)
         # Beyond the paper: evicting down to nothing lets the head wait for more units
         # when that would finish it sooner (its depth exploration weighs "now at the
@@ -309,14 +319,13 @@ class ElasticScheduler:
 
         def objective(units: Sequence[int]) -> float:
             t = len(units)
-            heap = running.copy()
             total = 0.0
+            started = []
             for i, u in enumerate(units):
                 d = options[i][u]
                 total += d
-                heap.append((now + d, u))
-            heapq.heapify(heap)
-            return total + self._walk(heap, free0 - sum(units), now,
+                started.append((now + d, u))
+            return total + self._walk(running.with_started(started), free0 - sum(units), now,
                                       queued[t: t + self.lookahead], now, self.depth, tail)
 
         best_units, best_obj = minimum, objective(minimum)
@@ -353,64 +362,99 @@ class ElasticScheduler:
         return list(zip(elastic, best_units, strict=False))
 
     # -- Alg. 2 ------------------------------------------------------------------------
-    def _walk(self, heap: list[tuple[float, int]], free: int, clock: float,
+    def _walk(self, ends: Ends, free: int, clock: float,
               queued: list[tuple[int, float, Pending | None, float]], now: float,
               depth: int, tail: int = 0) -> float:
         """Sum of estimated completion times (from arrival) of the queued actions, each
-        started in order once it has arrived and its units are free."""
+        started in order once it has arrived and its units are free (``ends`` is this
+        walk's own: it takes what it starts)."""
         total = 0.0
-        pop, push = heapq.heappop, heapq.heappush
         for idx, (need, dur, p, arrival) in enumerate(queued):
             if arrival > clock:
                 clock = arrival
             if depth > 0 and p is not None:
                 depth -= 1
-                opts = self._options(heap, free, clock, p) if p.elastic else ()
+                opts = self._options(ends, free, clock, p) if p.elastic else ()
                 if len(opts) > 1:
                     # explore: at its minimum, or as wide as is free when it can start;
                     # keep whichever gives the least total over the rest of the queue
                     best = float("inf")
                     for u in opts:
-                        h = heap.copy()
+                        e = ends.copy()
                         d = p.durations[u]
-                        cost, f, clk = _place(h, free, clock, u, d, arrival)
-                        cost += self._walk(h, f, clk, queued[idx + 1:], now, depth, tail)
+                        cost, f, clk = _place(e, free, clock, u, d, arrival)
+                        cost += self._walk(e, f, clk, queued[idx + 1:], now, depth, tail)
                         best = min(best, cost)
                     return total + best
-            while free < need and heap:
-                end, units = pop(heap)
-                free += units
-                if end > clock:
-                    clock = end
-            push(heap, (clock + dur, need))
-            free -= need
-            total += clock - arrival + dur
+            cost, free, clock = _place(ends, free, clock, need, dur, arrival)
+            total += cost
         return total + tail * (clock - now)
 
     @staticmethod
-    def _options(heap: list[tuple[float, int]], free: int, clock: float,
-                 p: Pending) -> tuple[int, ...]:
+    def _options(ends: Ends, free: int, clock: float, p: Pending) -> tuple[int, ...]:
         """Its minimum, and the unit count that would finish it first."""
-        best_u, _ = _earliest_finish(heap, free, clock, p)
+        best_u, _ = _earliest_finish(ends, free, clock, p)
         return (p.key_min,) if best_u == p.key_min else (p.key_min, best_u)
 
 
-def _earliest_finish(heap: list[tuple[float, int]], free: int, clock: float,
-                     p: Pending) -> tuple[int, float]:
+class Ends:
+    """(expected end, units) of the running actions, popped in order of end, as the
+    objective's walks see them: the actions running when the pass began, sorted once per
+    pass and shared by every walk (read from an index, never copied), and a small heap of
+    those the walk itself started. Each is taken from the least of the two heads: the
+    sequence a heap of them all would give (equal entries are equal values), without
+    copying and heapifying hundreds of running actions per alternative a pass weighs."""
+
+    __slots__ = ("_base", "_next", "_started")
+
+    def __init__(self, base: list[tuple[float, int]], start: int = 0,
+                 started: list[tuple[float, int]] | None = None) -> None:
+        #: sorted by (end, units); shared, never changed
+        self._base = base
+        self._next = start
+        #: a heap
+        self._started = started if started is not None else []
+
+    def with_started(self, started: list[tuple[float, int]]) -> Ends:
+        """A walk's own: these, and ``started`` (which it takes) begun now."""
+        heapq.heapify(started)
+        return Ends(self._base, self._next, started)
+
+    def copy(self) -> Ends:
+        return Ends(self._base, self._next, self._started.copy())
+
+    def free_up(self, free: int, need: int, clock: float) -> tuple[int, float]:
+        """Take the entries that end first until ``need`` units are free (or none is
+        left): (units free, the clock) then, from ``free`` units free at ``clock``."""
+        base, i, started = self._base, self._next, self._started
+        n = len(base)
+        while free < need:
+            # the least of the two heads
+            if i < n and (not started or base[i] <= started[0]):
+                end, units = base[i]
+                i += 1
+            elif started:
+                end, units = heapq.heappop(started)
+            else:
+                break
+            free += units
+            if end > clock:
+                clock = end
+        self._next = i
+        return free, clock
+
+    def push(self, entry: tuple[float, int]) -> None:
+        heapq.heappush(self._started, entry)
+
+
+def _earliest_finish(ends: Ends, free: int, clock: float, p: Pending) -> tuple[int, float]:
     """The unit count that would finish ``p`` first given when the running actions free
     their units (waiting for them if that pays), and when it would start."""
-    # in order of end (a heap: most calls look at a few of hundreds, a sort costs them all)
-    ordered = list(heap)
-    heapq.heapify(ordered)
-    pop = heapq.heappop
+    ordered = ends.copy()  # (taken from here, not by the walk: ``ends`` stays as it is)
     avail, t = free, clock
     best_u, best_finish, best_start = p.key_min, float("inf"), clock
     for u in p.choices:
-        while avail < u and ordered:
-            end, units = pop(ordered)
-            avail += units
-            if end > t:
-                t = end
+        avail, t = ordered.free_up(avail, u, t)
         if avail < u:
             break
         finish = t + p.durations[u]
@@ -419,15 +463,11 @@ def _earliest_finish(heap: list[tuple[float, int]], free: int, clock: float,
     return best_u, best_start
 
 
-def _place(heap: list[tuple[float, int]], free: int, clock: float, need: int, dur: float,
+def _place(ends: Ends, free: int, clock: float, need: int, dur: float,
            now: float) -> tuple[float, int, float]:
     """Start an action of ``need`` units once they are free; (cost, free, clock) after."""
-    while free < need and heap:
-        end, units = heapq.heappop(heap)
-        free += units
-        if end > clock:
-            clock = end
-    heapq.heappush(heap, (clock + dur, need))
+    free, clock = ends.free_up(free, need, clock)
+    ends.push((clock + dur, need))
     return clock - now + dur, free - need, clock
 
 
@@ -460,7 +500,7 @@ class PaperScheduler(ElasticScheduler):
         return None
 
     def may_wait(self, head: Pending, rest: list[Pending], now: float,
-                 running: list[tuple[float, int]], free: int) -> bool:
+                 running: Ends, free: int) -> bool:
         return False
 
 

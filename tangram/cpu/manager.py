@@ -73,8 +73,7 @@ def pick_domains(free: list[int], n: int, numa_local: bool) -> list[tuple[int, i
             if f >= n and (best < 0 or f < free[best]):
                 best = d
         return None if best < 0 else [(best, n)]
-    if n == 1:  # (most actions: the fullest domain, the first of equals, as below; its
-        # twin is inlined in CpuManager.reserve: change both together)
+    if n == 1:  # (most actions: the fullest domain, the first of equals, as below)
         most = max(free, default=0)
         return None if most < 1 else [(free.index(most), 1)]
     if sum(free) < n:
@@ -117,58 +116,29 @@ class CpuManager:
         (by memory: free cores only rank the nodes); the node of each bound, in order (one
         loop for a batch: a burst binds thousands). ``min_cores`` is a whole number, an int
         or a float (a Demand's)."""
-        binding, held = self._binding, self._held
-        # each node with what of it does not change (its name, memory, and whether its free
-        # memory is observed: ``refusal``'s rule for a node nobody observes is inlined, the
-        # common case, as that rule is the same for every MemoryAdmission)
-        refusal, start_gb = self.admission.refusal, self.admission.start_gb
-        inline = type(self.admission).refusal is MemoryAdmission.refusal
-        nodes = [(node, node.name, node.spec.mem_gb, node.spec.mem_gb + 1e-9,
-                  inline and node.mem_observed_free is None) for node in self.nodes.values()]
+        binding = self._binding
         done: list[str] = []
-        append = done.append
-        if len(nodes) == 1 and nodes[0][4]:
-            # one node, nobody observes it (a burst on one machine): the loop below without
-            # its loop over nodes (~1/3 of a trajectory's binding)
-            one, name, _, mem_cap, _ = nodes[0]
-            for trajectory, mem_gb, min_cores in requests:
-                bound = binding.get(trajectory)
-                if bound is None:
-                    if one.mem_reserved + mem_gb > mem_cap or one.spec.cores < min_cores:
-                        break
-                    one.mem_reserved += mem_gb
-                    one.mem_since += start_gb if start_gb < mem_gb else mem_gb
-                    bound = binding[trajectory] = name
-                    held[trajectory] = mem_gb
-                append(bound)
-            return done
         for trajectory, mem_gb, min_cores in requests:
             bound = binding.get(trajectory)
             if bound is None:
                 best: CpuNode | None = None
                 best_idle = False
-                for node, name, node_mem, mem_cap, unobserved in nodes:
+                for node in self.nodes.values():
                     if node.spec.cores < min_cores:  # (never: a smaller node of a mixed cluster)
                         continue
-                    if unobserved:  # (every declared limit reserved in full)
-                        if node.mem_reserved + mem_gb > mem_cap:
-                            continue
-                    elif refusal(name, node_mem, node.mem_reserved, mem_gb,  # (mem_refusal)
-                                 node.mem_observed_free, node.mem_since) is not None:
+                    if self.mem_refusal(node, mem_gb) is not None:
                         continue
                     # a node where the first action starts now first, then memory balance
                     idle = node.free_cores >= min_cores
                     if best is None or idle > best_idle or (
-                            idle == best_idle and node.mem_reserved / node_mem
+                            idle == best_idle and node.mem_reserved / node.spec.mem_gb
                             < best.mem_reserved / best.spec.mem_gb):
                         best, best_idle = node, idle
                 if best is None:
                     break
-                best.mem_reserved += mem_gb  # (hold_memory, inlined)
-                best.mem_since += start_gb if start_gb < mem_gb else mem_gb  # (min, inlined)
-                bound = binding[trajectory] = best.name
-                held[trajectory] = mem_gb
-            append(bound)
+                bound = best.name
+                self.hold_memory(trajectory, bound, mem_gb)
+            done.append(bound)
         return done
 
     def hold_memory(self, trajectory: str, node: str, mem_gb: float) -> None:
@@ -213,19 +183,6 @@ class CpuManager:
         if action_id in self._live:
             raise ValueError(f"action_id: {action_id!r} already holds a lease")
         host = self.nodes[node]
-        if n == 1 and not numa_local:
-            # (pick_domains' one-core rule, inlined: the fullest domain, the first of equals;
-            # a burst grants hundreds of single cores)
-            fullest = None
-            for dom in host.domains:
-                if dom and (fullest is None or len(dom) > len(fullest)):
-                    fullest = dom
-            if fullest is None:
-                return None
-            host.free_cores -= 1
-            lease = CpuLease(action_id, node, (fullest.pop(0),))
-            self._live[action_id] = lease
-            return lease
         plan = pick_domains(host.free_per_domain(), n, numa_local)
         if plan is None:
             return None
