@@ -136,7 +136,7 @@ class Tangram:
         #: (Capabilities.evicts)
         self._evicts = False
         #: idle trajectories unbound for waiting ones (MemoryObserved)
-        self.reclaimed = 0
+        self._reclaimed = 0
         self._resources = res
         self.unbound: deque[Pending] = deque()
         #: trajectories whose environment starts at open (the policy's ``env`` part asked
@@ -152,7 +152,7 @@ class Tangram:
         #: the core counts within both limits (a NUMA domain's is the smaller)
         self._whole_fits = frozenset(range(1, self._max_domain + 1))
         #: scheduling passes that dispatched something
-        self.passes = 0
+        self._passes = 0
 
     # -- the door (tangram/protocol.py) ------------------------------------------------
     def handle(self, command: Command, now: float) -> list[Effect]:
@@ -202,7 +202,7 @@ class Tangram:
                 else:
                     out = [Stop(action_id)] if action_id in self.running else []
             case NodeJoined(spec) if isinstance(spec, GpuNodeSpec):
-                out = list(self.gpu_node_back(spec.name, now))
+                out = list(self._gpu_node_back(spec.name, now))
             case NodeJoined(spec):
                 out = list(self.add_node(spec, now))
             case NodeLost(node):
@@ -215,7 +215,7 @@ class Tangram:
                     self.gpu.reset_node(node)
                 out = []
             case MemoryObserved(node, free_gb, idle_after_s):
-                out = self.memory_observed(node, free_gb, idle_after_s, now)
+                out = self._memory_observed(node, free_gb, idle_after_s, now)
             case Attach(capabilities):
                 # pre-restores only for a backend that carries them out: another would not
                 # hold what the core then believes resident
@@ -266,8 +266,8 @@ class Tangram:
         replay); ``detail`` False: only the counts, usage, capacity and counters."""
         gpu = self.gpu
         counters = {"gpu_restores": gpu.restores, "gpu_restore_hits": gpu.hits,
-                    "gpu_restore_s_total": gpu.restore_s_total, "scheduler_passes": self.passes,
-                    "trajectories_reclaimed": self.reclaimed}
+                    "gpu_restore_s_total": gpu.restore_s_total, "scheduler_passes": self._passes,
+                    "trajectories_reclaimed": self._reclaimed}
         snap = Snapshot(self.policy.label, len(self.queued), len(self.running),
                         len(self.trajectories), len(self.opening) + len(self.unbound),
                         MappingProxyType(self.usage()), MappingProxyType(self.capacity()),
@@ -600,7 +600,7 @@ class Tangram:
         return self.estimates.estimate(p)
 
     # -- memory admission (tangram/cpu/admission.py) ---------------------------------------
-    def memory_observed(self, node: str, free_gb: float, idle_after_s: float,
+    def _memory_observed(self, node: str, free_gb: float, idle_after_s: float,
                         now: float) -> list[Effect]:
         """``node``'s free memory as just observed: admission goes by it from now on.
         While trajectories wait for a node, idle ones give their place for the first one
@@ -655,7 +655,7 @@ class Tangram:
             if not over_cap and not self._evicts:
                 break  # nothing held in memory to free: the shortage is not theirs
             self.cpu.unbind(tid)
-            self.reclaimed += 1
+            self._reclaimed += 1
             out.append(tid)
             if not over_cap:
                 break  # observed shortage: one per observation
@@ -813,7 +813,7 @@ class Tangram:
             if got is not None:
                 granted.append((p, *got))
         pool.take([p for p, _, _ in granted])
-        self.passes += 1
+        self._passes += 1
         out = []
         for p, lease, plan in granted:
             del self.queued[p.action.id]
@@ -949,7 +949,7 @@ class Tangram:
         self._cpu_nodes_changed((*self.cluster.cpu_nodes, spec))
         return self._schedule(now, ())
 
-    def gpu_node_back(self, node: str, now: float) -> list[Effect]:
+    def _gpu_node_back(self, node: str, now: float) -> list[Effect]:
         """A GPU node of the cluster that was lost is back: its free GPUs rejoin the pool
         (nothing resident). Returns what can start now. A GPU node the cluster never had
         is refused (the GPU pools are built from the cluster's nodes)."""
