@@ -27,6 +27,7 @@ import pytest
 from conftest import ROOT, TOKEN, start_server
 
 from executor.server.routes.openai import expected_done_s
+from executor.server.schemas import MIN_TIMEOUT_S
 from tangram.integrations.teacher import TangramTeacherClient
 from tangram.model import Action, Lease
 from tangram.protocol import QueueView, Snapshot, Waiting
@@ -149,29 +150,35 @@ def test_a_request_the_pool_would_not_serve_in_time_is_refused_with_retry_after(
     svc = _services(url)
     light, heavy = _per_request(svc["teacher0"]), _per_request(svc["teacher1"])
     assert heavy > light / 2, (light, heavy)  # the precondition of the queue check below
+    # (a timeout below a request's cost must be one the server accepts: >= MIN_TIMEOUT_S;
+    # the heavy service's requests cost more than that on any machine this runs on)
+    assert heavy > 2 * MIN_TIMEOUT_S, heavy
 
     # a timeout below what one request of the service has cost: refused at once
-    before = _services(url)["teacher0"]["requests"]
-    r = _post(url, {**LIGHT, "timeout_s": light / 2})
+    before = _services(url)["teacher1"]["requests"]
+    r = _post(url, {**HEAVY, "timeout_s": heavy / 2})
     assert r.status_code == 429, r.text
     assert int(r.headers["Retry-After"]) >= 1
-    assert "timeout" in r.json()["detail"] and "teacher0" in r.json()["detail"]
+    assert "timeout" in r.json()["detail"] and "teacher1" in r.json()["detail"]
     r = httpx.post(
         url + "/classify",
-        json={"model": "teacher0", "input": [1, 2, 3], "timeout_s": light / 2},
+        json={"model": "teacher1", "input": HEAVY["prompt"], "timeout_s": heavy / 2},
         headers=H,
         timeout=60,
     )
     assert r.status_code == 429 and "Retry-After" in r.headers, r.text
-    assert _services(url)["teacher0"]["requests"] == before  # nothing was run
+    assert _services(url)["teacher1"]["requests"] == before  # nothing was run
+    # below the shortest timeout an action may ask for: a clear 422, never a late one
+    r = _post(url, {**LIGHT, "timeout_s": MIN_TIMEOUT_S / 2})
+    assert r.status_code == 422 and "timeout_s" in r.text, r.text
 
     # an idle pool meets 1.5x the observed cost; with heavy requests ahead it does not
     light = _per_request(_services(url)["teacher0"])
-    assert _post(url, {**LIGHT, "timeout_s": 1.5 * light}).status_code == 200
+    assert _post(url, {**LIGHT, "timeout_s": max(1.5 * light, MIN_TIMEOUT_S)}).status_code == 200
     light = _per_request(_services(url)["teacher0"])
     threads, codes = _blockers(url, 4)
     _wait_leased(url, threads)
-    r = _post(url, {**LIGHT, "timeout_s": 1.5 * light})
+    r = _post(url, {**LIGHT, "timeout_s": max(1.5 * light, MIN_TIMEOUT_S)})
     still_busy = any(t.is_alive() for t in threads)
     assert r.status_code == 429, (r.status_code, r.text, still_busy)
     assert int(r.headers["Retry-After"]) >= 1
@@ -179,7 +186,7 @@ def test_a_request_the_pool_would_not_serve_in_time_is_refused_with_retry_after(
     # Tangram's teacher client waits Retry-After and asks again until it is served
     threads2, codes2 = _blockers(url, 4)
     _wait_leased(url, threads2)
-    client = TangramTeacherClient("teacher0", url, TOKEN, wait_s=1.5 * light)
+    client = TangramTeacherClient("teacher0", url, TOKEN, wait_s=max(1.5 * light, MIN_TIMEOUT_S))
     with caplog.at_level(logging.WARNING, logger="tangram.teacher"):
         out = asyncio.run(
             client.generate(
@@ -197,13 +204,14 @@ def test_the_client_gives_up_after_retry_s_with_the_servers_reason(one_gpu_serve
     """A request no wait can help (its timeout below its own cost) is refused each time;
     past ``retry_s`` the client raises with the 429's reason."""
     url = one_gpu_server.url
-    assert _post(url, LIGHT).status_code == 200
-    light = _per_request(_services(url)["teacher0"])
-    client = TangramTeacherClient("teacher0", url, TOKEN, wait_s=light / 2, retry_s=0)
+    assert _post(url, HEAVY).status_code == 200
+    heavy = _per_request(_services(url)["teacher1"])
+    assert heavy > 2 * MIN_TIMEOUT_S, heavy  # a timeout below its cost the server accepts
+    client = TangramTeacherClient("teacher1", url, TOKEN, wait_s=heavy / 2, retry_s=0)
     with pytest.raises(RuntimeError, match="HTTP 429.*timeout"):
         asyncio.run(
             client.generate(
-                "r2", prompt_ids=LIGHT["prompt"], sampling_params={"max_tokens": 1, "prompt_logprobs": 0}
+                "r2", prompt_ids=HEAVY["prompt"][0], sampling_params={"max_tokens": 1, "prompt_logprobs": 0}
             )
         )
 

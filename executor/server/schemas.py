@@ -29,6 +29,8 @@ MAX_COMMAND_CHARS = 64 * 1024
 MAX_ARGS = 4096
 #: the longest timeout an action may ask for (seconds); also the default
 MAX_TIMEOUT_S = 24 * 3600.0
+#: the shortest timeout an action may ask for (a GPU endpoint's ``timeout_s`` too)
+MIN_TIMEOUT_S = 0.01
 #: a sanity bound on core counts before the server compares them with its machine
 MAX_CORES = 4096
 MAX_ENV = 256
@@ -124,7 +126,7 @@ class ActionIn(BaseModel):
     parallel_fraction: float | None = Field(None, ge=0, le=1, description="Amdahl fraction of E(m).")
     quota: dict[QuotaKey, Annotated[float, Field(gt=0, le=1e9)]] = Field(
         default_factory=dict, max_length=16, description="Quota key -> units.")
-    timeout_s: float | None = Field(None, ge=0.01, le=MAX_TIMEOUT_S,
+    timeout_s: float | None = Field(None, ge=MIN_TIMEOUT_S, le=MAX_TIMEOUT_S,
                                     description=f"Kill after this many seconds (at most "
                                     f"{MAX_TIMEOUT_S:g}, also the default).")
     env: dict[EnvKey, str] = Field(default_factory=dict, max_length=MAX_ENV)

@@ -42,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from executor.server.routes.deps import service
 from executor.server.routes.gpus import gpu_backend
-from executor.server.schemas import ActionIn, Name, TrajectoryIn
+from executor.server.schemas import MIN_TIMEOUT_S, ActionIn, Name, TrajectoryIn
 from executor.server.service import Refused, Service
 from tangram.protocol import Snapshot
 
@@ -63,7 +63,9 @@ class CompletionIn(BaseModel):
     max_tokens: int | None = Field(None, ge=0, description="0 or 1: a forward pass.")
     prompt_logprobs: int | None = Field(None, ge=0)
     temperature: float | None = None
-    timeout_s: float | None = Field(None, gt=0, le=WAIT_S, description=(
+    # (at least the shortest an action may ask for: a smaller one is a clear 422 at once,
+    # not one from the action made after admission)
+    timeout_s: float | None = Field(None, ge=MIN_TIMEOUT_S, le=WAIT_S, description=(
         "How long the client waits (default and most: 600 s); a request the pool would "
         "not serve in time is answered 429 with Retry-After at once."))
 
@@ -74,7 +76,9 @@ class ClassifyIn(BaseModel):
     model: Name = Field(description="The GPU service (a reward model).")
     input: Tokens | list[Tokens] | str = Field(description="Token ids, or a list of them.")
     yes_token: int = Field(1, ge=0, description="The score: log-prob of this next token.")
-    timeout_s: float | None = Field(None, gt=0, le=WAIT_S, description=(
+    # (at least the shortest an action may ask for: a smaller one is a clear 422 at once,
+    # not one from the action made after admission)
+    timeout_s: float | None = Field(None, ge=MIN_TIMEOUT_S, le=WAIT_S, description=(
         "How long the client waits (default and most: 600 s); a request the pool would "
         "not serve in time is answered 429 with Retry-After at once."))
 
