@@ -529,7 +529,7 @@ CPU_LADDER: tuple[tuple[str, str, tuple[tuple[str, Any], ...]], ...] = (
 )
 GPU_LADDER: tuple[tuple[str, str, tuple[tuple[str, Any], ...]], ...] = (
     ("pooling (the paper's placement, batching)", "tangram-paper", ()),
-    ("+ residency / EOE rules / pre-restore (= tangram)", "tangram", ()),
+    ("+ residency / EOE rules (= tangram)", "tangram", ()),
 )
 
 

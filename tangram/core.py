@@ -796,7 +796,7 @@ class Tangram:
             out.extend(got)
             if not got or pool.free_units() <= 0:
                 break
-        pool.after_pass(now, self.estimates)  # e.g. a GPU pool pre-restores while idle
+        pool.after_pass(now, self.estimates)  # e.g. a static GPU pool deploys replicas
         return out
 
     def _pass_once(self, pool: PoolPoints, now: float) -> list[Dispatch]:

@@ -32,7 +32,7 @@ pools from these; the core and the schedulers call nothing else). They are the
 ``started``,         an action started on / ended its lease (``running``: what is
 ``ended``            running, for the schedulers' expected ends)
 ``batch``            queued actions that ride on a granted lease (continuous batching)
-``after_pass``       end of a scheduling pass (a GPU pool pre-restores while idle)
+``after_pass``       end of a scheduling pass (a static GPU pool deploys its replicas)
 ``next_wakeup``      when the pool wants a pass although nothing arrives or ends
 ``usage``            units in use, per resource, for utilisation sampling
 ``lane``             the pool's light lane (:class:`LightLane`), or None
