@@ -17,15 +17,24 @@ from pathlib import Path
 UNLIMITED = 1 << 60
 
 
-def own_memory_cgroup() -> Path | None:
-    """This process's cgroup v1 memory cgroup directory, None where there is none."""
+def own_memory_cgroup_name() -> str | None:
+    """This process's cgroup v1 memory cgroup as the hierarchy names it
+    (``/docker/<id>``, ``/tangram-test``), None where there is none."""
     try:
         lines = Path("/proc/self/cgroup").read_text().splitlines()
+    except OSError:
+        return None
+    return next((line.split(":", 2)[2] for line in lines
+                 if "memory" in line.split(":", 2)[1].split(",")), None)
+
+
+def own_memory_cgroup() -> Path | None:
+    """This process's cgroup v1 memory cgroup directory, None where there is none."""
+    rel = own_memory_cgroup_name()
+    try:
         mounts = Path("/proc/self/mountinfo").read_text().splitlines()
     except OSError:
         return None
-    rel = next((line.split(":", 2)[2] for line in lines
-                if "memory" in line.split(":", 2)[1].split(",")), None)
     if rel is None:
         return None
     for m in mounts:
@@ -58,8 +67,9 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
-def _working_set(level: Path) -> int | None:
-    """Usage less the file cache the kernel can drop (what only a kill frees)."""
+def working_set(level: Path) -> int | None:
+    """A v1 memory cgroup's usage less the file cache the kernel can drop (what only a
+    kill frees: the "working set", as kubelet counts it); None where it cannot be read."""
     usage = _read_int(level / "memory.usage_in_bytes")
     if usage is None:
         return None
@@ -79,12 +89,21 @@ def limit_gb() -> float | None:
     return min(limits) / 1024**3 if limits else None
 
 
+def sandboxes_parent() -> str | None:
+    """Where a server whose machine is a memory-limited cgroup puts the sandboxes it starts
+    through another daemon (docker's ``cgroup_parent``): its own memory cgroup, so that the
+    limit it observes as its machine's memory bounds them too, as it bounds the process
+    backend's children. None where no enclosing cgroup has a limit (the host is the machine:
+    the sandboxes stay where the daemon puts them)."""
+    return own_memory_cgroup_name() if limit_gb() is not None else None
+
+
 def free_gb() -> float | None:
     """The least memory any enclosing limited cgroup leaves (None: none is limited)."""
     out = None
     for level in _levels():
         limit = _read_int(level / "memory.limit_in_bytes")
-        used = _working_set(level)
+        used = working_set(level)
         if limit is None or limit >= UNLIMITED or used is None:
             continue
         left = max(limit - used, 0) / 1024**3

@@ -28,6 +28,17 @@ gets its container killed (the action ends ``timeout``, the trajectory's next
 action gets a fresh container and ``state_lost``). An OOM kill is reported as
 status ``oom``.
 
+Memory of the machine (``Capabilities.sheds``): each container is bounded by its own
+limit, but their limits together may exceed the machine (admission overcommits by
+observed use, tangram/cpu/admission.py). When the core finds the machine short (its
+``Shed``), the container whose cgroup holds the most loses its commands (killed as the
+sandbox user, inside it; its files stay) and its running actions end ``oom``. A server
+whose machine is a memory-limited cgroup (a container with ``--memory``) starts its
+sandboxes inside that cgroup (``cgroup_parent``, executor/node/cgroups.py), where the
+limit it observes bounds them too; with the engine's cgroupfs driver on cgroup v1 only
+(systemd's driver names slices, not paths; elsewhere they stay where the engine puts
+them, and a warning says so).
+
 Disk (``disk_gb``): the engine's ``--storage-opt size`` works only on overlay2 over
 xfs with project quotas (and devicemapper, btrfs, zfs); elsewhere (fuse-overlayfs,
 overlay2 on ext4) it is refused. There, the places the sandbox user can write -
@@ -69,10 +80,11 @@ from executor.backends.docker.limits import SandboxLimits
 from executor.backends.process.backend import outcome_of
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, FileError
+from executor.node import cgroups
 from executor.node.local import allowed_cpus
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import Capabilities
+from tangram.protocol import Capabilities, Shed
 
 log = logging.getLogger("tangram.docker")
 IMAGE = "tangram-sandbox:1"
@@ -209,6 +221,8 @@ class Sandbox:
     #: cgroup files written directly when writable (None: the engine's update API)
     cpuset_file: str | None = None
     quota_file: str | None = None
+    #: its memory cgroup's directory, where readable (None: its use is unknown)
+    memory_dir: str | None = None
     busy: bool = False
     #: file operations in progress (the idle quota is lifted to FILE_QUOTA_US meanwhile)
     files: int = 0
@@ -224,7 +238,8 @@ class Sandbox:
 
 class DockerBackend:
     name = "docker"
-    capabilities = Capabilities(images=True, files=True, evicts=True, forks=True)
+    capabilities = Capabilities(images=True, files=True, evicts=True, forks=True,
+                                sheds=True)
 
     def __init__(self, image: str = IMAGE, cpu_map: list[int] | None = None,
                  idle_ttl_s: float = 600.0, workers: int = 16,
@@ -240,6 +255,7 @@ class DockerBackend:
         self.pids_limit = pids_limit
         self.disk_gb = disk_gb
         self._storage_opt = _quota_capable(self.client)
+        self.cgroup_parent = _cgroup_parent(self.client)
         self.warm_size = warm
         self.run_id = uuid.uuid4().hex[:12]
         # the agent runs on the host's python3: at /usr in the default image, under
@@ -269,6 +285,8 @@ class DockerBackend:
         self._cgroup_template: tuple[str, str] | None = None
         self._lost: set[str] = set()  # trajectories whose container died: report at next action
         self._running: dict[str, str] = {}  # action id -> container id
+        #: trajectory -> (when, why) its commands were killed for the machine's memory
+        self._shed: dict[str, tuple[float, str]] = {}
         self._tasks: set[asyncio.Task] = set()  # actions running on the event loop
         self._warm: list[Sandbox] = []
         self._refilling = False
@@ -332,6 +350,7 @@ class DockerBackend:
                 box = Sandbox(c.id, time.monotonic(), image=info["Config"]["Image"],
                               mem_gb=mem, agent_dir=agent_dir, socket=sock)
                 box.cpuset_file, box.quota_file = self._cgroup_files(c.id)
+                box.memory_dir = _memory_dir(box.cpuset_file)
                 adopt[tid] = box
                 keep.add(agent_dir)  # type: ignore[arg-type]
                 continue
@@ -457,6 +476,7 @@ class DockerBackend:
             self._lost.discard(trajectory)
             self._mem.pop(trajectory, None)
             self._images.pop(trajectory, None)
+            self._shed.pop(trajectory, None)
         if box:
             try:
                 self._removers.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
@@ -479,6 +499,42 @@ class DockerBackend:
         except RuntimeError:  # the pool is shut down: the server is stopping
             self._discard(box)
         return True
+
+    def shed(self, effect: Shed) -> str | None:
+        """Capabilities.sheds: the machine is short of memory (the core's Shed): kill the
+        commands of the sandbox whose cgroup holds the most (inside it, as the sandbox user:
+        the agent and the files stay); its running actions end ``oom``. The trajectory, None
+        when no sandbox's use can be read or none holds memory."""
+        with self._lock:
+            boxes = dict(self._boxes)
+        use = {t: cgroups.working_set(Path(b.memory_dir)) or 0
+               for t, b in boxes.items() if b.memory_dir is not None}
+        if not use or max(use.values()) <= 0:
+            return None
+        worst = max(use, key=use.__getitem__)
+        self._shed[worst] = (time.time(), (
+            f"out of memory: the machine was short of memory ({effect.free_gb:.2f} GB free "
+            f"where {effect.keep_gb:.2f} GB are kept free) and this trajectory's sandbox "
+            f"used the most ({use[worst] / 1024**3:.2f} GB): its commands were killed"))
+        log.warning("memory short (%.2f GB free, %.2f GB kept): killed the commands of "
+                    "trajectory %r's sandbox (%.2f GB)", effect.free_gb, effect.keep_gb, worst,
+                    use[worst] / 1024**3)
+        # an engine call (~50 ms): off the event loop this is called on
+        try:
+            self._removers.submit(self._kill_commands, worst, boxes[worst])
+        except RuntimeError:  # the pool is shut down: the server is stopping
+            self._kill_commands(worst, boxes[worst])
+        return worst
+
+    def _kill_commands(self, trajectory: str, box: Sandbox) -> None:
+        """kill(-1) as the sandbox user: every process it may signal in its container (all
+        of the commands'; not the agent, root) but the shell that sends it."""
+        try:
+            eid = self.client.api.exec_create(box.container_id, ["sh", "-c", "kill -9 -1"],
+                                              user=SANDBOX_USER)
+            self.client.api.exec_start(eid["Id"])
+        except docker.errors.APIError as e:  # gone meanwhile: its memory is freed anyway
+            log.warning("could not kill the commands of %r's sandbox: %s", trajectory, e)
 
     def shutdown(self) -> None:
         self._closed = True
@@ -562,7 +618,8 @@ class DockerBackend:
                 security_opt=["no-new-privileges"],
                 # unthrottled while the agent starts; idle quota once it listens
                 cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
-                cpu_quota=len(self.cpu_map) * PERIOD_US, **disk)))["Id"]
+                cpu_quota=len(self.cpu_map) * PERIOD_US, cgroup_parent=self.cgroup_parent,
+                **disk)))["Id"]
         except Exception:
             if agent_dir:
                 shutil.rmtree(agent_dir, ignore_errors=True)
@@ -582,6 +639,7 @@ class DockerBackend:
                     pause = min(pause * 1.5, 0.02)
                 box.socket = sock if os.path.exists(sock) else None
             box.cpuset_file, box.quota_file = self._cgroup_files(cid)
+            box.memory_dir = _memory_dir(box.cpuset_file)
             self._set_cpus(box, None, IDLE_QUOTA_US)
         except Exception:
             self._discard(box)  # a container that never started must not linger
@@ -933,9 +991,11 @@ class DockerBackend:
                 f"disk limit: {self.disk_gb:g} GB, and at most half its mem_gb on this engine's "
                 "storage driver); remove files, or give the trajectory more mem_gb",
                 t_exec - t_start, {**extra, "reason": "disk_full"}), box
-        if ooms:
+        shed = self._shed.get(d.action.trajectory)
+        if ooms or (shed is not None and shed[0] >= t_start):
+            why = self._oom_message(box) if ooms else shed[1]  # type: ignore[index]
             return Outcome(d.action.id, "oom", code, (output or b"")[-OUTPUT_CAP:].decode(
-                errors="replace"), self._oom_message(box), t_exec - t_start, extra), box
+                errors="replace"), why, t_exec - t_start, extra), box
         return outcome_of(d, code, output or b"", timed_out, timeout, extra,
                           overhead_s=t_exec - t_start), box
 
@@ -1379,3 +1439,35 @@ def _cgroup_files(client: docker.DockerClient, cid: str) -> tuple[str | None, st
     if all(os.access(p, os.W_OK) for p in (cpuset, quota)):
         return cpuset, quota
     return None, None
+
+
+def _memory_dir(cpuset_file: str | None) -> str | None:
+    """A container's memory cgroup directory from its cpuset file's path: under cgroup v1
+    the engine's cgroupfs driver names the same path in every hierarchy; under v2 it is
+    the same directory. None where it is not readable."""
+    if cpuset_file is None:
+        return None
+    here = os.path.dirname(cpuset_file)
+    v1 = "/sys/fs/cgroup/cpuset/"
+    path = "/sys/fs/cgroup/memory/" + here[len(v1):] if here.startswith(v1) else here
+    return path if os.path.exists(os.path.join(path, "memory.usage_in_bytes")) else None
+
+
+def _cgroup_parent(client: docker.DockerClient) -> str | None:
+    """The cgroup the sandboxes are started in (see the module's doc): the server's own
+    memory cgroup when it is limited and the engine takes a path there (cgroupfs driver,
+    cgroup v1); None (the engine's default) otherwise."""
+    parent = cgroups.sandboxes_parent()
+    if parent is None:
+        return None
+    try:
+        info = client.info()
+    except docker.errors.APIError:
+        info = {}
+    if info.get("CgroupDriver") == "cgroupfs" and str(info.get("CgroupVersion", "1")) == "1":
+        return parent
+    log.warning("this server's machine is a memory-limited cgroup (%s), but the docker "
+                "engine (%s driver, cgroup v%s) cannot start sandboxes inside it: their "
+                "memory is not bounded by it, nor seen in the free memory observed",
+                parent, info.get("CgroupDriver", "?"), info.get("CgroupVersion", "?"))
+    return None

@@ -36,7 +36,7 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor.node.cgroups import own_memory_cgroup
+from executor.node import cgroups
 
 log = logging.getLogger("tangram.process")
 
@@ -68,17 +68,8 @@ class Cage:
         return -1
 
     def used_bytes(self) -> int:
-        """What it holds that only a kill frees: its usage less the file cache the kernel
-        can drop (the "working set", as kubelet counts it)."""
-        try:
-            usage = int((self.path / "memory.usage_in_bytes").read_text())
-            inactive = 0
-            for line in (self.path / "memory.stat").read_text().splitlines():
-                if line.startswith("total_inactive_file "):
-                    inactive = int(line.split()[1])
-            return max(usage - inactive, 0)
-        except (OSError, ValueError):
-            return 0
+        """What it holds that only a kill frees (its working set; 0 where unreadable)."""
+        return cgroups.working_set(self.path) or 0
 
 
 def prefix(cage: Cage | None, limit_bytes: int) -> list[str]:
@@ -102,7 +93,7 @@ class Cages:
         """Where this process may make memory cgroups (root, cgroup v1), else None."""
         if os.geteuid() != 0:
             return None
-        own = own_memory_cgroup()
+        own = cgroups.own_memory_cgroup()
         if own is None:
             return None
         _remove_stale(own)
