@@ -314,7 +314,7 @@ class Tangram:
             GpuNodeView(name, node.spec.gpus, node.spec.gpu_mem_gb,
                         tuple(sorted((start, size) for size, starts in node.free.items()
                                      for start in starts)),
-                        tuple(node.resident), tuple(node.mem_used))
+                        tuple(node.resident), tuple(node.mem_used), node.down)
             for name, node in self._gpu.nodes.items())
 
     def _quota_views(self) -> tuple[QuotaView, ...]:

@@ -316,6 +316,8 @@ class GpuNodeView:
     resident: tuple[Variant, ...]
     #: GB of resident weights per GPU, as the core accounts them
     mem_used: tuple[float, ...]
+    #: the node left (NodeLost) and has not joined again: its GPUs are in no free chunk
+    down: bool = False
 
 
 @dataclass(frozen=True, slots=True)
