@@ -1,7 +1,9 @@
 """Tangram: the clock-free core. No clock, no I/O, no threads.
 
-Drivers call ``submit`` / ``finish`` / ``poll`` with the current time and get
-back the dispatches to start. The same object is driven by the SimPy clock
+Drivers send commands (tangram/protocol.py: ``Submit``, ``Finish``, ``Poll``...) to
+``handle`` with the current time and get back the effects to carry out (the dispatches to
+start); they read the core through ``snapshot`` and the point queries. Nothing else of a
+Tangram is public. The same object is driven by the SimPy clock
 (sim/) and by the asyncio loop (executor/).
 
 The policy (tangram/policies.py) builds the managers and pools and routes
@@ -162,7 +164,7 @@ class Tangram:
         out: list[Effect]
         kind = type(command)
         # the commands of every action but its submit, without the match's class patterns
-        # (finish and close_trajectory return a new list: the effects are appended to it)
+        # (_finish and _close return a new list: the effects are appended to it)
         if kind is Finish:
             out = self._finish(command.action_id, now, command.outcome)  # type: ignore[attr-defined,assignment]
         elif kind is Close:
@@ -958,14 +960,14 @@ class Tangram:
         and their queued actions go back to the binding queue in submit order, so
         they are re-bound elsewhere. Actions *running* there stay running until the
         executor reports each one (failed): it reports them, exactly once, through
-        ``finish``, which then releases nothing. Returns what can start now."""
+        ``Finish``, which then releases nothing. Returns what can start now."""
         name = f"cpu:{node}"
         pool = self._pools.get(name)
         if pool is None or node not in self._cpu.nodes:
             return []
         self._cpu.remove_node(node)
         # The pool stays registered, empty, until its running actions are finished
-        # (finish reschedules the pool it ran on); add_node of the same name replaces it.
+        # (_finish reschedules the pool it ran on); _add_node of the same name replaces it.
         waiting = sorted(pool.drain(), key=lambda p: p.submit_s)
         requeued = [Pending(p.action, p.submit_s, int(p.action.min("cpu"))) for p in waiting]
         for p in requeued:

@@ -80,7 +80,7 @@ class Pending:
 
     __slots__ = ("action", "submit_s", "key_min", "quotas", "elastic", "light", "choices",
                  "_durations", "_profile", "dispatch", "pool", "batch_left")
-    #: the slots set when it starts (Tangram.running)
+    #: the slots set when it starts (Tangram._running)
     STARTED = ("dispatch", "pool", "batch_left")
 
     action: Action

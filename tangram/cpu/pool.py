@@ -93,7 +93,7 @@ class CpuNodePool(Pool):
 
     def drain(self) -> list[Pending]:
         self.lane_slots = 0  # no capacity left to report
-        # its running actions end as failed (Tangram.remove_node): none is moved or booked
+        # its running actions end as failed (Tangram._remove_node): none is moved or booked
         self._lane.clear()
         self._waiting.clear()
         self._booked.clear()
