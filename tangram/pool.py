@@ -51,6 +51,7 @@ from heapq import heapify, heappop, heappush
 from types import MappingProxyType
 from typing import Any, Protocol
 
+from tangram.api.quota import QuotaManager
 from tangram.arrange import DPOperator, LinearOperator
 from tangram.model import Action, Dispatch, Elasticity, GpuPlan, Lease, slot_init
 
@@ -185,12 +186,30 @@ class LightLane(Protocol):
         ...
 
 
+class PoolScheduler(Protocol):
+    """What the core asks of a pool's scheduler (tangram/scheduler.py ElasticScheduler and
+    its kinds): a pass's plan, and what it reads of an action when it is queued.
+    (``estimates``: a tangram.estimates.Estimates, ``Any`` here because that module
+    names Pending, so importing it would make a cycle; likewise in PoolPoints.)"""
+
+    #: an elastic action may get more than its minimum
+    elastic_enabled: bool
+
+    def plan(self, pool: Any, now: float, estimates: Any,
+             quota: QuotaManager) -> list[tuple[Pending, int]]: ...
+    def min_units(self, choices: tuple[int, ...]) -> int: ...
+    def profile(self, action: Action, choices: tuple[int, ...],
+                estimates: Any) -> dict[int, float]: ...
+    def declared_profile(self, action: Action,
+                         estimates: Any) -> tuple[Elasticity, float] | None: ...
+
+
 class PoolPoints(Protocol):
     """The extension points a pool offers the core and the schedulers."""
 
     name: str
     key: str | None
-    scheduler: Any
+    scheduler: PoolScheduler | None
     queue: deque[Pending]
     running: dict[str, tuple[float, int, float]]
     lane: LightLane | None
@@ -234,7 +253,7 @@ class Pool:
     #: no light lane
     lane: LightLane | None = None
 
-    def __init__(self, name: str, scheduler: Any = None) -> None:
+    def __init__(self, name: str, scheduler: PoolScheduler | None = None) -> None:
         self.name = name
         #: a pool-specific scheduler (a baseline's fixed DoP); None: the policy's
         self.scheduler = scheduler
