@@ -612,6 +612,24 @@ def draw_joint(key: str, joint: dict[str, Any], out: Path) -> Path:
 
 def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
          savings: pd.DataFrame | None = None) -> list[Path]:
+    """The report's figures, a drawing step per figure; the paths written."""
+    steps = (
+        _draw_fig6(rows, out),
+        _draw_cpu_oversubscription(rows, out),
+        _draw_act_lines(rows, out),
+        _draw_capacity_ablation(rows, out),
+        _draw_savings(savings, out),
+        _draw_search_quota(rows, out),
+        _draw_optgap(gaps, out),
+        _draw_ordering(rows, out),
+        _draw_sensitivity(rows, out),
+    )
+    return [path for step in steps for path in step]
+
+
+def _draw_fig6(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Fig. 6 (mean ACT per workload), Fig. 7 (time per trajectory by category) and the
+    k8s ratio across pod sizes."""
     import matplotlib.pyplot as plt
 
     paths: list[Path] = []
@@ -650,6 +668,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
             paths.append(_finish(ax, out, "sweep_pod_size",
                                  "k8s pod size (cores)", "mean ACT k8s / Tangram",
                                  "Coding: the k8s ratio across pod sizes"))
+    return paths
+
+
+def _draw_cpu_oversubscription(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Fig. 8a: the k8s / Tangram ratio against oversubscription."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     f8 = rows[rows["experiment"] == "fig8_cpu_batch"]
     if not f8.empty:
         fig, ax = plt.subplots(figsize=(5.6, 3.6))
@@ -671,6 +697,12 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         paths.append(_finish(ax, out, "fig8_cpu_oversubscription",
                              "oversubscription (k8s pod-cores / cores)", "mean ACT k8s / Tangram",
                              "Fig. 8a: CPU scalability against oversubscription", legend_size=7))
+    return paths
+
+
+def _draw_act_lines(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Figs. 8b, 8c, 9 and 9 on capacity: mean ACT per policy along the swept axis."""
+    paths: list[Path] = []
     for exp, x, title, xlabel in (
             ("fig8_cpu_capacity", "x", "Fig. 8b: CPU, mean ACT vs capacity", "CPU nodes"),
             ("fig8_gpu_batch", "x", "Fig. 8c: GPU, mean ACT vs batch size", "RL batch (trajectories)"),
@@ -687,6 +719,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
                 ax.text(0.02, 0.02, mark, transform=ax.transAxes, fontsize=7,
                         color="#d1495b")
             paths.append(figures.save(ax.figure, out, exp)[0])
+    return paths
+
+
+def _draw_capacity_ablation(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Fig. 9: the ablation ratio as capacity shrinks."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     f9c = rows[rows["experiment"] == "fig9_capacity"]
     if not f9c.empty:
         fig, ax = plt.subplots(figsize=(5.2, 3.4))
@@ -698,6 +738,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         paths.append(_finish(ax, out, "sweep_fig9_capacity",
                              "CPU nodes", "mean ACT DoP=16 / Tangram",
                              "Fig. 9: the ablation ratio as capacity shrinks"))
+    return paths
+
+
+def _draw_savings(savings: pd.DataFrame | None, out: Path) -> list[Path]:
+    """Fig. 8d: the GPUs Tangram needs for static's mean ACT."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     if savings is not None and not savings.empty:
         fig, ax = plt.subplots(figsize=(5.6, 3.6))
         ref = savings[savings["policy"] == "static"].iloc[0]
@@ -713,6 +761,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         paths.append(_finish(ax, out, "fig8_gpu_savings",
                              "GPUs", "mean ACT (s)",
                              "Fig. 8d: GPUs for static's mean ACT (1-GPU steps)", legend_size=7))
+    return paths
+
+
+def _draw_search_quota(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """DeepSearch: the step-time ratio across published API quotas."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     ds = rows[(rows["experiment"] == "fig6") & (rows["workload"] == "deepsearch")]
     if not ds.empty and "quota" in ds:
         fig, ax = plt.subplots(figsize=(5.2, 3.4))
@@ -724,6 +780,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         paths.append(_finish(ax, out, "sweep_search_quota",
                              "search quota (Brave Search API plan)", "step time baseline / Tangram",
                              "DeepSearch across published API quotas", grid=False))
+    return paths
+
+
+def _draw_optgap(gaps: pd.DataFrame | None, out: Path) -> list[Path]:
+    """Beyond: the optimality gap of greedy eviction."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     if gaps is not None and not gaps.empty:
         fig, ax = plt.subplots(figsize=(5.2, 3.4))
         ax.hist([100 * gaps["gap_vs_exhaustive"], 100 * gaps["gap_vs_hesrpt"]], bins=15,
@@ -731,6 +795,12 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         paths.append(_finish(ax, out, "beyond_optgap",
                              "total completion time above the reference (%)", "instances",
                              "Beyond: optimality gap of greedy eviction", grid=False))
+    return paths
+
+
+def _draw_ordering(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Beyond: FCFS against shortest-expected-first."""
+    paths: list[Path] = []
     od = rows[rows["experiment"] == "ordering"]
     if not od.empty:
         long = od.melt(id_vars=["ordering"], value_vars=["act_mean_s", "act_p99_s", "queue_max_s"],
@@ -739,6 +809,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
                           title="Beyond: FCFS vs shortest-expected-first (aging 30 s)",
                           ylabel="seconds")
         paths.append(figures.save(ax.figure, out, "beyond_ordering")[0])
+    return paths
+
+
+def _draw_sensitivity(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Beyond: the sensitivity of the headline ratio."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     sens = rows[rows["experiment"] == "sensitivity"]
     if not sens.empty:
         params = list(dict.fromkeys(sens["param"]))
