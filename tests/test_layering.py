@@ -3,7 +3,8 @@ tangram_cli/ <- cli.py; scripts/, examples/ and notebooks/ on top): every module
 are parsed (a notebook's code cells too), and an upward import, a
 sim<->executor import or an import cycle fails here, so the structure stays true as the code
 grows; and the core has one door (tangram/protocol.py): nothing outside tangram/ imports its
-inside or reaches into its state, and backends declare capabilities instead of being probed."""
+inside or reaches into its state (tests neither, but the white-box checks named in WHITE_BOX),
+and backends declare capabilities instead of being probed."""
 
 from __future__ import annotations
 
