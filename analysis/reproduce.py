@@ -141,85 +141,121 @@ def headline(rows: pd.DataFrame, gaps: pd.DataFrame | None, scale: str | dict[st
         out.append(row)
         return row
 
+    _fig6_rows(add, rows, sc, ev)
+    _cpu_scalability_rows(add, rows)
+    _gpu_static_rows(add, rows)
+    if savings is not None and not savings.empty:
+        add_savings(add, savings, savings_points or [])
+    _ablation_rows(add, rows, sc)
+    _overhead_rows(add, overheads or [], overhead_seeds or [])
+    _beyond_rows(add, rows, gaps)
+    return out
+
+
+#: headline's row maker (its ``add``): name, key, ours, unit, note, setup[, paper] -> the row
+AddRow = Callable[..., dict[str, Any]]
+
+
+def _fig6_rows(add: AddRow, rows: pd.DataFrame, sc: dict[str, Any],
+               ev: dict[str, dict[str, Any]]) -> None:
+    """Fig. 6: the coding rows (k8s against Tangram) and the deepsearch rows (the
+    baseline against Tangram, per search quota)."""
     f6 = rows[rows["experiment"] == "fig6"]
-    if not f6.empty:
-        t, k = _get(f6, workload="coding", policy="tangram"), _get(f6, workload="coding", policy="k8s")
-        if t is not None and k is not None:
-            pods = _k8s_ratios(rows, t)
-            pod = PAPER_BASELINE["coding"]["pod_cores"]
-            sweep = _sweep(pods, "pod_cores", pod) if pods else None
-            rng = (f"; pod size {min(pods)}-{max(pods)} cores (single-process) gives "
-                   f"{sweep['range'][0]:.3g}x-{sweep['range'][1]:.3g}x") if sweep else ""
-            add("coding: mean ACT, k8s / Tangram", "coding_act",
-                _ratio(k.act_mean_s, t.act_mean_s), "x",
-                f"{sc['coding']} trajectories, pods of {pod} cores created at trajectory "
-                f"open, tests single-process; on cluster '{sc['base']}' ({int(t.cpu_nodes)} "
-                f"nodes, seed 0) {_ratio(k.act_mean_s, t.act_mean_s):.3g}x{rng}",
-                _pair_setup(t, k, sweep=sweep))
-            env = _ratio(k.per_category["env"]["per_trajectory_s"],
-                         t.per_category["env"]["per_trajectory_s"])
-            add("coding: environment interaction time, k8s / Tangram", "coding_env", env, "x",
-                "sum of a trajectory's tool-call ACTs (shell, edits, agent test runs)",
-                _pair_setup(t, k))
-            rew = _ratio(k.per_category["reward"]["per_trajectory_s"],
-                         t.per_category["reward"]["per_trajectory_s"])
-            add("coding: reward time, k8s / Tangram", "coding_reward", rew, "x",
-                "the hidden test suite (single-process in its pod)", _pair_setup(t, k))
-            add("coding: RL step time, rollout only, k8s / Tangram", "coding_step",
-                _ratio(k.step_time_s, t.step_time_s),
-                "x", "step = rollout (no training time added): an upper bound of the step "
-                "ratio; the paper's step includes training (next row)", _pair_setup(t, k))
-            tr = ev.get("coding_step", {}).get("training")
-            if tr:
-                row = add("coding: RL step time with a training phase T, k8s / Tangram", None,
-                          tr["vs_default"], "x",
-                          f"T = {tr['lead_training_s']:.0f} s ({tr['lead_source']}); swept "
-                          f"from 0 to {tr['paper_training_s']:.0f} s, the T that would make "
-                          f"the paper's 1.4x: {tr['arithmetic']}",
-                          {"training": tr}, paper=PAPER["coding_step"].value)
-                row.update({"vs_default": tr["vs_default"], "ci": tr["ci_vs_default"],
-                            "vs_best": tr["vs_best"], "ci_vs_best": tr["ci_vs_best"],
-                            "range": tr["range_vs_default"],
-                            "range_vs_best": tr["range_vs_best"],
-                            "best_baseline": ev["coding_step"]["best"]["label"],
-                            "lead": {"training_s": {"value": tr["lead_training_s"],
-                                                    "source": tr["lead_source"]}},
-                            "key": "coding_step_training",
-                            "moved_over_20pct": ["training_s"] if _moves(
-                                [r["vs_default"] for r in tr["sweep"]]) else []})
-            held = rows[(rows["experiment"] == "fig6_pods") & (rows.get("variant") ==
-                                                                 "held to rollout end")] \
-                if "variant" in rows else pd.DataFrame()
-            h, th = _get(held, policy="k8s"), _get(held, policy="tangram")
-            if h is not None and th is not None:
-                add("coding (variant): mean ACT, k8s with pods held to rollout end / Tangram",
-                    None, _ratio(h.act_mean_s, th.act_mean_s), "x",
-                    f"batch {int(h.trajectories)}: the largest whose pods all fit (a larger "
-                    "one deadlocks); RL step time ratio "
-                    f"{_ratio(h.step_time_s, th.step_time_s):.3g}x", _pair_setup(th, h))
-        for quota in (HEADLINE_QUOTA, *sorted(set(f6["quota"]) - {HEADLINE_QUOTA, ""})):
-            t, b = (_get(f6, workload="deepsearch", policy=p, quota=quota)
-                    for p in ("tangram", "baseline"))
-            if t is None or b is None:
-                continue
-            head = quota == HEADLINE_QUOTA
-            e = ev.get("deepsearch_step") if head else None
-            work = ""
-            if e:
-                lead = e["points"][0]
-                work = (f"; equal work: completed searches/s Tangram "
-                        f"{lead['searches_per_s_tangram']:.3g} vs baseline "
-                        f"{lead['searches_per_s_default']:.3g}; step {lead['step_s']:.0f} s vs "
-                        f"the longest trajectory's own think + execution "
-                        f"{lead['longest_trajectory_s']:.0f} s"
-                        + (" (bound by it: no scheduler could shorten this step)"
-                           if lead["bound_by_longest_trajectory"] else ""))
-            add("deepsearch: RL step time, baseline / Tangram" + ("" if head else f" ({quota})"),
-                "deepsearch_step" if head else None, _ratio(b.step_time_s, t.step_time_s), "x",
-                f"search quota: Brave Search API {quota} plan; baseline = per-trajectory calls "
-                f"retried until they succeed ({int(b.api_429s or 0)} HTTP 429s, "
-                f"{int(b.api_failed or 0)} calls failed; Tangram: {int(t.failed)} failed) + 5 "
-                f"static judge replicas x 4 GPUs{work}", _pair_setup(t, b))
+    if f6.empty:
+        return
+    _coding_rows(add, rows, f6, sc, ev)
+    _deepsearch_rows(add, f6, ev)
+
+
+def _coding_rows(add: AddRow, rows: pd.DataFrame, f6: pd.DataFrame, sc: dict[str, Any],
+                 ev: dict[str, dict[str, Any]]) -> None:
+    """Fig. 6, coding: k8s against Tangram (ACT, environment, reward and step time; the
+    step with a training phase; the variant whose pods are held to the rollout's end)."""
+    t, k = _get(f6, workload="coding", policy="tangram"), _get(f6, workload="coding", policy="k8s")
+    if t is not None and k is not None:
+        pods = _k8s_ratios(rows, t)
+        pod = PAPER_BASELINE["coding"]["pod_cores"]
+        sweep = _sweep(pods, "pod_cores", pod) if pods else None
+        rng = (f"; pod size {min(pods)}-{max(pods)} cores (single-process) gives "
+               f"{sweep['range'][0]:.3g}x-{sweep['range'][1]:.3g}x") if sweep else ""
+        add("coding: mean ACT, k8s / Tangram", "coding_act",
+            _ratio(k.act_mean_s, t.act_mean_s), "x",
+            f"{sc['coding']} trajectories, pods of {pod} cores created at trajectory "
+            f"open, tests single-process; on cluster '{sc['base']}' ({int(t.cpu_nodes)} "
+            f"nodes, seed 0) {_ratio(k.act_mean_s, t.act_mean_s):.3g}x{rng}",
+            _pair_setup(t, k, sweep=sweep))
+        env = _ratio(k.per_category["env"]["per_trajectory_s"],
+                     t.per_category["env"]["per_trajectory_s"])
+        add("coding: environment interaction time, k8s / Tangram", "coding_env", env, "x",
+            "sum of a trajectory's tool-call ACTs (shell, edits, agent test runs)",
+            _pair_setup(t, k))
+        rew = _ratio(k.per_category["reward"]["per_trajectory_s"],
+                     t.per_category["reward"]["per_trajectory_s"])
+        add("coding: reward time, k8s / Tangram", "coding_reward", rew, "x",
+            "the hidden test suite (single-process in its pod)", _pair_setup(t, k))
+        add("coding: RL step time, rollout only, k8s / Tangram", "coding_step",
+            _ratio(k.step_time_s, t.step_time_s),
+            "x", "step = rollout (no training time added): an upper bound of the step "
+            "ratio; the paper's step includes training (next row)", _pair_setup(t, k))
+        tr = ev.get("coding_step", {}).get("training")
+        if tr:
+            row = add("coding: RL step time with a training phase T, k8s / Tangram", None,
+                      tr["vs_default"], "x",
+                      f"T = {tr['lead_training_s']:.0f} s ({tr['lead_source']}); swept "
+                      f"from 0 to {tr['paper_training_s']:.0f} s, the T that would make "
+                      f"the paper's 1.4x: {tr['arithmetic']}",
+                      {"training": tr}, paper=PAPER["coding_step"].value)
+            row.update({"vs_default": tr["vs_default"], "ci": tr["ci_vs_default"],
+                        "vs_best": tr["vs_best"], "ci_vs_best": tr["ci_vs_best"],
+                        "range": tr["range_vs_default"],
+                        "range_vs_best": tr["range_vs_best"],
+                        "best_baseline": ev["coding_step"]["best"]["label"],
+                        "lead": {"training_s": {"value": tr["lead_training_s"],
+                                                "source": tr["lead_source"]}},
+                        "key": "coding_step_training",
+                        "moved_over_20pct": ["training_s"] if _moves(
+                            [r["vs_default"] for r in tr["sweep"]]) else []})
+        held = rows[(rows["experiment"] == "fig6_pods") & (rows.get("variant") ==
+                                                             "held to rollout end")] \
+            if "variant" in rows else pd.DataFrame()
+        h, th = _get(held, policy="k8s"), _get(held, policy="tangram")
+        if h is not None and th is not None:
+            add("coding (variant): mean ACT, k8s with pods held to rollout end / Tangram",
+                None, _ratio(h.act_mean_s, th.act_mean_s), "x",
+                f"batch {int(h.trajectories)}: the largest whose pods all fit (a larger "
+                "one deadlocks); RL step time ratio "
+                f"{_ratio(h.step_time_s, th.step_time_s):.3g}x", _pair_setup(th, h))
+
+
+def _deepsearch_rows(add: AddRow, f6: pd.DataFrame, ev: dict[str, dict[str, Any]]) -> None:
+    """Fig. 6, deepsearch: the RL step time, baseline against Tangram, per search quota."""
+    for quota in (HEADLINE_QUOTA, *sorted(set(f6["quota"]) - {HEADLINE_QUOTA, ""})):
+        t, b = (_get(f6, workload="deepsearch", policy=p, quota=quota)
+                for p in ("tangram", "baseline"))
+        if t is None or b is None:
+            continue
+        head = quota == HEADLINE_QUOTA
+        e = ev.get("deepsearch_step") if head else None
+        work = ""
+        if e:
+            lead = e["points"][0]
+            work = (f"; equal work: completed searches/s Tangram "
+                    f"{lead['searches_per_s_tangram']:.3g} vs baseline "
+                    f"{lead['searches_per_s_default']:.3g}; step {lead['step_s']:.0f} s vs "
+                    f"the longest trajectory's own think + execution "
+                    f"{lead['longest_trajectory_s']:.0f} s"
+                    + (" (bound by it: no scheduler could shorten this step)"
+                       if lead["bound_by_longest_trajectory"] else ""))
+        add("deepsearch: RL step time, baseline / Tangram" + ("" if head else f" ({quota})"),
+            "deepsearch_step" if head else None, _ratio(b.step_time_s, t.step_time_s), "x",
+            f"search quota: Brave Search API {quota} plan; baseline = per-trajectory calls "
+            f"retried until they succeed ({int(b.api_429s or 0)} HTTP 429s, "
+            f"{int(b.api_failed or 0)} calls failed; Tangram: {int(t.failed)} failed) + 5 "
+            f"static judge replicas x 4 GPUs{work}", _pair_setup(t, b))
+
+
+def _cpu_scalability_rows(add: AddRow, rows: pd.DataFrame) -> None:
+    """Fig. 8 (CPU): k8s against Tangram at the smallest and the largest batch."""
     f8 = rows[rows["experiment"] == "fig8_cpu_batch"]
     if not f8.empty:
         pod = PAPER_BASELINE["coding"]["pod_cores"]
@@ -242,6 +278,10 @@ def headline(rows: pd.DataFrame, gaps: pd.DataFrame | None, scale: str | dict[st
                 + ", ".join(f"{p}: {v:.3g}x" for p, v in sorted(per_pod.items())),
                 _pair_setup(t, k, sweep=_sweep(per_pod, "pod_cores", pod),
                             oversubscription=round(x * pod / cores, 4)))
+
+
+def _gpu_static_rows(add: AddRow, rows: pd.DataFrame) -> None:
+    """Fig. 8 (GPU): static deployments against Tangram at the largest batch."""
     g8 = rows[rows["experiment"] == "fig8_gpu_batch"]
     if not g8.empty:
         top = g8["x"].max()
@@ -256,8 +296,11 @@ def headline(rows: pd.DataFrame, gaps: pd.DataFrame | None, scale: str | dict[st
             f"calls across teachers: Zipf exponent {SKEW.lead} ({TEACHER_DEMAND_NOTE}); "
             f"static / Tangram by batch (seed 0): {by_batch}",
             _pair_setup(t, s, by_batch=by_batch))
-    if savings is not None and not savings.empty:
-        add_savings(add, savings, savings_points or [])
+
+
+def _ablation_rows(add: AddRow, rows: pd.DataFrame, sc: dict[str, Any]) -> None:
+    """Fig. 9: the fixed DoP 16 against Tangram (by node count), and the paper's
+    Alg. 1-2 against ours."""
     f9 = rows[rows["experiment"] == "fig9"]
     f9c = rows[rows["experiment"] == "fig9_capacity"]
     if not f9.empty or not f9c.empty:
@@ -290,8 +333,13 @@ def headline(rows: pd.DataFrame, gaps: pd.DataFrame | None, scale: str | dict[st
                     "ours anticipates closed-loop arrivals, may hold an elastic action "
                     "(bounded) for a wider grant, and prices GPU restores in the DP",
                     _pair_setup(t, p))
-    for r in overheads or []:
-        seeds = [o for o in overhead_seeds or [] if o["workload"] == r["workload"]]
+
+
+def _overhead_rows(add: AddRow, overheads: list[dict[str, Any]],
+                   overhead_seeds: list[dict[str, Any]]) -> None:
+    """Table 1: the system overhead over execution time, CPU and GPU, over the seeds."""
+    for r in overheads:
+        seeds = [o for o in overhead_seeds if o["workload"] == r["workload"]]
         if r["workload"] == "coding":
             row = add("CPU: system overhead / execution time (Table 1)", "table1_cpu",
                       r["overhead_share_pct"], "%",
@@ -313,6 +361,11 @@ def headline(rows: pd.DataFrame, gaps: pd.DataFrame | None, scale: str | dict[st
             row["note"] += (f"; the mean over seeds {list(SEEDS)} [95% bootstrap interval] "
                             "(no baseline: Tangram's own overhead)")
             row["lead"] = {"seed": {"value": list(SEEDS), "source": "the mean over the seeds"}}
+
+
+def _beyond_rows(add: AddRow, rows: pd.DataFrame, gaps: pd.DataFrame | None) -> None:
+    """Beyond the paper: greedy eviction against the optimum and a lower bound, and
+    FCFS against shortest-expected-first."""
     if gaps is not None and not gaps.empty:
         add("beyond: greedy eviction vs exhaustive optimum (mean excess)", None,
             100 * gaps["gap_vs_exhaustive"].mean(), "%",
@@ -329,7 +382,6 @@ def headline(rows: pd.DataFrame, gaps: pd.DataFrame | None, scale: str | dict[st
             _ratio(f.act_mean_s, s.act_mean_s), "x",
             f"p99 ACT {f.act_p99_s:.1f} s vs {s.act_p99_s:.1f} s; max queue "
             f"{f.queue_max_s:.1f} s vs {s.queue_max_s:.1f} s", {"fcfs": f.setup, "sef": s.setup})
-    return out
 
 
 def saved_pct(gpus: int | None, used: int, top: int) -> tuple[float | None, str | None]:
@@ -560,6 +612,24 @@ def draw_joint(key: str, joint: dict[str, Any], out: Path) -> Path:
 
 def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
          savings: pd.DataFrame | None = None) -> list[Path]:
+    """The report's figures, a drawing step per figure; the paths written."""
+    steps = (
+        _draw_fig6(rows, out),
+        _draw_cpu_oversubscription(rows, out),
+        _draw_act_lines(rows, out),
+        _draw_capacity_ablation(rows, out),
+        _draw_savings(savings, out),
+        _draw_search_quota(rows, out),
+        _draw_optgap(gaps, out),
+        _draw_ordering(rows, out),
+        _draw_sensitivity(rows, out),
+    )
+    return [path for step in steps for path in step]
+
+
+def _draw_fig6(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Fig. 6 (mean ACT per workload), Fig. 7 (time per trajectory by category) and the
+    k8s ratio across pod sizes."""
     import matplotlib.pyplot as plt
 
     paths: list[Path] = []
@@ -598,6 +668,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
             paths.append(_finish(ax, out, "sweep_pod_size",
                                  "k8s pod size (cores)", "mean ACT k8s / Tangram",
                                  "Coding: the k8s ratio across pod sizes"))
+    return paths
+
+
+def _draw_cpu_oversubscription(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Fig. 8a: the k8s / Tangram ratio against oversubscription."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     f8 = rows[rows["experiment"] == "fig8_cpu_batch"]
     if not f8.empty:
         fig, ax = plt.subplots(figsize=(5.6, 3.6))
@@ -619,6 +697,12 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         paths.append(_finish(ax, out, "fig8_cpu_oversubscription",
                              "oversubscription (k8s pod-cores / cores)", "mean ACT k8s / Tangram",
                              "Fig. 8a: CPU scalability against oversubscription", legend_size=7))
+    return paths
+
+
+def _draw_act_lines(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Figs. 8b, 8c, 9 and 9 on capacity: mean ACT per policy along the swept axis."""
+    paths: list[Path] = []
     for exp, x, title, xlabel in (
             ("fig8_cpu_capacity", "x", "Fig. 8b: CPU, mean ACT vs capacity", "CPU nodes"),
             ("fig8_gpu_batch", "x", "Fig. 8c: GPU, mean ACT vs batch size", "RL batch (trajectories)"),
@@ -635,6 +719,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
                 ax.text(0.02, 0.02, mark, transform=ax.transAxes, fontsize=7,
                         color="#d1495b")
             paths.append(figures.save(ax.figure, out, exp)[0])
+    return paths
+
+
+def _draw_capacity_ablation(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Fig. 9: the ablation ratio as capacity shrinks."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     f9c = rows[rows["experiment"] == "fig9_capacity"]
     if not f9c.empty:
         fig, ax = plt.subplots(figsize=(5.2, 3.4))
@@ -646,6 +738,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         paths.append(_finish(ax, out, "sweep_fig9_capacity",
                              "CPU nodes", "mean ACT DoP=16 / Tangram",
                              "Fig. 9: the ablation ratio as capacity shrinks"))
+    return paths
+
+
+def _draw_savings(savings: pd.DataFrame | None, out: Path) -> list[Path]:
+    """Fig. 8d: the GPUs Tangram needs for static's mean ACT."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     if savings is not None and not savings.empty:
         fig, ax = plt.subplots(figsize=(5.6, 3.6))
         ref = savings[savings["policy"] == "static"].iloc[0]
@@ -661,6 +761,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         paths.append(_finish(ax, out, "fig8_gpu_savings",
                              "GPUs", "mean ACT (s)",
                              "Fig. 8d: GPUs for static's mean ACT (1-GPU steps)", legend_size=7))
+    return paths
+
+
+def _draw_search_quota(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """DeepSearch: the step-time ratio across published API quotas."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     ds = rows[(rows["experiment"] == "fig6") & (rows["workload"] == "deepsearch")]
     if not ds.empty and "quota" in ds:
         fig, ax = plt.subplots(figsize=(5.2, 3.4))
@@ -672,6 +780,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         paths.append(_finish(ax, out, "sweep_search_quota",
                              "search quota (Brave Search API plan)", "step time baseline / Tangram",
                              "DeepSearch across published API quotas", grid=False))
+    return paths
+
+
+def _draw_optgap(gaps: pd.DataFrame | None, out: Path) -> list[Path]:
+    """Beyond: the optimality gap of greedy eviction."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     if gaps is not None and not gaps.empty:
         fig, ax = plt.subplots(figsize=(5.2, 3.4))
         ax.hist([100 * gaps["gap_vs_exhaustive"], 100 * gaps["gap_vs_hesrpt"]], bins=15,
@@ -679,6 +795,12 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
         paths.append(_finish(ax, out, "beyond_optgap",
                              "total completion time above the reference (%)", "instances",
                              "Beyond: optimality gap of greedy eviction", grid=False))
+    return paths
+
+
+def _draw_ordering(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Beyond: FCFS against shortest-expected-first."""
+    paths: list[Path] = []
     od = rows[rows["experiment"] == "ordering"]
     if not od.empty:
         long = od.melt(id_vars=["ordering"], value_vars=["act_mean_s", "act_p99_s", "queue_max_s"],
@@ -687,6 +809,14 @@ def draw(rows: pd.DataFrame, gaps: pd.DataFrame | None, out: Path,
                           title="Beyond: FCFS vs shortest-expected-first (aging 30 s)",
                           ylabel="seconds")
         paths.append(figures.save(ax.figure, out, "beyond_ordering")[0])
+    return paths
+
+
+def _draw_sensitivity(rows: pd.DataFrame, out: Path) -> list[Path]:
+    """Beyond: the sensitivity of the headline ratio."""
+    import matplotlib.pyplot as plt
+
+    paths: list[Path] = []
     sens = rows[rows["experiment"] == "sensitivity"]
     if not sens.empty:
         params = list(dict.fromkeys(sens["param"]))

@@ -107,10 +107,22 @@ class LiveExecutor:
         self.backend.close_trajectory(trajectory)
 
     def submit(self, action: Action,
-               on_result: Callable[[Record, Outcome], None] | None = None
+               on_result: Callable[[Record, Outcome], None] | None = None,
+               on_queued: Callable[[], None] | None = None
                ) -> asyncio.Future[tuple[Record, Outcome]]:
-        """Queue ``action``; the future resolves with its record and outcome."""
-        fut: asyncio.Future[tuple[Record, Outcome]] = self.loop.create_future()
+        """Queue ``action``; the future resolves with its record and outcome. The core
+        checks it (a refusal raises ValueError/KeyError naming the field, nothing queued);
+        ``on_queued`` runs once it is queued, before it can end (Runtime.submit_many)."""
+        [fut] = self.submit_many([action], on_result, on_queued)
+        return fut
+
+    def submit_many(self, actions: list[Action],
+                    on_result: Callable[[Record, Outcome], None] | None = None,
+                    on_queued: Callable[[], None] | None = None
+                    ) -> list[asyncio.Future[tuple[Record, Outcome]]]:
+        """Queue ``actions`` all or nothing, in one Submit; a future per action, each
+        resolving with its record and outcome."""
+        futures = {a.id: self.loop.create_future() for a in actions}
 
         def done(rec: Record, out: Outcome) -> None:
             if self.max_records is not None:
@@ -120,11 +132,12 @@ class LiveExecutor:
                 self.runtime.timing.decision_s.pop(rec.action_id, None)
             if on_result:
                 on_result(rec, out)
-            if not fut.done():
+            fut = futures.get(rec.action_id)
+            if fut is not None and not fut.done():
                 fut.set_result((rec, out))
 
-        self.runtime.submit(action, done)
-        return fut
+        self.runtime.submit_many(actions, done, on_queued)
+        return list(futures.values())
 
     async def run(self, action: Action) -> tuple[Record, Outcome]:
         return await self.submit(action)

@@ -1,7 +1,9 @@
 """Tangram: the clock-free core. No clock, no I/O, no threads.
 
-Drivers call ``submit`` / ``finish`` / ``poll`` with the current time and get
-back the dispatches to start. The same object is driven by the SimPy clock
+Drivers send commands (tangram/protocol.py: ``Submit``, ``Finish``, ``Poll``...) to
+``handle`` with the current time and get back the effects to carry out (the dispatches to
+start); they read the core through ``snapshot`` and the point queries. Nothing else of a
+Tangram is public. The same object is driven by the SimPy clock
 (sim/) and by the asyncio loop (executor/).
 
 The policy (tangram/policies.py) builds the managers and pools and routes
@@ -123,29 +125,29 @@ class Tangram:
         """``admission``: when a CPU node takes one more trajectory's memory (the default,
         RESERVE: every declared limit reserved in full, the paper's rule; a node whose free
         memory is observed, MemoryObserved, may admit by use: tangram/cpu/admission.py)."""
-        self.cluster = cluster
-        self.policy = policy or Policy()
-        self.scheduler = self.policy.scheduler()
-        self.estimates = estimates or Estimates()
-        res = self.policy.build(cluster)
-        self.cpu, self.gpu, self.quota, self.pools = res.cpu, res.gpu, res.quota, res.pools
+        self._cluster = cluster
+        self._policy = policy or Policy()
+        self._scheduler = self._policy.scheduler()
+        self._estimates = estimates or Estimates()
+        res = self._policy.build(cluster)
+        self._cpu, self._gpu, self._quota, self._pools = res.cpu, res.gpu, res.quota, res.pools
         #: the CPU nodes' light lanes (asked for their next overstay after every event)
         self._lanes = self._lanes_of()
-        self.cpu.admission = admission
+        self._cpu.admission = admission
         #: the attached backend frees an idle trajectory's memory when it is reclaimed
         #: (Capabilities.evicts)
         self._evicts = False
         #: idle trajectories unbound for waiting ones (MemoryObserved)
         self._reclaimed = 0
         self._resources = res
-        self.unbound: deque[Pending] = deque()
+        self._unbound: deque[Pending] = deque()
         #: trajectories whose environment starts at open (the policy's ``env`` part asked
         #: for it) that no node has had room for yet, in open order (an insertion-ordered set)
-        self.opening: dict[str, None] = {}
-        self.trajectories: dict[str, TrajectoryState] = {}
-        self.queued: dict[str, Pending] = {}
+        self._opening: dict[str, None] = {}
+        self._trajectories: dict[str, TrajectoryState] = {}
+        self._queued: dict[str, Pending] = {}
         #: started actions: their Pendings, with the dispatch, pool and batch set on them
-        self.running: dict[str, Pending] = {}
+        self._running: dict[str, Pending] = {}
         self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cluster.cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
@@ -162,17 +164,17 @@ class Tangram:
         out: list[Effect]
         kind = type(command)
         # the commands of every action but its submit, without the match's class patterns
-        # (finish and close_trajectory return a new list: the effects are appended to it)
+        # (_finish and _close return a new list: the effects are appended to it)
         if kind is Finish:
-            out = self.finish(command.action_id, now, command.outcome)  # type: ignore[attr-defined,assignment]
+            out = self._finish(command.action_id, now, command.outcome)  # type: ignore[attr-defined,assignment]
         elif kind is Close:
-            out = self.close_trajectory(command.trajectory, now)  # type: ignore[attr-defined,assignment]
+            out = self._close(command.trajectory, now)  # type: ignore[attr-defined,assignment]
         elif kind is Open:
-            self.open_trajectory(command.trajectory, command.task, command.mem_gb)  # type: ignore[attr-defined]
+            self._open(command.trajectory, command.task, command.mem_gb)  # type: ignore[attr-defined]
             out = []
         else:
             out = self._handle_other(command, now)
-        gpu = self.gpu
+        gpu = self._gpu
         if gpu.has_prerestores():
             for plan, at, restore_s in gpu.take_prerestores():
                 out.append(PreRestore(plan, at, restore_s))
@@ -182,44 +184,44 @@ class Tangram:
         out: list[Effect]
         match command:  # the commands are disjoint classes: the most frequent first
             case Finish(action_id, outcome):  # (a subclass: handle takes the class itself)
-                out = list(self.finish(action_id, now, outcome))
+                out = list(self._finish(action_id, now, outcome))
             case Close(trajectory):
-                out = list(self.close_trajectory(trajectory, now))
+                out = list(self._close(trajectory, now))
             case Submit(actions):
-                out = list(self.submit_many(actions, now))
+                out = list(self._submit(actions, now))
             case Poll():
-                out = list(self.poll(now))
+                out = list(self._poll(now))
             case Overstay():
                 out = self._schedule(now, [
-                    pool for pool in self.pools.values() if pool.lane is not None
+                    pool for pool in self._pools.values() if pool.lane is not None
                     and (at := pool.lane.lane_wakeup()) is not None and at <= now + _TICK])
             case Open(trajectory, task, mem_gb):
-                self.open_trajectory(trajectory, task, mem_gb)
+                self._open(trajectory, task, mem_gb)
                 out = []
             case Cancel(action_id):
-                if self.cancel(action_id):
+                if self._cancel(action_id):
                     out = [Cancelled(action_id)]
                 else:
-                    out = [Stop(action_id)] if action_id in self.running else []
+                    out = [Stop(action_id)] if action_id in self._running else []
             case NodeJoined(spec) if isinstance(spec, GpuNodeSpec):
                 out = list(self._gpu_node_back(spec.name, now))
             case NodeJoined(spec):
-                out = list(self.add_node(spec, now))
+                out = list(self._add_node(spec, now))
             case NodeLost(node):
                 out = []
-                if node in self.gpu.nodes:  # a GPU node (it may have cores too)
-                    self.gpu.fence(node)
-                out += self.remove_node(node, now)
+                if node in self._gpu.nodes:  # a GPU node (it may have cores too)
+                    self._gpu.fence(node)
+                out += self._remove_node(node, now)
             case WorkerLost(node):
-                if node in self.gpu.nodes:
-                    self.gpu.reset_node(node)
+                if node in self._gpu.nodes:
+                    self._gpu.reset_node(node)
                 out = []
             case MemoryObserved(node, free_gb, idle_after_s):
                 out = self._memory_observed(node, free_gb, idle_after_s, now)
             case Attach(capabilities):
                 # pre-restores only for a backend that carries them out: another would not
                 # hold what the core then believes resident
-                self.gpu.prerestore_ok = capabilities.prerestores
+                self._gpu.prerestore_ok = capabilities.prerestores
                 self._evicts = capabilities.evicts
                 out = []
             case _:
@@ -228,58 +230,58 @@ class Tangram:
 
     def trajectory(self, trajectory: str) -> TrajectoryView | None:
         """The open trajectory ``trajectory`` (None: not open)."""
-        s = self.trajectories.get(trajectory)
-        return None if s is None else TrajectoryView(s.task, self.cpu.node_of(trajectory),
+        s = self._trajectories.get(trajectory)
+        return None if s is None else TrajectoryView(s.task, self._cpu.node_of(trajectory),
                                                      s.in_flight, s.mem_gb)
 
     def is_running(self, action_id: str) -> bool:
-        return action_id in self.running
+        return action_id in self._running
 
     def node_of(self, trajectory: str) -> str | None:
         """The CPU node ``trajectory`` is bound to (None: not bound, or unknown)."""
-        return self.cpu.node_of(trajectory)
+        return self._cpu.node_of(trajectory)
 
     def why_queued(self, action_id: str) -> str:
         """Why the queued action ``action_id`` waits, when it waits for a node to admit its
         trajectory (memory: binding never waits for a core): a client can tell a full
         machine from a busy one. "" when it does not wait for a node (or is not queued)."""
-        p = self.queued.get(action_id)
+        p = self._queued.get(action_id)
         if p is None:
             return ""
         tid = p.action.trajectory
-        state = self.trajectories.get(tid)
-        if state is None or self.cpu.node_of(tid) is not None:
+        state = self._trajectories.get(tid)
+        if state is None or self._cpu.node_of(tid) is not None:
             return ""
-        first = any(q is p for q in self.unbound)
-        if not first and tid not in self.opening:
+        first = any(q is p for q in self._unbound)
+        if not first and tid not in self._opening:
             return ""  # e.g. an API call of an unbound trajectory: it waits in its pool
         need = self._trajectory_mem(p.action) if first else (state.mem_gb or 0.0)
-        return self.cpu.why_unbound(need)
+        return self._cpu.why_unbound(need)
 
     def busy_fraction(self, node: str) -> float:
         """Fraction of ``node``'s cores held exclusively (what a light-lane action shares)."""
-        spec = self.cpu.nodes.get(node)
-        return self.cpu.in_use(node) / spec.spec.cores if spec and spec.spec.cores else 0.0
+        spec = self._cpu.nodes.get(node)
+        return self._cpu.in_use(node) / spec.spec.cores if spec and spec.spec.cores else 0.0
 
     def snapshot(self, detail: bool = True) -> Snapshot:
         """A frozen copy of the core's state for readers (status page, service, sampler,
         replay); ``detail`` False: only the counts, usage, capacity and counters."""
-        gpu = self.gpu
+        gpu = self._gpu
         counters = {"gpu_restores": gpu.restores, "gpu_restore_hits": gpu.hits,
                     "gpu_restore_s_total": gpu.restore_s_total, "scheduler_passes": self._passes,
                     "trajectories_reclaimed": self._reclaimed}
-        snap = Snapshot(self.policy.label, len(self.queued), len(self.running),
-                        len(self.trajectories), len(self.opening) + len(self.unbound),
-                        MappingProxyType(self.usage()), MappingProxyType(self.capacity()),
-                        MappingProxyType(counters), waiting_for_node=len(self.unbound))
+        snap = Snapshot(self._policy.label, len(self._queued), len(self._running),
+                        len(self._trajectories), len(self._opening) + len(self._unbound),
+                        MappingProxyType(self._usage()), MappingProxyType(self._capacity()),
+                        MappingProxyType(counters), waiting_for_node=len(self._unbound))
         if not detail:
             return snap
         return replace(
             snap, detail=True,
             trajectories=MappingProxyType({
-                t: TrajectoryView(s.task, self.cpu.node_of(t), s.in_flight)
-                for t, s in self.trajectories.items()}),
-            running=MappingProxyType({aid: p.dispatch for aid, p in self.running.items()}),
+                t: TrajectoryView(s.task, self._cpu.node_of(t), s.in_flight)
+                for t, s in self._trajectories.items()}),
+            running=MappingProxyType({aid: p.dispatch for aid, p in self._running.items()}),
             queues=self._queue_views(), cpu_nodes=self._cpu_views(),
             gpu_nodes=self._gpu_views(), quotas=self._quota_views(),
             service_gb=MappingProxyType({n: s.size_gb for n, s in gpu.services.items()}))
@@ -288,18 +290,18 @@ class Tangram:
         def waiting(q: Iterable[Pending]) -> tuple[Waiting, ...]:
             return tuple(Waiting(p.action, p.submit_s, p.key_min) for p in q)
 
-        out = [QueueView("binding", "binding", waiting(self.unbound))]
-        for name, pool in self.pools.items():
+        out = [QueueView("binding", "binding", waiting(self._unbound))]
+        for name, pool in self._pools.items():
             out.append(QueueView(name, pool.key or "api", waiting(pool.queue)))
             if pool.lane is not None:  # a CPU node's light actions wait apart
                 out.append(QueueView(f"{name} light", "light lane", waiting(pool.lane.light)))
         return tuple(out)
 
     def _cpu_views(self) -> tuple[CpuNodeView, ...]:
-        slots = {p.name.removeprefix("cpu:"): p.lane.lane_slots for p in self.pools.values()
+        slots = {p.name.removeprefix("cpu:"): p.lane.lane_slots for p in self._pools.values()
                  if p.lane is not None}
         pods: dict[str, dict[int, str]] = {}
-        for trajectory, lease in self.cpu.held_between_actions().items():
+        for trajectory, lease in self._cpu.held_between_actions().items():
             for c in lease.cores:
                 pods.setdefault(lease.node, {})[c] = trajectory
         return tuple(
@@ -307,57 +309,57 @@ class Tangram:
                         node.spec.mem_gb, node.mem_reserved,
                         frozenset(c for dom in node.domains for c in dom),
                         MappingProxyType(pods.get(name, {})), slots.get(name, 0))
-            for name, node in self.cpu.nodes.items())
+            for name, node in self._cpu.nodes.items())
 
     def _gpu_views(self) -> tuple[GpuNodeView, ...]:
         return tuple(
             GpuNodeView(name, node.spec.gpus, node.spec.gpu_mem_gb,
                         tuple(sorted((start, size) for size, starts in node.free.items()
                                      for start in starts)),
-                        tuple(node.resident), tuple(node.mem_used))
-            for name, node in self.gpu.nodes.items())
+                        tuple(node.resident), tuple(node.mem_used), node.down)
+            for name, node in self._gpu.nodes.items())
 
     def _quota_views(self) -> tuple[QuotaView, ...]:
-        used = self.quota.snapshot()
+        used = self._quota.snapshot()
         return tuple(QuotaView(key, spec.mode, spec.limit, spec.window_s, used.get(key, 0.0))
-                     for key, spec in self.quota.specs.items())
+                     for key, spec in self._quota.specs.items())
 
     # -- trajectories ------------------------------------------------------------------
-    def open_trajectory(self, trajectory: str, task: str = "default",
+    def _open(self, trajectory: str, task: str = "default",
                         mem_gb: float | None = None) -> None:
         """Register a trajectory. ``mem_gb`` is reserved on its node for its whole
         life (None: the memory demand of its first CPU action)."""
         if not trajectory:
             raise ValueError("trajectory: must be a non-empty string")
-        if trajectory in self.trajectories:
+        if trajectory in self._trajectories:
             raise ValueError(f"trajectory: {trajectory!r} is already open")
         if mem_gb is not None and (mem_gb != mem_gb or mem_gb < 0):
             raise ValueError(f"mem_gb: must be >= 0, got {mem_gb!r}")
-        if mem_gb is not None and self.cluster.cpu_nodes and mem_gb > self._max_node_mem:
+        if mem_gb is not None and self._cluster.cpu_nodes and mem_gb > self._max_node_mem:
             raise ValueError(f"mem_gb: {mem_gb} GB exceeds the largest node ({self._max_node_mem})")
-        self.trajectories[trajectory] = TrajectoryState(task, mem_gb)
-        if self.cluster.cpu_nodes:
-            self.policy.env.opened(trajectory, self._request_env)
+        self._trajectories[trajectory] = TrajectoryState(task, mem_gb)
+        if self._cluster.cpu_nodes:
+            self._policy.env.opened(trajectory, self._request_env)
 
-    def close_trajectory(self, trajectory: str, now: float) -> list[Effect]:
+    def _close(self, trajectory: str, now: float) -> list[Effect]:
         """Release the trajectory's memory. Refused while actions are in flight."""
-        state = self.trajectories.get(trajectory)
+        state = self._trajectories.get(trajectory)
         if state is None:
             raise KeyError(f"trajectory: unknown trajectory {trajectory!r}")
         if state.in_flight:
             raise ValueError(
                 f"trajectory: {trajectory!r} still has {state.in_flight} action(s) in flight"
             )
-        del self.trajectories[trajectory]
-        self.opening.pop(trajectory, None)
+        del self._trajectories[trajectory]
+        self._opening.pop(trajectory, None)
         if state.thinking_in is not None:  # it ended after that kind of action
-            self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
+            self._estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
                                                      state.will_continue, continued=False)
-        if self.cpu.node_of(trajectory) is None:
+        if self._cpu.node_of(trajectory) is None:
             return []
-        self.cpu.unbind(trajectory)
+        self._cpu.unbind(trajectory)
         # freed memory can only unblock binding; cores and quotas are unchanged
-        return self._schedule(now, ()) if self.unbound or self.opening else []
+        return self._schedule(now, ()) if self._unbound or self._opening else []
 
     # -- actions -----------------------------------------------------------------------
     def validate(self, action: Action) -> None:
@@ -373,7 +375,7 @@ class Tangram:
         trajectory) is checked for all at once, in C loops (a burst checks thousands);
         when one fails (or for a few actions), each action is checked one by one, so the
         first refused raises."""
-        queued, running, trajectories = self.queued, self.running, self.trajectories
+        queued, running, trajectories = self._queued, self._running, self._trajectories
         states: list[TrajectoryState] = []  # (a batch's, checked at once)
         if len(actions) > 4 and all(map(isinstance, actions, repeat(Action))):
             if ids is None:
@@ -405,7 +407,7 @@ class Tangram:
                 if res not in _UNCOUNTED and counted(res):  # (most actions hold no quota)
                     demand = cost[res]
                     if demand.min > 0:
-                        spec = self.quota.check(res)
+                        spec = self._quota.check(res)
                         if demand.min > spec.limit:
                             raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
                                              f"limit {spec.limit}")
@@ -413,7 +415,7 @@ class Tangram:
                 k = (action.service or "", cost["gpu"].choices)
                 why = seen.get(k, False)
                 if why is False:
-                    why = seen[k] = self.gpu.feasible(*k)[1]
+                    why = seen[k] = self._gpu.feasible(*k)[1]
                 if why:  # no feasible GPU count can serve it
                     raise ValueError(why)
                 continue
@@ -438,11 +440,7 @@ class Tangram:
                                      f"({max_node_mem} GB)")
         return states or one_by_one
 
-    def submit(self, action: Action, now: float) -> list[Effect]:
-        """Queue ``action`` and return what can start now."""
-        return self.submit_many([action], now)
-
-    def submit_many(self, actions: Iterable[Action], now: float) -> list[Effect]:
+    def _submit(self, actions: Iterable[Action], now: float) -> list[Effect]:
         """Queue a batch (e.g. a step's reward requests) with one scheduling pass per
         pool touched. All or nothing: one invalid action queues none of them.
 
@@ -457,12 +455,12 @@ class Tangram:
         states = self._check(actions, ids)
         for state in states:  # (one per action, in order)
             if state.thinking_in is not None:  # it stopped thinking: learn how long that took
-                self.estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
+                self._estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
                                                          state.will_continue, continued=True,
                                                          think_s=now - state.last_end)
                 state.thinking_in = None
             state.in_flight += 1
-        groups, fresh = _by_pool(actions, self.policy.route_many(actions, self._resources))
+        groups, fresh = _by_pool(actions, self._policy.route_many(actions, self._resources))
         for pool, group in groups.items():
             self._queue_many(pool, group, now)
         if fresh:  # first CPU actions of trajectories not bound to a node
@@ -478,25 +476,25 @@ class Tangram:
         for each. The pools they are queued in are added to ``touched``. The rest wait in
         the binding queue."""
         bound = 0
-        if not self.unbound and not self.opening:
-            trajectories = self.trajectories
+        if not self._unbound and not self._opening:
+            trajectories = self._trajectories
             mems = [trajectories[t].mem_gb for t in map(_TRAJECTORY, fresh)]
             if None in mems:  # (_trajectory_mem: the first action's memory demand)
                 mems = [a.min("mem_gb") if m is None else m for a, m in zip(fresh, mems,
                                                                            strict=True)]
             cores = [a.cost["cpu"].choices[0] for a in fresh]  # (whole: validated)
-            nodes = self.cpu.bind_many(zip(map(_TRAJECTORY, fresh), mems, cores, strict=True))
+            nodes = self._cpu.bind_many(zip(map(_TRAJECTORY, fresh), mems, cores, strict=True))
             bound = len(nodes)
             if nodes:
                 # the pool route_many gives an action of a trajectory bound to its node
-                node_pool = {n: self.policy.node_pool(n, self._resources) for n in set(nodes)}
+                node_pool = {n: self._policy.node_pool(n, self._resources) for n in set(nodes)}
                 done = fresh[:bound] if bound < len(fresh) else fresh
                 groups, _ = _by_pool(done, list(map(node_pool.__getitem__, nodes)))
                 for pool, group in groups.items():
                     self._queue_many(pool, group, now)
                     touched.setdefault(pool, group)
         if bound < len(fresh):
-            queued, unbound = self.queued, self.unbound
+            queued, unbound = self._queued, self._unbound
             for action in fresh[bound:]:
                 pending = Pending(action, now, int(action.cost["cpu"].choices[0]))
                 queued[action.id] = pending
@@ -505,7 +503,7 @@ class Tangram:
     def _queue_many(self, pool: PoolPoints, actions: list[Action], submit_s: float) -> None:
         """Queue ``actions`` (submitted at ``submit_s``) in ``pool``, in order."""
         pendings = self._pendings(pool, actions, submit_s)
-        queued = self.queued
+        queued = self._queued
         for p in pendings:
             queued[p.action.id] = p
         pool.admit_many(pendings, submit_s)
@@ -514,9 +512,9 @@ class Tangram:
         """Queue ``action`` (submitted at ``submit_s``) in ``pool``."""
         self._queue_many(pool, [action], submit_s)
 
-    def finish(self, action_id: str, now: float, outcome: Outcome | None = None) -> list[Effect]:
+    def _finish(self, action_id: str, now: float, outcome: Outcome | None = None) -> list[Effect]:
         """Release what ``action_id`` held and return what can start now."""
-        p = self.running.pop(action_id, None)
+        p = self._running.pop(action_id, None)
         if p is None:
             raise KeyError(f"action_id: {action_id!r} is not running")
         action = p.action
@@ -528,14 +526,14 @@ class Tangram:
         if last:
             pool.ended(dispatch.action.id)
             self._release(pool, lease)
-        state = self.trajectories.get(action.trajectory)
+        state = self._trajectories.get(action.trajectory)
         if state is not None:
             state.in_flight -= 1
             if not state.in_flight and pool.key is not None:
                 state.thinking_in = pool.name  # its next action will most likely come here
                 state.last_end = now
                 state.last_kind = (action.task, action.kind)
-                state.will_continue = self.estimates.arrivals.started_thinking(
+                state.will_continue = self._estimates.arrivals.started_thinking(
                     pool.name, state.last_kind)
         if not last:  # the batch still holds the lease: nothing was freed
             return []
@@ -543,43 +541,43 @@ class Tangram:
             # a batch member's elapsed time is the batch's, not its own: not observed
             elapsed = now - dispatch.start_s - lease.restore_s
             lane = pool.lane
-            self.estimates.durations.observe(action, lease.units, max(elapsed, 0.0),
+            self._estimates.durations.observe(action, lease.units, max(elapsed, 0.0),
                                              pool.name, p.elastic,
                                              lane.light_s if lane is not None else 0.0)
         if lease.lane:
-            self.estimates.durations.lane.ended(action_id)
+            self._estimates.durations.lane.ended(action_id)
         touched: Iterable[PoolPoints] = [pool]
         if lease.parts[1] is not None:  # freed quota may unblock any pool's head
-            touched = self.pools.values()
+            touched = self._pools.values()
         return self._schedule(now, touched)
 
-    def cancel(self, action_id: str) -> bool:
+    def _cancel(self, action_id: str) -> bool:
         """Drop a queued action (True) — running ones must be finished by their backend."""
-        pending = self.queued.pop(action_id, None)
+        pending = self._queued.pop(action_id, None)
         if pending is None:
             return False
-        if pending in self.unbound:
-            self.unbound.remove(pending)
+        if pending in self._unbound:
+            self._unbound.remove(pending)
         else:
-            for pool in self.pools.values():
+            for pool in self._pools.values():
                 if pool.withdraw(pending):
                     break
-        state = self.trajectories.get(pending.action.trajectory)
+        state = self._trajectories.get(pending.action.trajectory)
         if state:
             state.in_flight -= 1
         return True
 
-    def poll(self, now: float) -> list[Effect]:
+    def _poll(self, now: float) -> list[Effect]:
         """Re-run every pool (window quotas regain room as time passes)."""
-        return self._schedule(now, self.pools.values())
+        return self._schedule(now, self._pools.values())
 
     def next_wakeup(self, now: float) -> float | None:
         """When a time-based quota frees up, or a pool wants another pass (a GPU request
         stops waiting by choice), while something waits (else None)."""
-        if not self.queued:
+        if not self._queued:
             return None
-        at = self.quota.next_expiry(now)
-        for pool in self.pools.values():
+        at = self._quota.next_expiry(now)
+        for pool in self._pools.values():
             w = pool.next_wakeup(now)
             if w is not None and (at is None or w < at):
                 at = w
@@ -592,12 +590,8 @@ class Tangram:
                    default=None)
 
     def _lanes_of(self) -> tuple[LightLane, ...]:
-        return tuple(pool.lane for pool in self.pools.values()
+        return tuple(pool.lane for pool in self._pools.values()
                      if pool.lane is not None and pool.lane.lane_slots)
-
-    def estimate(self, p: Pending) -> float:
-        """Expected duration of a queued action at its minimum."""
-        return self.estimates.estimate(p)
 
     # -- memory admission (tangram/cpu/admission.py) ---------------------------------------
     def _memory_observed(self, node: str, free_gb: float, idle_after_s: float,
@@ -609,20 +603,20 @@ class Tangram:
         headroom after that (no evicting backend freed memory), the node is told to shed
         its largest sandbox (Shed). The effects: the trajectories reclaimed (Reclaim), what
         started (Dispatch), then a Shed."""
-        if node not in self.cpu.nodes:
+        if node not in self._cpu.nodes:
             raise KeyError(f"node: unknown CPU node {node!r}")
         if not free_gb >= 0:
             raise ValueError(f"free_gb: must be >= 0, got {free_gb!r}")
         if not idle_after_s >= 0:
             raise ValueError(f"idle_after_s: must be >= 0, got {idle_after_s!r}")
-        self.cpu.observe_free(node, free_gb)
+        self._cpu.observe_free(node, free_gb)
         out: list[Effect] = []
         again = True
-        while again and (self.unbound or self.opening):  # someone waits for a node
+        while again and (self._unbound or self._opening):  # someone waits for a node
             reclaimed, again = self._reclaim(node, now, idle_after_s)
             out.extend(Reclaim(t) for t in reclaimed)
-            out.extend(self._schedule(now, self.pools.values()))  # binds the first one
-        keep = self.cpu.admission.headroom * self.cpu.nodes[node].spec.mem_gb
+            out.extend(self._schedule(now, self._pools.values()))  # binds the first one
+        keep = self._cpu.admission.headroom * self._cpu.nodes[node].spec.mem_gb
         freed = self._evicts and any(isinstance(e, Reclaim) for e in out)
         if free_gb < keep - 1e-9 and not freed:  # (an eviction shows in the next one)
             out.append(Shed(node, free_gb, keep))
@@ -640,32 +634,32 @@ class Tangram:
         Not in the paper (its trajectories hold their memory until they close): a rollout
         abandoned or slow to finish would otherwise hold its node's memory from the ones
         waiting; finished rollouts are closed by their reward (verl's compute_score)."""
-        host = self.cpu.nodes[node]
-        if not self.unbound or not self.policy.env.reclaimable:
+        host = self._cpu.nodes[node]
+        if not self._unbound or not self._policy.env.reclaimable:
             return [], False  # e.g. a pod per trajectory holds its place until it closes
-        need = self._trajectory_mem(self.unbound[0].action)
-        if self.cpu.mem_refusal(host, need) is None:
+        need = self._trajectory_mem(self._unbound[0].action)
+        if self._cpu.mem_refusal(host, need) is None:
             return [], False
-        idle = sorted((st.last_end, tid) for tid, st in self.trajectories.items()
-                      if not st.in_flight and self.cpu.node_of(tid) == node
+        idle = sorted((st.last_end, tid) for tid, st in self._trajectories.items()
+                      if not st.in_flight and self._cpu.node_of(tid) == node
                       and now - st.last_end >= idle_after_s)
         out: list[str] = []
         for _, tid in idle:
-            over_cap = self.cpu.admission.over_cap(host.spec.mem_gb, host.mem_reserved, need)
+            over_cap = self._cpu.admission.over_cap(host.spec.mem_gb, host.mem_reserved, need)
             if not over_cap and not self._evicts:
                 break  # nothing held in memory to free: the shortage is not theirs
-            self.cpu.unbind(tid)
+            self._cpu.unbind(tid)
             self._reclaimed += 1
             out.append(tid)
             if not over_cap:
                 break  # observed shortage: one per observation
-            if self.cpu.mem_refusal(host, need) is None:
+            if self._cpu.mem_refusal(host, need) is None:
                 return out, True
         return out, False
 
     # -- internals ---------------------------------------------------------------------
     def _trajectory_mem(self, action: Action) -> float:
-        state = self.trajectories[action.trajectory]
+        state = self._trajectories[action.trajectory]
         return state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
 
     def _pending(self, action: Action, now: float, pool: PoolPoints) -> Pending:
@@ -679,8 +673,8 @@ class Tangram:
         out: list[Pending] = []
         append = out.append
         key = pool.key
-        sched = pool.scheduler or self.scheduler
-        unit_choices, estimates = pool.unit_choices, self.estimates
+        sched = pool.scheduler or self._scheduler
+        unit_choices, estimates = pool.unit_choices, self._estimates
         lane = pool.lane
         # the light lane (a CPU node's): actions expected to take at most ``light_s`` on one
         # core, by their command, declared or observed (tangram/estimates.py LaneModel)
@@ -727,7 +721,7 @@ class Tangram:
 
     def _request_env(self, trajectory: str) -> None:
         """The trajectory's environment starts now: bind it in open order."""
-        self.opening[trajectory] = None
+        self._opening[trajectory] = None
         self._bind_opening()
 
     def _bind_opening(self) -> bool:
@@ -735,12 +729,12 @@ class Tangram:
         order, each holding its memory (and the pool's cores) until it closes. True
         when one was bound."""
         bound = False
-        while self.opening:
-            trajectory = next(iter(self.opening))
-            state = self.trajectories[trajectory]
-            if self.cpu.bind(trajectory, state.mem_gb or 0.0, 0) is None:
+        while self._opening:
+            trajectory = next(iter(self._opening))
+            state = self._trajectories[trajectory]
+            if self._cpu.bind(trajectory, state.mem_gb or 0.0, 0) is None:
                 break
-            del self.opening[trajectory]
+            del self._opening[trajectory]
             bound = True
         return bound
 
@@ -749,11 +743,11 @@ class Tangram:
         action whose environment still waits for a node in open order stays queued
         without blocking the ones behind it (their environments may be bound)."""
         newly = self._bind_opening()
-        if not self.unbound or (not newly and self.unbound[0].action.trajectory in self.opening):
+        if not self._unbound or (not newly and self._unbound[0].action.trajectory in self._opening):
             return
         waiting: deque[Pending] = deque()
-        unbound, opening = self.unbound, self.opening
-        bind, route, resources = self.cpu.bind, self.policy.route, self._resources
+        unbound, opening = self._unbound, self._opening
+        bind, route, resources = self._cpu.bind, self._policy.route, self._resources
         while unbound:
             p = unbound[0]
             action = p.action
@@ -774,11 +768,11 @@ class Tangram:
         # names would follow string hashing, which differs between processes, and the
         # order matters where pools share a quota: same-seed runs must be identical)
         names = {p.name: None for p in pools}
-        if self.unbound or self.opening:  # (else binding has nothing to do)
+        if self._unbound or self._opening:  # (else binding has nothing to do)
             self._bind_waiting(names)
         out: list[Effect] = []
         for name in list(names):
-            out.extend(self._pass(self.pools[name], now))
+            out.extend(self._pass(self._pools[name], now))
         return out
 
     def _pass(self, pool: PoolPoints, now: float) -> list[Effect]:
@@ -796,12 +790,12 @@ class Tangram:
             out.extend(got)
             if not got or pool.free_units() <= 0:
                 break
-        pool.after_pass(now, self.estimates)  # e.g. a static GPU pool deploys replicas
+        pool.after_pass(now, self._estimates)  # e.g. a static GPU pool deploys replicas
         return out
 
     def _pass_once(self, pool: PoolPoints, now: float) -> list[Dispatch]:
-        sched = pool.scheduler or self.scheduler
-        decisions = sched.plan(pool, now, self.estimates, self.quota)
+        sched = pool.scheduler or self._scheduler
+        decisions = sched.plan(pool, now, self._estimates, self._quota)
         if not decisions:
             return []
         # Largest grants first: NUMA placement is easiest while domains are whole.
@@ -816,14 +810,14 @@ class Tangram:
         self._passes += 1
         out = []
         for p, lease, plan in granted:
-            del self.queued[p.action.id]
+            del self._queued[p.action.id]
             expected = p.durations.get(lease.units) or (
-                p.action.duration(lease.units) if p.action.t1_s is not None else self.estimate(p))
+                p.action.duration(lease.units) if p.action.t1_s is not None else self._estimates.estimate(p))
             # continuous batching: the pool may let queued requests of the same service
             # ride on this lease (it takes them off its queue)
-            riders, batch_s = pool.batch(p, lease.units, now, self.estimates)
+            riders, batch_s = pool.batch(p, lease.units, now, self._estimates)
             for r in riders:
-                del self.queued[r.action.id]
+                del self._queued[r.action.id]
             if riders and batch_s is not None:
                 expected = batch_s
             batch = tuple([BatchMember(r.action, r.submit_s) for r in riders]) if riders else ()
@@ -831,10 +825,10 @@ class Tangram:
             d = Dispatch(p.action, lease, p.submit_s, now, expected, 0.0, batch, plan)
             left = {p.action.id, *(r.action.id for r in riders)} if riders else None
             p.dispatch, p.pool, p.batch_left = d, pool, left
-            self.running[p.action.id] = p
+            self._running[p.action.id] = p
             for r in riders:
                 r.dispatch, r.pool, r.batch_left = d, pool, left
-                self.running[r.action.id] = r
+                self._running[r.action.id] = r
             pool.started(p.action.id, now + lease.restore_s + (expected or 0.0), lease.units, now)
             out.append(d)
         return out
@@ -846,7 +840,7 @@ class Tangram:
             return []
         moved = {}
         for aid in lane.overstayed(now + _TICK):
-            self.estimates.durations.lane.overstaying(self.running[aid].action)
+            self._estimates.durations.lane.overstaying(self._running[aid].action)
             moved[aid] = ()
         moved.update(lane.book())  # (one moved and booked at once: one effect)
         node = lane.node
@@ -860,8 +854,8 @@ class Tangram:
         assert lane is not None
         light = lane.light
         # (hoisted: a burst starts hundreds here)
-        queued, running, started = self.queued, self.running, pool.started
-        estimate, lane_lease, core_lease = self.estimates.estimate, lane.lane_lease, lane.core_lease
+        queued, running, started = self._queued, self._running, pool.started
+        estimate, lane_lease, core_lease = self._estimates.estimate, lane.lane_lease, lane.core_lease
         full = False  # the lane is full: it stays full for this pass (nothing ends in it)
         queue = pool.queue
         while light:
@@ -905,7 +899,7 @@ class Tangram:
                 return None
         qlease = None
         if p.quotas:
-            qlease = self.quota.reserve(p.action.id, p.quotas, now)
+            qlease = self._quota.reserve(p.action.id, p.quotas, now)
             if qlease is None:
                 pool.release(grant.part)
                 return None
@@ -915,75 +909,75 @@ class Tangram:
     def _release(self, pool: PoolPoints, lease: Lease) -> None:
         part, qlease = lease.parts
         if qlease is not None:
-            self.quota.release(qlease)
+            self._quota.release(qlease)
         if part is not None:
             pool.release(part)
 
     # -- introspection -----------------------------------------------------------------
-    def usage(self) -> dict[str, float]:
+    def _usage(self) -> dict[str, float]:
         """Units in use per resource (for utilisation sampling)."""
         out = {"cpu": 0.0, "cpu_lane": 0.0, "gpu": 0.0,
-               "mem_gb": sum(n.mem_reserved for n in self.cpu.nodes.values())}
-        for pool in self.pools.values():
+               "mem_gb": sum(n.mem_reserved for n in self._cpu.nodes.values())}
+        for pool in self._pools.values():
             for res, units in pool.usage().items():
                 out[res] = out.get(res, 0.0) + units
-        out.update(self.quota.snapshot())
+        out.update(self._quota.snapshot())
         return out
 
-    def capacity(self) -> dict[str, float]:
-        out = {"cpu": float(sum(n.cores for n in self.cluster.cpu_nodes)),
-               "gpu": float(sum(n.gpus for n in self.cluster.gpu_nodes)),
-               "mem_gb": float(sum(n.mem_gb for n in self.cluster.cpu_nodes)),
-               "cpu_lane": float(sum(p.lane.lane_slots for p in self.pools.values()
+    def _capacity(self) -> dict[str, float]:
+        out = {"cpu": float(sum(n.cores for n in self._cluster.cpu_nodes)),
+               "gpu": float(sum(n.gpus for n in self._cluster.gpu_nodes)),
+               "mem_gb": float(sum(n.mem_gb for n in self._cluster.cpu_nodes)),
+               "cpu_lane": float(sum(p.lane.lane_slots for p in self._pools.values()
                                      if p.lane is not None))}
-        out.update({q.key: q.limit for q in self.cluster.quotas})
+        out.update({q.key: q.limit for q in self._cluster.quotas})
         return out
 
     # -- membership (multi-node executors, e.g. Ray: a node joins or leaves) -----------
-    def add_node(self, spec: CpuNodeSpec, now: float) -> list[Effect]:
+    def _add_node(self, spec: CpuNodeSpec, now: float) -> list[Effect]:
         """A CPU node joined: add its capacity and pool; return what can start now
         (trajectories waiting to be bound may fit on it)."""
-        pool = self.policy.cpu.grow(self.cpu, spec)  # the pool build would have made for it
-        self.pools[pool.name] = pool
+        pool = self._policy.cpu.grow(self._cpu, spec)  # the pool build would have made for it
+        self._pools[pool.name] = pool
         self._lanes = self._lanes_of()
-        self._cpu_nodes_changed((*self.cluster.cpu_nodes, spec))
+        self._cpu_nodes_changed((*self._cluster.cpu_nodes, spec))
         return self._schedule(now, ())
 
     def _gpu_node_back(self, node: str, now: float) -> list[Effect]:
         """A GPU node of the cluster that was lost is back: its free GPUs rejoin the pool
         (nothing resident). Returns what can start now. A GPU node the cluster never had
         is refused (the GPU pools are built from the cluster's nodes)."""
-        if node not in self.gpu.nodes:
+        if node not in self._gpu.nodes:
             raise ValueError(f"spec.name: unknown GPU node {node!r} (known: "
-                             f"{sorted(self.gpu.nodes)}); a new GPU node needs a restart")
-        self.gpu.unfence(node)
-        return self._schedule(now, [p for p in self.pools.values() if p.key == "gpu"])
+                             f"{sorted(self._gpu.nodes)}); a new GPU node needs a restart")
+        self._gpu.unfence(node)
+        return self._schedule(now, [p for p in self._pools.values() if p.key == "gpu"])
 
-    def remove_node(self, node: str, now: float) -> list[Effect]:
+    def _remove_node(self, node: str, now: float) -> list[Effect]:
         """A CPU node left (its machine or its agent died). Idempotent.
 
         Its capacity goes; trajectories bound there are unbound (their state is gone)
         and their queued actions go back to the binding queue in submit order, so
         they are re-bound elsewhere. Actions *running* there stay running until the
         executor reports each one (failed): it reports them, exactly once, through
-        ``finish``, which then releases nothing. Returns what can start now."""
+        ``Finish``, which then releases nothing. Returns what can start now."""
         name = f"cpu:{node}"
-        pool = self.pools.get(name)
-        if pool is None or node not in self.cpu.nodes:
+        pool = self._pools.get(name)
+        if pool is None or node not in self._cpu.nodes:
             return []
-        self.cpu.remove_node(node)
+        self._cpu.remove_node(node)
         # The pool stays registered, empty, until its running actions are finished
-        # (finish reschedules the pool it ran on); add_node of the same name replaces it.
+        # (_finish reschedules the pool it ran on); _add_node of the same name replaces it.
         waiting = sorted(pool.drain(), key=lambda p: p.submit_s)
         requeued = [Pending(p.action, p.submit_s, int(p.action.min("cpu"))) for p in waiting]
         for p in requeued:
-            self.queued[p.action.id] = p
-        self.unbound = deque(sorted([*self.unbound, *requeued], key=lambda p: p.submit_s))
-        self._cpu_nodes_changed(tuple(n for n in self.cluster.cpu_nodes if n.name != node))
+            self._queued[p.action.id] = p
+        self._unbound = deque(sorted([*self._unbound, *requeued], key=lambda p: p.submit_s))
+        self._cpu_nodes_changed(tuple(n for n in self._cluster.cpu_nodes if n.name != node))
         return self._schedule(now, ())
 
     def _cpu_nodes_changed(self, cpu_nodes: tuple[CpuNodeSpec, ...]) -> None:
-        self.cluster = replace(self.cluster, cpu_nodes=cpu_nodes)
+        self._cluster = replace(self._cluster, cpu_nodes=cpu_nodes)
         self._max_node_cores = max((n.cores for n in cpu_nodes), default=0)
         self._max_domain = max((n.cores // n.numa for n in cpu_nodes), default=0)
         self._max_node_mem = max((n.mem_gb for n in cpu_nodes), default=0.0)

@@ -1,6 +1,8 @@
 """What every pool is: the units a scheduling pass runs on (paper 5.2: one pass per CPU
 node), the queued action (:class:`Pending`), a grant, the extension points
-(:class:`PoolPoints`, the light lane :class:`LightLane`) and their defaults (:class:`Pool`,
+(:class:`PoolPoints`, made of one protocol per point: :class:`Queueing`,
+:class:`Filtering`, :class:`Reserving`, :class:`Batching`, :class:`PassHooks`; the light
+lane :class:`LightLane`) and their defaults (:class:`Pool`,
 a pool with no key resource: API-only actions). The pools themselves live by resource:
 ``tangram/cpu/pool.py`` (a CPU node with its light lane), ``tangram/cpu/pods.py``
 (Kubernetes), ``tangram/gpu/pool.py`` (evict-on-execution; its scheduler in ``eoe.py``),
@@ -49,8 +51,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 from types import MappingProxyType
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeVar
 
+from tangram.api.quota import QuotaManager
 from tangram.arrange import DPOperator, LinearOperator
 from tangram.model import Action, Dispatch, Elasticity, GpuPlan, Lease, slot_init
 
@@ -80,7 +83,7 @@ class Pending:
 
     __slots__ = ("action", "submit_s", "key_min", "quotas", "elastic", "light", "choices",
                  "_durations", "_profile", "dispatch", "pool", "batch_left")
-    #: the slots set when it starts (Tangram.running)
+    #: the slots set when it starts (Tangram._running)
     STARTED = ("dispatch", "pool", "batch_left")
 
     action: Action
@@ -185,17 +188,39 @@ class LightLane(Protocol):
         ...
 
 
-class PoolPoints(Protocol):
-    """The extension points a pool offers the core and the schedulers."""
+class PoolScheduler(Protocol):
+    """What the core asks of a pool's scheduler (tangram/scheduler.py ElasticScheduler and
+    its kinds): a pass's plan, and what it reads of an action when it is queued.
+    (``estimates``: a tangram.estimates.Estimates, ``Any`` here because that module
+    names Pending, so importing it would make a cycle; likewise in PoolPoints.)"""
 
-    name: str
-    key: str | None
-    scheduler: Any
+    #: an elastic action may get more than its minimum
+    elastic_enabled: bool
+
+    def plan(self, pool: PoolPoints, now: float, estimates: Any,
+             quota: QuotaManager) -> list[tuple[Pending, int]]: ...
+    def min_units(self, choices: tuple[int, ...]) -> int: ...
+    def profile(self, action: Action, choices: tuple[int, ...],
+                estimates: Any) -> dict[int, float]: ...
+    def declared_profile(self, action: Action,
+                         estimates: Any) -> tuple[Elasticity, float] | None: ...
+
+
+#: a scheduling pass's own state for the Filter point (``new_scratch``/``fits_min``: what
+#: is left of the pool's free units, in its topology), the capacity the elastic group
+#: shares (``elastic_capacity``), and what a pool holds per lease (``Grant.part``): each
+#: pool's own type (a CPU node: free cores per NUMA domain; the GPU pool: chunk counts)
+Scratch = TypeVar("Scratch")
+Capacity = TypeVar("Capacity", covariant=True)
+Part = TypeVar("Part", contravariant=True)
+
+
+class Queueing(Protocol):
+    """The pool's wait queue(s): an action joins (``admit``, ``admit_many``; ``arrived``: a
+    GPU pool learns request rates) and leaves (``take``: started, ``withdraw``: cancelled,
+    ``drain``: its node left)."""
+
     queue: deque[Pending]
-    running: dict[str, tuple[float, int, float]]
-    lane: LightLane | None
-
-    def expected_ends(self, now: float) -> list[tuple[float, int]]: ...
 
     def admit(self, p: Pending) -> None: ...
     def arrived(self, p: Pending, now: float) -> None: ...
@@ -204,20 +229,56 @@ class PoolPoints(Protocol):
     def take(self, started: list[Pending]) -> None: ...
     def withdraw(self, p: Pending) -> bool: ...
     def drain(self) -> list[Pending]: ...
+
+
+class Filtering(Protocol[Scratch, Capacity]):
+    """PreFilter (``unit_choices``), Filter (``new_scratch``, ``fits_min``: a pass's own
+    state, one per pass), Score (``option_costs``), and what the elastic group shares."""
+
     def unit_choices(self, action: Action) -> tuple[int, ...]: ...
-    def new_scratch(self) -> Any: ...
-    def fits_min(self, scratch: Any, p: Pending) -> bool: ...
+    def new_scratch(self) -> Scratch: ...
+    def fits_min(self, scratch: Scratch, p: Pending) -> bool: ...
     def option_costs(self, p: Pending) -> dict[int, float]: ...
-    def elastic_capacity(self, nonelastic: list[Pending]) -> Any: ...
+    def elastic_capacity(self, nonelastic: list[Pending]) -> Capacity: ...
     def free_units(self) -> int: ...
+
+
+class Reserving(Protocol[Part]):
+    """Reserve and Unreserve, and what runs on the pool (for the expected ends)."""
+
+    running: dict[str, tuple[float, int, float]]
+
     def reserve(self, p: Pending, units: int, now: float) -> Grant | None: ...
-    def release(self, part: Any) -> None: ...
+    def release(self, part: Part) -> None: ...
     def started(self, action_id: str, end_s: float, units: int, now: float) -> None: ...
     def ended(self, action_id: str) -> None: ...
+    def expected_ends(self, now: float) -> list[tuple[float, int]]: ...
+
+
+class Batching(Protocol):
+    """Continuous batching: queued actions that ride on a granted lease."""
+
     def batch(self, p: Pending, units: int, now: float,
               estimates: Any) -> tuple[list[Pending], float | None]: ...
+
+
+class PassHooks(Protocol):
+    """The end of a pass (a static GPU pool deploys its replicas), and when the pool wants
+    one although nothing arrives or ends."""
+
     def after_pass(self, now: float, estimates: Any) -> None: ...
     def next_wakeup(self, now: float) -> float | None: ...
+
+
+class PoolPoints(Queueing, Filtering[Any, Any], Reserving[Any], Batching, PassHooks, Protocol):
+    """Every extension point of a pool, as the core and the schedulers see any pool (each
+    pool's own Scratch, Capacity and Part: ``Any`` here, where pools of every kind meet)."""
+
+    name: str
+    key: str | None
+    scheduler: PoolScheduler | None
+    lane: LightLane | None
+
     def usage(self) -> dict[str, float]: ...
 
 
@@ -234,7 +295,7 @@ class Pool:
     #: no light lane
     lane: LightLane | None = None
 
-    def __init__(self, name: str, scheduler: Any = None) -> None:
+    def __init__(self, name: str, scheduler: PoolScheduler | None = None) -> None:
         self.name = name
         #: a pool-specific scheduler (a baseline's fixed DoP); None: the policy's
         self.scheduler = scheduler

@@ -19,7 +19,9 @@ service, the simulator's sampler, the replay) talks to the core through this mod
   the core holds, and point queries cheap enough for every request or start
   (``Tangram.trajectory``, ``is_running``, ``node_of``, ``busy_fraction``, ``validate``:
   would this action be refused; ``why_queued``: what a queued action waits for, when
-  it waits for a node).
+  it waits for a node; ``next_wakeup``, ``lane_wakeup``: when to send :class:`Poll`,
+  :class:`Overstay`). These and ``handle``/``snapshot`` are all of Tangram's public
+  members.
 
 Backends declare what they can do with a :class:`Capabilities` value; the
 :class:`Backend` protocol lists every method a driver calls, and which capability makes
@@ -316,6 +318,8 @@ class GpuNodeView:
     resident: tuple[Variant, ...]
     #: GB of resident weights per GPU, as the core accounts them
     mem_used: tuple[float, ...]
+    #: the node left (NodeLost) and has not joined again: its GPUs are in no free chunk
+    down: bool = False
 
 
 @dataclass(frozen=True, slots=True)

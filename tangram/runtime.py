@@ -194,17 +194,27 @@ class Runtime:
     def close_trajectory(self, trajectory: str) -> None:
         self._carry_out(self._timed(Close(trajectory)))
 
-    def submit(self, action: Action, on_result: ResultCallback | None = None) -> None:
+    def submit(self, action: Action, on_result: ResultCallback | None = None,
+               on_queued: Callable[[], None] | None = None) -> None:
         """Queue ``action``; ``on_result`` is called once when it ends."""
-        self.submit_many([action], on_result)
+        self.submit_many([action], on_result, on_queued)
 
-    def submit_many(self, actions: list[Action], on_result: ResultCallback | None = None) -> None:
-        """Queue a batch with one scheduling pass per pool (all or nothing)."""
+    def submit_many(self, actions: list[Action], on_result: ResultCallback | None = None,
+                    on_queued: Callable[[], None] | None = None) -> None:
+        """Queue a batch with one scheduling pass per pool (all or nothing). The core's
+        check is the one a submission gets: a refused batch raises (ValueError, KeyError:
+        naming the field) with nothing queued. ``on_queued`` is called once the core took
+        them, before anything it started is carried out (so before any of them can end):
+        a caller records them there."""
         out = self._timed(Submit(tuple(actions)))  # raises: none queued
         if on_result is not None:
             for a in actions:
                 self._callbacks[a.id] = on_result
-        self._carry_out(out)
+        try:
+            if on_queued is not None:
+                on_queued()
+        finally:  # (queued in the core: what it started runs whatever the caller raised)
+            self._carry_out(out)
 
     def cancel(self, action_id: str) -> bool:
         """Cancel a queued action (its callback gets a 'cancelled' outcome) or ask

@@ -14,7 +14,18 @@ from sim.clock import SimClock
 from sim.modelled import ModelledBackend
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, QuotaSpec, ServiceSpec
 from tangram.core import Tangram
-from tangram.model import Action, Demand, Elasticity
+from tangram.model import Action, Demand, Elasticity, Outcome
+from tangram.protocol import (
+    Close,
+    CpuNodeView,
+    Effect,
+    Finish,
+    GpuNodeView,
+    Open,
+    Poll,
+    Snapshot,
+    Submit,
+)
 from tangram.runtime import Runtime
 
 _ids = itertools.count()
@@ -48,6 +59,94 @@ def gpu_call(traj, service, t1=1.0, choices=(1, 2, 4, 8), p=0.9, aid=None):
     return Action(aid or f"a{next(_ids)}", "t", traj, "reward_judge",
                   {"gpu": Demand.discrete(choices)}, elastic="gpu", t1_s=t1,
                   elasticity=Elasticity.amdahl(p), service=service)
+
+
+# -- the core driven through its door (tangram/protocol.py), as a driver drives it ---------
+def open_trajectory(core: Tangram, trajectory: str, task: str = "default",
+                    mem_gb: float | None = None) -> None:
+    core.handle(Open(trajectory, task, mem_gb), 0.0)  # (Open takes no time: it effects none)
+
+
+def submit(core: Tangram, action: Action, now: float) -> list[Effect]:
+    return core.handle(Submit((action,)), now)
+
+
+def submit_many(core: Tangram, actions, now: float) -> list[Effect]:
+    return core.handle(Submit(tuple(actions)), now)
+
+
+def finish(core: Tangram, action_id: str, now: float,
+           outcome: Outcome | None = None) -> list[Effect]:
+    return core.handle(Finish(action_id, outcome), now)
+
+
+def close_trajectory(core: Tangram, trajectory: str, now: float) -> list[Effect]:
+    return core.handle(Close(trajectory), now)
+
+
+def poll(core: Tangram, now: float) -> list[Effect]:
+    return core.handle(Poll(), now)
+
+
+def counts(core: Tangram) -> Snapshot:
+    """The snapshot's counts, usage and capacity (no per-node views)."""
+    return core.snapshot(detail=False)
+
+
+def queued_ids(core: Tangram) -> set[str]:
+    """The ids of the actions queued anywhere (a pool, a light lane, the binding queue)."""
+    return {w.action.id for q in core.snapshot().queues for w in q.waiting}
+
+
+def cpu_node(core: Tangram, name: str) -> CpuNodeView:
+    return next(n for n in core.snapshot().cpu_nodes if n.name == name)
+
+
+def cores_in_use(core: Tangram, name: str) -> int:
+    """The cores of CPU node ``name`` someone holds."""
+    node = cpu_node(core, name)
+    return node.cores - len(node.free)
+
+
+def gpu_node(core: Tangram, name: str) -> GpuNodeView:
+    return next(n for n in core.snapshot().gpu_nodes if n.name == name)
+
+
+def free_gpus(core: Tangram) -> int:
+    return sum(size for node in core.snapshot().gpu_nodes for _, size in node.free)
+
+
+def gpu_invariants(core: Tangram, shared: bool = True) -> None:
+    """The GPU accounting as the snapshot shows it holds (AssertionError if not): every GPU
+    of a node up is in one free chunk or one running lease, never both (a node down: in
+    none or a lease still running); chunks and leases are aligned; resident memory never
+    exceeds a GPU's and is what the node's ``mem_used`` says. ``shared`` False: the leases
+    do not come out of the free chunks (a static policy's replicas own their GPUs apart
+    from them, tangram/gpu/static.py), so they are checked among themselves only."""
+    snap = core.snapshot()
+    leases = {d.lease.action_id: d.lease for d in snap.running.values() if d.lease.gpus}
+    for node in snap.gpu_nodes:
+        owner = [0] * node.gpus
+        for start, size in node.free:
+            assert start % size == 0, f"{node.name}: free chunk ({start}, {size}) unaligned"
+            for g in range(start, start + size):
+                owner[g] += 1
+        leased = owner if shared else [0] * node.gpus
+        for lease in leases.values():
+            if lease.node == node.name:
+                assert lease.gpus[0] % len(lease.gpus) == 0, f"lease {lease} unaligned"
+                for g in lease.gpus:
+                    leased[g] += 1
+        want = {0, 1} if node.down else {1}
+        assert all(o in want for o in owner), f"{node.name}: GPUs owned {owner} times"
+        assert all(o <= 1 for o in leased), f"{node.name}: GPUs leased {leased} times"
+        mem = [0.0] * node.gpus
+        for service, k, start in node.resident:
+            for g in range(start, start + k):
+                mem[g] += snap.service_gb[service] / k
+        for g, m in enumerate(mem):
+            assert m <= node.gpu_mem_gb + 1e-6, f"{node.name} GPU {g}: {m} GB resident"
+            assert abs(m - node.mem_used[g]) < 1e-6, f"{node.name} GPU {g}: memory drift"
 
 
 class EventLoop:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 
 import pytest
+from helpers import counts
 
 from executor.backends.http.backend import HttpBackend
 from executor.backends.process.backend import ProcessBackend
@@ -36,8 +37,8 @@ async def _check(backend, cases) -> None:
             _, out = await asyncio.wait_for(ex.run(action), 60)
             assert out.status in statuses, (action.id, out)
             assert out.error, action.id
-            assert not core.running and not core.queued, action.id
-            use = core.usage()
+            assert not counts(core).running_count and not counts(core).queued, action.id
+            use = counts(core).usage
             assert use["cpu"] == 0 and use.get("quota:api", 0) == 0, (action.id, use)
         # and the pool still works
         _, out = await ex.run(_action("after", {"argv": ["echo", "fine"]}))
@@ -103,7 +104,7 @@ async def _check_injected(backend, step: str, extra: dict, inject=None) -> None:
             ex.run(_action(f"inj-{step}", {"argv": ["sleep", "5"] if extra else ["true"], **extra})),
             30)
         assert out.status in ("failed", "timeout"), (step, out)
-        assert core.running == {} and core.usage()["cpu"] == 0, step
+        assert not counts(core).running_count and counts(core).usage["cpu"] == 0, step
     finally:
         ex.shutdown()
 
@@ -136,7 +137,7 @@ def test_a_backend_that_refuses_to_start_ends_the_action(tmp_path, monkeypatch):
         ex.open_trajectory("tr", "t", 0.1)
         _, out = await asyncio.wait_for(ex.run(_action("x", {"argv": ["true"]})), 60)
         assert out.status == "failed" and "cannot start" in out.error
-        assert core.running == {} and core.usage()["cpu"] == 0
+        assert not counts(core).running_count and counts(core).usage["cpu"] == 0
 
     asyncio.run(go())
 
@@ -158,7 +159,7 @@ def test_docker_backend_failures_end_the_action(tmp_path, monkeypatch, step):
                 assert out.status == "ok"
             else:
                 assert out.status == "failed" and "broke" in out.error, out
-            assert core.running == {} and core.usage()["cpu"] == 0
+            assert not counts(core).running_count and counts(core).usage["cpu"] == 0
             ex.close_trajectory("tr")
         finally:
             ex.shutdown()

@@ -46,7 +46,7 @@ def test_a_killed_agent_leaves_no_orphan(ray_cluster, guard):
             running = ex.submit(shell("long", "victim", f"sh -c 'setsid sleep {tag}1 & "
                                       f"exec sleep {tag}2'", kind="long"))
             await until(lambda: procs_with(f"{tag}1") and procs_with(f"{tag}2"), 120, "commands")
-            node = ex.core.cpu.node_of("victim")
+            node = ex.core.node_of("victim")
             info = backend.agents[node].info
             if guard == "killed first":
                 (gpid,) = guard_of(info.marker)
@@ -88,8 +88,8 @@ def test_a_killed_raylet_takes_its_agent_and_commands_along(ray_cluster):
             for i, t in enumerate(trajs):  # one long command per node (one core each)
                 ex.open_trajectory(t, "t", 0.25)
                 runs.append(ex.submit(shell(f"{t}-long", t, f"sleep 93.{i}5", kind="long")))
-            await until(lambda: name in {ex.core.cpu.node_of(t) for t in trajs}, 120, "binding")
-            (victim,) = [t for t in trajs if ex.core.cpu.node_of(t) == name]
+            await until(lambda: name in {ex.core.node_of(t) for t in trajs}, 120, "binding")
+            (victim,) = [t for t in trajs if ex.core.node_of(t) == name]
             tag = f"93.{trajs.index(victim)}5"
             await until(lambda: procs_with(tag), 120, "the command")
             os.kill(extra.all_processes["raylet"][0].process.pid, signal.SIGKILL)

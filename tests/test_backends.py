@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from helpers import cpus_of
+from helpers import cpu_node, cpus_of
 
 from executor.driver import LiveExecutor
 from executor.node.local import local_cluster
@@ -74,7 +74,7 @@ def test_backend_conformance(kind, tmp_path, request):
             # all of its node's cores (this machine's, or its Ray node's slice), asked as a
             # fixed amount: an elastic 1-k might rightly get fewer, room being left for the
             # action trajectory b is expected to submit (tangram/scheduler.py's width cap)
-            k = ex.core.cpu.nodes[ex.core.cpu.node_of("a")].spec.cores
+            k = cpu_node(ex.core, ex.core.node_of("a")).cores
             _, out = await ex.run(shell("a4", "a", "grep Cpus_allowed_list /proc/self/status",
                                         cores=f"{k}"))
             assert cpus_of(out.output) == set(out.extra["cores"]) and len(out.extra["cores"]) == k

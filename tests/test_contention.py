@@ -6,13 +6,14 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
+from helpers import open_trajectory, submit
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from analysis.outputs import analyse
 from sim.driver import SimConfig, simulate
 from tangram.cluster import ClusterSpec, CpuNodeSpec
-from tangram.estimates import DurationModel, SpeedupCurve
+from tangram.estimates import DurationModel, Estimates, SpeedupCurve
 from tangram.model import Action, Demand
 from traces.schema import COLUMNS, validate
 
@@ -99,14 +100,15 @@ def test_exploration_is_bounded_and_a_learnt_slowdown_keeps_the_minimum():
         model.observe(act, 1, 5.0, "cpu:n0", elastic=True)
     assert model.learnt_table(key, choices) is None  # stop exploring: run at the minimum
     # a kind whose workers cost more than they bring: -n 2 slower than -n 1
-    core = Tangram(ClusterSpec(cpu_nodes=(CpuNodeSpec("n0", 4, 1, 16.0),)))
+    est = Estimates()
+    core = Tangram(ClusterSpec(cpu_nodes=(CpuNodeSpec("n0", 4, 1, 16.0),)), estimates=est)
     # (enough runs to outweigh the prior the fit is shrunk to: EXPLORE_RUNS runs' worth)
     for m in (1, 2, 4) * DurationModel.EXPLORE_RUNS:
-        core.estimates.durations.observe(act, m, 4.0 + 1.0 / m + 2.0 * (m - 1), "cpu:n0", True)
-    core.open_trajectory("j")
-    [d] = core.submit(Action("y", "t", "j", "test_run", {"cpu": Demand.range(1, 4)},
+        est.durations.observe(act, m, 4.0 + 1.0 / m + 2.0 * (m - 1), "cpu:n0", True)
+    open_trajectory(core, "j")
+    [d] = submit(core, Action("y", "t", "j", "test_run", {"cpu": Demand.range(1, 4)},
                              elastic="cpu"), 0.0)
-    table = core.estimates.durations.learnt_table(key, choices + (3,))
+    table = est.durations.learnt_table(key, choices + (3,))
     assert d.units == 1 and d.expected_s == pytest.approx(table[1])
 
 

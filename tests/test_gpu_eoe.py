@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 import pytest
-from helpers import gpu_call
+from helpers import counts, gpu_call, gpu_invariants, open_trajectory
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -45,7 +45,7 @@ class Loop:
 
     def at(self, t: float, action) -> None:
         def go():
-            self.core.open_trajectory(action.trajectory)
+            open_trajectory(self.core, action.trajectory)
             self.runtime.submit(action, lambda rec, out: self.runtime.close_trajectory(
                 rec.trajectory))
             self.check()
@@ -61,12 +61,16 @@ def oldest_may_not_starve(core: Tangram, now: float) -> None:
     could use exists, the oldest waiting request waits only by choice, for at most its
     cap (the restore time of its smallest variant) since it chose to; and nothing
     younger starts while it waits unless it waits by choice or can use a running
-    variant of its own service."""
-    pool = core.pools["gpu"]
+    variant of its own service.
+
+    A white-box check (the one test that reads a Tangram's inside: tests/test_layering.py
+    WHITE_BOX): when a request chose to wait is the EOE pool's own state, shown nowhere
+    at the door."""
+    pool = core._pools["gpu"]
     if not pool.queue:
         return
     head = min(pool.queue, key=lambda p: p.submit_s)
-    mgr = core.gpu
+    mgr = core._gpu
     cap = mgr.variant_restore_s(head.action.service, min(head.choices))
     largest_free = max((size for n in mgr.nodes.values() for size, starts in n.free.items()
                         if starts), default=0)
@@ -77,7 +81,7 @@ def oldest_may_not_starve(core: Tangram, now: float) -> None:
             f"free chunk of {largest_free} GPUs")
     # nothing younger starts while it waits, unless it waits by choice (within its cap)
     # or a variant of its service that it can use is running (it takes it when it ends)
-    younger = [r.action.id for r in core.running.values()
+    younger = [r.action.id for r in core._running.values()
                if r.dispatch.start_s == now and r.submit_s > head.submit_s]
     own = [lease for lease in mgr._live.values()
            if lease.service == head.action.service and lease.size in head.choices]
@@ -97,7 +101,7 @@ requests = st.lists(
 def test_gpu_policies_never_over_allocate_and_serve_every_request(reqs, policy):
     cluster = gpu_cluster()
     core = Tangram(cluster, make_policy(policy))
-    loop = Loop(core, check=lambda: core.gpu.check_invariants())
+    loop = Loop(core, check=lambda: gpu_invariants(core, policy != "static"))
     actions = []
     for i, (t, svc, t1, choices) in enumerate(reqs):
         if svc == "c":  # 120 GB: needs at least 2 GPUs of 80 GB
@@ -109,7 +113,7 @@ def test_gpu_policies_never_over_allocate_and_serve_every_request(reqs, policy):
     ids = [r.action_id for r in loop.runtime.records]
     assert sorted(ids) == sorted(a.id for a in actions)  # every request, exactly once
     assert all(r.status == "ok" for r in loop.runtime.records)
-    assert core.gpu.busy_gpus() == 0 and not core.running
+    assert counts(core).usage["gpu"] == 0 and not counts(core).running_count
     # one lease per GPU at a time: overlapping leases never share a GPU
     spans = {}
     for r in loop.runtime.records:
@@ -140,7 +144,7 @@ def test_no_request_starves_past_the_stated_bound(reqs):
     loop = Loop(core, backend=ModelledBackend(clock, np.random.default_rng(0), truth))
     loop.clock = clock
     loop.runtime = Runtime(core, clock, loop.backend)
-    loop.check = lambda: (core.gpu.check_invariants(), oldest_may_not_starve(core, clock.now()))
+    loop.check = lambda: (gpu_invariants(core), oldest_may_not_starve(core, clock.now()))
     for i, (t, svc, t1, choices, off) in enumerate(reqs):
         if svc == "c":
             choices = tuple(c for c in choices if c >= 2) or (2, 4)
@@ -153,14 +157,15 @@ def test_no_request_starves_past_the_stated_bound(reqs):
 @pytest.mark.parametrize("policy", ["tangram", "tangram-paper", "static", "serverless"])
 def test_fixed_gpu_requests_without_elasticity_run_and_batch(policy):
     core = Tangram(gpu_cluster(nodes=1), make_policy(policy))
-    loop = Loop(core, check=lambda: core.gpu.check_invariants())
+    loop = Loop(core, check=lambda: gpu_invariants(core, policy != "static"))
     for i in range(12):  # not elastic: exactly 2 GPUs, duration learnt from the first ones
         loop.at(0.1 * i, Action(f"r{i}", "t", f"j{i}", "teacher_logprob",
                                 {"gpu": Demand.fixed(2)}, service="ab"[i % 2], t1_s=0.5))
     loop.run()
     assert len(loop.runtime.records) == 12
-    if policy == "static":  # every request on its replica's fixed DoP
-        assert all(r.units == core.pools[f"gpu:{'ab'[int(r.action_id[1:]) % 2]}"].dop
+    if policy == "static":  # every request on its replica's fixed DoP (as the policy builds it)
+        pools = make_policy(policy).build(gpu_cluster(nodes=1)).pools
+        assert all(r.units == pools[f"gpu:{'ab'[int(r.action_id[1:]) % 2]}"].dop
                    for r in loop.runtime.records)
     else:
         assert {r.units for r in loop.runtime.records} == {2}
@@ -176,7 +181,7 @@ def test_resident_service_is_reused_at_its_dop_not_restored_per_grant():
     assert recs[0].restore_s > 0
     assert all(r.restore_s == 0 for r in recs[1:])
     assert len({(r.gpus, r.units) for r in recs[1:]}) == 1  # same chunk, same DoP
-    assert core.gpu.restores == 1
+    assert counts(core).counters["gpu_restores"] == 1
 
 
 def test_co_resident_services_share_a_chunk_when_memory_fits():
@@ -185,7 +190,7 @@ def test_co_resident_services_share_a_chunk_when_memory_fits():
     for i in range(8):  # alternate two small services, never at once
         loop.at(5.0 * i, gpu_call(f"j{i}", "ab"[i % 2], t1=0.5, choices=(8,), aid=f"r{i}"))
     loop.run()
-    assert core.gpu.restores == 2  # both stay resident on the whole node: no bouncing
+    assert counts(core).counters["gpu_restores"] == 2  # both stay resident on the whole node: no bouncing
 
 
 def test_burst_is_served_in_batches_without_bouncing_services():
@@ -197,7 +202,7 @@ def test_burst_is_served_in_batches_without_bouncing_services():
     recs = loop.runtime.records
     assert len(recs) == 60
     assert any(r.batch_of for r in recs)  # the queue is long: requests ride in batches
-    restores = core.gpu.restores
+    restores = counts(core).counters["gpu_restores"]
     assert restores <= 8, f"{restores} restores for a 2-service burst"
 
 
@@ -233,7 +238,7 @@ class OneAtATime:
 def batch_core():
     core = Tangram(gpu_cluster(nodes=1, sizes=(("a", 16.0),)), make_policy("static"))
     for i in range(5):
-        core.open_trajectory(f"j{i}")
+        open_trajectory(core, f"j{i}")
     return core
 
 
@@ -253,7 +258,7 @@ def test_a_batch_on_a_backend_without_batches_runs_one_by_one_on_its_lease():
     assert [r.end_s - members[0].start_s for r in members] == pytest.approx(
         [float(i + 1) for i in range(len(members))])  # one after another on the lease
     assert len({r.gpus for r in members}) == 1
-    assert core.gpu.busy_gpus() == 0 and not core.running  # released after the last
+    assert counts(core).usage["gpu"] == 0 and not counts(core).running_count  # released after the last
 
 
 def test_a_batch_is_one_batch_on_the_modelled_backend():

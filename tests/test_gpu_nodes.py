@@ -5,6 +5,7 @@ reloaded after their worker was lost). Through the one door (Tangram.handle), no
 from __future__ import annotations
 
 import pytest
+from helpers import free_gpus, gpu_invariants, gpu_node
 
 from tangram.cluster import ClusterSpec, GpuNodeSpec, ServiceSpec
 from tangram.core import Tangram
@@ -41,15 +42,15 @@ def test_a_gpu_node_lost_leaves_the_pool_and_comes_back_empty() -> None:
     core.handle(Open("t"), 0.0)
     (d,) = dispatches(core.handle(Submit((act("x"),)), 0.0))
     node = d.lease.node
-    assert node is not None and core.gpu.resident_variants(node)
+    assert node is not None and gpu_node(core, node).resident
     core.handle(NodeLost(node), 1.0)
     # its GPUs left (the free one at once, the leased one stays out when released) and
     # the core forgot what was resident there
-    assert core.gpu.is_down(node) and core.gpu.resident_variants(node) == frozenset()
-    assert core.gpu.free_gpus() == 2
+    assert gpu_node(core, node).down and not gpu_node(core, node).resident
+    assert free_gpus(core) == 2
     core.handle(Finish("x", Outcome("x", "failed", None, error="node_lost")), 2.0)
-    assert core.gpu.free_gpus() == 2
-    core.gpu.check_invariants()
+    assert free_gpus(core) == 2
+    gpu_invariants(core)
     other = "g1" if node == "g0" else "g0"
     placed = dispatches(core.handle(Submit((act("y"), act("z"), act("w", "b"))), 3.0))
     assert {e.lease.node for e in placed} == {other} and len(placed) == 2
@@ -57,8 +58,8 @@ def test_a_gpu_node_lost_leaves_the_pool_and_comes_back_empty() -> None:
     (back,) = dispatches(core.handle(NodeJoined(next(n for n in NODES if n.name == node)),
                                      4.0))
     assert back.lease.node == node and back.gpu is not None and back.gpu.restore
-    assert not core.gpu.is_down(node)
-    core.gpu.check_invariants()
+    assert not gpu_node(core, node).down
+    gpu_invariants(core)
     with pytest.raises(ValueError, match="unknown GPU node 'g9'"):
         core.handle(NodeJoined(GpuNodeSpec("g9", 2, 10.0)), 5.0)
 
@@ -87,4 +88,4 @@ def test_static_replicas_are_deployed_once_never_evicted_and_reloaded_after_a_lo
     (d,) = dispatches(core.handle(Submit((act("a3"),)), 3.0))
     assert d.gpu is not None and d.gpu.restore and d.lease.restore_s == pytest.approx(0.4)
     assert core.snapshot().counters["gpu_restores"] == 1
-    assert core.gpu.resident_variants("g0") == {("a", 1, 0)}
+    assert gpu_node(core, "g0").resident == (("a", 1, 0),)

@@ -20,7 +20,7 @@ import numpy as np
 import pandas as pd
 import yaml
 from conftest import TOKEN, start_server
-from helpers import until
+from helpers import free_gpus, gpu_node, until
 
 from executor.backends.gpu.config import load_gpu_cluster
 from executor.backends.gpu.model import random_size_bytes
@@ -77,7 +77,7 @@ def test_gpu_actions_on_a_ray_node_and_its_worker_actor_killed_mid_batch(ray_clu
             rec, out = await ex.run(gpu_action("s1", "t", "small", [[1, 2, 3, 4]]))
             assert out.ok and out.extra["node"] == name and out.extra["restored"], out.error
             assert rec.node == name
-            assert await backend.worker_resident(name) == core.gpu.resident_variants(name)
+            assert await backend.worker_resident(name) == frozenset(gpu_node(core, name).resident)
             # a batch behind a blocker: one command for its three members, then killed
             rows = np.random.default_rng(0).integers(0, 2048, size=(16, 96)).tolist()
             blocker = ex.submit(gpu_action("blk", "t", "big", [[1, 2, 3]]))
@@ -97,12 +97,12 @@ def test_gpu_actions_on_a_ray_node_and_its_worker_actor_killed_mid_batch(ray_clu
             await until(lambda: len(told) == 2, 120, "the node to come back")
             assert told[0] == NodeLost(name)
             assert told[1] == NodeJoined(backend.ray_nodes[name].spec)
-            assert not core.gpu.is_down(name) and core.gpu.free_gpus() == 1
+            assert not gpu_node(core, name).down and free_gpus(core) == 1
             assert backend.crashes == 1
             # (the core may pre-restore onto the idle GPU at once: the fresh worker follows)
             rec, out = await ex.run(gpu_action("s2", "t", "small", [[5, 6, 7]]))
             assert out.ok, out.error
-            assert await backend.worker_resident(name) == core.gpu.resident_variants(name)
+            assert await backend.worker_resident(name) == frozenset(gpu_node(core, name).resident)
             assert backend.mismatches == 0
         finally:
             live.shutdown()

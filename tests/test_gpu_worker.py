@@ -22,6 +22,7 @@ import numpy as np
 import pytest
 import yaml
 from conftest import ROOT, TOKEN, free_port
+from helpers import counts, gpu_node
 
 from executor.backends.gpu.arrays import NumpyOps
 from executor.backends.gpu.backend import GpuBackend
@@ -55,9 +56,10 @@ class Rig:
     """Core + GPU backend + live executor on the running loop."""
 
     def __init__(self, services: dict[str, dict], **kw: Any) -> None:
-        self.core = Tangram(cluster(services, **kw))
+        spec = cluster(services, **kw)
+        self.core = Tangram(spec)
         sources = {n: ModelSource.random(c, seed=i) for i, (n, c) in enumerate(services.items())}
-        self.backend = GpuBackend(self.core.cluster, sources, "cpu")
+        self.backend = GpuBackend(spec, sources, "cpu")
         self.backend.start_workers()
         self.backend.wait_ready(60)
         self.ex = LiveExecutor(self.core, self.backend)
@@ -76,7 +78,7 @@ class Rig:
 
     async def check(self) -> frozenset:
         """The worker holds exactly what the core says is resident."""
-        core_set = self.core.gpu.resident_variants("g0")
+        core_set = frozenset(gpu_node(self.core, "g0").resident)
         worker_set = await self.backend.worker_resident("g0")
         assert worker_set == core_set
         assert self.backend.mismatches == 0
@@ -111,8 +113,9 @@ def test_residency_equals_the_core_after_a_sequence() -> None:
                 assert out.ok, out.error
                 restores += out.extra["restored"]
             await rig.check()
-        assert restores == rig.core.gpu.restores  # every restore the core decided happened
-        assert rig.core.gpu.hits > 0  # and some actions reused a resident variant
+        counters = counts(rig.core).counters
+        assert restores == counters["gpu_restores"]  # every restore the core decided happened
+        assert counters["gpu_restore_hits"] > 0  # and some actions reused a resident variant
 
     on_loop(services, body)
 
@@ -140,7 +143,7 @@ def test_lru_eviction_order() -> None:
     async def body(rig: Rig) -> None:
         for s in ("a", "b", "a"):  # a is now the most recently used
             assert (await rig.run(s)).ok
-        assert rig.core.gpu.lru_order("g0") == (("b", 1, 0), ("a", 1, 0))
+        assert gpu_node(rig.core, "g0").resident == (("b", 1, 0), ("a", 1, 0))
         out = await rig.run("c")  # room for two: the least recently used (b) goes
         assert out.extra["restored"] and out.extra["evicted"] == [["b", 1, 0]]
         assert await rig.check() == {("a", 1, 0), ("c", 1, 0)}
@@ -166,8 +169,8 @@ def test_worker_crash_mid_action_fails_it_and_the_next_gets_a_fresh_worker() -> 
         _, out = await fut
         assert out.status == "failed" and "died" in out.error and "reset" in out.error
         # the core forgot the node's residency (the fresh worker holds nothing either)
-        assert rig.core.gpu.resident_variants("g0") == set()
-        assert rig.core.gpu.busy_gpus() == 0  # its lease was released
+        assert not gpu_node(rig.core, "g0").resident
+        assert counts(rig.core).usage["gpu"] == 0  # its lease was released
         out = await rig.run("small")
         assert out.ok
         assert rig.backend.worker_pid("g0") not in (None, pid)
@@ -178,7 +181,7 @@ def test_worker_crash_mid_action_fails_it_and_the_next_gets_a_fresh_worker() -> 
                       service="big", payload={**slow.payload, "timeout_s": 0.2})
         _, out = await rig.ex.run(slow)
         assert out.status == "timeout" and "0.2 s timeout" in out.error
-        assert rig.core.gpu.busy_gpus() == 0
+        assert counts(rig.core).usage["gpu"] == 0
         await rig.check()
 
     on_loop({"small": TINY, "big": BIG}, body)
@@ -212,7 +215,7 @@ def test_a_bad_request_fails_alone_and_releases_its_gpus() -> None:
     async def body(rig: Rig) -> None:
         out = await rig.run("a", tokens=[[1, 999]])
         assert out.status == "failed" and "payload.tokens[0]: token 999" in out.error
-        assert rig.core.gpu.busy_gpus() == 0
+        assert counts(rig.core).usage["gpu"] == 0
         out = await rig.run("a", op="score", tokens=[[1, 2, 3], [4]])
         scores = json.loads(out.output)["scores"]
         assert out.ok and len(scores) == 2 and all(s < 0 for s in scores)
@@ -527,7 +530,7 @@ def test_a_bad_or_cancelled_member_ends_alone_and_the_batch_goes_on() -> None:
         assert "payload.tokens[0]: token 99999" in results[1].error
         assert np.allclose(json.loads(results[0].output)["logprobs"], solo0["logprobs"],
                            atol=1e-4)
-        assert rig.core.gpu.busy_gpus() == 0  # the lease went with the last member
+        assert counts(rig.core).usage["gpu"] == 0  # the lease went with the last member
         await rig.check()
 
     on_loop({"big": BIG}, body, gpus=1)

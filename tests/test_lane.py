@@ -10,12 +10,16 @@ run the same core; the live test is tests/test_live_lane.py):
 
 from __future__ import annotations
 
-from helpers import cluster, shell
+from helpers import cluster, counts, finish, open_trajectory, shell, submit
 
 from tangram.core import Tangram
+from tangram.estimates import Estimates
 from tangram.model import Action, Demand, Dispatch, Outcome
-from tangram.policies import make_policy
+from tangram.policies import Policy, make_policy
 from tangram.protocol import Finish, Moved, Overstay, Submit
+
+#: the parameters of the policy a core built without one runs (Tangram(cluster))
+DEFAULT = Policy()
 
 
 def cmd(traj: str, command: str, aid: str, kind: str = "shell", t1: float | None = None,
@@ -31,7 +35,7 @@ def dispatches(effects) -> dict[str, Dispatch]:
 def busy_core(cores: int = 2) -> Tangram:
     """A node of ``cores`` cores, every one held by trajectory ``busy``'s test run."""
     core = Tangram(cluster(cores=cores, mem_gb=16.0))
-    core.open_trajectory("busy", mem_gb=1.0)
+    open_trajectory(core, "busy", mem_gb=1.0)
     got = dispatches(core.handle(Submit((cmd("busy", "pytest", "run", cores=cores),)), 0.0))
     assert got["run"].units == cores
     return core
@@ -41,8 +45,8 @@ def test_a_first_action_is_placed_while_every_core_is_held():
     """The first action of a trajectory is bound at once though no core is free; a light
     one starts on the lane with no wait, a heavy one queues on its node (not for binding)."""
     core = busy_core()
-    core.open_trajectory("a", mem_gb=1.0)
-    core.open_trajectory("b", mem_gb=1.0)
+    open_trajectory(core, "a", mem_gb=1.0)
+    open_trajectory(core, "b", mem_gb=1.0)
     got = dispatches(core.handle(Submit((cmd("a", "ls", "ls", t1=0.01),)), 1.0))
     assert got["ls"].lease.lane and got["ls"].start_s == got["ls"].submit_s == 1.0
     assert core.handle(Submit((cmd("b", "make", "make"),)), 1.0) == []
@@ -56,10 +60,10 @@ def test_binding_prefers_a_node_where_the_first_action_starts_now():
     """Among nodes with room for its memory, one with a free core first (then memory
     balance); with every core held, the least memory-loaded node."""
     core = Tangram(cluster(cores=1, nodes=2, mem_gb=16.0))
-    core.open_trajectory("x", mem_gb=1.0)
+    open_trajectory(core, "x", mem_gb=1.0)
     core.handle(Submit((cmd("x", "pytest", "x1"),)), 0.0)
     for t in "abc":
-        core.open_trajectory(t, mem_gb=2.0)
+        open_trajectory(core, t, mem_gb=2.0)
     core.handle(Submit((cmd("a", "make", "a1"),)), 0.0)  # n1 has the free core
     assert core.node_of("x") == "n0" and core.node_of("a") == "n1"
     core.handle(Submit((cmd("b", "make", "b1"),)), 0.0)  # none free: n0 holds less memory
@@ -71,23 +75,24 @@ def test_the_lane_learns_per_command_not_per_kind():
     """``ls`` and ``python -c 'import sympy'`` are both ``shell``: once each ran, the
     first is light and the second not, whatever the kind's mean; a command never seen
     goes by the kind's share of light runs."""
-    core = Tangram(cluster(cores=2, mem_gb=16.0))
-    core.open_trajectory("a", mem_gb=1.0)
+    est = Estimates()
+    core = Tangram(cluster(cores=2, mem_gb=16.0), estimates=est)
+    open_trajectory(core, "a", mem_gb=1.0)
     now = 0.0
     for i, (command, took) in enumerate([("ls", 0.01), ("python -c 'import sympy'", 3.0),
                                          ("ls", 0.02)]):
         d = dispatches(core.handle(Submit((cmd("a", command, f"w{i}"),)), now))[f"w{i}"]
         now += took
         core.handle(Finish(d.action.id, Outcome(d.action.id, "ok", 0)), now)
-    assert core.estimates.durations.mean(("t", "shell")) > core.policy.cpu.light_s
-    core.open_trajectory("busy", mem_gb=1.0)
+    assert est.durations.mean(("t", "shell")) > DEFAULT.cpu.light_s
+    open_trajectory(core, "busy", mem_gb=1.0)
     core.handle(Submit((cmd("busy", "pytest", "run", cores=2),)), now)  # every core held
     got = dispatches(core.handle(Submit((cmd("a", "ls", "ls"),)), now))
     assert got["ls"].lease.lane
-    core.open_trajectory("b", mem_gb=1.0)
+    open_trajectory(core, "b", mem_gb=1.0)
     assert core.handle(Submit((cmd("b", "python -c 'import sympy'", "imp"),)), now) == []
     core.handle(Finish("ls", Outcome("ls", "ok", 0)), now + 0.01)
-    core.open_trajectory("c", mem_gb=1.0)  # never seen: 3 of the kind's 4 runs were light
+    open_trajectory(core, "c", mem_gb=1.0)  # never seen: 3 of the kind's 4 runs were light
     assert dispatches(core.handle(Submit((cmd("c", "cat x", "cat"),)), now))["cat"].lease.lane
 
 
@@ -97,10 +102,10 @@ def test_an_action_overstaying_the_lane_is_moved_off_it():
     for a core at the lowest priority, and holds the first core to free (before the
     queue). Its command is not light from then on."""
     core = busy_core()
-    hold = core.policy.cpu.lane_hold_s
-    core.open_trajectory("liar", mem_gb=1.0)
-    core.open_trajectory("a", mem_gb=1.0)
-    core.open_trajectory("b", mem_gb=1.0)
+    hold = DEFAULT.cpu.lane_hold_s
+    open_trajectory(core, "liar", mem_gb=1.0)
+    open_trajectory(core, "a", mem_gb=1.0)
+    open_trajectory(core, "b", mem_gb=1.0)
     got = dispatches(core.handle(Submit((cmd("liar", "sleep 60", "slow", t1=0.0),)), 0.0))
     assert got["slow"].lease.lane
     core.handle(Submit((cmd("b", "make", "make"),)), 0.1)  # queued for a core
@@ -109,13 +114,13 @@ def test_an_action_overstaying_the_lane_is_moved_off_it():
     out = core.handle(Overstay(), hold)
     assert out[0] == Moved("slow", "n0", ())  # off the lane, no core free: lowest priority
     assert dispatches(out)["ls"].lease.lane and dispatches(out)["ls"].start_s == hold
-    assert core.usage()["cpu_lane"] == 1.0  # ls alone on the lane
+    assert counts(core).usage["cpu_lane"] == 1.0  # ls alone on the lane
     core.handle(Finish("ls", Outcome("ls", "ok", 0)), hold + 0.01)
     # the test run ends: the moved action takes the core it frees before the queue does
     out = core.handle(Finish("run", Outcome("run", "ok", 0)), 5.0)
     assert out[0] == Moved("slow", "n0", (0,))
-    assert set(dispatches(out)) == {"make"} and core.usage()["cpu"] == 2.0
-    core.open_trajectory("c", mem_gb=1.0)  # the same command again: not light any more
+    assert set(dispatches(out)) == {"make"} and counts(core).usage["cpu"] == 2.0
+    open_trajectory(core, "c", mem_gb=1.0)  # the same command again: not light any more
     assert core.handle(Submit((cmd("c", "sleep 60", "again", t1=0.0),)), 5.0) == []
     out = core.handle(Finish("slow", Outcome("slow", "ok", 0)), 60.0)
     assert set(dispatches(out)) == {"again"} and not dispatches(out)["again"].lease.lane
@@ -123,20 +128,20 @@ def test_an_action_overstaying_the_lane_is_moved_off_it():
 
 def test_a_moved_action_takes_an_idle_core_at_once():
     core = Tangram(cluster(cores=2, mem_gb=16.0))
-    core.open_trajectory("liar", mem_gb=1.0)
+    open_trajectory(core, "liar", mem_gb=1.0)
     got = dispatches(core.handle(Submit((cmd("liar", "sleep 60", "slow", t1=0.0),)), 0.0))
     assert got["slow"].lease.lane
-    hold = core.policy.cpu.lane_hold_s
+    hold = DEFAULT.cpu.lane_hold_s
     assert core.handle(Overstay(), hold) == [Moved("slow", "n0", (0,))]
-    assert core.usage() | {"mem_gb": 0} == {"cpu": 1.0, "cpu_lane": 0.0, "gpu": 0.0,
+    assert counts(core).usage | {"mem_gb": 0} == {"cpu": 1.0, "cpu_lane": 0.0, "gpu": 0.0,
                                               "mem_gb": 0}
     core.handle(Finish("slow", Outcome("slow", "ok", 0)), 60.0)
-    assert core.usage()["cpu"] == 0.0
+    assert counts(core).usage["cpu"] == 0.0
 
 
 def test_lane_hold_is_a_policy_parameter():
     core = Tangram(cluster(cores=2), make_policy("tangram", {"lane_hold_s": 0.5}))
-    core.open_trajectory("a", mem_gb=1.0)
+    open_trajectory(core, "a", mem_gb=1.0)
     core.handle(Submit((cmd("a", "sleep 9", "s", t1=0.0),)), 0.0)
     assert core.lane_wakeup() == 0.5
     assert make_policy("fixed-dop:1").cpu.lane_hold_s == 1.0
@@ -148,15 +153,16 @@ def test_lane_hold_is_a_policy_parameter():
 
 def test_an_action_naming_no_command_goes_by_its_kind():
     """Trace rows name no command: their kind is all there is (issue 21's rule)."""
-    core = Tangram(cluster(cores=2, mem_gb=16.0))
-    core.open_trajectory("a", mem_gb=1.0)
+    est = Estimates()
+    core = Tangram(cluster(cores=2, mem_gb=16.0), estimates=est)
+    open_trajectory(core, "a", mem_gb=1.0)
     now = 0.0
     for i in range(2):
-        [d] = core.submit(shell("a", aid=f"k{i}"), now)
+        [d] = submit(core, shell("a", aid=f"k{i}"), now)
         assert not d.lease.lane  # undeclared, kind never seen: not light
         now += 0.02
-        core.finish(d.action.id, now)
-    [d] = core.submit(shell("a", aid="k2"), now)
+        finish(core, d.action.id, now)
+    [d] = submit(core, shell("a", aid="k2"), now)
     assert d.lease.lane
 
 
@@ -169,7 +175,7 @@ def test_light_actions_do_not_overtake_the_queue_for_an_idle_core():
     p99 30.9 s against p50 5.6 s)."""
     core = Tangram(cluster(cores=2, mem_gb=16.0))
     for t in "abcdef":
-        core.open_trajectory(t, mem_gb=1.0)
+        open_trajectory(core, t, mem_gb=1.0)
     got = dispatches(core.handle(Submit((cmd("a", "ls", "l0", t1=0.01),)), 0.0))
     assert got["l0"].lease.lane  # the lane's only slot
     got = dispatches(core.handle(Submit((cmd("b", "make", "m0"), cmd("f", "make", "m1"))),
@@ -178,7 +184,7 @@ def test_light_actions_do_not_overtake_the_queue_for_an_idle_core():
     assert core.handle(Submit((cmd("c", "make", "m2"),)), 0.2) == []  # queued: no core
     assert core.handle(Submit((cmd("d", "ls", "l1", t1=0.01),)), 0.3) == []  # lane full
     # (all before lane_hold_s: l0 holds the lane throughout)
-    assert core.policy.cpu.lane_hold_s > 0.7
+    assert DEFAULT.cpu.lane_hold_s > 0.7
     out = dispatches(core.handle(Finish("m0", Outcome("m0", "ok", 0)), 0.5))
     assert set(out) == {"m2"}  # the queue's head waited longer than the light action
     core.handle(Submit((cmd("e", "make", "m3"),)), 0.6)  # queued after l1

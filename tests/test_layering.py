@@ -3,7 +3,8 @@ tangram_cli/ <- cli.py; scripts/, examples/ and notebooks/ on top): every module
 are parsed (a notebook's code cells too), and an upward import, a
 sim<->executor import or an import cycle fails here, so the structure stays true as the code
 grows; and the core has one door (tangram/protocol.py): nothing outside tangram/ imports its
-inside or reaches into its state, and backends declare capabilities instead of being probed."""
+inside or reaches into its state (tests neither, but the white-box checks named in WHITE_BOX),
+and backends declare capabilities instead of being probed."""
 
 from __future__ import annotations
 
@@ -177,6 +178,25 @@ def test_nothing_outside_the_core_reaches_into_its_state():
              for hit in reach_ins(path)]
     assert not found, ("reach-ins past the core's door (use Tangram.handle / snapshot / "
                        "the point queries of tangram/protocol.py):\n" + "\n".join(found))
+
+
+#: tests that read a Tangram's inside on purpose (file -> the expressions allowed there), each
+#: checking a property of the inside that the door does not show
+WHITE_BOX = {
+    # the EOE pool's starvation bound: when a request chose to wait is the pool's own state
+    "tests/test_gpu_eoe.py": {"core._pools", "core._gpu", "core._running"},
+}
+
+
+def test_no_test_reaches_into_the_core_but_the_white_box_ones():
+    """Tests drive the core as any code outside it does (tests/helpers.py: Commands in
+    through ``handle``, reads from ``snapshot`` and the point queries); a test of an inside
+    unit imports that unit and builds it, and does not read a Tangram's private state."""
+    found = []
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        allowed = WHITE_BOX.get(str(path.relative_to(ROOT)), set())
+        found += [hit for hit in reach_ins(path) if hit.split(": ", 1)[1] not in allowed]
+    assert not found, "reach-ins past the core's door in tests:\n" + "\n".join(found)
 
 
 def test_the_reach_in_check_catches_one(tmp_path):

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from helpers import cluster, shell
+from helpers import cluster, cores_in_use, counts, finish, open_trajectory, shell, submit
 
 from executor.backends.ray.agent import NodeInfo, numa_order
 from executor.backends.ray.backend import cluster_of
@@ -15,49 +15,50 @@ from tangram.cluster import CpuNodeSpec
 from tangram.core import Tangram
 from tangram.model import Outcome
 from tangram.policies import make_policy
+from tangram.protocol import NodeJoined, NodeLost
 
 
 def test_remove_node_rebinds_queued_actions_and_drops_capacity():
     core = Tangram(cluster(cores=1, nodes=2, mem_gb=8.0))
     for t in ("a", "b"):
-        core.open_trajectory(t, "t", 1.0)
-    started = core.submit(shell("a", aid="a1"), 0.0) + core.submit(shell("b", aid="b1"), 0.0)
+        open_trajectory(core, t, "t", 1.0)
+    started = submit(core, shell("a", aid="a1"), 0.0) + submit(core, shell("b", aid="b1"), 0.0)
     nodes = {d.action.trajectory: d.lease.node for d in started}
     assert set(nodes.values()) == {"n0", "n1"}
-    assert core.submit(shell("a", aid="a2"), 1.0) == []  # queued behind a1 on a's node
+    assert submit(core, shell("a", aid="a2"), 1.0) == []  # queued behind a1 on a's node
     lost = nodes["a"]
-    assert core.remove_node(lost, 2.0) == []  # the other node is busy with b1
-    assert core.remove_node(lost, 2.0) == []  # idempotent
-    assert core.capacity()["cpu"] == 1.0 and lost not in core.cpu.nodes
+    assert core.handle(NodeLost(lost), 2.0) == []  # the other node is busy with b1
+    assert core.handle(NodeLost(lost), 2.0) == []  # idempotent
+    assert counts(core).capacity["cpu"] == 1.0 and lost not in {n.name for n in core.snapshot().cpu_nodes}
     # unbound from the lost node (its environment is gone) and bound again at once where
     # its memory fits, its queued action waiting there for a core (issue 30: placing a
     # trajectory never waits for a free core)
-    assert core.cpu.node_of("a") == nodes["b"]
+    assert core.node_of("a") == nodes["b"]
     # a1 is still running (the executor reports it); finishing it releases nothing
-    assert core.finish("a1", 3.0, Outcome("a1", "failed", None)) == []
-    assert core.cpu.in_use(nodes["b"]) == 1
+    assert finish(core, "a1", 3.0, Outcome("a1", "failed", None)) == []
+    assert cores_in_use(core, nodes["b"]) == 1
     # b1 ends: a2 (queued first) is bound to the surviving node and starts
-    (d,) = core.finish("b1", 4.0)
+    (d,) = finish(core, "b1", 4.0)
     assert (d.action.id, d.lease.node, d.submit_s) == ("a2", nodes["b"], 1.0)
-    assert core.cpu.node_of("a") == nodes["b"]
+    assert core.node_of("a") == nodes["b"]
 
 
 def test_add_node_starts_waiting_trajectories():
     core = Tangram(cluster(cores=1, nodes=1, mem_gb=4.0))
-    core.open_trajectory("a", "t", 3.0)
-    core.open_trajectory("b", "t", 3.0)  # cannot share n0's memory with a
-    assert len(core.submit(shell("a", aid="a1"), 0.0)) == 1
-    assert core.submit(shell("b", aid="b1"), 0.0) == []
-    (d,) = core.add_node(CpuNodeSpec("n9", 2, 1, 4.0), 1.0)
+    open_trajectory(core, "a", "t", 3.0)
+    open_trajectory(core, "b", "t", 3.0)  # cannot share n0's memory with a
+    assert len(submit(core, shell("a", aid="a1"), 0.0)) == 1
+    assert submit(core, shell("b", aid="b1"), 0.0) == []
+    (d,) = core.handle(NodeJoined(CpuNodeSpec("n9", 2, 1, 4.0)), 1.0)
     assert (d.action.id, d.lease.node) == ("b1", "n9")
-    assert core.capacity()["cpu"] == 3.0
+    assert counts(core).capacity["cpu"] == 3.0
     with pytest.raises(ValueError, match="already"):
-        core.add_node(CpuNodeSpec("n9", 2, 1, 4.0), 1.0)
+        core.handle(NodeJoined(CpuNodeSpec("n9", 2, 1, 4.0)), 1.0)
     # a removed node's name can come back (an agent restarted on a live Ray node)
-    core.finish("b1", 2.0)
-    core.remove_node("n9", 3.0)
-    core.add_node(CpuNodeSpec("n9", 4, 1, 4.0), 4.0)
-    assert core.capacity()["cpu"] == 5.0
+    finish(core, "b1", 2.0)
+    core.handle(NodeLost("n9"), 3.0)
+    core.handle(NodeJoined(CpuNodeSpec("n9", 4, 1, 4.0)), 4.0)
+    assert counts(core).capacity["cpu"] == 5.0
     # validation follows the nodes present: 4 cores fit now
     core.validate(shell("a", cores=4, aid="a2"))
 
@@ -65,13 +66,13 @@ def test_add_node_starts_waiting_trajectories():
 def test_a_pod_policy_grows_too():
     """add_node asks the policy's CPU part for the new node's pool: pods grow as well."""
     core = Tangram(cluster(cores=2, nodes=1, mem_gb=4.0), make_policy("k8s", {"pod_cores": 2}))
-    core.open_trajectory("a", "t", 1.0)
-    core.open_trajectory("b", "t", 1.0)  # n0's two cores are a's pod
-    assert core.cpu.node_of("b") is None
-    assert core.add_node(CpuNodeSpec("n9", 2, 1, 4.0), 1.0) == []
-    assert core.cpu.node_of("b") == "n9"  # its pod was created on the new node
-    (d,) = core.submit(shell("b", aid="b1"), 1.0)
-    assert d.lease.node == "n9" and core.capacity()["cpu"] == 4.0
+    open_trajectory(core, "a", "t", 1.0)
+    open_trajectory(core, "b", "t", 1.0)  # n0's two cores are a's pod
+    assert core.node_of("b") is None
+    assert core.handle(NodeJoined(CpuNodeSpec("n9", 2, 1, 4.0)), 1.0) == []
+    assert core.node_of("b") == "n9"  # its pod was created on the new node
+    (d,) = submit(core, shell("b", aid="b1"), 1.0)
+    assert d.lease.node == "n9" and counts(core).capacity["cpu"] == 4.0
 
 
 def test_split_cores_disjoint_or_round_robin():

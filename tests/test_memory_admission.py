@@ -204,7 +204,7 @@ def test_an_observed_shortage_reclaims_one_per_observation_only_if_the_backend_e
     # one per observation (its freed memory shows in the next one), and only when the
     # backend frees memory: the process backend's idle trajectories hold none, so the
     # node sheds its largest sandbox at once instead (issue 34 #1)
-    keep = LIVE.headroom * core.cluster.cpu_nodes[0].mem_gb
+    keep = LIVE.headroom * core.snapshot().cpu_nodes[0].mem_gb
     assert out == ([Reclaim("a")] if evicts else [Shed("n0", 1.0, keep)])
     (d,) = core.handle(MemoryObserved("n0", 6.0), 6.0)  # memory freed: b is admitted
     assert d.action.id == "b1" and core.node_of("c") == "n0"

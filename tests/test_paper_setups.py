@@ -4,7 +4,7 @@ replicas, provider 429s that fail calls."""
 
 import numpy as np
 import pandas as pd
-from helpers import EventLoop, cluster, shell, test_run
+from helpers import EventLoop, cluster, counts, cpu_node, queued_ids, shell, test_run
 
 from sim.driver import SimConfig, simulate
 from sim.modelled import POD_START, ControlPlane
@@ -14,24 +14,30 @@ from tangram.policies import make_policy
 from traces.schema import COLUMNS, validate
 
 
+def waiting_for_a_node(core: Tangram) -> list[str]:
+    """The open trajectories not bound to a node, in open order (a pod policy: their pods
+    wait for room)."""
+    return [t for t, view in core.snapshot().trajectories.items() if view.node is None]
+
+
 def test_k8s_pods_start_at_open_in_open_order_and_hold_until_close():
     core = Tangram(cluster(cores=8), make_policy("k8s", {"pod_cores": 4}))
     loop = EventLoop(core)
     for t in ("a", "b", "c", "d"):
         loop.runtime.open_trajectory(t, "t", 1.0)
     # two pods fit: a and b hold their cores before submitting anything
-    assert core.cpu.node_of("a") and core.cpu.node_of("b")
-    assert list(core.opening) == ["c", "d"] and core.usage()["cpu"] == 8
-    assert core.cpu.nodes["n0"].free_cores == 0
+    assert core.node_of("a") and core.node_of("b")
+    assert waiting_for_a_node(core) == ["c", "d"] and counts(core).usage["cpu"] == 8
+    assert not cpu_node(core, "n0").free
     # d submits first, but its pod waits behind c's (open order)
     loop.submit(shell("d", t1=1.0, aid="d0"))
     loop.submit(shell("a", t1=1.0, aid="a0"))
-    assert "a0" in core.running and "d0" in core.queued
+    assert core.is_running("a0") and "d0" in queued_ids(core)
     loop.runtime.close_trajectory("c")  # closed while waiting: leaves the queue
-    assert list(core.opening) == ["d"]
+    assert waiting_for_a_node(core) == ["d"]
     loop.run()
     loop.runtime.close_trajectory("a")
-    assert core.cpu.node_of("d") and not core.opening
+    assert core.node_of("d") and not waiting_for_a_node(core)
     loop.run()
     assert {r.action_id for r in loop.records} == {"a0", "d0"}
 
@@ -78,8 +84,8 @@ def test_static_replicas_as_the_paper_deployed_them():
     from sim.cluster import load_cluster
 
     paper = load_cluster("paper")
-    core = Tangram(paper, make_policy("static", {"gpu_dop": 4, "replicas": 1}))
-    pools = {n: p for n, p in core.pools.items() if n.startswith("gpu:teacher")}
+    built = make_policy("static", {"gpu_dop": 4, "replicas": 1}).build(paper)
+    pools = {n: p for n, p in built.pools.items() if n.startswith("gpu:teacher")}
     assert len(pools) == 9 and all(len(p.replicas) == 1 and p.dop == 4 for p in pools.values())
 
 
@@ -117,8 +123,8 @@ def test_static_split_gives_the_hot_teacher_more_replicas():
     paper = load_cluster("paper")  # the teachers alone (simulate keeps the services used)
     paper = replace(paper, services=tuple(s for s in paper.services if s.name != "judge"))
     split = (("teacher0", 4), *((f"teacher{i}", 1) for i in range(1, 9)))
-    core = Tangram(paper, make_policy("static", {"gpu_dop": 2, "split": split}))
-    reps = {n: len(p.replicas) for n, p in core.pools.items() if n.startswith("gpu:teacher")}
+    built = make_policy("static", {"gpu_dop": 2, "split": split}).build(paper)
+    reps = {n: len(p.replicas) for n, p in built.pools.items() if n.startswith("gpu:teacher")}
     assert reps["gpu:teacher0"] == 4 and all(v == 1 for k, v in reps.items() if k != "gpu:teacher0")
     import pytest
 

@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from helpers import EventLoop, cluster, gpu_call, shell, test_run
+from helpers import EventLoop, cluster, counts, gpu_call, open_trajectory, shell, test_run
 
 import cli
 from tangram.core import Tangram
@@ -35,29 +35,29 @@ def test_every_listed_policy_builds_and_runs(name):
     core = Tangram(spec, make_policy(name, {"pod_cores": 2, "gpu_dop": 2}))
     loop = EventLoop(core)
     for j in range(3):
-        core.open_trajectory(f"j{j}", mem_gb=1)
+        open_trajectory(core, f"j{j}", mem_gb=1)
         loop.submit(shell(f"j{j}", 1.0))
         loop.submit(test_run(f"j{j}", 4.0, 1, 4))
         loop.submit(gpu_call(f"j{j}", "rm", 2.0))
         loop.submit(shell(f"j{j}", 0.5, cores=0, **{"quota:api": 1}))
     loop.run()
-    assert len(loop.records) == 12 and not core.queued and not core.running
+    assert len(loop.records) == 12 and not counts(core).queued and not counts(core).running_count
     for j in range(3):  # pods are held until the trajectory closes, then freed
         loop.runtime.close_trajectory(f"j{j}")
-    assert core.usage()["cpu"] == 0
+    assert counts(core).usage["cpu"] == 0
 
 
 def test_policy_parameters_are_typed_fields_and_reach_the_pools():
     p = make_policy("k8s", {"pod_cores": 8, "depth": 3, "gpu_dop": 4})
     assert isinstance(p, K8sPolicy) and p.cpu == Pods(8) and p.depth == 3
-    core = Tangram(cluster(cores=16), p)
-    pool = core.pools["cpu:n0"]
+    # (the pools the policy builds: what a core built with it runs)
+    pool = p.build(cluster(cores=16)).pools["cpu:n0"]
     # the paper's tests run single-process in their pod; pod_dop widens them
     assert isinstance(pool, PodPool) and pool.scheduler.units == 1
-    wide = Tangram(cluster(cores=16), make_policy("k8s", {"pod_cores": 8, "pod_dop": 8}))
+    wide = make_policy("k8s", {"pod_cores": 8, "pod_dop": 8}).build(cluster(cores=16))
     assert wide.pools["cpu:n0"].scheduler.units == 8
-    static = Tangram(cluster(cores=0, nodes=0, gpu_nodes=1, services=[("rm", 40), ("b", 40)]),
-                     make_policy("static", {"gpu_dop": 4}))
+    static = make_policy("static", {"gpu_dop": 4}).build(
+        cluster(cores=0, nodes=0, gpu_nodes=1, services=[("rm", 40), ("b", 40)]))
     svc = [p for p in static.pools.values() if isinstance(p, ServicePool)]
     assert {p.name for p in svc} == {"gpu:rm", "gpu:b"} and all(p.dop == 4 for p in svc)
     assert make_policy("fixed-dop:3").label == "fixed-dop:3"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import httpx
 from conftest import TOKEN, reachable_by_sandboxes, start_server
-from helpers import cpus_of, until
+from helpers import cores_in_use, counts, cpus_of, queued_ids, until
 
 from executor.backends.ray.backend import RayBackend
 from executor.driver import LiveExecutor
@@ -43,7 +43,7 @@ def test_actions_spread_over_nodes_and_stay_on_their_trajectory_node(ray_cluster
         ex = LiveExecutor(Tangram(backend.cluster()), backend)
         trajs = ["t0", "t1", "t2"]
         try:
-            assert len(ex.core.cluster.cpu_nodes) == 3
+            assert len(ex.core.snapshot().cpu_nodes) == 3
             for t in trajs:
                 ex.open_trajectory(t, "t", 0.5)
             probe = ("sh -c 'echo $RAY_RAYLET_PID; grep Cpus_allowed_list /proc/self/status; "
@@ -104,7 +104,7 @@ def test_node_loss_mid_action_fails_once_and_rebinds(ray_cluster, tmp_path):
             queued = ex.submit(shell("queued", victim, "cat f", kind="probe"))  # waits for it
             await until(lambda: runs.exists() and runs.read_text().strip(), 120, "the long action")
             pid = int(runs.read_text())
-            assert "queued" in ex.core.queued
+            assert "queued" in queued_ids(ex.core)
 
             t0 = time.monotonic()
             ray_cluster.cluster.remove_node(ray_node, allow_graceful=False)
@@ -124,9 +124,10 @@ def test_node_loss_mid_action_fails_once_and_rebinds(ray_cluster, tmp_path):
             assert rec.node != lost_node and out.output.strip() == "n"
             assert not out.extra.get("state_lost")  # told once
             # capacity removed; every lease released; each action reported once, none rerun
-            assert lost_node not in ex.core.cpu.nodes and len(ex.core.cluster.cpu_nodes) == 2
-            assert not ex.core.running and not ex.core.queued
-            assert all(ex.core.cpu.in_use(n) == 0 for n in ex.core.cpu.nodes)
+            nodes = {n.name for n in ex.core.snapshot().cpu_nodes}
+            assert lost_node not in nodes and len(nodes) == 2
+            assert not counts(ex.core).running_count and not counts(ex.core).queued
+            assert all(cores_in_use(ex.core, n.name) == 0 for n in ex.core.snapshot().cpu_nodes)
             ids = [r.action_id for r in ex.runtime.records]
             assert len(ids) == len(set(ids)) == 6
             await until(lambda: not Path(f"/proc/{pid}").exists(), 120, "the orphan to be killed")
@@ -134,8 +135,8 @@ def test_node_loss_mid_action_fails_once_and_rebinds(ray_cluster, tmp_path):
 
             # a node joining adds capacity; a new trajectory can be bound there
             ray_cluster.add_local_node([0], 2.0)
-            await until(lambda: len(ex.core.cluster.cpu_nodes) == 3, 120, "the node to join")
-            (new,) = set(ex.core.cpu.nodes) - {r.node for r in ex.runtime.records}
+            await until(lambda: len(ex.core.snapshot().cpu_nodes) == 3, 120, "the node to join")
+            (new,) = {n.name for n in ex.core.snapshot().cpu_nodes} - {r.node for r in ex.runtime.records}
             ex.open_trajectory("late", "t", 0.5)
             rec, out = await ex.run(shell("late-0", "late", "true"))
             assert (rec.node, out.status) == (new, "ok")

@@ -288,109 +288,154 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
                  actions: int, warm: int, samples: int, log: Path,
                  every_s: float | None = None,
                  on_sample: Callable[[dict], None] | None = None, clients: int = 1) -> dict:
+    """The measured run: the server warmed up, the clients ready, the clock started, the
+    trajectories driven (sampled meanwhile), the figures reported."""
     import multiprocessing
-
-    from tangram.client import TangramClient
 
     pid = proc.pid
     await asyncio.to_thread(wait_healthy, url, proc, log, 60.0)
-    async with TangramClient(url, token, timeout_s=600) as tg:
-        # warm-up: imports and first-call paths out of the measurement (before the pool
-        # fills: the sandbox it takes is replaced before the clock starts)
-        tid = await tg.open_trajectory("warmup")
-        await tg.run(tid, argv=["true"])
-        await tg.close_trajectory(tid)
+    await _warm_up(url, token)
     if warm:  # the pool full before timing (what a long-running server sees)
         await _warm_pool_full(log.parent / "work", warm, proc)
-    rss: list[float] = []
     total = trajectories * actions
     ctx = multiprocessing.get_context("spawn")
     done = ctx.Value("q", 0)  # actions done, over every client
-    step = max(total // samples, 1)
-    procs, results = [], ctx.Queue()
-    if clients > 1:  # started, and ready, before the clock starts
-        go = ctx.Event()
-        procs = [ctx.Process(target=_client_process, daemon=True,
-                             args=(url, token, list(range(c, trajectories, clients)), actions,
-                                   done, go, results)) for c in range(clients)]
+    results = ctx.Queue()
+    go = ctx.Event()
+    procs = await _start_clients(ctx, url, token, trajectories, actions, clients, done, go,
+                                 results)
+    sampler = _Sampler(pid, done, max(total // samples, 1), on_sample)
+    ticking = asyncio.ensure_future(sampler.every(every_s)) if every_s else None
+    try:
+        if procs:
+            go.set()
+            first, later, errors, core, client_cpu = await _gather(results, procs)
+        else:
+            first, later, errors, core = await _trajectories(
+                url, token, list(range(trajectories)), actions, sampler.count)
+            client_cpu = 0.0
+    finally:
+        if ticking is not None:
+            ticking.cancel()
         for p in procs:
-            p.start()
-        for _ in procs:
-            await _next(results, procs)
-    cpu0, kids0, rss0 = _proc_stat(pid)
-    rss.append(round(rss0, 1))
-    t0 = time.perf_counter()
-    client0 = time.process_time()
-    timeline: list[dict] = []
-    last = [t0, 0, cpu0, kids0]  # time, actions done, server and children CPU of the last
-    # sample
+            p.join(5)
+            if p.is_alive():
+                p.kill()
+    if ticking is not None:
+        sampler.take()  # the end of the run (also: a run shorter than one interval)
+    wall = time.perf_counter() - sampler.t0
+    client_cpu += time.process_time() - sampler.client0
+    run = {"bench": "serve", "backend": backend, "trajectories": trajectories,
+           "actions_per_trajectory": actions, "actions": total, "warm_pool": warm,
+           "clients": clients}
+    return _report(run, sampler, wall, client_cpu, first, later, core, errors, bool(every_s))
 
-    def take_sample() -> None:
-        now, (cpu, kids, rss_now) = time.perf_counter(), _proc_stat(pid)
+
+async def _warm_up(url: str, token: str) -> None:
+    """Imports and first-call paths out of the measurement (before the warm pool fills:
+    the sandbox it takes is replaced before the clock starts)."""
+    from tangram.client import TangramClient
+
+    async with TangramClient(url, token, timeout_s=600) as tg:
+        tid = await tg.open_trajectory("warmup")
+        await tg.run(tid, argv=["true"])
+        await tg.close_trajectory(tid)
+
+
+async def _start_clients(ctx, url: str, token: str, trajectories: int, actions: int,
+                         clients: int, done, go, results) -> list:
+    """``clients`` client processes (none for one: the trajectories are driven here),
+    started and ready before the clock starts; they begin at ``go``."""
+    if clients <= 1:
+        return []
+    procs = [ctx.Process(target=_client_process, daemon=True,
+                         args=(url, token, list(range(c, trajectories, clients)), actions,
+                               done, go, results)) for c in range(clients)]
+    for p in procs:
+        p.start()
+    for _ in procs:
+        await _next(results, procs)
+    return procs
+
+
+async def _gather(results, procs: list) -> tuple[list, list, list, list, float]:
+    """The client processes' latencies (first actions, later ones, the core's part of the
+    first), errors and CPU seconds, all of them together."""
+    first, later, errors, core = [], [], [], []
+    client_cpu = 0.0
+    for _ in procs:
+        _, (f1, l1, e1, k1, c1) = await _next(results, procs)
+        first += f1
+        later += l1
+        errors += e1
+        core += k1
+        client_cpu += c1
+    return first, later, errors, core, client_cpu
+
+
+class _Sampler:
+    """The server process's CPU and RSS while the run goes: its start (made at the start of
+    the clock), a row per interval (``timeline``), and an RSS figure every ``step``
+    actions done."""
+
+    def __init__(self, pid: int, done, step: int,
+                 on_sample: Callable[[dict], None] | None) -> None:
+        self.pid, self.done, self.step, self.on_sample = pid, done, step, on_sample
+        self.cpu0, self.kids0, rss0 = _proc_stat(pid)
+        self.rss = [round(rss0, 1)]
+        self.timeline: list[dict] = []
+        self.t0 = time.perf_counter()
+        self.client0 = time.process_time()
+        #: time, actions done, server and children CPU of the last sample
+        self.last = [self.t0, 0, self.cpu0, self.kids0]
+
+    def take(self) -> None:
+        done, last = self.done, self.last
+        now, (cpu, kids, rss_now) = time.perf_counter(), _proc_stat(self.pid)
         n = done.value - last[1]
-        row = {"t_s": round(now - t0, 2), "actions_done": done.value,
+        row = {"t_s": round(now - self.t0, 2), "actions_done": done.value,
                "actions_per_s": round(n / max(now - last[0], 1e-9), 1),
                "server_cpu_ms_per_action": round((cpu - last[2]) * 1e3 / n, 3) if n else None,
                "children_cpu_ms_per_action": round((kids - last[3]) * 1e3 / n, 3) if n
                else None,
                "server_rss_mb": round(rss_now, 1),
                "load_avg_1m": round(os.getloadavg()[0], 2)}
-        timeline.append(row)
-        if on_sample is not None:
-            on_sample(row)
+        self.timeline.append(row)
+        if self.on_sample is not None:
+            self.on_sample(row)
         last[:] = [now, done.value, cpu, kids]
 
-    async def sample_every(interval: float) -> None:
+    async def every(self, interval: float) -> None:
         while True:
             await asyncio.sleep(interval)
-            take_sample()
+            self.take()
 
-    def count() -> None:
-        done.value += 1
-        if done.value % step == 0:
-            rss.append(round(_proc_stat(pid)[2], 1))
+    def count(self) -> None:
+        """One action done (by a trajectory driven in this process)."""
+        self.done.value += 1
+        if self.done.value % self.step == 0:
+            self.rss.append(round(_proc_stat(self.pid)[2], 1))
 
-    sampler = asyncio.ensure_future(sample_every(every_s)) if every_s else None
-    client_cpu = 0.0
-    try:
-        if procs:
-            go.set()
-            first, later, errors, core = [], [], [], []
-            for _ in procs:
-                _, (f1, l1, e1, k1, c1) = await _next(results, procs)
-                first += f1
-                later += l1
-                errors += e1
-                core += k1
-                client_cpu += c1
-        else:
-            first, later, errors, core = await _trajectories(
-                url, token, list(range(trajectories)), actions, count)
-    finally:
-        if sampler is not None:
-            sampler.cancel()
-        for p in procs:
-            p.join(5)
-            if p.is_alive():
-                p.kill()
-    if sampler is not None:
-        take_sample()  # the end of the run (also: a run shorter than one interval)
-    wall = time.perf_counter() - t0
-    client_cpu += time.process_time() - client0
-    cpu1, kids1, rss1 = _proc_stat(pid)
+
+def _report(run: dict, sampler: _Sampler, wall: float, client_cpu: float, first: list,
+            later: list, core: list, errors: list, timeline: bool) -> dict:
+    """The run's figures: throughput, the server's CPU and RSS, latency percentiles."""
+    total = run["actions"]
+    cpu1, kids1, rss1 = _proc_stat(sampler.pid)
     f, lt, fc = (np.asarray(x or [0.0]) for x in (first, later, core))
     extra: dict = {}
-    if every_s:
-        extra = {"timeline": timeline,
+    if timeline:
+        rows = sampler.timeline
+        extra = {"timeline": rows,
                  # flat RSS: what the server grew by from the first sample to the last
-                 "server_rss_growth_mb": round(rss1 - timeline[0]["server_rss_mb"], 1)
-                 if timeline else None}
-    return {"bench": "serve", "backend": backend, "trajectories": trajectories,
-            "actions_per_trajectory": actions, "actions": total, "warm_pool": warm,
+                 "server_rss_growth_mb": round(rss1 - rows[0]["server_rss_mb"], 1)
+                 if rows else None}
+    clients = run.pop("clients")
+    return {**run,
             "wall_s": round(wall, 2), "actions_per_s": round(total / wall, 1),
-            "server_cpu_ms_per_action": round((cpu1 - cpu0) * 1e3 / total, 3),
+            "server_cpu_ms_per_action": round((cpu1 - sampler.cpu0) * 1e3 / total, 3),
             # (0 on docker: the commands run in containers, not as the server's children)
-            "children_cpu_ms_per_action": round((kids1 - kids0) * 1e3 / total, 3),
+            "children_cpu_ms_per_action": round((kids1 - sampler.kids0) * 1e3 / total, 3),
             "first_action_p50_ms": round(float(np.percentile(f, 50)) * 1e3, 1),
             "first_action_p99_ms": round(float(np.percentile(f, 99)) * 1e3, 1),
             "first_action_p99_over_p50": round(float(np.percentile(f, 99)
@@ -400,7 +445,7 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
             "first_action_core_p50_ms": round(float(np.percentile(fc, 50)) * 1e3, 1),
             "first_action_core_p99_ms": round(float(np.percentile(fc, 99)) * 1e3, 1),
             "later_action_p50_ms": round(float(np.percentile(lt, 50)) * 1e3, 1),
-            "server_rss_mb": rss + [round(rss1, 1)], "errors": len(errors),
+            "server_rss_mb": sampler.rss + [round(rss1, 1)], "errors": len(errors),
             "first_errors": errors[:3], "cpus": os.cpu_count(),
             "clients": clients, "client_cpu_ms_per_action": round(client_cpu * 1e3 / total, 3),
             "load_avg_1m": round(os.getloadavg()[0], 2), **extra}

@@ -307,13 +307,14 @@ class Service:
         ready = await self._prepare(tid, body)
         if isinstance(ready, ActionOut):
             return ready, False
-        self._accept(ready)
+        self._accept([ready])
         return self.view(body.id), True  # type: ignore[return-value]
 
     async def submit_batch(self, items: list[tuple[str, ActionIn]]
                            ) -> list[tuple[ActionOut, bool]]:
-        """Queue many actions: every one is checked before any is accepted (a refusal
-        names the item: ``actions[3].cpu: ...``); repeats answer their state."""
+        """Queue many actions, all or nothing: every one is checked before any is accepted
+        (a refusal names the item: ``actions[3].cpu: ...``); repeats answer their state.
+        The new ones go to the core in one submission, which is their core check."""
         self._not_closing()
         seen: set[str] = set()
         for i, (_, body) in enumerate(items):
@@ -331,14 +332,15 @@ class Service:
         for i, r in enumerate(ready):
             if isinstance(r, Prepared) and not self._accepting(r.trajectory):
                 raise Refused(404, f"actions[{i}].trajectory: {r.trajectory!r} closed")
-        out: list[tuple[ActionOut, bool]] = []
-        for r in ready:
-            if isinstance(r, ActionOut):
-                out.append((r, False))
-            else:
-                self._accept(r)
-                out.append((self.view(r.body.id), True))  # type: ignore[arg-type]
-        return out
+        fresh = [r for r in ready if isinstance(r, Prepared)]
+        try:
+            self._accept(fresh)
+        except Refused as e:  # the core refused the first refused one: name its item
+            i = ready.index(fresh[self._refused_at(fresh, e)])
+            raise Refused(e.status, _item(i, e.detail)) from None
+        return [(r, False) if isinstance(r, ActionOut)
+                else (self.view(r.body.id), True)  # type: ignore[misc]
+                for r in ready]
 
     def _accepting(self, tid: str) -> bool:
         opened = self.opened.get(tid)
@@ -376,15 +378,39 @@ class Service:
         action = body.to_action(tid, state.task, argv, self.max_cores)
         if public_only:
             action.payload["public_only"] = True  # type: ignore[index]
+        return Prepared(tid, body, raw, action)  # (the core checks the action: _accept)
+
+    def _accept(self, ready: list[Prepared]) -> None:
+        """Submit ``ready`` to the core, all or nothing: the core's check is the one the
+        action gets (a refusal raises Refused: 404 for an unknown trajectory, else 422,
+        nothing queued). They are recorded once queued, before any can end."""
+        if not ready:
+            return
+
+        def queued() -> None:
+            for p in ready:
+                self._record(p)
+
         try:
-            self.executor.validate(action)
+            self.executor.submit_many([p.action for p in ready], self._finish, queued)
         except KeyError as e:
             raise Refused(404, str(e.args[0])) from None
         except ValueError as e:
             raise Refused(422, str(e)) from None
-        return Prepared(tid, body, raw, action)
 
-    def _accept(self, p: Prepared) -> None:
+    def _refused_at(self, ready: list[Prepared], refusal: Refused) -> int:
+        """The index in ``ready`` of the action the core refused a batch for: the first
+        the core refuses alone (a batch is refused for its first refused action). Only a
+        refused batch is checked again, to name its item."""
+        for i, p in enumerate(ready):
+            try:
+                self.executor.validate(p.action)
+            except (KeyError, ValueError):
+                return i
+        raise AssertionError(f"the core refused a batch none of whose actions it refuses "
+                             f"alone: {refusal.detail}")
+
+    def _record(self, p: Prepared) -> None:
         aid = p.body.id
         self.tracked[aid] = Tracked(p.trajectory, p.raw)
         opened = self.opened.get(p.trajectory)
@@ -392,7 +418,6 @@ class Service:
             opened.actions += 1
             opened.last_active = time.monotonic()
         self.journal.submitted(aid, p.trajectory, p.raw)
-        self.executor.submit(p.action, lambda rec, out, aid=aid: self._finish(aid, rec, out))
 
     def _repeat(self, tid: str, aid: str, raw: str) -> ActionOut | None:
         """The stored state when ``aid`` was submitted before with this same body."""
@@ -438,7 +463,8 @@ class Service:
                       f"{', '.join(sorted(body.quota)) or '(none)'} (the server's --allow-url "
                       "lists the destinations of each quota key)")
 
-    def _finish(self, aid: str, rec: Record, out: Outcome) -> None:
+    def _finish(self, rec: Record, out: Outcome) -> None:
+        aid = rec.action_id
         res = result_of(rec, out)
         t = self.tracked.get(aid)
         if t is not None and t.cancelled:

@@ -8,7 +8,7 @@ from typing import Any
 from tangram.arrange import LinearOperator
 from tangram.cpu.manager import CpuLease, CpuManager, pick_domains
 from tangram.model import Action, Lease
-from tangram.pool import Grant, LaneSlot, LightLane, Pending, Pool
+from tangram.pool import Grant, LaneSlot, LightLane, Pending, Pool, PoolScheduler
 
 
 class CpuNodePool(Pool):
@@ -43,8 +43,9 @@ class CpuNodePool(Pool):
     key = "cpu"
     operator = LinearOperator()
 
-    def __init__(self, name: str, node: str, manager: CpuManager, scheduler: Any = None,
-                 light_s: float = 0.0, lane_slots: int = 0, hold_s: float = 1.0) -> None:
+    def __init__(self, name: str, node: str, manager: CpuManager,
+                 scheduler: PoolScheduler | None = None, light_s: float = 0.0,
+                 lane_slots: int = 0, hold_s: float = 1.0) -> None:
         super().__init__(name, scheduler)
         self.node = node
         self.manager = manager
@@ -93,7 +94,7 @@ class CpuNodePool(Pool):
 
     def drain(self) -> list[Pending]:
         self.lane_slots = 0  # no capacity left to report
-        # its running actions end as failed (Tangram.remove_node): none is moved or booked
+        # its running actions end as failed (Tangram._remove_node): none is moved or booked
         self._lane.clear()
         self._waiting.clear()
         self._booked.clear()

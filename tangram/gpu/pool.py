@@ -11,10 +11,11 @@ from collections.abc import Collection, Iterable, Sequence
 from typing import Any
 
 from tangram.arrange import ChunkOperator, take_chunk
+from tangram.estimates import Estimates
 from tangram.gpu.batching import DEFAULT_BATCHING, BatchModel
 from tangram.gpu.manager import GpuLease, GpuManager
 from tangram.model import Action
-from tangram.pool import Grant, Pending, Pool
+from tangram.pool import Grant, Pending, Pool, PoolScheduler
 
 
 def accepts(p: Pending) -> tuple[int, ...]:
@@ -22,20 +23,20 @@ def accepts(p: Pending) -> tuple[int, ...]:
     return p.choices or (p.key_min,)
 
 
-def solo_s(p: Pending, units: int, estimates: Any) -> float:
+def solo_s(p: Pending, units: int, estimates: Estimates) -> float:
     """Expected time of ``p`` alone on ``units`` GPUs."""
     d = p.durations.get(units)
     return d if d is not None else estimates.duration(p.action, units, p.durations)
 
 
-def work_s(p: Pending, estimates: Any) -> float:
+def work_s(p: Pending, estimates: Estimates) -> float:
     """One-GPU seconds of ``p`` (what a batch's token budget counts)."""
     if p.action.t1_s is not None:
         return p.action.t1_s
     return solo_s(p, p.key_min, estimates) * p.key_min
 
 
-def take_riders(queue: deque[Pending], lead: Pending, units: int, estimates: Any,
+def take_riders(queue: deque[Pending], lead: Pending, units: int, estimates: Estimates,
                 batching: BatchModel, limit: int | None = None) -> list[Pending]:
     """Queued requests of ``lead``'s service that join its batch, in queue order, while
     the batch's token budget admits them (no quota-holding action rides: its quota is
@@ -70,7 +71,7 @@ def by_service(ps: Iterable[Pending]) -> dict[str, list[Pending]]:
     return out
 
 
-def batch_expected(lead: Pending, riders: list[Pending], units: int, estimates: Any,
+def batch_expected(lead: Pending, riders: list[Pending], units: int, estimates: Estimates,
                    batching: BatchModel) -> float:
     return batching.batch_s([solo_s(q, units, estimates) for q in (lead, *riders)])
 
@@ -131,7 +132,7 @@ class GpuPool(Pool):
     key = "gpu"
     operator = ChunkOperator()
 
-    def __init__(self, name: str, manager: GpuManager, scheduler: Any = None,
+    def __init__(self, name: str, manager: GpuManager, scheduler: PoolScheduler | None = None,
                  batching: BatchModel = DEFAULT_BATCHING) -> None:
         super().__init__(name, scheduler)
         self.manager = manager
@@ -210,12 +211,12 @@ class GpuPool(Pool):
         return Grant(lease, lease.node, (), lease.gpus, lease.restore_s, False, lease.plan)
 
     def batch(self, p: Pending, units: int, now: float,
-              estimates: Any) -> tuple[list[Pending], float | None]:
+              estimates: Estimates) -> tuple[list[Pending], float | None]:
         riders = take_riders(self.queue, p, units, estimates, self.batching)
         return self._batch(p, riders, units, estimates)
 
     def _batch(self, p: Pending, riders: list[Pending], units: int,
-               estimates: Any) -> tuple[list[Pending], float | None]:
+               estimates: Estimates) -> tuple[list[Pending], float | None]:
         if not riders:
             return [], None
         return riders, batch_expected(p, riders, units, estimates, self.batching)
@@ -234,7 +235,7 @@ class EoeGpuPool(GpuPool):
     (``plan_batch``), remembers the requests that wait by choice for a busy variant of
     their own (``defer``) and learns request rates."""
 
-    def __init__(self, name: str, manager: GpuManager, scheduler: Any,
+    def __init__(self, name: str, manager: GpuManager, scheduler: PoolScheduler | None,
                  batching: BatchModel = DEFAULT_BATCHING) -> None:
         super().__init__(name, manager, scheduler, batching)
         #: service -> its queued requests in arrival order (lazily pruned)
@@ -349,7 +350,7 @@ class EoeGpuPool(GpuPool):
         return super().reserve(p, units, now)
 
     def batch(self, p: Pending, units: int, now: float,
-              estimates: Any) -> tuple[list[Pending], float | None]:
+              estimates: Estimates) -> tuple[list[Pending], float | None]:
         planned = self._planned.pop(p.action.id, None)
         if planned is None:
             return super().batch(p, units, now, estimates)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from tangram.cluster import ClusterSpec
+from tangram.estimates import Estimates
 from tangram.gpu.batching import DEFAULT_BATCHING, BatchModel
 from tangram.gpu.manager import GpuManager
 from tangram.gpu.pool import batch_expected, take_riders
@@ -85,7 +86,7 @@ class ServicePool(Pool):
             self.idle.append(part)
 
     def batch(self, p: Pending, units: int, now: float,
-              estimates: Any) -> tuple[list[Pending], float | None]:
+              estimates: Estimates) -> tuple[list[Pending], float | None]:
         # continuous batching, the same model as every GPU pool: a replica that starts
         # takes the queued requests no other idle replica will start now
         riders = take_riders(self.queue, p, units, estimates, self.batching)
@@ -96,7 +97,7 @@ class ServicePool(Pool):
     def usage(self) -> dict[str, float]:
         return {"gpu": float(sum(r.size for r in self.replicas if r not in self.idle))}
 
-    def after_pass(self, now: float, estimates: Any) -> None:
+    def after_pass(self, now: float, estimates: Estimates) -> None:
         # deploy every replica (of every service) ahead of its first request on a backend
         # that loads ahead of demand (a live GPU worker: the loads start with the run's
         # first requests, as a static deployment is up before them); deploy() skips one
