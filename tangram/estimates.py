@@ -91,6 +91,10 @@ class SpeedupCurve:
     def distinct_units(self) -> int:
         return len(self._counts)
 
+    def widest_units(self) -> int:
+        """The widest unit count a run was observed at (0 with none)."""
+        return max(self._counts, default=0)
+
     def mean_time(self) -> float:
         return self._xty[0] / self.n if self.n else 0.0
 
@@ -313,8 +317,9 @@ class DurationModel:
     """Observed execution times."""
 
     #: unprofiled elastic kinds: runs during which the prior curve lets the DP try wider
-    #: grants (exploration); past it without two distinct unit counts observed, the
-    #: kind runs at its minimum (nothing was ever free to learn from)
+    #: grants (exploration); past it with every run at the minimum, the kind runs at its
+    #: minimum (nothing was ever free to learn from); runs all at one wider count keep
+    #: the prior until a second count is seen
     EXPLORE_RUNS = 8
     #: the exploration prior: Amdahl with this parallel fraction (assumption: midway)
     PRIOR_PARALLEL = 0.5
@@ -381,7 +386,11 @@ class DurationModel:
             # an Amdahl-only trace) held every test at 6 of 64 free cores.
             w = c.n / (c.n + self.EXPLORE_RUNS)
             return {u: max(w * fitted[u] + (1 - w) * prior[u], 1e-6) for u in choices}
-        if c is not None and c.n >= self.EXPLORE_RUNS:
+        if c is not None and c.n >= self.EXPLORE_RUNS and c.widest_units() <= choices[0]:
+            # every run so far at the minimum: nothing was ever free to learn from. (Runs
+            # all at one wider count are not that: the prior granted them the width, and
+            # dropping to the minimum then ran a 62 s test on 1 of 64 free cores, issue 30;
+            # the prior stays until loads give the fit a second count.)
             return None
         return prior
 
