@@ -44,7 +44,7 @@ from tangram.protocol import (
     Submit,
 )
 
-__all__ = ["Backend", "Clock", "Record", "RunResult", "Runtime", "Timing"]
+__all__ = ["Backend", "Clock", "Record", "RecordSink", "RunResult", "Runtime", "Timing"]
 
 
 class Timer(Protocol):
@@ -91,6 +91,15 @@ class Record:
 ResultCallback = Callable[[Record, Outcome], None]
 
 
+class RecordSink(Protocol):
+    """Where a runtime puts each finished action's record (by default a list; a simulation
+    at scale streams them to a file instead of holding them)."""
+
+    def append(self, record: Record, /) -> None: ...
+
+    def __len__(self) -> int: ...
+
+
 def no_stopwatch() -> float:
     """A stopwatch that never moves (timings all zero): the default."""
     return 0.0
@@ -116,6 +125,7 @@ class RunResult:
     """What a run (simulated or live) hands to analysis: records, not summaries."""
 
     policy: str
+    #: the finished actions' records (empty when they were streamed: see ``streamed``)
     records: list[Record]
     #: per RL step: {"step", "rollout_s", "step_s"}
     steps: list[dict[str, float]]
@@ -129,6 +139,8 @@ class RunResult:
     wall_s: float = 0.0
     #: the core's state at the end of the run (counters: restores, passes, ...)
     snapshot: Snapshot | None = None
+    #: records written to a sink instead of ``records`` (0: all are in ``records``)
+    streamed: int = 0
 
 
 class DoubleReport(RuntimeError):
@@ -140,14 +152,16 @@ class Runtime:
     every effect is carried out here, in order, on the backend."""
 
     def __init__(self, core: Tangram, clock: Clock, backend: Backend,
-                 stopwatch: Callable[[], float] = no_stopwatch) -> None:
+                 stopwatch: Callable[[], float] = no_stopwatch,
+                 records: RecordSink | None = None) -> None:
         self.core = core
         self.clock = clock
         self.backend = backend
         self.capabilities = backend.capabilities
         self.stopwatch = stopwatch
         core.handle(Attach(self.capabilities), clock.now())
-        self.records: list[Record] = []
+        #: finished actions' records (a list unless a sink was given)
+        self.records: RecordSink = records if records is not None else []
         self.timing = Timing()
         self._callbacks: dict[str, ResultCallback] = {}
         self._wakeup: Timer | None = None
