@@ -134,7 +134,9 @@ def dispatches_frame(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["lease", "units", "start_s", "end_s", "restore_s", "gpu",
                                      "cpu", "ok", "actions"])
     lease = df["batch_of"].where(df["batch_of"].astype(bool), df["action_id"])
-    g = df.assign(lease=lease, ok=df["status"] == "ok").groupby("lease", sort=False)
+    # only the columns aggregated: assign copies its frame, and a run's has 22 columns
+    used = df[["units", "start_s", "end_s", "restore_s", "gpus", "cores", "action_id"]]
+    g = used.assign(lease=lease, ok=df["status"] == "ok").groupby("lease", sort=False)
     out = g.agg(units=("units", "first"), start_s=("start_s", "min"), end_s=("end_s", "max"),
                 restore_s=("restore_s", "first"), gpus=("gpus", "first"),
                 cores=("cores", "first"), ok=("ok", "all"), actions=("action_id", "size"))

@@ -16,6 +16,7 @@ long frames the standard figures draw (analysis/figures.py).
 
 from __future__ import annotations
 
+import gc
 import json
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 import pandas as pd
+import pyarrow as pa
 
 from analysis.outputs import ActionsWriter, Analysed, analyse, write_run
 
@@ -72,6 +74,17 @@ class Run:
         return write_run(out, Analysed(self.summary, self.actions, self.utilisation,
                                        self.timing if self.timing is not None else pd.DataFrame()),
                          self.config, perfetto=perfetto)
+
+
+def settle() -> None:
+    """What a long run does once its inputs are read, before it starts: freeze what exists
+    out of the cyclic GC's scans (tens of milliseconds a full collection otherwise), and
+    let Arrow (pandas' strings, the streamed actions.parquet) allocate from the system
+    allocator, which hands freed memory back: with Arrow's default pool (mimalloc) a
+    240,893-action simulation peaked at 1,198 MB, with the system's at 1,000 MB."""
+    gc.collect()
+    gc.freeze()
+    pa.set_memory_pool(pa.system_memory_pool())
 
 
 class RunError(ValueError):

@@ -18,7 +18,6 @@ so it is Tangram's).
 
 from __future__ import annotations
 
-import gc
 import json
 import multiprocessing as mp
 import resource
@@ -70,7 +69,7 @@ def run_point(workload: str, n: int, seed: int = 0) -> ScalePoint:
     import os
     import tempfile
 
-    from analysis.runs import simulate
+    from analysis.runs import settle, simulate
     from sim.cluster import load_cluster
     from traces.generate import generate
     from traces.schema import trajectories, validate
@@ -78,10 +77,8 @@ def run_point(workload: str, n: int, seed: int = 0) -> ScalePoint:
     load = os.getloadavg()[0]
     c0 = _cpu()
     raw = generate(workload, n, seed=seed)
-    # as `tangram simulate` does once its trace is read (tangram_cli/common.settle): what
-    # exists now is frozen out of the cyclic GC's scans
-    gc.collect()
-    gc.freeze()
+    # as `tangram simulate` does once its trace is read (tangram_cli/common.settle)
+    settle()
     c1 = _cpu()
     cluster = load_cluster("paper")
     with tempfile.TemporaryDirectory() as tmp:
