@@ -287,8 +287,8 @@ class Runtime:
     def _done_callback(self, d: Dispatch, batch_of: str = "",
                        then: Callable[[], None] | None = None) -> Callable[[Outcome], None]:
         members: dict[str, tuple[Action, float]] = {d.action.id: (d.action, d.submit_s)}
-        members.update((m.action.id, (m.action, m.submit_s)) for m in d.batch)
-        if d.batch:
+        if d.batch:  # (most dispatches are one action: no generator to build for them)
+            members.update((m.action.id, (m.action, m.submit_s)) for m in d.batch)
             batch_of = d.action.id
         done: set[str] = set()
 
