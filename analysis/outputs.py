@@ -95,7 +95,9 @@ class ActionsWriter:
         self.rows = rows
         self._buffer: list[Record] = []
         self._written = 0
-        self._writer = pq.ParquetWriter(self.path, ACTIONS_SCHEMA, compression="snappy")
+        #: opened with the first row group's schema, whose pandas metadata (column dtypes)
+        #: is what writing the whole frame would record
+        self._writer: pq.ParquetWriter | None = None
 
     def append(self, record: Record) -> None:
         self._buffer.append(record)
@@ -110,20 +112,26 @@ class ActionsWriter:
             return
         table = pa.Table.from_pandas(records_frame(self._buffer), schema=ACTIONS_SCHEMA,
                                      preserve_index=False)
-        self._writer.write_table(table)
+        self._open(table.schema).write_table(table)
         self._written += len(self._buffer)
         self._buffer = []
+
+    def _open(self, schema: pa.Schema) -> pq.ParquetWriter:
+        if self._writer is None:  # as DataFrame.to_parquet writes (snappy)
+            self._writer = pq.ParquetWriter(self.path, schema, compression="snappy")
+        return self._writer
 
     def close(self) -> Path:
         """Write what is buffered and the file's footer; the file is complete."""
         self._flush()
-        self._writer.close()
+        self._open(ACTIONS_SCHEMA).close()
         return self.path
 
     def abort(self) -> None:
         """Close without the buffered records and remove the file (a run that failed)."""
         self._buffer = []
-        self._writer.close()
+        if self._writer is not None:
+            self._writer.close()
         self.path.unlink(missing_ok=True)
 
 
