@@ -27,6 +27,8 @@ from typing import Any
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
+import pyarrow.parquet as pq
 import yaml
 
 from tangram.runtime import Record, RunResult
@@ -63,6 +65,76 @@ def records_frame(records: Iterable[Record]) -> pd.DataFrame:
     return df
 
 
+#: actions.parquet's columns and Arrow types (records_frame's frame as pandas writes it): a
+#: file written row group by row group needs its types before its first row
+#: (``exit_code``: integers, null where an action had no process exit)
+ACTIONS_SCHEMA = pa.schema([
+    ("action_id", pa.large_string()), ("task", pa.large_string()),
+    ("trajectory", pa.large_string()), ("kind", pa.large_string()),
+    ("submit_s", pa.float64()), ("start_s", pa.float64()), ("end_s", pa.float64()),
+    ("units", pa.int64()), ("node", pa.large_string()), ("cores", pa.large_string()),
+    ("gpus", pa.large_string()), ("restore_s", pa.float64()), ("overhead_s", pa.float64()),
+    ("status", pa.large_string()), ("exit_code", pa.int64()), ("expected_s", pa.float64()),
+    ("lane", pa.bool_()), ("batch_of", pa.large_string()), ("queue_s", pa.float64()),
+    ("exec_s", pa.float64()), ("act_s", pa.float64()), ("category", pa.large_string())])
+
+#: records per row group of a streamed actions.parquet: what a run holds in memory at most
+ROW_GROUP = 65_536
+
+
+class ActionsWriter:
+    """``actions.parquet`` written while a run goes: a record sink (tangram/runtime.py
+    ``RecordSink``) that keeps records only until a row group is full, so that a simulation's
+    memory does not grow with its actions. Each row group is :func:`records_frame` of its
+    records: the file holds what writing the whole frame at the end would."""
+
+    def __init__(self, path: str | Path, rows: int = ROW_GROUP) -> None:
+        if rows < 1:
+            raise ValueError(f"rows: a row group holds at least 1 record, got {rows}")
+        self.path = Path(path)
+        self.rows = rows
+        self._buffer: list[Record] = []
+        self._written = 0
+        #: opened with the first row group's schema, whose pandas metadata (column dtypes)
+        #: is what writing the whole frame would record
+        self._writer: pq.ParquetWriter | None = None
+
+    def append(self, record: Record) -> None:
+        self._buffer.append(record)
+        if len(self._buffer) >= self.rows:
+            self._flush()
+
+    def __len__(self) -> int:
+        return self._written + len(self._buffer)
+
+    def _flush(self) -> None:
+        if not self._buffer:
+            return
+        table = pa.Table.from_pandas(records_frame(self._buffer), schema=ACTIONS_SCHEMA,
+                                     preserve_index=False)
+        self._open(table.schema).write_table(table)
+        self._written += len(self._buffer)
+        self._buffer = []
+
+    def _open(self, schema: pa.Schema) -> pq.ParquetWriter:
+        if self._writer is None:  # as DataFrame.to_parquet writes (snappy)
+            self._writer = pq.ParquetWriter(self.path, schema, compression="snappy")
+        return self._writer
+
+    def close(self) -> Path:
+        """Write what is buffered and the file's footer; the file is complete."""
+        self._flush()
+        self._open(ACTIONS_SCHEMA).close()
+        return self.path
+
+    def abort(self) -> None:
+        """Close without the buffered records and remove the file (a run that failed)."""
+        self._buffer = []
+        if self._writer is not None:
+            self._writer.close()
+        self.path.unlink(missing_ok=True)
+
+
 def dispatches_frame(df: pd.DataFrame) -> pd.DataFrame:
     """One row per lease: a batch's records (same ``batch_of``) become one row with its
     units, its span and its restore (paid once)."""
@@ -70,7 +142,9 @@ def dispatches_frame(df: pd.DataFrame) -> pd.DataFrame:
         return pd.DataFrame(columns=["lease", "units", "start_s", "end_s", "restore_s", "gpu",
                                      "cpu", "ok", "actions"])
     lease = df["batch_of"].where(df["batch_of"].astype(bool), df["action_id"])
-    g = df.assign(lease=lease, ok=df["status"] == "ok").groupby("lease", sort=False)
+    # only the columns aggregated: assign copies its frame, and a run's has 22 columns
+    used = df[["units", "start_s", "end_s", "restore_s", "gpus", "cores", "action_id"]]
+    g = used.assign(lease=lease, ok=df["status"] == "ok").groupby("lease", sort=False)
     out = g.agg(units=("units", "first"), start_s=("start_s", "min"), end_s=("end_s", "max"),
                 restore_s=("restore_s", "first"), gpus=("gpus", "first"),
                 cores=("cores", "first"), ok=("ok", "all"), actions=("action_id", "size"))
@@ -191,9 +265,16 @@ class Analysed:
     timing: pd.DataFrame
 
 
-def analyse(result: RunResult, extra: Mapping[str, Any] | None = None) -> Analysed:
-    """Summary and frames of a finished run; wall-clock figures only in ``timing``."""
-    frame = records_frame(result.records)
+def analyse(result: RunResult, extra: Mapping[str, Any] | None = None,
+            actions: pd.DataFrame | None = None) -> Analysed:
+    """Summary and frames of a finished run; wall-clock figures only in ``timing``.
+    ``actions``: the run's actions frame when its records were streamed to a file
+    (:class:`ActionsWriter`; read it back with ``pd.read_parquet``), else None: the frame
+    of ``result.records``."""
+    if actions is None and result.streamed:
+        raise ValueError(f"analyse: the run's {result.streamed} records were streamed to a "
+                         "file, not kept: pass the frame read from it as ``actions``")
+    frame = records_frame(result.records) if actions is None else actions
     util = pd.DataFrame(result.utilisation) if result.utilisation is not None else None
     summary = summarise(frame, policy=result.policy, capacity=result.capacity,
                         utilisation=util, steps=result.steps,
@@ -244,9 +325,10 @@ def chrome_trace(df: pd.DataFrame) -> dict[str, Any]:
 
 
 def write_run(out: str | Path, run: Analysed, config: Mapping[str, Any],
-              perfetto: bool = False) -> Path:
+              perfetto: bool = False, actions: bool = True) -> Path:
     """The run directory; ``trace.json`` (Chrome/Perfetto, one slice per action: large and
-    a sixth of a big simulation's CPU) only with ``perfetto``."""
+    a sixth of a big simulation's CPU) only with ``perfetto``; ``actions=False``: leave
+    ``actions.parquet`` as it is (streamed there while the run went)."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "summary.json").write_text(json.dumps(run.summary, indent=2, default=float) + "\n")
@@ -257,7 +339,8 @@ def write_run(out: str | Path, run: Analysed, config: Mapping[str, Any],
             "# the cluster this run used (tangram simulate --cluster accepts it as is)\n"
             + yaml.safe_dump(json.loads(json.dumps(config["cluster"], default=str)),
                              sort_keys=False))
-    run.actions.to_parquet(out / "actions.parquet", index=False)
+    if actions:
+        run.actions.to_parquet(out / "actions.parquet", index=False)
     run.timing.to_parquet(out / "timing.parquet", index=False)
     if run.utilisation is not None:
         run.utilisation.to_parquet(out / "utilisation.parquet", index=False)

@@ -13,15 +13,18 @@ Per point (one JSON line): actions, CPU seconds and actions per CPU-second of Ta
 of the floor, their ratio, the core's share of Tangram's CPU (the injected stopwatch's
 seconds inside ``Tangram.handle``), CPU microseconds per action, and peak RSS (each point
 runs in a child process of its own, so its peak is its own; the floor runs after Tangram,
-so it is Tangram's).
+so it is Tangram's). The bench's own process generates each trace and writes it as a trace
+file, which the child reads as `tangram simulate --trace` does: the generator's memory (it
+builds rows as dicts, ~100 MB per 1,000 trajectories of coding, not handed back to the OS)
+is not the simulator's.
 """
 
 from __future__ import annotations
 
-import gc
 import json
 import multiprocessing as mp
 import resource
+import tempfile
 import time
 from collections.abc import Callable, Iterable
 from dataclasses import asdict, dataclass
@@ -63,25 +66,35 @@ def _cpu() -> float:
     return time.process_time()
 
 
-def run_point(workload: str, n: int, seed: int = 0) -> ScalePoint:
-    """One point, in this process (the bench runs each in a child of its own). Tangram's
-    cost is what ``tangram simulate --trace`` does with a trace: validate it, simulate it
-    under the default policy, write the run directory (into a temporary one)."""
+def write_trace(workload: str, n: int, seed: int, folder: Path) -> tuple[Path, float]:
+    """A point's trace, generated and written as a trace file, and the CPU seconds that
+    took. The bench does this in its own process: what the generator holds (its rows
+    as dicts) is not the simulator's memory, and `tangram simulate` reads a file."""
+    from traces.generate import generate
+    from traces.schema import write
+
+    c0 = _cpu()
+    path = write(generate(workload, n, seed=seed), folder / f"{workload}-{n}-{seed}.parquet")
+    return path, _cpu() - c0
+
+
+def run_point(workload: str, n: int, trace: Path, seed: int = 0,
+              generate_cpu_s: float = 0.0) -> ScalePoint:
+    """One point, in this process (the bench runs each in a child of its own), on the
+    trace file ``trace`` (:func:`write_trace`). Tangram's cost is what ``tangram simulate
+    --trace`` does with a trace once read: validate it, simulate it under the default
+    policy, write the run directory (into a temporary one)."""
     import os
     import tempfile
 
-    from analysis.runs import simulate
+    from analysis.runs import settle, simulate
     from sim.cluster import load_cluster
-    from traces.generate import generate
-    from traces.schema import trajectories, validate
+    from traces.schema import read_raw, trajectories, validate
 
     load = os.getloadavg()[0]
-    c0 = _cpu()
-    raw = generate(workload, n, seed=seed)
-    # as `tangram simulate` does once its trace is read (tangram_cli/common.settle): what
-    # exists now is frozen out of the cyclic GC's scans
-    gc.collect()
-    gc.freeze()
+    raw, _ = read_raw(trace)
+    # as `tangram simulate` does once its trace is read
+    settle()
     c1 = _cpu()
     cluster = load_cluster("paper")
     with tempfile.TemporaryDirectory() as tmp:
@@ -103,13 +116,14 @@ def run_point(workload: str, n: int, seed: int = 0) -> ScalePoint:
     return ScalePoint(workload, n, actions, round(t_cpu, 3), round(f_cpu, 3),
                       round(actions / t_cpu, 1), round(actions / f_cpu, 1),
                       round(t_cpu / f_cpu, 2), round(1e6 * t_cpu / actions, 1),
-                      round(core_s / t_cpu, 3), round(peak, 1), round(c1 - c0, 3),
+                      round(core_s / t_cpu, 3), round(peak, 1), round(generate_cpu_s, 3),
                       round(load, 2))
 
 
-def _child(workload: str, n: int, seed: int, conn: Any) -> None:
+def _child(workload: str, n: int, trace: Path, seed: int, generate_cpu_s: float,
+           conn: Any) -> None:
     try:
-        conn.send(("ok", asdict(run_point(workload, n, seed))))
+        conn.send(("ok", asdict(run_point(workload, n, trace, seed, generate_cpu_s))))
     except BaseException as e:  # noqa: BLE001 - reported by the parent, with its type
         conn.send(("error", f"{type(e).__name__}: {e}"))
     finally:
@@ -124,12 +138,15 @@ def run(points: Iterable[tuple[str, int]], seed: int = 0, out: Path | None = Non
     ctx = mp.get_context("spawn")
     rows = []
     for workload, n in points:
-        parent, child = ctx.Pipe(duplex=False)
-        proc = ctx.Process(target=_child, args=(workload, n, seed, child))
-        proc.start()
-        child.close()
-        status, value = parent.recv()
-        proc.join()
+        with tempfile.TemporaryDirectory(prefix="tangram-sim-scale-") as tmp:
+            trace, generate_cpu_s = write_trace(workload, n, seed, Path(tmp))
+            parent, child = ctx.Pipe(duplex=False)
+            proc = ctx.Process(target=_child,
+                               args=(workload, n, trace, seed, generate_cpu_s, child))
+            proc.start()
+            child.close()
+            status, value = parent.recv()
+            proc.join()
         if status != "ok":
             raise RuntimeError(f"sim-scale {workload} x {n}: {value}")
         rows.append(value)

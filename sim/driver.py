@@ -24,7 +24,7 @@ from tangram.fork import FORK
 from tangram.gpu.batching import MeasuredGpu
 from tangram.model import Action
 from tangram.policies import Pods, Policy, make_policy
-from tangram.runtime import RunResult, Runtime
+from tangram.runtime import RecordSink, RunResult, Runtime
 from traces.groups import GroupPlay, plays
 from traces.player import play, refuse_misfits
 from traces.schema import TrajectorySpec, trajectories
@@ -127,8 +127,11 @@ class SimDoor:
 
 
 def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
-             progress: Callable[[int, int], None] | None = None) -> RunResult:
-    """Run a validated trace (traces.schema.load) through one policy."""
+             progress: Callable[[int, int], None] | None = None,
+             records: RecordSink | None = None) -> RunResult:
+    """Run a validated trace (traces.schema.load) through one policy. ``records``: where
+    finished actions' records go as the run goes (e.g. a file written in row groups, so
+    that a large run does not hold them all); None: kept in the result's ``records``."""
     wall0 = time.perf_counter()
     policy = policy_of(config)
     # Only the services the trace calls: static deployments are sized for what the
@@ -153,7 +156,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
                               max_attempts=config.api_attempts)
     # the core's seconds by this thread's CPU clock: a simulation is one thread, and its
     # decision times should not grow with the machine's load (live runs use wall clock)
-    runtime = Runtime(core, clock, backend, stopwatch=time.thread_time)
+    runtime = Runtime(core, clock, backend, stopwatch=time.thread_time, records=records)
     total = sum(len(s.steps) for specs in steps_specs for s in specs)
     done = [0]
     step_log: list[dict[str, float]] = []
@@ -231,5 +234,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
                 "api_failed": backend.gave_up, "gpu_restores": final.counters["gpu_restores"],
                 "gpu_restore_hits": final.counters["gpu_restore_hits"],
                 "scheduler_passes": final.counters["scheduler_passes"], "seed": config.seed}
-    return RunResult(policy.label, runtime.records, step_log, dict(final.capacity), counters,
-                     runtime.timing, samples, time.perf_counter() - wall0, final)
+    kept = runtime.records if records is None else []
+    return RunResult(policy.label, kept, step_log, dict(final.capacity), counters,
+                     runtime.timing, samples, time.perf_counter() - wall0, final,
+                     streamed=0 if records is None else len(records))

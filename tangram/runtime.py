@@ -13,6 +13,7 @@ The virtual clock (SimPy) is sim/clock.py; the asyncio one is executor/driver.py
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol, cast
@@ -44,7 +45,7 @@ from tangram.protocol import (
     Submit,
 )
 
-__all__ = ["Backend", "Clock", "Record", "RunResult", "Runtime", "Timing"]
+__all__ = ["Backend", "Clock", "Record", "RecordSink", "RunResult", "Runtime", "Timing"]
 
 
 class Timer(Protocol):
@@ -88,7 +89,24 @@ class Record:
         return self.end_s - self.submit_s
 
 
+@functools.lru_cache(maxsize=4096)
+def unit_ids(units: tuple[int, ...]) -> str:
+    """A lease's units as a record's text (``"0,1,2"``). Cached: a node's light lane hands
+    every action on it the same tuple of all its cores (hundreds of ids, a quarter of a
+    coding run's records), and most other leases repeat too."""
+    return ",".join(map(str, units))
+
+
 ResultCallback = Callable[[Record, Outcome], None]
+
+
+class RecordSink(Protocol):
+    """Where a runtime puts each finished action's record (by default a list; a simulation
+    at scale streams them to a file instead of holding them)."""
+
+    def append(self, record: Record, /) -> None: ...
+
+    def __len__(self) -> int: ...
 
 
 def no_stopwatch() -> float:
@@ -116,6 +134,7 @@ class RunResult:
     """What a run (simulated or live) hands to analysis: records, not summaries."""
 
     policy: str
+    #: the finished actions' records (empty when they were streamed: see ``streamed``)
     records: list[Record]
     #: per RL step: {"step", "rollout_s", "step_s"}
     steps: list[dict[str, float]]
@@ -129,6 +148,8 @@ class RunResult:
     wall_s: float = 0.0
     #: the core's state at the end of the run (counters: restores, passes, ...)
     snapshot: Snapshot | None = None
+    #: records written to a sink instead of ``records`` (0: all are in ``records``)
+    streamed: int = 0
 
 
 class DoubleReport(RuntimeError):
@@ -140,14 +161,16 @@ class Runtime:
     every effect is carried out here, in order, on the backend."""
 
     def __init__(self, core: Tangram, clock: Clock, backend: Backend,
-                 stopwatch: Callable[[], float] = no_stopwatch) -> None:
+                 stopwatch: Callable[[], float] = no_stopwatch,
+                 records: RecordSink | None = None) -> None:
         self.core = core
         self.clock = clock
         self.backend = backend
         self.capabilities = backend.capabilities
         self.stopwatch = stopwatch
         core.handle(Attach(self.capabilities), clock.now())
-        self.records: list[Record] = []
+        #: finished actions' records (a list unless a sink was given)
+        self.records: RecordSink = records if records is not None else []
         self.timing = Timing()
         self._callbacks: dict[str, ResultCallback] = {}
         self._wakeup: Timer | None = None
@@ -274,8 +297,8 @@ class Runtime:
     def _done_callback(self, d: Dispatch, batch_of: str = "",
                        then: Callable[[], None] | None = None) -> Callable[[Outcome], None]:
         members: dict[str, tuple[Action, float]] = {d.action.id: (d.action, d.submit_s)}
-        members.update((m.action.id, (m.action, m.submit_s)) for m in d.batch)
-        if d.batch:
+        if d.batch:  # (most dispatches are one action: no generator to build for them)
+            members.update((m.action.id, (m.action, m.submit_s)) for m in d.batch)
             batch_of = d.action.id
         done: set[str] = set()
 
@@ -293,7 +316,7 @@ class Runtime:
             rec = Record(
                 aid, action.task, action.trajectory, action.kind, submit_s,
                 d.start_s, now, lease.units, lease.node,
-                ",".join(map(str, lease.cores)), ",".join(map(str, lease.gpus)),
+                unit_ids(tuple(lease.cores)), unit_ids(tuple(lease.gpus)),
                 lease.restore_s, outcome.overhead_s, outcome.status,
                 outcome.exit_code, d.expected_s, lease.lane, batch_of,
             )

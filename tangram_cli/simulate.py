@@ -7,6 +7,7 @@ from typing import Annotated
 
 import typer
 
+from analysis.runs import settle
 from analysis.runs import simulate as run_sim
 from sim.cluster import load_cluster
 from tangram.cluster import ClusterError
@@ -79,6 +80,7 @@ def simulate(
     chosen_policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)  # bad options: exit 2
     options = policy_options(depth, lookahead, ordering, pod_cores, gpu_dop)
     out = out or Path("runs") / f"{trace.stem}-{policy.replace(':', '')}"
+    settle()
     try:
         run_ = with_progress(
             lambda cb: run_sim(df, spec, policy, seed=seed, steps=steps, train_s=train_s,

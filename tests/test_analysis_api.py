@@ -117,3 +117,37 @@ def test_plot_draws_from_run_directories(runs, tmp_path):
     assert not (tmp_path / "gpu_utilisation.png").exists()  # no GPU was ever allocated
     bad = tangram("plot", str(tmp_path))
     assert bad.returncode == 2 and "no summary.json" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_streamed_records_read_back_as_the_frame_of_kept_ones(tmp_path):
+    """A simulation's records written in row groups as it runs (several, the last one
+    partial) read back as the frame of the same run's records kept in memory."""
+    import pyarrow.parquet as pq
+
+    from analysis.outputs import ActionsWriter, analyse, records_frame
+    from sim.cluster import load_cluster
+    from sim.driver import SimConfig
+    from sim.driver import simulate as run_sim
+    from traces.schema import validate
+
+    df = validate(generate("coding", 12, 1))
+    spec = load_cluster("default")
+    kept = run_sim(df, spec, SimConfig())
+    writer = ActionsWriter(tmp_path / "actions.parquet", rows=7)
+    streamed = run_sim(df, spec, SimConfig(), records=writer)
+    path = writer.close()
+    n = len(kept.records)
+    assert streamed.records == [] and streamed.streamed == n > 14
+    assert pq.ParquetFile(path).metadata.num_row_groups == -(-n // 7)
+    pd.testing.assert_frame_equal(pd.read_parquet(path), records_frame(kept.records))
+    with pytest.raises(ValueError, match="streamed"):
+        analyse(streamed)  # its records are in the file, not in the result
+
+
+def test_a_failed_simulation_leaves_no_run_directory(tmp_path):
+    def interrupted(done: int, total: int) -> None:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        simulate(generate("coding", 12, 1), "default", out=tmp_path / "run", progress=interrupted)
+    assert not (tmp_path / "run").exists()

@@ -13,6 +13,7 @@ schema_version=1``; JSONL as a first object ``{"tangram_trace": true,
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 from collections.abc import Iterator
@@ -74,11 +75,17 @@ def parse_set(spec: Any) -> Demand | None:
     """``"4"``, ``"1-32"``, ``"1,2,4,8"`` or ``""`` -> Demand (None for empty)."""
     if spec is None or (isinstance(spec, float) and math.isnan(spec)):
         return None
-    text = str(spec).strip()
-    if not text:
-        return None
     if isinstance(spec, int | float) and not isinstance(spec, bool):
         return Demand.fixed(float(spec) if spec != int(spec) else int(spec))
+    return _parse_text(str(spec).strip())
+
+
+@functools.lru_cache(maxsize=4096)
+def _parse_text(text: str) -> Demand | None:
+    """parse_set of a text: a trace repeats a handful of sets over millions of rows, and a
+    Demand is a frozen value, so each distinct text is parsed (and checked) once."""
+    if not text:
+        return None
     if "-" in text and "," not in text:
         lo, hi = text.split("-", 1)
         return Demand.range(int(lo), int(hi))
