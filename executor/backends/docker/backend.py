@@ -1240,12 +1240,18 @@ class DockerBackend:
                 conn.connect(box.socket)  # type: ignore[arg-type]
             except OSError as e:
                 raise FileError(409, f"the sandbox agent is gone: {e}") from None
-            conn.sendall(json.dumps(req).encode() + b"\n")
-            while src is not None and (chunk := src.read(1 << 20)):
-                conn.sendall(chunk)
+            try:
+                conn.sendall(json.dumps(req).encode() + b"\n")
+                while src is not None and (chunk := src.read(1 << 20)):
+                    conn.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the agent refused the request before reading its body: its answer says why
             data = b""
             while b"\n" not in data:
-                chunk = conn.recv(1 << 16)
+                try:
+                    chunk = conn.recv(1 << 16)
+                except ConnectionResetError:
+                    chunk = b""
                 if not chunk:
                     raise FileError(409, "the sandbox agent closed the connection")
                 data += chunk
