@@ -21,10 +21,14 @@ backend (Ray) observes nothing: its nodes keep reserving every declared limit in
 from __future__ import annotations
 
 import asyncio
+import logging
+from collections.abc import Mapping
 
 from executor.driver import LiveExecutor
 from executor.node import cgroups
-from tangram.protocol import MemoryObserved
+from tangram.protocol import MemoryObserved, Shed
+
+log = logging.getLogger(__name__)
 
 
 def mem_available_gb(path: str = "/proc/meminfo") -> float | None:
@@ -89,3 +93,18 @@ class MemoryWatch:
         if self._task is not None:
             self._task.cancel()
             self._task = None
+
+
+def largest_sandbox(use: Mapping[str, int], effect: Shed) -> tuple[str, str] | None:
+    """What a backend that ``sheds`` kills for the core's ``Shed``: the trajectory whose
+    sandbox holds the most of ``use`` (bytes by trajectory), and the error its running
+    actions end ``oom`` with; None when no sandbox holds memory. The decision is logged."""
+    if not use or max(use.values()) <= 0:
+        return None
+    worst = max(use, key=use.__getitem__)
+    gb = use[worst] / 1024**3
+    log.warning("memory short (%.2f GB free, %.2f GB kept): killing the commands of "
+                "trajectory %r (%.2f GB)", effect.free_gb, effect.keep_gb, worst, gb)
+    return worst, (f"out of memory: the machine was short of memory ({effect.free_gb:.2f} GB "
+                   f"free where {effect.keep_gb:.2f} GB are kept free) and this trajectory's "
+                   f"sandbox used the most ({gb:.2f} GB): its commands were killed")

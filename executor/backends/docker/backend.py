@@ -82,6 +82,7 @@ from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_arg
 from executor.files import MAX_FILE_BYTES, FileError
 from executor.node import cgroups
 from executor.node.local import allowed_cpus
+from executor.node.memwatch import largest_sandbox
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities, Shed
@@ -509,16 +510,11 @@ class DockerBackend:
             boxes = dict(self._boxes)
         use = {t: cgroups.working_set(Path(b.memory_dir)) or 0
                for t, b in boxes.items() if b.memory_dir is not None}
-        if not use or max(use.values()) <= 0:
+        shed = largest_sandbox(use, effect)
+        if shed is None:
             return None
-        worst = max(use, key=use.__getitem__)
-        self._shed[worst] = (time.time(), (
-            f"out of memory: the machine was short of memory ({effect.free_gb:.2f} GB free "
-            f"where {effect.keep_gb:.2f} GB are kept free) and this trajectory's sandbox "
-            f"used the most ({use[worst] / 1024**3:.2f} GB): its commands were killed"))
-        log.warning("memory short (%.2f GB free, %.2f GB kept): killed the commands of "
-                    "trajectory %r's sandbox (%.2f GB)", effect.free_gb, effect.keep_gb, worst,
-                    use[worst] / 1024**3)
+        worst, why = shed
+        self._shed[worst] = (time.time(), why)
         # an engine call (~50 ms): off the event loop this is called on
         try:
             self._removers.submit(self._kill_commands, worst, boxes[worst])
@@ -1244,12 +1240,18 @@ class DockerBackend:
                 conn.connect(box.socket)  # type: ignore[arg-type]
             except OSError as e:
                 raise FileError(409, f"the sandbox agent is gone: {e}") from None
-            conn.sendall(json.dumps(req).encode() + b"\n")
-            while src is not None and (chunk := src.read(1 << 20)):
-                conn.sendall(chunk)
+            try:
+                conn.sendall(json.dumps(req).encode() + b"\n")
+                while src is not None and (chunk := src.read(1 << 20)):
+                    conn.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # the agent refused the request before reading its body: its answer says why
             data = b""
             while b"\n" not in data:
-                chunk = conn.recv(1 << 16)
+                try:
+                    chunk = conn.recv(1 << 16)
+                except ConnectionResetError:
+                    chunk = b""
                 if not chunk:
                     raise FileError(409, "the sandbox agent closed the connection")
                 data += chunk

@@ -47,6 +47,7 @@ from executor.backends.process.uids import (
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, read_file, write_file
 from executor.node.local import allowed_cpus
+from executor.node.memwatch import largest_sandbox
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import Capabilities, Moved, Shed
@@ -528,16 +529,11 @@ class ProcessBackend:
         None when no sandbox holds memory."""
         use = {t: self._memory.used_bytes(t) for t in self._marks}
         use = {t: (b if b is not None else self._rss(t)) for t, b in use.items()}
-        if not use or max(use.values()) <= 0:
+        shed = largest_sandbox(use, effect)
+        if shed is None:
             return None
-        worst = max(use, key=use.__getitem__)
-        self._memory.shed(worst, time.time(), (
-            f"out of memory: the machine was short of memory ({effect.free_gb:.2f} GB free "
-            f"where {effect.keep_gb:.2f} GB are kept free) and this trajectory's commands "
-            f"used the most ({use[worst] / 1024**3:.2f} GB): they were killed"))
-        log.warning("memory short (%.2f GB free, %.2f GB kept): killed trajectory %r's "
-                    "commands (%.2f GB)", effect.free_gb, effect.keep_gb, worst,
-                    use[worst] / 1024**3)
+        worst, why = shed
+        self._memory.shed(worst, time.time(), why)
         self._kill_trajectory(worst)
         return worst
 
