@@ -27,9 +27,20 @@ from types import MappingProxyType
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.cpu.admission import RESERVE, MemoryAdmission
 from tangram.estimates import Estimates, command_of
-from tangram.model import Action, BatchMember, Demand, Dispatch, GpuPlan, Lease, Outcome, counted
+from tangram.model import (
+    NONE,
+    Action,
+    BatchMember,
+    Demand,
+    Dispatch,
+    GpuPlan,
+    Lease,
+    Outcome,
+    Pending,
+    counted,
+)
 from tangram.policies import Policy
-from tangram.pool import NONE, LightLane, Pending, PoolPoints
+from tangram.pool import LightLane, PoolPoints
 from tangram.protocol import (
     Attach,
     Cancel,

@@ -32,7 +32,7 @@ import numpy as np
 from tangram.model import Action
 
 if TYPE_CHECKING:
-    from tangram.pool import Pending
+    from tangram.model import Pending
 
 Key = tuple[str, str]  # (task, kind)
 

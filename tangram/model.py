@@ -11,6 +11,7 @@ import dataclasses
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 #: Resources every cluster knows. API quotas and other counted resources are
@@ -369,3 +370,76 @@ class Outcome:
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+#: the quotas and durations of a Pending that has none: one shared, read-only mapping (a
+#: burst queues thousands; nothing writes to a Pending's tables)
+NONE: Mapping[Any, float] = MappingProxyType({})
+
+
+class Pending:
+    """A queued action with what the scheduler reads of it on every pass.
+
+    Identity equality (one object per queued action). ``durations``, the modelled
+    duration per feasible unit count of an elastic action, may be given as its
+    declared profile instead (``profile``: E(m) and T1): the table is then computed on
+    first read, from values that never change, so it is the same table, paid only for
+    the actions a pass looks at (a burst queues thousands at once, up to 32 counts each).
+
+    No ``__getattr__``: a class with one has every attribute read unspecialised by
+    CPython 3.11 (~2.5x a plain slot read; a Pending is read ~20-35 times over its life),
+    so the lazy table is a property over ``_durations`` (None until first read).
+
+    Once it starts, the core sets ``STARTED`` on it (its dispatch, pool and batch) and
+    keeps it as the running action: not a second object per dispatch (building one
+    through a class call is ~2,400 machine instructions, and one more the cyclic GC
+    tracks). They are unset while it is queued.
+    """
+
+    __slots__ = ("action", "submit_s", "key_min", "quotas", "elastic", "light", "choices",
+                 "_durations", "_profile", "dispatch", "pool", "batch_left")
+    #: the slots set when it starts (Tangram._running)
+    STARTED = ("dispatch", "pool", "batch_left")
+
+    action: Action
+    submit_s: float
+    key_min: int  # minimum units of the pool's key resource
+    quotas: Mapping[str, float]
+    elastic: bool  # schedulable elastic on this pool's key resource
+    #: expected to be short enough for the pool's light lane (tangram/cpu/pool.py CpuNodePool)
+    light: bool
+    choices: tuple[int, ...]
+    dispatch: Dispatch
+    #: the pool it runs in (a tangram/pool.py PoolPoints: typed Any here, below it)
+    pool: Any
+    #: a batch (Dispatch.batch): ids of its actions still running, shared by all of them;
+    #: the lease is released when the last one finishes (None: not a batch)
+    batch_left: set[str] | None
+
+    def __init__(self, action: Action, submit_s: float, key_min: int,
+                 quotas: Mapping[str, float] = NONE, elastic: bool = False,
+                 light: bool = False, choices: tuple[int, ...] = (),
+                 durations: Mapping[int, float] = NONE,
+                 profile: tuple[Elasticity, float] | None = None) -> None:
+        self.action = action
+        self.submit_s = submit_s
+        self.key_min = key_min
+        self.quotas = quotas
+        self.elastic = elastic
+        self.light = light
+        self.choices = choices
+        self._durations = durations if profile is None else None
+        self._profile = profile
+
+    @property
+    def durations(self) -> Mapping[int, float]:
+        """Modelled duration per feasible unit count (elastic actions only)."""
+        table = self._durations
+        if table is None:  # the lazy table, on its first read
+            e, t1 = self._profile  # type: ignore[misc]
+            table = self._durations = e.durations(t1, self.choices)
+        return table
+
+    def __repr__(self) -> str:
+        return (f"Pending({self.action.id!r}, submit_s={self.submit_s}, "
+                f"key_min={self.key_min}, elastic={self.elastic}, light={self.light})")

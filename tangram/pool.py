@@ -47,86 +47,14 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
-from types import MappingProxyType
 from typing import Any, Protocol, TypeVar
 
 from tangram.api.quota import QuotaManager
 from tangram.arrange import DPOperator, LinearOperator
-from tangram.model import Action, Dispatch, Elasticity, GpuPlan, Lease, slot_init
-
-#: the quotas and durations of a Pending that has none: one shared, read-only mapping (a
-#: burst queues thousands; nothing writes to a Pending's tables)
-NONE: Mapping[Any, float] = MappingProxyType({})
-
-
-class Pending:
-    """A queued action with what the scheduler reads of it on every pass.
-
-    Identity equality (one object per queued action). ``durations``, the modelled
-    duration per feasible unit count of an elastic action, may be given as its
-    declared profile instead (``profile``: E(m) and T1): the table is then computed on
-    first read, from values that never change, so it is the same table, paid only for
-    the actions a pass looks at (a burst queues thousands at once, up to 32 counts each).
-
-    No ``__getattr__``: a class with one has every attribute read unspecialised by
-    CPython 3.11 (~2.5x a plain slot read; a Pending is read ~20-35 times over its life),
-    so the lazy table is a property over ``_durations`` (None until first read).
-
-    Once it starts, the core sets ``STARTED`` on it (its dispatch, pool and batch) and
-    keeps it as the running action: not a second object per dispatch (building one
-    through a class call is ~2,400 machine instructions, and one more the cyclic GC
-    tracks). They are unset while it is queued.
-    """
-
-    __slots__ = ("action", "submit_s", "key_min", "quotas", "elastic", "light", "choices",
-                 "_durations", "_profile", "dispatch", "pool", "batch_left")
-    #: the slots set when it starts (Tangram._running)
-    STARTED = ("dispatch", "pool", "batch_left")
-
-    action: Action
-    submit_s: float
-    key_min: int  # minimum units of the pool's key resource
-    quotas: Mapping[str, float]
-    elastic: bool  # schedulable elastic on this pool's key resource
-    #: expected to be short enough for the pool's light lane (tangram/cpu/pool.py CpuNodePool)
-    light: bool
-    choices: tuple[int, ...]
-    dispatch: Dispatch
-    pool: PoolPoints
-    #: a batch (Dispatch.batch): ids of its actions still running, shared by all of them;
-    #: the lease is released when the last one finishes (None: not a batch)
-    batch_left: set[str] | None
-
-    def __init__(self, action: Action, submit_s: float, key_min: int,
-                 quotas: Mapping[str, float] = NONE, elastic: bool = False,
-                 light: bool = False, choices: tuple[int, ...] = (),
-                 durations: Mapping[int, float] = NONE,
-                 profile: tuple[Elasticity, float] | None = None) -> None:
-        self.action = action
-        self.submit_s = submit_s
-        self.key_min = key_min
-        self.quotas = quotas
-        self.elastic = elastic
-        self.light = light
-        self.choices = choices
-        self._durations = durations if profile is None else None
-        self._profile = profile
-
-    @property
-    def durations(self) -> Mapping[int, float]:
-        """Modelled duration per feasible unit count (elastic actions only)."""
-        table = self._durations
-        if table is None:  # the lazy table, on its first read
-            e, t1 = self._profile  # type: ignore[misc]
-            table = self._durations = e.durations(t1, self.choices)
-        return table
-
-    def __repr__(self) -> str:
-        return (f"Pending({self.action.id!r}, submit_s={self.submit_s}, "
-                f"key_min={self.key_min}, elastic={self.elastic}, light={self.light})")
+from tangram.estimates import Estimates
+from tangram.model import Action, Elasticity, GpuPlan, Lease, Pending, slot_init
 
 
 @slot_init
@@ -190,20 +118,18 @@ class LightLane(Protocol):
 
 class PoolScheduler(Protocol):
     """What the core asks of a pool's scheduler (tangram/scheduler.py ElasticScheduler and
-    its kinds): a pass's plan, and what it reads of an action when it is queued.
-    (``estimates``: a tangram.estimates.Estimates, ``Any`` here because that module
-    names Pending, so importing it would make a cycle; likewise in PoolPoints.)"""
+    its kinds): a pass's plan, and what it reads of an action when it is queued."""
 
     #: an elastic action may get more than its minimum
     elastic_enabled: bool
 
-    def plan(self, pool: PoolPoints, now: float, estimates: Any,
+    def plan(self, pool: PoolPoints, now: float, estimates: Estimates,
              quota: QuotaManager) -> list[tuple[Pending, int]]: ...
     def min_units(self, choices: tuple[int, ...]) -> int: ...
     def profile(self, action: Action, choices: tuple[int, ...],
-                estimates: Any) -> dict[int, float]: ...
+                estimates: Estimates) -> dict[int, float]: ...
     def declared_profile(self, action: Action,
-                         estimates: Any) -> tuple[Elasticity, float] | None: ...
+                         estimates: Estimates) -> tuple[Elasticity, float] | None: ...
 
 
 #: a scheduling pass's own state for the Filter point (``new_scratch``/``fits_min``: what
@@ -259,14 +185,14 @@ class Batching(Protocol):
     """Continuous batching: queued actions that ride on a granted lease."""
 
     def batch(self, p: Pending, units: int, now: float,
-              estimates: Any) -> tuple[list[Pending], float | None]: ...
+              estimates: Estimates) -> tuple[list[Pending], float | None]: ...
 
 
 class PassHooks(Protocol):
     """The end of a pass (a static GPU pool deploys its replicas), and when the pool wants
     one although nothing arrives or ends."""
 
-    def after_pass(self, now: float, estimates: Any) -> None: ...
+    def after_pass(self, now: float, estimates: Estimates) -> None: ...
     def next_wakeup(self, now: float) -> float | None: ...
 
 
@@ -458,12 +384,12 @@ class Pool:
         return None
 
     def batch(self, p: Pending, units: int, now: float,
-              estimates: Any) -> tuple[list[Pending], float | None]:
+              estimates: Estimates) -> tuple[list[Pending], float | None]:
         """Queued actions (taken off the queue) that ``p``'s lease of ``units`` also
         serves, and the batch's expected time; ([], None): ``p`` runs alone."""
         return [], None
 
-    def after_pass(self, now: float, estimates: Any) -> None:
+    def after_pass(self, now: float, estimates: Estimates) -> None:
         return None
 
     def next_wakeup(self, now: float) -> float | None:

@@ -47,8 +47,8 @@ from typing import Protocol
 from tangram.api.quota import QuotaManager
 from tangram.arrange import arrange
 from tangram.estimates import Estimates, command_of
-from tangram.model import Action, Elasticity
-from tangram.pool import Pending, Pool
+from tangram.model import Action, Elasticity, Pending
+from tangram.pool import Pool
 
 
 class Ordering(Protocol):

@@ -26,9 +26,8 @@ from tangram.core import Tangram
 from tangram.cpu.manager import CpuManager
 from tangram.estimates import Estimates
 from tangram.gpu.manager import GpuManager
-from tangram.model import Action, Demand
+from tangram.model import Action, Demand, Pending
 from tangram.policies import PaperPolicy, Policy
-from tangram.pool import Pending
 
 
 @settings(max_examples=200, deadline=None)

@@ -11,8 +11,8 @@ from typing import Any
 from tangram.cluster import CpuNodeSpec
 from tangram.cpu.manager import CpuLease, CpuManager
 from tangram.cpu.pool import CpuNodePool
-from tangram.model import Action
-from tangram.pool import Grant, Pending
+from tangram.model import Action, Pending
+from tangram.pool import Grant
 from tangram.scheduler import FixedDopScheduler
 
 

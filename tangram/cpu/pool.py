@@ -7,8 +7,8 @@ from typing import Any
 
 from tangram.arrange import LinearOperator
 from tangram.cpu.manager import CpuLease, CpuManager, pick_domains
-from tangram.model import Action, Lease
-from tangram.pool import Grant, LaneSlot, LightLane, Pending, Pool, PoolScheduler
+from tangram.model import Action, Lease, Pending
+from tangram.pool import Grant, LaneSlot, LightLane, Pool, PoolScheduler
 
 
 class CpuNodePool(Pool):

@@ -50,7 +50,7 @@ from tangram.arrange import CHUNK_SIZES
 from tangram.estimates import Estimates
 from tangram.gpu.manager import GpuLease, GpuManager, Site
 from tangram.gpu.pool import accepts, solo_s, work_s
-from tangram.pool import Pending
+from tangram.model import Pending
 from tangram.scheduler import Decision, ElasticScheduler
 
 if TYPE_CHECKING:

@@ -14,8 +14,8 @@ from tangram.arrange import ChunkOperator, take_chunk
 from tangram.estimates import Estimates
 from tangram.gpu.batching import DEFAULT_BATCHING, BatchModel
 from tangram.gpu.manager import GpuLease, GpuManager
-from tangram.model import Action
-from tangram.pool import Grant, Pending, Pool, PoolScheduler
+from tangram.model import Action, Pending
+from tangram.pool import Grant, Pool, PoolScheduler
 
 
 def accepts(p: Pending) -> tuple[int, ...]:

@@ -17,8 +17,8 @@ from tangram.estimates import Estimates
 from tangram.gpu.batching import DEFAULT_BATCHING, BatchModel
 from tangram.gpu.manager import GpuManager
 from tangram.gpu.pool import batch_expected, take_riders
-from tangram.model import Action
-from tangram.pool import Grant, Pending, Pool
+from tangram.model import Action, Pending
+from tangram.pool import Grant, Pool
 from tangram.scheduler import FixedDopScheduler
 
 
