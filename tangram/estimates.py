@@ -317,9 +317,8 @@ class DurationModel:
     """Observed execution times."""
 
     #: unprofiled elastic kinds: runs during which the prior curve lets the DP try wider
-    #: grants (exploration); past it with every run at the minimum, the kind runs at its
-    #: minimum (nothing was ever free to learn from); runs all at one wider count keep
-    #: the prior until a second count is seen
+    #: grants (exploration); past it without two distinct unit counts observed, the
+    #: kind runs at its minimum (nothing was ever free to learn from)
     EXPLORE_RUNS = 8
     #: the exploration prior: Amdahl with this parallel fraction (assumption: midway)
     PRIOR_PARALLEL = 0.5
