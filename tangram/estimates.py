@@ -91,10 +91,6 @@ class SpeedupCurve:
     def distinct_units(self) -> int:
         return len(self._counts)
 
-    def widest_units(self) -> int:
-        """The widest unit count a run was observed at (0 with none)."""
-        return max(self._counts, default=0)
-
     def mean_time(self) -> float:
         return self._xty[0] / self.n if self.n else 0.0
 
@@ -385,11 +381,7 @@ class DurationModel:
             # an Amdahl-only trace) held every test at 6 of 64 free cores.
             w = c.n / (c.n + self.EXPLORE_RUNS)
             return {u: max(w * fitted[u] + (1 - w) * prior[u], 1e-6) for u in choices}
-        if c is not None and c.n >= self.EXPLORE_RUNS and c.widest_units() <= choices[0]:
-            # every run so far at the minimum: nothing was ever free to learn from. (Runs
-            # all at one wider count are not that: the prior granted them the width, and
-            # dropping to the minimum then ran a 62 s test on 1 of 64 free cores, issue 30;
-            # the prior stays until loads give the fit a second count.)
+        if c is not None and c.n >= self.EXPLORE_RUNS:
             return None
         return prior
 

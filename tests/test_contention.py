@@ -112,21 +112,6 @@ def test_exploration_is_bounded_and_a_learnt_slowdown_keeps_the_minimum():
     assert d.units == 1 and d.expected_s == pytest.approx(table[1])
 
 
-def test_exploration_at_one_wide_count_keeps_the_prior():
-    """Issue 30: a burst's first tests all ran at the widest count (the prior granted it,
-    cores were free); exploring ended with one count seen, and dropping to the minimum ran
-    the next test on 1 core of 64 free. Only runs all at the minimum stop exploring."""
-    model = DurationModel()
-    key, choices = ("t", "test_run"), (1, 2, 4, 8, 16)
-    act = Action("x", "t", "j", "test_run", {"cpu": Demand.range(1, 16)}, elastic="cpu")
-    for _ in range(2 * DurationModel.EXPLORE_RUNS):  # always ran as wide as it could
-        model.observe(act, 16, 4.0, "cpu:n0", elastic=True)
-    table = model.learnt_table(key, choices)
-    assert table is not None  # still the prior, scaled to what was seen: no fit yet
-    assert min(table, key=table.__getitem__) == 16
-    assert table[16] == pytest.approx(4.0)
-
-
 def test_a_few_runs_do_not_overrule_the_speedup_prior():
     """The runs of one kind are suites of different sizes: a few of them fit any shape.
     The learnt curve is shrunk towards the exploration prior (as if it were EXPLORE_RUNS
