@@ -336,8 +336,10 @@ class Service:
         try:
             self._accept(fresh)
         except Refused as e:  # the core refused the first refused one: name its item
-            i = ready.index(fresh[self._refused_at(fresh, e)])
-            raise Refused(e.status, _item(i, e.detail)) from None
+            at = self._refused_at(fresh)
+            if at is None:  # refused for the batch as a whole: its own message
+                raise
+            raise Refused(e.status, _item(ready.index(fresh[at]), e.detail)) from None
         return [(r, False) if isinstance(r, ActionOut)
                 else (self.view(r.body.id), True)  # type: ignore[misc]
                 for r in ready]
@@ -398,17 +400,17 @@ class Service:
         except ValueError as e:
             raise Refused(422, str(e)) from None
 
-    def _refused_at(self, ready: list[Prepared], refusal: Refused) -> int:
+    def _refused_at(self, ready: list[Prepared]) -> int | None:
         """The index in ``ready`` of the action the core refused a batch for: the first
-        the core refuses alone (a batch is refused for its first refused action). Only a
-        refused batch is checked again, to name its item."""
+        the core refuses alone (a batch is refused for its first refused action); None
+        when it refuses none alone. Only a refused batch is checked again, to name its
+        item."""
         for i, p in enumerate(ready):
             try:
                 self.executor.validate(p.action)
             except (KeyError, ValueError):
                 return i
-        raise AssertionError(f"the core refused a batch none of whose actions it refuses "
-                             f"alone: {refusal.detail}")
+        return None
 
     def _record(self, p: Prepared) -> None:
         aid = p.body.id
