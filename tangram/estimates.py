@@ -392,7 +392,7 @@ class DurationModel:
             # minimum ran a test on 1 core of a 64-core node with 60 free; below the count
             # seen, the DP still weighs what each width costs.
             seen = min(c.counts)
-            below = [u for u in choices if u < seen]
+            below = [u for u in choices if 2 * u <= seen]
             if not below:
                 return None
             # (a wider count is modelled as no faster than the widest below it)
