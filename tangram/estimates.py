@@ -88,11 +88,6 @@ class SpeedupCurve:
         self._fit = None
 
     @property
-    def counts(self) -> frozenset[int]:
-        """The unit counts observed."""
-        return frozenset(self._counts)
-
-    @property
     def distinct_units(self) -> int:
         return len(self._counts)
 
@@ -387,16 +382,7 @@ class DurationModel:
             w = c.n / (c.n + self.EXPLORE_RUNS)
             return {u: max(w * fitted[u] + (1 - w) * prior[u], 1e-6) for u in choices}
         if c is not None and c.n >= self.EXPLORE_RUNS:
-            # every run so far at one unit count: the next one tries narrower counts only
-            # (a second count makes the curve identifiable). Issue 30: going back to the
-            # minimum ran a test on 1 core of a 64-core node with 60 free; below the count
-            # seen, the DP still weighs what each width costs.
-            seen = min(c.counts)
-            below = [u for u in choices if 2 * u <= seen]
-            if not below:
-                return None
-            # (a wider count is modelled as no faster than the widest below it)
-            return {u: prior[min(u, below[-1])] for u in choices}
+            return None
         return prior
 
     def short_s(self, pool: str) -> float:
