@@ -58,8 +58,7 @@ class SpeedupCurve:
     is a sample of its own size, so the fit is of the *mean* curve. Least squares over
     sufficient statistics (O(1) per observation), non-negative by trying every subset of
     the three terms; C is fitted only once three distinct unit counts were seen (with
-    two it is not identifiable) and kept only where the runs tell it apart from none
-    (:meth:`_cost_identified`).
+    two it is not identifiable).
     """
 
     #: runs before the curve is trusted (and at least two distinct unit counts)
@@ -104,56 +103,24 @@ class SpeedupCurve:
         if self.n < self.MIN_RUNS or len(self._counts) < 2:
             return None
         if self._fit is None:
-            best, _ = self._best((0, 1))
-            if len(self._counts) >= 3:
-                cand, cand_res = self._best((0, 1, 2))
-                if cand[2] > 0.0 and self._cost_identified(cand, cand_res):
-                    best = cand
+            terms = (0, 1, 2) if len(self._counts) >= 3 else (0, 1)
+            best, best_res = (0.0, 0.0, 0.0), float("inf")
+            for k in range(1, len(terms) + 1):
+                for sub in combinations(terms, k):
+                    idx = list(sub)
+                    try:
+                        coef = np.linalg.solve(self._xtx[np.ix_(idx, idx)], self._xty[idx])
+                    except np.linalg.LinAlgError:
+                        continue
+                    if (coef < 0).any():
+                        continue
+                    full = np.zeros(3)
+                    full[idx] = coef
+                    res = self._yty - 2 * full @ self._xty + full @ self._xtx @ full
+                    if res < best_res - 1e-12:
+                        best, best_res = (float(full[0]), float(full[1]), float(full[2])), res
             self._fit = best
         return self._fit
-
-    #: standard errors by which a fitted per-unit cost must exceed 0 to be believed
-    COST_T = 2.0
-
-    def _best(self, terms: tuple[int, ...]) -> tuple[tuple[float, float, float], float]:
-        """The least-squares (A, B, C) over ``terms`` with every coefficient >= 0 (every
-        subset tried), and its residual sum of squares."""
-        best, best_res = (0.0, 0.0, 0.0), float("inf")
-        for k in range(1, len(terms) + 1):
-            for sub in combinations(terms, k):
-                idx = list(sub)
-                try:
-                    coef = np.linalg.solve(self._xtx[np.ix_(idx, idx)], self._xty[idx])
-                except np.linalg.LinAlgError:
-                    continue
-                if (coef < 0).any():
-                    continue
-                full = np.zeros(3)
-                full[idx] = coef
-                res = self._yty - 2 * full @ self._xty + full @ self._xtx @ full
-                if res < best_res - 1e-12:
-                    best, best_res = (float(full[0]), float(full[1]), float(full[2])), res
-        return best, best_res
-
-    def _cost_identified(self, fit: tuple[float, float, float], res: float) -> bool:
-        """Whether the runs tell a per-unit cost ``fit[2]`` apart from none: it exceeds
-        COST_T standard errors (ordinary least squares, all three terms free).
-
-        Why (issue 30): three distinct unit counts make C computable, not known. After
-        runs at 1 and 16 units and one at 14, the spread of suite sizes fitted
-        C = 0.34 s/unit on a curve with none, and the next tests ran on 4 of 60 free
-        cores; 14 against 16 units says next to nothing about a cost per unit."""
-        dof = self.n - 3
-        if dof <= 0:
-            return False
-        try:
-            inv = np.linalg.inv(self._xtx)
-        except np.linalg.LinAlgError:
-            return False
-        # (the error of C with all three terms free: a fit that dropped A at its bound
-        # of 0 reads a cost that A would have explained as well, C = 0.34 above)
-        var = max(res, 0.0) / dof * inv[2, 2]
-        return fit[2] > self.COST_T * float(np.sqrt(max(var, 0.0)))
 
     def duration(self, units: int) -> float | None:
         f = self.fit()
