@@ -264,34 +264,3 @@ def test_bind_many_inline_rule_binds_as_refusal_does(requests, busy, admission):
         for name in fast.nodes:
             f, s = fast.nodes[name], slow.nodes[name]
             assert (f.mem_reserved, f.mem_since) == (s.mem_reserved, s.mem_since)
-
-
-class _Forgetful(CpuManager):
-    """Never reuses a refusal: every request is checked against every node again."""
-
-    def bind_many(self, requests):  # type: ignore[no-untyped-def]
-        self._mem_epoch += 1  # (as if memory had changed: the remembered refusal is stale)
-        return super().bind_many(requests)
-
-
-@settings(max_examples=80, deadline=None)
-@given(st.lists(st.one_of(
-    st.tuples(st.just("bind"), st.sampled_from("abcdefgh"), st.sampled_from([1.0, 4.0, 9.0])),
-    st.tuples(st.just("close"), st.sampled_from("abcdefgh"), st.just(0.0)),
-    st.tuples(st.just("observe"), st.sampled_from("nm"), st.sampled_from([0.5, 6.0, 15.0])),
-), max_size=30), st.sampled_from([RESERVE, LIVE]))
-def test_a_remembered_refusal_binds_as_checking_again_does(ops, admission):
-    """A request refused in a memory state is refused again until that state changes
-    (bind, close, observation): binding with the remembered refusal gives the same nodes
-    as checking every node each time, whatever happens in between."""
-    nodes = [CpuNodeSpec("n", 4, 1, 16.0), CpuNodeSpec("m", 4, 1, 8.0)]
-    fast, slow = CpuManager(nodes, admission), _Forgetful(nodes, admission)
-    for op, name, x in ops:
-        for cpu in (fast, slow):
-            if op == "bind":
-                cpu.bind(name, x, 1)
-            elif op == "close":
-                cpu.unbind(name)
-            else:
-                cpu.observe_free(name, x)
-        assert fast.bound == slow.bound

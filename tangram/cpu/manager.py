@@ -97,13 +97,6 @@ class CpuManager:
         #: trajectory -> the node it is bound to, and the memory it holds there
         self._binding: dict[str, str] = {}
         self._held: dict[str, float] = {}
-        # Binding waits for memory only, so a request (memory, minimum cores) no node took
-        # is refused again until the nodes' memory changes (a trajectory binds or closes, a
-        # node joins or leaves, free memory is observed: each bumps ``_mem_epoch``). On a
-        # saturated cluster every pass retried the head of the unbound queue on every node
-        # (17 refusals an action at 8,192 coding trajectories on the paper cluster).
-        self._mem_epoch = 0
-        self._refused: tuple[int, float, float] | None = None
         #: ``_binding``, read-only and live: a router looks up thousands in a burst
         self.bound: Mapping[str, str] = MappingProxyType(self._binding)
         self._live: dict[str, CpuLease] = {}
@@ -128,8 +121,6 @@ class CpuManager:
         for trajectory, mem_gb, min_cores in requests:
             bound = binding.get(trajectory)
             if bound is None:
-                if self._refused == (self._mem_epoch, mem_gb, min_cores):
-                    break  # (refused in this same memory state: see __init__)
                 best: CpuNode | None = None
                 best_idle = False
                 for node in self.nodes.values():
@@ -144,7 +135,6 @@ class CpuManager:
                             < best.mem_reserved / best.spec.mem_gb):
                         best, best_idle = node, idle
                 if best is None:
-                    self._refused = (self._mem_epoch, mem_gb, min_cores)
                     break
                 bound = best.name
                 self.hold_memory(trajectory, bound, mem_gb)
@@ -157,7 +147,6 @@ class CpuManager:
         host = self.nodes[node]
         host.mem_reserved += mem_gb
         host.mem_since += min(mem_gb, self.admission.start_gb)
-        self._mem_epoch += 1
         self._binding[trajectory] = node
         self._held[trajectory] = mem_gb
 
@@ -182,14 +171,12 @@ class CpuManager:
         if host is not None:
             host.mem_observed_free = max(0.0, float(free_gb))
             host.mem_since = 0.0
-            self._mem_epoch += 1
 
     def unbind(self, trajectory: str) -> None:
         """Release a closed trajectory's memory (idempotent)."""
         node = self._binding.pop(trajectory, None)
         if node is not None:
             self.nodes[node].mem_reserved -= self._held.pop(trajectory)
-            self._mem_epoch += 1
 
     # -- cores ---------------------------------------------------------------------
     def reserve(self, action_id: str, node: str, n: int, numa_local: bool) -> CpuLease | None:
@@ -246,7 +233,6 @@ class CpuManager:
         if spec.name in self.nodes:
             raise ValueError(f"node: {spec.name!r} is already in the cluster")
         self.nodes[spec.name] = CpuNode(spec)
-        self._mem_epoch += 1
 
     def remove_node(self, name: str) -> list[str]:
         """A node left (its machine or its agent died): forget its cores, the leases
@@ -255,7 +241,6 @@ class CpuManager:
         host = self.nodes.pop(name, None)
         if host is None:
             return []
-        self._mem_epoch += 1
         host.domains = [[] for _ in host.domains]  # a stale holder sees no free core
         host.free_cores = 0
         for aid in [a for a, lease in self._live.items() if lease.node == name]:
