@@ -20,14 +20,14 @@ import gc
 import json
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
-from analysis.outputs import ActionsWriter, Analysed, analyse, write_run
+from analysis.outputs import ActionsWriter, Analysed, analyse, summary_frame, write_run
 
 #: (metric, column of actions.parquet, statistic): what `compare` measures of each run
 STATS: tuple[tuple[str, str, str], ...] = tuple(
@@ -161,28 +161,28 @@ def simulate(trace: pd.DataFrame | str | Path, cluster: Any = None, policy: str 
                       "asynchronous": asynchronous, **({"fork": True} if fork else {})}}
     if out is None:  # the records still go to a file as the run goes: memory stays flat
         with tempfile.TemporaryDirectory(prefix="tangram-sim-") as tmp:
-            result, actions = _streamed(trace, spec, cfg, progress, Path(tmp))
-        return from_analysed(analyse(result, actions=actions), config, name)
+            analysed = _streamed(trace, spec, cfg, progress, Path(tmp))
+        return from_analysed(analysed, config, name)
     out = Path(out)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        result, actions = _streamed(trace, spec, cfg, progress, out)
+        analysed = _streamed(trace, spec, cfg, progress, out)
     except BaseException:
         if created:  # a failed simulation leaves no directory behind, as before streaming
             out.rmdir()
         raise
-    analysed = analyse(result, actions=actions)
     write_run(out, analysed, config, perfetto=perfetto, actions=False)
     run = from_analysed(analysed, config, name)
     return Run(run.name, run.summary, run.actions, run.utilisation, run.config, run.timing, out)
 
 
 def _streamed(trace: pd.DataFrame, spec: Any, cfg: Any,
-              progress: Callable[[int, int], None] | None, folder: Path
-              ) -> tuple[Any, pd.DataFrame]:
+              progress: Callable[[int, int], None] | None, folder: Path) -> Analysed:
     """Simulate with the records streamed to ``folder``/actions.parquet in row groups (no
-    file is left if the simulation fails); the result and the actions frame read back."""
+    file is left if the simulation fails), and analyse the run: its summary from the file's
+    columns (:func:`summary_frame`), then the whole actions frame read back for the Run
+    (the two are never held together, nor with the simulation's state)."""
     from sim.driver import simulate as run_sim
 
     writer = ActionsWriter(folder / "actions.parquet")
@@ -191,7 +191,10 @@ def _streamed(trace: pd.DataFrame, spec: Any, cfg: Any,
     except BaseException:
         writer.abort()
         raise
-    return result, pd.read_parquet(writer.close())
+    path = writer.close()
+    analysed = analyse(result, actions=summary_frame(path))
+    del result
+    return replace(analysed, actions=pd.read_parquet(path))
 
 
 def _utilisation_columns(run: Run) -> dict[str, float]:
