@@ -297,6 +297,17 @@ def summary_frame(path: str | Path) -> pd.DataFrame:
     return df
 
 
+def read_actions(path: str | Path) -> pd.DataFrame:
+    """actions.parquet as ``pd.read_parquet`` reads it, converted a row group at a time: the
+    whole file as an Arrow table beside its frame was a large run's peak (a light-lane
+    record's 256 core ids are a kilobyte of text per row there, one shared string here)."""
+    file = pq.ParquetFile(path)
+    if file.num_row_groups <= 1:
+        return pd.read_parquet(path)
+    parts = [file.read_row_group(i).to_pandas() for i in range(file.num_row_groups)]
+    return pd.concat(parts, ignore_index=True)
+
+
 @dataclass(slots=True)
 class Analysed:
     """A run turned into frames: what write_run writes and notebooks read."""

@@ -27,7 +27,7 @@ from typing import Any
 import pandas as pd
 import pyarrow as pa
 
-from analysis.outputs import ActionsWriter, Analysed, analyse, summary_frame, write_run
+from analysis.outputs import ActionsWriter, Analysed, analyse, read_actions, summary_frame, write_run
 
 #: (metric, column of actions.parquet, statistic): what `compare` measures of each run
 STATS: tuple[tuple[str, str, str], ...] = tuple(
@@ -194,7 +194,7 @@ def _streamed(trace: pd.DataFrame, spec: Any, cfg: Any,
     path = writer.close()
     analysed = analyse(result, actions=summary_frame(path))
     del result
-    return replace(analysed, actions=pd.read_parquet(path))
+    return replace(analysed, actions=read_actions(path))
 
 
 def _utilisation_columns(run: Run) -> dict[str, float]:
