@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analysis.outputs import ActionsWriter, Analysed, analyse, read_actions, summary_frame, write_run
+from traces.schema import ValidTrace
 
 #: (metric, column of actions.parquet, statistic): what `compare` measures of each run
 STATS: tuple[tuple[str, str, str], ...] = tuple(
@@ -126,14 +127,15 @@ def from_analysed(run: Analysed, config: Mapping[str, Any], name: str | None = N
                run.utilisation, dict(config), run.timing)
 
 
-def simulate(trace: pd.DataFrame | str | Path, cluster: Any = None, policy: str = "tangram", *,
+def simulate(trace: pd.DataFrame | ValidTrace | str | Path, cluster: Any = None, policy: str = "tangram", *,
              name: str | None = None, seed: int = 0, steps: int = 1, train_s: float = 0.0,
              asynchronous: bool = False, out: str | Path | None = None,
              progress: Callable[[int, int], None] | None = None, source: str | None = None,
              extra_config: Mapping[str, Any] | None = None, perfetto: bool = False,
              fork: bool = False, **options: Any) -> Run:
     """Simulate ``trace`` on ``cluster`` under ``policy`` and return the Run (what
-    `tangram simulate` does; it calls this). ``trace``: a frame or a trace file;
+    `tangram simulate` does; it calls this). ``trace``: a frame or a trace file (checked
+    here), or a :class:`~traces.schema.ValidTrace` (checked already);
     ``cluster``: a ClusterSpec, a built-in name or a YAML path (None: default);
     ``options``: policy parameters (depth, lookahead, ordering, pod_cores, gpu_dop).
     With ``out``, the run directory is written too (its cluster.yaml is ``cluster`` as
@@ -149,6 +151,8 @@ def simulate(trace: pd.DataFrame | str | Path, cluster: Any = None, policy: str 
     if isinstance(trace, str | Path):
         source = source or str(trace)
         trace = load(trace)
+    elif isinstance(trace, ValidTrace):
+        trace = trace.rows
     else:
         trace = validate(trace)
     spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(cluster)
