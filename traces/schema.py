@@ -378,6 +378,14 @@ class Steps(Sequence[Step]):
         return f"Steps({len(self)} rows from {self._start}, prefix={self._prefix!r})"
 
 
+def _shared(column: pd.Series) -> np.ndarray:
+    """A text column as an array of one string object per distinct value: ``to_numpy`` of an
+    Arrow-backed column makes a string object per row (~270 bytes a row over a trace's
+    text columns; a handful of distinct values repeated over millions of rows)."""
+    codes, uniques = pd.factorize(column, use_na_sentinel=False)
+    return np.asarray(uniques, dtype=object)[codes]
+
+
 class TraceColumns:
     """A validated trace's columns as arrays (no objects per row beyond the frame's own
     cells): what :class:`Steps` builds a step from."""
@@ -385,7 +393,8 @@ class TraceColumns:
     __slots__ = ("cols",)
 
     def __init__(self, df: pd.DataFrame) -> None:
-        self.cols = {c: df[c].to_numpy() for c in COLUMNS}
+        self.cols = {c: _shared(df[c]) if kind in ("str", "set") else df[c].to_numpy()
+                     for c, (kind, *_) in COLUMNS.items()}
 
     def __len__(self) -> int:
         return len(self.cols["trajectory"])
