@@ -135,22 +135,41 @@ class ActionsWriter:
         self.path.unlink(missing_ok=True)
 
 
+def _leases(df: pd.DataFrame) -> pd.DataFrame:
+    """One row per lease, in the order of each lease's first record: a batch's records (same
+    ``batch_of``) become one row with its units, its span and its restore (paid once), and
+    ``first``: the position of its first record. Grouped by that position rather than by
+    the lease's name (the action id of an action run alone): grouping 2 M action-id strings
+    took more memory than the rest of a large run's summary."""
+    codes, _ = pd.factorize(df["batch_of"])  # (-1: none, as an empty one)
+    batch = (codes >= 0) & (df["batch_of"] != "").to_numpy()
+    rows = np.arange(len(df))
+    first_of_code = np.full(codes.max() + 1 if len(codes) else 0, len(df), dtype=np.int64)
+    np.minimum.at(first_of_code, codes[batch], rows[batch])
+    first = np.where(batch, first_of_code[codes], rows)
+    used = pd.DataFrame({"first": first, "units": df["units"].to_numpy(),
+                         "start_s": df["start_s"].to_numpy(), "end_s": df["end_s"].to_numpy(),
+                         "restore_s": df["restore_s"].to_numpy(),
+                         "gpu": (df["gpus"] != "").to_numpy(), "cpu": (df["cores"] != "").to_numpy(),
+                         "ok": (df["status"] == "ok").to_numpy()})
+    g = used.groupby("first", sort=False)
+    return g.agg(units=("units", "first"), start_s=("start_s", "min"), end_s=("end_s", "max"),
+                 restore_s=("restore_s", "first"), gpu=("gpu", "first"), cpu=("cpu", "first"),
+                 ok=("ok", "all"), actions=("units", "size")).reset_index()
+
+
 def dispatches_frame(df: pd.DataFrame) -> pd.DataFrame:
     """One row per lease: a batch's records (same ``batch_of``) become one row with its
-    units, its span and its restore (paid once)."""
+    units, its span and its restore (paid once); ``lease``: the batch's id, or the action's
+    of an action run alone."""
+    columns = ["lease", "units", "start_s", "end_s", "restore_s", "gpu", "cpu", "ok", "actions"]
     if df.empty:
-        return pd.DataFrame(columns=["lease", "units", "start_s", "end_s", "restore_s", "gpu",
-                                     "cpu", "ok", "actions"])
-    lease = df["batch_of"].where(df["batch_of"].astype(bool), df["action_id"])
-    # only the columns aggregated: assign copies its frame, and a run's has 22 columns
-    used = df[["units", "start_s", "end_s", "restore_s", "gpus", "cores", "action_id"]]
-    g = used.assign(lease=lease, ok=df["status"] == "ok").groupby("lease", sort=False)
-    out = g.agg(units=("units", "first"), start_s=("start_s", "min"), end_s=("end_s", "max"),
-                restore_s=("restore_s", "first"), gpus=("gpus", "first"),
-                cores=("cores", "first"), ok=("ok", "all"), actions=("action_id", "size"))
-    out["gpu"] = out["gpus"].astype(bool)
-    out["cpu"] = out["cores"].astype(bool)
-    return out.reset_index()
+        return pd.DataFrame(columns=columns)
+    out = _leases(df)
+    first = out["first"].to_numpy()
+    batch_of = df["batch_of"].to_numpy()[first]
+    out["lease"] = np.where(batch_of != "", batch_of, df["action_id"].to_numpy()[first])
+    return out[columns]
 
 
 def gpu_summary(df: pd.DataFrame, gpu_capacity: float, makespan: float,
@@ -158,7 +177,7 @@ def gpu_summary(df: pd.DataFrame, gpu_capacity: float, makespan: float,
     """``restores`` (count, pre-restores included), ``restore_overhead`` (restore seconds /
     execution seconds without restores, both on the GPUs) and ``gpu_busy`` (fraction of
     GPU-seconds executing, restores excluded). Counted per lease: a batch restores once."""
-    d = dispatches_frame(df)
+    d = _leases(df) if len(df) else pd.DataFrame(columns=["gpu"])
     d = d[d["gpu"]] if len(d) else d
     exec_s = float((d["end_s"] - d["start_s"] - d["restore_s"]).clip(lower=0).sum()) if len(d) else 0.0
     if restore_s_total is None:  # no manager counts (e.g. a live run): the leases' restores
@@ -195,8 +214,9 @@ def exit_codes(df: pd.DataFrame) -> dict[str, int]:
     if not len(df):
         return {}
     code = pd.to_numeric(df["exit_code"], errors="coerce")
-    keys = code.map(lambda c: "none" if pd.isna(c) else str(int(c)))
-    return {str(k): int(v) for k, v in keys.value_counts().sort_index().items()}
+    counts = code.value_counts(dropna=False)  # per distinct code, not a call per action
+    keys = ["none" if pd.isna(c) else str(int(c)) for c in counts.index]
+    return dict(sorted(zip(keys, map(int, counts.to_numpy()), strict=True)))
 
 
 def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
@@ -222,7 +242,8 @@ def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
         "steps": steps,
     }
     util: dict[str, dict[str, float]] = {}
-    leases = dispatches_frame(df)
+    leases = _leases(df) if len(df) else pd.DataFrame(
+        columns=["units", "start_s", "end_s", "restore_s", "gpu", "cpu", "ok"])
     busy_units = (leases["units"] * (leases["end_s"] - leases["start_s"] - leases["restore_s"])
                   ).where(leases["ok"], 0)
     for res, cap in capacity.items():
@@ -242,17 +263,49 @@ def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
         kind: {"count": int(len(g)), "act_mean_s": float(g["act_s"].mean()),
                "queue_mean_s": float(g["queue_s"].mean()), "exec_mean_s": float(g["exec_s"].mean()),
                "units_mean": float(g["units"].mean())}
-        for kind, g in df.groupby("kind")
+        for kind, g in df.groupby("kind", observed=True)
     }
     out["per_category"] = {
         cat: {"count": int(len(g)), "act_mean_s": float(g["act_s"].mean()),
               "act_sum_s": float(g["act_s"].sum()),
-              "per_trajectory_s": float(g.groupby("trajectory")["act_s"].sum().mean())}
-        for cat, g in df.groupby("category")
+              "per_trajectory_s": float(
+                  g.groupby("trajectory", observed=True)["act_s"].sum().mean())}
+        for cat, g in df.groupby("category", observed=True)
     }
     if extra:
         out.update(extra)
     return out
+
+
+#: the columns of actions.parquet that :func:`summarise` and :func:`gpu_summary` read
+SUMMARY_COLUMNS = ("trajectory", "kind", "category", "status", "exit_code", "submit_s",
+                   "start_s", "end_s", "units", "restore_s", "overhead_s", "queue_s", "exec_s",
+                   "act_s", "batch_of", "gpus", "cores")
+
+
+def summary_frame(path: str | Path) -> pd.DataFrame:
+    """What the summary reads of an actions.parquet: its columns but the action ids, the
+    strings as categoricals (sorted, so that grouping by them orders as by the strings).
+    A fraction of the whole frame's memory: 2 M action ids as Python strings, and a
+    light-lane record's 256 core ids repeated per row, are most of that."""
+    text = [c for c in SUMMARY_COLUMNS if pa.types.is_large_string(ACTIONS_SCHEMA.field(c).type)]
+    table = pq.read_table(path, columns=list(SUMMARY_COLUMNS), read_dictionary=text)
+    df = table.to_pandas()
+    del table
+    for c in text:
+        df[c] = df[c].cat.reorder_categories(sorted(df[c].cat.categories))
+    return df
+
+
+def read_actions(path: str | Path) -> pd.DataFrame:
+    """actions.parquet as ``pd.read_parquet`` reads it, converted a row group at a time: the
+    whole file as an Arrow table beside its frame was a large run's peak (a light-lane
+    record's 256 core ids are a kilobyte of text per row there, one shared string here)."""
+    file = pq.ParquetFile(path)
+    if file.num_row_groups <= 1:
+        return pd.read_parquet(path)
+    parts = [file.read_row_group(i).to_pandas() for i in range(file.num_row_groups)]
+    return pd.concat(parts, ignore_index=True)
 
 
 @dataclass(slots=True)

@@ -20,14 +20,15 @@ import gc
 import json
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import pandas as pd
 import pyarrow as pa
 
-from analysis.outputs import ActionsWriter, Analysed, analyse, write_run
+from analysis.outputs import ActionsWriter, Analysed, analyse, read_actions, summary_frame, write_run
+from traces.schema import ValidTrace
 
 #: (metric, column of actions.parquet, statistic): what `compare` measures of each run
 STATS: tuple[tuple[str, str, str], ...] = tuple(
@@ -126,14 +127,15 @@ def from_analysed(run: Analysed, config: Mapping[str, Any], name: str | None = N
                run.utilisation, dict(config), run.timing)
 
 
-def simulate(trace: pd.DataFrame | str | Path, cluster: Any = None, policy: str = "tangram", *,
+def simulate(trace: pd.DataFrame | ValidTrace | str | Path, cluster: Any = None, policy: str = "tangram", *,
              name: str | None = None, seed: int = 0, steps: int = 1, train_s: float = 0.0,
              asynchronous: bool = False, out: str | Path | None = None,
              progress: Callable[[int, int], None] | None = None, source: str | None = None,
              extra_config: Mapping[str, Any] | None = None, perfetto: bool = False,
              fork: bool = False, **options: Any) -> Run:
     """Simulate ``trace`` on ``cluster`` under ``policy`` and return the Run (what
-    `tangram simulate` does; it calls this). ``trace``: a frame or a trace file;
+    `tangram simulate` does; it calls this). ``trace``: a frame or a trace file (checked
+    here), or a :class:`~traces.schema.ValidTrace` (checked already);
     ``cluster``: a ClusterSpec, a built-in name or a YAML path (None: default);
     ``options``: policy parameters (depth, lookahead, ordering, pod_cores, gpu_dop).
     With ``out``, the run directory is written too (its cluster.yaml is ``cluster`` as
@@ -149,6 +151,8 @@ def simulate(trace: pd.DataFrame | str | Path, cluster: Any = None, policy: str 
     if isinstance(trace, str | Path):
         source = source or str(trace)
         trace = load(trace)
+    elif isinstance(trace, ValidTrace):
+        trace = trace.rows
     else:
         trace = validate(trace)
     spec = cluster if isinstance(cluster, ClusterSpec) else load_cluster(cluster)
@@ -161,28 +165,28 @@ def simulate(trace: pd.DataFrame | str | Path, cluster: Any = None, policy: str 
                       "asynchronous": asynchronous, **({"fork": True} if fork else {})}}
     if out is None:  # the records still go to a file as the run goes: memory stays flat
         with tempfile.TemporaryDirectory(prefix="tangram-sim-") as tmp:
-            result, actions = _streamed(trace, spec, cfg, progress, Path(tmp))
-        return from_analysed(analyse(result, actions=actions), config, name)
+            analysed = _streamed(trace, spec, cfg, progress, Path(tmp))
+        return from_analysed(analysed, config, name)
     out = Path(out)
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     try:
-        result, actions = _streamed(trace, spec, cfg, progress, out)
+        analysed = _streamed(trace, spec, cfg, progress, out)
     except BaseException:
         if created:  # a failed simulation leaves no directory behind, as before streaming
             out.rmdir()
         raise
-    analysed = analyse(result, actions=actions)
     write_run(out, analysed, config, perfetto=perfetto, actions=False)
     run = from_analysed(analysed, config, name)
     return Run(run.name, run.summary, run.actions, run.utilisation, run.config, run.timing, out)
 
 
 def _streamed(trace: pd.DataFrame, spec: Any, cfg: Any,
-              progress: Callable[[int, int], None] | None, folder: Path
-              ) -> tuple[Any, pd.DataFrame]:
+              progress: Callable[[int, int], None] | None, folder: Path) -> Analysed:
     """Simulate with the records streamed to ``folder``/actions.parquet in row groups (no
-    file is left if the simulation fails); the result and the actions frame read back."""
+    file is left if the simulation fails), and analyse the run: its summary from the file's
+    columns (:func:`summary_frame`), then the whole actions frame read back for the Run
+    (the two are never held together, nor with the simulation's state)."""
     from sim.driver import simulate as run_sim
 
     writer = ActionsWriter(folder / "actions.parquet")
@@ -191,7 +195,10 @@ def _streamed(trace: pd.DataFrame, spec: Any, cfg: Any,
     except BaseException:
         writer.abort()
         raise
-    return result, pd.read_parquet(writer.close())
+    path = writer.close()
+    analysed = analyse(result, actions=summary_frame(path))
+    del result
+    return replace(analysed, actions=read_actions(path))
 
 
 def _utilisation_columns(run: Run) -> dict[str, float]:

@@ -27,7 +27,7 @@ from tangram.policies import Pods, Policy, make_policy
 from tangram.runtime import RecordSink, RunResult, Runtime
 from traces.groups import GroupPlay, plays
 from traces.player import play, refuse_misfits
-from traces.schema import TrajectorySpec, trajectories
+from traces.schema import Step, TrajectorySpec, Truth, trajectories
 
 
 @dataclass(slots=True)
@@ -146,8 +146,9 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     refuse_misfits(cluster, policy, steps_specs[0])
     env = simpy.Environment()
     clock = SimClock(env)
-    truth = {st.action.id: st.truth for specs in steps_specs for sp in specs for st in sp.steps
-             if st.truth is not None}
+    # each action's truth from when its step is built (the player's prepare) until it ended:
+    # a trace's steps are built as the run reaches them (traces.schema.Steps), not held
+    truth: dict[str, Truth] = {}
     provider = policy.api.provider(cluster.quotas)
     backend = ModelledBackend(clock, np.random.default_rng(config.seed), truth,
                               startup_of(policy, config, cluster), provider,
@@ -165,7 +166,13 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     if config.env_hold not in ("trajectory", "rollout"):
         raise ValueError(f"env_hold: 'trajectory' or 'rollout', got {config.env_hold!r}")
 
+    def prepare(step: Step) -> Action:
+        if step.truth is not None:
+            truth[step.action.id] = step.truth
+        return step.action
+
     def ended(action: Action, result: Any) -> None:
+        truth.pop(action.id, None)
         done[0] += 1
         if progress and done[0] % 500 == 0:
             progress(done[0], total)
@@ -174,11 +181,11 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
 
     def copy_of(forked: simpy.Event, spec: TrajectorySpec):
         yield forked  # its sandbox exists once the leader's fork ended
-        yield from play(spec, door, ended=ended)
+        yield from play(spec, door, prepare, ended)
 
     def group(p: GroupPlay) -> list[simpy.Process]:
         if not p.copies:
-            return [env.process(play(p.leader, door, ended=ended))]
+            return [env.process(play(p.leader, door, prepare, ended))]
         forked = env.event()
 
         def leader_ended(action: Action, result: Any) -> None:
@@ -186,7 +193,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
             if action.kind == FORK:
                 forked.succeed()
 
-        return [env.process(play(p.leader, door, ended=leader_ended)),
+        return [env.process(play(p.leader, door, prepare, leader_ended)),
                 *(env.process(copy_of(forked, c)) for c in p.copies)]
 
     def rollout(specs: list[TrajectorySpec], groups: list[GroupPlay]):

@@ -26,7 +26,7 @@ from tangram_cli.options import (
     policy_options,
     warn_fixed_work,
 )
-from traces.schema import TraceError, load
+from traces.schema import TraceError, ValidTrace, load
 from traces.select import head, scale_think, scale_work
 
 app = command_app()
@@ -83,7 +83,7 @@ def simulate(
     settle()
     try:
         run_ = with_progress(
-            lambda cb: run_sim(df, spec, policy, seed=seed, steps=steps, train_s=train_s,
+            lambda cb: run_sim(ValidTrace(df), spec, policy, seed=seed, steps=steps, train_s=train_s,
                                asynchronous=asynchronous, out=out, progress=cb,
                                source=str(trace),
                                extra_config={"limit": limit, "think_scale": think_scale,

@@ -151,3 +151,69 @@ def test_a_failed_simulation_leaves_no_run_directory(tmp_path):
     with pytest.raises(KeyboardInterrupt):
         simulate(generate("coding", 12, 1), "default", out=tmp_path / "run", progress=interrupted)
     assert not (tmp_path / "run").exists()
+
+
+def test_a_summary_from_the_files_columns_is_the_whole_frames(tmp_path):
+    """summary.json of a streamed run is computed from actions.parquet's columns
+    (summary_frame: no action ids, text as categoricals), its frame read back a row group
+    at a time (read_actions): both as from the whole frame, batches and failures included."""
+    from analysis.outputs import (
+        ActionsWriter,
+        dispatches_frame,
+        gpu_summary,
+        read_actions,
+        records_frame,
+        summarise,
+        summary_frame,
+    )
+    from tangram.runtime import Record
+
+    def rec(i, kind, start, end, *, gpus="", cores="0", batch="", status="ok", code=None,
+            restore=0.0, traj="t0"):
+        return Record(f"a{i}", "task", traj, kind, 0.5 * i, start, end, 2 if gpus else 1,
+                      "n0", cores if not gpus else "", gpus, restore, 0.1, status, code, 1.0,
+                      False, batch)
+
+    records = [rec(0, "shell", 1.0, 2.0), rec(1, "teacher", 2.0, 5.0, gpus="0,1", batch="a1",
+                                                restore=1.0, traj="t1"),
+               rec(2, "teacher", 2.0, 5.5, gpus="0,1", batch="a1", traj="t2"),
+               rec(3, "test_run", 3.0, 9.0, code=1, traj="t1"),
+               rec(4, "teacher", 6.0, 7.0, gpus="2", restore=0.5),
+               rec(5, "shell", 4.0, 4.5, status="timeout", traj="t2"),
+               rec(6, "teacher", 2.0, 6.0, gpus="0,1", batch="a1", traj="t3")]
+    writer = ActionsWriter(tmp_path / "actions.parquet", rows=2)
+    for r in records:
+        writer.append(r)
+    path = writer.close()
+    whole = records_frame(records)
+    pd.testing.assert_frame_equal(read_actions(path), whole)
+    slim = summary_frame(path)
+    assert "action_id" not in slim
+    args = {"policy": "p", "capacity": {"cpu": 4.0, "gpu": 8.0}, "utilisation": None,
+            "steps": []}
+    assert summarise(slim, **args) == summarise(whole, **args)
+    # (summary.json's key order too: grouped by the text, not by a categorical's codes)
+    assert json.dumps(summarise(slim, **args)) == json.dumps(summarise(whole, **args))
+    assert gpu_summary(slim, 8.0, 9.0, None, None) == gpu_summary(whole, 8.0, 9.0, None, None)
+    leases = dispatches_frame(whole)
+    assert leases["lease"].tolist() == ["a0", "a1", "a3", "a4", "a5"]
+    assert leases.set_index("lease").loc["a1", ["actions", "start_s", "end_s", "restore_s"]
+                                          ].tolist() == [3, 2.0, 6.0, 1.0]
+    assert summarise(whole, **args)["exit_codes"] == {"1": 1, "none": 6}
+
+
+def test_a_valid_trace_is_not_checked_again(monkeypatch):
+    """`tangram simulate` hands analysis.runs.simulate the rows it loaded and checked as a
+    ValidTrace: the trace is validated once (a frame is checked, a ValidTrace is not)."""
+    import traces.schema
+    from traces.schema import ValidTrace, validate
+
+    rows = validate(generate("coding", 4, 1))
+    calls = []
+    real = traces.schema.validate
+    monkeypatch.setattr(traces.schema, "validate", lambda *a, **k: calls.append(1) or real(*a, **k))
+    checked = simulate(ValidTrace(rows), "default")
+    assert calls == []
+    again = simulate(rows, "default")
+    assert calls == [1]
+    pd.testing.assert_frame_equal(checked.actions, again.actions)

@@ -120,3 +120,27 @@ def test_every_shipped_trace_declares_its_profiles(tmp_path):
     assert res.returncode == 0 and "4 of 4 profiled rows" in res.stderr, res.stderr
     res = tangram("trace", "validate", str(DIR / "mopd.parquet"))
     assert res.returncode == 0 and "warning" not in res.stderr, res.stderr
+
+
+def test_a_trajectorys_steps_are_built_when_asked_for_as_a_tuple_would_give_them():
+    """traces.schema.Steps: indexing, slicing and iteration give what a tuple of the steps
+    would, and each access builds its step anew (a simulation holds a step only while it
+    plays it, not the whole trace's actions)."""
+    from traces.schema import Steps, trajectories
+
+    df = validate(generate("coding", 6, 3))
+    specs = list(trajectories(df, prefix="s1/"))
+    assert sum(len(s.steps) for s in specs) == len(df)
+    for spec in specs:
+        steps = spec.steps
+        assert isinstance(steps, Steps)
+        built = list(steps)
+        assert built == [steps[i] for i in range(len(steps))] == [steps[i - len(steps)]
+                                                                  for i in range(len(steps))]
+        assert list(steps[1:]) == built[1:] and list(steps[:2]) == built[:2]
+        assert list(steps[len(steps):]) == [] and len(steps[5:2]) == 0
+        assert steps[0] == built[0] and steps[0] is not steps[0]
+        assert all(s.action.trajectory == spec.id and s.action.id.startswith("s1/")
+                   for s in built)
+        with pytest.raises(IndexError):
+            steps[len(steps)]

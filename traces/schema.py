@@ -16,10 +16,10 @@ from __future__ import annotations
 import functools
 import json
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, overload
 
 import numpy as np
 import pandas as pd
@@ -293,6 +293,15 @@ def validate(df: pd.DataFrame, version: int | None = SCHEMA_VERSION) -> pd.DataF
     return out.sort_values(["trajectory", "seq"], kind="stable").reset_index(drop=True)
 
 
+@dataclass(frozen=True)
+class ValidTrace:
+    """Rows that :func:`validate` returned, or that a transform keeping them valid made of
+    them (traces/select.py's: whole trajectories, non-negative scales): what a simulation
+    takes without checking them again (a check is seconds at a million rows)."""
+
+    rows: pd.DataFrame
+
+
 def load(path: str | Path) -> pd.DataFrame:
     df, version = read_raw(path)
     try:
@@ -331,66 +340,132 @@ class Step:
     truth: Truth | None = None
 
 
+class Steps(Sequence[Step]):
+    """A trajectory's steps, each built from the trace's columns when it is asked for and
+    held by whoever asked (the player, while its action runs): a trace of 65,536
+    trajectories is about 2 M actions, and its Action, cost, payload and Truth objects held
+    all at once took ~1 KB each (~2 GB), while a simulation needs about one per running
+    trajectory. Indexing and slicing behave as a tuple's; each access builds anew."""
+
+    __slots__ = ("_columns", "_start", "_stop", "_prefix")
+
+    def __init__(self, columns: TraceColumns, start: int, stop: int, prefix: str) -> None:
+        self._columns, self._start, self._stop, self._prefix = columns, start, stop, prefix
+
+    def __len__(self) -> int:
+        return self._stop - self._start
+
+    @overload
+    def __getitem__(self, index: int) -> Step: ...
+
+    @overload
+    def __getitem__(self, index: slice) -> Steps: ...
+
+    def __getitem__(self, index: int | slice) -> Step | Steps:
+        rows = range(self._start, self._stop)[index]
+        if isinstance(rows, range):
+            if rows.step != 1:
+                raise ValueError("Steps: a slice of steps is contiguous (step 1)")
+            return Steps(self._columns, rows.start, max(rows.start, rows.stop), self._prefix)
+        return self._columns.step(rows, self._prefix)
+
+    def __iter__(self) -> Iterator[Step]:
+        step, prefix = self._columns.step, self._prefix
+        for row in range(self._start, self._stop):
+            yield step(row, prefix)
+
+    def __repr__(self) -> str:
+        return f"Steps({len(self)} rows from {self._start}, prefix={self._prefix!r})"
+
+
+def _shared(column: pd.Series) -> np.ndarray:
+    """A text column as an array of one string object per distinct value: ``to_numpy`` of an
+    Arrow-backed column makes a string object per row (~270 bytes a row over a trace's
+    text columns; a handful of distinct values repeated over millions of rows)."""
+    codes, uniques = pd.factorize(column, use_na_sentinel=False)
+    return np.asarray(uniques, dtype=object)[codes]
+
+
+class TraceColumns:
+    """A validated trace's columns as arrays (no objects per row beyond the frame's own
+    cells): what :class:`Steps` builds a step from."""
+
+    __slots__ = ("cols",)
+
+    def __init__(self, df: pd.DataFrame) -> None:
+        self.cols = {c: _shared(df[c]) if kind in ("str", "set") else df[c].to_numpy()
+                     for c, (kind, *_) in COLUMNS.items()}
+
+    def __len__(self) -> int:
+        return len(self.cols["trajectory"])
+
+    def step(self, i: int, prefix: str = "") -> Step:
+        """Row ``i`` as the step a driver replays.
+
+        No oracle: the scheduler is told ``t1_s`` and E(m) only for profiled rows (paper:
+        only reward computations are profiled; a user declares them); for the rest it
+        knows the feasible unit counts and what it observes. The true values travel
+        beside the action as its :class:`Truth`, which only the simulated backend reads;
+        the payload carries what a live backend needs."""
+        cols = self.cols
+        cost: dict[str, Demand] = {}
+        cpu = parse_set(cols["cpu_cores"][i])
+        gpu = parse_set(cols["gpus"][i])
+        if gpu is not None:
+            cost["gpu"] = gpu
+        elif cpu is not None:
+            cost["cpu"] = cpu
+        if cols["quota_key"][i]:
+            key = quota_resource(cols["quota_key"][i])
+            cost[key] = Demand.fixed(float(cols["quota_units"][i]))
+        elastic = cols["elastic"][i] or None
+        pf = float(cols["parallel_fraction"][i])
+        true_e = Elasticity.amdahl(pf) if not math.isnan(pf) else None
+        profiled = bool(cols["profiled"][i])
+        # what the profile declared (it may be off: traces.generate.declare); the
+        # truth below drives only the modelled execution
+        d_t1 = float(cols["declared_t1_s"][i])
+        d_pf = float(cols["declared_parallel_fraction"][i])
+        declared_e = Elasticity.amdahl(d_pf) if not math.isnan(d_pf) else true_e
+        payload = {"timeout_s": float(cols["timeout_s"][i]), "command": cols["command"][i]}
+        truth = Truth(float(cols["t1_s"][i]), None if math.isnan(pf) else pf,
+                      float(cols["setup_s"][i]), float(cols["unit_overhead_s"][i]))
+        traj = cols["trajectory"][i]
+        aid = f"{prefix}{traj}#{int(cols['seq'][i])}"
+        return Step(float(cols["think_s"][i]), Action(
+            aid, str(cols["task"][i]), f"{prefix}{traj}", str(cols["kind"][i]), cost,
+            elastic=elastic,
+            t1_s=(float(cols["t1_s"][i]) if math.isnan(d_t1) else d_t1) if profiled else None,
+            elasticity=declared_e if profiled else None,
+            service=cols["service"][i] or None, payload=payload), truth)
+
+
 @dataclass(frozen=True, slots=True)
 class TrajectorySpec:
     id: str
     task: str
     mem_gb: float
-    steps: tuple[Step, ...]
+    #: a tuple, or :class:`Steps` (a trace's rows, built when asked for)
+    steps: Sequence[Step]
     #: its GRPO group ('' for none): traces/groups.py
     group: str = ""
 
 
 def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]:
-    """Turn validated rows into the actions the core schedules.
-
-    No oracle: the scheduler is told ``t1_s`` and E(m) only for profiled rows
-    (paper: only reward computations are profiled; a user declares them); for the
-    rest it knows the feasible unit counts and what it observes. The true values
-    travel beside the action as its :class:`Truth`, which only the simulated
-    backend reads; the payload carries what a live backend needs.
-    """
-    cols = {c: df[c].to_numpy() for c in COLUMNS}
-    n = len(df)
+    """Validated rows as trajectories whose steps (:class:`Steps`) build the actions the
+    core schedules when a driver reaches them (:meth:`TraceColumns.step`)."""
+    columns = TraceColumns(df)
+    cols = columns.cols
+    n = len(columns)
     start = 0
     while start < n:
         traj = cols["trajectory"][start]
         end = start
         while end < n and cols["trajectory"][end] == traj:
             end += 1
-        steps = []
-        for i in range(start, end):
-            cost: dict[str, Demand] = {}
-            cpu = parse_set(cols["cpu_cores"][i])
-            gpu = parse_set(cols["gpus"][i])
-            if gpu is not None:
-                cost["gpu"] = gpu
-            elif cpu is not None:
-                cost["cpu"] = cpu
-            if cols["quota_key"][i]:
-                key = quota_resource(cols["quota_key"][i])
-                cost[key] = Demand.fixed(float(cols["quota_units"][i]))
-            elastic = cols["elastic"][i] or None
-            pf = float(cols["parallel_fraction"][i])
-            true_e = Elasticity.amdahl(pf) if not math.isnan(pf) else None
-            profiled = bool(cols["profiled"][i])
-            # what the profile declared (it may be off: traces.generate.declare); the
-            # truth below drives only the modelled execution
-            d_t1 = float(cols["declared_t1_s"][i])
-            d_pf = float(cols["declared_parallel_fraction"][i])
-            declared_e = Elasticity.amdahl(d_pf) if not math.isnan(d_pf) else true_e
-            payload = {"timeout_s": float(cols["timeout_s"][i]), "command": cols["command"][i]}
-            truth = Truth(float(cols["t1_s"][i]), None if math.isnan(pf) else pf,
-                          float(cols["setup_s"][i]), float(cols["unit_overhead_s"][i]))
-            aid = f"{prefix}{traj}#{int(cols['seq'][i])}"
-            steps.append(Step(float(cols["think_s"][i]), Action(
-                aid, str(cols["task"][i]), f"{prefix}{traj}", str(cols["kind"][i]), cost,
-                elastic=elastic,
-                t1_s=(float(cols["t1_s"][i]) if math.isnan(d_t1) else d_t1) if profiled else None,
-                elasticity=declared_e if profiled else None,
-                service=cols["service"][i] or None, payload=payload), truth))
         mem = float(np.max(cols["mem_gb"][start:end])) if end > start else 0.0
         group = str(cols["group"][start])
-        yield TrajectorySpec(f"{prefix}{traj}", str(cols["task"][start]), mem, tuple(steps),
+        yield TrajectorySpec(f"{prefix}{traj}", str(cols["task"][start]), mem,
+                             Steps(columns, start, end, prefix),
                              f"{prefix}{group}" if group else "")
         start = end
