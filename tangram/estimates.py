@@ -191,6 +191,11 @@ class CommandCurves:
         """(p, C, a per command), or None until two unit counts and three runs."""
         if len(self._units) < 2 or self.runs < SpeedupCurve.MIN_RUNS:
             return None
+        # the shape rests on commands run at two or more unit counts: with none, each
+        # command's size absorbs its runs and every shape fits equally (the grid's first,
+        # a flat one, won: a suite once run on 16 units was then planned at its minimum)
+        if not ((self._n > 0).sum(axis=1) >= 2).any():
+            return None
         if self._fit is None:
             m = np.array(sorted(self._units, key=self._units.get), dtype=float)
             d = m - 1.0

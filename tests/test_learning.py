@@ -54,6 +54,25 @@ def test_without_a_command_nothing_changes_and_one_unit_count_teaches_no_shape()
     assert a.learnt_table(KEY, CHOICES) == b.learnt_table(KEY, CHOICES, "")
 
 
+def test_no_command_run_at_two_unit_counts_teaches_no_shape():
+    """Runs at two unit counts, but each command at one: every shape fits them equally
+    (each command's size absorbs its runs), so there is no shape; a suite that once ran
+    wide is then planned from the kind's curve, not from a flat fit at its minimum."""
+    cc = CommandCurves()
+    for _ in range(3):
+        cc.observe("a", 8, 10.0)
+    cc.observe("b", 1, 20.0)
+    assert cc.fit() is None and cc.table("a", CHOICES) is None
+    cc.observe("a", 1, 40.0)  # the same suite at a second count: now the shape shows
+    fit = cc.fit()
+    assert fit is not None and fit[0] > 0.5
+    model = DurationModel()
+    for i, (c, m, t) in enumerate((("a", 8, 10.0), ("a", 8, 10.0), ("a", 8, 10.0),
+                                    ("b", 1, 20.0))):
+        model.observe(act(i, c), m, t, "cpu:n", True)
+    assert model.learnt_table(KEY, CHOICES, "a") == model.learnt_table(KEY, CHOICES)
+
+
 def test_a_per_unit_start_up_cost_is_learnt_shared_across_suites():
     truth = {c: curve(t, 0.5, 1.0) for c, t in (("a", 5.0), ("b", 50.0))}
     cc = CommandCurves()
