@@ -141,6 +141,9 @@ def _leases(df: pd.DataFrame) -> pd.DataFrame:
     ``first``: the position of its first record. Grouped by that position rather than by
     the lease's name (the action id of an action run alone): grouping 2 M action-id strings
     took more memory than the rest of a large run's summary."""
+    if df.empty:
+        return pd.DataFrame(columns=["first", "units", "start_s", "end_s", "restore_s", "gpu",
+                                     "cpu", "ok", "actions"])
     codes, _ = pd.factorize(df["batch_of"])  # (-1: none, as an empty one)
     batch = (codes >= 0) & (df["batch_of"] != "").to_numpy()
     rows = np.arange(len(df))
@@ -163,9 +166,9 @@ def dispatches_frame(df: pd.DataFrame) -> pd.DataFrame:
     units, its span and its restore (paid once); ``lease``: the batch's id, or the action's
     of an action run alone."""
     columns = ["lease", "units", "start_s", "end_s", "restore_s", "gpu", "cpu", "ok", "actions"]
-    if df.empty:
-        return pd.DataFrame(columns=columns)
     out = _leases(df)
+    if out.empty:
+        return pd.DataFrame(columns=columns)
     first = out["first"].to_numpy()
     batch_of = df["batch_of"].to_numpy()[first]
     out["lease"] = np.where(batch_of != "", batch_of, df["action_id"].to_numpy()[first])
@@ -177,7 +180,7 @@ def gpu_summary(df: pd.DataFrame, gpu_capacity: float, makespan: float,
     """``restores`` (count, pre-restores included), ``restore_overhead`` (restore seconds /
     execution seconds without restores, both on the GPUs) and ``gpu_busy`` (fraction of
     GPU-seconds executing, restores excluded). Counted per lease: a batch restores once."""
-    d = _leases(df) if len(df) else pd.DataFrame(columns=["gpu"])
+    d = _leases(df)
     d = d[d["gpu"]] if len(d) else d
     exec_s = float((d["end_s"] - d["start_s"] - d["restore_s"]).clip(lower=0).sum()) if len(d) else 0.0
     if restore_s_total is None:  # no manager counts (e.g. a live run): the leases' restores
@@ -242,8 +245,7 @@ def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
         "steps": steps,
     }
     util: dict[str, dict[str, float]] = {}
-    leases = _leases(df) if len(df) else pd.DataFrame(
-        columns=["units", "start_s", "end_s", "restore_s", "gpu", "cpu", "ok"])
+    leases = _leases(df)
     busy_units = (leases["units"] * (leases["end_s"] - leases["start_s"] - leases["restore_s"])
                   ).where(leases["ok"], 0)
     for res, cap in capacity.items():
@@ -322,8 +324,8 @@ def analyse(result: RunResult, extra: Mapping[str, Any] | None = None,
             actions: pd.DataFrame | None = None) -> Analysed:
     """Summary and frames of a finished run; wall-clock figures only in ``timing``.
     ``actions``: the run's actions frame when its records were streamed to a file
-    (:class:`ActionsWriter`; read it back with ``pd.read_parquet``), else None: the frame
-    of ``result.records``."""
+    (:class:`ActionsWriter`; :func:`summary_frame` reads what the summary needs), else
+    None: the frame of ``result.records``."""
     if actions is None and result.streamed:
         raise ValueError(f"analyse: the run's {result.streamed} records were streamed to a "
                          "file, not kept: pass the frame read from it as ``actions``")

@@ -162,7 +162,7 @@ class CommandCurves:
     #: the grid of parallel fractions tried (0.01 steps)
     GRID = np.linspace(0.0, 1.0, 101)
 
-    __slots__ = ("_index", "_units", "_n", "_s", "runs", "_fit")
+    __slots__ = ("_index", "_units", "_n", "_s", "runs", "_fit", "_contrasted")
 
     def __init__(self) -> None:
         self._index: dict[str, int] = {}
@@ -171,6 +171,11 @@ class CommandCurves:
         self._s = np.zeros((0, 0))  # sum of elapsed per (command, unit count)
         self.runs = 0
         self._fit: tuple[float, float, np.ndarray] | None = None
+        #: some command has run at two or more unit counts: the shape rests on those (with
+        #: none, each command's size absorbs its runs and every shape fits equally; the
+        #: grid's first, a flat one, won, and a suite once run on 16 units was then planned
+        #: at its minimum)
+        self._contrasted = False
 
     def observe(self, command: str, units: int, elapsed: float) -> None:
         m = max(units, 1)
@@ -184,17 +189,15 @@ class CommandCurves:
             self._n, self._s = n, s
         self._n[c, k] += 1
         self._s[c, k] += elapsed
+        if not self._contrasted and self._n[c, k] == 1:  # (a new count for this command)
+            self._contrasted = int((self._n[c] > 0).sum()) >= 2
         self.runs += 1
         self._fit = None
 
     def fit(self) -> tuple[float, float, np.ndarray] | None:
-        """(p, C, a per command), or None until two unit counts and three runs."""
-        if len(self._units) < 2 or self.runs < SpeedupCurve.MIN_RUNS:
-            return None
-        # the shape rests on commands run at two or more unit counts: with none, each
-        # command's size absorbs its runs and every shape fits equally (the grid's first,
-        # a flat one, won: a suite once run on 16 units was then planned at its minimum)
-        if not ((self._n > 0).sum(axis=1) >= 2).any():
+        """(p, C, a per command), or None until some command ran at two unit counts and
+        there are three runs."""
+        if not self._contrasted or self.runs < SpeedupCurve.MIN_RUNS:
             return None
         if self._fit is None:
             m = np.array(sorted(self._units, key=self._units.get), dtype=float)
