@@ -293,22 +293,26 @@ class Pool:
         """``action_id`` started on ``units``, expected to end at ``end_s``."""
         self.running[action_id] = (end_s, units, now)
         by_end = self._by_end
-        if by_end is not None:
-            self._last_ends = None
-            entry = (end_s, units)
-            # (started again, as a lane action that booked a core: its entry replaced)
-            old = self._ahead.get(action_id)
-            if old is not None:
-                _remove(self._ahead_sorted, old)
-            self._overdue.pop(action_id, None)
-            self._ahead[action_id] = entry
-            insort(self._ahead_sorted, entry)
-            heappush(by_end, (end_s, action_id))
-            if len(by_end) > 2 * len(self.running) + 64:
-                # entries of actions that ended before their expected end: drop them (a
-                # pool whose scheduler rarely asks would otherwise grow the heap forever)
-                by_end[:] = [(e, aid) for aid, (e, _) in self._ahead.items()]
-                heapify(by_end)
+        if by_end is None:
+            return
+        # (started again, as a lane action that booked a core: its entry replaced)
+        old = self._ahead.pop(action_id, None)
+        if old is not None:
+            _remove(self._ahead_sorted, old)
+        elif self._overdue.pop(action_id, None) is None and not units:
+            return  # (a light lane's action: nothing the expected ends hold changed)
+        self._last_ends = None
+        if not units:  # (it frees none when it ends: the objective's walks skip it)
+            return
+        entry = (end_s, units)
+        self._ahead[action_id] = entry
+        insort(self._ahead_sorted, entry)
+        heappush(by_end, (end_s, action_id))
+        if len(by_end) > 2 * len(self.running) + 64:
+            # entries of actions that ended before their expected end: drop them (a
+            # pool whose scheduler rarely asks would otherwise grow the heap forever)
+            by_end[:] = [(e, aid) for aid, (e, _) in self._ahead.items()]
+            heapify(by_end)
 
     def ended(self, action_id: str) -> None:
         if self.running.pop(action_id, None) is not None and self._by_end is not None:
@@ -320,8 +324,8 @@ class Pool:
                 _remove(self._ahead_sorted, entry)
 
     def expected_ends(self, now: float) -> list[tuple[float, int]]:
-        """(expected end, units) of every running action, for the schedulers' objective,
-        sorted (a new list: the caller's to change). An action past its expected end is
+        """(expected end, units) of every running action holding units, for the schedulers'
+        objective, sorted (a new list: the caller's to change). An action past its expected end is
         expected to run as long again as it has so far (heavy tails), not to finish this
         instant. Kept incrementally: a pass is not an O(running) Python loop (a 256-core
         node runs hundreds), only those past their end are computed again."""
@@ -331,7 +335,8 @@ class Pool:
         by_end, ahead, overdue = self._by_end, self._ahead, self._overdue
         if by_end is None:  # first asked: from now on kept by started/ended
             for aid, (end, units, _) in self.running.items():
-                ahead[aid] = (end, units)
+                if units:  # (one on a light lane frees none when it ends)
+                    ahead[aid] = (end, units)
             by_end = self._by_end = [(end, aid) for aid, (end, _) in ahead.items()]
             heapify(by_end)
             self._ahead_sorted = sorted(ahead.values())
