@@ -64,7 +64,7 @@ class SpeedupCurve:
     #: runs before the curve is trusted (and at least two distinct unit counts)
     MIN_RUNS = 3
 
-    __slots__ = ("_xtx", "_xty", "_yty", "n", "_counts", "_fit")
+    __slots__ = ("_xtx", "_xty", "_yty", "n", "_counts", "_fit", "runs_at")
 
     def __init__(self) -> None:
         self._xtx = np.zeros((3, 3))
@@ -73,6 +73,8 @@ class SpeedupCurve:
         self.n = 0
         self._counts: set[int] = set()
         self._fit: tuple[float, float, float] | None = None
+        #: unit count -> runs observed at it
+        self.runs_at: dict[int, int] = {}
 
     @staticmethod
     def _features(m: int) -> np.ndarray:
@@ -84,7 +86,9 @@ class SpeedupCurve:
         self._xty += x * elapsed
         self._yty += elapsed * elapsed
         self.n += 1
-        self._counts.add(max(units, 1))
+        m = max(units, 1)
+        self._counts.add(m)
+        self.runs_at[m] = self.runs_at.get(m, 0) + 1
         self._fit = None
 
     @property
@@ -326,6 +330,9 @@ class DurationModel:
     EXPLORE_RUNS = 8
     #: the exploration prior: Amdahl with this parallel fraction (assumption: midway)
     PRIOR_PARALLEL = 0.5
+    #: runs at other unit counts than the kind's most-run one before its curve is read:
+    #: until then the next runs are held at a second, middle width (_middle_width)
+    CONTRAST_RUNS = 4
 
     def __init__(self, default_s: float = 1.0, short_prior_s: float = 1.0) -> None:
         #: what an action of a never-seen (task, kind) is expected to take
@@ -379,6 +386,10 @@ class DurationModel:
         else:
             t1 = self.default_s
         prior = {u: t1 * ((1 - p) + p / u) for u in choices}
+        mid = self._middle_width(c, choices)
+        if mid is not None:
+            # (wider than mid: no faster, its extra units idle, so the DP stops at mid)
+            return {u: prior[u] if u <= mid else prior[mid] * u / mid for u in choices}
         fitted = c.table(choices) if c is not None else None
         if fitted is not None:
             # the fit weighed against the prior as if the prior were EXPLORE_RUNS runs
@@ -392,6 +403,28 @@ class DurationModel:
         if c is not None and c.n >= self.EXPLORE_RUNS:
             return None
         return prior
+
+    def _middle_width(self, c: SpeedupCurve | None, choices: tuple[int, ...]) -> int | None:
+        """The width the kind's next runs are held at while its curve rests on one unit
+        count (None: no need): the choice nearest the geometric midpoint of the minimum and
+        the most-run count, once that count has half of EXPLORE_RUNS runs and until
+        CONTRAST_RUNS runs were at other counts.
+
+        Issue 30: exploration ran nearly every test at one width (38 runs at 16 cores, 2 at
+        1 core, both small suites), so the curve rested on two 1-core runs and came out
+        flat; runs at a middle width (4 of 16 cores, not the minimum) contrast unit counts
+        at a small cost. Only counts of observed runs decide it."""
+        if c is None or not c.runs_at:
+            return None
+        dominant, top = max(c.runs_at.items(), key=lambda kv: (kv[1], kv[0]))
+        if top < self.EXPLORE_RUNS // 2 or c.n - top >= self.CONTRAST_RUNS:
+            return None
+        lo = choices[0]
+        between = [u for u in choices if lo < u < dominant]
+        if not between:
+            return None
+        target = (lo * dominant) ** 0.5
+        return min(between, key=lambda u: abs(np.log(u / target)))
 
     def short_s(self, pool: str) -> float:
         return self._short.get(pool, self._short_prior_s)

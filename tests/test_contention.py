@@ -112,6 +112,32 @@ def test_exploration_is_bounded_and_a_learnt_slowdown_keeps_the_minimum():
     assert d.units == 1 and d.expected_s == pytest.approx(table[1])
 
 
+def test_a_kind_run_at_one_width_explores_a_middle_one():
+    """Issue 30: exploration ran nearly every test at one width, and the curve then rested
+    on two small 1-core runs. Once half of EXPLORE_RUNS runs sat at one count and until
+    CONTRAST_RUNS runs were at others, the next runs are held at the choice nearest the
+    geometric midpoint of the minimum and that count (4 of 1-16); then the curve decides."""
+    act = Action("x", "t", "j", "test_run", {"cpu": Demand.range(1, 16)}, elastic="cpu")
+    key, choices = ("t", "test_run"), tuple(range(1, 17))
+    model = DurationModel()
+
+    def best() -> int:
+        table = model.learnt_table(key, choices)
+        assert table is not None
+        return min(table, key=table.get)
+
+    for _ in range(DurationModel.EXPLORE_RUNS // 2 - 1):
+        model.observe(act, 16, 6.0, "cpu:n0", elastic=True)
+    assert best() == 16  # the prior: explore wide
+    model.observe(act, 16, 6.0, "cpu:n0", elastic=True)
+    assert best() == 4  # one width only: try the middle one
+    for _ in range(DurationModel.CONTRAST_RUNS - 1):
+        model.observe(act, 4, 9.0, "cpu:n0", elastic=True)
+    assert best() == 4
+    model.observe(act, 4, 9.0, "cpu:n0", elastic=True)
+    assert best() == 16  # enough contrast: the curve (4 cores 1.5x slower) decides
+
+
 def test_a_few_runs_do_not_overrule_the_speedup_prior():
     """The runs of one kind are suites of different sizes: a few of them fit any shape.
     The learnt curve is shrunk towards the exploration prior (as if it were EXPLORE_RUNS
