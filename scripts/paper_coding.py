@@ -1,6 +1,6 @@
 """Paper-scale coding check of the default policy against fixed DoPs and the best k8s pod
 (the reproduction's ablation and coding_act points, a few seeds): JSON lines of mean ACT,
-p99 ACT and step time per (policy, batch, cpu_nodes, seed).
+p99 ACT, step time and the reward actions' mean ACT per (policy, batch, cpu_nodes, seed).
 
     PYTHONPATH=. .venv/bin/python scripts/paper_coding.py --policies tangram fixed-dop:8 --out x.jsonl
 """
@@ -44,6 +44,10 @@ def main() -> None:
                            "wall_s": round(time.time() - t, 1),
                            **{k: r[k] for k in ("act_mean_s", "act_p99_s", "step_time_s")
                               if k in r}}
+                    # mean ACT of the reward actions, as analysis/regret.py ``measure``'s reward_s
+                    reward = (r.get("per_category") or {}).get("reward")
+                    if reward:
+                        row["reward_s"] = reward["act_mean_s"]
                     if len(row) <= 5:
                         row["keys"] = sorted(r)[:40]
                     f.write(json.dumps(row) + "\n")
