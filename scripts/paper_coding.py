@@ -48,7 +48,7 @@ def main() -> None:
                     reward = (r.get("per_category") or {}).get("reward")
                     if reward:
                         row["reward_s"] = reward["act_mean_s"]
-                    if len(row) <= 5:
+                    if "act_mean_s" not in r:  # (a run without the figures: say what it has)
                         row["keys"] = sorted(r)[:40]
                     f.write(json.dumps(row) + "\n")
                     f.flush()

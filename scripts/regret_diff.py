@@ -4,8 +4,13 @@ import sys
 
 from analysis.regret import BOUNDS, METRICS
 
-a = {(r["seed"], r["cluster"], r["rate"], r["profile_sigma"]): r for r in map(json.loads, open(sys.argv[1]))}
-b = {(r["seed"], r["cluster"], r["rate"], r["profile_sigma"]): r for r in map(json.loads, open(sys.argv[2]))}
+
+def cells(path: str) -> dict:
+    return {(r["seed"], r["cluster"], r["rate"], r["profile_sigma"]): r
+            for r in map(json.loads, open(path))}
+
+
+a, b = cells(sys.argv[1]), cells(sys.argv[2])
 for k in a:
     for m in METRICS:
         x, y = a[k]["regret"].get(m, 0), b[k]["regret"].get(m, 0)

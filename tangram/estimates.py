@@ -23,6 +23,7 @@ for them.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from itertools import combinations
 from typing import TYPE_CHECKING
@@ -64,16 +65,15 @@ class SpeedupCurve:
     #: runs before the curve is trusted (and at least two distinct unit counts)
     MIN_RUNS = 3
 
-    __slots__ = ("_xtx", "_xty", "_yty", "n", "_counts", "_fit", "runs_at")
+    __slots__ = ("_xtx", "_xty", "_yty", "n", "_fit", "runs_at")
 
     def __init__(self) -> None:
         self._xtx = np.zeros((3, 3))
         self._xty = np.zeros(3)
         self._yty = 0.0
         self.n = 0
-        self._counts: set[int] = set()
         self._fit: tuple[float, float, float] | None = None
-        #: unit count -> runs observed at it
+        #: unit count -> runs observed at it (its keys: the distinct counts)
         self.runs_at: dict[int, int] = {}
 
     @staticmethod
@@ -87,13 +87,12 @@ class SpeedupCurve:
         self._yty += elapsed * elapsed
         self.n += 1
         m = max(units, 1)
-        self._counts.add(m)
         self.runs_at[m] = self.runs_at.get(m, 0) + 1
         self._fit = None
 
     @property
     def distinct_units(self) -> int:
-        return len(self._counts)
+        return len(self.runs_at)
 
     def mean_time(self) -> float:
         return self._xty[0] / self.n if self.n else 0.0
@@ -104,10 +103,10 @@ class SpeedupCurve:
 
     def fit(self) -> tuple[float, float, float] | None:
         """(A, B, C), or None until it can be trusted."""
-        if self.n < self.MIN_RUNS or len(self._counts) < 2:
+        if self.n < self.MIN_RUNS or len(self.runs_at) < 2:
             return None
         if self._fit is None:
-            terms = (0, 1, 2) if len(self._counts) >= 3 else (0, 1)
+            terms = (0, 1, 2) if len(self.runs_at) >= 3 else (0, 1)
             best, best_res = (0.0, 0.0, 0.0), float("inf")
             for k in range(1, len(terms) + 1):
                 for sub in combinations(terms, k):
@@ -424,7 +423,7 @@ class DurationModel:
         if not between:
             return None
         target = (lo * dominant) ** 0.5
-        return min(between, key=lambda u: abs(np.log(u / target)))
+        return min(between, key=lambda u: abs(math.log(u / target)))
 
     def short_s(self, pool: str) -> float:
         return self._short.get(pool, self._short_prior_s)

@@ -299,10 +299,10 @@ class Pool:
         old = self._ahead.pop(action_id, None)
         if old is not None:
             _remove(self._ahead_sorted, old)
-        elif self._overdue.pop(action_id, None) is None and not units:
-            return  # (a light lane's action: nothing the expected ends hold changed)
-        self._last_ends = None
-        if not units:  # (it frees none when it ends: the objective's walks skip it)
+        held = old is not None or self._overdue.pop(action_id, None) is not None
+        if held or units:  # (what the expected ends hold changed)
+            self._last_ends = None
+        if not units:  # (a light lane's action frees none when it ends: the walks skip it)
             return
         entry = (end_s, units)
         self._ahead[action_id] = entry
