@@ -555,6 +555,8 @@ class Tangram:
             self._estimates.durations.observe(action, lease.units, max(elapsed, 0.0),
                                              pool.name, p.elastic,
                                              lane.light_s if lane is not None else 0.0)
+        if p.elastic:
+            self._estimates.durations.ended(action_id)
         if lease.lane:
             self._estimates.durations.lane.ended(action_id)
         touched: Iterable[PoolPoints] = [pool]
@@ -691,6 +693,7 @@ class Tangram:
         # core, by their command, declared or observed (tangram/estimates.py LaneModel)
         light_s = lane.light_s if lane is not None else 0.0
         durations = estimates.durations
+        durations.now = now  # (learnt tables read the runs in flight as of now)
         lane_model, mean_n = durations.lane, durations.mean_n
         # per (task, kind) of the batch: its runs and their mean
         kinds: dict[tuple[str, str], tuple[int, float]] = {}
@@ -841,6 +844,8 @@ class Tangram:
                 r.dispatch, r.pool, r.batch_left = d, pool, left
                 self._running[r.action.id] = r
             pool.started(p.action.id, now + lease.restore_s + (expected or 0.0), lease.units, now)
+            if p.elastic and not riders:  # (a batch's elapsed time is not observed)
+                self._estimates.durations.started(p.action, lease.units, now + lease.restore_s)
             out.append(d)
         return out
 

@@ -48,6 +48,34 @@ class _Mean:
         self.mean += (x - self.mean) / self.n
 
 
+def _solve_small(a: list[list[float]], y: list[float],
+                 idx: tuple[int, ...]) -> list[float] | None:
+    """The solution of the normal equations restricted to ``idx`` (one to three terms,
+    Cramer's rule), None if singular."""
+    if len(idx) == 1:
+        (i,) = idx
+        return [y[i] / a[i][i]] if a[i][i] != 0 else None
+    if len(idx) == 2:
+        i, j = idx
+        det = a[i][i] * a[j][j] - a[i][j] * a[j][i]
+        if det == 0:
+            return None
+        return [(y[i] * a[j][j] - a[i][j] * y[j]) / det,
+                (a[i][i] * y[j] - a[j][i] * y[i]) / det]
+    (r0, r1, r2) = a
+    det = (r0[0] * (r1[1] * r2[2] - r1[2] * r2[1]) - r0[1] * (r1[0] * r2[2] - r1[2] * r2[0])
+           + r0[2] * (r1[0] * r2[1] - r1[1] * r2[0]))
+    if det == 0:
+        return None
+    out = []
+    for c in range(3):  # (column c replaced by y)
+        m = [[y[r] if k == c else a[r][k] for k in range(3)] for r in range(3)]
+        out.append((m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+                    - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+                    + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])) / det)
+    return out
+
+
 class SpeedupCurve:
     """Mean execution time of one (task, kind) on ``m`` units, learnt online:
 
@@ -106,24 +134,73 @@ class SpeedupCurve:
         if self.n < self.MIN_RUNS or len(self.runs_at) < 2:
             return None
         if self._fit is None:
-            terms = (0, 1, 2) if len(self.runs_at) >= 3 else (0, 1)
-            best, best_res = (0.0, 0.0, 0.0), float("inf")
-            for k in range(1, len(terms) + 1):
-                for sub in combinations(terms, k):
-                    idx = list(sub)
-                    try:
-                        coef = np.linalg.solve(self._xtx[np.ix_(idx, idx)], self._xty[idx])
-                    except np.linalg.LinAlgError:
-                        continue
-                    if (coef < 0).any():
-                        continue
-                    full = np.zeros(3)
-                    full[idx] = coef
-                    res = self._yty - 2 * full @ self._xty + full @ self._xtx @ full
-                    if res < best_res - 1e-12:
-                        best, best_res = (float(full[0]), float(full[1]), float(full[2])), res
-            self._fit = best
+            self._fit = self._solve(self._xtx, self._xty, self._yty)
         return self._fit
+
+    def _solve(self, xtx: np.ndarray, xty: np.ndarray,
+               yty: float) -> tuple[float, float, float]:
+        """Non-negative least squares over the sufficient statistics: every subset of the
+        terms (C only with three distinct unit counts) solved in closed form, the least
+        residual of those with no negative coefficient. (Plain floats: numpy's per-call
+        overhead on 3x3 systems was most of the cost, and the censored fit solves twice
+        per table read.)"""
+        a = xtx.tolist()
+        y = xty.tolist()
+        terms = (0, 1, 2) if len(self.runs_at) >= 3 else (0, 1)
+        best, best_res = (0.0, 0.0, 0.0), float("inf")
+        for k in range(1, len(terms) + 1):
+            for sub in combinations(terms, k):
+                coef = _solve_small(a, y, sub)
+                if coef is None or min(coef) < 0:
+                    continue
+                full = [0.0, 0.0, 0.0]
+                for i, c in zip(sub, coef, strict=True):
+                    full[i] = c
+                # (the residual yty - 2 f.y + f.A.f; f solves A f = y on its terms, so
+                # f.A.f = f.y there)
+                res = yty - sum(c * y[i] for i, c in zip(sub, coef, strict=True))
+                if res < best_res - 1e-12:
+                    best, best_res = (full[0], full[1], full[2]), res
+        return best
+
+    def censored(self, elapsed: np.ndarray,
+                 features: np.ndarray) -> tuple[float, float, float] | None:
+        """(A, B, C) with the runs still in flight read as right-censored: run ``i`` has
+        been running ``elapsed[i]`` s on the unit count of ``features[i]`` (its row of
+        :meth:`_features`). None while :meth:`fit` is.
+
+        Why: runs end in order of length, so the first results at a unit count are its
+        short runs; a count the scheduler just moved to looked faster than the counts
+        whose runs had all ended, the fit went flat and grants stepped down a count at a
+        time to 1 core (issue 30: coding 1,024 on 15 nodes, a kind's first 55 results at
+        1 core averaged 4.0 s, all 416 of them 16.9 s). A run at ``m`` units running for
+        ``e`` s says its time there is at least ``e``; it is counted at its expected time
+        given that (:func:`residual_mean`) on the curve itself: two EM steps from
+        :meth:`fit`.
+        """
+        f = self.fit()
+        if f is None or not len(elapsed):
+            return f
+        cv = self.scatter()
+        xtx = self._xtx + features.T @ features
+        for _ in range(2):
+            pred = np.maximum(features @ np.array(f), 1e-6)
+            f = self._solve(xtx, self._xty + features.T @ residual_mean(elapsed, pred, cv),
+                            self._yty)
+        return f
+
+    def scatter(self) -> float:
+        """The runs' coefficient of variation about the fitted curve (0 to 1): how far a
+        run outlives its expected time (:func:`residual_mean`)."""
+        f = self.fit()
+        if f is None or self.n < 2:
+            return 1.0
+        full = np.array(f)
+        res = self._yty - 2 * full @ self._xty + full @ self._xtx @ full
+        mean = self.mean_time()
+        if mean <= 0:
+            return 1.0
+        return min(math.sqrt(max(res, 0.0) / self.n) / mean, 1.0)
 
     def duration(self, units: int) -> float | None:
         f = self.fit()
@@ -132,14 +209,30 @@ class SpeedupCurve:
         a, b, c = f
         return a + b / units + c * (units - 1)
 
-    def table(self, choices: tuple[int, ...]) -> dict[int, float] | None:
-        """:meth:`duration` of each of ``choices`` (at least 1e-6), the fit read once;
-        None until it can be trusted."""
-        f = self.fit()
+    def table(self, choices: tuple[int, ...],
+              running: tuple[np.ndarray, np.ndarray] | None = None) -> dict[int, float] | None:
+        """:meth:`duration` of each of ``choices`` (at least 1e-6), the fit read once
+        (with the runs in flight, ``running``: :meth:`censored`'s arguments); None until
+        it can be trusted."""
+        f = self.censored(*running) if running is not None else self.fit()
         if f is None:
             return None
         a, b, c = f
         return {u: max(a + b / u + c * (u - 1), 1e-6) for u in choices}
+
+
+def residual_mean(elapsed: np.ndarray, expected: np.ndarray | float,
+                  cv: float) -> np.ndarray:
+    """Expected times of runs still in flight after ``elapsed`` s each, of a kind whose
+    runs take ``expected`` s on average with coefficient of variation ``cv`` (0 to 1):
+
+        max(e, expected) + cv * min(e, expected)
+
+    cv 1 is the memoryless case (an exponential's mean residual life is its mean: a run
+    e s in is expected to end at e + expected; within 10% of a lognormal's with the
+    coding trace's spread, t1 mean 17 s, std 18 s, for e >= 5 s); cv 0 are runs of one
+    length (one past its expected time ends about now)."""
+    return np.maximum(elapsed, expected) + cv * np.minimum(elapsed, expected)
 
 
 class CommandCurves:
@@ -320,6 +413,42 @@ class LaneModel:
         return runs >= 2 and 2 * light >= runs
 
 
+class _InFlight:
+    """Runs in flight of one (task, kind) as arrays (start times, feature rows of
+    :meth:`SpeedupCurve._features`) kept dense: a run ending is replaced by the last one,
+    so a start or an end is O(1) and a read is a slice (the table of every queued action
+    reads them)."""
+
+    __slots__ = ("ids", "pos", "starts", "features", "n")
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.pos: dict[str, int] = {}
+        self.starts = np.zeros(16)
+        self.features = np.zeros((16, 3))
+        self.n = 0
+
+    def add(self, action_id: str, units: int, start_s: float) -> None:
+        n = self.n
+        if n == len(self.starts):
+            self.starts = np.concatenate((self.starts, np.zeros(n)))
+            self.features = np.concatenate((self.features, np.zeros((n, 3))))
+        self.starts[n] = start_s
+        self.features[n] = (1.0, 1.0 / units, units - 1.0)
+        self.pos[action_id] = n
+        self.ids.append(action_id)
+        self.n = n + 1
+
+    def remove(self, action_id: str) -> None:
+        i, last = self.pos.pop(action_id), self.n - 1
+        moved = self.ids.pop()
+        if i != last:  # (the last run takes its slot)
+            self.starts[i], self.features[i] = self.starts[last], self.features[last]
+            self.ids[i] = moved
+            self.pos[moved] = i
+        self.n = last
+
+
 class DurationModel:
     """Observed execution times."""
 
@@ -347,6 +476,13 @@ class DurationModel:
         self._short: dict[str, float] = {}
         #: pool name -> [elastic actions, all actions] observed there
         self._kinds_seen: dict[str, list[int]] = {}
+        #: the core's clock at its last read of a table (:meth:`learnt_table` reads the
+        #: runs in flight as of it)
+        self.now = 0.0
+        #: unprofiled elastic runs in flight (:meth:`started`): action id -> its (task,
+        #: kind); per (task, kind), its runs in flight (:class:`_InFlight`)
+        self._inflight: dict[str, Key] = {}
+        self._running: dict[Key, _InFlight] = {}
 
     def mean(self, key: Key) -> float | None:
         m = self._mean.get(key)
@@ -389,7 +525,7 @@ class DurationModel:
         if mid is not None:
             # (wider than mid: no faster, its extra units idle, so the DP stops at mid)
             return {u: prior[u] if u <= mid else prior[mid] * u / mid for u in choices}
-        fitted = c.table(choices) if c is not None else None
+        fitted = c.table(choices, self.running(key)) if c is not None else None
         if fitted is not None:
             # the fit weighed against the prior as if the prior were EXPLORE_RUNS runs
             # (shrinkage): the runs of one kind are suites of different sizes, and a few
@@ -424,6 +560,35 @@ class DurationModel:
             return None
         target = (lo * dominant) ** 0.5
         return min(between, key=lambda u: abs(math.log(u / target)))
+
+    def started(self, action: Action, units: int, start_s: float) -> None:
+        """An unprofiled elastic ``action`` started running on ``units`` units at
+        ``start_s``: until it ends, the kind's curve reads it as censored
+        (:meth:`SpeedupCurve.censored`)."""
+        if action.elastic and action.elasticity is None and action.t1_s is None:
+            if action.id in self._inflight:  # (announced twice: the first start counts)
+                return
+            key = (action.task, action.kind)
+            self._inflight[action.id] = key
+            runs = self._running.get(key)
+            if runs is None:
+                runs = self._running[key] = _InFlight()
+            runs.add(action.id, max(units, 1), start_s)
+
+    def ended(self, action_id: str) -> None:
+        """``action_id`` ended (observed or not): no longer in flight."""
+        key = self._inflight.pop(action_id, None)
+        if key is not None:
+            self._running[key].remove(action_id)
+
+    def running(self, key: Key) -> tuple[np.ndarray, np.ndarray] | None:
+        """The (task, kind)'s runs in flight: their elapsed times as of :attr:`now` and
+        their feature rows (:meth:`SpeedupCurve.censored`); None if none."""
+        runs = self._running.get(key)
+        if runs is None or not runs.n:
+            return None
+        n = runs.n
+        return np.maximum(self.now - runs.starts[:n], 0.0), runs.features[:n]
 
     def short_s(self, pool: str) -> float:
         return self._short.get(pool, self._short_prior_s)

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from analysis.outputs import analyse
 from sim.driver import SimConfig, simulate
 from tangram.cluster import ClusterSpec, CpuNodeSpec
-from tangram.estimates import DurationModel, Estimates, SpeedupCurve
+from tangram.estimates import DurationModel, Estimates, SpeedupCurve, residual_mean
 from tangram.model import Action, Demand
 from traces.schema import COLUMNS, validate
 
@@ -159,3 +159,67 @@ def test_a_few_runs_do_not_overrule_the_speedup_prior():
             many.observe(act, m, s, "cpu:n0", elastic=True)
     table = many.learnt_table(key, choices)
     assert table is not None and table[16] > 0.9 * table[1]
+
+
+def test_runs_in_flight_are_read_as_censored():
+    """Issue 30: runs end in order of length, so a unit count's first results are its short
+    runs; read alone, a count just moved to looks fast, the fit goes flat and grants step
+    down to 1 core. A run in flight at ``m`` units for ``e`` s says its time there is at
+    least ``e``: the curve counts it at its expected time given that (residual_mean)."""
+    def act(i: int) -> Action:
+        return Action(f"a{i}", "t", "j", "test_run", {"cpu": Demand.range(1, 16)},
+                      elastic="cpu")
+
+    key, choices = ("t", "test_run"), (1, 2, 4, 8, 16)
+    sizes = (6.0, 20.0, 34.0)  # one-unit times of the kind's suites: Amdahl, p = 1
+
+    def table(censored: bool) -> dict[int, float]:
+        model = DurationModel()
+        for i in range(12):  # 12 runs each at 16 and 8 units, all ended
+            for m in (16, 8):
+                model.observe(act(i), m, sizes[i % 3] / m, "cpu:n0", elastic=True)
+        for i in range(100, 112):  # 12 started at 4 units at 0 s ...
+            if censored:
+                model.started(act(i), 4, 0.0)
+        for i in range(100, 112, 3):  # ... at 3 s only the small suites (1.5 s) ended
+            model.observe(act(i), 4, sizes[0] / 4, "cpu:n0", elastic=True)
+            model.ended(f"a{i}")
+        model.now = 3.0
+        got = model.learnt_table(key, choices)
+        assert got is not None
+        return got
+
+    ended_only, with_running = table(False), table(True)
+    assert ended_only[1] / ended_only[16] < 3  # read flat (truth: 16x)
+    assert with_running[1] / with_running[16] > 8
+    # the memoryless case: a run e s in ends e + its expected time from now; runs of one
+    # length (cv 0): at the later of e and the expected time
+    e = np.array([0.0, 5.0, 30.0])
+    assert residual_mean(e, 10.0, 1.0) == pytest.approx([10.0, 15.0, 40.0])
+    assert residual_mean(e, 10.0, 0.0) == pytest.approx([10.0, 10.0, 30.0])
+
+
+def test_a_run_ends_out_of_flight_however_it_ends():
+    model = DurationModel()
+    a = Action("a", "t", "j", "test_run", {"cpu": Demand.range(1, 16)}, elastic="cpu")
+    model.started(a, 4, 1.0)
+    model.started(a, 8, 2.0)  # (announced twice: the first start counts)
+    model.now = 3.0
+    running = model.running(("t", "test_run"))
+    assert running is not None
+    elapsed, features = running
+    assert elapsed.tolist() == [2.0] and features.tolist() == [[1.0, 0.25, 3.0]]
+    model.now = 4.0  # (the arrays are kept; the elapsed times are as of now)
+    assert model.running(("t", "test_run"))[0].tolist() == [3.0]
+    model.ended("a")  # (not observed: a failure)
+    assert model.running(("t", "test_run")) is None
+    model.ended("a")  # (ended twice, or never announced: nothing)
+    for i, m in enumerate((1, 2, 4, 8) * 5):  # (past the arrays' first capacity)
+        model.started(Action(f"b{i}", "t", "j", "test_run", {"cpu": Demand.range(1, 16)},
+                             elastic="cpu"), m, float(i))
+    for i in range(0, 20, 3):
+        model.ended(f"b{i}")
+    model.now = 30.0
+    elapsed, features = model.running(("t", "test_run"))
+    left = sorted(zip((30.0 - elapsed).tolist(), features[:, 1].tolist(), strict=True))
+    assert left == [(float(i), 1.0 / (1, 2, 4, 8)[i % 4]) for i in range(20) if i % 3]
