@@ -62,18 +62,18 @@ def _solve_small(a: list[list[float]], y: list[float],
             return None
         return [(y[i] * a[j][j] - a[i][j] * y[j]) / det,
                 (a[i][i] * y[j] - a[j][i] * y[i]) / det]
-    (r0, r1, r2) = a
-    det = (r0[0] * (r1[1] * r2[2] - r1[2] * r2[1]) - r0[1] * (r1[0] * r2[2] - r1[2] * r2[0])
-           + r0[2] * (r1[0] * r2[1] - r1[1] * r2[0]))
+    det = _det3(a)  # (three terms: all of them)
     if det == 0:
         return None
-    out = []
-    for c in range(3):  # (column c replaced by y)
-        m = [[y[r] if k == c else a[r][k] for k in range(3)] for r in range(3)]
-        out.append((m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
-                    - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
-                    + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0])) / det)
-    return out
+    # (column c replaced by y)
+    return [_det3([[y[r] if k == c else a[r][k] for k in range(3)] for r in range(3)]) / det
+            for c in range(3)]
+
+
+def _det3(m: list[list[float]]) -> float:
+    return (m[0][0] * (m[1][1] * m[2][2] - m[1][2] * m[2][1])
+            - m[0][1] * (m[1][0] * m[2][2] - m[1][2] * m[2][0])
+            + m[0][2] * (m[1][0] * m[2][1] - m[1][1] * m[2][0]))
 
 
 class SpeedupCurve:
@@ -93,7 +93,7 @@ class SpeedupCurve:
     #: runs before the curve is trusted (and at least two distinct unit counts)
     MIN_RUNS = 3
 
-    __slots__ = ("_xtx", "_xty", "_yty", "n", "_fit", "runs_at")
+    __slots__ = ("_xtx", "_xty", "_yty", "n", "_fit", "_scatter", "runs_at")
 
     def __init__(self) -> None:
         self._xtx = np.zeros((3, 3))
@@ -101,22 +101,25 @@ class SpeedupCurve:
         self._yty = 0.0
         self.n = 0
         self._fit: tuple[float, float, float] | None = None
+        #: :meth:`scatter` of the fit (None: not computed since the last observation)
+        self._scatter: float | None = None
         #: unit count -> runs observed at it (its keys: the distinct counts)
         self.runs_at: dict[int, int] = {}
 
     @staticmethod
-    def _features(m: int) -> np.ndarray:
+    def features(m: int) -> np.ndarray:
+        """A run's row in the least squares: the terms A, B and C multiply."""
         return np.array([1.0, 1.0 / m, m - 1.0])
 
     def observe(self, units: int, elapsed: float) -> None:
-        x = self._features(max(units, 1))
+        x = self.features(max(units, 1))
         self._xtx += np.outer(x, x)
         self._xty += x * elapsed
         self._yty += elapsed * elapsed
         self.n += 1
         m = max(units, 1)
         self.runs_at[m] = self.runs_at.get(m, 0) + 1
-        self._fit = None
+        self._fit = self._scatter = None
 
     @property
     def distinct_units(self) -> int:
@@ -167,7 +170,7 @@ class SpeedupCurve:
                  features: np.ndarray) -> tuple[float, float, float] | None:
         """(A, B, C) with the runs still in flight read as right-censored: run ``i`` has
         been running ``elapsed[i]`` s on the unit count of ``features[i]`` (its row of
-        :meth:`_features`). None while :meth:`fit` is.
+        :meth:`features`). None while :meth:`fit` is.
 
         Why: runs end in order of length, so the first results at a unit count are its
         short runs; a count the scheduler just moved to looked faster than the counts
@@ -191,7 +194,13 @@ class SpeedupCurve:
 
     def scatter(self) -> float:
         """The runs' coefficient of variation about the fitted curve (0 to 1): how far a
-        run outlives its expected time (:func:`residual_mean`)."""
+        run outlives its expected time (:func:`residual_mean`). Once per fit: every table
+        read with runs in flight asks for it."""
+        if self._scatter is None:
+            self._scatter = self._scatter_of_fit()
+        return self._scatter
+
+    def _scatter_of_fit(self) -> float:
         f = self.fit()
         if f is None or self.n < 2:
             return 1.0
@@ -415,7 +424,7 @@ class LaneModel:
 
 class _InFlight:
     """Runs in flight of one (task, kind) as arrays (start times, feature rows of
-    :meth:`SpeedupCurve._features`) kept dense: a run ending is replaced by the last one,
+    :meth:`SpeedupCurve.features`) kept dense: a run ending is replaced by the last one,
     so a start or an end is O(1) and a read is a slice (the table of every queued action
     reads them)."""
 
@@ -434,7 +443,7 @@ class _InFlight:
             self.starts = np.concatenate((self.starts, np.zeros(n)))
             self.features = np.concatenate((self.features, np.zeros((n, 3))))
         self.starts[n] = start_s
-        self.features[n] = (1.0, 1.0 / units, units - 1.0)
+        self.features[n] = SpeedupCurve.features(units)
         self.pos[action_id] = n
         self.ids.append(action_id)
         self.n = n + 1
