@@ -401,7 +401,8 @@ class ElasticScheduler:
                         e = ends.copy()
                         d = p.durations[u]
                         cost, f, clk = _place(e, free, clock, u, d, arrival)
-                        cost = flow_cost(cost) + self._walk(e, f, clk, queued[idx + 1:], now, depth, tail)
+                        cost = flow_cost(cost) + self._walk(e, f, clk, queued[idx + 1:], now,
+                                                            depth, tail)
                         best = min(best, cost)
                     return total + best
             cost, free, clock = _place(ends, free, clock, need, dur, arrival)
