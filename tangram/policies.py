@@ -336,7 +336,8 @@ class Policy:
     name: ClassVar[str] = "tangram"
     description: ClassVar[str] = (
         "action-level elastic scheduling with our extensions: closed-loop arrivals, "
-        "bounded waiting for a wider grant, restore-aware DP (default)")
+        "bounded waiting for a wider grant, restore-aware DP, squared completion times "
+        "(the tail as well as the mean) (default)")
     #: who admits API calls: the quota manager, or the provider (429s, retries)
     api: ClassVar[TangramAdmits | ProviderAdmits] = TangramAdmits()
     #: when a trajectory's environment (container, pod) starts
