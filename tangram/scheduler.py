@@ -282,7 +282,8 @@ class ElasticScheduler:
         tail's worst, and grants are irrevocable. Squared, an action weighs as much as the
         time it has already waited (the gradient of age^2 is 2 age) and a long one as much
         as it is long, so neither is left narrow until it becomes the p99. Issue 30 gives
-        the figures (p99 ACT and reward time lower, mean ACT no higher)."""
+        the figures (paired per cell: p99 ACT and reward time 1-3% lower, mean ACT within
+        half a percent, lower on average)."""
         return act * act
 
     def may_wait(self, head: Pending, rest: list[Pending], now: float,
