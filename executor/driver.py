@@ -7,15 +7,26 @@ in worker threads and hand completions back with ``loop.call_soon_threadsafe``.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
+from collections import deque
 from collections.abc import Callable
-from typing import BinaryIO, Protocol
+from typing import Protocol
 
 from tangram.cluster import CpuNodeSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome
-from tangram.protocol import Capabilities, NodeJoined, NodeLost, Sink, Snapshot, TrajectoryView
-from tangram.runtime import Record, Runtime
+from tangram.protocol import (
+    ImageOpening,
+    NodeJoined,
+    NodeLost,
+    NodeWatching,
+    Snapshot,
+    TrajectoryView,
+)
+from tangram.runtime import EffectFailed, Record, Runtime
+
+log = logging.getLogger("tangram.executor")
 
 
 class AsyncioClock:
@@ -34,11 +45,12 @@ class AsyncioClock:
 
 class LiveBackend(Protocol):
     """A Backend (tangram/protocol.py) that also owns per-trajectory environments: every
-    method the live driver and the API call. The ones under a capability are called only
-    when the backend's ``capabilities`` declare it."""
+    method the live driver and the API call. The optional ones (a docker image, the files
+    API, node events, eviction, ...) are tangram.protocol's runtime-checkable protocols
+    (ImageOpening, FileHolding, NodeWatching, Evicting, ...): a backend has them when it
+    implements them, and callers check with ``isinstance``."""
 
     name: str
-    capabilities: Capabilities
 
     def start(self, dispatch: Dispatch, on_done: Callable[[Outcome], None]) -> None: ...
 
@@ -49,21 +61,6 @@ class LiveBackend(Protocol):
     def close_trajectory(self, trajectory: str) -> None: ...
 
     def shutdown(self) -> None: ...
-
-    # Capabilities.images
-    def open_trajectory_image(self, trajectory: str, mem_gb: float | None,
-                              image: str) -> None: ...
-
-    # Capabilities.watches_nodes: NodeJoined / NodeLost to ``sink``, on the loop
-    def watch(self, sink: Sink) -> None: ...
-
-    # Capabilities.evicts: free an idle trajectory's memory (tangram.protocol.Reclaim)
-    def evict(self, trajectory: str) -> bool: ...
-
-    # Capabilities.files (executor/server/routes/files.py)
-    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int: ...
-
-    def get_file(self, trajectory: str, parts: tuple[str, ...], limit: int) -> bytes: ...
 
 
 class LiveExecutor:
@@ -78,17 +75,27 @@ class LiveExecutor:
         self.core = core
         self.backend = backend
         self.clock = AsyncioClock(self.loop)
-        self.runtime = Runtime(core, self.clock, backend, stopwatch=time.perf_counter)
+        self.runtime = Runtime(core, self.clock, backend, stopwatch=time.perf_counter,
+                               on_error=self._effect_failed)
         self.max_records = max_records
-        if self.runtime.capabilities.watches_nodes:  # a multi-node backend (Ray)
+        #: effects whose carrying out raised (their actions ended failed with the error);
+        #: ``failed`` is set at the first, for a driver that stops on it (`tangram run`)
+        self.failures: deque[EffectFailed] = deque(maxlen=256)
+        self.failed = asyncio.Event()
+        if isinstance(backend, NodeWatching):  # a multi-node backend (Ray)
             backend.watch(self.runtime.apply)
+
+    def _effect_failed(self, failure: EffectFailed) -> None:
+        log.error("%s", failure)
+        self.failures.append(failure)
+        self.failed.set()
 
     def open_trajectory(self, trajectory: str, task: str = "default",
                         mem_gb: float | None = None, image: str | None = None) -> None:
         """Open it in the core and the backend; ``image``: its sandbox's docker image
         (backends without images refuse one with ValueError)."""
         if image is not None:
-            if not self.runtime.capabilities.images:
+            if not isinstance(self.backend, ImageOpening):
                 raise ValueError(f"image: the {self.backend.name} backend "
                                  "runs no images (use --backend docker)")
             # checked before the core commits to it

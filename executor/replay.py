@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from executor.backends.forward import optional
 from executor.backends.gpu.backend import GpuBackend
 from executor.backends.gpu.config import GpuCluster
 from executor.backends.gpu.measure import after_run, measure
@@ -41,7 +42,7 @@ from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome, quota_resource
 from tangram.policies import Policy
-from tangram.protocol import PreRestore, Sink
+from tangram.protocol import capabilities_of, traits_of
 from tangram.runtime import Record, RunResult
 from traces.player import drive, play, refuse_misfits
 from traces.schema import Step, TrajectorySpec, trajectories
@@ -84,6 +85,11 @@ def with_work(step: Step) -> Action:
     return replace(step.action, payload={**payload, "argv": argv})
 
 
+#: optional methods a replay does not use: a trace names no images, files or forks (a
+#: fork would also bypass the output log's accounting)
+NOT_REPLAYED = frozenset({"open_trajectory_image", "put_file", "get_file", "fork"})
+
+
 class OutputLog:
     """Wraps a live backend: a non-zero exit becomes a failed outcome, and each
     action's output tail is kept for outputs.jsonl."""
@@ -91,13 +97,16 @@ class OutputLog:
     def __init__(self, inner: LiveBackend) -> None:
         self.inner = inner
         self.name = inner.name
-        # a replay opens no images and serves no files: what else the inner one can do
-        self.capabilities = replace(inner.capabilities, images=False, files=False)
+        self.traits = traits_of(inner)
         self.rows: list[dict[str, Any]] = []
         self.running = 0  # started, not finished (the progress bar's "running")
 
-    def watch(self, sink: Sink) -> None:
-        self.inner.watch(sink)
+    def __getattr__(self, name: str) -> Any:
+        """The inner backend's optional methods (executor/backends/forward.py), but a
+        replay's: it opens no images, serves no files and forks nothing."""
+        if name.startswith("_") or "inner" not in self.__dict__ or name in NOT_REPLAYED:
+            raise AttributeError(name)
+        return optional(name, self.inner)
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         # a batch dispatch ends once per member (one Outcome each)
@@ -117,12 +126,6 @@ class OutputLog:
 
     def cancel(self, action_id: str) -> None:
         self.inner.cancel(action_id)
-
-    def prerestore(self, effect: PreRestore) -> None:
-        self.inner.prerestore(effect)  # type: ignore[attr-defined]
-
-    def evict(self, trajectory: str) -> bool:
-        return self.inner.evict(trajectory)  # type: ignore[attr-defined]
 
     def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
         self.inner.open_trajectory(trajectory, mem_gb)
@@ -200,7 +203,7 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
         # reads this from the cluster file run writes; docker's start is measured live)
         cluster = replace(cluster, extra={**cluster.extra, "env_start_s": 0.0})
     # GPU workers on the Ray nodes (executor/backends/gpu/ray_worker.py, RayWithGpus)
-    ray_gpu = live.gpu if live is not None and live.capabilities.gpu else None  # type: ignore[attr-defined]
+    ray_gpu = live.gpu if live is not None and capabilities_of(live).gpu else None  # type: ignore[attr-defined]
     if live is not None:  # the Ray nodes, with the quotas the trace needs
         if gpu is not None and ray_gpu is None:
             raise ValueError("--ray with --gpu-device: the Ray backend has no GPU workers")
@@ -262,7 +265,8 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     door = LiveDoor(executor)
     t0 = executor.clock.now()
     try:
-        await asyncio.gather(*(drive(play(s, door, prepare, ended)) for s in specs))
+        await until_failure(executor, asyncio.gather(
+            *(drive(play(s, door, prepare, ended)) for s in specs)))
     finally:
         executor.shutdown()
         log.write(out / "outputs.jsonl")
@@ -290,6 +294,29 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
                                         "path": s.path, "seed": s.seed}
                                     for n, s in gpu.sources.items()}}
     return result, config
+
+
+class RunFailed(RuntimeError):
+    """An effect could not be carried out during a run (the message names it, and the
+    action it was for): the run stops there instead of waiting for what never ends."""
+
+
+async def until_failure(executor: LiveExecutor, players: asyncio.Future) -> None:
+    """Await ``players``; the first effect that fails to be carried out stops them and
+    raises RunFailed (its action ended failed with the error: nothing would hang on it,
+    but a run whose effects fail measures nothing worth waiting for)."""
+    failed = asyncio.ensure_future(executor.failed.wait())
+    try:
+        await asyncio.wait((players, failed), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        failed.cancel()
+    if not players.done():
+        players.cancel()
+        await asyncio.gather(players, return_exceptions=True)
+        first = executor.failures[0]
+        more = f" (and {len(executor.failures) - 1} more)" if len(executor.failures) > 1 else ""
+        raise RunFailed(f"{first}{more}")
+    players.result()
 
 
 def with_request(action: Action, vocab: int, n_tokens: int) -> Action:

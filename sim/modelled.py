@@ -30,7 +30,7 @@ from tangram.api.backoff import Backoff
 from tangram.gpu.batching import DEFAULT_BATCHING, BatchModel, MeasuredGpu
 from tangram.model import Dispatch, Outcome, counted
 from tangram.policies import ProviderLimit
-from tangram.protocol import Capabilities, PreRestore
+from tangram.protocol import PreRestore, Traits
 from tangram.runtime import Clock
 from traces.schema import Truth
 
@@ -124,7 +124,7 @@ class ModelledBackend:
     #: a batch dispatch runs as one batch (one Outcome per member); a pre-restore is
     #: modelled by the GPU manager's own accounting (what is left of it is paid by the
     #: action that lands on it)
-    capabilities = Capabilities(batches=True, prerestores=True)
+    traits = Traits(batches=True)
 
     def __init__(self, clock: Clock, rng: np.random.Generator,
                  truth: Mapping[str, Truth] | None = None, startup: StartupModel = NO_START,

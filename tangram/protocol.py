@@ -23,18 +23,19 @@ service, the simulator's sampler, the replay) talks to the core through this mod
   :class:`Overstay`). These and ``handle``/``snapshot`` are all of Tangram's public
   members.
 
-Backends declare what they can do with a :class:`Capabilities` value; the
-:class:`Backend` protocol lists every method a driver calls, and which capability makes
-a driver call it. tests/test_layering.py fails on code outside tangram/ that reaches
-past this door (an attribute of the core's internals, a manager or pool import).
+What a backend can do is read off the methods it implements (:func:`capabilities_of`:
+one runtime-checkable protocol per optional method) and the :class:`Traits` it declares;
+the :class:`Backend` protocol lists the methods every driver calls.
+tests/test_layering.py fails on code outside tangram/ that reaches past this door (an
+attribute of the core's internals, a manager or pool import).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import astuple, dataclass, field
+from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import Protocol
+from typing import BinaryIO, Protocol, runtime_checkable
 
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec
 from tangram.model import Action, Dispatch, GpuPlan, Outcome, Variant
@@ -46,45 +47,56 @@ def _empty() -> Mapping:
 
 # -- what a backend can do -------------------------------------------------------------
 @dataclass(frozen=True, slots=True)
-class Capabilities:
-    """What a backend declares it can do (instead of attributes probed with getattr)."""
+class Traits:
+    """What a backend does that no method of its own shows: declared, the only part of
+    :class:`Capabilities` a backend states (the rest is read off its methods)."""
 
     #: serves a dispatch's batch (``Dispatch.batch``) as one batch, reporting one Outcome
     #: per action; otherwise the runtime runs the batch's actions one after another
     batches: bool = False
+    #: runs GPU actions (a lease with GPUs) on real workers
+    gpu: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Capabilities:
+    """What a backend can do, as the core and the drivers read it. Never declared by a
+    backend: :func:`capabilities_of` reads it off the methods the backend implements
+    (one runtime-checkable protocol per optional method below) and its :class:`Traits`,
+    so no flag can claim a method that is not there (issue 46: a wrapper that copied
+    ``moves=True`` without ``move`` crashed ``tangram run``)."""
+
+    #: :attr:`Traits.batches`
+    batches: bool = False
     #: loads a GPU service variant ahead of demand (:class:`PreRestore`); the core plans
     #: pre-restores only for such a backend, since another would not hold what the core
-    #: then believes resident
+    #: then believes resident (:class:`PreRestoring`)
     prerestores: bool = False
     #: reports what happens to its nodes: the driver calls ``watch(sink)`` and the
     #: backend sends :class:`NodeJoined`/:class:`NodeLost` (a multi-node backend, e.g.
-    #: Ray) or :class:`WorkerLost` (a GPU node's worker died)
+    #: Ray) or :class:`WorkerLost` (a GPU node's worker died) (:class:`NodeWatching`)
     watches_nodes: bool = False
-    #: runs a trajectory's sandbox from a docker image (``open_trajectory_image``)
+    #: runs a trajectory's sandbox from a docker image (:class:`ImageOpening`)
     images: bool = False
-    #: runs GPU actions (a lease with GPUs) on real workers
+    #: :attr:`Traits.gpu`
     gpu: bool = False
-    #: holds per-trajectory files (``put_file``/``get_file``, the files API)
+    #: holds per-trajectory files, the files API (:class:`FileHolding`)
     files: bool = False
     #: frees the memory an idle trajectory holds when the core reclaims it
     #: (:class:`Reclaim`: ``evict``; docker removes its container). The core then
     #: reclaims idle trajectories also when the node is short of memory by observation,
     #: not only when their declared limits pass the cap: only an eviction frees memory
+    #: (:class:`Evicting`)
     evicts: bool = False
     #: kills the sandbox using the most memory of a node short of memory by observation
-    #: (:class:`Shed`: ``shed``; its actions end ``oom``)
+    #: (:class:`Shed`: ``shed``; its actions end ``oom``) (:class:`Shedding`)
     sheds: bool = False
     #: carries out a fork action (kind ``fork``, tangram/fork.py): copies the source
-    #: trajectory's sandbox into the trajectories its payload names
+    #: trajectory's sandbox into the trajectories its payload names (:class:`Forking`)
     forks: bool = False
     #: changes a running action's cores and priority when the core moves it off a
-    #: light lane (:class:`Moved`: ``move``)
+    #: light lane (:class:`Moved`: ``move``) (:class:`Moving`)
     moves: bool = False
-
-    def __or__(self, other: Capabilities) -> Capabilities:
-        """What a router over two backends can do (either one can)."""
-        return Capabilities(*(a or b for a, b in zip(astuple(self), astuple(other),
-                                                       strict=True)))
 
 
 NONE = Capabilities()
@@ -367,51 +379,110 @@ class Snapshot:
 class Backend(Protocol):
     """Runs dispatched actions and reports exactly one Outcome per action.
 
-    Every driver calls ``start`` and ``cancel``; the rest only when the backend's
-    ``capabilities`` say so: ``prerestore`` (``prerestores``), ``watch``
-    (``watches_nodes``), ``evict`` (``evicts``), ``move`` (``moves``). A live backend
-    (executor/driver.py ``LiveBackend``) adds the trajectory's environment
-    (``open_trajectory``, ``close_trajectory``, ``open_trajectory_image`` when ``images``)
-    and ``shutdown``.
+    Every driver calls ``start`` and ``cancel``; the rest only on a backend that
+    implements them (the protocols below, read with ``isinstance`` by
+    :func:`capabilities_of`). A live backend (executor/driver.py ``LiveBackend``) adds
+    the trajectory's environment (``open_trajectory``, ``close_trajectory``) and
+    ``shutdown``.
     """
 
-    capabilities: Capabilities
+    traits: Traits
 
     def start(self, dispatch: Dispatch, on_done: Callable[[Outcome], None]) -> None: ...
 
     def cancel(self, action_id: str) -> None: ...
 
 
-class PreRestoring(Backend, Protocol):
-    """A backend with ``Capabilities.prerestores``."""
+@runtime_checkable
+class PreRestoring(Protocol):
+    """Loads a GPU variant ahead of demand (:class:`PreRestore`)."""
 
     def prerestore(self, effect: PreRestore) -> None: ...
 
 
-class Evicting(Backend, Protocol):
-    """A backend with ``Capabilities.evicts``: frees what holds memory for an idle
-    trajectory the core reclaimed (:class:`Reclaim`); False when it is busy after all
-    (then its memory shows in the next observation)."""
+@runtime_checkable
+class Evicting(Protocol):
+    """Frees what holds memory for an idle trajectory the core reclaimed
+    (:class:`Reclaim`); False when it is busy after all (then its memory shows in the next
+    observation)."""
 
     def evict(self, trajectory: str) -> bool: ...
 
 
-class Shedding(Backend, Protocol):
-    """A backend with ``Capabilities.sheds``: kills what the sandbox using the most memory
-    on ``effect.node`` runs (:class:`Shed`); the trajectory shed, or None."""
+@runtime_checkable
+class Shedding(Protocol):
+    """Kills what the sandbox using the most memory on ``effect.node`` runs
+    (:class:`Shed`); the trajectory shed, or None."""
 
     def shed(self, effect: Shed) -> str | None: ...
 
 
-class Moving(Backend, Protocol):
-    """A backend with ``Capabilities.moves``: runs the light-lane action the core moved
-    off the lane (:class:`Moved`) on its new cores and priority."""
+@runtime_checkable
+class Moving(Protocol):
+    """Runs the light-lane action the core moved off the lane (:class:`Moved`) on its new
+    cores and priority."""
 
     def move(self, effect: Moved) -> None: ...
 
 
-class NodeWatching(Backend, Protocol):
-    """A backend with ``Capabilities.watches_nodes``: sends NodeJoined, NodeLost or
-    WorkerLost to ``sink`` (on the driver's loop) from now on."""
+@runtime_checkable
+class NodeWatching(Protocol):
+    """Sends NodeJoined, NodeLost or WorkerLost to ``sink`` (on the driver's loop) from
+    now on."""
 
     def watch(self, sink: Sink) -> None: ...
+
+
+@runtime_checkable
+class Forking(Protocol):
+    """Carries out a fork dispatch (kind ``fork``, tangram/fork.py): copies the source's
+    sandbox into the copies its payload names, one Outcome for the whole fork."""
+
+    def fork(self, dispatch: Dispatch, on_done: Callable[[Outcome], None]) -> None: ...
+
+
+@runtime_checkable
+class ImageOpening(Protocol):
+    """Opens a trajectory's sandbox from a docker image."""
+
+    def open_trajectory_image(self, trajectory: str, mem_gb: float | None,
+                              image: str) -> None: ...
+
+
+@runtime_checkable
+class FileHolding(Protocol):
+    """Holds per-trajectory files (the files API)."""
+
+    def put_file(self, trajectory: str, parts: tuple[str, ...],
+                 data: bytes | BinaryIO) -> int: ...
+
+    def get_file(self, trajectory: str, parts: tuple[str, ...], limit: int) -> bytes: ...
+
+
+#: each method-backed capability and the protocol whose methods it means
+METHOD_CAPABILITIES: Mapping[str, type] = MappingProxyType({
+    "prerestores": PreRestoring, "watches_nodes": NodeWatching, "images": ImageOpening,
+    "files": FileHolding, "evicts": Evicting, "sheds": Shedding, "forks": Forking,
+    "moves": Moving,
+})
+
+
+@runtime_checkable
+class _Declaring(Protocol):
+    """A backend that declares :class:`Traits` (most declare none)."""
+
+    traits: Traits
+
+
+def traits_of(backend: object) -> Traits:
+    """The :class:`Traits` ``backend`` declares (none: ``Traits()``)."""
+    return backend.traits if isinstance(backend, _Declaring) else Traits()
+
+
+def capabilities_of(backend: object) -> Capabilities:
+    """What ``backend`` can do: its methods (``isinstance`` of each protocol of
+    :data:`METHOD_CAPABILITIES`) and its declared :class:`Traits` (none if it declares
+    none)."""
+    traits = traits_of(backend)
+    return Capabilities(batches=traits.batches, gpu=traits.gpu, **{
+        name: isinstance(backend, proto) for name, proto in METHOD_CAPABILITIES.items()})

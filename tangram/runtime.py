@@ -16,7 +16,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol, cast
+from typing import Any, Protocol
 
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Lease, Outcome
@@ -43,6 +43,7 @@ from tangram.protocol import (
     Snapshot,
     Stop,
     Submit,
+    capabilities_of,
 )
 
 __all__ = ["Backend", "Clock", "Record", "RecordSink", "RunResult", "Runtime", "Timing"]
@@ -156,17 +157,40 @@ class DoubleReport(RuntimeError):
     """A backend reported the same dispatch done twice (a backend bug)."""
 
 
+@dataclass(frozen=True, slots=True)
+class EffectFailed:
+    """Carrying out an effect raised: which effect (its class name), the action it was
+    for ("" when it was for none: a pre-restore, a reclaim, a shed) and the error."""
+
+    effect: str
+    action_id: str
+    error: str
+
+    def __str__(self) -> str:
+        what = f" of action {self.action_id!r}" if self.action_id else ""
+        return f"{self.effect}{what} failed: {self.error}"
+
+
+#: what a driver does with a failed effect (the runtime has already ended the action)
+ErrorSink = Callable[[EffectFailed], None]
+
+
 class Runtime:
     """Drives the core through its door (tangram/protocol.py): every call is a command,
     every effect is carried out here, in order, on the backend."""
 
     def __init__(self, core: Tangram, clock: Clock, backend: Backend,
                  stopwatch: Callable[[], float] = no_stopwatch,
-                 records: RecordSink | None = None) -> None:
+                 records: RecordSink | None = None,
+                 on_error: ErrorSink | None = None) -> None:
+        """``on_error``: told of every effect whose carrying out raised, after the
+        affected action was ended ``failed`` with the error (a live driver logs it, or
+        stops the run); None re-raises it (a simulation: a failure there is a bug)."""
         self.core = core
         self.clock = clock
         self.backend = backend
-        self.capabilities = backend.capabilities
+        self.capabilities = capabilities_of(backend)
+        self.on_error = on_error
         self.stopwatch = stopwatch
         core.handle(Attach(self.capabilities), clock.now())
         #: finished actions' records (a list unless a sink was given)
@@ -179,6 +203,9 @@ class Runtime:
         #: leaves a timer that fires for nothing, which must not cost a pass everywhere
         self._lane_timer: Timer | None = None
         self._lane_at: float | None = None
+        #: running actions an effect failed for (a move, a stop): the error their outcome
+        #: reports, whatever the backend says when it ends them
+        self._failed: dict[str, str] = {}
 
     def _timed(self, command: Command) -> list[Effect]:
         t0 = self.stopwatch()
@@ -248,36 +275,74 @@ class Runtime:
 
     def _carry_out(self, effects: list[Effect]) -> None:
         for e in effects:
-            if isinstance(e, Dispatch):
-                if e.batch and not self.capabilities.batches:
-                    self._start_serial(e, 0)
-                else:
-                    self.backend.start(e, self._done_callback(e))
-            elif isinstance(e, PreRestore):
-                cast(PreRestoring, self.backend).prerestore(e)
-            elif isinstance(e, Stop):
-                self.backend.cancel(e.action_id)
-            elif isinstance(e, Moved):
-                # the core accounts it either way; a backend that cannot move a running
-                # process (the simulator's model, docker, Ray) leaves it where it runs
-                if self.capabilities.moves:
-                    cast(Moving, self.backend).move(e)
-            elif isinstance(e, Reclaim):
-                # the core unbound it either way; only an evicting backend holds memory
-                # for an idle trajectory (a busy one keeps it: the next observation shows it)
-                if self.capabilities.evicts:
-                    cast(Evicting, self.backend).evict(e.trajectory)
-            elif isinstance(e, Shed):
-                if self.capabilities.sheds:
-                    cast(Shedding, self.backend).shed(e)
-            elif isinstance(e, Cancelled):
-                cb = self._callbacks.pop(e.action_id, None)
-                if cb:
-                    now = self.clock.now()
-                    out = Outcome(e.action_id, status="cancelled", exit_code=None)
-                    cb(Record(e.action_id, "", "", "", now, now, now, 0, None, "", "", 0.0,
-                              0.0, "cancelled", None, None), out)
+            try:
+                self._carry_out_one(e)
+            except Exception as exc:  # noqa: BLE001 - any failure: its action ends, named
+                self._effect_failed(e, exc)
         self._arm_wakeup()
+
+    def _carry_out_one(self, e: Effect) -> None:
+        backend, can = self.backend, self.capabilities
+        if isinstance(e, Dispatch):
+            if e.batch and not can.batches:
+                self._start_serial(e, 0)
+            else:
+                backend.start(e, self._done_callback(e))
+        elif isinstance(e, PreRestore):
+            if not isinstance(backend, PreRestoring):  # planned only for one (Attach)
+                raise TypeError(f"the {type(backend).__name__} backend has no prerestore")
+            backend.prerestore(e)
+        elif isinstance(e, Stop):
+            backend.cancel(e.action_id)
+        elif isinstance(e, Moved):
+            # the core accounts it either way; a backend that cannot move a running
+            # process (the simulator's model, docker, Ray) leaves it where it runs
+            if isinstance(backend, Moving):
+                backend.move(e)
+        elif isinstance(e, Reclaim):
+            # the core unbound it either way; only an evicting backend holds memory
+            # for an idle trajectory (a busy one keeps it: the next observation shows it)
+            if isinstance(backend, Evicting):
+                backend.evict(e.trajectory)
+        elif isinstance(e, Shed):
+            if isinstance(backend, Shedding):
+                backend.shed(e)
+        elif isinstance(e, Cancelled):
+            cb = self._callbacks.pop(e.action_id, None)
+            if cb:
+                now = self.clock.now()
+                out = Outcome(e.action_id, status="cancelled", exit_code=None)
+                cb(Record(e.action_id, "", "", "", now, now, now, 0, None, "", "", 0.0,
+                          0.0, "cancelled", None, None), out)
+
+    def _effect_failed(self, e: Effect, exc: Exception) -> None:
+        """An effect raised: end what it was for (``failed``, with the error) so nothing
+        waits for it, then tell the driver (or re-raise, without one)."""
+        if self.on_error is None:
+            raise exc
+        error = f"{type(e).__name__}: {type(exc).__name__}: {exc}"
+        if isinstance(e, Dispatch):
+            # not started, or started in part: each member not yet reported ends now (a
+            # member reported already keeps its outcome)
+            done = self._done_callback(e)
+            for a in e.actions:
+                try:
+                    done(Outcome(a.id, "failed", None, error=error))
+                except DoubleReport:
+                    pass
+            failed = EffectFailed(type(e).__name__, e.action.id, error)
+        elif isinstance(e, Moved | Stop):
+            # it runs on in the backend: ask it to stop, and whatever outcome it reports
+            # then, the action ends failed with this error
+            self._failed[e.action_id] = error
+            try:
+                self.backend.cancel(e.action_id)
+            except Exception:  # noqa: BLE001 - the outcome still comes when it ends
+                pass
+            failed = EffectFailed(type(e).__name__, e.action_id, error)
+        else:
+            failed = EffectFailed(type(e).__name__, "", error)
+        self.on_error(failed)
 
     def _start_serial(self, d: Dispatch, i: int) -> None:
         """A batch on a backend that runs one action at a time: its actions one after
@@ -310,6 +375,8 @@ class Runtime:
             if aid in done:
                 raise DoubleReport(f"backend reported action {aid!r} done twice")
             done.add(aid)
+            if aid in self._failed:
+                outcome = replace(outcome, status="failed", error=self._failed.pop(aid))
             now = self.clock.now()
             lease: Lease = d.lease
             action, submit_s = members[aid]

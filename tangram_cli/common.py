@@ -4,6 +4,9 @@ summary table. Light on purpose (no pandas, no core): `tangram burn` imports it.
 from __future__ import annotations
 
 import gc
+import sys
+import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn, TypeVar
@@ -43,12 +46,17 @@ def settle() -> None:
 
 def with_progress(work: Callable[[Callable[..., None] | None], T], quiet: bool,
                   label: str) -> T:
-    """Run ``work(progress)`` under a progress bar on stderr (none with --quiet).
-    ``progress(done, total)``, and from a live replay also ``queued=`` and ``running=``
-    (actions waiting for resources and executing now; the rest of its trajectories think)."""
+    """Run ``work(progress)`` under a progress bar on stderr (none with --quiet); when
+    stderr is not a terminal (a CI log, a pipe), a plain line every ``LINE_EVERY_S``
+    instead, so slow and hung never look the same. ``progress(done, total)``, and from a
+    live replay also ``queued=`` and ``running=`` (actions waiting for resources and
+    executing now; the rest of its trajectories think)."""
     settle()
     if quiet:
         return work(None)
+    if not err.is_terminal:
+        with ProgressLines(label) as lines:
+            return work(lines.update)
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=err,
                   transient=True) as bar:
@@ -62,16 +70,96 @@ def with_progress(work: Callable[[Callable[..., None] | None], T], quiet: bool,
         return work(cb)
 
 
+#: seconds between two progress lines off a terminal
+LINE_EVERY_S = 10.0
+
+
+class ProgressLines:
+    """Progress as plain lines on stderr, one every ``every_s`` from a timer of its own
+    (a line comes even while nothing moves: the elapsed time says it is alive): done of
+    total, the rate and an estimate of the time left."""
+
+    def __init__(self, label: str, every_s: float = LINE_EVERY_S) -> None:
+        self.label, self.every_s = label, every_s
+        self.done, self.total, self.state = 0, 0, ""
+        self.t0 = time.monotonic()
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, daemon=True, name="progress")
+
+    def __enter__(self) -> ProgressLines:
+        print(f"{self.label} ...", file=sys.stderr, flush=True)
+        self._ticker.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._ticker.join()
+        if exc[0] is None:
+            print(self.line(), file=sys.stderr, flush=True)
+
+    def update(self, done: int, total: int, queued: int | None = None,
+               running: int | None = None) -> None:
+        self.done, self.total = done, total
+        self.state = "" if running is None else f", {running} running, {queued} queued"
+
+    def line(self) -> str:
+        elapsed = time.monotonic() - self.t0
+        rate = self.done / elapsed if elapsed > 0 else 0.0
+        if not self.total:
+            return f"{self.label}: {self.done} done, {elapsed:.0f} s elapsed{self.state}"
+        left = (f", ~{(self.total - self.done) / rate:.0f} s left" if rate > 0
+                else ", time left unknown")
+        return (f"{self.label}: {self.done}/{self.total} ({self.done / self.total:.0%}), "
+                f"{rate:.2f}/s, {elapsed:.0f} s elapsed{left}{self.state}")
+
+    def _tick(self) -> None:
+        while not self._stop.wait(self.every_s):
+            print(self.line(), file=sys.stderr, flush=True)
+
+
+#: the summary's metrics, in words with their unit (summary.json's keys on the left)
+SUMMARY_METRICS = {
+    "act_mean_s": "mean action completion time (ACT: submit to end), s",
+    "act_p50_s": "median ACT, s",
+    "act_p99_s": "99th-percentile ACT, s",
+    "queue_mean_s": "mean wait for resources (submit to start), s",
+    "exec_mean_s": "mean execution time (start to end), s",
+    "step_time_s": "step time (the RL step's rollout: first submit to last end), s",
+    "restore_mean_s": "mean GPU model restore per action, s",
+    "failed": "actions that failed (of all actions)",
+}
+
+
 def print_summary(s: dict) -> None:
+    """The summary as a table, each metric in words with its unit; a run with failed
+    actions or an over-allocated resource is marked above it, since its times are not
+    comparable with a clean run's (a failed action can end sooner than a served one)."""
     table = Table(title=f"policy {s['policy']}: {s['actions']} actions, "
                         f"{s['trajectories']} trajectories")
     table.add_column("metric")
     table.add_column("value", justify="right")
-    for key in ("act_mean_s", "act_p50_s", "act_p99_s", "queue_mean_s", "exec_mean_s",
-                "step_time_s", "restore_mean_s", "failed"):
+    for key, words in SUMMARY_METRICS.items():
         v = s[key]
-        table.add_row(key, f"{v:.3f}" if isinstance(v, float) else str(v))
+        table.add_row(words, f"{v:.3f}" if isinstance(v, float) else str(v))
+    over = []
     for res, u in s["utilisation"].items():
         parts = [f"{k} {u[k]:.1%}" for k in ("allocated", "busy") if k in u]
-        table.add_row(f"utilisation {res}", " ".join(parts) or "-")
+        table.add_row(f"utilisation of {res} (allocated / busy, share of capacity)",
+                      " ".join(parts) or "-")
+        if u.get("allocated", 0.0) > 1.0 + 1e-9:
+            over.append(f"{res} allocated {u['allocated']:.1%}")
+    for warning in run_warnings(s.get("failed", 0), s["actions"], over):
+        err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
     out_console.print(table)
+
+
+def run_warnings(failed: int, actions: int, over: list[str]) -> list[str]:
+    """What makes a run's figures not comparable with a clean run's."""
+    out = []
+    if failed:
+        out.append(f"{failed} of {actions} actions FAILED: the times above count them as "
+                   "they ended, so this run is not comparable with one whose actions ran")
+    if over:
+        out.append("over-allocated: " + "; ".join(over) + " (more than the capacity: "
+                   "the quota's calls were refused or retried)")
+    return out

@@ -10,7 +10,7 @@ import typer
 
 from analysis.outputs import analyse, write_run
 from executor.assemble import AssemblyError, ray_backend, replay_gpu_cluster
-from executor.replay import replay
+from executor.replay import RunFailed, replay
 from sim.cluster import load_cluster
 from tangram.cluster import ClusterError
 from tangram_cli.checks import all_failed, sandbox_reach_problem
@@ -105,6 +105,9 @@ def run(
             progress=cb, live=live, gpu=gpu, gpu_device=gpu_device or "cpu",
             gpu_tokens=gpu_tokens)), quiet,
             f"running {trace.name} on {backend}" + (" via Ray" if ray else ""))
+    except RunFailed as e:  # an effect failed: stopped, what ran is in outputs.jsonl
+        fail(f"the run stopped: {e}; the outputs of what ran are in {out}/outputs.jsonl",
+             code=1)
     except (ValueError, KeyError, RuntimeError, TimeoutError) as e:
         fail(str(e.args[0]) if e.args else str(e))
     run_ = analyse(result)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import inspect
 import itertools
 import os
 import re
@@ -214,11 +215,13 @@ def procs_gone(arg: str, within_s: float = 60.0) -> list[int]:
     return left
 
 
-async def until(check, timeout: float, what: str) -> None:
-    """Await ``check()`` turning true; an AssertionError naming ``what`` after ``timeout`` s
-    (a hang guard, not a speed bound)."""
+async def until(check, timeout: float, what: str, seen=None) -> None:
+    """Await ``check()`` (a function or a coroutine function) turning true; an
+    AssertionError naming ``what``, and what ``seen()`` describes when given, after
+    ``timeout`` s (a hang guard, not a speed bound)."""
     deadline = time.monotonic() + timeout
-    while not check():
+    while not (await ok if inspect.isawaitable(ok := check()) else ok):
         if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+            saw = f"; saw {seen()}" if seen is not None else ""
+            raise AssertionError(f"timed out after {timeout} s waiting for {what}{saw}")
         await asyncio.sleep(0.02)

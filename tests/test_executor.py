@@ -15,7 +15,7 @@ import pytest
 import uvicorn
 from conftest import TOKEN, free_port, start_server
 from fastapi import FastAPI, Response
-from helpers import cpus_of
+from helpers import cpus_of, until
 
 from executor.commands import elastic_argv
 from executor.node.local import allowed_cpus
@@ -200,10 +200,17 @@ def _containers(server) -> list:
 
 
 def _serving(containers: list) -> list:
-    """Less the warm pool's (labelled with no trajectory: made for the next burst, sized
-    from the last one's)."""
+    """Those bound to a trajectory, named for it (``container_name``), less the warm
+    pool's (docker's own names: made for the next burst, sized from the last one's)."""
     return [c for c in containers
-            if (c.attrs.get("Labels") or {}).get("tangram.trajectory", "") != ""]
+            if any(n.lstrip("/").startswith("tangram-") for n in c.attrs.get("Names") or ())]
+
+
+def _named(server, trajectory: str) -> list:
+    """The trajectory's container, found as an operator would: by its name."""
+    return [c for c in docker.from_env().containers.list(
+        all=True, sparse=True, filters={"name": f"tangram-{trajectory}-",
+                                        "label": f"tangram.owner={_owner(server)}"})]
 
 
 async def _docker_flow(server) -> None:
@@ -228,12 +235,20 @@ async def _docker_flow(server) -> None:
         await tg.run(victim, command="sh -c 'echo v > keep.txt'")
         await tg.run(other, command="sh -c 'echo o > keep.txt'")
         pending = await tg.submit(victim, command="sleep 20")
-        for _ in range(100):
-            boxes = [c for c in _containers(server) if c.attrs["Labels"]["tangram.trajectory"] == "victim"]
-            if boxes and (await tg.wait(pending["id"], 0.1))["status"] == "running":
-                break
-        time.sleep(0.5)
-        boxes[0].kill()
+        seen: dict = {}
+
+        async def running_in_its_container() -> bool:
+            boxes = _named(server, "victim")
+            seen["containers"] = [c.id[:12] for c in boxes]
+            seen["status"] = (await tg.wait(pending["id"], 0.1))["status"]
+            seen["sleeping"] = len(boxes) == 1 and any(
+                "sleep 20" in " ".join(p) for p in boxes[0].top().get("Processes") or ())
+            return seen["sleeping"] and seen["status"] == "running"
+
+        await until(running_in_its_container, 300, "victim's container, named for it, "
+                    "running its action", lambda: seen)
+        (box,) = _named(server, "victim")
+        box.kill()
         res = await tg.wait(pending["id"], 30)
         assert res["status"] == "failed" and "container died" in res["error"]
         res = await tg.run(victim, command="sh -c 'cat keep.txt || echo missing'")
@@ -244,11 +259,9 @@ async def _docker_flow(server) -> None:
         await tg.close_trajectory(other)
 
 
-async def _until_gone(server, within_s: float = 10.0) -> None:
-    deadline = time.time() + within_s
-    while _containers(server) and time.time() < deadline:
-        await asyncio.sleep(0.1)
-    assert _containers(server) == []
+async def _until_gone(server) -> None:
+    await until(lambda: not _containers(server), 300, "the closed trajectories' containers "
+                "removed", lambda: [c.attrs.get("Names") for c in _containers(server)])
 
 
 def test_docker_backend_end_to_end(docker_server):

@@ -21,7 +21,7 @@ from tangram.core import Tangram
 from tangram.gpu.batching import DEFAULT_BATCHING, BatchModel
 from tangram.model import Action, Demand, Outcome
 from tangram.policies import make_policy
-from tangram.protocol import NONE, Capabilities
+from tangram.protocol import Traits
 from tangram.runtime import DoubleReport, Runtime
 from traces.generate import generate
 from traces.schema import Truth, validate
@@ -220,8 +220,6 @@ def test_batch_curve_shares_the_fixed_overhead_only():
 class OneAtATime:
     """A backend without batch support (like the live ones): runs what it is given."""
 
-    capabilities = NONE
-
     def __init__(self, clock):
         self.clock = clock
         self.started = []
@@ -283,7 +281,7 @@ def test_a_backend_reporting_a_stranger_in_a_batch_is_caught():
     clock = SimClock()
 
     class Liar:
-        capabilities = Capabilities(batches=True)
+        traits = Traits(batches=True)
 
         def start(self, d, on_done):
             clock.call_later(0.1, lambda: on_done(Outcome("nobody")))

@@ -229,9 +229,11 @@ def test_the_simulator_reads_no_private_attribute():
 
 
 def test_backends_declare_capabilities_instead_of_being_probed():
-    """No getattr/hasattr stands in for what a backend can do (tangram.protocol.Capabilities)."""
+    """No getattr/hasattr stands in for what a backend can do: a capability is a method, read
+    with isinstance of tangram.protocol's protocols (capabilities_of)."""
     probes = {"serves_batches", "prerestores", "watch_nodes", "watch", "open_trajectory_image",
-              "env", "gpu", "put_file", "prerestore", "name", "capabilities", "evict"}
+              "env", "gpu", "put_file", "prerestore", "name", "capabilities", "evict",
+              "move", "shed", "fork", "traits"}
     for name, path in modules().items():
         if name.split(".")[0] not in (*OUTSIDE, "tangram"):
             continue
@@ -240,4 +242,5 @@ def test_backends_declare_capabilities_instead_of_being_probed():
                     and node.func.id in ("getattr", "hasattr") and len(node.args) >= 2
                     and isinstance(node.args[1], ast.Constant) and node.args[1].value in probes):
                 pytest.fail(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)} probes "
-                            "a capability: declare it in the backend's Capabilities")
+                            "a capability: implement the method and read it with "
+                            "tangram.protocol.capabilities_of")

@@ -28,6 +28,7 @@ from tangram.protocol import (
     PreRestore,
     Stop,
     Submit,
+    Traits,
     WorkerLost,
 )
 from tangram.runtime import Runtime
@@ -92,13 +93,25 @@ def test_pre_restores_are_effects_for_a_backend_that_declares_them(declares):
     clock = SimClock()
     seen: list[PreRestore] = []
 
-    class Recording(ModelledBackend):
-        capabilities = Capabilities(batches=True, prerestores=declares)
+    class Plain:
+        """The model's runs without its prerestore: a backend that does not pre-restore."""
 
+        traits = Traits(batches=True)
+
+        def __init__(self) -> None:
+            self.model = ModelledBackend(clock, np.random.default_rng(0))
+
+        def start(self, d, on_done) -> None:
+            self.model.start(d, on_done)
+
+        def cancel(self, action_id: str) -> None:
+            self.model.cancel(action_id)
+
+    class Recording(Plain):
         def prerestore(self, effect: PreRestore) -> None:
             seen.append(effect)
 
-    runtime = Runtime(core, clock, Recording(clock, np.random.default_rng(0)))
+    runtime = Runtime(core, clock, Recording() if declares else Plain())
     core.handle(Open("j0"), clock.now())
     runtime.submit(gpu_call("j0", "a", t1=0.5, choices=(1,), aid="r0"),
                    lambda rec, out: runtime.close_trajectory(rec.trajectory))

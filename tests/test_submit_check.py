@@ -17,14 +17,12 @@ from executor.server.schemas import ActionIn, TrajectoryIn
 from executor.server.service import Refused, Service
 from tangram.core import Tangram
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import NONE, Capabilities
 
 
 class Idle:
     """A backend whose actions run until the test ends (what it starts is all we look at)."""
 
     name = "idle"
-    capabilities: Capabilities = NONE
 
     def __init__(self) -> None:
         self.started: list[str] = []

@@ -5,11 +5,12 @@ across nodes (executor/backends/ray/backend.py, executor/backends/gpu/ray_worker
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import BinaryIO, Literal
+from typing import Any, Literal
 
+from executor.backends.forward import optional
 from executor.backends.http.backend import HttpBackend
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import NONE, Capabilities, Moved, PreRestore, Shed, Sink
+from tangram.protocol import NodeWatching, Sink, Traits
 
 Route = Literal["gpu", "http", "env"]
 
@@ -26,7 +27,12 @@ def route(d: Dispatch, has_gpu: bool) -> Route:
 class RouterBackend:
     """Sends API calls (payload with ``request``) to the HTTP backend, GPU actions (a
     lease with GPUs) to the GPU backend when there is one, and every command to the
-    environment backend (process or docker)."""
+    environment backend (process or docker).
+
+    It has an optional method (tangram.protocol's capabilities) exactly when the backend
+    that carries it out has: the GPU backend's ``prerestore``, the environment backend's
+    others (``move``, ``evict``, ``shed``, ``fork``, the files API, images), and ``watch``
+    when either watches (executor/backends/forward.py)."""
 
     def __init__(self, env_backend, http: HttpBackend | None = None, gpu=None) -> None:
         self.env = env_backend
@@ -34,33 +40,22 @@ class RouterBackend:
         self.gpu = gpu  # GPU actions (a lease with GPUs): executor.backends.gpu.backend.GpuBackend
         self.name = env_backend.name
         self._where: dict[str, object] = {}
-        # what the environment backend can do, and GPU actions when a GPU backend is given
-        self.capabilities: Capabilities = env_backend.capabilities | (
-            gpu.capabilities if gpu is not None else NONE)
+        # batches and GPU actions are the GPU backend's (the env backend declares none)
+        self.traits: Traits = gpu.traits if gpu is not None else Traits()
 
-    def open_trajectory_image(self, trajectory: str, mem_gb: float | None, image: str) -> None:
-        self.env.open_trajectory_image(trajectory, mem_gb, image)
-
-    def watch(self, sink: Sink) -> None:
-        """Nodes joining or leaving (env), GPU workers lost (gpu): to ``sink``."""
-        for backend in (self.env, self.gpu):
-            if backend is not None and backend.capabilities.watches_nodes:
-                backend.watch(sink)
-
-    def evict(self, trajectory: str) -> bool:
-        """Capabilities.evicts (the env backend's): free an idle trajectory's memory."""
-        return self.env.evict(trajectory)
-
-    def shed(self, effect: Shed) -> str | None:
-        """Capabilities.sheds (the env backend's): kill the largest sandbox of a node short
-        of memory."""
-        return self.env.shed(effect)
-
-    def put_file(self, trajectory: str, parts: tuple[str, ...], data: bytes | BinaryIO) -> int:
-        return self.env.put_file(trajectory, parts, data)
-
-    def get_file(self, trajectory: str, parts: tuple[str, ...], limit: int) -> bytes:
-        return self.env.get_file(trajectory, parts, limit)
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_") or "env" not in self.__dict__:  # (during __init__, copies)
+            raise AttributeError(name)
+        if name == "watch":
+            watchers = [b for b in (self.env, self.gpu) if isinstance(b, NodeWatching)]
+            if watchers:
+                def watch(sink: Sink) -> None:
+                    """Nodes joining or leaving (env), GPU workers lost (gpu): to ``sink``."""
+                    for w in watchers:
+                        w.watch(sink)
+                return watch
+            raise AttributeError(name)
+        return optional(name, self.gpu if name == "prerestore" else self.env)
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         where = route(d, self.gpu is not None)
@@ -78,17 +73,6 @@ class RouterBackend:
             for a in d.actions:
                 done(Outcome(a.id, "failed", None,
                              error=f"{backend.name}: cannot start: {type(e).__name__}: {e}"))
-
-    def prerestore(self, effect: PreRestore) -> None:
-        """A GPU variant loaded ahead of demand: the GPU backend's (only it pre-restores)."""
-        if self.gpu is not None:
-            self.gpu.prerestore(effect)
-
-    def move(self, effect: Moved) -> None:
-        """A light-lane action moved off the lane (Capabilities.moves: the env backend's,
-        which ran it)."""
-        if self.env.capabilities.moves:
-            self.env.move(effect)
 
     def cancel(self, action_id: str) -> None:
         backend = self._where.get(action_id)

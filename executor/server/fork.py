@@ -84,7 +84,7 @@ async def fork(executor: LiveExecutor, source: str, copies: list[str],
     if view is None:
         raise ForkRefused(404, f"fork_of: unknown trajectory {source!r} (never opened, "
                           "closed, or lost with its node)")
-    if not executor.backend.capabilities.forks:
+    if not executor.runtime.capabilities.forks:
         raise ForkRefused(501, f"fork_of: the {executor.backend.name} backend cannot fork "
                           "a sandbox (use --backend process or docker)")
     busy = view.in_flight - forking.count(source)

@@ -57,6 +57,7 @@ import io
 import json
 import logging
 import os
+import re
 import shutil
 import socket
 import tarfile
@@ -85,7 +86,7 @@ from executor.node.local import allowed_cpus
 from executor.node.memwatch import largest_sandbox
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import Capabilities, Shed
+from tangram.protocol import Shed
 
 log = logging.getLogger("tangram.docker")
 IMAGE = "tangram-sandbox:1"
@@ -239,8 +240,6 @@ class Sandbox:
 
 class DockerBackend:
     name = "docker"
-    capabilities = Capabilities(images=True, files=True, evicts=True, forks=True,
-                                sheds=True)
 
     def __init__(self, image: str = IMAGE, cpu_map: list[int] | None = None,
                  idle_ttl_s: float = 600.0, workers: int = 16,
@@ -364,7 +363,7 @@ class DockerBackend:
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         loop = asyncio.get_running_loop()
         if d.action.kind == FORK:  # a copy of the sandbox (executor/backends/docker/fork.py)
-            self._pool.submit(self._fork, d, on_done, loop)
+            self.fork(d, on_done)
             return
         ready = self._ready(d.action.trajectory)
         if ready is None:  # a container to create or resize, or no agent: engine calls
@@ -391,6 +390,11 @@ class DockerBackend:
                 self._reclaim(box, grant)
 
         self._pool.submit(work)
+
+    def fork(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        """Forking (tangram.protocol): copy the source's container into the copies, on a
+        worker thread."""
+        self._pool.submit(self._fork, d, on_done, asyncio.get_running_loop())
 
     def _fork(self, d: Dispatch, on_done: Callable[[Outcome], None],
               loop: asyncio.AbstractEventLoop) -> None:
@@ -433,7 +437,7 @@ class DockerBackend:
                     self._creating[trajectory] = self._creators.submit(self._make_box,
                                                                        trajectory)
         if warm is not None:
-            _mark(warm, trajectory)
+            self._mark(warm, trajectory)
             self._refill_soon()
         if box is not None:
             try:
@@ -456,7 +460,7 @@ class DockerBackend:
                 if keep:
                     self._boxes[trajectory] = box
             if keep:
-                _mark(box, trajectory)
+                self._mark(box, trajectory)
             else:
                 self._discard(box)
         finally:
@@ -786,7 +790,7 @@ class DockerBackend:
         if other is not None:  # created concurrently (a file upload racing the first action)
             self._discard(box)
             return other, False
-        _mark(box, trajectory)
+        self._mark(box, trajectory)
         return box, lost
 
     def _ready(self, trajectory: str) -> tuple[Sandbox, bool] | None:
@@ -805,9 +809,26 @@ class DockerBackend:
                 return None
             lost = trajectory in self._lost
             self._lost.discard(trajectory)
-        _mark(box, trajectory)
+        self._mark(box, trajectory)
         self._refill_soon()
         return box, lost
+
+    def _mark(self, box: Sandbox, trajectory: str) -> None:
+        """``box`` is ``trajectory``'s from now on: marked for a restart to adopt, and
+        named for an operator (container_name), the rename off the caller's path."""
+        _mark(box, trajectory)
+        try:
+            self._removers.submit(self._rename, box, trajectory)
+        except RuntimeError:  # shut down meanwhile: it is being removed
+            pass
+
+    def _rename(self, box: Sandbox, trajectory: str) -> None:
+        try:
+            self.client.api.rename(box.container_id, container_name(trajectory,
+                                                                    box.container_id))
+        except docker.errors.APIError as e:  # removed meanwhile: nothing to name
+            log.debug("docker: cannot name %s for %s: %s", box.container_id[:12],
+                      trajectory, e)
 
     def _take_ready_warm(self, trajectory: str) -> Sandbox | None:
         """A warm sandbox bound to ``trajectory`` with no engine call (of the pool's memory
@@ -1394,6 +1415,18 @@ def _mark(box: Sandbox, trajectory: str) -> None:
             Path(box.agent_dir, MARK).write_text(trajectory)
         except OSError:
             pass  # then a restart takes it for a warm one and removes it
+
+
+def container_name(trajectory: str, container_id: str) -> str:
+    """The name a trajectory's container carries once bound to it (warm or made for it):
+    ``tangram-<trajectory>-<6 hex of its id>``, the trajectory's characters that a docker
+    name cannot hold as ``_``. ``docker ps --filter name=tangram-<trajectory>-`` finds it;
+    its ``tangram.trajectory`` label cannot (a warm container's is empty: labels are fixed
+    when a container is made)."""
+    return f"tangram-{_UNNAMEABLE.sub('_', trajectory)[:120]}-{container_id[:6]}"
+
+
+_UNNAMEABLE = re.compile(r"[^a-zA-Z0-9_.-]")
 
 
 def _marked(agent_dir: str | None) -> str:

@@ -52,8 +52,8 @@ from typing import Any
 from executor.backends.gpu.model import ModelSource
 from tangram.cluster import ClusterSpec
 from tangram.model import Dispatch, GpuPlan, Outcome
-from tangram.protocol import Capabilities, PreRestore, Sink, WorkerLost
 from tangram.protocol import Command as Command_
+from tangram.protocol import PreRestore, Sink, Traits, WorkerLost
 
 log = logging.getLogger("tangram.gpu")
 Variant = tuple[str, int, int]
@@ -172,8 +172,7 @@ class GpuBackend:
     is reported to the ``sink`` the driver gives (``watch``) as WorkerLost."""
 
     name = "gpu"
-    capabilities = Capabilities(gpu=True, watches_nodes=True, batches=True,
-                                prerestores=True)
+    traits = Traits(gpu=True, batches=True)
 
     def __init__(self, cluster: ClusterSpec,
                  sources: Mapping[str, ModelSource], device: str = "cpu",

@@ -356,7 +356,7 @@ class RayWithGpus:
     def __init__(self, ray_backend: Any, gpu: RayGpuBackend) -> None:
         self.ray_backend = ray_backend
         self.gpu = gpu
-        self.capabilities = ray_backend.capabilities | gpu.capabilities
+        self.traits = gpu.traits
 
     def cluster(self, quotas: tuple = ()) -> ClusterSpec:
         """The Ray nodes' cores with the GPU nodes and services."""

@@ -18,14 +18,12 @@ import httpx
 from executor.backends.http.urls import FORBIDDEN_HEADERS
 from tangram.api.backoff import Backoff
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import NONE
 
 RETRY_STATUS = {429, 500, 502, 503, 504}
 
 
 class HttpBackend:
     name = "http"
-    capabilities = NONE
 
     def __init__(self, attempts: int = 6, backoff: Backoff = Backoff(0.2, 5.0),
                  timeout_s: float = 30.0) -> None:

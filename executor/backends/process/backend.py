@@ -50,7 +50,7 @@ from executor.node.local import allowed_cpus
 from executor.node.memwatch import largest_sandbox
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import Capabilities, Moved, Shed
+from tangram.protocol import Moved, Shed
 
 log = logging.getLogger("tangram.process")
 
@@ -176,7 +176,6 @@ class _Watched(asyncio.subprocess.SubprocessStreamProtocol):
 
 class ProcessBackend:
     name = "process"
-    capabilities = Capabilities(files=True, sheds=True, moves=True, forks=True)
 
     def __init__(self, root: str | Path, cpu_map: list[int] | None = None,
                  env: Mapping[str, str] | None = None, keep_workdirs: bool = False,
@@ -277,6 +276,11 @@ class ProcessBackend:
         task = asyncio.get_running_loop().create_task(self._guarded(d, on_done))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+
+    def fork(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        """Forking (tangram.protocol): a fork dispatch, run as any dispatch is (``_guarded``
+        hands kind ``fork`` to run_fork)."""
+        self.start(d, on_done)
 
     async def _guarded(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         """Whatever fails, the action ends with a status (its lease is released then)."""

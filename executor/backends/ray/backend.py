@@ -44,7 +44,7 @@ from executor.backends.ray.cluster import CPUS_LABEL, MEM_LABEL, RayConnection, 
 from executor.backends.router import route
 from tangram.cluster import ClusterSpec, CpuNodeSpec, QuotaSpec
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import Capabilities, NodeJoined, NodeLost, Sink
+from tangram.protocol import NodeJoined, NodeLost, Sink
 
 log = logging.getLogger("tangram.ray")
 
@@ -110,7 +110,6 @@ class RayBackend:
     """A LiveBackend over the nodes of a Ray cluster."""
 
     name = "ray"
-    capabilities = Capabilities(watches_nodes=True)
 
     def __init__(self, conn: RayConnection, env_backend: str = "process",
                  poll_s: float = 0.5, start_timeout_s: float = 120.0,

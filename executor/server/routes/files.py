@@ -18,6 +18,7 @@ from fastapi import APIRouter, HTTPException, Request
 from fastapi.responses import Response
 
 from executor.files import MAX_FILE_BYTES, FileError, clean_path
+from tangram.protocol import FileHolding
 
 #: an upload stays in memory up to this size, then goes to a temporary file
 SPOOL_BYTES = 1 << 20
@@ -30,7 +31,7 @@ def _backend(request: Request, tid: str) -> Any:
     if not executor.has_trajectory(tid):
         raise HTTPException(404, f"unknown trajectory {tid!r}")
     backend = executor.backend
-    if not backend.capabilities.files:
+    if not isinstance(backend, FileHolding):
         raise HTTPException(501, f"the {backend.name} backend has no file API")
     return backend
 

@@ -8,11 +8,12 @@ from fastapi import APIRouter, Request
 
 from executor.backends.gpu.backend import GpuBackend
 from executor.backends.gpu.config import NvmlUnavailable, readings
+from tangram.protocol import traits_of
 
 
 def gpu_backend(backend: Any) -> GpuBackend | None:
     """The GPU backend behind the server's backend (a RouterBackend), if any."""
-    if not backend.capabilities.gpu:
+    if not traits_of(backend).gpu:
         return None
     return backend if isinstance(backend, GpuBackend) else backend.gpu  # a RouterBackend
 
