@@ -275,7 +275,9 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     records = executor.runtime.records
     counters: dict[str, Any] = {"backend": backend, "live": True, "think_scale": think_scale,
                                 "gpu_restores": final.counters["gpu_restores"],
-                                "scheduler_passes": final.counters["scheduler_passes"]}
+                                "scheduler_passes": final.counters["scheduler_passes"],
+                                "lane_moves": final.counters["lane_moves"],
+                                "trajectories_reclaimed": final.counters["trajectories_reclaimed"]}
     if gpu_backend is not None:
         spans = {r.action_id: r.end_s - r.start_s for r in records}
         records, counters["gpu"] = measured_restores(records, measured, gpu_backend)

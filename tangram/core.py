@@ -150,6 +150,7 @@ class Tangram:
         self._evicts = False
         #: idle trajectories unbound for waiting ones (MemoryObserved)
         self._reclaimed = 0
+        self._lane_moves = 0  # light-lane actions that overstayed and were moved off it
         self._resources = res
         self._unbound: deque[Pending] = deque()
         #: trajectories whose environment starts at open (the policy's ``env`` part asked
@@ -280,7 +281,7 @@ class Tangram:
         gpu = self._gpu
         counters = {"gpu_restores": gpu.restores, "gpu_restore_hits": gpu.hits,
                     "gpu_restore_s_total": gpu.restore_s_total, "scheduler_passes": self._passes,
-                    "trajectories_reclaimed": self._reclaimed}
+                    "trajectories_reclaimed": self._reclaimed, "lane_moves": self._lane_moves}
         snap = Snapshot(self._policy.label, len(self._queued), len(self._running),
                         len(self._trajectories), len(self._opening) + len(self._unbound),
                         MappingProxyType(self._usage()), MappingProxyType(self._capacity()),
@@ -858,6 +859,7 @@ class Tangram:
         for aid in lane.overstayed(now + _TICK):
             self._estimates.durations.lane.overstaying(self._running[aid].action)
             moved[aid] = ()
+            self._lane_moves += 1
         moved.update(lane.book())  # (one moved and booked at once: one effect)
         node = lane.node
         return [Moved(aid, node, cores) for aid, cores in moved.items()]

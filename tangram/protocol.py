@@ -358,7 +358,7 @@ class Snapshot:
     usage: Mapping[str, float]
     capacity: Mapping[str, float]
     #: deterministic counts: gpu_restores, gpu_restore_hits, gpu_restore_s_total,
-    #: scheduler_passes, trajectories_reclaimed
+    #: scheduler_passes, trajectories_reclaimed, lane_moves
     counters: Mapping[str, float]
     #: first actions waiting for a node to admit their trajectory (the binding queue:
     #: memory, or cores for the first action; also counted in ``queued``)
