@@ -225,3 +225,51 @@ async def until(check, timeout: float, what: str, seen=None) -> None:
             saw = f"; saw {seen()}" if seen is not None else ""
             raise AssertionError(f"timed out after {timeout} s waiting for {what}{saw}")
         await asyncio.sleep(0.02)
+
+
+def until_true(check, timeout: float, what: str):
+    """Call ``check()`` until it returns something true (returned); an AssertionError
+    naming ``what`` and the last value after ``timeout`` s (a hang guard, not a bound)."""
+    deadline = time.monotonic() + timeout
+    while not (got := check()):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout} s waiting for {what} "
+                                 f"(last seen: {got!r})")
+        time.sleep(0.05)
+    return got
+
+
+#: a sandbox's background process racing a fork (issue 45 #1-3, #7): it swaps each of its
+#: directories ``a0``..``a15`` with ``l0``..``l15``, symlinks to a host directory
+#: (``renameat2`` with RENAME_EXCHANGE: atomic, both names always exist), in a tight loop
+#: (16 pairs: a root ``cp -a`` read the host directory in ~half the copies, 1 pair: ~1 in
+#: 200); does the same in every copy it can reach and writes into it; counts its rounds
+#: in ``count``. argv: the host directory, then the copies' directories as it sees them
+SWAPPER = r"""
+import ctypes, os, sys
+target, copies = sys.argv[1], [c.encode() for c in sys.argv[2:]]
+libc = ctypes.CDLL(None, use_errno=True)
+PAIRS = [(b"a%d" % i, b"l%d" % i) for i in range(16)]
+for a, link in PAIRS:
+    os.makedirs(a, exist_ok=True)
+    with open(a + b"/mine", "w") as f:
+        f.write("mine\n")
+    if not os.path.lexists(link):
+        os.symlink(target, link)
+n = 0
+while True:
+    for a, link in PAIRS:
+        libc.renameat2(-100, a, -100, link, 2)
+    if n % 16 == 0:
+        for c in copies:
+            libc.renameat2(-100, c + b"/a0", -100, c + b"/l0", 2)
+            try:
+                os.close(os.open(c + b"/from-the-source", os.O_CREAT | os.O_WRONLY, 0o666))
+            except OSError:
+                pass
+    n += 1
+    if n % 2000 == 0:
+        with open("count.tmp", "w") as f:
+            f.write(str(n))
+        os.rename("count.tmp", "count")
+"""

@@ -5,12 +5,15 @@ real `tangram serve --backend docker` and real containers."""
 from __future__ import annotations
 
 import hashlib
+import json
 import subprocess
+import threading
 import time
 
 import httpx
 import pytest
 from conftest import TOKEN, sandbox_containers
+from helpers import SWAPPER, until_true
 
 H = {"Authorization": f"Bearer {TOKEN}"}
 
@@ -208,3 +211,98 @@ def test_the_disk_limit_is_an_option(tmp_path):
             assert res["status"] == "ok", res
     finally:
         server.stop()
+
+
+#: forks raced on docker, 2 copies each: 40 copies (issue 45 asked 50; each copy is a
+#: container, and 25 forks took ~70 s here on 2 shared cores, 20 keep it near 60 s)
+RACED_FORKS = 20
+SECRET = "host-file-seen-by-a-copy"
+#: run in a copy: does it hold the host's file, /work's mode and owner, torn pairs
+CHECK = r"""
+import json, os, stat
+secret = 0
+for parent, dirs, files in os.walk("/work"):
+    for n in files:
+        try:
+            with open(os.path.join(parent, n), "rb") as f:
+                secret += SECRET.encode() in f.read()
+        except OSError:
+            pass
+torn = []
+for i in range(16):
+    a, link = "a%d" % i, "l%d" % i
+    dirs = [p for p in (a, link) if not os.path.islink(p) and os.path.isfile(p + "/mine")]
+    links = [p for p in (a, link) if os.path.islink(p) and os.readlink(p) == TARGET]
+    if len(dirs) != 1 or len(links) != 1:
+        torn.append(a)
+st = os.stat("/work")
+print(json.dumps({"secret": secret, "mode": oct(stat.S_IMODE(st.st_mode)), "uid": st.st_uid,
+                  "torn": torn}))
+"""
+
+
+def test_a_fork_raced_by_its_source_reaches_no_host_file(http, tmp_path):
+    """Issue 45 #3, #7 on docker: a process of the source swaps its directories ``a<i>``
+    with ``l<i>``, absolute links to a host directory, while it is forked 20 times (2
+    copies each). Before: the host (root) copied through /proc/<pid>/root/work and
+    resolved a swapped-in link on the host: host files landed in the copy, and the copy's
+    /work took the source's mode (here 0751). Now the source's agent stops its processes
+    and packs /work as the sandbox user inside its container, each copy's agent unpacks
+    it as its own: no host file, /work a fresh sandbox's, every pair a snapshot."""
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "secret").write_text(SECRET + "\n")
+    _open(http, "drace-fresh")  # what a copy's /work must look like: a fresh sandbox's
+    res = _run(http, "drace-fresh", "drace-fresh-1", argv=["stat", "-c", "0o%a %u", "/work"])
+    fresh = tuple(res["output"].split())
+    http.delete("/v1/trajectories/drace-fresh")
+    _open(http, "drace-src")
+    r = http.put("/v1/trajectories/drace-src/files/swap.py", content=SWAPPER.encode())
+    assert r.status_code == 200, r.text
+    res = _run(http, "drace-src", "drace-start", shell=True, command=(
+        f"chmod 751 /work && setsid python3 swap.py {victim} >/dev/null 2>&1 </dev/null & "
+        "echo started"))
+    assert res["status"] == "ok" and "started" in res["output"], res
+
+    def count() -> int:
+        r = http.get("/v1/trajectories/drace-src/files/count")
+        return int(r.content) if r.status_code == 200 and r.content.isdigit() else 0
+
+    until_true(count, 120, "the swapper's first rounds")
+    check = CHECK.replace("SECRET.encode()", repr(SECRET.encode())).replace(
+        "TARGET", repr(str(victim)))
+    found: dict[str, list] = {"secret": [], "mode": [], "torn": [], "failed": []}
+    # a file read of the source lifts its container's CPU quota from the idle 1% to a core
+    # while it runs: reads kept going, the swapper races at full speed during the forks
+    reading = threading.Event()
+
+    def read_on() -> None:
+        with httpx.Client(base_url=http.base_url, headers=H, timeout=120) as c:
+            while not reading.is_set():
+                c.get("/v1/trajectories/drace-src/files/a0/mine")
+
+    reader = threading.Thread(target=read_on, daemon=True)
+    reader.start()
+    for i in range(RACED_FORKS):
+        r = http.post("/v1/trajectories", json={"fork_of": "drace-src", "count": 2,
+                                                "id": f"drace-{i}"})
+        if r.status_code != 201:
+            found["failed"].append(r.text)
+            continue
+        for copy in r.json()["ids"]:
+            res = _run(http, copy, f"{copy}-check", argv=["python3", "-c", check])
+            assert res["status"] == "ok" and res["exit_code"] == 0, res
+            seen = json.loads(res["output"])
+            if seen["secret"]:
+                found["secret"].append(copy)
+            if (seen["mode"], str(seen["uid"])) != fresh:
+                found["mode"].append((copy, seen["mode"], seen["uid"]))
+            if seen["torn"]:
+                found["torn"].append((copy, seen["torn"]))
+            assert http.delete(f"/v1/trajectories/{copy}").status_code == 200
+    reading.set()
+    reader.join()
+    after_forks = count()
+    until_true(lambda: count() > after_forks, 120, "the swapper running again after the forks")
+    assert not any(found.values()), {k: (len(v), v[:3]) for k, v in found.items()}
+    http.delete("/v1/trajectories/drace-src")

@@ -209,3 +209,31 @@ def test_docker_copies_are_independent_and_removed(docker_server):
             break
         time.sleep(0.5)
     assert not left
+
+
+def test_docker_copies_run_in_their_sources_image(docker_server):
+    """Issue 47 #1: a copy's container ran the default image with an empty PYTHONPATH.
+    A source opened on an image with a module of its own and ``ENV PYTHONPATH``: every
+    copy runs in that image, sees its PYTHONPATH and imports its module."""
+    import docker
+
+    from executor.backends.docker.backend import build_image
+
+    image = build_image(docker.from_env(), "tangram-test-fork-image:1",
+                        files={"/opt/extra/forkmod.py": b"NAME = 'only-in-the-image'\n"},
+                        env={"PYTHONPATH": "/opt/extra"})
+    probe = ("echo $PYTHONPATH && python3 -c 'import forkmod; print(forkmod.NAME)' "
+             "&& cat state.txt")
+    with TangramSyncClient(docker_server.url, TOKEN, timeout_s=180) as c:
+        src = c.open_trajectory("ifork-src", task="grpo", image=image)
+        res = c.run(src, command="echo prepared > state.txt", shell=True)
+        assert res["exit_code"] == 0, res
+        ids = c.fork(src, 2, prefix="ifork")["ids"]
+        for t in [src, *ids]:
+            res = c.run(t, command=probe, shell=True)
+            assert res["output"].split() == ["/opt/extra", "only-in-the-image", "prepared"], \
+                (t, res)
+            (box,) = sandbox_containers(t, all=False)
+            assert box.attrs["Config"]["Image"] == image, (t, box.attrs["Config"]["Image"])
+        for t in [src, *ids]:
+            c.close_trajectory(t)

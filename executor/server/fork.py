@@ -76,9 +76,11 @@ def copy_ids(source: str, count: int, prefix: str | None) -> list[str]:
 
 
 async def fork(executor: LiveExecutor, source: str, copies: list[str],
-               stop: asyncio.Event | None = None, forking: Forking | None = None) -> Forked:
+               stop: asyncio.Event | None = None, forking: Forking | None = None,
+               image: str | None = None) -> Forked:
     """Open ``copies`` as copies of ``source``'s sandbox now; ForkRefused says why not.
-    ``forking``: the forks in flight (the caller's, across requests)."""
+    ``forking``: the forks in flight (the caller's, across requests); ``image``: the
+    source's docker image (its copies run in it, with its environment: issue 47 #1)."""
     forking = forking if forking is not None else Forking()
     view = executor.trajectory(source)
     if view is None:
@@ -101,7 +103,7 @@ async def fork(executor: LiveExecutor, source: str, copies: list[str],
     opened: list[str] = []
     try:
         for c in copies:
-            executor.open_trajectory(c, view.task, view.mem_gb)
+            executor.open_trajectory(c, view.task, view.mem_gb, image)
             opened.append(c)
         action = fork_action(f"fork-{secrets.token_hex(8)}", view.task, source, copies)
         done = executor.submit(action)

@@ -182,13 +182,14 @@ class Service:
         if max(map(len, ids)) > ID_MAX:
             raise Refused(422, f"id: the copies' ids ({ids[-1]!r}) would pass {ID_MAX} "
                           "characters; use a shorter id")
+        source = self.opened.get(body.fork_of)
         try:
-            done = await fork(self.executor, body.fork_of, ids, self.closing, self.forking)
+            done = await fork(self.executor, body.fork_of, ids, self.closing, self.forking,
+                              source.image if source is not None else None)
         except ForkRefused as e:
             raise Refused(e.status, e.detail) from None
         # the copies are open trajectories like any: listed, journalled (a restart reopens
         # them), with their source's task, memory and image
-        source = self.opened.get(body.fork_of)
         if source is not None:
             now = time.monotonic()
             for tid in done.ids:

@@ -20,6 +20,14 @@ functions: each path component opened without following a symlink, relative to
 its parent's descriptor, so a link the sandbox made cannot lead a write to the
 agent's socket or /etc, nor a read out of /work; and by a child process that is
 the sandbox user, so it reaches only what the commands can.
+
+Forks (executor/backends/docker/fork.py): ``{"op": "pack"}`` stops every command process
+(executor/freeze.py: nothing of the sandbox runs while it is copied) and answers with
+``/work`` as a tar stream written by a child that is the sandbox user
+(executor/tarcopy.py), in frames (a 4-byte length, the bytes; a 0 length ends them) and
+a JSON line (``bytes``, or ``error``); the commands go on after. ``{"op": "unpack",
+"size": N}`` followed by N bytes of such a stream extracts it into ``/work``, by a child
+that is the sandbox user. So a copy never resolves a path on the host, nor as root.
 """
 
 import json
@@ -27,6 +35,7 @@ import os
 import select
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -207,17 +216,120 @@ class Body:
         return chunk
 
 
-def files_module():
-    """executor/files.py, imported once by the agent (executor/ is mounted whole; files.py
-    sits three levels up from this file; stdlib only). Imported in each file operation's
-    child it was compiled and run again every time (the sandbox user cannot write its
-    bytecode): ~25 ms of a 30 ms operation."""
-    if "files" not in sys.modules:
-        sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.dirname(
-            os.path.abspath(__file__)))))
-    import files
+def executor_module(name: str):
+    """executor/<name>.py (stdlib only), imported once by the agent (executor/ is mounted
+    whole; it sits two levels up from this file). Imported in each file operation's child
+    it was compiled and run again every time (the sandbox user cannot write its bytecode):
+    ~25 ms of a 30 ms operation."""
+    here = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    if here not in sys.path:
+        sys.path.insert(0, here)
+    import importlib
 
-    return files
+    return importlib.import_module(name)
+
+
+def files_module():
+    """executor/files.py (see executor_module)."""
+    return executor_module("files")
+
+
+def drop_to_sandbox_user() -> None:
+    """In a child: become the sandbox user (no groups), when the agent is root."""
+    if os.getuid() == 0:
+        os.setgroups([])
+        os.setgid(SANDBOX_UID)
+        os.setuid(SANDBOX_UID)
+
+
+class Freezes:
+    """The commands stopped while ``/work`` is packed, once for all packs in flight (a
+    group's copies are made at once): stopped by the first, continued by the last."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.packs = 0
+        self.frozen = None
+
+    def enter(self) -> None:
+        with self.lock:
+            if not self.packs:
+                self.frozen = executor_module("freeze").freeze(sandbox_pids)
+            self.packs += 1
+
+    def leave(self) -> None:
+        with self.lock:
+            self.packs -= 1
+            if not self.packs and self.frozen is not None:
+                self.frozen.thaw()
+                self.frozen = None
+
+
+FREEZES = Freezes()
+
+
+def pack_op(conn: socket.socket, workdir: str) -> None:
+    """``/work`` as a framed tar stream (see the module's docstring), the commands stopped
+    meanwhile; the tar is written by a child that is the sandbox user."""
+    tarcopy = executor_module("tarcopy")
+    try:
+        FREEZES.enter()
+    except OSError as e:
+        conn.sendall(struct.pack(">I", 0) + json.dumps({"error": str(e)}).encode() + b"\n")
+        return
+    try:
+        data_r, data_w = os.pipe()
+        note_r, note_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: the sandbox user, writing the tar into the pipe
+            code = 1
+            try:
+                os.close(data_r)
+                os.close(note_r)
+                drop_to_sandbox_user()
+                os.chdir(workdir)
+                with os.fdopen(data_w, "wb") as out:
+                    size = tarcopy.pack(out)
+                os.write(note_w, json.dumps({"bytes": size}).encode())
+                code = 0
+            except BaseException as e:  # noqa: BLE001 - said to the host, whatever it is
+                os.write(note_w, json.dumps({"error": f"{type(e).__name__}: {e}"}).encode())
+            finally:
+                os._exit(code)
+        os.close(data_w)
+        os.close(note_w)
+        try:
+            with os.fdopen(data_r, "rb") as data:
+                while chunk := data.read(1 << 20):
+                    conn.sendall(struct.pack(">I", len(chunk)) + chunk)
+        finally:
+            os.waitpid(pid, 0)
+            with os.fdopen(note_r, "rb") as note:
+                said = note.read() or b'{"error": "the packer ended without a word"}'
+        conn.sendall(struct.pack(">I", 0) + said + b"\n")
+    finally:
+        FREEZES.leave()
+
+
+def unpack_op(conn: socket.socket, req: dict, rest: bytes, workdir: str) -> None:
+    """Extract the tar stream that follows into ``/work``, in a child that is the
+    sandbox user; answers ``{}`` or ``{"error": ...}``."""
+    tarcopy = executor_module("tarcopy")
+    pid = os.fork()
+    if pid == 0:
+        code = 1
+        try:
+            drop_to_sandbox_user()
+            try:
+                tarcopy.unpack(Body(conn, rest, int(req["size"])), workdir)
+                answer = {}
+            except (OSError, ValueError, EOFError) as e:  # tarfile's errors are both
+                answer = {"error": f"{type(e).__name__}: {e}"}
+            conn.sendall(json.dumps(answer).encode() + b"\n")
+            code = 0
+        finally:
+            os._exit(code)
+    os.waitpid(pid, 0)
 
 
 def as_sandbox_user(conn: socket.socket, req: dict, rest: bytes, workdir: str) -> None:
@@ -229,10 +341,7 @@ def as_sandbox_user(conn: socket.socket, req: dict, rest: bytes, workdir: str) -
     if pid == 0:  # the child: syscalls only until it exits
         code = 1
         try:
-            if os.getuid() == 0:
-                os.setgroups([])
-                os.setgid(SANDBOX_UID)
-                os.setuid(SANDBOX_UID)
+            drop_to_sandbox_user()
             file_op(conn, req, rest, workdir)
             code = 0
         finally:
@@ -272,6 +381,12 @@ def handle(conn: socket.socket, workdir: str = "/work") -> None:
         req = json.loads(line)
         if req.get("op") in ("put", "get"):
             as_sandbox_user(conn, req, rest, workdir)
+            return
+        if req.get("op") == "pack":
+            pack_op(conn, workdir)
+            return
+        if req.get("op") == "unpack":
+            unpack_op(conn, req, rest, workdir)
             return
         answer = run(req)
         conn.sendall(json.dumps(answer).encode() + b"\n")

@@ -1,31 +1,50 @@
 """The docker backend's fork: the source container's ``/work`` copied into each copy's
-container.
+container, without a path ever resolved on the host (issue 45 #3).
 
 ``/work`` is a tmpfs (or a tmpfs-backed volume) on an engine that cannot bound a
 container's writable layer - this project's (fuse-overlayfs) - so ``docker commit``,
 which snapshots the writable layer only, would not see the sandbox's files at all; and
-a commit plus a container per copy costs engine calls the copy does not need. The
-server (root) copies the files itself, between the two containers' mount namespaces
-(``/proc/<pid>/root/work``), with ``cp -a``: owners, modes and links kept; each copy's
-container is taken from the warm pool or created as for a first action.
+a commit plus a container per copy costs engine calls the copy does not need.
+
+How (executor/backends/docker/agent.py, executor/tarcopy.py): the source's agent stops
+the sandbox's processes, packs ``/work`` into a tar stream as the sandbox user, inside
+the source's container, and lets them go on; the host spools the stream (a root-only
+temporary file: bytes, never paths) and each copy's agent extracts it into its own
+``/work`` as its sandbox user. Links stay links and mean in the copy what they meant in
+the source; the copy's ``/work`` keeps a fresh sandbox's owner and mode. Before, the host
+(root) ran ``cp -a`` through ``/proc/<pid>/root/work``, and an absolute link a process of
+the sandbox swapped in was resolved on the host: host files landed in the copy.
+
+A sandbox without an agent (``agent=False``) is copied by the engine's archive API, the
+source paused meanwhile: the engine resolves paths inside the container's root.
+
+Each copy's container is taken from the warm pool or created as for a first action, in
+its source's image (issue 47 #1: the copies are opened with it, executor/server/fork.py).
 """
 
 from __future__ import annotations
 
-import os
-import subprocess
+import json
+import socket
+import struct
+import tarfile
+import tempfile
 import time
-from typing import Any
+from typing import IO, Any
+
+import docker.errors
 
 from tangram.fork import copies_of
 from tangram.model import Dispatch, Outcome
 
+#: seconds without a byte from an agent before a fork gives up on it
+STALL_S = 120.0
+#: the spooled stream stays in memory up to this size, then goes to a temporary file
+SPOOL_BYTES = 32 << 20
 
-def _work(backend: Any, cid: str) -> str:
-    pid = backend.client.api.inspect_container(cid)["State"]["Pid"]
-    if not pid:
-        raise RuntimeError(f"container {cid[:12]} is not running")
-    return f"/proc/{pid}/root/work"
+
+class ForkFailed(Exception):
+    """A copy could not be made; the message says which step and why."""
 
 
 def fork_containers(backend: Any, d: Dispatch) -> Outcome:
@@ -38,29 +57,132 @@ def fork_containers(backend: Any, d: Dispatch) -> Outcome:
     if box is None and lost:
         return Outcome(d.action.id, "failed", None, error=f"fork: the sandbox of {source!r} "
                        "was lost (its container was removed); nothing to copy")
-    if os.geteuid() != 0:
-        return Outcome(d.action.id, "failed", None, error="fork: the docker backend copies "
-                       "between containers as root; this server is not")
-    src = _work(backend, box.container_id) if box is not None else None
     copies = copies_of(d.action)
-    for copy in copies:
-        dst_box, _ = backend._sandbox(copy)
-        if src is None:
-            continue  # the source never held a file: its copies start empty too
-        done = subprocess.run(["cp", "-a", "--", f"{src}/.", f"{_work(backend, dst_box.container_id)}/"],
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=False)
-        if done.returncode != 0:
-            return Outcome(d.action.id, "failed", done.returncode,
-                           done.stdout.decode(errors="replace")[-4000:],
-                           f"fork: copying /work into {copy!r} failed (cp exit {done.returncode})")
-    size = 0
-    if src is not None:
-        for parent, _, files in os.walk(src):
-            for name in files:
+    targets = [backend._sandbox(copy)[0] for copy in copies]
+    if box is None:  # the source never held a file: its copies start empty too
+        return Outcome(d.action.id, "ok", 0, "", "", 0.0,
+                       {"method": "empty", "copies": list(copies), "bytes": 0,
+                        "fork_s": time.perf_counter() - t0})
+    with tempfile.SpooledTemporaryFile(SPOOL_BYTES) as spool:
+        try:
+            size = _pack(backend, box, spool)
+            for copy, target in zip(copies, targets, strict=True):
+                spool.seek(0)
                 try:
-                    size += os.lstat(os.path.join(parent, name)).st_size
-                except OSError:
-                    pass
+                    _unpack(backend, target, spool)
+                except ForkFailed as e:
+                    raise ForkFailed(f"into {copy!r}: {e}") from None
+        except ForkFailed as e:
+            return Outcome(d.action.id, "failed", None, error=f"fork: copying /work {e}")
     return Outcome(d.action.id, "ok", 0, "", "", 0.0,
-                   {"method": "copy" if src is not None else "empty", "copies": list(copies),
-                    "bytes": size, "fork_s": time.perf_counter() - t0})
+                   {"method": "copy", "copies": list(copies), "bytes": size,
+                    "fork_s": time.perf_counter() - t0})
+
+
+def _pack(backend: Any, box: Any, spool: IO[bytes]) -> int:
+    """The source's /work as a tar stream into ``spool``; the bytes of its files."""
+    if not box.socket:
+        return _archive_get(backend, box, spool)
+    backend._file_quota(box, +1)  # a core while it packs, not the idle 1%
+    try:
+        with _connect(box) as conn:
+            conn.sendall(b'{"op": "pack"}\n')
+            reader = conn.makefile("rb")
+            while True:
+                head = reader.read(4)
+                if len(head) < 4:
+                    raise ForkFailed("out of the source: its agent closed the connection")
+                (n,) = struct.unpack(">I", head)
+                if not n:
+                    break
+                chunk = reader.read(n)
+                if len(chunk) < n:
+                    raise ForkFailed("out of the source: its agent closed the connection")
+                spool.write(chunk)
+            said = json.loads(reader.readline() or b"{}")
+    except (OSError, ValueError) as e:
+        raise ForkFailed(f"out of the source: {e}") from None
+    finally:
+        backend._file_quota(box, -1)
+    if "error" in said or "bytes" not in said:
+        raise ForkFailed(f"out of the source: {said.get('error', said)}")
+    return int(said["bytes"])
+
+
+def _unpack(backend: Any, box: Any, spool: IO[bytes]) -> None:
+    """Extract the spooled stream into ``box``'s /work (as its sandbox user)."""
+    if not box.socket:
+        _archive_put(backend, box, spool)
+        return
+    size = spool.seek(0, 2)
+    spool.seek(0)
+    backend._file_quota(box, +1)
+    try:
+        with _connect(box) as conn:
+            conn.sendall(json.dumps({"op": "unpack", "size": size}).encode() + b"\n")
+            try:
+                while chunk := spool.read(1 << 20):
+                    conn.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # it stopped reading: its answer says why
+            said = json.loads(conn.makefile("rb").readline() or b'{"error": "no answer"}')
+    except (OSError, ValueError) as e:
+        raise ForkFailed(str(e)) from None
+    finally:
+        backend._file_quota(box, -1)
+    if "error" in said:
+        raise ForkFailed(said["error"])
+
+
+def _connect(box: Any) -> socket.socket:
+    conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    conn.settimeout(STALL_S)
+    try:
+        conn.connect(box.socket)
+    except OSError as e:
+        conn.close()
+        raise ForkFailed(f"the sandbox agent is gone: {e}") from None
+    return conn
+
+
+# -- sandboxes without an agent: the engine's archive API ------------------------------------
+def _archive_get(backend: Any, box: Any, spool: IO[bytes]) -> int:
+    """The source's /work through the engine (paused meanwhile: a snapshot), its entries
+    renamed from ``work/...`` to ``...`` (the directory itself left out)."""
+    from executor.backends.docker.backend import SANDBOX_WORKDIR
+
+    api = backend.client.api
+    size = 0
+    try:
+        api.pause(box.container_id)
+        try:
+            stream, _ = api.get_archive(box.container_id, SANDBOX_WORKDIR)
+            with tempfile.TemporaryFile() as raw:
+                for chunk in stream:
+                    raw.write(chunk)
+                raw.seek(0)
+                with tarfile.open(fileobj=raw, mode="r|") as src, \
+                        tarfile.open(fileobj=spool, mode="w|", format=tarfile.PAX_FORMAT) as out:
+                    for m in src:
+                        _, _, rel = m.name.partition("/")
+                        if not rel:
+                            continue  # /work itself: the copy keeps its own
+                        m.name = rel
+                        if m.islnk():
+                            m.linkname = m.linkname.partition("/")[2]
+                        out.addfile(m, src.extractfile(m) if m.isreg() else None)
+                        size += m.size if m.isreg() else 0
+        finally:
+            api.unpause(box.container_id)
+    except docker.errors.APIError as e:
+        raise ForkFailed(f"out of the source: {e.explanation or e}") from None
+    return size
+
+
+def _archive_put(backend: Any, box: Any, spool: IO[bytes]) -> None:
+    from executor.backends.docker.backend import SANDBOX_WORKDIR
+
+    try:
+        backend.client.api.put_archive(box.container_id, SANDBOX_WORKDIR, spool)
+    except docker.errors.APIError as e:
+        raise ForkFailed(str(e.explanation or e)) from None

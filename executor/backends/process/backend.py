@@ -33,7 +33,7 @@ from urllib.parse import quote
 
 from executor.backends.process import marks, spawner
 from executor.backends.process.cage import Cages, MemoryLimits
-from executor.backends.process.fork import run_fork
+from executor.backends.process.fork import Freezes, run_fork
 from executor.backends.process.reaper import Leftovers, Reaper, clean
 from executor.backends.process.sweep import sweep
 from executor.backends.process.uids import (
@@ -208,6 +208,8 @@ class ProcessBackend:
         self._uid_of: dict[str, int] = {}
         #: trajectory -> its work directory (checked once, dropped at its close)
         self._dirs: dict[str, Path] = {}
+        #: sources being forked: their processes stopped meanwhile (executor/backends/process/fork.py)
+        self.freezes = Freezes()
         if self._uids is not None:
             self._sweep_block()
             self.root.chmod(0o711)  # sandboxes may enter their own directory, not list others

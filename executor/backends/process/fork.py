@@ -8,6 +8,19 @@ How the files are copied is chosen once per file system and reported with every 
   metadata only;
 * ``copy``: ``cp -a`` - every byte read and written again (ext4, overlayfs, tmpfs).
 
+No file operation runs as root over a path a sandbox controls (issue 45 #1-2, #7):
+
+1. the source's processes are frozen (executor/freeze.py) for as long as it is copied:
+   nothing of it renames, swaps a link in or writes meanwhile, and the copy is a snapshot;
+2. ``cp`` runs as the *source's* user id: it reads exactly what the source's commands
+   can (a link the source planted leads it nowhere the source could not go itself) and
+   writes into a staging directory of that user inside a root-only (0700) directory of
+   the work root, so no sandbox can reach the staged tree once the source runs again;
+3. the staged tree is given to the copy's user id by ``chown -R -P -h`` (never following
+   a link, each entry changed relative to its directory's descriptor), its top directory
+   made 0700 like a fresh sandbox's (not the source's mode), and it is renamed over the
+   copy's empty work directory: one ``rename`` inside the root-owned work root.
+
 Hard links with a copy-on-write by the server before each write were left out: a
 command writes its files itself (``pip``, ``git``, an editor), not through the server,
 so the server could not copy a file before that write. Processes are not copied: the
@@ -18,31 +31,74 @@ a copy starts with no process of its own.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
-import shutil
+import secrets
 import subprocess
 import tempfile
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from pathlib import Path
 from typing import Protocol
 
 from executor.backends.process import spawner
+from executor.backends.process.sweep import remove_tree
+from executor.freeze import FreezeError, Frozen, freeze
 from tangram.fork import copies_of
 from tangram.model import Dispatch, Outcome
 
 #: st_dev of a file system -> whether cp --reflink=always works on it (probed once)
 _REFLINK: dict[int, bool] = {}
+#: a staging directory's name in the work root (a space: never a trajectory's name)
+STAGE_PREFIX = " forking "
 
 
 class Forkable(Protocol):
     """What a fork needs of the process backend."""
 
     cpu_map: list[int]
+    root: Path
+    freezes: Freezes
 
     def workdir(self, trajectory: str) -> Path: ...
 
     def _uid(self, trajectory: str) -> int | None: ...
+
+    def _pids(self, trajectory: str) -> list[int]: ...
+
+
+class Freezes:
+    """The sources being copied now, each frozen once for all its forks in flight (a
+    group's rollouts fork one source at once): frozen by the first, thawed by the last."""
+
+    def __init__(self) -> None:
+        self._forks: dict[str, int] = {}
+        self._frozen: dict[str, Frozen] = {}
+        self._lock = asyncio.Lock()
+
+    def frozen(self, source: str) -> bool:
+        return source in self._forks
+
+    @contextlib.asynccontextmanager
+    async def held(self, source: str, find: Callable[[], list[int]]) -> AsyncIterator[None]:
+        """``source``'s processes (``find``) stopped while the block runs."""
+        async with self._lock:
+            if not self._forks.get(source):
+                work = asyncio.ensure_future(asyncio.to_thread(freeze, find))
+                try:
+                    self._frozen[source] = await asyncio.shield(work)
+                except asyncio.CancelledError:  # the freeze goes on in its thread: undo it
+                    work.add_done_callback(lambda f: f.cancelled() or f.exception()
+                                           or f.result().thaw())
+                    raise
+            self._forks[source] = self._forks.get(source, 0) + 1
+        try:
+            yield
+        finally:  # (no await: a cancelled fork still thaws)
+            self._forks[source] -= 1
+            if not self._forks[source]:
+                del self._forks[source]
+                self._frozen.pop(source).thaw()
 
 
 def reflinks(root: Path) -> bool:
@@ -60,17 +116,38 @@ def reflinks(root: Path) -> bool:
     return _REFLINK[dev]
 
 
-def copy_argv(src: Path, dst: Path, reflink: bool) -> list[str]:
-    """``cp`` of the *contents* of ``src`` into the existing directory ``dst``."""
-    return ["cp", "-a", *(["--reflink=always"] if reflink else []), "--", f"{src}/.", f"{dst}/"]
+def copy_argv(src: Path, reflink: bool) -> list[str]:
+    """``cp`` of the *contents* of ``src`` into the working directory (the staged tree)."""
+    return ["cp", "-a", *(["--reflink=always"] if reflink else []), "--", f"{src}/.", "./"]
 
 
-def chown_tree(path: Path, uid: int) -> None:
-    """Give a copy to its trajectory's sandbox user (as root, ``cp -a`` kept the source's)."""
-    os.chown(path, uid, uid)
-    for parent, dirs, files in os.walk(path):
-        for name in dirs + files:
-            os.chown(os.path.join(parent, name), uid, uid, follow_symlinks=False)
+class Stage:
+    """``<root>/ forking <hex>/`` (root, 0700) holding ``tree`` (the copier's, 0700)."""
+
+    def __init__(self, root: Path, uid: int | None) -> None:
+        self.outer = root / f"{STAGE_PREFIX}{secrets.token_hex(8)}"
+        self.outer.mkdir(mode=0o700)
+        self.tree = self.outer / "tree"
+        self.tree.mkdir(mode=0o700)
+        if uid is not None:
+            os.chown(self.tree, uid, uid)
+
+    def settle(self, dst: Path, uid: int | None) -> None:
+        """The staged tree becomes ``dst`` (an empty directory), owned by ``uid``."""
+        if uid is not None:  # out of every sandbox's reach here, and no link followed
+            done = subprocess.run(["chown", "-R", "-P", "-h", f"{uid}:{uid}", "--",
+                                   str(self.tree)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.PIPE, text=True, check=False)
+            if done.returncode != 0:
+                raise OSError(f"the copy cannot be given to its user id: "
+                              f"{done.stderr[-300:]}")
+        os.chmod(self.tree, 0o700)  # a fresh sandbox's mode, not the source's
+        os.rename(self.tree, dst)  # (over the empty directory the copy's open made)
+        self.outer.rmdir()
+
+    def remove(self) -> None:
+        if self.outer.exists():
+            remove_tree(self.outer)
 
 
 async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
@@ -78,53 +155,82 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
     fork's granted cores; one Outcome, ``extra``: method, copies, bytes, fork_s."""
     t0 = time.perf_counter()
     copies: Sequence[str] = copies_of(d.action)
-    src = backend.workdir(d.action.trajectory)
+    source = d.action.trajectory
+    src = backend.workdir(source)
+    src_uid = backend._uid(source)
     reflink = await asyncio.to_thread(reflinks, src.parent)
     cores = {backend.cpu_map[c] for c in d.lease.cores} or set(backend.cpu_map)
-    for copy in copies:
-        dst = backend.workdir(copy)
-        proc = await _exec_pinned(copy_argv(src, dst, reflink), cores)
-        out, _ = await proc.communicate()
-        if proc.returncode != 0:
-            await asyncio.to_thread(_empty, dst)
-            on_done(Outcome(d.action.id, "failed", proc.returncode, out.decode(errors="replace"),
-                            f"fork: copying the sandbox into {copy!r} failed "
-                            f"(cp exit {proc.returncode})"))
+    stages: list[Stage] = []
+    try:
+        try:
+            async with backend.freezes.held(source, lambda: backend._pids(source)):
+                for _ in copies:
+                    stage = await asyncio.to_thread(Stage, backend.root, src_uid)
+                    stages.append(stage)
+                    code, out = await _copy(src, stage.tree, src_uid, reflink, cores)
+                    if code != 0:
+                        on_done(Outcome(d.action.id, "failed", code, out,
+                                        f"fork: copying the sandbox of {source!r} failed "
+                                        f"(cp exit {code}, run as its user)"))
+                        return
+        except FreezeError as e:
+            on_done(Outcome(d.action.id, "failed", None, error=f"fork: {e}"))
             return
-        uid = backend._uid(copy)
-        if uid is not None:
-            await asyncio.to_thread(chown_tree, dst, uid)
-    size = await asyncio.to_thread(_bytes, src)
+        size = await asyncio.to_thread(_bytes, stages[0].tree)
+        for copy, stage in zip(copies, stages, strict=True):
+            await asyncio.to_thread(stage.settle, backend.workdir(copy), backend._uid(copy))
+    finally:
+        for stage in stages:
+            await asyncio.to_thread(stage.remove)
     fork_s = time.perf_counter() - t0
     on_done(Outcome(d.action.id, "ok", 0, "", "", 0.0,
                     {"method": "reflink" if reflink else "copy", "copies": list(copies),
                      "bytes": size, "fork_s": fork_s, "cores": sorted(cores)}))
 
 
-async def _exec_pinned(argv: list[str], cores: set[int]) -> asyncio.subprocess.Process:
-    """``argv`` as the server (it must read every sandbox's files), pinned to ``cores``."""
-    return await asyncio.create_subprocess_exec(
-        *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.STDOUT, preexec_fn=lambda: spawner.place(cores, 0))
+async def _copy(src: Path, tree: Path, uid: int | None, reflink: bool,
+                cores: set[int]) -> tuple[int, str]:
+    """``cp`` of ``src`` into ``tree`` as ``uid`` (None: as the server), pinned to
+    ``cores``; its exit code and output."""
 
+    def prepare() -> None:  # in the child, in this order: the copier's identity last
+        spawner.place(cores, 0)
+        os.chdir(tree)  # (as root: the stage's outer directory is root's alone)
+        if uid is not None:
+            os.setgroups([])
+            os.setgid(uid)
+            os.setuid(uid)
 
-def _empty(path: Path) -> None:
-    """Leave a failed copy's directory empty (the copy trajectory is closed after)."""
-    for entry in path.iterdir():
-        if entry.is_dir() and not entry.is_symlink():
-            shutil.rmtree(entry, ignore_errors=True)
-        else:
-            entry.unlink(missing_ok=True)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
+    proc = await asyncio.create_subprocess_exec(
+        *copy_argv(src, reflink), stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
+        preexec_fn=prepare)
+    try:
+        out, _ = await proc.communicate()
+    finally:
+        if proc.returncode is None:  # cancelled: the copier goes with the fork
+            proc.kill()
+            await proc.wait()
+    return proc.returncode or 0, out.decode(errors="replace")[-4000:]
 
 
 def _bytes(path: Path) -> int:
-    """Bytes of the regular files under ``path`` (what one copy wrote)."""
+    """Bytes of the regular files under ``path`` (the staged copy: no sandbox reaches it);
+    a walk by a stack, not by recursion (a tree thousands of levels deep)."""
     total = 0
-    for parent, _, files in os.walk(path):
-        for name in files:
+    stack = [str(path)]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:
+            continue
+        for e in entries:
             try:
-                st = os.lstat(os.path.join(parent, name))
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
             except OSError:
                 continue
-            total += st.st_size
     return total
