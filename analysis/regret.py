@@ -176,8 +176,12 @@ def cluster_of(cell: Cell, sc: Scale) -> ClusterSpec:
     cores = max(POD_CORES * 2, round(POD_CORES * cell.trajectories / POD_RATIO[cell.cluster]))
     nodes = math.ceil(cores / sc.node_cores)
     proto = c.cpu_nodes[0]
-    cpu = tuple(replace(proto, name=f"cpu-{i}", cores=round(cores / nodes))
-                for i in range(nodes))
+    # whole NUMA domains: a node's cores split evenly over its domains (what the cluster
+    # file accepts, so every cell replays with `tangram simulate --cluster`). The cores
+    # a remainder would add were never schedulable (the domains were cores // numa each)
+    per_node = round(cores / nodes)
+    per_node -= per_node % proto.numa
+    cpu = tuple(replace(proto, name=f"cpu-{i}", cores=per_node) for i in range(nodes))
     return replace(c, cpu_nodes=cpu, gpu_nodes=gpu_nodes_for(GPUS[cell.cluster], c.gpu_nodes[0]))
 
 

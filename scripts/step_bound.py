@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import sys
 from collections import defaultdict
+from dataclasses import replace
 
 import numpy as np
 
@@ -48,7 +49,8 @@ def geomean(xs: list[float]) -> float:
 
 def main(path: str) -> None:
     doc = json.load(open(path))
-    scale = SCALES[doc["scale"]]
+    # the file's own seeds (`tangram bench regret --seeds` writes others than the default)
+    scale = replace(SCALES[doc["scale"]], seeds=tuple(sorted({r["seed"] for r in doc["cells"]})))
     rows = {(r["workload"], r["seed"], r["cluster"], r["rate"], r["profile_sigma"]): r
             for r in doc["cells"]}
     # per workload, per configuration: its step over the bound in every cell

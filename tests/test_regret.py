@@ -15,6 +15,7 @@ from analysis.regret import (
     COMPETITORS,
     SCALES,
     Cell,
+    cells,
     cluster_of,
     losses_markdown,
     measure,
@@ -106,3 +107,18 @@ def test_row_and_summary_name_the_winner_and_the_best_single_configuration() -> 
     [line] = [x for x in losses_markdown([row]) if "mean ACT" in x]
     assert "coding, paper cluster, rate x1" in line and "e0/s1 2.000" in line
     assert "fixed-dop:4" in line
+
+
+@pytest.mark.parametrize("scale", sorted(SCALES))
+def test_every_cell_cluster_replays_from_its_cluster_file(scale: str):
+    """Issue 46 #7: each cell's cluster, written as `tangram run` writes it, reads back
+    unchanged (the paper-ratio cells' nodes had 45 cores over 2 NUMA domains: refused)."""
+    import yaml
+
+    from tangram.cluster import ClusterSpec
+
+    sc = SCALES[scale]
+    for cell in cells(sc):
+        cluster = cluster_of(cell, sc)
+        text = yaml.safe_dump(cluster.to_yaml())
+        assert ClusterSpec.from_dict(yaml.safe_load(text)) == cluster, cell

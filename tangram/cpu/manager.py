@@ -39,6 +39,9 @@ class CpuNode:
     def __init__(self, spec: CpuNodeSpec) -> None:
         self.name = spec.name
         self.spec = spec
+        if spec.numa < 1 or spec.cores % spec.numa:  # (cores past the domains: unschedulable)
+            raise ValueError(f"cpu node {spec.name}: cores {spec.cores} not divisible by numa "
+                             f"{spec.numa}")
         self.domain_size = spec.cores // spec.numa
         self.domains: list[list[int]] = [
             list(range(d * self.domain_size, (d + 1) * self.domain_size)) for d in range(spec.numa)

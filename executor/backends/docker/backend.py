@@ -77,7 +77,7 @@ from docker.models.containers import _create_container_args
 from docker.types import DriverConfig, Mount
 
 from executor.backends.docker.fork import fork_containers
-from executor.backends.docker.limits import SandboxLimits
+from executor.backends.docker.limits import SANDBOX_WORKDIR, SandboxLimits
 from executor.backends.process.backend import outcome_of
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, FileError
@@ -120,8 +120,6 @@ WARM_QUIET_S = 0.5
 #: the most sandboxes the warm pool keeps when sized from demand (an idle one holds a few
 #: MB; its memory limit is not reserved)
 WARM_MAX = 64
-#: where a trajectory's commands run and its files live, inside the container
-SANDBOX_WORKDIR = "/work"
 #: `docker exec` path: where a command's output is written (one file per action)
 EXEC_OUTPUT = "/tmp/.tangram-output"
 #: the most of a command's output an outcome keeps (its end)

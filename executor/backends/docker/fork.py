@@ -34,6 +34,7 @@ from typing import IO, Any
 
 import docker.errors
 
+from executor.backends.docker.limits import SANDBOX_WORKDIR
 from tangram.fork import copies_of
 from tangram.model import Dispatch, Outcome
 
@@ -149,7 +150,6 @@ def _connect(box: Any) -> socket.socket:
 def _archive_get(backend: Any, box: Any, spool: IO[bytes]) -> int:
     """The source's /work through the engine (paused meanwhile: a snapshot), its entries
     renamed from ``work/...`` to ``...`` (the directory itself left out)."""
-    from executor.backends.docker.backend import SANDBOX_WORKDIR
 
     api = backend.client.api
     size = 0
@@ -180,7 +180,6 @@ def _archive_get(backend: Any, box: Any, spool: IO[bytes]) -> int:
 
 
 def _archive_put(backend: Any, box: Any, spool: IO[bytes]) -> None:
-    from executor.backends.docker.backend import SANDBOX_WORKDIR
 
     try:
         backend.client.api.put_archive(box.container_id, SANDBOX_WORKDIR, spool)

@@ -9,6 +9,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+#: where a trajectory's commands run and its files live, inside the container
+SANDBOX_WORKDIR = "/work"
+
 
 @dataclass(frozen=True)
 class SandboxLimits:
