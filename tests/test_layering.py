@@ -244,3 +244,21 @@ def test_backends_declare_capabilities_instead_of_being_probed():
                 pytest.fail(f"{path.relative_to(ROOT)}:{node.lineno}: {ast.unparse(node)} probes "
                             "a capability: implement the method and read it with "
                             "tangram.protocol.capabilities_of")
+
+
+def test_no_test_polls_with_a_count_of_tries():
+    """A wait in a test is a condition with a generous deadline and a message saying what
+    was awaited and seen (helpers.until / until_true), not ``for _ in range(N): ...
+    sleep``: a loop of N tries is a wall-clock deadline under another name, tight on a
+    loaded machine (issue 46 #4: the docker end-to-end test failed that way)."""
+    for path in sorted((ROOT / "tests").glob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if not (isinstance(node, ast.For | ast.AsyncFor) and isinstance(node.iter, ast.Call)
+                    and getattr(node.iter.func, "id", "") == "range"):
+                continue
+            for sub in ast.walk(node):
+                if isinstance(sub, ast.Call) and "sleep" in (getattr(sub.func, "attr", ""),
+                                                             getattr(sub.func, "id", "")):
+                    pytest.fail(f"{path.relative_to(ROOT)}:{node.lineno}: a loop of "
+                                f"{ast.unparse(node.iter)} tries with a sleep: wait for a "
+                                "condition instead (tests/helpers.py until)")

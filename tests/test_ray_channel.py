@@ -8,6 +8,7 @@ import asyncio
 import os
 
 import pytest
+from helpers import until
 
 from executor.backends.ray import channel as ray_channel
 from executor.backends.ray.channel import DIGEST_BYTES, HEADER, NONCE_BYTES, AgentSide, DriverSide, encode
@@ -71,11 +72,7 @@ async def _pair() -> tuple[list, asyncio.Queue, DriverSide, Proxy, asyncio.Serve
 
 
 async def _until(cond, what: str) -> None:
-    for _ in range(600):
-        if cond():
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
+    await until(cond, 300, what)
 
 
 @pytest.mark.parametrize("forgery", ["forged tag", "replayed"])
