@@ -21,6 +21,11 @@ trajectories x 4 cores on 15 x 256) and undersubscribed (0.5). The GPU side: 16,
 generation lengths) divided by the rate. Profile error: the generator's
 ``profile_sigma`` (what the scheduler is told of profiled actions, never the truth).
 
+A competitor whose actions failed (more of them than Tangram's: an API answering 429
+past its quota, a deployment that drops calls) is never a cell's best nor the tuned-once
+choice: its failed actions end early, so its times would beat a run that served them.
+It stays in the cell's ``runs`` with its ``failed`` count.
+
 Nothing here is tuned to a result: the seeds default to three the repository uses
 nowhere else, and every figure is what the simulator measured.
 """
@@ -238,12 +243,16 @@ def run_cell(args: tuple[Cell, Scale]) -> dict[str, Any]:
 
 
 def row_of(cell: Cell, cluster: ClusterSpec, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+    """The cell's row. A competitor whose actions failed (more than Tangram's) is never the
+    best of a metric: its failed actions ended early, so its times would look better than
+    a run that served them (it stays in ``runs``, with its ``failed`` count)."""
     ours = runs["tangram"]
     regret: dict[str, float] = {}
     best: dict[str, str] = {}
+    served = [k for k, v in runs.items() if k != "tangram" and "error" not in v
+              and v.get("failed", 0) <= ours.get("failed", 0)]
     for m in METRICS:
-        vals = {k: v[m] for k, v in runs.items()
-                if k != "tangram" and "error" not in v and not math.isnan(v[m])}
+        vals = {k: runs[k][m] for k in served if not math.isnan(runs[k][m])}
         if not vals or math.isnan(ours[m]):
             continue
         label = min(vals, key=lambda k: (vals[k], k))
@@ -251,9 +260,9 @@ def row_of(cell: Cell, cluster: ClusterSpec, runs: dict[str, dict[str, Any]]) ->
         regret[m] = round(ours[m] / vals[label], 4) if vals[label] > 0 else 1.0
     return {**cell.key(), "cpu_cores": sum(n.cores for n in cluster.cpu_nodes),
             "gpus": sum(n.gpus for n in cluster.gpu_nodes), "regret": regret, "best": best,
-            "tangram": {m: _round(ours.get(m)) for m in METRICS},
-            "runs": {k: ({m: _round(v[m]) for m in METRICS} if "error" not in v else v)
-                     for k, v in runs.items()}}
+            "tangram": {m: _round(ours.get(m)) for m in (*METRICS, "failed") if m in ours},
+            "runs": {k: ({m: _round(v[m]) for m in (*METRICS, "failed") if m in v}
+                         if "error" not in v else v) for k, v in runs.items()}}
 
 
 def _round(x: Any) -> Any:
@@ -333,8 +342,9 @@ def best_baselines(rows: Sequence[dict[str, Any]], metric: str) -> dict[str, Any
         per: dict[str, list[float]] = {}
         for r in cells_w:
             for label, v in r["runs"].items():
-                if label.startswith(OWN) or "error" in v or not r["tangram"][metric]:
-                    continue
+                if (label.startswith(OWN) or "error" in v or not r["tangram"][metric]
+                        or v.get("failed", 0) > r["tangram"].get("failed", 0)):
+                    continue  # (a configuration that fails actions is no one's choice)
                 x = v[metric] / r["tangram"][metric]
                 if not math.isnan(x) and x > 0:
                     per.setdefault(label, []).append(math.log(x))

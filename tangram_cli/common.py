@@ -119,14 +119,14 @@ class ProgressLines:
 
 #: the summary's metrics, in words with their unit (summary.json's keys on the left)
 SUMMARY_METRICS = {
-    "act_mean_s": "mean action completion time (ACT: submit to end), s",
+    "act_mean_s": "mean action completion time (ACT), s",
     "act_p50_s": "median ACT, s",
     "act_p99_s": "99th-percentile ACT, s",
-    "queue_mean_s": "mean wait for resources (submit to start), s",
-    "exec_mean_s": "mean execution time (start to end), s",
-    "step_time_s": "step time (the RL step's rollout: first submit to last end), s",
-    "restore_mean_s": "mean GPU model restore per action, s",
-    "failed": "actions that failed (of all actions)",
+    "queue_mean_s": "mean queueing (submit to start), s",
+    "exec_mean_s": "mean execution (start to end), s",
+    "step_time_s": "step time (first submit to last end), s",
+    "restore_mean_s": "mean GPU restore per action, s",
+    "failed": "failed actions",
 }
 
 
@@ -141,20 +141,22 @@ def print_summary(s: dict) -> None:
     for key, words in SUMMARY_METRICS.items():
         v = s[key]
         table.add_row(words, f"{v:.3f}" if isinstance(v, float) else str(v))
-    over = []
     for res, u in s["utilisation"].items():
         parts = [f"{k} {u[k]:.1%}" for k in ("allocated", "busy") if k in u]
-        table.add_row(f"utilisation of {res} (allocated / busy, share of capacity)",
+        table.add_row(f"{res}: allocated / busy, of capacity",
                       " ".join(parts) or "-")
-        if u.get("allocated", 0.0) > 1.0 + 1e-9:
-            over.append(f"{res} allocated {u['allocated']:.1%}")
-    for warning in run_warnings(s.get("failed", 0), s["actions"], over):
+    for warning in run_warnings(s):
         err.print(f"[bold yellow]warning:[/] {escape(warning)}", highlight=False)
     out_console.print(table)
 
 
-def run_warnings(failed: int, actions: int, over: list[str]) -> list[str]:
-    """What makes a run's figures not comparable with a clean run's."""
+def run_warnings(summary: dict) -> list[str]:
+    """What makes a run's figures (its summary.json) not comparable with a clean run's:
+    failed actions, a resource allocated past its capacity."""
+    failed, actions = int(summary.get("failed", 0)), int(summary.get("actions", 0))
+    over = [f"{res} allocated {u['allocated']:.1%}"
+            for res, u in (summary.get("utilisation") or {}).items()
+            if u.get("allocated", 0.0) > 1.0 + 1e-9]
     out = []
     if failed:
         out.append(f"{failed} of {actions} actions FAILED: the times above count them as "

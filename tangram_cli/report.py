@@ -6,13 +6,14 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from rich.markup import escape
 from rich.table import Table
 
 from analysis import figures
 from analysis.compare import figure, table
 from analysis.reproduce import reproduce as run_all
 from analysis.runs import RunError, load_run
-from tangram_cli.common import command_app, fail, out_console, with_progress
+from tangram_cli.common import command_app, err, fail, out_console, run_warnings, with_progress
 
 app = command_app()
 
@@ -106,5 +107,9 @@ def compare(
                         f"{v:.4g}" if isinstance(v, float) else str(v)
                         for c, v in zip(frame.columns, row, strict=True)))
     out_console.print(shown)
+    for run in loaded:  # a run with failures can look fastest: its failed actions ended early
+        for warning in run_warnings(run.summary):
+            err.print(f"[bold yellow]warning:[/] {escape(run.name)}: {escape(warning)}",
+                      highlight=False)
     path = figure(loaded, out)
     out_console.print(f"wrote {out / 'compare.json'} and {path}")

@@ -15,6 +15,7 @@ from analysis.regret import (
     COMPETITORS,
     SCALES,
     Cell,
+    best_baselines,
     cells,
     cluster_of,
     losses_markdown,
@@ -122,3 +123,19 @@ def test_every_cell_cluster_replays_from_its_cluster_file(scale: str):
         cluster = cluster_of(cell, sc)
         text = yaml.safe_dump(cluster.to_yaml())
         assert ClusterSpec.from_dict(yaml.safe_load(text)) == cluster, cell
+
+
+def test_a_competitor_whose_actions_failed_is_never_the_best():
+    """Issue 46 #6: failed actions end early; a run that failed them is not a win."""
+    cell = Cell("deepsearch", 1009, "paper", 1.0, 0.0, 8, "quick")
+    fast = {"act_mean_s": 0.5, "act_p99_s": 1.0, "step_time_s": 5.0, "reward_s": 0.5}
+    runs = {"tangram": {"act_mean_s": 1.0, "act_p99_s": 2.0, "step_time_s": 10.0,
+                        "reward_s": 1.0, "failed": 0},
+            "baseline": {**fast, "failed": 12},
+            "fixed-dop:4": {"act_mean_s": 1.5, "act_p99_s": 3.0, "step_time_s": 12.0,
+                            "reward_s": 1.5, "failed": 0}}
+    row = row_of(cell, cluster_of(cell, SCALES["quick"]), runs)
+    assert set(row["best"].values()) == {"fixed-dop:4"} and row["regret"]["act_mean_s"] < 1.0
+    assert row["runs"]["baseline"]["failed"] == 12
+    assert best_baselines([row], "act_mean_s")["per_workload"]["deepsearch"]["config"] == \
+        "fixed-dop:4"
