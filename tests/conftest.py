@@ -52,6 +52,26 @@ def sandbox_users_reach_python() -> None:
     reachable_by_sandboxes(Path(sys.executable))
 
 
+@pytest.fixture(scope="session", autouse=True)
+def sandbox_image() -> None:
+    """The docker backend's default image, built once before any test (what a server
+    builds when it is missing): on a fresh machine the first docker server would build it
+    inside some test, whose waits then depend on that build (issue 46 #5). Without a
+    Docker engine nothing is built here: the docker tests fail on their own (and
+    `.ci/run` refuses to start)."""
+    import docker
+    import docker.errors
+
+    try:
+        client = docker.from_env()
+        client.ping()
+    except docker.errors.DockerException:
+        return
+    from executor.backends.docker.backend import ensure_image
+
+    ensure_image(client)
+
+
 def reachable_by_sandboxes(path: Path) -> None:
     """Let other users pass through (o+x, not list) the directories above ``path``:
     as root, commands run as sandbox users, and pytest's temporary directories are 0700."""
