@@ -22,6 +22,7 @@ from executor.assemble import (
 from executor.backends.http.urls import parse_allow_list
 from executor.server.app import serve as run_server
 from executor.server.connections import HEADER_TIMEOUT_S
+from executor.server.journal import Journal, JournalError, reset
 from executor.server.limits import READ_TIMEOUT_S
 from tangram.cpu.admission import LIVE, MemoryAdmission
 from tangram_cli.checks import REWARD_COMMAND, reward_command_problem, sandbox_reach_problem
@@ -102,6 +103,10 @@ def serve(
         help="The reward command your rollouts run (e.g. the verl tool config's reward."
              "command): at start, a warning names its program (or its `-m` module) if the "
              "default sandbox lacks it. '' skips the check.")] = REWARD_COMMAND,
+    reset_state: Annotated[bool, typer.Option(
+        help="Start with an empty journal: the one in --state-dir (its actions and open "
+             "trajectories) is moved aside as journal.sqlite.reset-<time>, not deleted. For a "
+             "journal the server refuses at start (corrupt, or not owned by its user).")] = False,
     access_log: Annotated[bool, typer.Option(
         help="Log every HTTP request to stderr (off: at thousands of actions a second the "
              "log line costs a few percent of the server's CPU; the journal and /metrics "
@@ -159,6 +164,7 @@ def serve(
             if missing:
                 err.print(f"[bold yellow]warning:[/] {escape(missing)}", highlight=False,
                           soft_wrap=True)
+        check_journal(state_dir / "journal.sqlite", reset_state)
         token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
         if not os.environ.get("TANGRAM_TOKEN"):
             err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)
@@ -169,3 +175,21 @@ def serve(
         fail(str(e))
     settle()
     run_server(app_, host, port, access_log=access_log, header_timeout_s=header_timeout_s)
+
+
+def check_journal(path: Path, reset_state: bool) -> None:
+    """Open the journal once before serving: one that cannot be used stops the start here with
+    its message (exit 2), not as a traceback from the server's startup. ``reset_state``
+    first moves it aside."""
+    if reset_state:
+        try:
+            moved = reset(path)
+        except OSError as e:
+            fail(f"--reset-state: cannot move {path} aside ({e.strerror})")
+        for dest in moved:
+            err.print(f"--reset-state: moved aside as {escape(str(dest))}", highlight=False,
+                      soft_wrap=True)
+    try:
+        Journal(path).close()
+    except JournalError as e:
+        fail(str(e))

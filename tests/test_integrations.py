@@ -149,7 +149,7 @@ def test_verl_loader_refuses_a_malformed_tool_config_at_load(tmp_path, monkeypat
     assert 'cpu: "1"  ' in good
     bad = tmp_path / "tool.yaml"
     bad.write_text(good.replace('cpu: "1"  ', 'cpu: "one"', 1))
-    with pytest.raises(ValueError, match=r"config\.cpu: expected core counts"):
+    with pytest.raises(ValueError, match=r"config\.cpu: expected .4., .1-32. or .1,2,4,8., got .one."):
         tool_registry.initialize_tools_from_config(str(bad))
     for n_cores in ("2", "1-8", "1,2,4", 3):
         assert TangramTool({"base_url": "u", "token": "t", "cpu": n_cores,

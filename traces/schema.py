@@ -13,7 +13,6 @@ schema_version=1``; JSONL as a first object ``{"tangram_trace": true,
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 from collections.abc import Iterator, Sequence
@@ -27,6 +26,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from tangram.model import Action, Demand, Elasticity, quota_resource
+from tangram.units import parse_units
 
 SCHEMA_VERSION = 1
 
@@ -71,26 +71,20 @@ class TraceError(ValueError):
         super().__init__(f"invalid trace ({len(problems)} problem(s)):\n  " + "\n  ".join(shown) + more)
 
 
-def parse_set(spec: Any) -> Demand | None:
-    """``"4"``, ``"1-32"``, ``"1,2,4,8"`` or ``""`` -> Demand (None for empty)."""
+def parse_set(spec: Any, field: str = "units") -> Demand | None:
+    """``"4"``, ``"1-32"``, ``"1,2,4,8"`` or ``""`` -> Demand (None for empty): a cell of a
+    set column, through tangram.units' bounded parser (whole counts, checked before any
+    expansion). No cache here: a reader memoises a column's distinct texts itself
+    (:class:`TraceColumns`), so nothing outlives the trace it came from."""
     if spec is None or (isinstance(spec, float) and math.isnan(spec)):
         return None
-    if isinstance(spec, int | float) and not isinstance(spec, bool):
-        return Demand.fixed(float(spec) if spec != int(spec) else int(spec))
-    return _parse_text(str(spec).strip())
-
-
-@functools.lru_cache(maxsize=4096)
-def _parse_text(text: str) -> Demand | None:
-    """parse_set of a text: a trace repeats a handful of sets over millions of rows, and a
-    Demand is a frozen value, so each distinct text is parsed (and checked) once."""
-    if not text:
+    if isinstance(spec, np.generic):
+        spec = spec.item()
+    if isinstance(spec, float) and spec.is_integer():
+        spec = int(spec)
+    if isinstance(spec, str) and not spec.strip():
         return None
-    if "-" in text and "," not in text:
-        lo, hi = text.split("-", 1)
-        return Demand.range(int(lo), int(hi))
-    vals = [float(v) if "." in v else int(v) for v in text.split(",")]
-    return Demand.discrete(vals)
+    return parse_units(spec, field)
 
 
 def format_set(demand: Demand | None) -> str:
@@ -259,15 +253,15 @@ def validate(df: pd.DataFrame, version: int | None = SCHEMA_VERSION) -> pd.DataF
     bad(pf.notna() & ((pf < 0) | (pf > 1)), "parallel_fraction", "must be in [0, 1]")
     bad(~out["elastic"].isin(["", "cpu", "gpu"]), "elastic", "must be '', 'cpu' or 'gpu'")
     for col in ("cpu_cores", "gpus"):
-        for row, spec in out[col].items():
+        # each distinct text is parsed once (a trace repeats a handful over millions of rows)
+        for spec in out[col].unique():
             try:
-                d = parse_set(spec)
+                d = parse_set(spec, col)
             except ValueError as e:
-                problems.append(f"row {row + 1}, column {col!r}, value {spec!r}: {e}")
+                bad(out[col] == spec, col, str(e).removeprefix(f"{col}: "))
                 continue
             if d is not None and col == "gpus" and any(c not in (1, 2, 4, 8) for c in d.choices):
-                problems.append(f"row {row + 1}, column 'gpus', value {spec!r}: "
-                                "GPU counts must be 1, 2, 4 or 8")
+                bad(out[col] == spec, col, "GPU counts must be 1, 2, 4 or 8")
     bad((out["elastic"] == "cpu") & (out["cpu_cores"] == ""), "elastic",
         "elastic on cpu but cpu_cores is empty")
     bad((out["elastic"] == "gpu") & (out["gpus"] == ""), "elastic",
@@ -386,15 +380,27 @@ def _shared(column: pd.Series) -> np.ndarray:
     return np.asarray(uniques, dtype=object)[codes]
 
 
+def _parsed(column: pd.Series, name: str) -> np.ndarray:
+    """A set column as an array of one Demand (or None) per row, each distinct text parsed once."""
+    codes, uniques = pd.factorize(column, use_na_sentinel=False)
+    parsed = np.empty(len(uniques), dtype=object)
+    for k, text in enumerate(uniques):
+        parsed[k] = parse_set(text, name)
+    return parsed[codes]
+
+
 class TraceColumns:
     """A validated trace's columns as arrays (no objects per row beyond the frame's own
     cells): what :class:`Steps` builds a step from."""
 
-    __slots__ = ("cols",)
+    __slots__ = ("cols", "sets")
 
     def __init__(self, df: pd.DataFrame) -> None:
         self.cols = {c: _shared(df[c]) if kind in ("str", "set") else df[c].to_numpy()
                      for c, (kind, *_) in COLUMNS.items()}
+        #: the set columns parsed, one Demand per distinct text shared by its rows: parsed
+        #: once here rather than per step, and dropped with the trace (no global cache)
+        self.sets = {c: _parsed(df[c], c) for c, (kind, *_) in COLUMNS.items() if kind == "set"}
 
     def __len__(self) -> int:
         return len(self.cols["trajectory"])
@@ -409,8 +415,8 @@ class TraceColumns:
         the payload carries what a live backend needs."""
         cols = self.cols
         cost: dict[str, Demand] = {}
-        cpu = parse_set(cols["cpu_cores"][i])
-        gpu = parse_set(cols["gpus"][i])
+        cpu = self.sets["cpu_cores"][i]
+        gpu = self.sets["gpus"][i]
         if gpu is not None:
             cost["gpu"] = gpu
         elif cpu is not None:

@@ -16,13 +16,22 @@ Open trajectories are journalled too (written at once, as their open's answer pr
 them), and forgotten at their close: a server restarted on the same state directory
 opens again those a crash (or a stop) left open (executor/server/service.py), so their
 clients' next submits find them.
+
+A journal that cannot be used stops the server at start with one message (:class:`JournalError`:
+the file, what is wrong, and the choices), never a traceback: one that is not a regular file, is
+not owned by the server's user (a journal a sandbox could have written would reopen and replay
+whatever it says), or that SQLite cannot read whole (truncated, garbage). Nothing is repaired or
+replaced silently: its actions and open trajectories are the operator's to keep or drop.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
+import os
 import sqlite3
+import stat
+import time
 from pathlib import Path
 
 from executor.server.schemas import ActionOut
@@ -32,10 +41,80 @@ RESTARTED = ("the server restarted before this action finished; submit it again 
 SHUTDOWN = "the server shut down before this action finished; submit it again under a new id"
 
 
+#: SQLite's files of one journal: the database and, in WAL mode, its log and shared index
+SIDE_FILES = ("", "-wal", "-shm")
+
+
+class JournalError(Exception):
+    """The journal cannot be used; the message names the file and what to do."""
+
+
+def _choices(path: Path) -> str:
+    return (f"Either move it aside (`mv {path} {path}.bad`, and its -wal/-shm files if any) "
+            "and start again, or start with `tangram serve --reset-state`, which moves it "
+            "aside for you; either way the server starts with an empty journal (the actions "
+            "and open trajectories it holds are not restored).")
+
+
+def _file_problem(path: Path) -> str | None:
+    """Why a journal file (or its -wal/-shm) must not be opened, before SQLite touches it:
+    SQLite follows a symlink, blocks on a FIFO, and takes a journal whoever wrote it."""
+    for suffix in SIDE_FILES:
+        p = Path(f"{path}{suffix}")
+        try:
+            st = p.lstat()
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            return f"{p} cannot be read ({e.strerror})"
+        if stat.S_ISDIR(st.st_mode):
+            return f"{p} is a directory, not a journal"
+        if not stat.S_ISREG(st.st_mode):
+            return f"{p} is not a regular file (a symlink, device or pipe)"
+        if st.st_uid != os.geteuid():
+            return (f"{p} is owned by uid {st.st_uid}, not by this server's user (uid "
+                    f"{os.geteuid()}): someone else may have written it, so it is refused "
+                    f"(if you trust it, `chown {os.geteuid()} {p}`)")
+    return None
+
+
+def reset(path: Path) -> list[Path]:
+    """``--reset-state``: move the journal's files aside (renamed with the time, never
+    deleted), so that the server starts with an empty journal; the new names."""
+    stamp = time.strftime("%Y%m%dT%H%M%S")
+    moved = []
+    for suffix in SIDE_FILES:
+        p = Path(f"{path}{suffix}")
+        if p.is_symlink() or p.exists():
+            dest = Path(f"{path}.reset-{stamp}{suffix}")
+            p.rename(dest)
+            moved.append(dest)
+    return moved
+
+
 class Journal:
     def __init__(self, path: Path) -> None:
+        """Open (or create) the journal at ``path``; :class:`JournalError` if it cannot be used."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        problem = _file_problem(path)
+        if problem:
+            raise JournalError(f"the journal cannot be used: {problem}. {_choices(path)}")
+        #: results not written yet, in the order they came
+        self._finished: list[tuple[str, str, bytes, str]] = []
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        try:
+            self._prepare()
+        except sqlite3.Error as e:
+            self.db.close()
+            raise JournalError(f"the journal {path} cannot be read ({e}: truncated, or not "
+                               f"a journal). {_choices(path)}") from None
+
+    def _prepare(self) -> None:
+        # a database SQLite can open may still be cut short: every page is checked once at
+        # start (about a second per GB), not found out by a request that reads the bad page
+        bad = [r[0] for r in self.db.execute("PRAGMA quick_check")]
+        if bad != ["ok"]:
+            raise sqlite3.DatabaseError("; ".join(bad[:3]))
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=NORMAL")
         cols = {r[1] for r in self.db.execute("PRAGMA table_info(actions)")}
@@ -45,8 +124,6 @@ class Journal:
                         "TEXT, body TEXT, status TEXT, result TEXT, output BLOB)")
         self.db.execute("CREATE TABLE IF NOT EXISTS trajectories (id TEXT PRIMARY KEY, task "
                         "TEXT, mem_gb REAL, image TEXT)")
-        #: results not written yet, in the order they came
-        self._finished: list[tuple[str, str, bytes, str]] = []
 
     def recover(self) -> int:
         """Mark what a previous process left unfinished as failed; how many."""

@@ -11,12 +11,12 @@ the service.
 
 from __future__ import annotations
 
-import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, ValidationInfo, field_validator
 
 from tangram.model import BASE_RESOURCES, Action, Demand, Elasticity, quota_resource
+from tangram.units import MAX_TEXT, parse_units
 
 #: ids of trajectories and actions: letters, digits and ``-_.:``, 1-128 chars, not only dots
 #: (so never ``.`` or ``..``)
@@ -31,8 +31,6 @@ MAX_ARGS = 4096
 MAX_TIMEOUT_S = 24 * 3600.0
 #: the shortest timeout an action may ask for (a GPU endpoint's ``timeout_s`` too)
 MIN_TIMEOUT_S = 0.01
-#: a sanity bound on core counts before the server compares them with its machine
-MAX_CORES = 4096
 MAX_ENV = 256
 
 Id = Annotated[str, StringConstraints(pattern=ID_PATTERN, max_length=ID_MAX)]
@@ -42,7 +40,6 @@ Name = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9_.:-]{1,100}$")]
 #: docker image references: registry/name:tag@digest characters only
 Image = Annotated[str, StringConstraints(pattern=r"^[A-Za-z0-9][A-Za-z0-9_.:/@+-]{0,254}$")]
 
-_CPU = re.compile(r"^\s*(\d{1,6})\s*(?:-\s*(\d{1,6})\s*)?$")
 _STRICT = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
 
 
@@ -50,29 +47,6 @@ def _no_nul(text: str, where: str) -> str:
     if "\x00" in text:
         raise ValueError(f"{where}: NUL bytes cannot be passed to a process")
     return text
-
-
-def parse_cores(text: str) -> Demand:
-    """``"2"``, ``"1-8"`` or ``"1,2,4"`` -> Demand, without ever building a huge set."""
-    parts = text.split(",")
-    if len(parts) > 64:
-        raise ValueError("at most 64 alternatives")
-    if len(parts) == 1:
-        m = _CPU.match(text)
-        if not m:
-            raise ValueError(f"expected '2', '1-8' or '1,2,4', got {text[:40]!r}")
-        lo, hi = int(m.group(1)), int(m.group(2) or m.group(1))
-        if lo < 1 or hi > MAX_CORES or lo > hi:
-            raise ValueError(f"{text!r}: need 1 <= min <= max <= {MAX_CORES}")
-        return Demand.fixed(lo) if lo == hi else Demand.range(lo, hi)
-    vals = []
-    for p in parts:
-        if not p.strip().isdigit():
-            raise ValueError(f"expected '2', '1-8' or '1,2,4', got {text[:40]!r}")
-        vals.append(int(p))
-    if min(vals) < 1 or max(vals) > MAX_CORES:
-        raise ValueError(f"{text!r}: core counts must be in 1..{MAX_CORES}")
-    return Demand.discrete(vals)
 
 
 class TrajectoryIn(BaseModel):
@@ -119,7 +93,7 @@ class ActionIn(BaseModel):
                         "sandbox (the command is one argument, never interpolated).")
     request: RequestSpec | None = Field(
         None, description="An outbound API call instead of a command: {method, url, json, ...}.")
-    cpu: str = Field("1", max_length=400, description="Feasible core counts: '2', '1-8' or "
+    cpu: str = Field("1", max_length=MAX_TEXT, description="Feasible core counts: '2', '1-8' or "
                      "'1,2,4' (counts above the machine's cores are dropped).")
     elastic: bool = Field(False, description="Cores are the key elastic resource (pytest -n).")
     t1_s: float | None = Field(None, ge=0, le=1e7, description="Profiled duration on one core (s).")
@@ -131,15 +105,17 @@ class ActionIn(BaseModel):
                                     f"{MAX_TIMEOUT_S:g}, also the default).")
     env: dict[EnvKey, str] = Field(default_factory=dict, max_length=MAX_ENV)
     service: Name | None = Field(None, description="GPU service (model) to call: a GPU action.")
-    gpus: str = Field("1", max_length=100,
+    gpus: str = Field("1", max_length=MAX_TEXT,
                       description="GPU action: feasible GPU counts, '1' or '1,2,4,8'.")
     inputs: dict[str, Any] | None = Field(
         None, description="GPU action: {op: 'logprobs' | 'score', tokens: [[ids]], yes_token}.")
 
-    @field_validator("cpu")
+    @field_validator("cpu", "gpus")
     @classmethod
-    def _cpu(cls, v: str) -> str:
-        parse_cores(v)
+    def _units(cls, v: str, info: ValidationInfo) -> str:
+        # both checked here, whatever the action's kind: a GPU count set is parsed (bounded)
+        # before a handler sees it, and the GPU part then checks its counts are 1, 2, 4, 8
+        parse_units(v, info.field_name or "units")
         return v
 
     @field_validator("quota")
@@ -205,7 +181,7 @@ class ActionIn(BaseModel):
             elastic = "gpu" if self.elastic and cost["gpu"].elastic else None
         else:
             if self.request is None:
-                demand = parse_cores(self.cpu)
+                demand = parse_units(self.cpu, "cpu")
                 fitting = tuple(c for c in demand.choices if c <= max_cores)
                 # counts the machine cannot grant are infeasible anyway; the smallest one
                 # is kept so that the core's check names the problem when none fits

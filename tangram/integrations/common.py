@@ -21,6 +21,7 @@ from typing import Any, TypeVar
 import httpx
 
 from tangram.client import TangramError, TangramSyncClient
+from tangram.units import parse_units
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -38,8 +39,6 @@ REWARD_KEYS = ("command", "cpu", "elastic", "t1_s", "parallel_fraction", "timeou
 #: answered as a 422 to every one of the model's calls
 MAX_MEM_GB = 4096.0
 MAX_TIMEOUT_S = 24 * 3600.0
-MAX_CORES = 4096
-_CORES = re.compile(r"^\s*(\d{1,6})\s*(?:-\s*(\d{1,6})\s*)?$")
 
 
 def _num(where: str, value: Any, *, positive: bool = True, most: float | None = None) -> float:
@@ -53,23 +52,10 @@ def _num(where: str, value: Any, *, positive: bool = True, most: float | None = 
 
 
 def _cores(where: str, value: Any) -> str:
-    """Feasible core counts as the server takes them: ``2``, ``"1-8"`` or ``"1,2,4"``."""
-    if isinstance(value, bool) or not isinstance(value, int | str):
-        raise ValueError(f"{where}: expected core counts such as 2, '1-8' or '1,2,4', "
-                         f"got {value!r}")
-    text = str(value)
-    parts = text.split(",")
-    bounds: list[int] = []
-    for part in parts:
-        m = _CORES.match(part)
-        if not m or (len(parts) > 1 and m.group(2)):
-            raise ValueError(f"{where}: expected core counts such as 2, '1-8' or '1,2,4', "
-                             f"got {value!r}")
-        bounds += [int(m.group(1)), int(m.group(2) or m.group(1))]
-    if min(bounds) < 1 or max(bounds) > MAX_CORES or (len(parts) == 1 and bounds[0] > bounds[1]):
-        raise ValueError(f"{where}: core counts must be 1 <= min <= max <= {MAX_CORES}, "
-                         f"got {value!r}")
-    return text
+    """Feasible core counts as the server takes them: ``2``, ``"1-8"`` or ``"1,2,4"``
+    (tangram.units, the server's own bounded parser)."""
+    parse_units(value, where)
+    return str(value)
 
 
 def _text(where: str, value: Any) -> str:
