@@ -56,3 +56,26 @@ def test_without_a_loop_results_are_written_at_once(tmp_path):
     commits = _commits(journal)
     journal.finished(ActionOut(id="a", trajectory="t", status="ok"))
     assert commits == ["COMMIT"]
+
+
+def test_what_the_journal_keeps_is_bounded(tmp_path, monkeypatch):
+    """Issue 45 #11: an output's last KEPT_OUTPUT bytes after a line saying what was
+    dropped; the newest KEPT_RESULTS actions' rows, an unfinished one never pruned."""
+    from executor.server import journal as module
+
+    monkeypatch.setattr(module, "KEPT_RESULTS", 5)
+    monkeypatch.setattr(module, "PRUNE_EVERY", 2)
+    journal = Journal(tmp_path / "j.sqlite")
+    journal.submitted("waiting", "t", "{}")
+    big = "x" * (module.KEPT_OUTPUT * 3) + "the end"
+    for i in range(12):
+        journal.submitted(f"a{i}", "t", "{}")
+        journal.finished(ActionOut(id=f"a{i}", trajectory="t", status="ok",
+                                   output=big if i == 11 else f"o{i}"))
+    kept = journal.get("a11").output
+    assert kept.endswith("the end") and len(kept.encode()) < module.KEPT_OUTPUT + 200
+    assert kept.startswith(f"[tangram: the first {len(big) - module.KEPT_OUTPUT} bytes")
+    rows = {r[0] for r in journal.db.execute("SELECT id FROM actions")}
+    assert "waiting" in rows and "a0" not in rows and {"a9", "a10", "a11"} <= rows
+    assert len(rows) <= 5 + 2 + 1, rows  # (pruned every PRUNE_EVERY results)
+    journal.close()

@@ -17,6 +17,12 @@ them), and forgotten at their close: a server restarted on the same state direct
 opens again those a crash (or a stop) left open (executor/server/service.py), so their
 clients' next submits find them.
 
+What it keeps is bounded (issue 45 #11): an output's last ``KEPT_OUTPUT`` bytes (64 KiB; a
+client reading the result while the server holds it, ``--result-ttl-s``, gets the whole 1 MiB
+tail the backend kept), and the rows of the newest ``KEPT_RESULTS`` actions (50,000: at most
+~3.2 GB of outputs in the worst case, a few MB for ordinary ones); older finished ones are
+deleted every ``PRUNE_EVERY`` results. An action still queued or running is never pruned.
+
 A journal that cannot be used stops the server at start with one message (:class:`JournalError`:
 the file, what is wrong, and the choices), never a traceback: one that is not a regular file, is
 not owned by the server's user (a journal a sandbox could have written would reopen and replay
@@ -92,6 +98,23 @@ def reset(path: Path) -> list[Path]:
     return moved
 
 
+#: the bytes of an output the journal keeps (its end, after a marker)
+KEPT_OUTPUT = 64 << 10
+#: finished actions the journal keeps (the newest), pruned every PRUNE_EVERY results
+KEPT_RESULTS = 50_000
+PRUNE_EVERY = 1_000
+
+
+def kept(output: str) -> bytes:
+    """What the journal keeps of an output: all of it up to KEPT_OUTPUT bytes, else a line
+    saying how much was dropped and the last KEPT_OUTPUT bytes."""
+    data = output.encode("utf-8", "surrogateescape")
+    if len(data) <= KEPT_OUTPUT:
+        return data
+    return (f"[tangram: the first {len(data) - KEPT_OUTPUT} bytes of this output are not in "
+            f"the journal; it keeps the last {KEPT_OUTPUT}]\n").encode() + data[-KEPT_OUTPUT:]
+
+
 class Journal:
     def __init__(self, path: Path) -> None:
         """Open (or create) the journal at ``path``; :class:`JournalError` if it cannot be used."""
@@ -101,6 +124,7 @@ class Journal:
             raise JournalError(f"the journal cannot be used: {problem}. {_choices(path)}")
         #: results not written yet, in the order they came
         self._finished: list[tuple[str, str, bytes, str]] = []
+        self._since_prune = 0
         self.db = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         try:
             self._prepare()
@@ -144,8 +168,7 @@ class Journal:
 
     def finished(self, out: ActionOut) -> None:
         meta = out.model_dump_json(exclude={"output"})
-        self._finished.append((out.status, meta, out.output.encode("utf-8", "surrogateescape"),
-                               out.id))
+        self._finished.append((out.status, meta, kept(out.output), out.id))
         if len(self._finished) > 1:
             return  # the batch's write is already due
         try:
@@ -158,10 +181,16 @@ class Journal:
         if not self._finished:
             return
         rows, self._finished = self._finished, []
+        self._since_prune += len(rows)
         self.db.execute("BEGIN")
         try:
             self.db.executemany("UPDATE actions SET status=?, result=?, output=? WHERE id=?",
                                 rows)
+            if self._since_prune >= PRUNE_EVERY:
+                self._since_prune = 0
+                self.db.execute("DELETE FROM actions WHERE status NOT IN ('queued', 'running') "
+                                "AND rowid <= (SELECT MAX(rowid) FROM actions) - ?",
+                                (KEPT_RESULTS,))
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
