@@ -184,3 +184,50 @@ def test_a_container_that_dies_during_a_call_is_announced_once(docker_server):
         assert not render(again).startswith(STATE_LOST_NOTE)
         assert http.get(f"/v1/trajectories/{tid}").json()["state_lost"] == 1
         assert http.delete(f"/v1/trajectories/{tid}").status_code == 200
+
+
+@pytest.mark.parametrize("cgroup", ["own cgroup", "marked sweep"])
+def test_process_backend_ends_the_tree_either_way(cgroup, tmp_path, monkeypatch):
+    """Both ways the process backend finds an action's tree: its own cgroup (root, cgroup
+    v2: this machine) and, where none can be made, the processes carrying its mark. A
+    cancelled action's daemon is gone when its outcome is reported."""
+    import os
+
+    from conftest import reachable_by_sandboxes
+
+    from executor.backends.process import backend as process
+    from executor.driver import LiveExecutor
+    from executor.node.local import local_cluster
+    from tangram.core import Tangram
+    from tangram.model import Action, Demand
+
+    if cgroup == "own cgroup":
+        probe = process.ActionGroups.here("probe") if os.geteuid() == 0 else None
+        if probe is None:
+            pytest.skip("no cgroup v2 the server can make here")
+        probe.close()
+    if cgroup == "marked sweep":
+        monkeypatch.setattr(process.ActionGroups, "here", classmethod(lambda cls, mark: None))
+    reachable_by_sandboxes(tmp_path / "work")
+    marker = f"loop-{uuid.uuid4().hex}"
+
+    async def go() -> None:
+        backend = process.ProcessBackend(tmp_path / "work")
+        assert (backend._trees is not None) == (cgroup == "own cgroup")
+        ex = LiveExecutor(Tangram(local_cluster()), backend)
+        try:
+            ex.open_trajectory("a", "t", 0.25)
+            action = Action("c1", "t", "a", "shell", {"cpu": Demand.fixed(1)},
+                            payload={"command": _daemon(marker), "shell": True})
+            running = asyncio.ensure_future(ex.run(action))
+            await until(lambda: procs_with(marker), 300, f"{marker!r} running")
+            ex.cancel("c1")
+            _, out = await running
+            left = procs_with(marker)
+            assert out.exit_code == -9, out
+            assert left == [], f"cancelled, but the daemon loop still runs: pids {left}"
+            ex.close_trajectory("a")
+        finally:
+            ex.shutdown()
+
+    asyncio.run(go())
