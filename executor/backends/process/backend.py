@@ -38,8 +38,7 @@ from executor.backends.process.cage import Cages, MemoryLimits
 from executor.backends.process.fork import run_fork
 from executor.backends.process.reaper import Leftovers, Reaper, clean
 from executor.backends.process.sweep import sweep
-from executor.backends.process.tree import END_WAIT_S, ActionGroup, ActionGroups
-from executor.backends.process.tree import remove as remove_groups
+from executor.backends.process.tree import END_WAIT_S, ActionGroup, ActionGroups, remove_groups
 from executor.backends.process.uids import (
     BLOCK,
     UidBlock,
@@ -370,12 +369,12 @@ class ProcessBackend:
         env = self._command_env(d, cores, mark, cwd, uid)
         kills = self._memory.kills(d.action.trajectory)
         aid = d.action.id
-        group = self._trees.make(d.action.trajectory) if self._trees is not None else None
+        group = self._action_group(d.action.trajectory)
         try:
             proc, watched = await self._spawn(argv, d, cores, cwd, env, uid, group)
         except (OSError, ValueError, subprocess.SubprocessError) as e:  # ValueError: NUL in an arg
             if group is not None:
-                group.remove()
+                self._trees.give(d.action.trajectory, group)  # type: ignore[union-attr]
             on_done(Outcome(aid, "failed", None, error=f"cannot start {argv[0]!r}: {e}"))
             return
         finally:
@@ -407,8 +406,8 @@ class ProcessBackend:
             self._action_marks.pop(aid, None)
             self._groups.pop(aid, None)
             self._cancelled.discard(aid)
-        if group is not None:
-            group.remove()  # unless a background child it left holds it (removed at close)
+        if group is not None:  # for a later action, unless a background child keeps it
+            self._trees.give(d.action.trajectory, group)  # type: ignore[union-attr]
         t_exited = time.time()
         extra = {"argv": argv, "cores": sorted(cores), "spawn_s": t_spawned - t_start,
                  "t_spawned": t_spawned, "t_exited": t_exited}
@@ -420,6 +419,19 @@ class ProcessBackend:
             return
         on_done(outcome_of(d, proc.returncode, output, timed_out, timeout or 0, extra,
                            overhead_s=t_spawned - t_start))
+
+    def _action_group(self, trajectory: str) -> ActionGroup | None:
+        """A cgroup for an action of ``trajectory``; None where there are none, or this one
+        cannot be made (e.g. the hierarchy's ``cgroup.max.descendants``): then its tree is
+        found by its mark."""
+        if self._trees is None:
+            return None
+        try:
+            return self._trees.take()
+        except OSError as e:
+            log.warning("trajectory %r: no cgroup for an action (%s): its processes are "
+                        "found by their mark", trajectory, e)
+            return None
 
     async def _wait_exit(self, proc: asyncio.subprocess.Process, watched: _Watched,
                          timeout: float | None, group: ActionGroup | None) -> bool:
@@ -536,7 +548,7 @@ class ProcessBackend:
         uid = self._uid_of.pop(trajectory, None)
         self._dirs.pop(trajectory, None)
         cage = self._memory.close(trajectory)
-        groups = self._trees.forget(trajectory) if self._trees is not None else None
+        groups = self._trees.forget(trajectory) if self._trees is not None else []
         path = self.root / dir_name(trajectory)
         gone = None
         if not self.keep_workdirs and path.exists():
@@ -546,7 +558,7 @@ class ProcessBackend:
             path.rename(gone)
 
         def give_back() -> None:  # once nothing of its id runs: for another trajectory
-            if groups is not None:  # its actions' cgroups (and what a mark missed: killed)
+            if groups:  # its daemons' cgroups (emptied by the kill above)
                 remove_groups(groups)
             if cage is not None:
                 Cages.remove(cage)
