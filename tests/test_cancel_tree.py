@@ -231,3 +231,42 @@ def test_process_backend_ends_the_tree_either_way(cgroup, tmp_path, monkeypatch)
             ex.shutdown()
 
     asyncio.run(go())
+
+
+def test_docker_exec_path_cancel_keeps_the_sandbox(tmp_path):
+    """The same on a sandbox without an agent (``docker exec``): the exec's processes carry
+    the action's mark too, so the host ends them and the container stays."""
+    from executor.backends.docker.backend import DockerBackend
+    from executor.driver import LiveExecutor
+    from executor.node.local import local_cluster
+    from tangram.core import Tangram
+    from tangram.model import Action, Demand
+
+    marker = f"loop-{uuid.uuid4().hex}"
+
+    def act(aid: str, command: str) -> Action:
+        return Action(aid, "t", "a", "shell", {"cpu": Demand.fixed(1)},
+                      payload={"command": command, "shell": True, "timeout_s": 900})
+
+    async def go() -> None:
+        backend = DockerBackend(owner=f"cancel-{tmp_path.name}", agent=False)
+        ex = LiveExecutor(Tangram(local_cluster()), backend)
+        try:
+            ex.open_trajectory("a", "t", 0.25)
+            _, out = await ex.run(act("e1", "echo kept > f.txt"))
+            assert out.status == "ok", out
+            running = asyncio.ensure_future(ex.run(act("e2", _daemon(marker))))
+            await until(lambda: procs_with(marker), 300, f"{marker!r} running")
+            ex.cancel("e2")
+            _, out = await running
+            left = procs_with(marker)
+            assert left == [], f"cancelled, but the daemon loop still runs: pids {left}"
+            _, out = await ex.run(act("e3", "cat f.txt"))
+            assert out.status == "ok" and out.output == "kept\n", out
+            assert not out.extra.get("state_lost"), out
+            ex.close_trajectory("a")
+        finally:
+            ex.shutdown()
+        assert backend.remove_all() == 0
+
+    asyncio.run(go())
