@@ -135,18 +135,22 @@ def test_docker_cancel_ends_the_action_not_the_sandbox(docker_server):
     """Issue 47 #2: a cancelled call killed the container and the rollout's files went with
     it. Now: the same container, its files, and no process of the cancelled action left
     in it (its setsid daemon included)."""
-    marker = f"loop-{uuid.uuid4().hex}"
+    marker, unmarked = f"loop-{uuid.uuid4().hex}", f"unmarked-{uuid.uuid4().hex}"
     with _client(docker_server) as http:
         tid = http.post("/v1/trajectories", json={}).json()["id"]
         _submit(http, tid, "keep1", command="echo kept > f.txt", shell=True)
         assert _result(http, "keep1")["status"] == "ok"
         box = _container(tid)
-        _submit(http, tid, "keep2", command=_daemon(marker), shell=True, timeout_s=900)
+        # and a child that cleared its environment (no mark) in a session of its own: found
+        # as a descendant of a marked process
+        _submit(http, tid, "keep2", shell=True, timeout_s=900,
+                command=f"setsid env -i sh -c 'sleep 600' {unmarked} & " + _daemon(marker))
         _appears(marker)
+        _appears(unmarked)
         assert http.delete("/v1/actions/keep2").json()["status"] == "cancelled"
         inside = [p for p in box.top(ps_args="-eo pid,args")["Processes"]
-                  if marker in " ".join(p)]
-        assert inside == [] and procs_with(marker) == [], inside
+                  if marker in " ".join(p) or unmarked in " ".join(p)]
+        assert inside == [] and procs_with(marker) == procs_with(unmarked) == [], inside
         _submit(http, tid, "keep3", command="cat f.txt", shell=True)
         res = _result(http, "keep3")
         assert res["status"] == "ok" and res["output"] == "kept\n", res

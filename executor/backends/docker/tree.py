@@ -87,7 +87,8 @@ def end_action(list_pids: Callable[[], list[int] | None], mark: str,
                wait_s: float = END_WAIT_S) -> bool:
     """SIGKILL the action's processes (:func:`action_pids` of what ``list_pids`` gives)
     scan after scan until none is left; False where the container's processes cannot be
-    listed, or some were still there after ``wait_s`` (blocking: off the event loop)."""
+    listed, or some were still there after ``wait_s`` (with 0: one kill pass, False if it
+    found any; blocking: off the event loop)."""
     deadline = time.monotonic() + wait_s
     while True:
         pids = list_pids()
@@ -96,13 +97,14 @@ def end_action(list_pids: Callable[[], list[int] | None], mark: str,
         found = action_pids(pids, mark)
         if not found:
             return True
-        if time.monotonic() > deadline:
-            log.warning("action processes %s (mark %s) still there %g s after SIGKILL",
-                        found[:10], mark, wait_s)
-            return False
         for pid in found:
             try:
                 os.kill(pid, signal.SIGKILL)
             except OSError:
                 pass
+        if time.monotonic() > deadline:  # (wait_s 0: one pass, not waited for)
+            if wait_s:
+                log.warning("action processes %s (mark %s) still there %g s after SIGKILL",
+                            found[:10], mark, wait_s)
+            return False
         time.sleep(0.01)
