@@ -67,15 +67,49 @@ def read_tail(fd: int, sink: list, stop: threading.Event) -> None:
     sink.append(bytes(buf[-MAX_OUTPUT:]))
 
 
+def descendants(pid: int) -> list:
+    """The processes below ``pid`` (by their parent, from /proc/<pid>/stat, which any
+    user may read): a child that left the group (``setsid``) and cleared its environment
+    is still its parent's."""
+    children: dict = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
 def kill_group(proc: subprocess.Popen) -> None:
-    """SIGKILL the command's process group (what left it, the host kills by its mark)."""
-    with RUNNING_LOCK:  # (not once it was reaped: its pid may be another's by then)
-        if proc.returncode is None:  # (a reap between the test and the kill: a pid freed
-            # for microseconds, not reused in them)
+    """SIGKILL the command, its process group and every process below it, the tree read
+    before each pass (a child killed first would leave its own children to init). What
+    left it before (a daemon re-parented away), the host kills by the action's mark."""
+    for _ in range(5):
+        with RUNNING_LOCK:  # (not once it was reaped: its pid may be another's by then)
+            if proc.returncode is not None:  # (a reap between the test and the kill: a
+                return  # pid freed for microseconds, not reused in them)
+            below = descendants(proc.pid)
+            for pid in below:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
             try:
                 os.killpg(proc.pid, signal.SIGKILL)
             except OSError:
                 pass
+        if not below:
+            return
 
 
 def cancel(mark: str) -> bool:
