@@ -13,6 +13,13 @@ socket (its directory is 0700 root), and cannot forge another action's result.
 The host still enforces every timeout itself: an agent that does not answer
 in time gets its container killed.
 
+Cancel and timeout end one action, not the sandbox: ``{"op": "cancel", "mark": M}``
+kills the process group of the running command whose request carried
+``TANGRAM_ACTION=M`` (a timeout kills its group the same way), and the host then kills
+whatever else carries the mark - ``setsid`` children, daemons - from outside
+(executor/backends/docker/tree.py: the agent may not read another user's environment).
+Other actions' commands, and the files, stay.
+
 Files (``{"op": "put", "parts": [...], "size": N}`` followed by N raw bytes, and
 ``{"op": "get", "parts": [...], "limit": N}`` answered by a JSON line and the
 bytes) are written and read here, inside the container, with executor/files.py's
@@ -44,6 +51,11 @@ from pathlib import Path
 
 MAX_OUTPUT = 1 << 20
 SANDBOX_UID = 65534  # "nobody"
+#: the variable of a command's environment that names its action (set by the host)
+ACTION_MARK = "TANGRAM_ACTION"
+#: running commands by their action's mark (a cancel's target)
+RUNNING: dict = {}
+RUNNING_LOCK = threading.Lock()
 #: variables the host set for the agent itself (its python), never given to commands
 AGENT_ONLY = ("PYTHONHOME", "PYTHONNOUSERSITE", "TANGRAM_AGENT_DROP")
 
@@ -82,17 +94,59 @@ def sandbox_pids() -> list:
     return pids
 
 
-def kill_sandbox_user() -> None:
-    """SIGKILL every command process, also those that left their group (setsid)."""
+def descendants(pid: int) -> list:
+    """The processes below ``pid`` (by their parent, from /proc/<pid>/stat, which any
+    user may read): a child that left the group (``setsid``) and cleared its environment
+    is still its parent's."""
+    children: dict = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+            ppid = int(stat[stat.rindex(b")") + 2:].split()[1])
+        except (OSError, ValueError, IndexError):
+            continue
+        children.setdefault(ppid, []).append(int(name))
+    out, stack = [], [pid]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            out.append(child)
+            stack.append(child)
+    return out
+
+
+def kill_group(proc: subprocess.Popen) -> None:
+    """SIGKILL the command, its process group and every process below it, the tree read
+    before each pass (a child killed first would leave its own children to init). What
+    left it before (a daemon re-parented away), the host kills by the action's mark."""
     for _ in range(5):
-        pids = sandbox_pids()
-        if not pids:
-            return
-        for pid in pids:
+        with RUNNING_LOCK:  # (not once it was reaped: its pid may be another's by then)
+            if proc.returncode is not None:  # (a reap between the test and the kill: a
+                return  # pid freed for microseconds, not reused in them)
+            below = descendants(proc.pid)
+            for pid in below:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except OSError:
+                    pass
             try:
-                os.kill(pid, signal.SIGKILL)
+                os.killpg(proc.pid, signal.SIGKILL)
             except OSError:
                 pass
+        if not below:
+            return
+
+
+def cancel(mark: str) -> bool:
+    """Kill the running command of the action marked ``mark``; False if none runs."""
+    with RUNNING_LOCK:
+        proc = RUNNING.get(mark)
+    if proc is None:
+        return False
+    kill_group(proc)
+    return True
 
 
 def oom_kills() -> int:
@@ -165,6 +219,21 @@ def run(req: dict) -> dict:
         return {"code": 127, "output": f"cannot start {req['argv'][0]!r}: {e}\n",
                 "t_start": t_start, "t_end": time.time(), "timed_out": False, "oom_kills": 0}
     demote(proc.pid)
+    mark = env.get(ACTION_MARK)
+    if mark:
+        with RUNNING_LOCK:
+            RUNNING[mark] = proc
+    try:
+        return finish(req, proc, timeout, t_start, ooms)
+    finally:
+        if mark:
+            with RUNNING_LOCK:
+                RUNNING.pop(mark, None)
+
+
+def finish(req: dict, proc: subprocess.Popen, timeout: "float | None", t_start: float,
+           ooms: int) -> dict:
+    """Wait for the command (killed at ``timeout``) and read its output: the answer."""
     sink: list = []
     stop = threading.Event()
     reader = threading.Thread(target=read_tail, args=(proc.stdout.fileno(), sink, stop),
@@ -172,13 +241,8 @@ def run(req: dict) -> dict:
     reader.start()
     timed_out = not exited(proc, timeout)
     if timed_out:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)  # the whole group, children too
-        except ProcessLookupError:
-            pass
+        kill_group(proc)  # the whole group; what left it (setsid), the host kills by mark
         proc.wait()
-        if root:
-            kill_sandbox_user()  # and whatever left the group (setsid)
     reader.join(0.5)
     if reader.is_alive():  # a background child still holds the output pipe: stop reading
         stop.set()
@@ -379,6 +443,9 @@ def handle(conn: socket.socket, workdir: str = "/work") -> None:
             data += chunk
         line, _, rest = data.partition(b"\n")
         req = json.loads(line)
+        if req.get("op") == "cancel":
+            conn.sendall(json.dumps({"running": cancel(str(req.get("mark")))}).encode() + b"\n")
+            return
         if req.get("op") in ("put", "get"):
             as_sandbox_user(conn, req, rest, workdir)
             return

@@ -28,6 +28,14 @@ gets its container killed (the action ends ``timeout``, the trajectory's next
 action gets a fresh container and ``state_lost``). An OOM kill is reported as
 status ``oom``.
 
+Cancel and timeout end the action, not the sandbox: the command's process group is
+killed by the agent and every other process of the action (``setsid`` children,
+daemons: they carry its mark) by the host, inside the running container
+(executor/backends/docker/tree.py); its files and the other actions stay, and the
+outcome - which frees the cores - comes once they are gone. Only where that cannot be
+done (the container's processes cannot be listed, or outlive SIGKILL) is the container
+killed; then the trajectory's next action, and only that one, says ``state_lost``.
+
 Memory of the machine (``Capabilities.sheds``): each container is bounded by its own
 limit, but their limits together may exceed the machine (admission overcommits by
 observed use, tangram/cpu/admission.py). When the core finds the machine short (its
@@ -67,7 +75,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, BinaryIO
 
@@ -78,6 +86,7 @@ from docker.types import DriverConfig, Mount
 
 from executor.backends.docker.fork import fork_containers
 from executor.backends.docker.limits import SANDBOX_WORKDIR, SandboxLimits
+from executor.backends.docker.tree import ACTION_MARK, cgroup_pids, end_action
 from executor.backends.process.backend import outcome_of
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
 from executor.files import MAX_FILE_BYTES, FileError
@@ -283,6 +292,14 @@ class DockerBackend:
         self._cgroup_template: tuple[str, str] | None = None
         self._lost: set[str] = set()  # trajectories whose container died: report at next action
         self._running: dict[str, str] = {}  # action id -> container id
+        #: running action -> its sandbox and the mark its processes carry (a cancel's target)
+        self._actions: dict[str, tuple[Sandbox, str]] = {}
+        #: running actions a cancel reached: their processes are ended before the outcome
+        self._cancelled: set[str] = set()
+        self._cancelling: set[str] = set()  # a cancel's kill pass in progress
+        #: cancels' kills, apart from the actions' threads (all busy with long commands,
+        #: they would wait behind them)
+        self._killers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tangram-kill")
         #: trajectory -> (when, why) its commands were killed for the machine's memory
         self._shed: dict[str, tuple[float, str]] = {}
         self._tasks: set[asyncio.Task] = set()  # actions running on the event loop
@@ -404,12 +421,70 @@ class DockerBackend:
         loop.call_soon_threadsafe(on_done, outcome)
 
     def cancel(self, action_id: str) -> None:
-        cid = self._running.get(action_id)
-        if cid:  # killing the exec'd tree: restart is the only portable way in Docker
+        """Stop a running action inside its container (its files and the other actions
+        stay): its outcome comes once its processes are gone (_end_tree). Asked again while
+        it ends (the service repeats a cancel), another kill pass unless one runs."""
+        running = self._actions.get(action_id)
+        if running is None or action_id in self._cancelling:
+            return
+        self._cancelled.add(action_id)
+        self._cancelling.add(action_id)
+        box, mark = running
+        try:
+            self._killers.submit(self._cancel_now, action_id, box, mark)
+        except RuntimeError:  # shutting down: its container goes anyway
+            self._cancelling.discard(action_id)
+
+    def _cancel_now(self, action_id: str, box: Sandbox, mark: str) -> None:
+        """One kill pass: the command's group by its agent, the rest of its processes by
+        their mark from here. Where the container's processes cannot be listed, the old
+        way: its container is killed (the action then ends, and its next action says
+        ``state_lost``)."""
+        try:
+            if box.socket:
+                self._agent_cancel(box, mark)
+            if not end_action(lambda: self._container_pids(box), mark, wait_s=0.0) \
+                    and self._container_pids(box) is None:
+                self._kill(box)
+        finally:
+            self._cancelling.discard(action_id)
+
+    def _agent_cancel(self, box: Sandbox, mark: str) -> None:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+            conn.settimeout(10)
             try:
-                self.client.api.kill(cid)
-            except docker.errors.APIError:
-                pass
+                conn.connect(box.socket)  # type: ignore[arg-type]
+                conn.sendall(json.dumps({"op": "cancel", "mark": mark}).encode() + b"\n")
+                conn.recv(1 << 10)
+            except OSError:
+                pass  # gone or stuck: the host's kill by mark still runs
+
+    def _container_pids(self, box: Sandbox) -> list[int] | None:
+        """The host pids of the container's processes: its cgroup's, else the engine's
+        ``top`` (None: neither could tell)."""
+        if box.cpuset_file:
+            pids = cgroup_pids(os.path.dirname(box.cpuset_file))
+            if pids is not None:
+                return pids
+        try:
+            top = self.client.api.top(box.container_id)
+            col = top["Titles"].index("PID")
+            return [int(row[col]) for row in top.get("Processes") or ()]
+        except (docker.errors.APIError, KeyError, ValueError, TypeError):
+            return None
+
+    def _end_tree(self, d: Dispatch, box: Sandbox, mark: str, outcome: Outcome) -> Outcome:
+        """After a cancelled or timed-out action's command ended: kill what is left of it
+        (its ``setsid`` children, its daemons) and wait until it is gone, so its cores are
+        freed only then. Where that cannot be done, the container is killed: the outcome
+        says so and the trajectory's next action says ``state_lost``."""
+        if end_action(lambda: self._container_pids(box), mark):
+            return outcome
+        self._kill(box)
+        self._forget(d.action.trajectory, box)
+        return replace(outcome, error=(outcome.error + "; " if outcome.error else "") + (
+            "its processes could not be ended inside the sandbox: its container was killed "
+            "and is recreated, without its files, at the trajectory's next action"))
 
     def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
         """Remember the memory limit its container gets at its first action. A trajectory
@@ -543,6 +618,7 @@ class DockerBackend:
             self._warm = []
             self._leftovers.clear()
         self._pool.shutdown(wait=False, cancel_futures=True)
+        self._killers.shutdown(wait=False, cancel_futures=True)
         # a creation in progress sees _closed and discards what it made
         self._creators.shutdown(wait=True, cancel_futures=True)
         if self._refiller is not None:
@@ -882,36 +958,45 @@ class DockerBackend:
         if isinstance(prepared, Outcome):
             return prepared, None
         argv, cores, timeout, env = prepared
+        aid, mark = d.action.id, env[ACTION_MARK]
         box, lost = self._sandbox(d.action.trajectory)
-        for attempt in (0, 1):
-            try:
-                update_s = self._grant(box, cores)
-            except docker.errors.APIError:
-                update_s = 0.0
-            self._running[d.action.id] = box.container_id
-            execute = self._agent_exec if box.socket else self._docker_exec
-            try:
-                code, output, t_exec, t_exited, timed_out, ooms = execute(
-                    box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
-                break
-            except AgentGone:
-                # the container died (or was killed) while idle: a fresh one, state lost
-                if attempt:
-                    raise
-                self._forget(d.action.trajectory, box)
-                box, _ = self._sandbox(d.action.trajectory)
-                lost = True
-            except (AgentSilent, docker.errors.APIError, OSError, ValueError) as e:
-                return self._exec_failed(d, box, timeout, e)
-            finally:
-                self._running.pop(d.action.id, None)
-        # An agent that answered was alive throughout (a dying one drops the connection);
-        # after `docker exec` only the engine can tell, and a signal-killed exec hints at it.
-        if not box.socket and not self._alive(
-                box.container_id, settle_s=1.0 if code is None or code >= 128 else 0):
-            return self._died(d, box), None
-        return self._outcome(d, box, lost, argv, cores, timeout, update_s, t_start,
-                             (code, output, t_exec, t_exited, timed_out, ooms))
+        try:
+            for attempt in (0, 1):
+                try:
+                    update_s = self._grant(box, cores)
+                except docker.errors.APIError:
+                    update_s = 0.0
+                self._running[aid] = box.container_id
+                self._actions[aid] = (box, mark)
+                execute = self._agent_exec if box.socket else self._docker_exec
+                try:
+                    code, output, t_exec, t_exited, timed_out, ooms = execute(
+                        box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
+                    break
+                except AgentGone:
+                    # the container died (or was killed) while idle: a fresh one, state lost
+                    if attempt:
+                        raise
+                    self._forget(d.action.trajectory, box)
+                    box, _ = self._sandbox(d.action.trajectory)
+                    lost = True
+                except (AgentSilent, docker.errors.APIError, OSError, ValueError) as e:
+                    return self._exec_failed(d, box, timeout, e)
+                finally:
+                    self._running.pop(aid, None)
+            # An agent that answered was alive throughout (a dying one drops the connection);
+            # after `docker exec` only the engine can tell, and a signal-killed exec hints at it.
+            if not box.socket and not self._alive(
+                    box.container_id, settle_s=1.0 if code is None or code >= 128 else 0):
+                return self._died(d, box), None
+            outcome, kept = self._outcome(d, box, lost, argv, cores, timeout, update_s, t_start,
+                                          (code, output, t_exec, t_exited, timed_out, ooms))
+            if timed_out or aid in self._cancelled:
+                outcome = self._end_tree(d, box, mark, outcome)
+            return outcome, kept
+        finally:
+            self._actions.pop(aid, None)
+            self._cancelled.discard(aid)
 
     async def _run_on_loop(self, d: Dispatch, box: Sandbox, lost: bool,
                            on_done: Callable[[Outcome], None]) -> None:
@@ -925,6 +1010,7 @@ class DockerBackend:
         outcome: Outcome | None = None
         exec_failed = False
         failed_box: Sandbox | None = None  # after a failed exec: the box, if it is kept
+        mine = True  # False once handed to the threaded path (its cancel state goes along)
         try:
             prepared = self._prepare(d)
             if isinstance(prepared, Outcome):
@@ -933,15 +1019,20 @@ class DockerBackend:
                 argv, cores, timeout, env = prepared
                 update_s = self._grant(box, cores, engine=False)
                 if update_s is None:  # its cgroup files are gone: the engine's way, in a thread
+                    mine = False
                     self._in_thread(d, on_done, loop)
                     return
                 grant = box.grants
-                self._running[d.action.id] = box.container_id
+                aid, mark = d.action.id, env[ACTION_MARK]
+                self._running[aid] = box.container_id
+                self._actions[aid] = (box, mark)
                 try:
                     result = await self._agent_exec_async(
                         box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
                 except AgentGone:
                     # nothing reached it: the threaded path replaces the container (state lost)
+                    self._actions.pop(aid, None)
+                    mine = False
                     self._in_thread(d, on_done, loop)
                     return
                 except (AgentSilent, OSError, ValueError) as e:
@@ -949,13 +1040,22 @@ class DockerBackend:
                     outcome, failed_box = await loop.run_in_executor(
                         self._pool, self._exec_failed, d, box, timeout, e)
                 finally:
-                    self._running.pop(d.action.id, None)
+                    self._running.pop(aid, None)
                 if outcome is None:
                     outcome, _ = self._outcome(d, box, lost, argv, cores, timeout, update_s,
                                                t_start, result)
+                    if result[4] or aid in self._cancelled:  # timed out, or cancelled
+                        outcome = await loop.run_in_executor(
+                            self._killers, self._end_tree, d, box, mark, outcome)
+                        if self._boxes.get(d.action.trajectory) is not box:  # killed: no
+                            exec_failed, failed_box = True, None  # cores to give back there
         except Exception as e:  # never leave an action unanswered
             outcome = Outcome(d.action.id, "failed", None,
                               error=f"docker: {type(e).__name__}: {e}")
+        finally:
+            if mine:
+                self._actions.pop(d.action.id, None)
+                self._cancelled.discard(d.action.id)
         on_done(outcome)  # once, whatever happened above
         if not grant or (exec_failed and failed_box is None):  # nothing (left) to reclaim
             return
@@ -976,6 +1076,8 @@ class DockerBackend:
         timeout = float(payload.get("timeout_s") or 0) or DEFAULT_TIMEOUT_S
         env = {k: str(v) for k, v in (payload.get("env") or {}).items()}
         env["TANGRAM_CORES"] = ",".join(map(str, cores))
+        # which action a process of the container is (executor/backends/docker/tree.py)
+        env[ACTION_MARK] = uuid.uuid4().hex
         return argv, cores, timeout, env
 
     def _exec_failed(self, d: Dispatch, box: Sandbox, timeout: float,
@@ -984,10 +1086,12 @@ class DockerBackend:
         if isinstance(e, AgentSilent):
             self._kill(box)
             self._forget(d.action.trajectory, box)
+            # (not state_lost: this command ran with its files; the next one, in a fresh
+            # container, says so - once)
             return Outcome(d.action.id, "timeout", None, error=(
                 f"the sandbox did not answer within the {timeout:g} s timeout (+{GRACE_S:g} s):"
                 " its container was killed and is recreated, without its files, at the "
-                "trajectory's next action"), extra={"state_lost": True}), None
+                "trajectory's next action")), None
         if self._alive(box.container_id, settle_s=1.0):
             return Outcome(d.action.id, "failed", None, error=f"exec failed: {e}"), box
         return self._died(d, box), None
@@ -1123,13 +1227,14 @@ class DockerBackend:
         except docker.errors.APIError:
             oom = False
         self._forget(d.action.trajectory, box)
+        # not state_lost: that flag tells a command it runs in a reset sandbox ("reset
+        # before this command ran"); this one ran with its files and was cut short, which
+        # its error says. The next action, in a fresh container, says state_lost, once.
         tail = ("; it will be recreated, without its files, at the trajectory's next action")
         if oom:
-            return Outcome(d.action.id, "oom", None, error=self._oom_message(box) + tail,
-                           extra={"state_lost": True})
+            return Outcome(d.action.id, "oom", None, error=self._oom_message(box) + tail)
         return Outcome(d.action.id, "failed", None,
-                       error="the trajectory's container died during the action" + tail,
-                       extra={"state_lost": True})
+                       error="the trajectory's container died during the action" + tail)
 
     def _kill(self, box: Sandbox) -> None:
         try:

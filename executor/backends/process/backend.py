@@ -4,8 +4,10 @@ each action a subprocess pinned to exactly its granted cores.
 This is not isolation (see the README). What it does guarantee: a command sees
 none of the server's ``TANGRAM_*`` variables (nor other names that look like
 secrets), runs in its own process group, and every process it started - even one
-that left the group with ``setsid`` - is killed when the action times out and
-when the trajectory closes. An action ends when its command exits: a background
+that left the group with ``setsid`` - is killed when the action is cancelled or times
+out (its own cgroup's ``cgroup.kill``, else its environment mark:
+executor/backends/process/tree.py; its outcome, which frees its cores, is reported only
+once they are gone) and when the trajectory closes. An action ends when its command exits: a background
 child still holding the output pipe 0.5 s later is killed and the pipe dropped,
 so it never holds the action's cores. When the server runs as root, each
 trajectory's commands run under a user id of their own (executor/backends/process/uids.py):
@@ -36,6 +38,7 @@ from executor.backends.process.cage import Cages, MemoryLimits
 from executor.backends.process.fork import Freezes, run_fork
 from executor.backends.process.reaper import Leftovers, Reaper, clean
 from executor.backends.process.sweep import sweep
+from executor.backends.process.tree import END_WAIT_S, ActionGroup, ActionGroups, remove_groups
 from executor.backends.process.uids import (
     BLOCK,
     UidBlock,
@@ -194,6 +197,10 @@ class ProcessBackend:
         self._starting: dict[str, Moved | None] = {}
         #: actions cancelled while their process was being started: killed once it exists
         self._cancelled_starting: set[str] = set()
+        #: running actions a cancel reached: their whole tree is ended before their outcome
+        self._cancelled: set[str] = set()
+        #: running action -> its own cgroup (executor/backends/process/tree.py)
+        self._groups: dict[str, ActionGroup] = {}
         self._tasks: set[asyncio.Task] = set()
         #: trajectory -> the random mark its processes carry (this run only)
         self._marks: dict[str, str] = {}
@@ -203,6 +210,8 @@ class ProcessBackend:
         self._reaper = Reaper(MARK)
         #: each trajectory's memory limit and OOM preference (executor/backends/process/cage.py)
         self._memory = MemoryLimits(self._run_mark, default_mem_gb)
+        #: a cgroup per action where the server can make one (None: the marked sweep)
+        self._trees = ActionGroups.here(self._run_mark)
         #: as root: trajectory -> the user id its commands run under
         self._uids = UidBlock() if dropping() else None
         self._uid_of: dict[str, int] = {}
@@ -313,13 +322,15 @@ class ProcessBackend:
         return env
 
     async def _spawn(self, argv: list[str], d: Dispatch, cores: set[int], cwd: Path,
-                     env: dict[str, str], uid: int | None
+                     env: dict[str, str], uid: int | None, group: ActionGroup | None
                      ) -> tuple[asyncio.subprocess.Process | spawner.SpawnedProcess,
                                 _Watched | spawner.SpawnedProcess]:
-        """Start ``argv`` pinned to ``cores``, in a session of its own, as ``uid``."""
+        """Start ``argv`` pinned to ``cores``, in a session of its own, as ``uid``, in the
+        action's own cgroup ``group`` (when it has one) from before its first instruction."""
         nice = 0 if d.lease.lane else EXCLUSIVE_NICE
         drop = [] if uid is None else spawner.as_user(uid)
-        confine = self._memory.prefix(d.action.trajectory)
+        procs = group.procs if group is not None else None
+        confine = self._memory.prefix(d.action.trajectory, procs)
         if drop is not None and spawner.usable():
             # pinned and niced by the starting thread, the user become by an exec: the
             # cheap start (executor/backends/process/spawner.py), whose process is also its own watch
@@ -335,7 +346,7 @@ class ProcessBackend:
         # ``user=``/``group=``, which uvloop's subprocess_exec does not take)
         def prepare() -> None:
             spawner.place(cores, nice)
-            self._memory.join(d.action.trajectory)
+            self._memory.join(d.action.trajectory, procs)
             if uid is not None:  # no supplementary group of the server's either
                 os.setgroups([])
                 os.setgid(uid)
@@ -364,9 +375,12 @@ class ProcessBackend:
         env = self._command_env(d, cores, mark, cwd, uid)
         kills = self._memory.kills(d.action.trajectory)
         aid = d.action.id
+        group = self._action_group(d.action.trajectory)
         try:
-            proc, watched = await self._spawn(argv, d, cores, cwd, env, uid)
+            proc, watched = await self._spawn(argv, d, cores, cwd, env, uid, group)
         except (OSError, ValueError, subprocess.SubprocessError) as e:  # ValueError: NUL in an arg
+            if group is not None:
+                self._trees.give(d.action.trajectory, group)  # type: ignore[union-attr]
             on_done(Outcome(aid, "failed", None, error=f"cannot start {argv[0]!r}: {e}"))
             return
         finally:
@@ -376,18 +390,30 @@ class ProcessBackend:
         t_spawned = time.time()
         self._procs[aid] = proc
         self._action_marks[aid] = mark
+        if group is not None:
+            self._groups[aid] = group
         if early is not None:  # moved off the lane before its process existed
             self.move(early)
         if cancelled:  # cancelled before its process existed
-            self._kill_group(proc)
+            self._cancelled.add(aid)
+            self._kill_now(proc, group)
         assert proc.stdout is not None
         reader = asyncio.ensure_future(read_tail(proc.stdout))
         try:
-            timed_out = await self._wait_exit(proc, watched, timeout)
+            timed_out = await self._wait_exit(proc, watched, timeout, group)
+            # cancelled or timed out: the whole tree ends before the outcome frees the
+            # cores (a daemon it left would run on, uncounted, until the trajectory closed)
+            stop = timed_out or aid in self._cancelled
+            output = await self._drain(proc, watched, reader, mark, group, stop)
+            if aid in self._cancelled and not stop:  # a cancel during the drain
+                await asyncio.to_thread(self._end_tree, proc, mark, group)
         finally:
             self._procs.pop(aid, None)
             self._action_marks.pop(aid, None)
-        output = await self._drain(proc, watched, reader, mark, timed_out)
+            self._groups.pop(aid, None)
+            self._cancelled.discard(aid)
+        if group is not None:  # for a later action, unless a background child keeps it
+            self._trees.give(d.action.trajectory, group)  # type: ignore[union-attr]
         t_exited = time.time()
         extra = {"argv": argv, "cores": sorted(cores), "spawn_s": t_spawned - t_start,
                  "t_spawned": t_spawned, "t_exited": t_exited}
@@ -400,31 +426,45 @@ class ProcessBackend:
         on_done(outcome_of(d, proc.returncode, output, timed_out, timeout or 0, extra,
                            overhead_s=t_spawned - t_start))
 
+    def _action_group(self, trajectory: str) -> ActionGroup | None:
+        """A cgroup for an action of ``trajectory``; None where there are none, or this one
+        cannot be made (e.g. the hierarchy's ``cgroup.max.descendants``): then its tree is
+        found by its mark."""
+        if self._trees is None:
+            return None
+        try:
+            return self._trees.take()
+        except OSError as e:
+            log.warning("trajectory %r: no cgroup for an action (%s): its processes are "
+                        "found by their mark", trajectory, e)
+            return None
+
     async def _wait_exit(self, proc: asyncio.subprocess.Process, watched: _Watched,
-                         timeout: float | None) -> bool:
+                         timeout: float | None, group: ActionGroup | None) -> bool:
         """Wait for the command itself to exit (not for its pipes); True if it timed out
-        and was killed with its process group."""
+        and was killed (its tree: :meth:`_drain` waits for all of it)."""
         try:
             await asyncio.wait_for(asyncio.shield(watched.exited), timeout)
             return False
         except TimeoutError:
-            self._kill_group(proc)
+            self._kill_now(proc, group)
             await watched.exited
             return True
 
     async def _drain(self, proc: asyncio.subprocess.Process,
                      watched: _Watched | spawner.SpawnedProcess, reader: asyncio.Future,
-                     mark: str, timed_out: bool) -> bytes:
-        """The command's output once it exited. What still holds the pipe PIPE_GRACE_S
-        later (a background child) is killed, and the pipe is dropped either way: the
-        action ends now, whatever escaped the kill."""
-        if timed_out:
-            await asyncio.to_thread(self._kill_action, proc, mark)
+                     mark: str, group: ActionGroup | None, stop: bool) -> bytes:
+        """The command's output once it exited. ``stop`` (cancelled, timed out): its whole
+        tree is ended first, and waited for. Otherwise what still holds the pipe
+        PIPE_GRACE_S later (a background child) is killed, and the pipe is dropped either
+        way: the action ends now, whatever escaped the kill."""
+        if stop:
+            await asyncio.to_thread(self._end_tree, proc, mark, group)
         try:
             return await asyncio.wait_for(asyncio.shield(reader), PIPE_GRACE_S)
         except TimeoutError:
             pass
-        await asyncio.to_thread(self._kill_action, proc, mark)
+        await asyncio.to_thread(self._end_tree, proc, mark, group)
         try:
             return await asyncio.wait_for(asyncio.shield(reader), PIPE_GRACE_S)
         except TimeoutError:  # an escapee holds it: read no more (feeds EOF to the reader)
@@ -452,9 +492,28 @@ class ProcessBackend:
         for pid in marks.marked_pids(MARK, mark):
             spawner.replace_running(pid, cores, nice)
 
-    def _kill_action(self, proc: asyncio.subprocess.Process, mark: str) -> None:
+    def _end_tree(self, proc: asyncio.subprocess.Process, mark: str,
+                  group: ActionGroup | None) -> None:
+        """Kill every process of the action - its own cgroup, else its group and every
+        process carrying its mark - and wait until they are gone (blocking: a thread)."""
         self._kill_group(proc)
-        kill_marked(mark)
+        if group is not None:
+            gone = group.end()
+        else:
+            marks.kill_until_gone(lambda: marks.marked_pids(MARK, mark), rounds=5,
+                                  wait_s=END_WAIT_S)
+            gone = not marks.marked_pids(MARK, mark)
+        if not gone:
+            log.warning("action processes (mark %s) still running %g s after SIGKILL",
+                        mark, END_WAIT_S)
+
+    def _kill_now(self, proc: asyncio.subprocess.Process, group: ActionGroup | None) -> None:
+        """What a kill can do on the event loop: the command's process group and, where
+        the action has its own cgroup, every process in it (one write). The marked sweep,
+        a pass over /proc, runs in :meth:`_end_tree`."""
+        self._kill_group(proc)
+        if group is not None:
+            group.kill()
 
     @staticmethod
     def _kill_group(proc: asyncio.subprocess.Process) -> None:
@@ -464,12 +523,16 @@ class ProcessBackend:
             pass
 
     def cancel(self, action_id: str) -> None:
+        """Stop a running action: its whole process tree (daemons and ``setsid`` children
+        included) is killed, and its outcome comes once all of it is gone (_run). Asked
+        again while it ends (the service repeats a cancel): the same, at no extra cost."""
         if action_id in self._starting:  # its process is being started: killed once it is
             self._cancelled_starting.add(action_id)
             return
         proc = self._procs.get(action_id)
         if proc is not None:
-            self._kill_group(proc)
+            self._cancelled.add(action_id)
+            self._kill_now(proc, self._groups.get(action_id))
 
     def open_trajectory(self, trajectory: str, mem_gb: float | None) -> None:
         """Its memory limit and work directory. A directory already there is a trajectory
@@ -491,6 +554,7 @@ class ProcessBackend:
         uid = self._uid_of.pop(trajectory, None)
         self._dirs.pop(trajectory, None)
         cage = self._memory.close(trajectory)
+        groups = self._trees.forget(trajectory) if self._trees is not None else []
         path = self.root / dir_name(trajectory)
         gone = None
         if not self.keep_workdirs and path.exists():
@@ -500,6 +564,8 @@ class ProcessBackend:
             path.rename(gone)
 
         def give_back() -> None:  # once nothing of its id runs: for another trajectory
+            if groups:  # its daemons' cgroups (emptied by the kill above)
+                remove_groups(groups)
             if cage is not None:
                 Cages.remove(cage)
             if uid is not None and self._uids is not None:
@@ -526,6 +592,8 @@ class ProcessBackend:
         kill_marked(self._run_mark + ".")
         if self._uids is not None:
             kill_uids(*self.uid_range)  # type: ignore[misc]
+        if self._trees is not None:
+            self._trees.close()
         self._memory.shutdown()
 
     def shed(self, effect: Shed) -> str | None:

@@ -42,11 +42,15 @@ log = logging.getLogger("tangram.process")
 
 #: the OOM killer's preference for sandbox processes (1000: first, whatever their size)
 OOM_SCORE_ADJ = 1000
-#: the exec prefix: join the cgroup ($1, its cgroup.procs), take the OOM preference ($2),
-#: then run the rest (a failed write stops here: no command runs unconfined)
-_JOIN = 'echo 0 >"$1" && echo "$2" >/proc/self/oom_score_adj && shift 2 && exec "$@"'
-#: without a cgroup: the OOM preference and a data limit ($1, KiB: RLIMIT_DATA)
-_RLIMIT = 'echo "$2" >/proc/self/oom_score_adj && ulimit -d "$1" && shift 2 && exec "$@"'
+#: the exec prefix: join the action's own cgroup ($1, its cgroup.procs, or /dev/null where
+#: it has none: executor/backends/process/tree.py) and the memory cgroup ($2), take the OOM
+#: preference ($3), then run the rest (a failed write stops here: no command runs unconfined)
+_JOIN = ('echo 0 >"$1" && echo 0 >"$2" && echo "$3" >/proc/self/oom_score_adj && shift 3 '
+         '&& exec "$@"')
+#: without a memory cgroup: the action's cgroup ($1), a data limit ($2, KiB: RLIMIT_DATA)
+#: and the OOM preference ($3)
+_RLIMIT = ('echo 0 >"$1" && echo "$3" >/proc/self/oom_score_adj && ulimit -d "$2" '
+           '&& shift 3 && exec "$@"')
 SH = "/bin/sh"
 
 
@@ -72,13 +76,16 @@ class Cage:
         return cgroups.working_set(self.path) or 0
 
 
-def prefix(cage: Cage | None, limit_bytes: int) -> list[str]:
+def prefix(cage: Cage | None, limit_bytes: int, action: Path | None = None) -> list[str]:
     """The exec chain's start that confines a command: into ``cage``, else under an
-    data limit (``RLIMIT_DATA``) of ``limit_bytes``; either way with :data:`OOM_SCORE_ADJ`."""
+    data limit (``RLIMIT_DATA``) of ``limit_bytes``; either way with :data:`OOM_SCORE_ADJ`,
+    and first into the action's own cgroup (``action``: its ``cgroup.procs``) when it has
+    one (one ``dash`` exec for both)."""
+    own = str(action) if action is not None else os.devnull
     if cage is not None:
-        return [SH, "-c", _JOIN, "tangram-cage", str(cage.path / "cgroup.procs"),
+        return [SH, "-c", _JOIN, "tangram-cage", own, str(cage.path / "cgroup.procs"),
                 str(OOM_SCORE_ADJ)]
-    return [SH, "-c", _RLIMIT, "tangram-cage", str(max(limit_bytes // 1024, 1)),
+    return [SH, "-c", _RLIMIT, "tangram-cage", own, str(max(limit_bytes // 1024, 1)),
             str(OOM_SCORE_ADJ)]
 
 
@@ -173,16 +180,18 @@ class MemoryLimits:
             self.open(trajectory, None)
         return self._limit[trajectory]
 
-    def prefix(self, trajectory: str) -> list[str]:
+    def prefix(self, trajectory: str, action: Path | None = None) -> list[str]:
         """What the trajectory's commands' exec chain starts with (as root, before the
-        user is dropped: :func:`prefix`)."""
-        return prefix(self._cage.get(trajectory), self.limit_bytes(trajectory))
+        user is dropped: :func:`prefix`); ``action``: the action's own ``cgroup.procs``."""
+        return prefix(self._cage.get(trajectory), self.limit_bytes(trajectory), action)
 
-    def join(self, trajectory: str) -> None:
+    def join(self, trajectory: str, action: Path | None = None) -> None:
         """In a child before its exec, still as root (the start through a preexec_fn):
         what :meth:`prefix` does by an exec."""
         import resource
 
+        if action is not None:
+            action.write_text("0")
         cage = self._cage.get(trajectory)
         if cage is not None:
             (cage.path / "cgroup.procs").write_text("0")
