@@ -209,7 +209,7 @@ async def _rewards(url: str) -> None:
     compute_score = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
     cases = {  # reward command -> (reward_status, score, words of reward_error)
         'test "$(cat answer.txt)" = 42': ("ok", 1.0, ""),
-        'test "$(cat answer.txt)" = 7': ("ok", 0.0, ""),
+        'test "$(cat answer.txt)" = 7': ("failed", 0.0, ""),
         "no-such-program-xyz -q tests": ("error", 0.0, "not found"),
         "python3 -m no_such_module_xyz": ("error", 0.0, "No module named"),
         "printf 'ERROR collecting tests/test_x.py\\n'; exit 2": ("error", 0.0, "collecting"),
@@ -227,7 +227,8 @@ async def _rewards(url: str) -> None:
         assert out["reward_status"] == status and out["reward_score"] == value, (command, out)
         assert why in out["reward_error"], (command, out)
         assert set(out) == {"score", "reward_exit_code", "reward_status", "reward_output",
-                            "reward_error", "reward_score"}
+                            "reward_error", "infra_error", "reward_score"}
+        assert out["infra_error"] is (status == "error"), (command, out)
     assert outs[2]["reward_exit_code"] == 127 and "no-such-program-xyz" in outs[2]["reward_output"]
     assert outs[1]["reward_exit_code"] == 1
     for r in rollouts:  # scored, then closed
