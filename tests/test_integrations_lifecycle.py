@@ -291,3 +291,71 @@ def test_reward_worker_token_is_checked_at_load_without_tangram_url(process_serv
     with pytest.raises(ValueError, match=r"TANGRAM_URL is not set, so the default "
                                          r"http://127.0\.0\.1:9 was checked.*no Tangram server"):
         custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+
+
+# -- the README's group configs, as written ------------------------------------------------
+def _readme_blocks(lang: str, marker: str) -> str:
+    import re
+    import textwrap
+
+    text = (ROOT / "README.md").read_text()
+    blocks = [textwrap.dedent(b) for b in re.findall(rf"^ *```{lang}\n(.*?)^ *```", text,
+                                                      re.DOTALL | re.MULTILINE)
+              if marker in b]
+    assert len(blocks) == 1, f"README: {len(blocks)} {lang} blocks with {marker!r}"
+    return blocks[0]
+
+
+SETUP = "git clone -q /data/repos/calc . && pip install -q --user -e ."
+
+
+def test_readme_group_configs_load_and_fork(process_server, tmp_path, monkeypatch):
+    """The README's verl tool config (through verl's loader), SkyRL env config (through
+    skyrl_gym.make) and gymnasium fork_of example run against a live server; only the
+    setup command (a repository this machine has not) and the URL are swapped."""
+    import skyrl_gym
+    from omegaconf import OmegaConf
+
+    import tangram.integrations.skyrl  # noqa: F401
+
+    monkeypatch.setenv("TANGRAM_URL", process_server.url)
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    verl_yaml = _readme_blocks("yaml", "tangram.integrations.verl.TangramTool")
+    assert SETUP in verl_yaml
+    path = tmp_path / "tool.yaml"
+    path.write_text(verl_yaml.replace(SETUP, "echo prepared > state.txt"))
+    tool = tool_registry.initialize_tools_from_config(str(path))[0]
+    assert tool.settings.group_setup.group_size == 8 and tool.settings.reward.state_lost_score == 0.0
+
+    async def verl_group() -> None:
+        a = AgentData("readme-0")
+        a.tools_kwargs = {"shell": {"create_kwargs": {"group": "prompt-17"}}}
+        resp, _, _ = await call(tool, "cat state.txt", a)
+        assert resp.text.startswith("prepared\n"), resp.text
+        await tool.close_all()
+
+    asyncio.run(verl_group())
+
+    sky = OmegaConf.create(_readme_blocks("yaml", "env_class: tangram-shell").replace(
+        SETUP, "echo prepared > state.txt").replace("http://127.0.0.1:8000", process_server.url))
+    env_config = sky.environment.skyrl_gym[sky.environment.env_class]
+    env = skyrl_gym.make("tangram-shell", env_config=env_config,
+                         extras={"group": "prompt-17", "max_turns": 4})
+    env.init([{"role": "user", "content": "go"}])
+    assert env.step("<bash>cat state.txt</bash>")["observations"][0]["content"].startswith(
+        "prepared\n")
+    env.close()
+    tangram.integrations.skyrl.SYNC_GROUPS.close_all()
+
+    script = tmp_path / "gym_fork.py"
+    script.write_text(_readme_blocks("python", '"fork_of"').replace(
+        SETUP, "echo prepared > state.txt").replace("http://127.0.0.1:8000", process_server.url)
+        + "\nfor env in group:\n    print(env.step('cat state.txt')[0].splitlines()[0])\n"
+        "    env.close()\n")
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TANGRAM_TOKEN": TOKEN})
+    assert out.returncode == 0 and out.stdout.split() == ["prepared"] * 8, \
+        out.stdout + out.stderr
+    assert asyncio.run(open_of(process_server.url, "coding")) == []
