@@ -241,7 +241,8 @@ async def _statuses(url: str) -> None:
     rollouts["setup_failed"] = a = AgentData("status-setup")
     a.tools_kwargs = {broken.name: {"create_kwargs": {"group": "prompt-0"}}}
     resp, _, metrics = await call(broken, "ls", a)
-    assert "group_setup of group 'prompt-0' failed" in resp.text, resp.text
+    assert resp.text.startswith("Error: this task's sandbox could not be prepared: "
+                                "group_setup of group 'prompt-0' failed"), resp.text
     cases["setup_failed"] = ([], "", "setup_failed", 0.0, True)
     # a rollout that never called the tool: the model's outcome
     rollouts["no_sandbox"] = AgentData("status-none")
@@ -260,6 +261,8 @@ async def _statuses(url: str) -> None:
     assert "file or directory not found" in outs["deleted"]["reward_output"], outs["deleted"]
     assert outs["deleted"]["reward_exit_code"] == 4 and outs["emptied"]["reward_exit_code"] == 5
     assert outs["error"]["reward_exit_code"] == 127 and "not found" in outs["error"]["reward_error"]
+    assert outs["setup_failed"]["reward_error"].startswith("group_setup of group 'prompt-0' "
+                                                       "failed"), outs["setup_failed"]
     assert "no-such-repo" in outs["setup_failed"]["reward_error"], outs["setup_failed"]
     # scored, then closed; the failed setup's template was closed too
     assert await open_of(url, "status") == []
@@ -270,6 +273,28 @@ def test_every_reward_status_through_verls_reward_manager(process_server, monkey
     monkeypatch.setenv("TANGRAM_URL", process_server.url)
     monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
     asyncio.run(_statuses(process_server.url))
+
+
+def test_skyrl_failed_group_setup_is_setup_failed_not_a_crash(process_server):
+    """SkyRL's init does not raise for a failed group setup (the generator's batch would
+    fail): the sample's first step ends it, setup_failed, infra_error; nothing left open."""
+    import skyrl_gym
+
+    import tangram.integrations.skyrl  # noqa: F401
+
+    config = {"base_url": process_server.url, "token": TOKEN, "task": "skyrl-broken",
+              "group_setup": {"command": "echo no-such-repo >&2; exit 3"},
+              "reward": {"command": "true"}}
+    env = skyrl_gym.make("tangram-shell", env_config=config, extras={"group": "g"})
+    prompt = [{"role": "user", "content": "go"}]
+    assert env.init(prompt) == (prompt, {})
+    out = env.step("<bash>ls</bash>")
+    meta = out["metadata"]
+    assert out["done"] and out["reward"] == 0.0 and out["observations"] == [], out
+    assert meta["reward_status"] == "setup_failed" and meta["infra_error"] is True, meta
+    assert "no-such-repo" in meta["reward_error"], meta
+    env.close()
+    assert asyncio.run(open_of(process_server.url, "skyrl-broken")) == []
 
 
 # -- #5 the reward workers' token, checked at load with TANGRAM_URL unset -------------------

@@ -493,6 +493,10 @@ class SetupFailed(TangramError):
 
     def __init__(self, message: str) -> None:
         super().__init__(500, message)
+        self.args = (message,)  # no HTTP status in its text: the server answered fine
+
+    def __str__(self) -> str:
+        return str(self.detail)
 
 
 def passed(result: Mapping[str, Any]) -> bool:

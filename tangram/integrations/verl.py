@@ -233,8 +233,10 @@ class TangramTool(_Base):
             result = await self._run(key, self.settings.action(command),
                                      kwargs.get("agent_data"))
         except (TangramError, httpx.HTTPError) as e:  # logged with its cause by _run
-            return (ToolResponse(text=f"Error: the sandbox service failed: {describe(e)}"),
-                    0.0, {"error": describe(e)})
+            what = ("this task's sandbox could not be prepared" if isinstance(e, SetupFailed)
+                    else "the sandbox service failed")
+            return (ToolResponse(text=f"Error: {what}: {describe(e)}"), 0.0,
+                    {"error": describe(e)})
         # a reset sandbox: the text's first line tells the model (verl keeps the head)
         text = render(result, self.settings.max_output_chars, self.settings.mem_gb)
         metrics = {"status": result["status"], "exit_code": result.get("exit_code"),
