@@ -19,7 +19,7 @@ may hold ``max_turns``, ``files`` (path -> content, written before the first
 turn), ``reward_command`` (this sample's reward command, overriding the
 config's) and ``group`` (its GRPO group: with ``group_setup: {command: ...}`` in
 ``env_config`` the group's sandbox is prepared once and each sample's starts as a
-copy of it: ``tangram.integrations.common.SyncGroups``, which closes the group's
+copy of it: ``tangram.integrations.groups.SyncGroups``, which closes the group's
 template once ``group_setup.group_size`` copies were made, or once none was forked or
 open for ``group_setup.idle_ttl_s``).
 
@@ -57,7 +57,6 @@ import httpx
 
 from tangram.client import TangramError, TangramSyncClient
 from tangram.integrations.common import (
-    SYNC_GROUPS,
     Reward,
     RewardConfig,
     SandboxConfig,
@@ -66,6 +65,7 @@ from tangram.integrations.common import (
     judge,
     render,
 )
+from tangram.integrations.groups import SYNC_GROUPS
 
 log = logging.getLogger(__name__)
 ENV_ID = "tangram-shell"
