@@ -294,12 +294,18 @@ async def _verl_reward_path(url: str) -> None:
 
     first = await score(step1)
     assert first == {"score": 1.0, "reward_exit_code": 0, "reward_status": "ok",
-                     "reward_output": "", "reward_error": "", "reward_score": 1.0}, first
-    assert (await score(step2))["reward_exit_code"] == 1
+                     "reward_output": "", "reward_error": "", "infra_error": False,
+                     "reward_score": 1.0}, first
+    second = await score(step2)
+    assert second["reward_exit_code"] == 1 and second["reward_status"] == "failed", second
+    assert second["reward_score"] == 0.0 and second["infra_error"] is False, second
     assert await _gone(url, tid1) and await _gone(url, tid2)  # scored, then closed
     # scoring again (or after the idle TTL closed it) is 0.0 and says why; no tool call: same
-    assert (await score(step1))["reward_status"] == "sandbox closed"
-    assert (await score(AgentData("det-1")))["reward_status"] == "no sandbox"
+    again = await score(step1)
+    assert again["reward_status"] == "error" and again["infra_error"] is True, again
+    assert "closed before the reward ran" in again["reward_error"], again
+    never = await score(AgentData("det-1"))
+    assert never["reward_status"] == "no_sandbox" and never["infra_error"] is False, never
     # reward_kwargs (custom_reward_function.reward_kwargs) override the tool's command
     step3 = AgentData("det-2")
     await verl_call_tool(tool, {"command": "echo 7 > answer.txt"}, step3)
@@ -589,7 +595,7 @@ async def _reward_scores_a_real_fix(url: str) -> None:
 
     unfixed, fixed = await asyncio.gather(rollout("det-0", False), rollout("det-1", True))
     assert unfixed["score"] == 0.0 and unfixed["reward_exit_code"] == 1, unfixed
-    assert unfixed["reward_status"] == "ok" and " failed" in unfixed["reward_output"], unfixed
+    assert unfixed["reward_status"] == "failed" and " failed" in unfixed["reward_output"], unfixed
     assert fixed["score"] == 1.0 and fixed["reward_exit_code"] == 0, fixed
     assert fixed["reward_status"] == "ok" and not fixed["reward_error"], fixed
     await tool.close_all()
@@ -689,7 +695,7 @@ def test_verl_group_setup_prepares_once_and_forks_each_rollout(process_server):
             assert resp.text.startswith("prepared\n"), resp.text  # one setup, copied
         tids = {a.extra_fields["tangram"]["trajectory"] for a in rollouts}
         assert len(tids) == 4 and list(tool._templates) == ["prompt-7"]
-        template = tool._templates["prompt-7"].result()
+        template = tool._templates["prompt-7"].ready.result()
         assert template not in tids
         resp, _, _ = await verl_call_tool(tool, {"command": "cat mine.txt"}, rollouts[2])
         assert resp.text.startswith("2\n")  # each copy its own files
@@ -702,34 +708,42 @@ def test_verl_group_setup_prepares_once_and_forks_each_rollout(process_server):
 
 
 def test_skyrl_group_setup_prepares_once_per_group(process_server):
-    """Two samples of one GRPO group (extras group): one setup, each its own copy."""
+    """Samples of one GRPO group (extras group): one setup, each its own copy; the
+    template closes itself once group_size copies were made."""
     import skyrl_gym
 
     import tangram.integrations.skyrl  # noqa: F401
+    from tangram.client import TangramSyncClient
 
     config = {"base_url": process_server.url, "token": TOKEN, "task": "skyrl-grpo",
-              "group_setup": {"command": "echo prepared >> state.txt"}}
+              "group_setup": {"command": "echo prepared >> state.txt", "group_size": 3}}
     envs = [skyrl_gym.make("tangram-shell", env_config=config,
-                           extras={"group": "prompt-3", "max_turns": 5}) for _ in range(2)]
+                           extras={"group": "prompt-3", "max_turns": 5}) for _ in range(3)]
     prompt = [{"role": "user", "content": "go"}]
+
+    def listed(c: TangramSyncClient) -> list[dict]:
+        return [t for t in c.trajectories() if t["task"] == "skyrl-grpo"]
+
     try:
-        for i, env in enumerate(envs):
-            env.init(prompt)
-            out = env.step(f"<bash>cat state.txt && echo {i} > mine.txt</bash>")
-            assert out["observations"][0]["content"].startswith("prepared\n"), out
-        assert envs[0].trajectory != envs[1].trajectory
-        out = envs[0].step("<bash>cat mine.txt</bash>")
-        assert out["observations"][0]["content"].startswith("0\n")
+        with TangramSyncClient(process_server.url, TOKEN) as c:
+            for i, env in enumerate(envs[:2]):
+                env.init(prompt)
+                out = env.step(f"<bash>cat state.txt && echo {i} > mine.txt</bash>")
+                assert out["observations"][0]["content"].startswith("prepared\n"), out
+            assert envs[0].trajectory != envs[1].trajectory
+            out = envs[0].step("<bash>cat mine.txt</bash>")
+            assert out["observations"][0]["content"].startswith("0\n")
+            # one template (its setup its only action) beside the 2 copies
+            templates = [t for t in listed(c) if t["id"].startswith("group-")]
+            assert len(templates) == 1 and templates[0]["actions"] == 1, listed(c)
+            # the group's last copy: the template is no longer needed, and closes
+            envs[2].init(prompt)
+            assert {t["id"] for t in listed(c)} == {e.trajectory for e in envs}, listed(c)
     finally:
         for env in envs:
             env.close()
-    from tangram.client import TangramSyncClient
-    from tangram.integrations.common import group_template
-
-    with TangramSyncClient(process_server.url, TOKEN) as c:  # the same one, still prepared
-        template = group_template(c, envs[0].settings, "prompt-3")
-        assert c.get_file(template, "state.txt") == b"prepared\n"  # the setup ran once
-        c.close_trajectory(template)
+    with TangramSyncClient(process_server.url, TOKEN) as c:
+        assert listed(c) == []
     with pytest.raises(ValueError, match="group_setup"):
         skyrl_gym.make("tangram-shell", env_config={"base_url": "http://x", "token": "t"},
                        extras={"group": "g"})

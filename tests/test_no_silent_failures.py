@@ -209,7 +209,7 @@ async def _rewards(url: str) -> None:
     compute_score = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
     cases = {  # reward command -> (reward_status, score, words of reward_error)
         'test "$(cat answer.txt)" = 42': ("ok", 1.0, ""),
-        'test "$(cat answer.txt)" = 7': ("ok", 0.0, ""),
+        'test "$(cat answer.txt)" = 7': ("failed", 0.0, ""),
         "no-such-program-xyz -q tests": ("error", 0.0, "not found"),
         "python3 -m no_such_module_xyz": ("error", 0.0, "No module named"),
         "printf 'ERROR collecting tests/test_x.py\\n'; exit 2": ("error", 0.0, "collecting"),
@@ -227,7 +227,8 @@ async def _rewards(url: str) -> None:
         assert out["reward_status"] == status and out["reward_score"] == value, (command, out)
         assert why in out["reward_error"], (command, out)
         assert set(out) == {"score", "reward_exit_code", "reward_status", "reward_output",
-                            "reward_error", "reward_score"}
+                            "reward_error", "infra_error", "reward_score"}
+        assert out["infra_error"] is (status == "error"), (command, out)
     assert outs[2]["reward_exit_code"] == 127 and "no-such-program-xyz" in outs[2]["reward_output"]
     assert outs[1]["reward_exit_code"] == 1
     for r in rollouts:  # scored, then closed
@@ -276,6 +277,7 @@ def test_gymnasium_and_skyrl_say_why_a_reward_is_not_a_test_result(process_serve
     obs, reward, terminated, _, info = env.step("submit")
     assert terminated and reward == 0.0 and info["reward_status"] == "error"
     assert "No module named" in info["reward_error"] and "No module named" in obs
+    assert info["infra_error"] is True, info
     env.close()
 
     sky = skyrl_gym.make("tangram-shell", env_config={
@@ -284,6 +286,7 @@ def test_gymnasium_and_skyrl_say_why_a_reward_is_not_a_test_result(process_serve
     out = sky.step("<submit/>")
     assert out["done"] and out["reward"] == 0.0
     assert out["metadata"]["reward_status"] == "error" and out["metadata"]["reward_exit_code"] == 127
+    assert out["metadata"]["infra_error"] is True, out
     sky.close()
 
 
@@ -314,6 +317,7 @@ async def _lost(url: str) -> None:
     # ... or scores what the config chose, saying so
     out = await score(scored, rollouts[1])
     assert out["reward_status"] == "state_lost" and out["reward_score"] == 0.0
+    assert out["infra_error"] is True, out  # a trainer masks it: no outcome of the model
     for r in rollouts:  # closed either way
         assert await gone(url, r.extra_fields["tangram"]["trajectory"])
     await tool.close_all()
@@ -345,6 +349,7 @@ def test_a_lost_sandbox_reaches_the_model_and_every_reward(docker_server, monkey
         else:
             _, value, terminated, _, info = env.step("submit")
             assert terminated and value == 0.5 and info["reward_status"] == "state_lost"
+            assert info["infra_error"] is True, info
         env.close()
 
     sky = skyrl_gym.make("tangram-shell", env_config={
@@ -358,6 +363,7 @@ def test_a_lost_sandbox_reaches_the_model_and_every_reward(docker_server, monkey
     assert out["metadata"]["state_lost"] is True
     out = sky.step("<submit/>")
     assert out["done"] and out["metadata"]["reward_status"] == "state_lost"
+    assert out["metadata"]["infra_error"] is True, out
     sky.close()
 
 

@@ -30,7 +30,7 @@ T = TypeVar("T")
 CONFIG_KEYS = ("base_url", "token", "task", "image", "mem_gb", "shell", "kind", "cpu",
                "timeout_s", "reward", "idle_ttl_s", "max_output_chars", "check_server",
                "group_setup")
-GROUP_SETUP_KEYS = ("command", "timeout_s")
+GROUP_SETUP_KEYS = ("command", "timeout_s", "group_size", "idle_ttl_s")
 REWARD_KEYS = ("command", "cpu", "elastic", "t1_s", "parallel_fraction", "timeout_s", "shell",
                "state_lost_score")
 
@@ -135,10 +135,21 @@ class RewardConfig:
 @dataclass(frozen=True, slots=True)
 class GroupSetup:
     """A GRPO group's sandbox preparation (clone, install), run once per group: in a
-    template sandbox that each rollout of the group starts as a copy of (a fork)."""
+    template sandbox that each rollout of the group starts as a copy of (a fork).
+
+    The adapter closes the template itself (the frameworks never say when a group is
+    done): once ``group_size`` copies were made (no copy can be made any more: a copy
+    needs nothing of its template once forked), or when no copy was forked (and, for the
+    sync envs, none is open) for ``idle_ttl_s``. A group whose template closed and that
+    asks again (the same prompt in a later step) is prepared again."""
 
     command: str
     timeout_s: float = 600.0
+    #: the rollouts per group (verl's ``actor_rollout_ref.rollout.n``, SkyRL's
+    #: ``generator.n_samples_per_prompt``); None: only the idle TTL closes the template
+    group_size: int | None = None
+    #: a template no copy was forked from (nor, for sync envs, held open) this long closes
+    idle_ttl_s: float = 300.0
 
     @classmethod
     def from_dict(cls, raw: Mapping[str, Any], where: str) -> GroupSetup:
@@ -150,8 +161,15 @@ class GroupSetup:
         if not raw.get("command"):
             raise ValueError(f"{where}.command: missing (the shell command that prepares a "
                              "group's sandbox)")
+        size = raw.get("group_size")
+        if size is not None and (isinstance(size, bool) or not isinstance(size, int)
+                                 or size < 1):
+            raise ValueError(f"{where}.group_size: expected an integer >= 1 (the rollouts "
+                             f"per group), got {size!r}")
         return cls(_text(f"{where}.command", raw["command"]),
-                   _num(f"{where}.timeout_s", raw.get("timeout_s", 600.0), most=MAX_TIMEOUT_S))
+                   _num(f"{where}.timeout_s", raw.get("timeout_s", 600.0), most=MAX_TIMEOUT_S),
+                   size,
+                   _num(f"{where}.idle_ttl_s", raw.get("idle_ttl_s", 300.0), most=MAX_TIMEOUT_S))
 
     def action(self) -> dict[str, Any]:
         return {"kind": "setup", "command": self.command, "shell": True,
@@ -240,31 +258,32 @@ class SandboxConfig:
             check_server(self.base_url, self.token, f"{where}.base_url", f"{where}.token")
 
 
-def group_template(client: TangramSyncClient, settings: SandboxConfig, group: str) -> str:
-    """The prepared template sandbox of GRPO group ``group`` (``settings.group_setup``),
-    shared by every env of the group, in this process or another: its trajectory id and
-    its setup action's id are derived from the group, the task and the command, so the
-    first env to ask opens it and runs the setup, and the others (the open refused as
-    already done, the setup's submit answered as a repeat) wait for the same setup. No
-    env runs in it: each forks it. It stays open for the group's later rollouts; close
-    it (``close_trajectory``) when the group is done."""
-    import hashlib
+def fork_copy(client: TangramSyncClient, source: str, who: str) -> str:
+    """One copy of ``source``, tried again after a transient failure: the copy's id is
+    chosen here, so a try whose answer was lost is found again (409 "already open"),
+    never left behind as a second copy."""
+    prefix = f"copy-{uuid.uuid4().hex[:16]}"
 
-    from tangram.client import TangramError
-
-    assert settings.group_setup is not None
-    digest = hashlib.sha256("\0".join((settings.base_url, settings.task, group,
-                                       settings.group_setup.command)).encode()).hexdigest()
-    tid = f"group-{digest[:24]}"
-    try:
-        client.open_trajectory(tid, **settings.open_args())
-    except TangramError as e:
-        if e.status != 409:  # 409: another env of the group opened it
+    def once() -> str:
+        try:
+            return str(client.fork(source, 1, prefix)["ids"][0])
+        except TangramError as e:
+            if e.status == 409 and "already open" in str(e.detail):
+                return f"{prefix}-0"
             raise
-    result = client.run(tid, action_id=f"{tid}-setup", **settings.group_setup.action())
-    if not passed(result):
-        raise TangramError(500, f"group_setup of group {group!r} failed: {render(result, 2000)}")
-    return tid
+
+    return call_retrying(once, f"{who}: forking sandbox {source}")
+
+
+class SetupFailed(TangramError):
+    """A GRPO group's ``group_setup`` command did not succeed (its output in the message)."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__(500, message)
+        self.args = (message,)  # no HTTP status in its text: the server answered fine
+
+    def __str__(self) -> str:
+        return str(self.detail)
 
 
 def passed(result: Mapping[str, Any]) -> bool:
@@ -350,20 +369,58 @@ class SandboxLost(RuntimeError):
     """A rollout's sandbox was reset on the way and no ``state_lost_score`` is configured."""
 
 
+@dataclass(frozen=True, slots=True)
+class Status:
+    """One ``reward_status``: its default score, and whether it is an infrastructure
+    failure (``infra_error``: the sample says nothing about the model; mask it)."""
+
+    score: float | None
+    infra: bool
+    meaning: str
+
+
+#: every ``reward_status`` an adapter returns (the README's table is this one)
+STATUSES: dict[str, Status] = {
+    "ok": Status(1.0, False, "the reward command ran and exited 0: the model's tests passed"),
+    "failed": Status(0.0, False, "the reward command ran and exited non-zero: the model's "
+                     "tests failed (also when the rollout deleted or emptied them)"),
+    "timeout": Status(0.0, False, "the reward command ran past its timeout_s: the model's "
+                      "code hung or was too slow (the timeout counts running time only, "
+                      "on cores of its own, never time queued)"),
+    "oom": Status(0.0, False, "the reward command ran past the sandbox's mem_gb: the "
+                  "model's code used too much memory (infra_error only when the machine "
+                  "itself ran short and shed the sandbox)"),
+    "no_sandbox": Status(0.0, False, "the rollout never called the tool: nothing to test"),
+    "error": Status(0.0, True, "the reward could not run: a missing program or module, a "
+                    "collection error, pytest's usage or internal error, the action failed "
+                    "or was cancelled on the server, or the sandbox was already closed"),
+    "state_lost": Status(None, True, "the sandbox was reset during the rollout (its container "
+                         "evicted or dead): reward.state_lost_score, else SandboxLost is raised"),
+    "setup_failed": Status(0.0, True, "the rollout got no sandbox: its group's group_setup "
+                           "failed, or opening or forking its sandbox failed"),
+}
+
 #: characters of a reward command's output kept with its score (its tail)
 REWARD_OUTPUT_CHARS = 2000
 #: output lines that say the reward command could not run, whatever its exit code
 _COULD_NOT_RUN = re.compile(r"No module named [^\n]*|ModuleNotFoundError[^\n]*|"
                             r"[^\n]*error(?:s)? during collection[^\n]*|ERROR collecting[^\n]*")
 #: pytest's own exit codes that mean its tests never ran (3 internal error, 4 usage
-#: error, 5 no tests collected; 2 with a collection error is caught by its output)
-_PYTEST_NOT_RUN = {3: "pytest's internal error", 4: "pytest's usage error",
-                   5: "pytest collected no tests"}
+#: error; 2 with a collection error is caught by its output)
+_PYTEST_NOT_RUN = {3: "pytest's internal error", 4: "pytest's usage error"}
+#: pytest's words when the tests the command names are gone or empty: the rollout
+#: deleted them (exit 4 "file or directory not found", exit 5 "no tests ran"), which is
+#: the model's failure, not the reward's
+_TESTS_GONE = re.compile(r"file or directory not found|no tests ran|collected 0 items")
+#: the words of an ``oom`` that the machine caused (executor/node/memwatch.py: it was
+#: short of memory and shed the largest sandbox), not the sandbox's own limit
+_MACHINE_SHORT = "machine was short of memory"
 
 
 def could_not_run(exit_code: int | None, output: str, command: str) -> str:
     """Why the reward command could not run ("" when it ran and its exit code is a test
-    result): a missing program or module, a collection error, pytest that ran no test."""
+    result): a missing program or module, a collection error, pytest that could not run
+    (tests the rollout deleted are a result: the model's failure)."""
     if exit_code in (None, 0):
         return ""
     if exit_code == 127:
@@ -373,28 +430,43 @@ def could_not_run(exit_code: int | None, output: str, command: str) -> str:
     m = _COULD_NOT_RUN.search(output)
     if m:
         return f"it could not run: {m.group(0).strip()[:200]} (exit code {exit_code})"
+    if "pytest" in command and exit_code in (4, 5) and _TESTS_GONE.search(output):
+        return ""
     if "pytest" in command and exit_code in _PYTEST_NOT_RUN:
         return f"{_PYTEST_NOT_RUN[exit_code]} (exit code {exit_code})"
+    if "pytest" in command and exit_code == 5:
+        return "pytest collected no tests (exit code 5)"
     return ""
 
 
 @dataclass(frozen=True, slots=True)
 class Reward:
-    """A scored rollout. ``status``: ``ok`` (the command ran: its exit code is the
-    test's result), ``error`` (it could not run: ``error`` says why), ``state_lost``, or
-    the server's status of the action (``timeout``, ``oom``, ``failed``, ``cancelled``)."""
+    """A scored rollout: ``status`` is a key of :data:`STATUSES`; ``infra_error`` says the
+    score is no outcome of the model (mask the sample); ``error`` says why it is not a
+    plain test result ("" when it is)."""
 
     score: float
     status: str
     exit_code: int
     output: str
     error: str
+    infra_error: bool = False
+
+    @classmethod
+    def of(cls, status: str, exit_code: int = -1, output: str = "", error: str = "",
+           score: float | None = None, infra: bool | None = None) -> Reward:
+        """A reward of ``status`` with its default score and infra flag (unless given)."""
+        known = STATUSES[status]
+        value = known.score if score is None else score
+        assert value is not None, f"{status} has no default score"
+        return cls(float(value), status, exit_code, output, error,
+                   known.infra if infra is None else infra)
 
     def fields(self) -> dict[str, Any]:
         """As verl's reward extra info: the same keys, each of one type, for every rollout."""
         return {"score": self.score, "reward_exit_code": self.exit_code,
                 "reward_status": self.status, "reward_output": self.output,
-                "reward_error": self.error}
+                "reward_error": self.error, "infra_error": self.infra_error}
 
 
 def judge(result: Mapping[str, Any], reward: RewardConfig | Mapping[str, Any],
@@ -416,19 +488,26 @@ def judge(result: Mapping[str, Any], reward: RewardConfig | Mapping[str, Any],
                               "such rollouts instead of failing")
         log.warning("%s: %s: scored %g (reward.state_lost_score)", who, why,
                     cfg["state_lost_score"])
-        return Reward(float(cfg["state_lost_score"]), "state_lost", exit_code, output, why)
+        return Reward.of("state_lost", exit_code, output, why,
+                         score=float(cfg["state_lost_score"]))
     status = str(result.get("status"))
-    if status != "ok":
+    if status in ("timeout", "oom"):  # the model's code ran past its time or memory
         error = str(result.get("error") or "")
-        log.warning("%s: the reward command ended %s: %s", who, status, error)
-        return Reward(0.0, status, exit_code, output, error)
+        infra = status == "oom" and _MACHINE_SHORT in error
+        log.warning("%s: the reward command ended %s%s: %s", who, status,
+                    " (the machine's shortage: infra_error)" if infra else "", error)
+        return Reward.of(status, exit_code, output, error, infra=infra)
+    if status != "ok":  # failed or cancelled on the server: no test result
+        error = f"the reward action ended {status}: {result.get('error') or 'no detail'}"
+        log.warning("%s: %s", who, error)
+        return Reward.of("error", exit_code, output, error)
     why = could_not_run(code if isinstance(code, int) else None, output,
                         str(cfg.get("command") or ""))
     if why:
         log.error("%s: the reward command %r %s; output tail: %s", who, cfg.get("command"),
                   why, output[-500:])
-        return Reward(0.0, "error", exit_code, output, why)
-    return Reward(1.0 if exit_code == 0 else 0.0, "ok", exit_code, output, "")
+        return Reward.of("error", exit_code, output, why)
+    return Reward.of("ok" if exit_code == 0 else "failed", exit_code, output)
 
 
 #: the first line of what the model sees after its sandbox was reset
@@ -480,8 +559,7 @@ class SyncTrajectory:
         self._close_trajectory()
         client = self._http()
         if fork_of is not None:
-            self.trajectory = call_retrying(lambda: client.fork(fork_of, 1)["ids"][0],
-                                            f"forking sandbox {fork_of}")
+            self.trajectory = fork_copy(client, fork_of, "reset")
         else:
             self.trajectory = call_retrying(
                 lambda: client.open_trajectory(None, **self.settings.open_args()),
@@ -511,3 +589,7 @@ class SyncTrajectory:
             except TangramError as e:
                 if e.status != 404:  # 404: the server already forgot it
                     raise
+            finally:  # a group's copy: its template may now be idle
+                from tangram.integrations.groups import SYNC_GROUPS
+
+                SYNC_GROUPS.copy_closed(tid)

@@ -26,9 +26,12 @@ An observation is the command's output followed by one line on how it ended
 (``[exit code 0]``, ``[timed out: ...]``, ...). ``info`` is small and
 deterministic: ``{"step": int, "status": str, "exit_code": int}``
 (after a submission ``"reward_exit_code": int``, ``"reward_status": str`` - ``ok``,
-``error`` when the reward could not run, with ``"reward_error": str``, ``state_lost``,
-or the action's status - and ``"state_lost": True`` after a sandbox reset, which the
-observation's first line also says); nothing random such as ids or timings. Every
+``failed``, ``timeout``, ``oom``, ``error`` when the reward could not run, with
+``"reward_error": str``, or ``state_lost``: ``tangram.integrations.common.STATUSES`` -
+and ``"infra_error": bool``, true when the score is an infrastructure failure rather
+than the model's outcome (mask the sample); ``"state_lost": True`` after a sandbox
+reset, which the observation's first line also says); nothing random such as ids or
+timings. Every
 key holds one type: a key with no value (no exit code after a timeout or a
 submission) is left out, which gymnasium's vector envs turn into
 their ``_key`` mask.
@@ -147,7 +150,8 @@ class TangramEnv(SyncTrajectory, gymnasium.Env):
                              self.max_obs_chars)
             # raises SandboxLost for a reset sandbox unless reward.state_lost_score is set
             scored = judge(res, self.settings.reward, lost_before, f"sandbox {self.trajectory}")
-            info = {"step": self._steps, "status": "submitted", "reward_status": scored.status}
+            info = {"step": self._steps, "status": "submitted", "reward_status": scored.status,
+                    "infra_error": scored.infra_error}
             if isinstance(res.get("exit_code"), int):
                 info["reward_exit_code"] = res["exit_code"]
             if scored.error:

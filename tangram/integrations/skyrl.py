@@ -19,19 +19,26 @@ may hold ``max_turns``, ``files`` (path -> content, written before the first
 turn), ``reward_command`` (this sample's reward command, overriding the
 config's) and ``group`` (its GRPO group: with ``group_setup: {command: ...}`` in
 ``env_config`` the group's sandbox is prepared once and each sample's starts as a
-copy of it: ``tangram.integrations.common.group_template``).
+copy of it: ``tangram.integrations.groups.SyncGroups``, which closes the group's
+template once ``group_setup.group_size`` copies were made, or once none was forked or
+open for ``group_setup.idle_ttl_s``).
 
 Like SkyRL's own environments, the command is parsed out of the model's text
 with a tag: the first ``<bash>...</bash>`` is run; ``<submit/>`` (or
 ``<submit>...</submit>``) ends the episode. Text with neither gets a hint and runs
 nothing. The episode also ends after ``max_turns`` turns. When it ends the
 reward command (if any) runs in the sandbox: reward 1.0 if it exits 0, else 0.0;
-without one the reward is 0.0. Nothing the model writes is ever run as a program
-unless it is inside ``<bash>``.
+without one the reward is 0.0. The last step's ``metadata`` says what the score is:
+``reward_status`` (``tangram.integrations.common.STATUSES``) and ``infra_error`` (true:
+an infrastructure failure, not the model's outcome: mask the sample). A sample whose
+group setup (or sandbox) failed is not raised from ``init``: its first step ends the
+episode as ``setup_failed``. Nothing the model writes is ever run as a program unless
+it is inside ``<bash>``.
 """
 
 from __future__ import annotations
 
+import logging
 import re
 from collections.abc import Mapping
 from typing import Any
@@ -46,16 +53,21 @@ try:
 except ImportError as e:  # pragma: no cover - exercised by the import test
     raise ImportError("tangram.integrations.skyrl needs skyrl-gym: pip install skyrl-gym") from e
 
-from tangram.client import TangramSyncClient
+import httpx
+
+from tangram.client import TangramError, TangramSyncClient
 from tangram.integrations.common import (
+    Reward,
     RewardConfig,
     SandboxConfig,
     SyncTrajectory,
-    group_template,
+    describe,
     judge,
     render,
 )
+from tangram.integrations.groups import SYNC_GROUPS
 
+log = logging.getLogger(__name__)
 ENV_ID = "tangram-shell"
 COMMAND = re.compile(r"<bash>(.*?)</bash>", re.DOTALL)
 SUBMIT = re.compile(r"<submit\s*/>|<submit>.*?</submit>", re.DOTALL)
@@ -107,18 +119,39 @@ class TangramTextEnv(SyncTrajectory, BaseTextEnv):
         self.trajectory: str | None = None
         self._client: TangramSyncClient | None = None
         self.chat_history: ConversationType = []
+        #: why this sample got no sandbox at init ("": it has one)
+        self.setup_error = ""
         self.settings.check("env_config")  # a wrong URL or token fails make, not every step
 
     def init(self, prompt: ConversationType) -> tuple[ConversationType, dict[str, Any]]:
-        """Open the sandbox and write the sample's files; the prompt is unchanged."""
-        fork_of = (group_template(self._http(), self.settings, self.group)
-                   if self.group is not None else None)
-        self._open_trajectory(self.files, fork_of)
+        """Open the sandbox (a copy of its group's, with ``group``) and write the sample's
+        files; the prompt is unchanged. A failed group setup or open is not raised: the
+        episode's first step ends it, scored ``setup_failed`` (an infrastructure failure
+        the trainer can mask, not the model's outcome)."""
         self.turns = 0
         self.chat_history = list(prompt)
+        self.setup_error = ""
+        try:
+            if self.group is not None:
+                self._close_trajectory()
+                self.trajectory = SYNC_GROUPS.fork(self._http(), self.settings, self.group)
+                self.lost = False
+                for path, content in self.files.items():
+                    self._http().put_file(self.trajectory, str(path), content)
+            else:
+                self._open_trajectory(self.files)
+        except (TangramError, httpx.HTTPError) as e:
+            self.setup_error = describe(e)
+            log.error("SkyRL sample (group %r): no sandbox: %s", self.group, self.setup_error)
         return prompt, {}
 
     def step(self, action: str) -> BaseTextEnvStepOutput:
+        if self.setup_error:
+            self.chat_history.append({"role": "assistant", "content": action})
+            scored = Reward.of("setup_failed", error=self.setup_error)
+            metadata = {"turn": getattr(self, "turns", 0) + 1, **_extra(scored)}
+            return BaseTextEnvStepOutput(observations=[], reward=scored.score, done=True,
+                                         metadata=metadata)
         if self.trajectory is None:
             raise RuntimeError("step() before init()")
         self.turns += 1
@@ -158,10 +191,13 @@ class TangramTextEnv(SyncTrajectory, BaseTextEnv):
         res = self._run(self.reward.action())
         # raises SandboxLost for a reset sandbox unless reward.state_lost_score is set
         scored = judge(res, self.reward, lost_before, f"sandbox {self.trajectory}")
-        metadata.update(reward_exit_code=scored.exit_code, reward_status=scored.status,
-                        reward_error=scored.error, reward_output=scored.output,
-                        state_lost=self.lost)
+        metadata.update(_extra(scored), state_lost=self.lost)
         return scored.score
+
+
+def _extra(scored: Reward) -> dict[str, Any]:
+    """A reward's fields for SkyRL's metadata (its score is the step's reward)."""
+    return {k: v for k, v in scored.fields().items() if k != "score"}
 
 
 

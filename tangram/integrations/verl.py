@@ -18,8 +18,9 @@ The tool config names the class; verl's own loader
 
 The token comes from the config or from TANGRAM_TOKEN (the reward workers read
 TANGRAM_TOKEN). The tool asks the server once when verl's loader builds it, and verl's
-``get_custom_reward_fn`` checks the reward workers' TANGRAM_TOKEN when it loads
-``compute_score``: a wrong URL or token fails there, naming it. A lost sandbox is told
+``get_custom_reward_fn`` checks the reward workers' TANGRAM_TOKEN against their server
+(TANGRAM_URL, or ``http://127.0.0.1:8000`` when unset) when it loads ``compute_score``:
+a wrong URL or token fails there, naming it. A lost sandbox is told
 to the model (the first line of the next tool output) and to the reward.
 
 The sandbox belongs to the rollout. verl's ``ToolAgentLoop`` calls
@@ -36,13 +37,20 @@ them into ``extra_info`` and call ``compute_score(data_source, solution_str,
 ground_truth, extra_info)``. :func:`compute_score` finds the sandbox there, runs
 the tool config's reward command in it (a ``reward_test`` action, elastic where
 configured), returns ``{"score", "reward_exit_code", "reward_status", "reward_output",
-"reward_error"}`` and closes the sandbox (:func:`score_rollout` says what each status
-means: a reward that could not run is ``error``, a sandbox reset during the rollout is
-``state_lost``, never a test result). A sandbox is otherwise closed when
+"reward_error", "infra_error"}`` and closes the sandbox (:func:`score_rollout` says what
+each status means: a reward that could not run is ``error``, a sandbox reset during the
+rollout is ``state_lost``, a rollout whose group setup failed is ``setup_failed``: each
+with ``infra_error: true``, never a test result). A sandbox is otherwise closed when
 
 * its rollout ends inside ``rollout_scope()`` (``examples/verl_agent_loop.py``
   wraps ``ToolAgentLoop.run`` in it), or ``await tool.close_rollout(key)``;
 * or it has been idle for ``idle_ttl_s`` (default 600 s), the backstop.
+
+With ``group_setup`` (and the dataset's ``tools_kwargs: {shell: {create_kwargs: {group:
+...}}}``) a group's rollouts start as copies of one prepared template sandbox; the tool
+closes the template itself once ``group_setup.group_size`` copies were made, or when none
+was forked for ``group_setup.idle_ttl_s`` (verl calls neither ``close_all`` nor
+``close_group``).
 
 ``calc_reward`` is kept for callers that drive it; verl 0.9 never calls it.
 A caller that drives the classic lifecycle (``create`` once, several ``execute``,
@@ -74,6 +82,7 @@ from tangram.integrations.common import (
     Reward,
     RewardConfig,
     SandboxConfig,
+    SetupFailed,
     call_retrying_async,
     check_server,
     describe,
@@ -148,6 +157,18 @@ async def rollout_scope() -> AsyncIterator[None]:
             await tool.close_rollout(key)
 
 
+@dataclass(eq=False)
+class _Template:
+    """A GRPO group's prepared template sandbox (``group_setup``) in this tool."""
+
+    ready: asyncio.Future[str]
+    #: copies forked (or being forked) from it, and those still in flight
+    forks: int = 0
+    forking: int = 0
+    #: when it was last forked from (its idle TTL counts from there)
+    last_used: float = 0.0
+
+
 @dataclass
 class _Sandbox:
     trajectory: str
@@ -178,7 +199,7 @@ class TangramTool(_Base):
         #: with ``group_setup``: instance/rollout key -> its GRPO group (the dataset's
         #: ``create_kwargs: {group: ...}``), and group -> its prepared template sandbox
         self._group_of: dict[str, str] = {}
-        self._templates: dict[str, asyncio.Future[str]] = {}
+        self._templates: dict[str, _Template] = {}
         self._client: TangramClient | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sweeper: asyncio.Task | None = None
@@ -212,8 +233,10 @@ class TangramTool(_Base):
             result = await self._run(key, self.settings.action(command),
                                      kwargs.get("agent_data"))
         except (TangramError, httpx.HTTPError) as e:  # logged with its cause by _run
-            return (ToolResponse(text=f"Error: the sandbox service failed: {describe(e)}"),
-                    0.0, {"error": describe(e)})
+            what = ("this task's sandbox could not be prepared" if isinstance(e, SetupFailed)
+                    else "the sandbox service failed")
+            return (ToolResponse(text=f"Error: {what}: {describe(e)}"), 0.0,
+                    {"error": describe(e)})
         # a reset sandbox: the text's first line tells the model (verl keeps the head)
         text = render(result, self.settings.max_output_chars, self.settings.mem_gb)
         metrics = {"status": result["status"], "exit_code": result.get("exit_code"),
@@ -236,6 +259,7 @@ class TangramTool(_Base):
         """End the instance; its sandbox closes only if it was the instance's own
         (a rollout's sandbox outlives the per-call instances verl releases)."""
         key = self._instances.pop(instance_id, instance_id)
+        self._group_of.pop(instance_id, None)
         if key == instance_id:
             await self.close_rollout(key)
         await self._sweep()
@@ -243,6 +267,7 @@ class TangramTool(_Base):
     # -- rollout sandboxes ------------------------------------------------------------------
     async def close_rollout(self, key: str) -> None:
         """Close the sandbox of rollout ``key`` (its request id); no-op if none."""
+        self._group_of.pop(key, None)
         box = self._sandboxes.pop(key, None)
         if box is None:
             return
@@ -322,9 +347,21 @@ class TangramTool(_Base):
                                 "state_lost_score": reward.state_lost_score if reward else None,
                                 "state_lost": box.lost}
 
+    def _publish_setup_failed(self, agent_data: Any, key: str, why: str) -> None:
+        """The rollout got no sandbox (its group's setup, the open or the fork failed):
+        compute_score scores it ``setup_failed`` (infra_error), never ``no_sandbox``."""
+        extra = getattr(agent_data, "extra_fields", None)
+        if isinstance(extra, dict):
+            extra[EXTRA_KEY] = {"rollout": key, "setup_failed": why}
+
     async def _run(self, key: str, action: dict[str, Any],
                    agent_data: Any = None) -> dict[str, Any]:
-        box = await self._sandbox(key)
+        try:
+            box = await self._sandbox(key)
+        except (TangramError, httpx.HTTPError) as e:
+            if key not in self._sandboxes:  # no sandbox for the rollout (yet): say why
+                self._publish_setup_failed(agent_data, key, describe(e))
+            raise
         self._publish(agent_data, key, box)
         box.busy += 1
         aid = uuid.uuid4().hex  # one id for every try: a repeat is the same action
@@ -385,8 +422,7 @@ class TangramTool(_Base):
         try:
             group = self._group_of.get(key)
             if group is not None:  # a copy of the group's prepared sandbox
-                template = await self._template(group)
-                tid = (await self._http().fork(template, 1))["ids"][0]
+                tid = await self._fork_copy(group)
             else:
                 tid = uuid.uuid4().hex  # chosen here: a try repeated after a lost answer is a no-op
                 await call_retrying_async(lambda: self._open(tid),
@@ -409,38 +445,101 @@ class TangramTool(_Base):
             if e.status != 409:  # 409: an earlier try of this same open got through
                 raise
 
-    async def _template(self, group: str) -> str:
-        """The group's template sandbox, prepared once (``group_setup.command``); no
-        rollout runs in it, so it is never busy when a rollout forks it. Closed by
-        ``close_all`` or ``close_group``."""
-        pending = self._templates.get(group)
-        if pending is None:
-            pending = self._templates[group] = asyncio.ensure_future(self._prepare(group))
+    async def _fork_copy(self, group: str) -> str:
+        """A new sandbox that starts as a copy of group ``group``'s template (prepared
+        first if needed). The template closes once ``group_setup.group_size`` copies were
+        made (a copy needs nothing of it once forked), or by the idle sweep once none was
+        forked for ``group_setup.idle_ttl_s``: verl never says when a group is done."""
+        assert self.settings.group_setup is not None
+        while True:
+            tpl = self._templates.get(group)
+            if tpl is None:
+                tpl = self._templates[group] = _Template(
+                    asyncio.ensure_future(self._prepare(group)), last_used=time.monotonic())
+                # its idle time counts from when it is ready (callbacks run in order: before
+                # the waiters below resume, so the sweep never takes it from under them)
+                tpl.ready.add_done_callback(
+                    lambda _, t=tpl: setattr(t, "last_used", time.monotonic()))
+            try:
+                template = await asyncio.shield(tpl.ready)
+            except BaseException:
+                if self._templates.get(group) is tpl and tpl.ready.done():
+                    del self._templates[group]  # a failed setup is tried again by the next
+                raise
+            if self._templates.get(group) is tpl:
+                break  # else: closed while this one waited (its last copy made, or idle)
+        tpl.forks += 1
+        tpl.forking += 1
+        copy: str | None = None
         try:
-            return await asyncio.shield(pending)
-        except BaseException:
-            if self._templates.get(group) is pending and pending.done():
-                del self._templates[group]  # a failed setup is tried again by the next
+            prefix = f"copy-{uuid.uuid4().hex[:16]}"
+            copy = await call_retrying_async(lambda: self._fork_once(template, prefix),
+                                             f"group {group!r}: forking sandbox {template}")
+            return copy
+        finally:
+            tpl.forking -= 1
+            tpl.last_used = time.monotonic()
+            if copy is None:
+                tpl.forks -= 1
+            size = self.settings.group_setup.group_size
+            if size is not None and tpl.forks >= size and not tpl.forking:
+                await self._close_template(group, tpl)
+
+    async def _fork_once(self, template: str, prefix: str) -> str:
+        """One copy named ``<prefix>-0``: a repeated try whose answer was lost finds it."""
+        try:
+            return str((await self._http().fork(template, 1, prefix))["ids"][0])
+        except TangramError as e:
+            if e.status == 409 and "already open" in str(e.detail):
+                return f"{prefix}-0"
             raise
 
     async def _prepare(self, group: str) -> str:
+        """Open the group's template and run its setup; closed again if that failed."""
         assert self.settings.group_setup is not None
         http = self._http()
-        tid = await http.open_trajectory(None, **self.settings.open_args())
-        result = await http.run(tid, **self.settings.group_setup.action())
+        tid = f"group-{uuid.uuid4().hex[:20]}"  # chosen here: a repeated open is a no-op
+        await call_retrying_async(lambda: self._open(tid), f"group {group!r}: opening a sandbox")
+        aid = uuid.uuid4().hex  # fresh per template: a repeated id answers the old result
+        try:
+            result = await call_retrying_async(
+                lambda: http.run(tid, action_id=aid, **self.settings.group_setup.action()),  # type: ignore[union-attr]
+                f"group {group!r}: its setup in sandbox {tid}")
+        except BaseException:
+            await self._close_quietly(tid)
+            raise
         if not passed(result):
-            with contextlib.suppress(TangramError, httpx.HTTPError):
-                await http.close_trajectory(tid)
-            raise TangramError(500, f"group_setup of group {group!r} failed: "
-                                    f"{render(result, 2000)}")
+            await self._close_quietly(tid)
+            raise SetupFailed(f"group_setup of group {group!r} failed: {render(result, 2000)}")
         return tid
 
     async def close_group(self, group: str) -> None:
         """Close group ``group``'s template sandbox (its rollouts' copies stay theirs)."""
-        pending = self._templates.pop(group, None)
-        if pending is not None and pending.done() and not pending.exception():
-            with contextlib.suppress(TangramError, httpx.HTTPError):
-                await self._http().close_trajectory(pending.result())
+        tpl = self._templates.get(group)
+        if tpl is not None:
+            await self._close_template(group, tpl)
+
+    async def _close_template(self, group: str, tpl: _Template) -> None:
+        if self._templates.get(group) is tpl:
+            del self._templates[group]
+        if not tpl.ready.done():  # still preparing: close it once its setup ends
+            def later(fut: asyncio.Future[str]) -> None:
+                if not fut.cancelled() and fut.exception() is None:
+                    task = asyncio.ensure_future(self._close_quietly(fut.result()))
+                    self._background.add(task)
+                    task.add_done_callback(self._background.discard)
+            tpl.ready.add_done_callback(later)
+        elif not tpl.ready.cancelled() and tpl.ready.exception() is None:
+            await self._close_quietly(tpl.ready.result())
+
+    async def _close_quietly(self, tid: str) -> None:
+        try:
+            await self._http().close_trajectory(tid)
+        except TangramError as e:
+            if e.status != 404:  # 404: already closed
+                log.warning("closing group template %s: %s", tid, describe(e))
+        except httpx.HTTPError as e:
+            log.warning("closing group template %s: %s", tid, describe(e))
 
     def _http(self) -> TangramClient:
         """A client bound to the running loop (verl may call from several loops)."""
@@ -457,6 +556,8 @@ class TangramTool(_Base):
         return loop
 
     async def _sweep(self) -> None:
+        """Close the rollouts' sandboxes idle past ``idle_ttl_s`` and the group templates
+        no copy was forked from for ``group_setup.idle_ttl_s``."""
         now = time.monotonic()
         stale = [k for k, b in self._sandboxes.items()
                  if not b.busy and now - b.last_used > self.settings.idle_ttl_s]
@@ -464,10 +565,22 @@ class TangramTool(_Base):
             log.info("closing sandbox of rollout %s: idle for over %g s", key,
                      self.settings.idle_ttl_s)
             await self.close_rollout(key)
+        setup = self.settings.group_setup
+        if setup is None:
+            return
+        idle = [(g, t) for g, t in self._templates.items()
+                if t.ready.done() and not t.forking and now - t.last_used > setup.idle_ttl_s]
+        for group, tpl in idle:
+            log.info("closing the template of group %r: no copy forked for %g s", group,
+                     setup.idle_ttl_s)
+            await self._close_template(group, tpl)
 
     async def _sweep_loop(self) -> None:
+        ttl = self.settings.idle_ttl_s
+        if self.settings.group_setup is not None:
+            ttl = min(ttl, self.settings.group_setup.idle_ttl_s)
         while True:
-            await asyncio.sleep(min(max(self.settings.idle_ttl_s / 4, 0.05), 30.0))
+            await asyncio.sleep(min(max(ttl / 4, 0.05), 30.0))
             await self._sweep()
 
 
@@ -477,18 +590,25 @@ def __getattr__(name: str) -> Any:
 
     verl's ``get_custom_reward_fn`` loads ``reward.custom_reward_function.name`` with
     ``getattr`` on this module, in the reward workers, before any rollout is scored: the
-    reward workers' TANGRAM_TOKEN (and TANGRAM_URL, when set) are checked there, so a
-    missing or wrong token fails the loader naming it rather than every reward batch
-    (whose sandboxes could then not even be closed)."""
+    reward workers' TANGRAM_TOKEN and server (TANGRAM_URL, or :data:`DEFAULT_URL` when
+    it is unset) are checked there, so a missing or wrong token fails the loader naming
+    it rather than every reward batch (whose sandboxes could then not even be closed)."""
     if name == "compute_score":
         check_reward_env()
         return score_rollout
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+#: the server the reward workers check when TANGRAM_URL is unset: the shipped tool
+#: config's default (``${oc.env:TANGRAM_URL,http://127.0.0.1:8000}``)
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+
 def check_reward_env() -> None:
-    """Raise ValueError unless TANGRAM_TOKEN is set and, when TANGRAM_URL is set, a
-    Tangram server answers there and takes the token."""
+    """Raise ValueError unless TANGRAM_TOKEN is set and a Tangram server answers at
+    TANGRAM_URL (unset: :data:`DEFAULT_URL`, the shipped tool config's default) and takes
+    the token. Checked whether or not TANGRAM_URL is set: a wrong token would otherwise
+    pass here and fail every reward with HTTP 401, leaving each sandbox open."""
     token = os.environ.get("TANGRAM_TOKEN")
     if not token:
         raise ValueError("compute_score: TANGRAM_TOKEN is not set where verl's reward workers "
@@ -497,6 +617,11 @@ def check_reward_env() -> None:
     url = os.environ.get("TANGRAM_URL")
     if url:
         check_server(url, token, "compute_score: TANGRAM_URL", "compute_score: TANGRAM_TOKEN")
+        return
+    check_server(DEFAULT_URL, token,
+                 f"compute_score: TANGRAM_URL is not set, so the default {DEFAULT_URL} was "
+                 "checked (set TANGRAM_URL where verl's reward workers run to the tool "
+                 "config's base_url)", "compute_score: TANGRAM_TOKEN")
 
 
 async def score_rollout(data_source: Any = None, solution_str: str | None = None,
@@ -511,21 +636,23 @@ async def score_rollout(data_source: Any = None, solution_str: str | None = None
     ``reward_kwargs`` (``custom_reward_function.reward_kwargs``) give one: keys of
     the tool's ``reward`` block (``command``, ``cpu``, ``elastic``, ``state_lost_score``,
     ...). Returns the same keys for every rollout (verl gathers them per key into
-    ``reward_extra_info``): ``score``; ``reward_status``, which says whether the score is
-    a test result: ``ok`` (the command ran; 1.0 if it exited 0, else 0.0), ``error``
-    (it could not run: a missing program or module, a collection error; 0.0),
-    ``state_lost`` (the sandbox was reset during the rollout: ``state_lost_score``;
-    without one this raises :class:`~tangram.integrations.common.SandboxLost`), the
-    action's status (``timeout``, ``oom``, ``failed``; 0.0), ``no sandbox`` (the
-    rollout never called the tool) or ``sandbox closed`` (scored before, or closed by
-    its idle TTL); ``reward_exit_code`` (-1: none), ``reward_output`` (the output's
-    tail) and ``reward_error`` (why it is not a test result; "" when it is).
+    ``reward_extra_info``): ``score``; ``reward_status``, one of
+    :data:`~tangram.integrations.common.STATUSES` (``ok`` 1.0; ``failed``, ``timeout``,
+    ``oom``, ``no_sandbox`` 0.0: the model's outcomes; ``error``, ``setup_failed`` 0.0
+    and ``state_lost`` (``state_lost_score``; without one this raises
+    :class:`~tangram.integrations.common.SandboxLost`): infrastructure failures);
+    ``infra_error`` (true: the score is no outcome of the model, mask the sample);
+    ``reward_exit_code`` (-1: none), ``reward_output`` (the output's tail) and
+    ``reward_error`` (why it is not a plain test result; "" when it is).
     """
     entry = (extra_info or {}).get(EXTRA_KEY)
     reward_kwargs = {k: v for k, v in reward_kwargs.items()
                      if k not in ("reward_router_address", "reward_model_tokenizer")}
+    if isinstance(entry, dict) and entry.get("setup_failed") and not entry.get("trajectory"):
+        log.error("rollout %s got no sandbox: %s", entry.get("rollout"), entry["setup_failed"])
+        return Reward.of("setup_failed", error=str(entry["setup_failed"])).fields()
     if not isinstance(entry, dict) or not entry.get("trajectory"):
-        return Reward(0.0, "no sandbox", -1, "", "the rollout never called the tool").fields()
+        return Reward.of("no_sandbox", error="the rollout never called the tool").fields()
     base_url = entry.get("base_url") or os.environ.get("TANGRAM_URL")
     if not base_url:
         raise ValueError("compute_score: no Tangram URL (the tool's base_url or TANGRAM_URL)")
@@ -555,9 +682,9 @@ async def score_rollout(data_source: Any = None, solution_str: str | None = None
                 if e.status != 404:
                     raise
                 # closed already (its idle TTL, or scored before): nothing to score
-                return Reward(0.0, "sandbox closed", -1, "",
-                              "the sandbox was closed before the reward ran (scored before, "
-                              "or idle for the tool's idle_ttl_s)").fields()
+                return Reward.of("error", error="the sandbox was closed before the reward "
+                                 "ran (scored before, or idle for the tool's idle_ttl_s)"
+                                 ).fields()
             return judge(result, reward, bool(entry.get("state_lost")), who).fields()
         finally:
             with contextlib.suppress(TangramError, httpx.HTTPError):

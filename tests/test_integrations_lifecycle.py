@@ -1,0 +1,386 @@
+"""Issue 47 #3-#5, through the frameworks' own code against a real `tangram serve`
+(verl 0.9.1 torch-free as tests/verl_torchfree.py explains; skyrl-gym 0.4):
+
+* #3 GRPO group templates close themselves, with no close_all / close_group from the
+  framework: once ``group_setup.group_size`` copies were made, or by the idle sweep
+  (``group_setup.idle_ttl_s``). verl's flow (its loader, ``_call_tool``, then its
+  ``NaiveRewardManager.run_single`` and ``get_custom_reward_fn``) and SkyRL's (make /
+  init / step / close on a thread pool) at 64 rollouts end with 0 open trajectories of
+  their task, asked of the server's list endpoint.
+* #4 every ``reward_status`` through verl's reward manager, each with its documented
+  score and ``infra_error``; a rollout that deletes its own tests is ``failed``; a
+  failed ``group_setup`` is ``setup_failed`` (never ``no_sandbox``).
+* #5 the reward workers' token is checked at load when TANGRAM_URL is unset too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import dataclasses
+import json
+import os
+import sys
+
+import numpy as np
+import pytest
+from conftest import ROOT, TOKEN
+from helpers import until
+from verl_torchfree import (
+    AgentData,
+    OneRowData,
+    custom_reward_fn,
+    function_call,
+    load_verl_tools,
+    naive_reward_manager,
+    stock_loop,
+)
+
+from tangram.client import TangramClient
+
+tool_registry = load_verl_tools()  # before tangram.integrations.verl, so it sees verl
+
+from tangram.integrations import verl as verl_adapter  # noqa: E402
+from tangram.integrations.common import STATUSES, RewardConfig  # noqa: E402
+from tangram.integrations.verl import TangramTool  # noqa: E402
+
+#: 64 rollouts: 8 GRPO groups of 8
+GROUPS, GROUP_SIZE = 8, 8
+
+
+async def call(tool, command: str, agent_data) -> tuple:
+    """verl 0.9.1's own ToolAgentLoop._call_tool (its source)."""
+    loop = stock_loop([tool], max_tool_response_length=4096)
+    return await loop._call_tool(function_call(tool.name, json.dumps({"command": command})),
+                                 agent_data.tools_kwargs, agent_data)
+
+
+class Tokenizer:
+    def decode(self, ids, skip_special_tokens=True):
+        return " ".join(map(str, ids))
+
+
+async def score(compute_score, agent_data: AgentData) -> dict:
+    """verl's NaiveRewardManager.run_single (source) on one rollout: what the agent loop
+    hands the reward loop (its extra_fields as tool_extra_fields)."""
+    data = OneRowData(
+        {"responses": np.array([5, 6, 7]), "attention_mask": np.array([1, 1, 1, 1])},
+        {"data_source": "tangram", "reward_model": {"ground_truth": None}, "extra_info": {},
+         "tool_extra_fields": {**agent_data.extra_fields, "turn_scores": [],
+                               "tool_rewards": []}})
+    out = await naive_reward_manager(compute_score, Tokenizer())(data)
+    return out["reward_extra_info"] | {"reward_score": out["reward_score"]}
+
+
+async def open_of(url: str, task: str) -> list[dict]:
+    """The server's open trajectories of ``task`` (GET /v1/trajectories)."""
+    async with TangramClient(url, TOKEN) as tg:
+        return [t for t in await tg.trajectories() if t["task"] == task]
+
+
+def tool_yaml(tmp_path, url: str, task: str, group_setup: dict, reward: str) -> str:
+    """A verl tool config for verl's loader (initialize_tools_from_config)."""
+    path = tmp_path / f"{task}.yaml"
+    path.write_text(json.dumps({"tools": [{
+        "class_name": "tangram.integrations.verl.TangramTool",
+        "config": {"type": "native", "base_url": url, "token": TOKEN, "task": task,
+                   "group_setup": group_setup, "reward": {"command": reward}}}]}))
+    return str(path)
+
+
+# -- #3 verl: templates close without close_all / close_group ----------------------------
+async def _verl_groups(url: str, tmp_path) -> None:
+    reward = 'test "$(cat state.txt)" = prepared && test -s mine.txt'
+    compute_score = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+
+    async def flow(tool: TangramTool, groups: int, size: int, prefix: str) -> list[dict]:
+        """verl's rollouts (each of its group, per the dataset's create_kwargs), then its
+        reward manager on each; nothing else."""
+        rollouts = []
+        for g in range(groups):
+            for i in range(size):
+                a = AgentData(f"{prefix}-{g}-{i}")
+                a.tools_kwargs = {tool.name: {"create_kwargs": {"group": f"prompt-{g}"}}}
+                rollouts.append(a)
+        outs = await asyncio.gather(*(call(tool, f"cat state.txt && echo {n} > mine.txt", a)
+                                      for n, a in enumerate(rollouts)))
+        for resp, _, metrics in outs:
+            assert metrics.get("exit_code") == 0 and resp.text.startswith("prepared\n"), resp.text
+        return list(await asyncio.gather(*(score(compute_score, a) for a in rollouts)))
+
+    # group_size known: each template closes with its group's last copy
+    sized = tool_registry.initialize_tools_from_config(tool_yaml(
+        tmp_path, url, "grpo-sized", {"command": "echo prepared > state.txt",
+                                      "group_size": GROUP_SIZE}, reward))[0]
+    scores = await flow(sized, GROUPS, GROUP_SIZE, "sized")
+    assert len(scores) == GROUPS * GROUP_SIZE == 64
+    assert all(s["reward_status"] == "ok" and s["reward_score"] == 1.0 for s in scores), scores
+    left = await open_of(url, "grpo-sized")
+    assert left == [], f"{len(left)} trajectories left open: {left[:3]}"
+
+    # group_size unknown: the idle sweep closes each template after its own TTL
+    ttl = tool_registry.initialize_tools_from_config(tool_yaml(
+        tmp_path, url, "grpo-ttl", {"command": "echo prepared > state.txt",
+                                    "idle_ttl_s": 1}, reward))[0]
+    scores = await flow(ttl, 2, 4, "ttl")
+    assert all(s["reward_status"] == "ok" for s in scores), scores
+    seen: list = []
+
+    async def none_open() -> bool:
+        seen[:] = await open_of(url, "grpo-ttl")
+        return not seen
+
+    await until(none_open, 120, "the idle sweep to close the group templates",
+                lambda: seen)
+    # a group asked again after its template closed is prepared again (a fresh setup)
+    again = await flow(ttl, 1, 2, "ttl-again")
+    assert all(s["reward_status"] == "ok" for s in again), again
+
+
+def test_verl_group_templates_close_without_the_frameworks_help(process_server, tmp_path,
+                                                                 monkeypatch):
+    monkeypatch.setenv("TANGRAM_URL", process_server.url)
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    asyncio.run(_verl_groups(process_server.url, tmp_path))
+
+
+# -- #3 SkyRL: group-* templates close with the group --------------------------------------
+def test_skyrl_group_templates_close_without_the_frameworks_help(process_server):
+    """SkyRL's generator: one env per sample (skyrl_gym.make with its extras), init / step
+    / close on a thread pool; 64 samples in 8 groups; then nothing of the task is open."""
+    import skyrl_gym
+
+    import tangram.integrations.skyrl  # noqa: F401
+
+    def episode(config: dict, group: str, i: int) -> float:
+        env = skyrl_gym.make("tangram-shell", env_config=config,
+                             extras={"group": group, "max_turns": 3})
+        try:
+            env.init([{"role": "user", "content": "go"}])
+            out = env.step(f"<bash>cat state.txt && echo {i} > mine.txt</bash>")
+            assert out["observations"][0]["content"].startswith("prepared\n"), out
+            out = env.step("<submit/>")
+            assert out["done"] and out["metadata"]["infra_error"] is False, out
+            return out["reward"]
+        finally:
+            env.close()
+
+    def run(config: dict, groups: int, size: int) -> list[float]:
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            futures = [pool.submit(episode, config, f"prompt-{g}", g * size + i)
+                       for g in range(groups) for i in range(size)]
+            return [f.result() for f in futures]
+
+    base = {"base_url": process_server.url, "token": TOKEN,
+            "reward": {"command": 'test "$(cat state.txt)" = prepared && test -s mine.txt'}}
+    sized = {**base, "task": "skyrl-sized",
+             "group_setup": {"command": "echo prepared > state.txt", "group_size": GROUP_SIZE}}
+    assert run(sized, GROUPS, GROUP_SIZE) == [1.0] * 64
+    left = asyncio.run(open_of(process_server.url, "skyrl-sized"))
+    assert left == [], f"{len(left)} trajectories left open: {left[:3]}"
+
+    ttl = {**base, "task": "skyrl-ttl",
+           "group_setup": {"command": "echo prepared > state.txt", "idle_ttl_s": 1}}
+    assert run(ttl, 2, 3) == [1.0] * 6
+    seen: list = []
+
+    async def none_open() -> bool:
+        seen[:] = await open_of(process_server.url, "skyrl-ttl")
+        return not seen
+
+    asyncio.run(until(none_open, 120, "the idle sweep to close the group templates",
+                lambda: seen))
+
+
+# -- #4 every reward_status through verl's reward manager ----------------------------------
+def _cgroups() -> bool:
+    if os.geteuid() != 0:
+        return False
+    from executor.node.cgroups import own_memory_cgroup
+
+    own = own_memory_cgroup()
+    return own is not None and os.access(own, os.W_OK)
+
+
+async def _statuses(url: str) -> None:
+    compute_score = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+    tool = TangramTool({"type": "native", "base_url": url, "token": TOKEN, "task": "status"})
+    pytest_cmd = f"{sys.executable} -m pytest -q -p no:cacheprovider tests"
+    write_tests = ("mkdir -p tests && printf 'def test_one():\\n    assert open(\"answer.txt\")"
+                   ".read().strip() == \"42\"\\n' > tests/test_a.py")
+    # rollout -> (its commands, its reward command, reward_status, score, infra_error)
+    cases = {
+        "ok": ([write_tests, "echo 42 > answer.txt"], pytest_cmd, "ok", 1.0, False),
+        "failed": ([write_tests, "echo 7 > answer.txt"], pytest_cmd, "failed", 0.0, False),
+        # the model deleted (or emptied) its own tests: its failure, not the reward's
+        "deleted": ([write_tests, "rm -rf tests"], pytest_cmd, "failed", 0.0, False),
+        "emptied": ([write_tests, ": > tests/test_a.py"], pytest_cmd, "failed", 0.0, False),
+        "error": (["true"], "no-such-program-xyz -q tests", "error", 0.0, True),
+        "timeout": (["true"], "sleep 60", "timeout", 0.0, False),
+    }
+    rollouts: dict[str, AgentData] = {}
+    for name, (commands, reward, *_) in cases.items():
+        rollouts[name] = a = AgentData(f"status-{name}")
+        timeout = 1.0 if name == "timeout" else None
+        tool.settings = dataclasses.replace(tool.settings,
+                                            reward=RewardConfig(reward, timeout_s=timeout))
+        for command in commands:
+            resp, _, metrics = await call(tool, command, a)
+            assert metrics.get("exit_code") == 0, (name, resp.text)
+    if _cgroups():  # past the sandbox's own mem_gb: the model's code
+        small = TangramTool({"type": "native", "base_url": url, "token": TOKEN,
+                             "task": "status", "mem_gb": 0.25,
+                             "reward": {"command": "python3 -c 'b = bytearray(900 * 2**20)'"}})
+        rollouts["oom"] = AgentData("status-oom")
+        await call(small, "true", rollouts["oom"])
+        cases["oom"] = ([], "", "oom", 0.0, False)
+    # a group whose setup fails: infrastructure (the rollout never had a sandbox)
+    broken = TangramTool({"type": "native", "base_url": url, "token": TOKEN, "task": "status",
+                          "group_setup": {"command": "echo no-such-repo >&2; exit 3"},
+                          "reward": {"command": "true"}})
+    rollouts["setup_failed"] = a = AgentData("status-setup")
+    a.tools_kwargs = {broken.name: {"create_kwargs": {"group": "prompt-0"}}}
+    resp, _, metrics = await call(broken, "ls", a)
+    assert resp.text.startswith("Error: this task's sandbox could not be prepared: "
+                                "group_setup of group 'prompt-0' failed"), resp.text
+    cases["setup_failed"] = ([], "", "setup_failed", 0.0, True)
+    # a rollout that never called the tool: the model's outcome
+    rollouts["no_sandbox"] = AgentData("status-none")
+    cases["no_sandbox"] = ([], "", "no_sandbox", 0.0, False)
+
+    outs = dict(zip(rollouts, await asyncio.gather(
+        *(score(compute_score, a) for a in rollouts.values())), strict=True))
+    for name, (_, _, status, value, infra) in cases.items():
+        out = outs[name]
+        assert (out["reward_status"], out["reward_score"], out["infra_error"]) == \
+            (status, value, infra), (name, out)
+        # the documented table says the same
+        assert STATUSES[status].infra is infra and STATUSES[status].score == value, status
+        assert set(out) == {"score", "reward_exit_code", "reward_status", "reward_output",
+                            "reward_error", "infra_error", "reward_score"}, out
+    assert "file or directory not found" in outs["deleted"]["reward_output"], outs["deleted"]
+    assert outs["deleted"]["reward_exit_code"] == 4 and outs["emptied"]["reward_exit_code"] == 5
+    assert outs["error"]["reward_exit_code"] == 127 and "not found" in outs["error"]["reward_error"]
+    assert outs["setup_failed"]["reward_error"].startswith("group_setup of group 'prompt-0' "
+                                                       "failed"), outs["setup_failed"]
+    assert "no-such-repo" in outs["setup_failed"]["reward_error"], outs["setup_failed"]
+    # scored, then closed; the failed setup's template was closed too
+    assert await open_of(url, "status") == []
+    await tool.close_all()
+
+
+def test_every_reward_status_through_verls_reward_manager(process_server, monkeypatch):
+    monkeypatch.setenv("TANGRAM_URL", process_server.url)
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    asyncio.run(_statuses(process_server.url))
+
+
+def test_skyrl_failed_group_setup_is_setup_failed_not_a_crash(process_server):
+    """SkyRL's init does not raise for a failed group setup (the generator's batch would
+    fail): the sample's first step ends it, setup_failed, infra_error; nothing left open."""
+    import skyrl_gym
+
+    import tangram.integrations.skyrl  # noqa: F401
+
+    config = {"base_url": process_server.url, "token": TOKEN, "task": "skyrl-broken",
+              "group_setup": {"command": "echo no-such-repo >&2; exit 3"},
+              "reward": {"command": "true"}}
+    env = skyrl_gym.make("tangram-shell", env_config=config, extras={"group": "g"})
+    prompt = [{"role": "user", "content": "go"}]
+    assert env.init(prompt) == (prompt, {})
+    out = env.step("<bash>ls</bash>")
+    meta = out["metadata"]
+    assert out["done"] and out["reward"] == 0.0 and out["observations"] == [], out
+    assert meta["reward_status"] == "setup_failed" and meta["infra_error"] is True, meta
+    assert "no-such-repo" in meta["reward_error"], meta
+    env.close()
+    assert asyncio.run(open_of(process_server.url, "skyrl-broken")) == []
+
+
+# -- #5 the reward workers' token, checked at load with TANGRAM_URL unset -------------------
+def test_reward_worker_token_is_checked_at_load_without_tangram_url(process_server,
+                                                                    monkeypatch):
+    # the shipped tool config's default URL is the one checked when TANGRAM_URL is unset
+    shipped = (ROOT / "examples" / "verl_tool.yaml").read_text()
+    assert f"${{oc.env:TANGRAM_URL,{verl_adapter.DEFAULT_URL}}}" in shipped
+    monkeypatch.delenv("TANGRAM_URL", raising=False)
+    # a server there (this one stands in for 127.0.0.1:8000, which other runs may hold)
+    monkeypatch.setattr(verl_adapter, "DEFAULT_URL", process_server.url)
+    monkeypatch.setenv("TANGRAM_TOKEN", "wrong-token")
+    with pytest.raises(ValueError, match="compute_score: TANGRAM_TOKEN: the server .* refused"):
+        custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    assert custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+    # nothing there: the loader says which URL it checked and how to name the right one
+    monkeypatch.setattr(verl_adapter, "DEFAULT_URL", "http://127.0.0.1:9")
+    with pytest.raises(ValueError, match=r"TANGRAM_URL is not set, so the default "
+                                         r"http://127.0\.0\.1:9 was checked.*no Tangram server"):
+        custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+
+
+# -- the README's group configs, as written ------------------------------------------------
+def _readme_blocks(lang: str, marker: str) -> str:
+    import re
+    import textwrap
+
+    text = (ROOT / "README.md").read_text()
+    blocks = [textwrap.dedent(b) for b in re.findall(rf"^ *```{lang}\n(.*?)^ *```", text,
+                                                      re.DOTALL | re.MULTILINE)
+              if marker in b]
+    assert len(blocks) == 1, f"README: {len(blocks)} {lang} blocks with {marker!r}"
+    return blocks[0]
+
+
+SETUP = "git clone -q /data/repos/calc . && pip install -q --user -e ."
+
+
+def test_readme_group_configs_load_and_fork(process_server, tmp_path, monkeypatch):
+    """The README's verl tool config (through verl's loader), SkyRL env config (through
+    skyrl_gym.make) and gymnasium fork_of example run against a live server; only the
+    setup command (a repository this machine has not) and the URL are swapped."""
+    import skyrl_gym
+    from omegaconf import OmegaConf
+
+    import tangram.integrations.skyrl  # noqa: F401
+
+    monkeypatch.setenv("TANGRAM_URL", process_server.url)
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    verl_yaml = _readme_blocks("yaml", "tangram.integrations.verl.TangramTool")
+    assert SETUP in verl_yaml
+    path = tmp_path / "tool.yaml"
+    path.write_text(verl_yaml.replace(SETUP, "echo prepared > state.txt"))
+    tool = tool_registry.initialize_tools_from_config(str(path))[0]
+    assert tool.settings.group_setup.group_size == 8 and tool.settings.reward.state_lost_score == 0.0
+
+    async def verl_group() -> None:
+        a = AgentData("readme-0")
+        a.tools_kwargs = {"shell": {"create_kwargs": {"group": "prompt-17"}}}
+        resp, _, _ = await call(tool, "cat state.txt", a)
+        assert resp.text.startswith("prepared\n"), resp.text
+        await tool.close_all()
+
+    asyncio.run(verl_group())
+
+    sky = OmegaConf.create(_readme_blocks("yaml", "env_class: tangram-shell").replace(
+        SETUP, "echo prepared > state.txt").replace("http://127.0.0.1:8000", process_server.url))
+    env_config = sky.environment.skyrl_gym[sky.environment.env_class]
+    env = skyrl_gym.make("tangram-shell", env_config=env_config,
+                         extras={"group": "prompt-17", "max_turns": 4})
+    env.init([{"role": "user", "content": "go"}])
+    assert env.step("<bash>cat state.txt</bash>")["observations"][0]["content"].startswith(
+        "prepared\n")
+    env.close()
+    tangram.integrations.skyrl.SYNC_GROUPS.close_all()
+
+    script = tmp_path / "gym_fork.py"
+    script.write_text(_readme_blocks("python", '"fork_of"').replace(
+        SETUP, "echo prepared > state.txt").replace("http://127.0.0.1:8000", process_server.url)
+        + "\nfor env in group:\n    print(env.step('cat state.txt')[0].splitlines()[0])\n"
+        "    env.close()\n")
+    import subprocess
+
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TANGRAM_TOKEN": TOKEN})
+    assert out.returncode == 0 and out.stdout.split() == ["prepared"] * 8, \
+        out.stdout + out.stderr
+    assert asyncio.run(open_of(process_server.url, "coding")) == []
