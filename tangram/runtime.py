@@ -206,6 +206,9 @@ class Runtime:
         #: running actions an effect failed for (a move, a stop): the error their outcome
         #: reports, whatever the backend says when it ends them
         self._failed: dict[str, str] = {}
+        #: effect class -> how many were carried out without raising (a server's /metrics:
+        #: which kinds a live run has seen; the core counts only some, e.g. lane moves)
+        self.carried: dict[type, int] = {}
 
     def _timed(self, command: Command) -> list[Effect]:
         t0 = self.stopwatch()
@@ -274,11 +277,14 @@ class Runtime:
         return bool(out)
 
     def _carry_out(self, effects: list[Effect]) -> None:
+        carried = self.carried
         for e in effects:
             try:
                 self._carry_out_one(e)
             except Exception as exc:  # noqa: BLE001 - any failure: its action ends, named
                 self._effect_failed(e, exc)
+            else:
+                carried[type(e)] = carried.get(type(e), 0) + 1
         self._arm_wakeup()
 
     def _carry_out_one(self, e: Effect) -> None:

@@ -19,7 +19,7 @@ import secrets
 import time
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, get_args
 
 from executor.backends.http.urls import UrlRefused, check_headers, listed, parse_allow_list, parse_target
 from executor.commands import CommandError, argv_of
@@ -37,6 +37,7 @@ from executor.server.schemas import (
     TrajectoryOut,
 )
 from tangram.model import Action, Outcome, quota_resource
+from tangram.protocol import Effect
 from tangram.runtime import Record
 
 log = logging.getLogger("tangram.service")
@@ -606,5 +607,22 @@ class Service:
                   "# TYPE tangram_resource_capacity gauge"]
         for res, v in sorted(cap.items()):
             lines.append(f'tangram_resource_capacity{{resource="{res}"}} {v}')
+        lines += effect_lines(self.executor.runtime.carried, snap.counters)
         lines += metric_lines(self.executor.backend)
         return "\n".join(lines) + "\n"
+
+
+def effect_lines(carried: Mapping[type, int], counters: Mapping[str, float]) -> list[str]:
+    """Prometheus lines: the core's effects carried out, by kind (every kind, 0 included:
+    which of them a live server has seen, e.g. a lane move or a shed), and the core's own
+    counters (tangram/core.py ``snapshot``: scheduling passes, lane moves, reclaims, GPU
+    restores), one metric each so that a counter the core adds shows up here too."""
+    lines = ["# HELP tangram_effects_total Effects of the core carried out on the backend, "
+             "by kind (tangram/protocol.py).",
+             "# TYPE tangram_effects_total counter"]
+    lines += [f'tangram_effects_total{{effect="{kind.__name__}"}} {carried.get(kind, 0)}'
+              for kind in get_args(Effect)]
+    for name, value in sorted(counters.items()):
+        lines += [f"# HELP tangram_core_{name} The core's counter {name}.",
+                  f"# TYPE tangram_core_{name} counter", f"tangram_core_{name} {value:.6g}"]
+    return lines
