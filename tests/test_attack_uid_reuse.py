@@ -58,6 +58,8 @@ def test_a_setuid_file_left_in_another_sandbox_never_runs_as_the_next_owner_of_i
     assert os.stat(f"{c_dir}/sh").st_mode & 0o4000 and os.stat(f"{c_dir}/sh").st_uid == a_uid
 
     # while A is open: C's `sh -p` runs as C (no new privileges), not as A
+    assert _sh(http, "u6-c", "u6-c0", "grep NoNewPrivs /proc/self/status").split() == [
+        "NoNewPrivs:", "1"]
     ran = _sh(http, "u6-c", "u6-c3", "./sh -p -c 'id -u; id -ru'; priv/sh2 -p -c 'id -u'")
     assert ran.split() == [str(c_uid)] * 3, ran
 
