@@ -32,7 +32,7 @@ attribute of the core's internals, a manager or pool import).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import BinaryIO, Protocol, runtime_checkable
@@ -97,6 +97,9 @@ class Capabilities:
     #: changes a running action's cores and priority when the core moves it off a
     #: light lane (:class:`Moved`: ``move``) (:class:`Moving`)
     moves: bool = False
+    #: keeps across a restart only the sandboxes of the trajectories still open, removing
+    #: what a crash left of the others (:class:`Retaining`)
+    retains: bool = False
 
 
 NONE = Capabilities()
@@ -442,6 +445,15 @@ class Forking(Protocol):
 
 
 @runtime_checkable
+class Retaining(Protocol):
+    """Told, at a start, which trajectories the journal says are open (before they are
+    opened again): what a previous run left of any other (a kill -9 mid-open, mid-fork or
+    mid-close) is removed, so no later trajectory sees it. How many were removed."""
+
+    def retain(self, trajectories: Collection[str]) -> int: ...
+
+
+@runtime_checkable
 class ImageOpening(Protocol):
     """Opens a trajectory's sandbox from a docker image."""
 
@@ -463,7 +475,7 @@ class FileHolding(Protocol):
 METHOD_CAPABILITIES: Mapping[str, type] = MappingProxyType({
     "prerestores": PreRestoring, "watches_nodes": NodeWatching, "images": ImageOpening,
     "files": FileHolding, "evicts": Evicting, "sheds": Shedding, "forks": Forking,
-    "moves": Moving,
+    "moves": Moving, "retains": Retaining,
 })
 
 

@@ -58,14 +58,19 @@ def test_nothing_of_a_closed_trajectory_reaches_the_next_one_on_its_id(tmp_path)
             assert _segments(uid) and _procs(uid)
             assert c.delete("/v1/trajectories/a").status_code == 200
 
-            # the id comes back once A is cleaned up: open trajectories until one has it
-            deadline = time.time() + 120
+            # the id comes back once A is cleaned up and every other id of the block was
+            # handed out (oldest freed first, issue 45 #6): open trajectories until one
+            # has it (its work directory is its id's from its open), closing the others
+            deadline = time.time() + 600  # (~4,096 opens and closes: a hang guard)
+            work = tmp_path / "state" / "work"
             while True:
                 tid = f"c{len(opened)}"
-                c.post("/v1/trajectories", json={"id": tid})
+                assert c.post("/v1/trajectories", json={"id": tid}).status_code == 201
                 opened.append(tid)
-                if _uid(c, tid) == uid:
+                if os.stat(work / tid).st_uid == uid:
                     break
+                assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
+                opened.pop()
                 assert time.time() < deadline, "A's id was never handed out again"
             # (C's `id -u` may still be exiting: a process of the id that stays is A's)
             deadline = time.time() + 30

@@ -236,9 +236,11 @@ def test_the_fallback_start_pins_and_drops_the_user_on_either_loop(loop, tmp_pat
         try:
             ex.open_trajectory("a", "t", 0.25)
             rec, out = await ex.run(shell("f1", "a", "sh -c 'id -u; id -G; nice; "
-                                          "grep Cpus_allowed_list /proc/self/status'"))
+                                          "grep Cpus_allowed_list /proc/self/status; "
+                                          "grep NoNewPrivs /proc/self/status'"))
             assert out.status == "ok", out
-            uid, groups, nice, cpus = out.output.strip().splitlines()
+            uid, groups, nice, cpus, nnp = out.output.strip().splitlines()
+            assert nnp.split() == ["NoNewPrivs:", "1"], out.output  # issue 45 #6
             assert int(uid) != 0 and groups.split() == [uid], out.output
             assert cpus_of(cpus) == set(out.extra["cores"])
             assert int(nice) == (0 if rec.lane else EXCLUSIVE_NICE) + os.nice(0), out.output

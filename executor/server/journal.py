@@ -200,6 +200,18 @@ class Journal:
         self.db.execute("INSERT OR REPLACE INTO trajectories VALUES (?, ?, ?, ?)",
                         (tid, task, mem_gb, image))
 
+    def opened_all(self, rows: list[tuple[str, str, float | None, str | None]]) -> None:
+        """Several trajectories opened at once (a fork's copies), in one transaction:
+        a crash journals all of them or none."""
+        self.db.execute("BEGIN")
+        try:
+            self.db.executemany("INSERT OR REPLACE INTO trajectories VALUES (?, ?, ?, ?)",
+                                rows)
+        except BaseException:
+            self.db.execute("ROLLBACK")
+            raise
+        self.db.execute("COMMIT")
+
     def closed(self, tid: str) -> None:
         self.db.execute("DELETE FROM trajectories WHERE id=?", (tid,))
 

@@ -37,7 +37,7 @@ from executor.server.schemas import (
     TrajectoryOut,
 )
 from tangram.model import Action, Outcome, quota_resource
-from tangram.protocol import Effect
+from tangram.protocol import Effect, Retaining
 from tangram.runtime import Record
 
 log = logging.getLogger("tangram.service")
@@ -191,10 +191,13 @@ class Service:
             raise Refused(e.status, e.detail) from None
         # the copies are open trajectories like any: listed, journalled (a restart reopens
         # them), with their source's task, memory and image
+        # (all in one transaction, and only now that every copy is complete: a crash
+        # before leaves none journalled, and a restart removes them all - issue 45 #8)
         if source is not None:
             now = time.monotonic()
+            self.journal.opened_all([(tid, source.task, source.mem_gb, source.image)
+                                     for tid in done.ids])
             for tid in done.ids:
-                self.journal.opened(tid, source.task, source.mem_gb, source.image)
                 self.opened[tid] = Opened(source.task, source.mem_gb, source.image, now, now)
         return {"ids": list(done.ids), "fork_of": done.source, "action": done.action,
                 "method": done.method, "bytes": done.bytes, "queue_s": done.queue_s,
@@ -206,7 +209,10 @@ class Service:
         work directories; what else their sandboxes held (processes, files elsewhere) is
         gone. One that cannot be opened again is forgotten (its next submit gets 404)."""
         restored = 0
-        for tid, task, mem_gb, image in self.journal.open_trajectories():
+        left_open = self.journal.open_trajectories()
+        if isinstance(self.executor.backend, Retaining):  # what else a crash left: removed
+            self.executor.backend.retain([row[0] for row in left_open])
+        for tid, task, mem_gb, image in left_open:
             try:
                 self.executor.open_trajectory(tid, task, mem_gb, image)
                 restored += 1

@@ -73,7 +73,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -335,6 +335,20 @@ class DockerBackend:
         self._reaper = threading.Thread(target=self._reap_loop, daemon=True)
         self._reaper.start()
         self._refill_soon()
+
+    def retain(self, trajectories: Collection[str]) -> int:
+        """At a start, before the journal's open ``trajectories`` are opened again
+        (executor/server/service.py): a predecessor's container of any other trajectory
+        is removed now, not adopted by a later open of the same id (issue 45 #8: a kill -9
+        mid-fork left copies the journal never heard of; a fork again under their ids got
+        their stale files). How many were removed."""
+        keep = set(trajectories)
+        with self._lock:
+            gone = [self._leftovers.pop(t) for t in list(self._leftovers) if t not in keep]
+            self._lost_at_start &= keep
+        for box in gone:
+            self._discard(box)
+        return len(gone)
 
     def _adoptable(self) -> tuple[dict[str, Sandbox], set[str], set[str]]:
         """What a predecessor of the same owner left (a kill -9 leaves its containers

@@ -28,7 +28,7 @@ import subprocess
 import sys
 import time
 import warnings
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Collection, Mapping
 from pathlib import Path
 from typing import BinaryIO, cast
 from urllib.parse import quote
@@ -37,13 +37,14 @@ from executor.backends.process import marks, spawner
 from executor.backends.process.cage import Cages, MemoryLimits
 from executor.backends.process.fork import Freezes, run_fork
 from executor.backends.process.reaper import Leftovers, Reaper, clean
-from executor.backends.process.sweep import sweep
+from executor.backends.process.sweep import remove_tree, sweep
 from executor.backends.process.tree import END_WAIT_S, ActionGroup, ActionGroups, remove_groups
 from executor.backends.process.uids import (
     BLOCK,
     UidBlock,
     dropping,
     kill_uids,
+    no_new_privileges,
     pids_of_uids,
     unreachable,
 )
@@ -207,7 +208,7 @@ class ProcessBackend:
         #: set after the scrub, so it is never scrubbed: a Ray agent passes its marker here
         #: and its guard kills ``MARK=<run_mark>.*`` (executor/backends/ray/guard.py)
         self._run_mark = run_mark or secrets.token_hex(6)
-        self._reaper = Reaper(MARK)
+        self._reaper = Reaper(MARK, self.root)
         #: each trajectory's memory limit and OOM preference (executor/backends/process/cage.py)
         self._memory = MemoryLimits(self._run_mark, default_mem_gb)
         #: a cgroup per action where the server can make one (None: the marked sweep)
@@ -236,7 +237,9 @@ class ProcessBackend:
         down): its sandboxes' processes and files are no trajectory's to come."""
         first, last = self.uid_range  # type: ignore[misc]
         kill_uids(first, last)
-        sweep(lambda uid: first <= uid <= last)
+        # (not the work root: what is kept there is the restored trajectories', given to
+        # their new ids when they are opened again, and the rest goes in ``retain``)
+        sweep(range(first, last + 1))
 
     @property
     def uid_range(self) -> tuple[int, int] | None:
@@ -351,6 +354,7 @@ class ProcessBackend:
                 os.setgroups([])
                 os.setgid(uid)
                 os.setuid(uid)
+                no_new_privileges()  # a setuid file left anywhere runs as its caller
 
         loop = asyncio.get_running_loop()
         transport, protocol = await loop.subprocess_exec(
@@ -549,6 +553,42 @@ class ProcessBackend:
             if done.returncode != 0:
                 raise OSError(f"its files cannot be given to its user id: {done.stderr[-200:]}")
 
+    def retain(self, trajectories: Collection[str]) -> int:
+        """At a start, before the journal's open ``trajectories`` are opened again
+        (executor/server/service.py): everything else in the work root is a previous run's
+        leftover (issue 45 #8-9) - the directory of a trajectory opened but not journalled
+        (a kill -9 mid-open), a fork's copies not journalled yet (mid-fork: the service
+        journals them once complete), a fork's stage (`` forking ``), a closed one not
+        removed yet (`` closing ``) - and is removed now, so no later trajectory of the same
+        id sees its files and no file of an id this run hands out again is left. (With
+        ``keep_workdirs``, a leftover directory is moved aside, root's alone, instead.)
+        How many entries were removed."""
+        keep = {dir_name(t) for t in trajectories}
+        removed = 0
+        for e in list(os.scandir(self.root)):
+            try:
+                is_dir = e.is_dir(follow_symlinks=False)
+                if e.name in keep and is_dir:
+                    continue
+                if self.keep_workdirs and is_dir and not e.name.startswith(" "):
+                    aside = self.root / f" kept {secrets.token_hex(8)} {e.name[:100]}"
+                    os.rename(e.path, aside)
+                    os.chown(aside, 0, 0, follow_symlinks=False)
+                    aside.chmod(0o700)  # (its files keep ids this run may hand out)
+                elif is_dir:
+                    remove_tree(Path(e.path))
+                else:
+                    os.unlink(e.path)
+                removed += 1
+            except OSError as err:
+                log.warning("cannot remove %s left by the previous run: %s", e.path, err)
+        if removed:
+            log.warning("removed %d entries of the work root %s that the previous run left "
+                        "and no open trajectory holds (unjournalled opens or copies of a "
+                        "run stopped mid-way, closed sandboxes not removed yet)",
+                        removed, self.root)
+        return removed
+
     def close_trajectory(self, trajectory: str) -> None:
         mark = self._marks.pop(trajectory, None)
         uid = self._uid_of.pop(trajectory, None)
@@ -569,8 +609,8 @@ class ProcessBackend:
             if cage is not None:
                 Cages.remove(cage)
             if uid is not None and self._uids is not None:
-                if self.keep_workdirs and path.exists():
-                    return  # the directory is still its: the id is not handed out again
+                if self.keep_workdirs:
+                    return  # its directory is kept as it was: the id is not handed out again
                 self._uids.give(uid)
 
         # every process any of its actions left behind (by its id as root, else its
@@ -579,7 +619,7 @@ class ProcessBackend:
         try:
             asyncio.get_running_loop()
         except RuntimeError:  # no loop (tests, tools): inline
-            clean(MARK, [left])
+            clean(MARK, [left], self.root)
             return
         self._reaper.add(left)
 

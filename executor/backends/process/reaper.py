@@ -15,8 +15,9 @@ process of another real id is one that became root through su/sudo, which a sand
 user cannot). Otherwise the mark in each process's environment (executor/backends/process/marks.py).
 
 Then, as root, what the uids own where any user may write (``/tmp``, ``/dev/shm``, IPC
-objects: executor/backends/process/sweep.py) is removed, and only then are the ids given back: nothing
-of one trajectory is there for the next one under the same id.
+objects, and every other sandbox's tree in the work root: executor/backends/process/sweep.py)
+is removed, and only then are the ids given back: nothing of one trajectory is there for
+the next one under the same id.
 """
 
 from __future__ import annotations
@@ -61,8 +62,11 @@ ROUNDS = 10
 class Reaper:
     """One thread that cleans up after closed trajectories, in batches."""
 
-    def __init__(self, var: str) -> None:
+    def __init__(self, var: str, work_root: Path | None = None) -> None:
+        """``work_root``: where every sandbox's tree is (walked whole for what a closed
+        sandbox user left in another's)."""
         self.var = var
+        self.work_root = work_root
         self._queue: list[Leftovers] = []
         self._busy = 0  # batches being cleaned
         self._cond = threading.Condition()
@@ -96,7 +100,7 @@ class Reaper:
                 batch, self._queue = self._queue, []
                 self._busy += 1
             try:
-                clean(self.var, batch)
+                clean(self.var, batch, self.work_root)
             except Exception:  # the thread must outlive one bad batch (later closes wait on it)
                 log.exception("cleaning up after closed trajectories")
             finally:
@@ -105,17 +109,18 @@ class Reaper:
                     self._cond.notify_all()
 
 
-def clean(var: str, batch: list[Leftovers]) -> None:
-    """Kill what ``batch`` left (one pass over /proc per round), then remove its trees
-    and run each one's ``then``."""
+def clean(var: str, batch: list[Leftovers], work_root: Path | None = None) -> None:
+    """Kill what ``batch`` left (one pass over /proc per round), then remove its trees,
+    what its uids own anywhere else (``work_root`` included) and run each one's ``then``."""
     uids = frozenset(x.uid for x in batch if x.uid is not None)
     marks = tuple(x.mark for x in batch if x.mark is not None and x.uid is None)
     if uids or marks:
         kill_until_gone(lambda: find(var, marks, uids), rounds=ROUNDS)
-    if uids:  # what they wrote outside their directories, before the ids go to another
-        sweep(uids.__contains__)
     for x in batch:
         if x.tree is not None:
             remove_tree(x.tree)
+    if uids:  # what they wrote outside their directories, before the ids go to another
+        sweep(uids, whole=() if work_root is None else (work_root,))
+    for x in batch:
         if x.then is not None:
             x.then()

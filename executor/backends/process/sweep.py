@@ -9,11 +9,10 @@ queues. Left there, the next trajectory under the same id would read and append 
 as their owner. So, once nothing of the id runs any more (executor/backends/process/reaper.py kills it
 first), everything it owns in those places is removed, before the id is handed out again.
 
-Where it looks: only where the id could have created something. Below the roots it
-descends into a directory only when its owner could write there, i.e. one it owns
-(removed whole) or one others may write into (``o+w``, the sticky ``/tmp`` and friends,
-or a group-writable one of its group): a walk of a few directories, not of the machine's
-``/tmp``. It never crosses into another file system and never follows a link.
+Where it looks: the work root whole, and below the shared roots every directory a
+sandbox user could write or own (executor/backends/process/owned.py, which removes each
+entry through descriptors opened without following a link: the path a walk saw may be a
+link to ``/etc`` by the time it is removed).
 """
 
 from __future__ import annotations
@@ -21,12 +20,12 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import logging
-import os
 import shutil
-import stat
 import subprocess
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from pathlib import Path
+
+from executor.backends.process.owned import remove_owned
 
 log = logging.getLogger("tangram.process")
 
@@ -38,50 +37,12 @@ _IPC = (("shm", "shmctl"), ("msg", "msgctl"), ("sem", "semctl"))
 IPC_RMID = 0
 
 
-def sweep(owned: Callable[[int], bool], roots: Iterable[Path] = WRITABLE_ROOTS) -> int:
-    """Remove every file, directory and IPC object whose owner ``owned`` accepts from
-    ``roots`` and the System V IPC tables; how many were removed."""
-    removed = 0
-    for root in roots:
-        try:
-            top = os.lstat(root)
-        except OSError:
-            continue
-        if stat.S_ISDIR(top.st_mode):
-            removed += _sweep_dir(root, top.st_dev, owned)
-    return removed + _sweep_ipc(owned)
-
-
-def _sweep_dir(root: Path, dev: int, owned: Callable[[int], bool]) -> int:
-    removed = 0
-    stack = [root]
-    while stack:
-        here = stack.pop()
-        try:
-            entries = list(os.scandir(here))
-        except OSError:
-            continue
-        for e in entries:
-            try:
-                st = e.stat(follow_symlinks=False)
-            except OSError:
-                continue
-            is_dir = stat.S_ISDIR(st.st_mode)
-            if owned(st.st_uid):
-                try:
-                    if is_dir:
-                        remove_tree(Path(e.path))
-                    else:
-                        os.unlink(e.path)
-                    removed += 1
-                except OSError as err:
-                    log.warning("cannot remove %s left by sandbox user %d: %s", e.path,
-                                st.st_uid, err)
-            elif is_dir and st.st_dev == dev and (
-                    st.st_mode & stat.S_IWOTH
-                    or (st.st_mode & stat.S_IWGRP and owned(st.st_gid))):
-                stack.append(Path(e.path))
-    return removed
+def sweep(ids: Collection[int], roots: Iterable[Path] = WRITABLE_ROOTS,
+          whole: Iterable[Path] = ()) -> int:
+    """Remove every file, directory and IPC object that one of ``ids`` (a set, or a
+    ``range``) owns below ``roots`` (where sandboxes may write), the ``whole`` roots (every
+    sandbox's tree: the work root) and in the System V IPC tables; how many were removed."""
+    return remove_owned(ids, whole, roots) + _sweep_ipc(ids.__contains__)
 
 
 def remove_tree(path: Path) -> None:

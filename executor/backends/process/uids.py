@@ -11,6 +11,12 @@ The ids come in blocks of :data:`BLOCK` claimed with ``flock`` on a file per blo
 servers (or two Ray agents) on one host never hand out the same id; the lock is released
 with the process that holds it (and with the guard it passed the descriptor to,
 executor/backends/ray/guard.py), never left behind by a crash.
+
+Within a block the ids rotate: a closed trajectory's id goes to the back of the queue
+(oldest freed first), and only once its processes are gone and every file it owns
+anywhere a sandbox may write was removed (executor/backends/process/reaper.py,
+executor/backends/process/owned.py). The next trajectory never gets the id that just
+closed (issue 45 #6: last-freed-first handed it to the next open at once).
 """
 
 from __future__ import annotations
@@ -18,6 +24,7 @@ from __future__ import annotations
 import fcntl
 import os
 import tempfile
+from collections import deque
 from pathlib import Path
 
 from executor.backends.process.marks import kill_until_gone, pids_where
@@ -28,6 +35,22 @@ BASE = 3_000_000
 BLOCK = 4096
 BLOCKS = 256
 LOCK_DIR = Path(tempfile.gettempdir()) / "tangram-uids"
+
+
+#: prctl(2) option: execve never grants privileges again (inherited, cannot be unset)
+PR_SET_NO_NEW_PRIVS = 38
+
+
+def no_new_privileges() -> None:
+    """From now on, in this process and everything it starts, a setuid or setgid file (or
+    one with file capabilities) runs with the caller's ids: a sandbox's commands cannot
+    become another user through a file one left anywhere (issue 45 #6). For a child
+    before its exec (a preexec_fn); ``spawner.as_user`` passes ``--no-new-privs``."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS)")
 
 
 def dropping() -> bool:
@@ -52,14 +75,17 @@ class UidBlock:
             break
         else:
             raise RuntimeError(f"no free block of sandbox user ids ({BLOCKS} held in {lock_dir})")
-        self._free = list(range(self.first + BLOCK - 1, self.first - 1, -1))
+        #: the quarantine: ids handed out from the left, given back on the right
+        self._free = deque(range(self.first, self.first + BLOCK))
 
     def take(self) -> int:
         if not self._free:
-            raise RuntimeError(f"more than {BLOCK} trajectories open at once")
-        return self._free.pop()
+            raise RuntimeError(f"more than {BLOCK} trajectories open at once (or closed "
+                               "ones still being cleaned up)")
+        return self._free.popleft()
 
     def give(self, uid: int) -> None:
+        """``uid`` is clean again (nothing of it runs or remains): last in the queue."""
         self._free.append(uid)
 
     def owns(self, uid: int) -> bool:
