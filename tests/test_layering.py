@@ -256,9 +256,13 @@ def test_no_test_polls_with_a_count_of_tries():
             if not (isinstance(node, ast.For | ast.AsyncFor) and isinstance(node.iter, ast.Call)
                     and getattr(node.iter.func, "id", "") == "range"):
                 continue
-            for sub in ast.walk(node):
-                if isinstance(sub, ast.Call) and "sleep" in (getattr(sub.func, "attr", ""),
-                                                             getattr(sub.func, "id", "")):
-                    pytest.fail(f"{path.relative_to(ROOT)}:{node.lineno}: a loop of "
-                                f"{ast.unparse(node.iter)} tries with a sleep: wait for a "
-                                "condition instead (tests/helpers.py until)")
+            inside = list(ast.walk(node))
+            sleeps = any(isinstance(sub, ast.Call) and "sleep" in (
+                getattr(sub.func, "attr", ""), getattr(sub.func, "id", "")) for sub in inside)
+            # polling: it leaves when a condition holds (a loop that sleeps as part of its
+            # scenario, a kill point, runs every round)
+            polls = any(isinstance(sub, ast.Break | ast.Return) for sub in inside)
+            if sleeps and polls:
+                pytest.fail(f"{path.relative_to(ROOT)}:{node.lineno}: a loop of "
+                            f"{ast.unparse(node.iter)} tries with a sleep: wait for a "
+                            "condition instead (tests/helpers.py until)")

@@ -24,6 +24,11 @@ from tangram.client import TangramError, TangramSyncClient
 from tangram.units import parse_units
 
 log = logging.getLogger(__name__)
+
+#: told the id of every sandbox a synchronous adapter closes (groups.py registers its
+#: groups' bookkeeping here: a copy's close may leave its template idle); a list rather
+#: than an import of groups.py, which imports this module
+CLOSE_LISTENERS: list[Callable[[str], None]] = []
 T = TypeVar("T")
 
 #: the keys of an adapter's configuration (unknown keys are refused with this list)
@@ -590,6 +595,5 @@ class SyncTrajectory:
                 if e.status != 404:  # 404: the server already forgot it
                     raise
             finally:  # a group's copy: its template may now be idle
-                from tangram.integrations.groups import SYNC_GROUPS
-
-                SYNC_GROUPS.copy_closed(tid)
+                for closed in CLOSE_LISTENERS:
+                    closed(tid)

@@ -15,6 +15,7 @@ import httpx
 
 from tangram.client import TangramError, TangramSyncClient
 from tangram.integrations.common import (
+    CLOSE_LISTENERS,
     GroupSetup,
     SandboxConfig,
     SetupFailed,
@@ -223,3 +224,4 @@ def _close_quietly(client: TangramSyncClient, tid: str) -> None:
 
 #: the sync envs' group templates (one registry per process)
 SYNC_GROUPS = SyncGroups()
+CLOSE_LISTENERS.append(SYNC_GROUPS.copy_closed)
