@@ -1,0 +1,82 @@
+"""Issue 47 #6: a sandbox's own /tmp, /var/tmp and /dev/shm (process backend:
+executor/backends/process/scratch.py), kept across its actions, copied by a fork, removed at
+close, out of every other sandbox's reach; on docker, a fork copies what setup wrote to
+/tmp and $HOME (executor/backends/docker/fork.py). Through a real `tangram serve`."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import uuid
+
+from conftest import TOKEN
+
+from executor.backends.process.backend import dir_name
+from executor.backends.process.scratch import AREA
+from tangram.client import TangramClient, TangramSyncClient
+from helpers import until_true
+
+#: each of the three places, written at one fixed path by every sandbox
+WRITE = ("for d in /tmp /var/tmp /dev/shm; do echo \"$ME\" > $d/{name} || exit 1; done; "
+         "cat /tmp/{name}")
+READ = "cat /tmp/{name} /var/tmp/{name} /dev/shm/{name}"
+
+
+def test_sandboxes_writing_one_fixed_tmp_path_each_get_their_own(process_server):
+    """8 setups write one fixed path in /tmp, /var/tmp and /dev/shm at once: all succeed
+    (before: 7 of 8 "Permission denied", the first writer's file being another user's),
+    each reads its own back in a later action, and the host's /tmp never saw the file."""
+    name = f"fixed-{uuid.uuid4().hex[:8]}"
+
+    async def go() -> None:
+        async with TangramClient(process_server.url, TOKEN, timeout_s=180) as tg:
+            ids = [await tg.open_trajectory(task="tmp", mem_gb=0.1) for _ in range(8)]
+            first = await asyncio.gather(*(
+                tg.run(t, command=WRITE.format(name=name), shell=True, env={"ME": t})
+                for t in ids))
+            for t, res in zip(ids, first, strict=True):
+                assert res["exit_code"] == 0 and res["output"] == f"{t}\n", (t, res)
+            again = await asyncio.gather(*(tg.run(t, command=READ.format(name=name),
+                                                  shell=True) for t in ids))
+            for t, res in zip(ids, again, strict=True):
+                assert res["output"] == f"{t}\n" * 3, (t, res)
+            for t in ids:
+                await tg.close_trajectory(t)
+
+    asyncio.run(go())
+    for place in ("/tmp", "/var/tmp", "/dev/shm"):
+        assert not os.path.exists(f"{place}/{name}"), f"{place}/{name} reached the host"
+
+
+def test_tmp_is_kept_copied_by_a_fork_out_of_reach_and_removed(process_server):
+    work = process_server.state_dir / "work"
+    with TangramSyncClient(process_server.url, TOKEN, timeout_s=180) as c:
+        src = c.open_trajectory(task="tmp", mem_gb=0.1)
+        other = c.open_trajectory(task="tmp", mem_gb=0.1)
+        res = c.run(src, command="echo setup > /tmp/x && mkdir -p /tmp/d && echo deep > "
+                    "/tmp/d/y && echo shm > /dev/shm/z && stat -c %a /tmp", shell=True)
+        assert res["exit_code"] == 0 and res["output"] == "1777\n", res
+        # the next action of the trajectory sees what the first wrote
+        res = c.run(src, command="cat /tmp/x /tmp/d/y /dev/shm/z", shell=True)
+        assert res["output"] == "setup\ndeep\nshm\n", res
+        # another sandbox sees none of it, and cannot reach its directories on the host
+        mine = work / AREA / dir_name(src)
+        assert (mine / "tmp" / "x").read_text() == "setup\n"
+        res = c.run(other, command=f"cat /tmp/x; ls '{mine}/tmp'; cat '{mine}/tmp/x'",
+                    shell=True)
+        assert "setup" not in res["output"] and res["output"].count("Permission denied") == 2, \
+            res
+        # a fork's copies start with the source's /tmp; each copy's writes stay its own
+        ids = c.fork(src, 2)["ids"]
+        for t in ids:
+            res = c.run(t, command="cat /tmp/x /tmp/d/y /dev/shm/z && stat -c '%a %u' "
+                        "/tmp/x && echo mine > /tmp/x", shell=True)
+            owner = c.run(t, command="id -u", shell=True)["output"].strip()
+            assert res["output"] == f"setup\ndeep\nshm\n644 {owner}\n", (t, res)
+        assert c.run(src, command="cat /tmp/x", shell=True)["output"] == "setup\n"
+        for t in [*ids, src, other]:
+            c.close_trajectory(t)
+    # removed at close (off the loop, once its processes are gone)
+    left = until_true(lambda: not [p for p in (work / AREA).iterdir()], 120,
+                      f"every sandbox's /tmp under {work / AREA} removed")
+    assert left
