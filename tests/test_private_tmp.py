@@ -9,12 +9,13 @@ import asyncio
 import os
 import uuid
 
+import pytest
 from conftest import TOKEN
+from helpers import until_true
 
 from executor.backends.process.backend import dir_name
 from executor.backends.process.scratch import AREA
 from tangram.client import TangramClient, TangramSyncClient
-from helpers import until_true
 
 #: each of the three places, written at one fixed path by every sandbox
 WRITE = ("for d in /tmp /var/tmp /dev/shm; do echo \"$ME\" > $d/{name} || exit 1; done; "
@@ -80,3 +81,76 @@ def test_tmp_is_kept_copied_by_a_fork_out_of_reach_and_removed(process_server):
     left = until_true(lambda: not [p for p in (work / AREA).iterdir()], 120,
                       f"every sandbox's /tmp under {work / AREA} removed")
     assert left
+
+
+#: a `pip install --user`-like setup: a module in the user site-packages under $HOME
+#: (the default image's $HOME is /tmp), and files in /tmp, /var/tmp, /dev/shm
+USER_SITE_SETUP = ("site=$(python3 -m site --user-site) && mkdir -p \"$site\" && "
+                   "echo \"NAME = 'tiny'\" > \"$site/tinylib.py\" && echo t0 > /tmp/t0 && "
+                   "echo v > /var/tmp/v && echo s > /dev/shm/s && echo $HOME")
+USER_SITE_PROBE = ("python3 -c 'import tinylib; print(tinylib.NAME)' && "
+                   "cat /tmp/t0 /var/tmp/v /dev/shm/s")
+
+
+def test_docker_fork_copies_tmp_and_home(docker_server):
+    """Before: `No module named 'tinylib'` in every copy (only /work was copied)."""
+    with TangramSyncClient(docker_server.url, TOKEN, timeout_s=180) as c:
+        src = c.open_trajectory(task="tmp", mem_gb=0.25)
+        res = c.run(src, command=USER_SITE_SETUP, shell=True)
+        assert res["exit_code"] == 0, res
+        assert c.run(src, command=USER_SITE_PROBE, shell=True)["output"] == "tiny\nt0\nv\ns\n"
+        ids = c.fork(src, 2)["ids"]
+        for t in ids:
+            res = c.run(t, command=USER_SITE_PROBE + " && echo mine > /tmp/t0", shell=True)
+            assert res["exit_code"] == 0 and res["output"] == "tiny\nt0\nv\ns\n", (t, res)
+            res = c.run(t, command="stat -c %u /tmp/t0 && id -u", shell=True)
+            owner, uid = res["output"].split()
+            assert owner == uid, res  # the copy's files are its sandbox user's
+        assert c.run(src, command="cat /tmp/t0", shell=True)["output"] == "t0\n"
+        for t in [*ids, src]:
+            c.close_trajectory(t)
+
+
+def test_docker_fork_refuses_a_source_that_wrote_outside_what_is_copied(docker_server):
+    """A setup that wrote into a world-writable directory of the image (the container's
+    writable layer, which no copy gets): the fork is refused with the path named, never
+    made without it."""
+    import io
+    import tarfile
+
+    import docker
+
+    from executor.backends.docker.backend import HOST_ROOTFS
+    from tangram.client import TangramError
+
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name, mode in (("tmp", 0o1777), ("work", 0o777), ("proc", 0o555), ("sys", 0o555),
+                           ("dev", 0o755), ("etc", 0o755), ("root", 0o700), ("opt", 0o755),
+                           ("opt/cache", 0o777)):
+            info = tarfile.TarInfo(name)
+            info.type, info.mode = tarfile.DIRTYPE, mode
+            tar.addfile(info)
+        passwd = b"root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/tmp:/bin/sh\n"
+        info = tarfile.TarInfo("etc/passwd")
+        info.size, info.mode = len(passwd), 0o644
+        tar.addfile(info, io.BytesIO(passwd))
+    image = "tangram-test-writable-layer:1"
+    docker.from_env().api.import_image_from_data(
+        buf.getvalue(), repository=image.split(":")[0], tag="1",
+        changes=["WORKDIR /work", f"LABEL {HOST_ROOTFS}=host"])
+    with TangramSyncClient(docker_server.url, TOKEN, timeout_s=180) as c:
+        src = c.open_trajectory(task="tmp", image=image, mem_gb=0.25)
+        res = c.run(src, command="echo x > /tmp/fine && mkdir /opt/cache/built && "
+                    "echo y > /opt/cache/built/lib.so", shell=True)
+        assert res["exit_code"] == 0, res
+        with pytest.raises(TangramError) as e:
+            c.fork(src, 2)
+        assert "refused" in str(e.value) and "/opt/cache/built" in str(e.value), e.value
+        # what only /tmp holds forks as before
+        clean = c.open_trajectory(task="tmp", image=image, mem_gb=0.25)
+        assert c.run(clean, command="echo x > /tmp/fine", shell=True)["exit_code"] == 0
+        (copy,) = c.fork(clean, 1)["ids"]
+        assert c.run(copy, command="cat /tmp/fine", shell=True)["output"] == "x\n"
+        for t in (src, clean, copy):
+            c.close_trajectory(t)
