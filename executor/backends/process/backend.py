@@ -232,8 +232,8 @@ class ProcessBackend:
                                 ", ".join(map(str, blocked)), path)
         #: each trajectory's own /tmp, /var/tmp, /dev/shm (executor/backends/process/scratch.py):
         #: mounted by the exec chain's root part, so only on the path that has one
-        self._scratch = Scratches(self.root, self._uids is not None and spawner.usable()
-                                  and spawner.as_user(0) is not None)
+        self._scratch = Scratches(self.root, self._uids is not None,
+                                  spawner.usable() and spawner.as_user(0) is not None)
         self._scratched: set[str] = set()
         use_pidfd_watcher()
 

@@ -26,12 +26,14 @@ bind-mounted first into a root-owned skeleton of its path inside the trajectory'
 directory for that place (``P/tmp/<path of the work root below /tmp>``), and that
 directory is mounted recursively: the work root stays where it was.
 
-Cost (measured 2026-12-06 on this kind of machine, load ~5 on 2 cores; ``unshare`` and
-one ``mount`` exec per command): ~3.3 ms of the command's own CPU per start (a trivial
-``sh -c`` command: ~4.5 -> ~7.8 ms); the server's own CPU per action does not change (one
-start, as before). A persistent namespace per trajectory entered with ``nsenter`` cost
-~2 ms, but leaves a mount on the host per open trajectory, to undo at close and after a
-crash; three ``mount --bind`` execs cost ~6 ms.
+Cost (measured 2026-12-06 on this kind of machine, load ~6 on 2 cores; ``unshare`` and
+one ``mount`` exec per command): through ``tangram serve`` (``python -m
+executor.bench.tmp_cost``, alternating rounds) the commands' exec chains took 2.95 -> 5.51
+ms of CPU per trivial action, the server's own CPU 1.78 -> 2.05 ms (within the rounds'
+spread: one start per action, as before). A persistent namespace per trajectory entered
+with ``nsenter`` cost ~1 ms less per command, but leaves a mount on the host per open
+trajectory, to undo at close and after a crash; three ``mount --bind`` execs instead of
+one ``mount --all`` cost ~3 ms more.
 
 What it does not make private: System V IPC and POSIX message queues (an IPC namespace
 per command would also part one command's objects from the next's), ``/run/lock``,
@@ -79,15 +81,16 @@ def _fstab_escape(path: str) -> str:
 class Scratches:
     """Every trajectory's ``P`` under one work root."""
 
-    def __init__(self, root: Path, as_root: bool) -> None:
+    def __init__(self, root: Path, users: bool, mounts: bool) -> None:
+        """``users``: commands run as sandbox users (a root server); ``mounts``: their exec
+        chain has a root part to make the namespace in (else ``TMPDIR`` only)."""
         self.root = root
         self.area = root / AREA
         self.area.mkdir(exist_ok=True)
-        self.area.chmod(0o711 if as_root else 0o700)
-        self.as_root = as_root
+        self.area.chmod(0o711 if users else 0o700)  # (each P: its own sandbox user only)
         #: private mounts per command: root, and the tools to make them
-        self.mounts = as_root and UNSHARE_BIN is not None and MOUNT_BIN is not None
-        if as_root and not self.mounts:
+        self.mounts = users and mounts and UNSHARE_BIN is not None and MOUNT_BIN is not None
+        if users and not self.mounts:
             log.warning("no `unshare`/`mount` here: sandboxes get a /tmp of their own through "
                         "TMPDIR only; a fixed /tmp path is shared by every sandbox")
         #: the place that holds the work root (its name in ``P``, the work root's path
