@@ -83,6 +83,32 @@ def test_tmp_is_kept_copied_by_a_fork_out_of_reach_and_removed(process_server):
     assert left
 
 
+def test_a_restored_trajectory_keeps_its_tmp_under_its_new_id(tmp_path):
+    """A server killed and restarted on the same state directory restores its open
+    trajectories: their own /tmp comes back with them, given to the id they have now."""
+    import signal
+
+    from conftest import start_server
+
+    state = tmp_path / "state"
+    server = start_server(state)
+    try:
+        with TangramSyncClient(server.url, TOKEN, timeout_s=180) as c:
+            t = c.open_trajectory("kept-tmp", task="tmp", mem_gb=0.1)
+            assert c.run(t, command="echo kept > /tmp/x", shell=True)["exit_code"] == 0
+        server.stop(signal.SIGKILL)
+        server = start_server(state)
+        with TangramSyncClient(server.url, TOKEN, timeout_s=180) as c:
+            res = c.run(t, command="cat /tmp/x && echo more >> /tmp/x && stat -c %u /tmp/x "
+                        "&& id -u", shell=True)
+            assert res["exit_code"] == 0, res
+            kept, owner, uid = res["output"].split()
+            assert kept == "kept" and owner == uid, res
+            c.close_trajectory(t)
+    finally:
+        server.stop()
+
+
 #: a `pip install --user`-like setup: a module in the user site-packages under $HOME
 #: (the default image's $HOME is /tmp), and files in /tmp, /var/tmp, /dev/shm
 USER_SITE_SETUP = ("site=$(python3 -m site --user-site) && mkdir -p \"$site\" && "
