@@ -5,7 +5,9 @@ trajectory once it closed. Trajectory A wrote in ``/tmp``, ``/var/tmp``, ``/dev/
 and ``/run/lock``, made a System V shared memory segment and left a process; the next
 trajectory under the same id read and appended to all of it, and A's 100 MB in
 ``/dev/shm`` stayed in memory charged to no one. Now everything the id owns there is
-removed, and its processes killed, before the id is handed out again."""
+removed, and its processes killed, before the id is handed out again. (Since issue 47
+#6 ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are each trajectory's own, kept beside its work
+directory: A's files there are checked where they are, and removed with them.)"""
 
 from __future__ import annotations
 
@@ -39,10 +41,23 @@ def _uid(c: httpx.Client, tid: str) -> int:
     return int(_run(c, tid, "id -u")["output"].split()[0])
 
 
+def _on_host(state: Path, tid: str, name: str) -> Path:
+    """Where a command's ``name`` is on the host: the private places of its trajectory
+    (executor/backends/process/scratch.py), else the same path."""
+    from executor.backends.process.scratch import AREA
+    from executor.backends.process.scratch import PLACES as PRIVATE
+
+    for sub, place in PRIVATE:
+        if name.startswith(place + "/"):
+            return state / "work" / AREA / tid / sub / name[len(place) + 1:]
+    return Path(name)
+
+
 def test_nothing_of_a_closed_trajectory_reaches_the_next_one_on_its_id(tmp_path):
     server = start_server(tmp_path / "state")
     tag = secrets.token_hex(6)
     names = [f"{p}/a-{tag}" for p in PLACES]
+    state = tmp_path / "state"
     opened: list[str] = []
     try:
         with httpx.Client(base_url=server.url, headers=H, timeout=120) as c:
@@ -54,7 +69,7 @@ def test_nothing_of_a_closed_trajectory_reaches_the_next_one_on_its_id(tmp_path)
                        "sleep 600 >/dev/null 2>&1 & echo done")
             assert "done" in res["output"], res
             uid = _uid(c, "a")
-            assert all(Path(n).exists() for n in names)
+            assert all(_on_host(state, "a", n).exists() for n in names)
             assert _segments(uid) and _procs(uid)
             assert c.delete("/v1/trajectories/a").status_code == 200
 
@@ -84,9 +99,10 @@ def test_nothing_of_a_closed_trajectory_reaches_the_next_one_on_its_id(tmp_path)
             assert "secret" not in out and "\ns\n" not in f"\n{out}", out
             # what it appended it created: its own, new, empty otherwise
             for n in names:
-                assert Path(n).read_text() == "more\n"
-            assert not any(Path(f"{n}.d").exists() for n in names)
-            assert not Path(f"/dev/shm/a-{tag}.big").exists()
+                assert _on_host(state, tid, n).read_text() == "more\n"
+            assert not any(_on_host(state, a, f"{n}.d").exists() for n in names
+                           for a in ("a", tid))
+            assert not _on_host(state, "a", f"/dev/shm/a-{tag}.big").exists()
             assert not _segments(uid), "A's shared memory segment is still there"
     finally:
         with httpx.Client(base_url=server.url, headers=H, timeout=60) as c:

@@ -35,6 +35,9 @@ Forks (executor/backends/docker/fork.py): ``{"op": "pack"}`` stops every command
 a JSON line (``bytes``, or ``error``); the commands go on after. ``{"op": "unpack",
 "size": N}`` followed by N bytes of such a stream extracts it into ``/work``, by a child
 that is the sandbox user. So a copy never resolves a path on the host, nor as root.
+The stream also holds the other places the sandbox user writes (:func:`copied_places`:
+``/tmp``, ``/var/tmp``, ``/dev/shm``, and its ``$HOME`` where it may write there), each
+extracted into the same place of the copy (issue 47 #6).
 """
 
 import json
@@ -298,6 +301,17 @@ def files_module():
     return executor_module("files")
 
 
+def copied_places(workdir: str) -> tuple:
+    """Where else than ``workdir`` a fork copies (in a child that is the sandbox user):
+    the places any user may write, and the commands' ``$HOME`` (run's default) where the
+    sandbox user may write it (``pip install --user``); none inside another."""
+    home = os.environ.get("HOME") or "/tmp"
+    candidates = ["/tmp", "/var/tmp", "/dev/shm"]
+    if home != "/" and os.access(home, os.W_OK):
+        candidates.append(home)
+    return executor_module("tarcopy").places_beside(workdir, candidates)
+
+
 def drop_to_sandbox_user() -> None:
     """In a child: become the sandbox user (no groups), when the agent is root."""
     if os.getuid() == 0:
@@ -353,7 +367,7 @@ def pack_op(conn: socket.socket, workdir: str) -> None:
                 drop_to_sandbox_user()
                 os.chdir(workdir)
                 with os.fdopen(data_w, "wb") as out:
-                    size = tarcopy.pack(out)
+                    size = tarcopy.pack(out, places=copied_places(workdir))
                 os.write(note_w, json.dumps({"bytes": size}).encode())
                 code = 0
             except BaseException as e:  # noqa: BLE001 - said to the host, whatever it is
@@ -385,7 +399,8 @@ def unpack_op(conn: socket.socket, req: dict, rest: bytes, workdir: str) -> None
         try:
             drop_to_sandbox_user()
             try:
-                tarcopy.unpack(Body(conn, rest, int(req["size"])), workdir)
+                tarcopy.unpack(Body(conn, rest, int(req["size"])), workdir,
+                               copied_places(workdir))
                 answer = {}
             except (OSError, ValueError, EOFError) as e:  # tarfile's errors are both
                 answer = {"error": f"{type(e).__name__}: {e}"}

@@ -37,6 +37,7 @@ from executor.backends.process import marks, spawner
 from executor.backends.process.cage import Cages, MemoryLimits
 from executor.backends.process.fork import Freezes, run_fork
 from executor.backends.process.reaper import Leftovers, Reaper, clean
+from executor.backends.process.scratch import AREA, Scratches
 from executor.backends.process.sweep import remove_tree, sweep
 from executor.backends.process.tree import END_WAIT_S, ActionGroup, ActionGroups, remove_groups
 from executor.backends.process.uids import (
@@ -230,6 +231,11 @@ class ProcessBackend:
                                 "to reach %s (no o+x): programs commands run, and the work "
                                 "root, must be reachable by other users",
                                 ", ".join(map(str, blocked)), path)
+        #: each trajectory's own /tmp, /var/tmp, /dev/shm (executor/backends/process/scratch.py):
+        #: mounted by the exec chain's root part, so only on the path that has one
+        self._scratch = Scratches(self.root, self._uids is not None,
+                                  spawner.usable() and spawner.as_user(0) is not None)
+        self._scratched: set[str] = set()
         use_pidfd_watcher()
 
     def _sweep_block(self) -> None:
@@ -270,6 +276,14 @@ class ProcessBackend:
             os.chown(path, uid, uid)
             path.chmod(0o700)
         return path
+
+    def _private(self, trajectory: str) -> str:
+        """The name of ``trajectory``'s own /tmp directories, made on its first use."""
+        name = dir_name(trajectory)
+        if trajectory not in self._scratched:
+            self._scratch.make(name, self._uid(trajectory))
+            self._scratched.add(trajectory)
+        return name
 
     def _uid(self, trajectory: str) -> int | None:
         if self._uids is None:
@@ -333,7 +347,8 @@ class ProcessBackend:
         nice = 0 if d.lease.lane else EXCLUSIVE_NICE
         drop = [] if uid is None else spawner.as_user(uid)
         procs = group.procs if group is not None else None
-        confine = self._memory.prefix(d.action.trajectory, procs)
+        confine = self._memory.prefix(d.action.trajectory, procs,
+                                      self._scratch.fstab(dir_name(d.action.trajectory)))
         if drop is not None and spawner.usable():
             # pinned and niced by the starting thread, the user become by an exec: the
             # cheap start (executor/backends/process/spawner.py), whose process is also its own watch
@@ -377,6 +392,7 @@ class ProcessBackend:
         cwd = self.workdir(d.action.trajectory)
         uid = self._uid(d.action.trajectory)
         env = self._command_env(d, cores, mark, cwd, uid)
+        env.update(self._scratch.env(self._private(d.action.trajectory)))
         kills = self._memory.kills(d.action.trajectory)
         aid = d.action.id
         group = self._action_group(d.action.trajectory)
@@ -552,6 +568,8 @@ class ProcessBackend:
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
             if done.returncode != 0:
                 raise OSError(f"its files cannot be given to its user id: {done.stderr[-200:]}")
+        self._scratched.discard(trajectory)  # (restored: its /tmp given to its id too)
+        self._private(trajectory)
 
     def retain(self, trajectories: Collection[str]) -> int:
         """At a start, before the journal's open ``trajectories`` are opened again
@@ -565,7 +583,11 @@ class ProcessBackend:
         How many entries were removed."""
         keep = {dir_name(t) for t in trajectories}
         removed = 0
-        for e in list(os.scandir(self.root)):
+        private = self.root / AREA  # the trajectories' private /tmp (scratch.py): by name too
+        entries = list(os.scandir(self.root))
+        if private.is_dir() and not private.is_symlink():
+            entries = [e for e in entries if e.name != AREA] + list(os.scandir(private))
+        for e in entries:
             try:
                 is_dir = e.is_dir(follow_symlinks=False)
                 if e.name in keep and is_dir:
@@ -596,6 +618,8 @@ class ProcessBackend:
         cage = self._memory.close(trajectory)
         groups = self._trees.forget(trajectory) if self._trees is not None else []
         path = self.root / dir_name(trajectory)
+        self._scratched.discard(trajectory)
+        private = None if self.keep_workdirs else self._scratch.aside(dir_name(trajectory))
         gone = None
         if not self.keep_workdirs and path.exists():
             # moved aside at once (a reopened id starts empty), removed off the loop; a
@@ -608,6 +632,8 @@ class ProcessBackend:
                 remove_groups(groups)
             if cage is not None:
                 Cages.remove(cage)
+            if private is not None:  # (before its id goes to another trajectory)
+                remove_tree(private)
             if uid is not None and self._uids is not None:
                 if self.keep_workdirs:
                     return  # its directory is kept as it was: the id is not handed out again

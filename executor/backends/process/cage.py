@@ -10,7 +10,10 @@ processes before the server and before anything else on the machine.
 
 How a command joins: its exec chain starts with ``sh -c`` (:func:`prefix`), which, still
 as root, writes itself into the cgroup and its ``oom_score_adj`` and then execs the rest
-(``setpriv`` dropping to the sandbox user, then the command). Everything the command
+(``setpriv`` dropping to the sandbox user, then the command). Where the trajectory has
+private mounts (its own ``/tmp``: executor/backends/process/scratch.py), the chain starts with
+``unshare --mount --propagation private`` and the script mounts them (``mount --all
+--fstab``) before the exec. Everything the command
 starts inherits both, from its first instruction on: nothing it forks escapes, which a
 move by the server after the start could not promise. It costs the child ~0.5 ms of CPU
 per start (one ``dash`` exec; measured 2026-12-02 on this kind of machine).
@@ -33,6 +36,8 @@ from __future__ import annotations
 
 import logging
 import os
+import shlex
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -51,7 +56,19 @@ _JOIN = ('echo 0 >"$1" && echo 0 >"$2" && echo "$3" >/proc/self/oom_score_adj &&
 #: and the OOM preference ($3)
 _RLIMIT = ('echo 0 >"$1" && echo "$3" >/proc/self/oom_score_adj && ulimit -d "$2" '
            '&& shift 3 && exec "$@"')
+#: the same two, then the trajectory's private mounts ($4: its fstab) in the namespace the
+#: chain's ``unshare`` made (executor/backends/process/scratch.py); ``-n``: no /etc/mtab written
+#: (absolute paths, found on the server's PATH: the script runs as root with the command's
+#: environment, whose PATH is the caller's to choose)
+MOUNT_BIN = shutil.which("mount")
+UNSHARE_BIN = shutil.which("unshare")
+_MOUNTS = (f' && {shlex.quote(MOUNT_BIN or "/bin/mount")} -n --all --fstab "$4" && shift 4 '
+           '&& exec "$@"')
+_JOIN_NS = _JOIN.replace(' && shift 3 && exec "$@"', _MOUNTS)
+_RLIMIT_NS = _RLIMIT.replace(' && shift 3 && exec "$@"', _MOUNTS)
 SH = "/bin/sh"
+#: a mount namespace of the command's own, nothing in it propagated to the host
+UNSHARE = [UNSHARE_BIN or "/usr/bin/unshare", "--mount", "--propagation", "private", "--"]
 
 
 @dataclass(frozen=True)
@@ -76,17 +93,21 @@ class Cage:
         return cgroups.working_set(self.path) or 0
 
 
-def prefix(cage: Cage | None, limit_bytes: int, action: Path | None = None) -> list[str]:
+def prefix(cage: Cage | None, limit_bytes: int, action: Path | None = None,
+           fstab: Path | None = None) -> list[str]:
     """The exec chain's start that confines a command: into ``cage``, else under an
     data limit (``RLIMIT_DATA``) of ``limit_bytes``; either way with :data:`OOM_SCORE_ADJ`,
     and first into the action's own cgroup (``action``: its ``cgroup.procs``) when it has
-    one (one ``dash`` exec for both)."""
+    one (one ``dash`` exec for both); with ``fstab``, in a mount namespace of its own
+    where ``fstab``'s mounts are made (one ``unshare`` and one ``mount`` exec more)."""
     own = str(action) if action is not None else os.devnull
+    ns = [] if fstab is None else [str(fstab)]
+    start = [] if fstab is None else UNSHARE
     if cage is not None:
-        return [SH, "-c", _JOIN, "tangram-cage", own, str(cage.path / "cgroup.procs"),
-                str(OOM_SCORE_ADJ)]
-    return [SH, "-c", _RLIMIT, "tangram-cage", own, str(max(limit_bytes // 1024, 1)),
-            str(OOM_SCORE_ADJ)]
+        return [*start, SH, "-c", _JOIN if fstab is None else _JOIN_NS, "tangram-cage", own,
+                str(cage.path / "cgroup.procs"), str(OOM_SCORE_ADJ), *ns]
+    return [*start, SH, "-c", _RLIMIT if fstab is None else _RLIMIT_NS, "tangram-cage", own,
+            str(max(limit_bytes // 1024, 1)), str(OOM_SCORE_ADJ), *ns]
 
 
 class Cages:
@@ -180,10 +201,12 @@ class MemoryLimits:
             self.open(trajectory, None)
         return self._limit[trajectory]
 
-    def prefix(self, trajectory: str, action: Path | None = None) -> list[str]:
+    def prefix(self, trajectory: str, action: Path | None = None,
+               fstab: Path | None = None) -> list[str]:
         """What the trajectory's commands' exec chain starts with (as root, before the
-        user is dropped: :func:`prefix`); ``action``: the action's own ``cgroup.procs``."""
-        return prefix(self._cage.get(trajectory), self.limit_bytes(trajectory), action)
+        user is dropped: :func:`prefix`); ``action``: the action's own ``cgroup.procs``;
+        ``fstab``: its private mounts."""
+        return prefix(self._cage.get(trajectory), self.limit_bytes(trajectory), action, fstab)
 
     def join(self, trajectory: str, action: Path | None = None) -> None:
         """In a child before its exec, still as root (the start through a preexec_fn):

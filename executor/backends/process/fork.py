@@ -21,6 +21,10 @@ No file operation runs as root over a path a sandbox controls (issue 45 #1-2, #7
    made 0700 like a fresh sandbox's (not the source's mode), and it is renamed over the
    copy's empty work directory: one ``rename`` inside the root-owned work root.
 
+The source's own ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (executor/backends/process/scratch.py)
+are copied the same way, by a second ``cp`` as the source's user into the same stage, and
+become the copy's: a copy sees what setup wrote there.
+
 Hard links with a copy-on-write by the server before each write were left out: a
 command writes its files itself (``pip``, ``git``, an editor), not through the server,
 so the server could not copy a file before that write. Processes are not copied: the
@@ -42,6 +46,7 @@ from pathlib import Path
 from typing import Protocol
 
 from executor.backends.process import spawner
+from executor.backends.process.scratch import Scratches
 from executor.backends.process.sweep import remove_tree
 from executor.freeze import FreezeError, Frozen, freeze
 from tangram.fork import copies_of
@@ -60,7 +65,11 @@ class Forkable(Protocol):
     root: Path
     freezes: Freezes
 
+    _scratch: Scratches
+
     def workdir(self, trajectory: str) -> Path: ...
+
+    def _private(self, trajectory: str) -> str: ...
 
     def _uid(self, trajectory: str) -> int | None: ...
 
@@ -122,27 +131,33 @@ def copy_argv(src: Path, reflink: bool) -> list[str]:
 
 
 class Stage:
-    """``<root>/ forking <hex>/`` (root, 0700) holding ``tree`` (the copier's, 0700)."""
+    """``<root>/ forking <hex>/`` (root, 0700) holding ``tree`` and ``places`` (the
+    source's /tmp directories: executor/backends/process/scratch.py), the copier's, 0700."""
 
     def __init__(self, root: Path, uid: int | None) -> None:
         self.outer = root / f"{STAGE_PREFIX}{secrets.token_hex(8)}"
         self.outer.mkdir(mode=0o700)
         self.tree = self.outer / "tree"
-        self.tree.mkdir(mode=0o700)
-        if uid is not None:
-            os.chown(self.tree, uid, uid)
+        self.places = self.outer / "places"
+        for d in (self.tree, self.places):
+            d.mkdir(mode=0o700)
+            if uid is not None:
+                os.chown(d, uid, uid)
 
-    def settle(self, dst: Path, uid: int | None) -> None:
-        """The staged tree becomes ``dst`` (an empty directory), owned by ``uid``."""
+    def settle(self, dst: Path, uid: int | None, scratch: Scratches, name: str) -> None:
+        """The staged tree becomes ``dst`` (an empty directory), owned by ``uid``; the
+        staged places become the /tmp directories of the work directory ``name``."""
         if uid is not None:  # out of every sandbox's reach here, and no link followed
             done = subprocess.run(["chown", "-R", "-P", "-h", f"{uid}:{uid}", "--",
-                                   str(self.tree)], stdout=subprocess.DEVNULL,
+                                   str(self.tree), str(self.places)], stdout=subprocess.DEVNULL,
                                   stderr=subprocess.PIPE, text=True, check=False)
             if done.returncode != 0:
                 raise OSError(f"the copy cannot be given to its user id: "
                               f"{done.stderr[-300:]}")
         os.chmod(self.tree, 0o700)  # a fresh sandbox's mode, not the source's
         os.rename(self.tree, dst)  # (over the empty directory the copy's open made)
+        scratch.settle(name, self.places, uid)
+        self.places.rmdir()
         self.outer.rmdir()
 
     def remove(self) -> None:
@@ -158,6 +173,7 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
     source = d.action.trajectory
     src = backend.workdir(source)
     src_uid = backend._uid(source)
+    places = backend._scratch.sources(backend._private(source))
     reflink = await asyncio.to_thread(reflinks, src.parent)
     cores = {backend.cpu_map[c] for c in d.lease.cores} or set(backend.cpu_map)
     stages: list[Stage] = []
@@ -167,7 +183,12 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
                 for _ in copies:
                     stage = await asyncio.to_thread(Stage, backend.root, src_uid)
                     stages.append(stage)
-                    code, out = await _copy(src, stage.tree, src_uid, reflink, cores)
+                    code, out = await _copy(copy_argv(src, reflink), stage.tree, src_uid,
+                                            cores)
+                    if code == 0:  # its /tmp, /var/tmp, /dev/shm as directories
+                        code, out = await _copy(
+                            ["cp", "-a", *(["--reflink=always"] if reflink else []), "--",
+                             *map(str, places), "./"], stage.places, src_uid, cores)
                     if code != 0:
                         on_done(Outcome(d.action.id, "failed", code, out,
                                         f"fork: copying the sandbox of {source!r} failed "
@@ -178,7 +199,8 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
             return
         size = await asyncio.to_thread(_bytes, stages[0].tree)
         for copy, stage in zip(copies, stages, strict=True):
-            await asyncio.to_thread(stage.settle, backend.workdir(copy), backend._uid(copy))
+            await asyncio.to_thread(stage.settle, backend.workdir(copy), backend._uid(copy),
+                                    backend._scratch, backend._private(copy))
     finally:
         for stage in stages:
             await asyncio.to_thread(stage.remove)
@@ -188,10 +210,10 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
                      "bytes": size, "fork_s": fork_s, "cores": sorted(cores)}))
 
 
-async def _copy(src: Path, tree: Path, uid: int | None, reflink: bool,
+async def _copy(argv: list[str], tree: Path, uid: int | None,
                 cores: set[int]) -> tuple[int, str]:
-    """``cp`` of ``src`` into ``tree`` as ``uid`` (None: as the server), pinned to
-    ``cores``; its exit code and output."""
+    """``argv`` (a ``cp`` into the working directory) run in ``tree`` as ``uid`` (None: as
+    the server), pinned to ``cores``; its exit code and output."""
 
     def prepare() -> None:  # in the child, in this order: the copier's identity last
         spawner.place(cores, 0)
@@ -203,7 +225,7 @@ async def _copy(src: Path, tree: Path, uid: int | None, reflink: bool,
 
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C"}
     proc = await asyncio.create_subprocess_exec(
-        *copy_argv(src, reflink), stdin=asyncio.subprocess.DEVNULL,
+        *argv, stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT, env=env,
         preexec_fn=prepare)
     try:
