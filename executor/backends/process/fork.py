@@ -21,6 +21,14 @@ No file operation runs as root over a path a sandbox controls (issue 45 #1-2, #7
    made 0700 like a fresh sandbox's (not the source's mode), and it is renamed over the
    copy's empty work directory: one ``rename`` inside the root-owned work root.
 
+A fork can be cancelled (issue 45 #7: its action's cancel, or its source's close): its
+task is cancelled where it is - the ``cp`` killed, the staged trees removed, the source
+thawed - before the action ends ``cancelled``. A step that changes the file system (a
+stage made, a staged tree settled into a copy's directory, a stage removed) is never cut
+short: the cancel waits for it, so that what it made is known and undone (a settle cut
+short could rename a tree into a copy's directory after its close removed it). The
+service then closes the copies.
+
 Hard links with a copy-on-write by the server before each write were left out: a
 command writes its files itself (``pip``, ``git``, an editor), not through the server,
 so the server could not copy a file before that write. Processes are not copied: the
@@ -165,9 +173,8 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
         try:
             async with backend.freezes.held(source, lambda: backend._pids(source)):
                 for _ in copies:
-                    stage = await asyncio.to_thread(Stage, backend.root, src_uid)
-                    stages.append(stage)
-                    code, out = await _copy(src, stage.tree, src_uid, reflink, cores)
+                    await _whole(lambda: stages.append(Stage(backend.root, src_uid)))
+                    code, out = await _copy(src, stages[-1].tree, src_uid, reflink, cores)
                     if code != 0:
                         on_done(Outcome(d.action.id, "failed", code, out,
                                         f"fork: copying the sandbox of {source!r} failed "
@@ -178,14 +185,32 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
             return
         size = await asyncio.to_thread(_bytes, stages[0].tree)
         for copy, stage in zip(copies, stages, strict=True):
-            await asyncio.to_thread(stage.settle, backend.workdir(copy), backend._uid(copy))
+            await _whole(stage.settle, backend.workdir(copy), backend._uid(copy))
     finally:
         for stage in stages:
-            await asyncio.to_thread(stage.remove)
+            await _whole(stage.remove)
     fork_s = time.perf_counter() - t0
     on_done(Outcome(d.action.id, "ok", 0, "", "", 0.0,
                     {"method": "reflink" if reflink else "copy", "copies": list(copies),
                      "bytes": size, "fork_s": fork_s, "cores": sorted(cores)}))
+
+
+async def _whole(fn: Callable[..., object], *args: object) -> None:
+    """``fn(*args)`` in a thread, waited for to its end even when the fork is cancelled
+    meanwhile (the cancel is raised then): a step of the file system is never left half
+    known."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if work.done() and work.cancelled():
+                raise
+            cancelled = True
+    work.result()  # (its error, if any)
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def _copy(src: Path, tree: Path, uid: int | None, reflink: bool,
