@@ -9,7 +9,7 @@ import threading
 from pathlib import Path
 
 import pytest
-from conftest import TOKEN
+from conftest import TOKEN, sandbox_containers
 from helpers import until_true
 
 from tangram.client import TangramError, TangramSyncClient
@@ -158,3 +158,43 @@ def test_closing_the_source_cancels_its_fork(process_server):
         # would outlive a SIGKILL sweep only as a zombie of nobody)
         until_true(lambda: not Path(f"/proc/{pid}").exists() or _state(pid) == "Z", 120,
                    "the closed source's background process to end")
+
+
+def test_a_docker_fork_is_cancelled_between_its_steps(docker_server):
+    """The docker backend's fork runs in a worker thread, steps that are not cut short (a
+    copy's container made, the pack, a copy's unpack): a cancel stops it before its next
+    step, and the service closes every copy (its container removed)."""
+    with TangramSyncClient(docker_server.url, TOKEN, timeout_s=300) as c:
+        src = c.open_trajectory("fd-src", task="grpo", mem_gb=0.05)
+        made = c.run(src, command="echo kept > f && (setsid sh -c 'echo $$ > bg.pid; "
+                     "while :; do sleep 0.05; done' >/dev/null 2>&1 &)", shell=True)
+        assert made["status"] == "ok", made
+        # 64 copies: a container each before anything is copied, minutes of engine calls
+        got = _fork_in_background(docker_server.url, src, "fd-copy", "fd-fork")
+
+        def status() -> str | None:
+            try:
+                return c.wait("fd-fork", 0)["status"]
+            except TangramError as e:
+                assert e.status == 404, e
+                return None
+
+        until_true(lambda: status() == "running", 300, "the docker fork to run")
+        assert c.trajectory(src)["forks"] == ["fd-fork"]
+        cancelled = c.cancel("fd-fork")
+        assert cancelled["status"] == "cancelled", cancelled
+        got["thread"].join(300)
+        assert "error" in got and got["error"].status == 409, got
+        copies = [f"fd-copy-{i}" for i in range(COPIES)]
+        for t in copies:
+            with pytest.raises(TangramError) as e:
+                c.trajectory(t)
+            assert e.value.status == 404
+        until_true(lambda: not [t for t in copies if sandbox_containers(t)], 300,
+                   "the cancelled copies' containers to be removed")
+        # the source runs on, its files and its background process (not left stopped)
+        state = c.run(src, command="cat f && grep State /proc/$(cat bg.pid)/status",
+                      shell=True)
+        assert state["status"] == "ok" and state["output"].startswith("kept\n"), state
+        assert "stopped" not in state["output"], state
+        c.close_trajectory(src)

@@ -277,8 +277,11 @@ class Service:
             ended.cancel()
             closing.cancel()
         res = t.result
-        if res is None:  # the server stops: the copies go with this answer
-            self._drop_copies(t)
+        if res is None or res.error == SHUTDOWN:  # the server stops: the copies with it
+            try:
+                self._drop_copies(t)
+            except Exception as e:  # noqa: BLE001 - the backend may have stopped already
+                log.warning("the copies of %r not closed at shutdown: %s", source, e)
             raise Refused(503, "the server is shutting down")
         if res.status == "cancelled":
             raise Refused(409, f"fork of {source!r} cancelled (its action {aid!r} was "

@@ -283,6 +283,8 @@ class DockerBackend:
         self._cgroup_template: tuple[str, str] | None = None
         self._lost: set[str] = set()  # trajectories whose container died: report at next action
         self._running: dict[str, str] = {}  # action id -> container id
+        #: fork actions running -> set to stop them between their steps (a cancel)
+        self._fork_stops: dict[str, threading.Event] = {}
         #: trajectory -> (when, why) its commands were killed for the machine's memory
         self._shed: dict[str, tuple[float, str]] = {}
         self._tasks: set[asyncio.Task] = set()  # actions running on the event loop
@@ -392,18 +394,25 @@ class DockerBackend:
     def fork(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         """Forking (tangram.protocol): copy the source's container into the copies, on a
         worker thread."""
-        self._pool.submit(self._fork, d, on_done, asyncio.get_running_loop())
+        stop = self._fork_stops[d.action.id] = threading.Event()
+        self._pool.submit(self._fork, d, on_done, asyncio.get_running_loop(), stop)
 
     def _fork(self, d: Dispatch, on_done: Callable[[Outcome], None],
-              loop: asyncio.AbstractEventLoop) -> None:
+              loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
         try:
-            outcome = fork_containers(self, d)
+            outcome = fork_containers(self, d, stop)
         except Exception as e:  # never leave an action unanswered
             outcome = Outcome(d.action.id, "failed", None, error=f"docker fork: "
                               f"{type(e).__name__}: {e}")
+        finally:
+            self._fork_stops.pop(d.action.id, None)
         loop.call_soon_threadsafe(on_done, outcome)
 
     def cancel(self, action_id: str) -> None:
+        stop = self._fork_stops.get(action_id)
+        if stop is not None:  # a fork: stopped before its next step (the step under way,
+            stop.set()  # packing or one copy's unpacking, runs to its end first)
+            return
         cid = self._running.get(action_id)
         if cid:  # killing the exec'd tree: restart is the only portable way in Docker
             try:
