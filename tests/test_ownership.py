@@ -189,3 +189,34 @@ def test_a_bad_tokens_file_stops_the_start(tmp_path, text, mode, said):
 
 def test_a_missing_tokens_file_stops_the_start(tmp_path):
     assert "cannot be read" in _serve_fails(tmp_path, tmp_path / "absent")
+
+
+def test_a_journal_from_before_ownership_is_defaults(tmp_path):
+    """A journal written before owners were (no owner column, no owners table): opened as
+    it is, each of its trajectories and actions is `default`'s (TANGRAM_TOKEN's)."""
+    import sqlite3
+
+    from executor.server.journal import Journal
+
+    path = tmp_path / "journal.sqlite"
+    db = sqlite3.connect(path)
+    db.execute("CREATE TABLE actions (id TEXT PRIMARY KEY, trajectory TEXT, body TEXT, "
+               "status TEXT, result TEXT, output BLOB)")
+    db.execute("CREATE TABLE trajectories (id TEXT PRIMARY KEY, task TEXT, mem_gb REAL, "
+               "image TEXT)")
+    db.execute("INSERT INTO actions VALUES ('old-a', 'old-t', '{}', 'ok', NULL, NULL)")
+    db.execute("INSERT INTO trajectories VALUES ('old-t', 't', NULL, NULL)")
+    db.commit()
+    db.close()
+    journal = Journal(path)
+    try:
+        assert journal.owner("old-t") == "default"
+        assert journal.action_owner("old-a") == "default"
+        assert journal.action_owner("never") is None
+        journal.submitted("new-a", "old-t", "{}", "alice")
+        journal.owned("new-t", "alice")
+        assert journal.action_owner("new-a") == "alice" and journal.owner("new-t") == "alice"
+        journal.closed("new-t")
+        assert journal.owner("new-t") == "default"  # (forgotten with its close)
+    finally:
+        journal.close()
