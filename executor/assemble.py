@@ -36,6 +36,7 @@ from executor.driver import LiveBackend
 from executor.node.local import local_cluster
 from executor.server.app import create_app
 from executor.server.limits import READ_TIMEOUT_S
+from executor.server.tokens import Tokens
 from tangram.cluster import ClusterError, ClusterSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.cpu.admission import LIVE, MemoryAdmission
@@ -156,7 +157,7 @@ def serve_gpu_cluster(gpus: str | None, path: Path | None, device: str) -> GpuCl
     return gc
 
 
-def serve_app(opts: ServeOptions, token: str, ray: Any = None) -> FastAPI:
+def serve_app(opts: ServeOptions, token: str | Tokens, ray: Any = None) -> FastAPI:
     """The server app: over the Ray cluster behind ``ray``, or over this machine (its
     cores, the env backend, GPU workers when ``opts.gpu``)."""
     hardening = {"allow_urls": opts.allow_urls, "task_images": opts.task_images,
@@ -188,7 +189,7 @@ def serve_app(opts: ServeOptions, token: str, ray: Any = None) -> FastAPI:
     return app
 
 
-def _ray_app(opts: ServeOptions, token: str, live: Any, hardening: dict) -> FastAPI:
+def _ray_app(opts: ServeOptions, token: str | Tokens, live: Any, hardening: dict) -> FastAPI:
     try:  # the policy must hold the Ray nodes too
         Tangram(live.cluster(opts.quotas), opts.policy)
     except ValueError as e:

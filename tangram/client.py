@@ -53,10 +53,13 @@ def _trajectory_body(trajectory: str | None, task: str, mem_gb: float | None,
     return body
 
 
-def _fork_body(trajectory: str, count: int, prefix: str | None) -> dict[str, Any]:
+def _fork_body(trajectory: str, count: int, prefix: str | None,
+               action: str | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {"fork_of": trajectory, "count": count}
     if prefix is not None:
         body["id"] = prefix
+    if action is not None:  # only servers whose forks are actions know the field
+        body["action"] = action
     return body
 
 
@@ -153,14 +156,15 @@ class TangramClient:
         body = _trajectory_body(trajectory, task, mem_gb, image)
         return (await self._call("POST", "/v1/trajectories", json=body))["id"]
 
-    async def fork(self, trajectory: str, count: int, prefix: str | None = None
-                   ) -> dict[str, Any]:
+    async def fork(self, trajectory: str, count: int, prefix: str | None = None,
+                   action: str | None = None) -> dict[str, Any]:
         """Open ``count`` trajectories whose sandboxes start as copies of ``trajectory``'s
         files now (it must have no action in flight); ``prefix`` names them
-        ``<prefix>-0``... The answer: ``ids``, ``method`` (how the files were copied),
-        ``fork_s``."""
+        ``<prefix>-0``... ``action``: the fork action's id (generated when None), to look
+        it up or cancel it (:meth:`cancel`) while it runs. The answer: ``ids``, ``action``,
+        ``method`` (how the files were copied), ``fork_s``."""
         return await self._call("POST", "/v1/trajectories",
-                                json=_fork_body(trajectory, count, prefix))
+                                json=_fork_body(trajectory, count, prefix, action))
 
     async def close_trajectory(self, trajectory: str) -> dict[str, Any]:
         """Close it (what it has queued or running is cancelled first)."""
@@ -255,9 +259,11 @@ class TangramSyncClient:
         body = _trajectory_body(trajectory, task, mem_gb, image)
         return self._call("POST", "/v1/trajectories", json=body)["id"]
 
-    def fork(self, trajectory: str, count: int, prefix: str | None = None) -> dict[str, Any]:
+    def fork(self, trajectory: str, count: int, prefix: str | None = None,
+             action: str | None = None) -> dict[str, Any]:
         """As :meth:`TangramClient.fork`."""
-        return self._call("POST", "/v1/trajectories", json=_fork_body(trajectory, count, prefix))
+        return self._call("POST", "/v1/trajectories",
+                          json=_fork_body(trajectory, count, prefix, action))
 
     def close_trajectory(self, trajectory: str) -> dict[str, Any]:
         return self._call("DELETE", f"/v1/trajectories/{trajectory}", timeout=90.0)

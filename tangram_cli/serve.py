@@ -24,6 +24,7 @@ from executor.server.app import serve as run_server
 from executor.server.connections import HEADER_TIMEOUT_S
 from executor.server.journal import Journal, JournalError, reset
 from executor.server.limits import READ_TIMEOUT_S
+from executor.server.tokens import Tokens, TokensError, read_tokens_file, tokens_of
 from tangram.cpu.admission import LIVE, MemoryAdmission
 from tangram_cli.checks import REWARD_COMMAND, reward_command_problem, sandbox_reach_problem
 from tangram_cli.common import command_app, err, fail, settle
@@ -107,6 +108,11 @@ def serve(
         help="Start with an empty journal: the one in --state-dir (its actions and open "
              "trajectories) is moved aside as journal.sqlite.reset-<time>, not deleted. For a "
              "journal the server refuses at start (corrupt, or not owned by its user).")] = False,
+    tokens_file: Annotated[Path | None, typer.Option(
+        help="More bearer tokens: one per line, `TOKEN [NAME]` (# comments); not readable by "
+             "other users. A trajectory is its opener's token's: another token's request for "
+             "it, or its actions, is answered 404. TANGRAM_TOKEN, when set, is one more "
+             "(named `default`).")] = None,
     access_log: Annotated[bool, typer.Option(
         help="Log every HTTP request to stderr (off: at thousands of actions a second the "
              "log line costs a few percent of the server's CPU; the journal and /metrics "
@@ -119,7 +125,8 @@ def serve(
     is given; with --ray, on a GPU worker actor on each Ray node that has GPUs (its GPU
     resources, or the node label tangram-gpus), serving --gpu-cluster's services.
 
-    The bearer token is read from TANGRAM_TOKEN, or generated and printed.
+    The bearer token is read from TANGRAM_TOKEN, or generated and printed; --tokens-file
+    gives several (each trajectory is then its opener's token's alone).
     """
     if backend not in ("process", "docker"):
         fail(f"--backend: unknown backend {backend!r} (process or docker)")
@@ -165,16 +172,27 @@ def serve(
                 err.print(f"[bold yellow]warning:[/] {escape(missing)}", highlight=False,
                           soft_wrap=True)
         check_journal(state_dir / "journal.sqlite", reset_state)
-        token = os.environ.get("TANGRAM_TOKEN") or secrets.token_urlsafe(24)
-        if not os.environ.get("TANGRAM_TOKEN"):
-            err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {token}", highlight=False)
-        app_ = serve_app(opts, token,
+        tokens = server_tokens(tokens_file)
+        app_ = serve_app(opts, tokens,
                          ray_backend(spec, backend, gc, gpu_device, opts.sandboxes)
                          if ray else None)
     except AssemblyError as e:
         fail(str(e))
     settle()
     run_server(app_, host, port, access_log=access_log, header_timeout_s=header_timeout_s)
+
+
+def server_tokens(tokens_file: Path | None) -> Tokens:
+    """TANGRAM_TOKEN and --tokens-file's tokens; with neither, one generated and printed."""
+    env = os.environ.get("TANGRAM_TOKEN") or None
+    try:
+        listed = read_tokens_file(tokens_file) if tokens_file is not None else []
+        if env is None and not listed:
+            env = secrets.token_urlsafe(24)
+            err.print(f"bearer token (set TANGRAM_TOKEN to choose it): {env}", highlight=False)
+        return tokens_of(env, listed)
+    except TokensError as e:
+        fail(str(e))
 
 
 def check_journal(path: Path, reset_state: bool) -> None:

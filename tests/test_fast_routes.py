@@ -93,13 +93,15 @@ class _Service:
     def __init__(self) -> None:
         self.calls: list[tuple] = []
 
-    async def submit(self, tid, body):
+    async def submit(self, tid, body, owner):
+        assert owner == "default"  # the one token's name (executor/server/tokens.py)
         self.calls.append(("submit", tid, body.id))
         if tid == "missing":
             raise Refused(404, f"unknown trajectory {tid!r}")
         return ActionOut(id=body.id, trajectory=tid, status="queued"), True
 
-    async def wait(self, aid, wait_s):
+    async def wait(self, aid, wait_s, owner):
+        assert owner == "default"
         self.calls.append(("wait", aid, wait_s))
         return ActionOut(id=aid, trajectory="t", status="ok", exit_code=0)
 

@@ -15,6 +15,7 @@ from executor.driver import LiveExecutor
 from executor.server.journal import Journal
 from executor.server.schemas import ActionIn, TrajectoryIn
 from executor.server.service import Refused, Service
+from executor.server.tokens import DEFAULT
 from tangram.core import Tangram
 from tangram.model import Dispatch, Outcome
 
@@ -62,19 +63,21 @@ def _checks(tmp_path: Path):
 def test_a_submit_is_checked_once_by_the_core(tmp_path):
     async def go() -> None:
         service, backend, checks = _checks(tmp_path)
-        tid = service.open_trajectory(TrajectoryIn(task="t"))["id"]
-        view, created = await service.submit(tid, ActionIn(id="ok", command="true"))
+        tid = service.open_trajectory(TrajectoryIn(task="t"), owner=DEFAULT)["id"]
+        view, created = await service.submit(tid, ActionIn(id="ok", command="true"), DEFAULT)
         assert created and backend.started == ["ok"] and checks == []
         with pytest.raises(Refused) as refused:  # the core's refusal, as before: 422
-            await service.submit(tid, ActionIn(id="big", command="true", cpu="64"))
+            await service.submit(tid, ActionIn(id="big", command="true", cpu="64"), DEFAULT)
         assert refused.value.status == 422 and "can never fit" in refused.value.detail
         assert checks == [] and service.view("big") is None  # nothing recorded
         out = await service.submit_batch([(tid, ActionIn(id="b1", command="true")),
-                                          (tid, ActionIn(id="b2", command="true"))])
+                                          (tid, ActionIn(id="b2", command="true"))],
+                                         owner=DEFAULT)
         assert [created for _, created in out] == [True, True] and checks == []
         with pytest.raises(Refused) as refused:  # all or nothing; the item is named
             await service.submit_batch([(tid, ActionIn(id="b3", command="true")),
-                                        (tid, ActionIn(id="b4", command="true", cpu="64"))])
+                                        (tid, ActionIn(id="b4", command="true", cpu="64"))],
+                                       owner=DEFAULT)
         assert refused.value.status == 422
         assert refused.value.detail.startswith("actions[1].action.cost['cpu']: ")
         assert checks == ["b3", "b4"]  # (only a refused batch: to name its item)

@@ -2,7 +2,8 @@
 
 Rollout workers open a trajectory, submit actions (idempotent by their
 client-supplied id), wait for or stream each result, and close the trajectory.
-Every request but ``/healthz`` needs ``Authorization: Bearer <token>``.
+Every request but ``/healthz`` needs ``Authorization: Bearer <token>``; a server may
+have several tokens, and a trajectory is its opener's (executor/server/tokens.py).
 
 The pieces: request bodies and their limits (``schemas.py``), the one service
 object the handlers call (``service.py``), the routes (``routes/``) and the
@@ -36,6 +37,7 @@ from executor.server.routes.openai import router as openai_router
 from executor.server.schemas import MAX_BODY_BYTES
 from executor.server.service import Refused, Service
 from executor.server.status import status_router
+from executor.server.tokens import Tokens
 from tangram.core import Tangram
 
 #: how long SIGTERM waits for open requests before cancelling them (then: lifespan shutdown)
@@ -47,12 +49,15 @@ FILES_PATH = r"^/v1/trajectories/[^/]+/files/"
 
 
 def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], Tangram],
-               token: str, state_dir: Path,
+               token: str | Tokens, state_dir: Path,
                allow_urls: Mapping[str, tuple[str, ...]] | None = None,
                task_images: Mapping[str, str] | None = None,
                result_ttl_s: float = 60.0,
                memory_node: str | None = None,
                read_timeout_s: float = READ_TIMEOUT_S) -> FastAPI:
+    """``token``: the server's bearer tokens (a str: its one token, named ``default``)."""
+    tokens = Tokens.single(token) if isinstance(token, str) else token
+
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         journal = Journal(state_dir / "journal.sqlite")
@@ -67,8 +72,9 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
             app.state.service.shutdown()
             journal.close()
 
-    async def auth(cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
-        check_token(cred, token)
+    async def auth(request: Request,
+                   cred: HTTPAuthorizationCredentials | None = Depends(bearer)) -> None:
+        request.state.owner = check_token(cred, tokens)
 
     app = FastAPI(title="Tangram", version="0.1.0", lifespan=lifespan,
                   description="Action-level scheduling of the external resources of agentic RL.")
@@ -83,7 +89,7 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
     app.add_exception_handler(ValueError, _value_error)
     # submit and wait, the per-action requests, off FastAPI's per-request path when
     # well-formed (executor/server/routes/fast.py); inside BodyLimit: added first, runs second
-    app.add_middleware(FastActions, token=token, on_error=_error)
+    app.add_middleware(FastActions, token=tokens, on_error=_error)
     # file uploads may be larger than any JSON body: the file API bounds them itself
     app.add_middleware(BodyLimit, max_bytes=MAX_BODY_BYTES, large_paths=FILES_PATH,
                        read_timeout_s=read_timeout_s)

@@ -1,10 +1,13 @@
-"""A fork on the live executor: open the copies, queue the fork action, wait for it.
+"""A fork on the live executor: the checks, the copies' opening and closing.
 
 The order is what makes it all-or-nothing and fair: the copies are opened first (the
 core registers them with the source's declared memory: they count and wait for a node
 like any open), then the fork is submitted as an action of the source and the core
-schedules it like any other CPU action; the backend carries it out. If the fork fails
-or the server stops meanwhile, every copy opened is closed again.
+schedules it like any other CPU action; the backend carries it out. The service
+(executor/server/service.py) submits it as it submits any action (issue 45 #7): it is
+tracked, journalled, looked up and cancelled by its id; if it ends other than ``ok``
+(failed, cancelled, the source closed meanwhile) or the server stops, every copy opened
+is closed again before anyone is told.
 
 A source with an action in flight is refused (409), not waited for: its files are
 changing, and a fork waiting behind a long test run would hold the request as long.
@@ -15,12 +18,12 @@ fork one prepared sandbox all at once (:class:`Forking` counts them).
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 from dataclasses import dataclass, field
 
 from executor.driver import LiveExecutor
-from tangram.fork import MAX_COPIES, fork_action
+from tangram.fork import MAX_COPIES
+from tangram.protocol import TrajectoryView
 
 
 class ForkRefused(Exception):
@@ -46,6 +49,11 @@ class Forked:
     #: seconds the fork waited in the queue, and ran
     queue_s: float
     fork_s: float
+
+    def answer(self) -> dict[str, object]:
+        return {"ids": list(self.ids), "fork_of": self.source, "action": self.action,
+                "method": self.method, "bytes": self.bytes, "queue_s": self.queue_s,
+                "fork_s": self.fork_s}
 
 
 @dataclass(slots=True)
@@ -75,17 +83,18 @@ def copy_ids(source: str, count: int, prefix: str | None) -> list[str]:
     return [secrets.token_hex(8) for _ in range(count)]
 
 
-async def fork(executor: LiveExecutor, source: str, copies: list[str],
-               stop: asyncio.Event | None = None, forking: Forking | None = None,
-               image: str | None = None) -> Forked:
-    """Open ``copies`` as copies of ``source``'s sandbox now; ForkRefused says why not.
-    ``forking``: the forks in flight (the caller's, across requests); ``image``: the
-    source's docker image (its copies run in it, with its environment: issue 47 #1)."""
-    forking = forking if forking is not None else Forking()
+def unknown_source(source: str) -> str:
+    return (f"fork_of: unknown trajectory {source!r} (never opened, closed, or lost with "
+            "its node)")
+
+
+def check_fork(executor: LiveExecutor, source: str, copies: list[str],
+               forking: Forking) -> TrajectoryView:
+    """The source's view if ``source`` may be forked into ``copies`` now; ForkRefused says
+    why not. ``forking``: the forks in flight (across requests)."""
     view = executor.trajectory(source)
     if view is None:
-        raise ForkRefused(404, f"fork_of: unknown trajectory {source!r} (never opened, "
-                          "closed, or lost with its node)")
+        raise ForkRefused(404, unknown_source(source))
     if not executor.runtime.capabilities.forks:
         raise ForkRefused(501, f"fork_of: the {executor.backend.name} backend cannot fork "
                           "a sandbox (use --backend process or docker)")
@@ -100,37 +109,24 @@ async def fork(executor: LiveExecutor, source: str, copies: list[str],
     if taken or len(set(copies)) != len(copies):
         raise ForkRefused(409, f"id: trajectory {(taken or copies)[0]!r} is already open "
                           "(or named twice)")
+    return view
+
+
+def open_copies(executor: LiveExecutor, view: TrajectoryView, copies: list[str],
+                image: str | None) -> None:
+    """Open every copy (empty, the source's task and memory; ``image``: the source's docker
+    image, issue 47 #1), all or nothing."""
     opened: list[str] = []
     try:
         for c in copies:
             executor.open_trajectory(c, view.task, view.mem_gb, image)
             opened.append(c)
-        action = fork_action(f"fork-{secrets.token_hex(8)}", view.task, source, copies)
-        done = executor.submit(action)
-        forking.add(source)
-        done.add_done_callback(lambda _: forking.done(source))
-        if stop is not None:
-            stopping = asyncio.ensure_future(stop.wait())
-            try:
-                await asyncio.wait((done, stopping), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                stopping.cancel()
-            if not done.done():
-                raise ForkRefused(503, "the server is shutting down")
-        rec, out = await done
     except BaseException:
-        _close(executor, opened)
+        close_copies(executor, opened)
         raise
-    if not out.ok:
-        _close(executor, opened)
-        raise ForkRefused(500, f"fork of {source!r} {out.status}: {out.error}")
-    extra = dict(out.extra or {})
-    return Forked(source, tuple(copies), action.id, str(extra.get("method", "")),
-                  int(extra.get("bytes", 0)), rec.start_s - rec.submit_s,
-                  rec.end_s - rec.start_s)
 
 
-def _close(executor: LiveExecutor, trajectories: list[str]) -> None:
+def close_copies(executor: LiveExecutor, trajectories: list[str] | tuple[str, ...]) -> None:
     for t in trajectories:
         if executor.has_trajectory(t):
             executor.close_trajectory(t)

@@ -23,6 +23,12 @@ tail the backend kept), and the rows of the newest ``KEPT_RESULTS`` actions (50,
 ~3.2 GB of outputs in the worst case, a few MB for ordinary ones); older finished ones are
 deleted every ``PRUNE_EVERY`` results. An action still queued or running is never pruned.
 
+Ownership (issue 45 #8, executor/server/tokens.py): each action row names the owner (the
+name of the token that submitted it) and the ``owners`` table the owner of each open
+trajectory, so a restart keeps every trajectory and result its owner's alone. Both were
+added to journals that had none: a row without an owner is ``default``'s (such a journal
+comes from a one-token server).
+
 A journal that cannot be used stops the server at start with one message (:class:`JournalError`:
 the file, what is wrong, and the choices), never a traceback: one that is not a regular file, is
 not owned by the server's user (a journal a sandbox could have written would reopen and replay
@@ -41,6 +47,7 @@ import time
 from pathlib import Path
 
 from executor.server.schemas import ActionOut
+from executor.server.tokens import DEFAULT
 
 RESTARTED = ("the server restarted before this action finished; submit it again under a "
              "new id")
@@ -144,8 +151,12 @@ class Journal:
         cols = {r[1] for r in self.db.execute("PRAGMA table_info(actions)")}
         if cols and "output" not in cols:  # a journal from before outputs were bytes
             self.db.execute("ALTER TABLE actions ADD COLUMN output BLOB")
+        if cols and "owner" not in cols:  # a journal from before ownership: NULL, `default`
+            self.db.execute("ALTER TABLE actions ADD COLUMN owner TEXT")
         self.db.execute("CREATE TABLE IF NOT EXISTS actions (id TEXT PRIMARY KEY, trajectory "
-                        "TEXT, body TEXT, status TEXT, result TEXT, output BLOB)")
+                        "TEXT, body TEXT, status TEXT, result TEXT, output BLOB, owner TEXT)")
+        self.db.execute("CREATE TABLE IF NOT EXISTS owners (trajectory TEXT PRIMARY KEY, "
+                        "owner TEXT)")
         self.db.execute("CREATE TABLE IF NOT EXISTS trajectories (id TEXT PRIMARY KEY, task "
                         "TEXT, mem_gb REAL, image TEXT)")
 
@@ -160,11 +171,12 @@ class Journal:
                               "WHERE status IN ('queued', 'running')", (result,))
         return cur.rowcount
 
-    def submitted(self, aid: str, trajectory: str, body: str) -> None:
+    def submitted(self, aid: str, trajectory: str, body: str, owner: str = DEFAULT) -> None:
         if any(row[3] == aid for row in self._finished):  # (a batch is a turn's results)
             self.flush()  # an earlier result of this id must not overwrite the new row
-        self.db.execute("INSERT OR REPLACE INTO actions VALUES (?, ?, ?, 'queued', NULL, NULL)",
-                        (aid, trajectory, body))
+        self.db.execute("INSERT OR REPLACE INTO actions (id, trajectory, body, status, result, "
+                        "output, owner) VALUES (?, ?, ?, 'queued', NULL, NULL, ?)",
+                        (aid, trajectory, body, owner))
 
     def finished(self, out: ActionOut) -> None:
         meta = out.model_dump_json(exclude={"output"})
@@ -200,13 +212,17 @@ class Journal:
         self.db.execute("INSERT OR REPLACE INTO trajectories VALUES (?, ?, ?, ?)",
                         (tid, task, mem_gb, image))
 
-    def opened_all(self, rows: list[tuple[str, str, float | None, str | None]]) -> None:
-        """Several trajectories opened at once (a fork's copies), in one transaction:
-        a crash journals all of them or none."""
+    def opened_all(self, rows: list[tuple[str, str, float | None, str | None]],
+                   owner: str | None = None) -> None:
+        """Several trajectories opened at once (a fork's copies), ``owner``'s when given,
+        in one transaction: a crash journals all of them or none."""
         self.db.execute("BEGIN")
         try:
             self.db.executemany("INSERT OR REPLACE INTO trajectories VALUES (?, ?, ?, ?)",
                                 rows)
+            if owner is not None:
+                self.db.executemany("INSERT OR REPLACE INTO owners VALUES (?, ?)",
+                                    [(row[0], owner) for row in rows])
         except BaseException:
             self.db.execute("ROLLBACK")
             raise
@@ -214,6 +230,22 @@ class Journal:
 
     def closed(self, tid: str) -> None:
         self.db.execute("DELETE FROM trajectories WHERE id=?", (tid,))
+        self.db.execute("DELETE FROM owners WHERE trajectory=?", (tid,))
+
+    def owned(self, tid: str, owner: str) -> None:
+        """``tid`` (opened, or being filled by a fork) is ``owner``'s."""
+        self.db.execute("INSERT OR REPLACE INTO owners VALUES (?, ?)", (tid, owner))
+
+    def owner(self, tid: str) -> str:
+        """The owner of open trajectory ``tid`` (``default`` when the journal names none)."""
+        row = self.db.execute("SELECT owner FROM owners WHERE trajectory=?", (tid,)).fetchone()
+        return row[0] if row and row[0] else DEFAULT
+
+    def action_owner(self, aid: str) -> str | None:
+        """The owner of action ``aid`` (None: no such action)."""
+        self.flush()
+        row = self.db.execute("SELECT owner FROM actions WHERE id=?", (aid,)).fetchone()
+        return None if row is None else row[0] or DEFAULT
 
     def open_trajectories(self) -> list[tuple[str, str, float | None, str | None]]:
         """(id, task, mem_gb, image) of every trajectory opened and not closed, in the

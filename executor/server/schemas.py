@@ -63,6 +63,9 @@ class TrajectoryIn(BaseModel):
                                "memory; ``id``, when given, names them ``<id>-0``, ``<id>-1``, ...). "
                                "Refused (409) while it has an action in flight.")
     count: int = Field(1, ge=1, le=64, description="Copies to open (with ``fork_of``).")
+    action: Id | None = Field(None, description="With ``fork_of``: the id of the fork's action "
+                              "(generated when omitted; the answer's ``action``), to look it up "
+                              "or cancel it while it runs (GET/DELETE /v1/actions/{action}).")
 
 
 class RequestSpec(BaseModel):
@@ -268,6 +271,8 @@ class TrajectoryOut(BaseModel):
     image: str | None = None
     actions: int = Field(description="Actions submitted to it.")
     state_lost: int = Field(0, description="Its actions that reported its sandbox reset.")
+    forks: list[str] = Field(default_factory=list, description="The ids of its fork actions in "
+                             "flight (GET/DELETE /v1/actions/{id}).")
 
 
 class TrajectoriesOut(BaseModel):

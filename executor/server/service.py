@@ -4,6 +4,14 @@ It owns the live executor and the journal; handlers never read the core's
 state themselves. Every refusal is a :class:`Refused` with the HTTP status and
 a message naming the field, so the routes stay thin.
 
+Everything a client reaches is its token's (issue 45 #8, executor/server/tokens.py): a
+trajectory is its opener's (a fork's copies the forker's), an action its submitter's, and
+any other token's request for one is answered exactly as for an id that does not exist
+(404, the same words), so ids say nothing of other tokens' work. The one thing ids share
+is their namespace: opening or submitting under an id another token holds is a 409 (use
+generated ids, or a prefix per client). The status page and /metrics stay global: they
+are the operator's view of the machine.
+
 Results stay in memory only while someone may still be waiting for them
 (``result_ttl_s`` after the action ended); after that they are read back from
 the journal, so the server's memory does not grow with the number of actions.
@@ -14,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ipaddress
+import json
 import logging
 import secrets
 import time
@@ -25,7 +34,16 @@ from executor.backends.http.urls import UrlRefused, check_headers, listed, parse
 from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
 from executor.node.memwatch import MemoryWatch
-from executor.server.fork import Forking, ForkRefused, copy_ids, fork
+from executor.server.fork import (
+    Forked,
+    Forking,
+    ForkRefused,
+    check_fork,
+    close_copies,
+    copy_ids,
+    open_copies,
+    unknown_source,
+)
 from executor.server.journal import RESTARTED, SHUTDOWN, Journal
 from executor.server.routes.gpus import metric_lines
 from executor.server.schemas import (
@@ -36,6 +54,8 @@ from executor.server.schemas import (
     TrajectoryIn,
     TrajectoryOut,
 )
+from executor.server.tokens import DEFAULT
+from tangram.fork import fork_action
 from tangram.model import Action, Outcome, quota_resource
 from tangram.protocol import Effect, Retaining
 from tangram.runtime import Record
@@ -59,6 +79,12 @@ class Tracked:
     result: ActionOut | None = None
     #: a client asked to cancel it: it ends ``cancelled`` whatever its backend reports
     cancelled: bool = False
+    #: the name of the token that submitted it (executor/server/tokens.py)
+    owner: str = DEFAULT
+    #: a fork action's copies: closed again unless it ends ``ok``
+    copies: tuple[str, ...] = ()
+    #: what a fork action made, once it ended ``ok``
+    forked: Forked | None = None
 
 
 @dataclass
@@ -83,6 +109,7 @@ class Prepared:
     body: ActionIn
     raw: str
     action: Action
+    owner: str
 
 
 #: how long a cancel (or a close with actions in flight) waits for a running action's
@@ -147,15 +174,24 @@ class Service:
         self.act_sum = 0.0
         self.started = time.time()
         self.recovered = journal.recover()
+        #: trajectory -> the name of the token it belongs to (every open one, and the copies
+        #: a fork is filling)
+        self.owners: dict[str, str] = {}
+        #: source -> its fork actions in flight (listed with it)
+        self.forks: dict[str, set[str]] = {}
         self.restored = self._restore()
+        self._restore_owners()
         self.closing = asyncio.Event()
         self.max_cores = int(executor.snapshot(detail=False).capacity.get("cpu", 1))
         #: forks in flight per source (tangram/fork.py: they do not keep others from forking)
         self.forking = Forking()
 
     # -- trajectories ------------------------------------------------------------------
-    def open_trajectory(self, body: TrajectoryIn) -> dict[str, str]:
+    def open_trajectory(self, body: TrajectoryIn, *, owner: str) -> dict[str, str]:
+        """Open it, ``owner``'s (the name of the request's token)."""
         self._not_closing()
+        if body.action is not None:
+            raise Refused(422, "action: names a fork's action; give it with fork_of")
         tid = body.id or secrets.token_hex(8)
         if self.executor.has_trajectory(tid):
             raise Refused(409, f"id: trajectory {tid!r} is already open")
@@ -168,40 +204,133 @@ class Service:
             raise Refused(503, f"cannot open trajectory {tid!r}: {e}") from None
         image = body.image or self.task_images.get(body.task)
         self.journal.opened(tid, body.task, body.mem_gb, image)
+        self.journal.owned(tid, owner)
+        self.owners[tid] = owner
         now = time.monotonic()
         self.opened[tid] = Opened(body.task, body.mem_gb, image, now, now)
         return {"id": tid, "task": body.task}
 
-    async def fork_trajectories(self, body: TrajectoryIn) -> dict[str, Any]:
-        """``body.count`` copies of ``body.fork_of`` (executor/server/fork.py)."""
+    def owns(self, tid: str, owner: str) -> bool:
+        """Whether open trajectory ``tid`` is ``owner``'s (False for one not open)."""
+        return self.owners.get(tid) == owner
+
+    def _mine(self, tid: str, owner: str) -> None:
+        """404, as for an unknown id, unless ``tid`` is ``owner``'s."""
+        if self.owners.get(tid) != owner:
+            raise Refused(404, f"unknown trajectory {tid!r}")
+
+    def _restore_owners(self) -> None:
+        """The owners of the trajectories restored from the journal (``default`` for one a
+        journal from before ownership names no owner of)."""
+        for tid in self.opened:
+            self.owners[tid] = self.journal.owner(tid)
+
+    async def fork_trajectories(self, body: TrajectoryIn, *, owner: str) -> dict[str, Any]:
+        """``body.count`` copies of ``body.fork_of`` (executor/server/fork.py), ``owner``'s.
+
+        The fork is an action of the source like any (issue 45 #7): tracked and journalled
+        under its id (``body.action``, else generated; the answer's ``action``), looked up
+        and cancelled by it while it runs; closing the source cancels it as it cancels the
+        source's other actions (rather than waiting: a close means the source's sandbox is
+        no longer wanted, and a fork of a large tree runs for tens of seconds). Unless it
+        ends ``ok`` its copies are closed again before anyone hears of its end."""
         self._not_closing()
         assert body.fork_of is not None
+        source = body.fork_of
         if body.mem_gb is not None or body.image is not None:
             raise Refused(422, "fork_of: a copy takes its source's mem_gb and image; "
                           "leave mem_gb and image out")
-        ids = copy_ids(body.fork_of, body.count, body.id)
+        ids = copy_ids(source, body.count, body.id)
         if max(map(len, ids)) > ID_MAX:
             raise Refused(422, f"id: the copies' ids ({ids[-1]!r}) would pass {ID_MAX} "
                           "characters; use a shorter id")
-        source = self.opened.get(body.fork_of)
+        if not self.owns(source, owner):
+            raise Refused(404, unknown_source(source))
+        aid = body.action or f"fork-{secrets.token_hex(8)}"
+        if aid in self.tracked or self.journal.action_owner(aid) is not None:
+            raise Refused(409, f"action: an action {aid!r} was submitted before; name the "
+                          "fork's action anew")
+        opened = self.opened.get(source)
+        image = opened.image if opened is not None else None
         try:
-            done = await fork(self.executor, body.fork_of, ids, self.closing, self.forking,
-                              source.image if source is not None else None)
+            view = check_fork(self.executor, source, ids, self.forking)
+            open_copies(self.executor, view, ids, image)
         except ForkRefused as e:
             raise Refused(e.status, e.detail) from None
+        except ValueError as e:
+            raise Refused(422, str(e)) from None
+        except OSError as e:
+            raise Refused(503, f"cannot open the copies of {source!r}: {e}") from None
+        for c in ids:  # the forker's from now: nobody else's request reaches them
+            self.owners[c] = owner
+        t = Tracked(source, json.dumps({"fork_of": source, "ids": ids}), owner=owner,
+                    copies=tuple(ids))
+        try:
+            self._submit_fork(fork_action(aid, view.task, source, ids), t)
+        except BaseException:
+            self._drop_copies(t)
+            raise
+        closing = asyncio.ensure_future(self.closing.wait())
+        ended = asyncio.ensure_future(t.done.wait())
+        try:
+            await asyncio.wait((ended, closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ended.cancel()
+            closing.cancel()
+        res = t.result
+        if res is None or res.error == SHUTDOWN:  # the server stops: the copies with it
+            try:
+                self._drop_copies(t)
+            except Exception as e:  # noqa: BLE001 - the backend may have stopped already
+                log.warning("the copies of %r not closed at shutdown: %s", source, e)
+            raise Refused(503, "the server is shutting down")
+        if res.status == "cancelled":
+            raise Refused(409, f"fork of {source!r} cancelled (its action {aid!r} was "
+                          "cancelled, or its source closed); its copies are closed")
+        if res.status != "ok":
+            raise Refused(500, f"fork of {source!r} {res.status}: {res.error}")
         # the copies are open trajectories like any: listed, journalled (a restart reopens
         # them), with their source's task, memory and image
+        done = t.forked
+        assert done is not None
         # (all in one transaction, and only now that every copy is complete: a crash
         # before leaves none journalled, and a restart removes them all - issue 45 #8)
-        if source is not None:
+        if opened is not None:
             now = time.monotonic()
-            self.journal.opened_all([(tid, source.task, source.mem_gb, source.image)
-                                     for tid in done.ids])
-            for tid in done.ids:
-                self.opened[tid] = Opened(source.task, source.mem_gb, source.image, now, now)
-        return {"ids": list(done.ids), "fork_of": done.source, "action": done.action,
-                "method": done.method, "bytes": done.bytes, "queue_s": done.queue_s,
-                "fork_s": done.fork_s}
+            self.journal.opened_all([(tid, opened.task, opened.mem_gb, opened.image)
+                                     for tid in ids], owner)
+            for tid in ids:
+                self.opened[tid] = Opened(opened.task, opened.mem_gb, opened.image, now, now)
+        return done.answer()
+
+    def _submit_fork(self, action: Action, t: Tracked) -> None:
+        """Queue fork ``action`` with its tracking ``t`` (Refused if the core refuses it)."""
+        aid, source = action.id, action.trajectory
+
+        def queued() -> None:
+            self.tracked[aid] = t
+            self.forks.setdefault(source, set()).add(aid)
+            opened = self.opened.get(source)
+            if opened is not None:
+                opened.actions += 1
+                opened.last_active = time.monotonic()
+            self.journal.submitted(aid, source, t.body, t.owner)
+
+        try:
+            [done] = self.executor.submit_many([action], self._finish, queued)
+        except KeyError as e:
+            raise Refused(404, str(e.args[0])) from None
+        except ValueError as e:
+            raise Refused(422, str(e)) from None
+        self.forking.add(source)
+        done.add_done_callback(lambda _: self.forking.done(source))
+
+    def _drop_copies(self, t: Tracked) -> None:
+        """Close a fork's copies (it did not end ``ok``): nothing half-made stays open."""
+        close_copies(self.executor, t.copies)
+        for c in t.copies:
+            if c not in self.opened:  # (opened: a copy the fork already handed over)
+                self.owners.pop(c, None)
 
     def _restore(self) -> int:
         """Open again the trajectories the journal says a previous run left open (a crash
@@ -225,9 +354,10 @@ class Service:
             self.opened[tid] = Opened(task, mem_gb, image, now, now)
         return restored
 
-    async def close_trajectory(self, tid: str) -> dict[str, str | int]:
+    async def close_trajectory(self, tid: str, *, owner: str) -> dict[str, str | int]:
         """Close it; its actions still queued or running are cancelled first (their
-        results say ``cancelled``)."""
+        results say ``cancelled``; a fork of it among them)."""
+        self._mine(tid, owner)
         if not self.executor.has_trajectory(tid):
             raise Refused(404, f"unknown trajectory {tid!r}")
         opened = self.opened.get(tid)
@@ -247,13 +377,14 @@ class Service:
                 opened.closing = False
             raise Refused(409, str(e)) from None
         self.opened.pop(tid, None)
+        self.owners.pop(tid, None)
         self.journal.closed(tid)
         return {"id": tid, "status": "closed", "cancelled": len(in_flight)}
 
-    def trajectories(self) -> list[TrajectoryOut]:
-        """Every open trajectory with its state, node, idle time and memory."""
+    def trajectories(self, *, owner: str) -> list[TrajectoryOut]:
+        """Every open trajectory of ``owner`` with its state, node, idle time and memory."""
         running = self._running_trajectories()
-        return [view for tid in list(self.opened)
+        return [view for tid in list(self.opened) if self.owners.get(tid) == owner
                 if (view := self.trajectory_view(tid, running)) is not None]
 
     def _running_trajectories(self) -> set[str]:
@@ -277,13 +408,15 @@ class Service:
             id=tid, task=opened.task, state=state, node=core.node, in_flight=core.in_flight,
             idle_s=0.0 if core.in_flight else now - opened.last_active,
             age_s=now - opened.opened_at, mem_gb=opened.mem_gb, image=opened.image,
-            actions=opened.actions, state_lost=opened.state_lost)
+            actions=opened.actions, state_lost=opened.state_lost,
+            forks=sorted(self.forks.get(tid, ())))
 
     # -- cancel ----------------------------------------------------------------------------
-    async def cancel(self, aid: str) -> ActionOut:
+    async def cancel(self, aid: str, *, owner: str) -> ActionOut:
         """Cancel a queued or running action and answer its state once it ended (a
         queued one at once; a running one when its backend stopped it, which gives its
         cores back). An action that already ended is answered as it ended."""
+        self._my_action(aid, owner)
         t = self.tracked.get(aid)
         if t is None:
             view = self.journal.get(aid)
@@ -295,6 +428,13 @@ class Service:
         view = self.view(aid)
         assert view is not None
         return view
+
+    def _my_action(self, aid: str, owner: str) -> None:
+        """404, as for an unknown id, unless action ``aid`` is ``owner``'s."""
+        t = self.tracked.get(aid)
+        mine = t.owner if t is not None else self.journal.action_owner(aid)
+        if mine != owner:
+            raise Refused(404, f"unknown action {aid!r}")
 
     async def _cancel(self, aid: str, t: Tracked) -> None:
         """Cancel ``aid`` and wait (up to CANCEL_WAIT_S) for its end. The stop is asked
@@ -309,16 +449,17 @@ class Service:
                 await asyncio.wait_for(t.done.wait(), CANCEL_REPEAT_S)
 
     # -- actions -------------------------------------------------------------------------
-    async def submit(self, tid: str, body: ActionIn) -> tuple[ActionOut, bool]:
-        """Queue an action; (its state, True) or, for a repeat, (its state, False)."""
+    async def submit(self, tid: str, body: ActionIn, owner: str) -> tuple[ActionOut, bool]:
+        """Queue an action; (its state, True) or, for a repeat, (its state, False).
+        ``owner``: the name of the request's token (``tid`` must be its)."""
         self._not_closing()
-        ready = await self._prepare(tid, body)
+        ready = await self._prepare(tid, body, owner)
         if isinstance(ready, ActionOut):
             return ready, False
         self._accept([ready])
         return self.view(body.id), True  # type: ignore[return-value]
 
-    async def submit_batch(self, items: list[tuple[str, ActionIn]]
+    async def submit_batch(self, items: list[tuple[str, ActionIn]], *, owner: str
                            ) -> list[tuple[ActionOut, bool]]:
         """Queue many actions, all or nothing: every one is checked before any is accepted
         (a refusal names the item: ``actions[3].cpu: ...``); repeats answer their state.
@@ -333,7 +474,7 @@ class Service:
         ready: list[Prepared | ActionOut] = []
         for i, (tid, body) in enumerate(items):
             try:
-                ready.append(await self._prepare(tid, body))
+                ready.append(await self._prepare(tid, body, owner))
             except Refused as e:
                 raise Refused(e.status, _item(i, e.detail)) from None
         # the checks above awaited: a trajectory may have closed meanwhile
@@ -356,9 +497,10 @@ class Service:
         opened = self.opened.get(tid)
         return self.executor.has_trajectory(tid) and not (opened and opened.closing)
 
-    async def _prepare(self, tid: str, body: ActionIn) -> Prepared | ActionOut:
+    async def _prepare(self, tid: str, body: ActionIn, owner: str) -> Prepared | ActionOut:
         """``body`` checked in full (a Refused names the field), or its stored state
         when it was submitted before with this same body."""
+        self._mine(tid, owner)  # first: nothing of another's trajectory is told
         try:
             body.check_shape()
         except ValueError as e:
@@ -388,7 +530,7 @@ class Service:
         action = body.to_action(tid, state.task, argv, self.max_cores)
         if public_only:
             action.payload["public_only"] = True  # type: ignore[index]
-        return Prepared(tid, body, raw, action)  # (the core checks the action: _accept)
+        return Prepared(tid, body, raw, action, owner)  # (the core checks it: _accept)
 
     def _accept(self, ready: list[Prepared]) -> None:
         """Submit ``ready`` to the core, all or nothing: the core's check is the one the
@@ -422,12 +564,12 @@ class Service:
 
     def _record(self, p: Prepared) -> None:
         aid = p.body.id
-        self.tracked[aid] = Tracked(p.trajectory, p.raw)
+        self.tracked[aid] = Tracked(p.trajectory, p.raw, owner=p.owner)
         opened = self.opened.get(p.trajectory)
         if opened is not None:
             opened.actions += 1
             opened.last_active = time.monotonic()
-        self.journal.submitted(aid, p.trajectory, p.raw)
+        self.journal.submitted(aid, p.trajectory, p.raw, p.owner)
 
     def _repeat(self, tid: str, aid: str, raw: str) -> ActionOut | None:
         """The stored state when ``aid`` was submitted before with this same body."""
@@ -482,6 +624,36 @@ class Service:
             # trajectory: it never started)
             res = res.model_copy(update={"trajectory": t.trajectory, "status": "cancelled",
                                          "error": CANCELLED})
+        if t is not None and t.copies:
+            self._fork_ended(aid, t, rec, out, res)
+            return
+        self._ended(aid, t, rec, res)
+
+    def _fork_ended(self, aid: str, t: Tracked, rec: Record, out: Outcome,
+                    res: ActionOut) -> None:
+        """A fork action's end: what it made, or (unless ``ok``) its copies closed first -
+        on the loop's next turn, outside the core's callback - and only then the end told
+        (a cancel's answer, the fork's own)."""
+        found = self.forks.get(t.trajectory)
+        if found is not None:
+            found.discard(aid)
+            if not found:
+                del self.forks[t.trajectory]
+        if res.status == "ok":
+            extra = dict(out.extra or {})
+            t.forked = Forked(t.trajectory, t.copies, aid, str(extra.get("method", "")),
+                              int(extra.get("bytes", 0)), rec.start_s - rec.submit_s,
+                              rec.end_s - rec.start_s)
+            self._ended(aid, t, rec, res)
+            return
+
+        def drop() -> None:
+            self._drop_copies(t)
+            self._ended(aid, t, rec, res)
+
+        self.executor.loop.call_soon(drop)
+
+    def _ended(self, aid: str, t: Tracked | None, rec: Record, res: ActionOut) -> None:
         opened = self.opened.get(res.trajectory)
         if opened is not None:
             opened.last_active = time.monotonic()
@@ -512,8 +684,10 @@ class Service:
         return ActionOut(id=aid, trajectory=t.trajectory, status="queued",
                          error=self.executor.why_queued(aid))
 
-    async def wait(self, aid: str, wait_s: float) -> ActionOut:
-        """The action's state, after waiting up to ``wait_s`` for its end (or shutdown)."""
+    async def wait(self, aid: str, wait_s: float, owner: str) -> ActionOut:
+        """The action's state, after waiting up to ``wait_s`` for its end (or shutdown);
+        ``owner``: the name of the request's token (the action must be its)."""
+        self._my_action(aid, owner)
         t = self.tracked.get(aid)
         if t is not None and wait_s > 0 and t.result is None and not self.closing.is_set():
             ended = asyncio.ensure_future(t.done.wait())
@@ -533,15 +707,16 @@ class Service:
             view = view.model_copy(update={"status": "failed", "error": SHUTDOWN})
         return view
 
-    async def events(self, aid: str) -> AsyncIterator[bytes]:
+    async def events(self, aid: str, *, owner: str) -> AsyncIterator[bytes]:
         """Server-sent events: the current state, then the result when it ends."""
+        self._my_action(aid, owner)
         if self.view(aid) is None:
             raise Refused(404, f"unknown action {aid!r}")
 
         async def stream() -> AsyncIterator[bytes]:
             last = None
             while True:
-                view = await self.wait(aid, 0.5 if last is not None else 0)
+                view = await self.wait(aid, 0.5 if last is not None else 0, owner)
                 if view.status != last:
                     last = view.status
                     yield f"event: status\ndata: {view.model_dump_json()}\n\n".encode()

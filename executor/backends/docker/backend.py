@@ -300,6 +300,8 @@ class DockerBackend:
         #: cancels' kills, apart from the actions' threads (all busy with long commands,
         #: they would wait behind them)
         self._killers = ThreadPoolExecutor(max_workers=2, thread_name_prefix="tangram-kill")
+        #: fork actions running -> set to stop them between their steps (a cancel)
+        self._fork_stops: dict[str, threading.Event] = {}
         #: trajectory -> (when, why) its commands were killed for the machine's memory
         self._shed: dict[str, tuple[float, str]] = {}
         self._tasks: set[asyncio.Task] = set()  # actions running on the event loop
@@ -423,21 +425,30 @@ class DockerBackend:
     def fork(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         """Forking (tangram.protocol): copy the source's container into the copies, on a
         worker thread."""
-        self._pool.submit(self._fork, d, on_done, asyncio.get_running_loop())
+        stop = self._fork_stops[d.action.id] = threading.Event()
+        self._pool.submit(self._fork, d, on_done, asyncio.get_running_loop(), stop)
 
     def _fork(self, d: Dispatch, on_done: Callable[[Outcome], None],
-              loop: asyncio.AbstractEventLoop) -> None:
+              loop: asyncio.AbstractEventLoop, stop: threading.Event) -> None:
         try:
-            outcome = fork_containers(self, d)
+            outcome = fork_containers(self, d, stop)
         except Exception as e:  # never leave an action unanswered
             outcome = Outcome(d.action.id, "failed", None, error=f"docker fork: "
                               f"{type(e).__name__}: {e}")
+        finally:
+            self._fork_stops.pop(d.action.id, None)
         loop.call_soon_threadsafe(on_done, outcome)
 
     def cancel(self, action_id: str) -> None:
         """Stop a running action inside its container (its files and the other actions
         stay): its outcome comes once its processes are gone (_end_tree). Asked again while
-        it ends (the service repeats a cancel), another kill pass unless one runs."""
+        it ends (the service repeats a cancel), another kill pass unless one runs. A fork
+        stops before its next step (the step under way, packing or one copy's unpacking,
+        runs to its end first)."""
+        stop = self._fork_stops.get(action_id)
+        if stop is not None:
+            stop.set()
+            return
         running = self._actions.get(action_id)
         if running is None or action_id in self._cancelling:
             return

@@ -40,6 +40,7 @@ import socket
 import struct
 import tarfile
 import tempfile
+import threading
 import time
 from typing import IO, Any
 
@@ -70,9 +71,18 @@ class ForkFailed(Exception):
     """A copy could not be made; the message says which step and why."""
 
 
-def fork_containers(backend: Any, d: Dispatch) -> Outcome:
-    """Copy the source's /work into each copy's container (blocking: a worker thread)."""
+def fork_containers(backend: Any, d: Dispatch, stop: threading.Event | None = None
+                    ) -> Outcome:
+    """Copy the source's /work into each copy's container (blocking: a worker thread).
+    ``stop``: set by a cancel; checked before each step (the pack, each copy's unpack),
+    which is not cut short - the agent resumes the source's processes at the pack's end -
+    so a cancel waits for the step under way and the service closes the copies."""
     t0 = time.perf_counter()
+    stop = stop or threading.Event()
+
+    def stopped() -> Outcome:
+        return Outcome(d.action.id, "cancelled", None, error="fork cancelled")
+
     source = d.action.trajectory
     with backend._lock:
         box = backend._boxes.get(source)
@@ -81,7 +91,13 @@ def fork_containers(backend: Any, d: Dispatch) -> Outcome:
         return Outcome(d.action.id, "failed", None, error=f"fork: the sandbox of {source!r} "
                        "was lost (its container was removed); nothing to copy")
     copies = copies_of(d.action)
-    targets = [backend._sandbox(copy)[0] for copy in copies]
+    targets = []
+    for copy in copies:  # (a container each: made, or taken from the warm pool)
+        if stop.is_set():
+            return stopped()
+        targets.append(backend._sandbox(copy)[0])
+    if stop.is_set():
+        return stopped()
     if box is None:  # the source never held a file: its copies start empty too
         return Outcome(d.action.id, "ok", 0, "", "", 0.0,
                        {"method": "empty", "copies": list(copies), "bytes": 0,
@@ -103,6 +119,8 @@ def fork_containers(backend: Any, d: Dispatch) -> Outcome:
         try:
             size = _pack(backend, box, spool)
             for copy, target in zip(copies, targets, strict=True):
+                if stop.is_set():
+                    return stopped()
                 spool.seek(0)
                 if box.socket and not target.socket:  # (its /tmp entries would land in /work)
                     raise ForkFailed(f"into {copy!r}: its container has no agent to put "

@@ -204,6 +204,9 @@ class ProcessBackend:
         #: running action -> its own cgroup (executor/backends/process/tree.py)
         self._groups: dict[str, ActionGroup] = {}
         self._tasks: set[asyncio.Task] = set()
+        #: fork actions running -> their task: a cancel cancels it, once (run_fork undoes
+        #: what it made; a second cancel would cut that short)
+        self._fork_tasks: dict[str, asyncio.Task] = {}
         #: trajectory -> the random mark its processes carry (this run only)
         self._marks: dict[str, str] = {}
         #: set after the scrub, so it is never scrubbed: a Ray agent passes its marker here
@@ -298,12 +301,17 @@ class ProcessBackend:
         return self._marks[trajectory]
 
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
+        aid = d.action.id
         # starting from now: a move or a cancel that comes before its process exists is
         # kept and carried out once it does (_run)
-        self._starting[d.action.id] = None
+        if d.action.kind != FORK:  # (a fork has no process: it is cancelled as a task)
+            self._starting[aid] = None
         task = asyncio.get_running_loop().create_task(self._guarded(d, on_done))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        if d.action.kind == FORK:
+            self._fork_tasks[aid] = task
+            task.add_done_callback(lambda _: self._fork_tasks.pop(aid, None))
 
     def fork(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         """Forking (tangram.protocol): a fork dispatch, run as any dispatch is (``_guarded``
@@ -546,6 +554,10 @@ class ProcessBackend:
         """Stop a running action: its whole process tree (daemons and ``setsid`` children
         included) is killed, and its outcome comes once all of it is gone (_run). Asked
         again while it ends (the service repeats a cancel): the same, at no extra cost."""
+        fork = self._fork_tasks.pop(action_id, None)
+        if fork is not None:  # stopped where it is; run_fork removes what it staged and
+            fork.cancel()  # thaws the source before the action ends (cancelled)
+            return
         if action_id in self._starting:  # its process is being started: killed once it is
             self._cancelled_starting.add(action_id)
             return

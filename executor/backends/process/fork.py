@@ -25,6 +25,14 @@ The source's own ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (executor/backends/proc
 are copied the same way, by a second ``cp`` as the source's user into the same stage, and
 become the copy's: a copy sees what setup wrote there.
 
+A fork can be cancelled (issue 45 #7: its action's cancel, or its source's close): its
+task is cancelled where it is - the ``cp`` killed, the staged trees removed, the source
+thawed - before the action ends ``cancelled``. A step that changes the file system (a
+stage made, a staged tree settled into a copy's directory, a stage removed) is never cut
+short: the cancel waits for it, so that what it made is known and undone (a settle cut
+short could rename a tree into a copy's directory after its close removed it). The
+service then closes the copies.
+
 Hard links with a copy-on-write by the server before each write were left out: a
 command writes its files itself (``pip``, ``git``, an editor), not through the server,
 so the server could not copy a file before that write. Processes are not copied: the
@@ -181,8 +189,8 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
         try:
             async with backend.freezes.held(source, lambda: backend._pids(source)):
                 for _ in copies:
-                    stage = await asyncio.to_thread(Stage, backend.root, src_uid)
-                    stages.append(stage)
+                    await _whole(lambda: stages.append(Stage(backend.root, src_uid)))
+                    stage = stages[-1]
                     code, out = await _copy(copy_argv(src, reflink), stage.tree, src_uid,
                                             cores)
                     if code == 0:  # its /tmp, /var/tmp, /dev/shm as directories
@@ -199,15 +207,33 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
             return
         size = await asyncio.to_thread(_bytes, stages[0].tree)
         for copy, stage in zip(copies, stages, strict=True):
-            await asyncio.to_thread(stage.settle, backend.workdir(copy), backend._uid(copy),
-                                    backend._scratch, backend._private(copy))
+            await _whole(stage.settle, backend.workdir(copy), backend._uid(copy),
+                         backend._scratch, backend._private(copy))
     finally:
         for stage in stages:
-            await asyncio.to_thread(stage.remove)
+            await _whole(stage.remove)
     fork_s = time.perf_counter() - t0
     on_done(Outcome(d.action.id, "ok", 0, "", "", 0.0,
                     {"method": "reflink" if reflink else "copy", "copies": list(copies),
                      "bytes": size, "fork_s": fork_s, "cores": sorted(cores)}))
+
+
+async def _whole(fn: Callable[..., object], *args: object) -> None:
+    """``fn(*args)`` in a thread, waited for to its end even when the fork is cancelled
+    meanwhile (the cancel is raised then): a step of the file system is never left half
+    known."""
+    work = asyncio.ensure_future(asyncio.to_thread(fn, *args))
+    cancelled = False
+    while not work.done():
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            if work.done() and work.cancelled():
+                raise
+            cancelled = True
+    work.result()  # (its error, if any)
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 async def _copy(argv: list[str], tree: Path, uid: int | None,

@@ -19,7 +19,6 @@ error middleware (an unexpected exception is a 500 as on any route).
 
 from __future__ import annotations
 
-import hmac
 import json
 import re
 from collections.abc import Callable
@@ -30,6 +29,7 @@ from pydantic import ValidationError
 from executor.server.limits import ASGIApp, Message, Receive, Scope, Send, send_json
 from executor.server.schemas import ID_MAX, ID_PATTERN, MAX_TIMEOUT_S, ActionIn, ActionOut
 from executor.server.service import Refused, Service
+from executor.server.tokens import Tokens
 
 _SUBMIT = re.compile(r"/v1/trajectories/([^/]+)/actions")
 _GET = re.compile(r"/v1/actions/([^/]+)")
@@ -43,17 +43,21 @@ _JSON = b"application/json"
 class FastActions:
     """ASGI middleware: submit and wait for well-formed requests; the rest to ``app``.
 
-    ``token``: the bearer token (only ``Bearer <token>`` exactly is taken here; any other
-    header, right or wrong, goes to FastAPI's check). ``on_error``: the app's handler for
-    ``Refused`` and ``ValueError`` (the same response a route would give)."""
+    ``token``: the bearer tokens (only ``Bearer <token>`` exactly is taken here; any other
+    header, right or wrong, goes to FastAPI's check); the request acts as its token's
+    name, the owner FastAPI's routes would see (executor/server/tokens.py).
+    ``on_error``: the app's handler for ``Refused`` and ``ValueError`` (the same response
+    a route would give)."""
 
-    def __init__(self, app: ASGIApp, token: str,
+    def __init__(self, app: ASGIApp, token: str | Tokens,
                  on_error: Callable[[Any, Exception], Any]) -> None:
         self.app = app
+        tokens = Tokens.single(token) if isinstance(token, str) else token
         # only where these bytes are exactly what FastAPI's reading accepts (it decodes the
-        # header as latin-1 and strips the credentials): otherwise every request is FastAPI's
-        plain = token.isascii() and token == token.strip() and token != ""
-        self.auth = b"Bearer " + token.encode() if plain else None
+        # header as latin-1 and strips the credentials): otherwise the token's requests are
+        # FastAPI's
+        self.auth = Tokens({b"Bearer " + t: name for t, name in tokens.names.items()
+                            if _plain(t)})
         self.on_error = on_error
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -80,32 +84,36 @@ class FastActions:
         wait = float(m.group(1))
         return wait if wait <= MAX_TIMEOUT_S else None
 
-    def _authorised(self, scope: Scope, json_body: bool) -> bool:
-        if self.auth is None:
-            return False
+    def _authorised(self, scope: Scope, json_body: bool) -> str | None:
+        """The name of the request's token, or None to leave the request to FastAPI."""
+        if not self.auth:
+            return None
+        who: str | None = None
         auth = typed = False
         for name, value in scope["headers"]:
             if name == b"authorization":
                 if auth:  # two of them: FastAPI's reading decides
-                    return False
-                auth = hmac.compare_digest(value, self.auth)  # as check_token: no timing
+                    return None
+                who = self.auth.who(value)  # as check_token: no timing
+                auth = who is not None
                 if not auth:
-                    return False
+                    return None
             elif json_body and name == b"content-type":
                 if typed:  # two of them: FastAPI reads the first, which may not be JSON
-                    return False
+                    return None
                 typed = value == _JSON
                 if not typed:
-                    return False
-        return auth and (typed or not json_body)
+                    return None
+        return who if auth and (typed or not json_body) else None
 
     async def _get(self, scope: Scope, send: Send, aid: str) -> bool:
         wait = self._wait(scope)
-        if wait is None or not _ok_id(aid) or not self._authorised(scope, json_body=False):
+        who = self._authorised(scope, json_body=False)
+        if wait is None or not _ok_id(aid) or who is None:
             return False
         service: Service = scope["app"].state.service
         try:
-            view = await service.wait(aid, wait)
+            view = await service.wait(aid, wait, who)
         except (Refused, ValueError) as e:
             await self._error(scope, send, e)
             return True
@@ -114,7 +122,8 @@ class FastActions:
 
     async def _submit(self, scope: Scope, receive: Receive, send: Send, tid: str) -> bool:
         wait = self._wait(scope)
-        if wait is None or not _ok_id(tid) or not self._authorised(scope, json_body=True):
+        who = self._authorised(scope, json_body=True)
+        if wait is None or not _ok_id(tid) or who is None:
             return False
         message = await receive()  # BodyLimit hands the body over whole, in one message
         body = message.get("body", b"") if message["type"] == "http.request" else b""
@@ -127,9 +136,9 @@ class FastActions:
             return True
         service: Service = scope["app"].state.service
         try:
-            view, created = await service.submit(tid, action)
+            view, created = await service.submit(tid, action, who)
             if wait > 0 and view.status in ("queued", "running"):
-                view = await service.wait(action.id, wait)
+                view = await service.wait(action.id, wait, who)
         except (Refused, ValueError) as e:
             await self._error(scope, send, e)
             return True
@@ -139,6 +148,10 @@ class FastActions:
     async def _error(self, scope: Scope, send: Send, e: Exception) -> None:
         response = await self.on_error(None, e)
         await response(scope, _no_body, send)
+
+
+def _plain(token: bytes) -> bool:
+    return token.isascii() and token == token.strip() and token != b""
 
 
 def _ok_id(value: str) -> bool:

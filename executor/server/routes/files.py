@@ -5,7 +5,7 @@
 
 ``path`` is relative to the sandbox's working directory (where commands run);
 see executor/files.py for how it is confined. The server registers this router
-behind its bearer-token check.
+behind its bearer-token check; only the trajectory's own token reaches its files.
 """
 
 from __future__ import annotations
@@ -27,8 +27,10 @@ router = APIRouter(prefix="/v1/trajectories/{tid}/files", tags=["files"])
 
 
 def _backend(request: Request, tid: str) -> Any:
-    executor = request.app.state.service.executor
-    if not executor.has_trajectory(tid):
+    service = request.app.state.service
+    executor = service.executor
+    # another token's trajectory is answered as an unknown one (executor/server/tokens.py)
+    if not executor.has_trajectory(tid) or not service.owns(tid, request.state.owner):
         raise HTTPException(404, f"unknown trajectory {tid!r}")
     backend = executor.backend
     if not isinstance(backend, FileHolding):

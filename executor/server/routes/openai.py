@@ -40,7 +40,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Depends, HTTPException
 from pydantic import BaseModel, ConfigDict, Field
 
-from executor.server.routes.deps import service
+from executor.server.routes.deps import owner, service
 from executor.server.routes.gpus import gpu_backend
 from executor.server.schemas import MIN_TIMEOUT_S, ActionIn, Name, TrajectoryIn
 from executor.server.service import Refused, Service
@@ -48,6 +48,7 @@ from tangram.protocol import Snapshot
 
 router = APIRouter()
 Svc = Annotated[Service, Depends(service)]
+Owner = Annotated[str, Depends(owner)]
 #: the longest a request waits for its GPU action (queue + run)
 WAIT_S = 600.0
 Tokens = list[Annotated[int, Field(ge=0, le=2**31)]]
@@ -128,20 +129,21 @@ def _admit(s: Service, model: str, timeout_s: float) -> None:
                              f"{retry} s", headers={"Retry-After": str(retry)})
 
 
-async def _gpu_action(s: Service, model: str, kind: str, inputs: dict[str, Any],
+async def _gpu_action(s: Service, who: str, model: str, kind: str, inputs: dict[str, Any],
                       timeout_s: float | None) -> Any:
-    """One GPU action in a trajectory of its own, closed when it ends."""
+    """One GPU action in a trajectory of its own (``who``'s: its token's), closed when it
+    ends."""
     wait_s = timeout_s or WAIT_S
     _admit(s, model, wait_s)
-    tid = s.open_trajectory(TrajectoryIn(task=model))["id"]
+    tid = s.open_trajectory(TrajectoryIn(task=model), owner=who)["id"]
     aid = f"{kind}-{secrets.token_hex(8)}"
     try:
         await s.submit(tid, ActionIn(id=aid, kind=kind, service=model, gpus="1",
-                                     inputs=inputs, timeout_s=wait_s))
-        out = await s.wait(aid, wait_s)
+                                     inputs=inputs, timeout_s=wait_s), who)
+        out = await s.wait(aid, wait_s, who)
     finally:
         try:  # an action still in flight (a timeout, a client gone) is cancelled
-            await s.close_trajectory(tid)
+            await s.close_trajectory(tid, owner=who)
         except Refused:  # shutting down: the server fails it
             pass
     if out.status != "ok":
@@ -152,7 +154,7 @@ async def _gpu_action(s: Service, model: str, kind: str, inputs: dict[str, Any],
 
 
 @router.post("/v1/completions")
-async def completions(body: CompletionIn, s: Svc) -> dict[str, Any]:
+async def completions(body: CompletionIn, s: Svc, who: Owner) -> dict[str, Any]:
     """Prompt log-probs of a teacher (vLLM's completion shape with ``prompt_logprobs``)."""
     rows = _rows(body.prompt, "prompt", 2)
     if body.max_tokens is not None and body.max_tokens > 1:
@@ -160,7 +162,7 @@ async def completions(body: CompletionIn, s: Svc) -> dict[str, Any]:
     if body.prompt_logprobs is not None and body.prompt_logprobs > 0:
         raise Refused(422, "prompt_logprobs: 0 (each prompt token's own log-prob) or null; "
                            "top-k is not served")
-    res = await _gpu_action(s, body.model, "teacher_logprob", {"op": "logprobs", "tokens": rows},
+    res = await _gpu_action(s, who, body.model, "teacher_logprob", {"op": "logprobs", "tokens": rows},
                             body.timeout_s)
     choices = []
     for i, (row, lps) in enumerate(zip(rows, res["logprobs"], strict=True)):
@@ -178,10 +180,10 @@ async def completions(body: CompletionIn, s: Svc) -> dict[str, Any]:
 
 
 @router.post("/classify")
-async def classify(body: ClassifyIn, s: Svc) -> dict[str, Any]:
+async def classify(body: ClassifyIn, s: Svc, who: Owner) -> dict[str, Any]:
     """A reward model's score per sequence (vLLM's classify shape)."""
     rows = _rows(body.input, "input", 1)
-    res = await _gpu_action(s, body.model, "reward_judge",
+    res = await _gpu_action(s, who, body.model, "reward_judge",
                             {"op": "score", "tokens": rows, "yes_token": body.yes_token},
                             body.timeout_s)
     return {"id": f"classify-{secrets.token_hex(12)}", "object": "list",
