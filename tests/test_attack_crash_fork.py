@@ -26,6 +26,7 @@ import pytest
 from conftest import TOKEN, start_server
 
 from executor.backends.process.backend import dir_name
+from executor.backends.process.scratch import AREA
 
 H = {"Authorization": f"Bearer {TOKEN}"}
 KILLS = int(os.environ.get("CRASH_KILLS", "3"))
@@ -66,12 +67,15 @@ def _loop(url: str, prefixes: list[str], stop: threading.Event, r: int) -> None:
 
 def _check_work_root(c: httpx.Client, work: Path) -> dict[str, int]:
     """Every entry of the work root is an open trajectory's directory, each its own uid,
-    every file below owned by it; the open trajectories' uids."""
+    every file below owned by it, and the private /tmp area (scratch.AREA) holds the open
+    trajectories' only; the open trajectories' uids."""
     open_ids = {t["id"] for t in c.get("/v1/trajectories").json()["trajectories"]}
     names = {dir_name(t): t for t in open_ids}
-    entries = set(os.listdir(work))
+    entries = set(os.listdir(work)) - {AREA}
     assert entries == set(names), (f"work root holds {sorted(entries - set(names))} no open "
                                    f"trajectory has; missing {sorted(set(names) - entries)}")
+    private = set(os.listdir(work / AREA)) if (work / AREA).is_dir() else set()
+    assert private <= set(names), f"private /tmp of {sorted(private - set(names))} left"
     owners: dict[str, int] = {}
     for name, tid in names.items():
         top = work / name
