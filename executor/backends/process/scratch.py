@@ -24,7 +24,10 @@ A work root below one of the three (a state directory under ``/tmp``): the mount
 would hide the work directories, the commands' own ``$HOME`` and cwd. So the work root is
 bind-mounted first into a root-owned skeleton of its path inside the trajectory's
 directory for that place (``P/tmp/<path of the work root below /tmp>``), and that
-directory is mounted recursively: the work root stays where it was.
+directory is mounted recursively: the work root stays where it was. So are the programs
+the server gives its commands (``KEPT``: its Python's prefix and base prefix, a venv, and
+this checkout, whose modules ``python -m executor.bench.burn`` and the like import): a
+clone under ``/tmp`` whose venv is there too runs its commands as from anywhere else.
 
 Cost (measured 2026-12-06 on this kind of machine, load ~6 on 2 cores; ``unshare`` and
 one ``mount`` exec per command): through ``tangram serve`` (``python -m
@@ -55,6 +58,7 @@ import os
 import secrets
 import stat
 import subprocess
+import sys
 from pathlib import Path
 
 from executor.backends.process.cage import MOUNT_BIN, UNSHARE_BIN
@@ -64,6 +68,10 @@ log = logging.getLogger("tangram.process")
 
 #: the sandbox's directories in ``P`` and where its commands see them
 PLACES = (("tmp", "/tmp"), ("var-tmp", "/var/tmp"), ("shm", "/dev/shm"))
+#: what commands run from, kept visible in a private place that holds it: the server's
+#: Python (its venv's prefix and the interpreter's own) and this checkout (its modules)
+KEPT = tuple(Path(p) for p in dict.fromkeys(
+    (sys.prefix, sys.base_prefix, str(Path(__file__).resolve().parents[3]))))
 #: the area of the work root that holds every trajectory's ``P`` (a space: never the name
 #: of a work directory, executor/backends/process/backend.py ``dir_name``)
 AREA = " private"
@@ -71,6 +79,15 @@ AREA = " private"
 CLOSING = " closing "
 FSTAB = "fstab"
 STICKY_ALL = 0o1777
+
+
+def _outermost(paths: list[Path]) -> list[Path]:
+    """``paths`` resolved, less those inside another of them (mounted with it)."""
+    out: list[Path] = []
+    for p in sorted({q.resolve() for q in paths}, key=lambda q: len(q.parts)):
+        if not any(p.is_relative_to(o) for o in out):
+            out.append(p)
+    return out
 
 
 def _fstab_escape(path: str) -> str:
@@ -93,20 +110,23 @@ class Scratches:
         if users and not self.mounts:
             log.warning("no `unshare`/`mount` here: sandboxes get a /tmp of their own through "
                         "TMPDIR only; a fixed /tmp path is shared by every sandbox")
-        #: the place that holds the work root (its name in ``P``, the work root's path
-        #: below it), if one does: the work root is mounted back there (see the docstring)
-        self.holder: tuple[str, Path] | None = None
-        for name, place in PLACES:
-            try:
-                below = root.relative_to(Path(place).resolve())
-            except ValueError:
-                continue
-            self.holder = (name, below)
-            break
-        if self.mounts and self.holder is not None and not self.holder[1].parts:
-            log.warning("the work root is %s itself: sandboxes get a %s of their own through "
-                        "TMPDIR only", root, root)
-            self.mounts = False
+        #: what a place holds that commands must still see, mounted back into it (see the
+        #: docstring): (its place's name in ``P``, its path below the place, the path)
+        self.kept: list[tuple[str, Path, Path]] = []
+        for path in _outermost([root, *KEPT]):
+            for name, place in PLACES:
+                try:
+                    below = path.relative_to(Path(place).resolve())
+                except ValueError:
+                    continue
+                if not below.parts:
+                    if self.mounts:
+                        log.warning("%s is %s itself: sandboxes get a %s of their own through "
+                                    "TMPDIR only", path, place, place)
+                    self.mounts = False
+                else:
+                    self.kept.append((name, below, path))
+                break
         for stale in self.area.glob(f"{CLOSING}*"):  # a server killed before it removed them
             remove_tree(stale)
 
@@ -145,8 +165,9 @@ class Scratches:
             if uid is not None:
                 os.chown(d, 0, 0, follow_symlinks=False)
             d.chmod(STICKY_ALL if uid is not None else 0o700)
-        if self.holder is not None and self.mounts:
-            self._skeleton(p / self.holder[0], self.holder[1])
+        if self.mounts:
+            for sub, below, _ in self.kept:
+                self._skeleton(p / sub, below)
         if self.mounts:
             self._write_fstab(p)
 
@@ -177,10 +198,11 @@ class Scratches:
         last = []
         for sub, place in PLACES:
             src = _fstab_escape(str(p / sub))
-            if self.holder is not None and sub == self.holder[0]:
-                inner = p / sub / self.holder[1]
-                last = [f"{_fstab_escape(str(self.root))} {_fstab_escape(str(inner))} none "
-                        "bind 0 0", f"{src} {place} none rbind 0 0"]
+            kept = [(below, path) for name, below, path in self.kept if name == sub]
+            if kept:
+                last += [f"{_fstab_escape(str(path))} {_fstab_escape(str(p / sub / below))} "
+                         "none bind 0 0" for below, path in kept]
+                last.append(f"{src} {place} none rbind 0 0")
             else:
                 lines.append(f"{src} {place} none bind 0 0")
         tab = p / FSTAB
@@ -212,11 +234,10 @@ class Scratches:
             new = staged / sub
             if not new.is_dir():
                 continue
-            if self.holder is not None and sub == self.holder[0]:
+            for name, below, _ in self.kept:
                 # the source's skeleton, copied as its user: never the copy's (root's only)
-                first = self.holder[1].parts[0] if self.holder[1].parts else None
-                if first is not None and os.path.lexists(new / first):
-                    remove_tree(new / first)
+                if name == sub and os.path.lexists(new / below.parts[0]):
+                    remove_tree(new / below.parts[0])
             remove_tree(p / sub)
             os.rename(new, p / sub)
         self._fix(p, uid)
