@@ -5,6 +5,8 @@ cleaned up at close, and the copies' memory counted like any trajectory's."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 import time
 
 import pytest
@@ -237,3 +239,35 @@ def test_docker_copies_run_in_their_sources_image(docker_server):
             assert box.attrs["Config"]["Image"] == image, (t, box.attrs["Config"]["Image"])
         for t in [src, *ids]:
             c.close_trajectory(t)
+
+
+def test_a_fork_that_would_fill_the_disk_is_refused(tmp_path):
+    """The process backend copies every byte (no reflink on tmpfs): on a 64 MiB work root
+    a 20 MiB sandbox forks once, and three more copies - 60 MiB, more than is free - are
+    refused before anything is copied, naming the sizes; the server serves on and the
+    disk holds only what it held."""
+    state = tmp_path / "small"
+    state.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(state)], check=True)
+    server = None
+    try:
+        server = start_server(state, "process")
+        with TangramSyncClient(server.url, TOKEN, timeout_s=120) as c:
+            src = c.open_trajectory("disk-src", mem_gb=0.1)
+            res = c.run(src, command="head -c 20M /dev/urandom > blob", shell=True)
+            assert res["exit_code"] == 0, res
+            one = c.fork(src, 1, prefix="disk-one")
+            assert one["method"] == "copy" and one["bytes"] >= 20 << 20, one
+            used = shutil.disk_usage(state).used
+            with pytest.raises(TangramError) as e:
+                c.fork(src, 3, prefix="disk-three")
+            assert "need 0.06 GiB" in str(e.value) and "free" in str(e.value), e.value
+            assert shutil.disk_usage(state).used <= used + (1 << 20)  # nothing copied
+            res = c.run(one["ids"][0], command="wc -c < blob", shell=True)
+            assert res["output"].strip() == str(20 << 20), res
+            open_ = {t["id"] for t in c.trajectories()}
+            assert open_ == {src, *one["ids"]}, open_  # the refused copies were closed
+    finally:
+        if server is not None:
+            server.stop()
+        subprocess.run(["umount", "-l", str(state)], check=False)

@@ -25,6 +25,14 @@ The source's own ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (executor/backends/proc
 are copied the same way, by a second ``cp`` as the source's user into the same stage, and
 become the copy's: a copy sees what setup wrote there.
 
+Disk: a copy by ``cp`` (not a reflink) costs the source's bytes again, per copy, on the work
+root's file system, which the process backend does not divide among sandboxes (it has no
+per-sandbox disk limit: docker's ``disk_gb`` bounds a copy's ``/work`` there). So the
+source's bytes are counted while it is frozen, before anything is copied, and a fork whose
+copies would leave less than ``RESERVE_BYTES`` free on that file system (1 GiB; a twentieth
+of a smaller one) is refused (the action ``failed``, naming the sizes) instead of filling
+the host's disk part way.
+
 A fork can be cancelled (issue 45 #7: its action's cancel, or its source's close): its
 task is cancelled where it is - the ``cp`` killed, the staged trees removed, the source
 thawed - before the action ends ``cancelled``. A step that changes the file system (a
@@ -49,7 +57,7 @@ import secrets
 import subprocess
 import tempfile
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -64,6 +72,9 @@ from tangram.model import Dispatch, Outcome
 _REFLINK: dict[int, bool] = {}
 #: a staging directory's name in the work root (a space: never a trajectory's name)
 STAGE_PREFIX = " forking "
+#: what a fork by copy leaves free on the work root's file system at least (for the
+#: server's journal and the sandboxes' own writes)
+RESERVE_BYTES = 1 << 30
 
 
 class Forkable(Protocol):
@@ -188,6 +199,15 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
     try:
         try:
             async with backend.freezes.held(source, lambda: backend._pids(source)):
+                if not reflink:  # (its processes frozen: the size holds while it is copied)
+                    need = len(copies) * sum([await asyncio.to_thread(_allocated, p)
+                                                for p in (src, *places)])
+                    short = no_room(backend.root, need)
+                    if short:
+                        on_done(Outcome(d.action.id, "failed", None,
+                                        error=f"fork: {len(copies)} copies of {source!r} "
+                                              f"{short}"))
+                        return
                 for _ in copies:
                     await _whole(lambda: stages.append(Stage(backend.root, src_uid)))
                     stage = stages[-1]
@@ -263,10 +283,34 @@ async def _copy(argv: list[str], tree: Path, uid: int | None,
     return proc.returncode or 0, out.decode(errors="replace")[-4000:]
 
 
+def no_room(root: Path, need: int) -> str | None:
+    """Why ``need`` more bytes on ``root``'s file system would leave less than its reserve
+    free: ``RESERVE_BYTES``, or a twentieth of a smaller file system (None: they fit)."""
+    st = os.statvfs(root)
+    free = st.f_bavail * st.f_frsize
+    reserve = min(RESERVE_BYTES, st.f_blocks * st.f_frsize // 20)
+    if free - need >= reserve:
+        return None
+    return (f"need {need / 2**30:.2f} GiB and {root} has {free / 2**30:.2f} GiB free, less "
+            f"{reserve / 2**30:.2f} GiB kept for the server (the process backend copies "
+            f"every byte on this file system; fewer copies, a smaller sandbox, or a work "
+            f"root on a file system with reflinks: btrfs, XFS)")
+
+
 def _bytes(path: Path) -> int:
-    """Bytes of the regular files under ``path`` (the staged copy: no sandbox reaches it);
-    a walk by a stack, not by recursion (a tree thousands of levels deep)."""
-    total = 0
+    """Bytes of the regular files under ``path`` (what a fork reports)."""
+    return sum(st.st_size for st in _files(path))
+
+
+def _allocated(path: Path) -> int:
+    """Bytes the regular files under ``path`` occupy on disk (a sparse file counts what
+    it holds: ``cp`` copies it sparse)."""
+    return sum(st.st_blocks * 512 for st in _files(path))
+
+
+def _files(path: Path) -> Iterator[os.stat_result]:
+    """The stats of the regular files under ``path``, links not followed; a walk by a
+    stack, not by recursion (a tree thousands of levels deep)."""
     stack = [str(path)]
     while stack:
         try:
@@ -278,7 +322,6 @@ def _bytes(path: Path) -> int:
                 if e.is_dir(follow_symlinks=False):
                     stack.append(e.path)
                 elif e.is_file(follow_symlinks=False):
-                    total += e.stat(follow_symlinks=False).st_size
+                    yield e.stat(follow_symlinks=False)
             except OSError:
                 continue
-    return total
