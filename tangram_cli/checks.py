@@ -115,6 +115,47 @@ def reward_probe(command: str) -> str | None:
     return script
 
 
+def reward_image_problem(command: str, image: str) -> str | None:
+    """Why ``command``'s program cannot run in docker ``image`` as the docker backend
+    runs it (the default image on the host's ``/usr`` with the image's environment; a
+    task's image on its own), or None. The image is built first when it is the default
+    one and missing (the backend would build it at its start anyway)."""
+    script = reward_probe(command)
+    if script is None:
+        return f"--reward-command: cannot split {command!r}"
+    import docker
+
+    from executor.backends.docker.backend import HOST_MOUNTS, HOST_ROOTFS, IMAGE, ensure_image
+
+    try:
+        client = docker.from_env()
+        try:
+            ensure_image(client, image)
+            labels = client.api.inspect_image(image).get("Config", {}).get("Labels") or {}
+            host = image == IMAGE or labels.get(HOST_ROOTFS) == "host"
+            mounts = {p: {"bind": p, "mode": "ro"} for p in HOST_MOUNTS if os.path.exists(p)}
+            box = client.containers.run(
+                image, ["/bin/sh", "-c", script], detach=True, network_mode="none",
+                volumes=mounts if host else {},
+                environment={"HOME": "/tmp", "PATH": "/usr/bin:/bin"} if host else {})
+            try:
+                code = box.wait(timeout=120).get("StatusCode")
+                said = box.logs().decode(errors="replace").strip().splitlines()
+            finally:
+                box.remove(force=True)
+        finally:
+            client.close()
+    except (docker.errors.DockerException, ValueError, OSError) as e:
+        return f"the reward command {command!r} could not be checked in {image!r}: {e}"
+    if code == 0:
+        return None
+    return (f"the reward command {command!r} cannot run in the docker image {image!r}: "
+            f"{said[-1] if said else f'exit code {code}'}; every rollout's reward on it "
+            "would be reward_status 'error'. Build an image that has it (`tangram image "
+            "build` adds pytest and pytest-xdist to the default one), or name your "
+            "reward's program with --reward-command ('' skips this check)")
+
+
 def reward_command_problem(command: str, uid: int = NOBODY) -> str | None:
     """Why ``command``'s program cannot run in the process backend's default sandbox
     (this machine, with the backend's environment; as a sandbox user when root), or None.

@@ -26,7 +26,12 @@ from executor.server.journal import Journal, JournalError, reset
 from executor.server.limits import READ_TIMEOUT_S
 from executor.server.tokens import Tokens, TokensError, read_tokens_file, tokens_of
 from tangram.cpu.admission import LIVE, MemoryAdmission
-from tangram_cli.checks import REWARD_COMMAND, reward_command_problem, sandbox_reach_problem
+from tangram_cli.checks import (
+    REWARD_COMMAND,
+    reward_command_problem,
+    reward_image_problem,
+    sandbox_reach_problem,
+)
 from tangram_cli.common import command_app, err, fail, settle
 from tangram_cli.options import (
     RAY_HELP,
@@ -103,7 +108,8 @@ def serve(
     reward_command: Annotated[str, typer.Option(
         help="The reward command your rollouts run (e.g. the verl tool config's reward."
              "command): at start, a warning names its program (or its `-m` module) if the "
-             "default sandbox lacks it. '' skips the check.")] = REWARD_COMMAND,
+             "default sandbox lacks it (docker: the default image and each --image). '' "
+             "skips the check.")] = REWARD_COMMAND,
     reset_state: Annotated[bool, typer.Option(
         help="Start with an empty journal: the one in --state-dir (its actions and open "
              "trajectories) is moved aside as journal.sqlite.reset-<time>, not deleted. For a "
@@ -165,10 +171,17 @@ def serve(
             problem = sandbox_reach_problem()
             if problem:
                 fail(problem)
-        # a reward that cannot run scores every rollout 0 (docker images: their own check)
-        if reward_command and backend == "process" and not ray:
-            missing = reward_command_problem(reward_command)
-            if missing:
+        # a reward that cannot run scores every rollout 0: checked where it will run (the
+        # process backend: this machine; docker: the default image and each task's)
+        if reward_command and not ray:
+            if backend == "process":
+                said = [reward_command_problem(reward_command)]
+            else:
+                from executor.backends.docker.backend import IMAGE
+
+                said = [reward_image_problem(reward_command, im)
+                        for im in dict.fromkeys([IMAGE, *images.values()])]
+            for missing in filter(None, said):
                 err.print(f"[bold yellow]warning:[/] {escape(missing)}", highlight=False,
                           soft_wrap=True)
         check_journal(state_dir / "journal.sqlite", reset_state)

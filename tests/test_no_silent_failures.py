@@ -430,6 +430,21 @@ def test_serve_warns_when_the_reward_commands_program_is_missing(tmp_path):
     assert "warning:" not in ok.log.read_text()
 
 
+def test_docker_serve_checks_the_reward_command_in_its_images(tmp_path):
+    """Docker: the check runs in the sandbox image itself (the default one, on the host's
+    /usr with the image's PYTHONPATH): a program it has, no warning; a module it lacks is
+    named (the default image has pytest only when `tangram image build` made it)."""
+    ok = start_server(tmp_path / "ok", "docker", extra_args=("--reward-command", "sh -c true"))
+    ok.stop()
+    assert "warning:" not in ok.log.read_text(), ok.log.read_text()
+    bad = start_server(tmp_path / "bad", "docker", extra_args=(
+        "--reward-command", "python3 -m no_such_module_xyz tests"))
+    said = bad.log.read_text()
+    bad.stop()
+    assert "warning:" in said and "no module 'no_such_module_xyz'" in said, said
+    assert "docker image 'tangram-sandbox:1'" in said, said
+
+
 def test_a_transient_failure_is_retried_and_logged_a_wrong_token_is_not(caplog):
     """call_retrying against a real HTTP server on 127.0.0.1 that answers 503 once."""
     import http.server
