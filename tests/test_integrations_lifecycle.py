@@ -384,3 +384,114 @@ def test_readme_group_configs_load_and_fork(process_server, tmp_path, monkeypatc
     assert out.returncode == 0 and out.stdout.split() == ["prepared"] * 8, \
         out.stdout + out.stderr
     assert asyncio.run(open_of(process_server.url, "coding")) == []
+
+
+# -- issue 47 #1 through the frameworks: docker copies run in their source's image --------
+PROBE = ('python3 -c "import imgmod; print(imgmod.NAME)" && echo "$PYTHONPATH" '
+         '&& cat state.txt')
+
+
+def _task_image() -> str:
+    """An image with a module and an ``ENV PYTHONPATH`` of its own (the default image
+    has neither): a copy run in the default image cannot import it."""
+    import docker
+
+    from executor.backends.docker.backend import build_image
+
+    return build_image(docker.from_env(), "tangram-test-group-image:1",
+                       files={"/opt/imgmod/imgmod.py": b"NAME = 'only-in-the-image'\n"},
+                       env={"PYTHONPATH": "/opt/imgmod"})
+
+
+def _in_image(image: str, ids: list[str]) -> None:
+    """Every one of ``ids`` has its container on ``image`` (as an operator sees it)."""
+    from conftest import sandbox_containers
+
+    for t in ids:
+        (box,) = sandbox_containers(t, all=False)
+        assert box.attrs["Config"]["Image"] == image, (t, box.attrs["Config"]["Image"])
+
+
+def test_docker_groups_run_in_the_tasks_image_through_verl_gym_and_skyrl(docker_server,
+                                                                         tmp_path,
+                                                                         monkeypatch):
+    """verl's group_setup (its loader, _call_tool, its reward manager), gymnasium's
+    ``reset(options={"fork_of": ...})`` and SkyRL's groups, on the docker backend with a
+    task image: every copy runs in that image with its PYTHONPATH and imports its module,
+    in the rollout and in the reward."""
+    import gymnasium
+    import skyrl_gym
+
+    import tangram.integrations.gym  # noqa: F401
+    import tangram.integrations.skyrl  # noqa: F401
+
+    image = _task_image()
+    url = docker_server.url
+    monkeypatch.setenv("TANGRAM_URL", url)
+    monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
+    expect = ["only-in-the-image", "/opt/imgmod", "prepared"]
+    reward = 'python3 -c "import imgmod" && test "$(cat state.txt)" = prepared'
+    setup = {"command": "echo prepared > state.txt", "group_size": 4}
+
+    async def verl_flow() -> list[dict]:
+        path = tmp_path / "img.yaml"
+        path.write_text(json.dumps({"tools": [{
+            "class_name": "tangram.integrations.verl.TangramTool",
+            "config": {"type": "native", "base_url": url, "token": TOKEN,
+                       "task": "verl-img", "image": image, "group_setup": setup,
+                       "reward": {"command": reward}}}]}))
+        tool = tool_registry.initialize_tools_from_config(str(path))[0]
+        rollouts = []
+        for g in range(2):
+            for i in range(4):
+                a = AgentData(f"img-{g}-{i}")
+                a.tools_kwargs = {tool.name: {"create_kwargs": {"group": f"img-{g}"}}}
+                rollouts.append(a)
+        outs = await asyncio.gather(*(call(tool, PROBE, a) for a in rollouts))
+        for resp, _, _metrics in outs:
+            assert resp.text.split()[:3] == expect, resp.text
+        opened = [t["id"] for t in await open_of(url, "verl-img")]
+        _in_image(image, opened)
+        compute_score = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+        return list(await asyncio.gather(*(score(compute_score, a) for a in rollouts)))
+
+    scores = asyncio.run(verl_flow())
+    assert [(s["reward_status"], s["reward_score"]) for s in scores] == [("ok", 1.0)] * 8, \
+        scores
+
+    def make():
+        return gymnasium.make("tangram/Shell-v0", base_url=url, token=TOKEN,
+                              task="gym-img", image=image)
+
+    lead, other = make(), make()
+    try:
+        lead.reset()
+        obs, *_ = lead.step("echo prepared > state.txt && echo done")
+        assert "done" in obs, obs
+        other.reset(options={"fork_of": lead.unwrapped.trajectory})
+        obs, *_ = other.step(PROBE)
+        assert obs.split()[:3] == expect, obs
+        _in_image(image, [other.unwrapped.trajectory])
+    finally:
+        lead.close()
+        other.close()
+
+    def episode(i: int) -> float:
+        env = skyrl_gym.make("tangram-shell", env_config={
+            "base_url": url, "token": TOKEN, "task": "skyrl-img", "image": image,
+            "group_setup": setup, "reward": {"command": reward}},
+            extras={"group": "img-0", "max_turns": 3})
+        try:
+            env.init([{"role": "user", "content": "go"}])
+            out = env.step(f"<bash>{PROBE}</bash>")
+            assert out["observations"][0]["content"].split()[:3] == expect, out
+            out = env.step("<submit/>")
+            assert out["done"] and out["metadata"]["infra_error"] is False, out
+            return out["reward"]
+        finally:
+            env.close()
+
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        assert list(pool.map(episode, range(4))) == [1.0] * 4
+    for task in ("verl-img", "skyrl-img"):
+        assert asyncio.run(open_of(url, task)) == [], task
