@@ -26,7 +26,9 @@ from types import MappingProxyType
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.cpu.admission import RESERVE, MemoryAdmission
 from tangram.cpu.binding import Binding
+from tangram.cpu.views import busy_fraction, cpu_views
 from tangram.estimates import Estimates, command_of
+from tangram.gpu.views import gpu_views
 from tangram.model import (
     NONE,
     Action,
@@ -47,10 +49,8 @@ from tangram.protocol import (
     Cancelled,
     Close,
     Command,
-    CpuNodeView,
     Effect,
     Finish,
-    GpuNodeView,
     MemoryObserved,
     NodeJoined,
     NodeLost,
@@ -217,8 +217,7 @@ class Tangram:
 
     def busy_fraction(self, node: str) -> float:
         """Fraction of ``node``'s cores held exclusively (what a light-lane action shares)."""
-        spec = self._cpu.nodes.get(node)
-        return self._cpu.in_use(node) / spec.spec.cores if spec and spec.spec.cores else 0.0
+        return busy_fraction(self._cpu, node)
 
     def snapshot(self, detail: bool = True) -> Snapshot:
         """A frozen copy of the core's state for readers (status page, service, sampler,
@@ -241,8 +240,8 @@ class Tangram:
                 t: TrajectoryView(s.task, self._cpu.node_of(t), s.in_flight)
                 for t, s in self._trajectories.items()}),
             running=MappingProxyType({aid: p.dispatch for aid, p in self._running.items()}),
-            queues=self._queue_views(), cpu_nodes=self._cpu_views(),
-            gpu_nodes=self._gpu_views(), quotas=self._quota_views(),
+            queues=self._queue_views(), cpu_nodes=cpu_views(self._cpu, self._pools.values()),
+            gpu_nodes=gpu_views(gpu), quotas=self._quota_views(),
             service_gb=MappingProxyType({n: s.size_gb for n, s in gpu.services.items()}))
 
     def _queue_views(self) -> tuple[QueueView, ...]:
@@ -255,28 +254,6 @@ class Tangram:
             if pool.lane is not None:  # a CPU node's light actions wait apart
                 out.append(QueueView(f"{name} light", "light lane", waiting(pool.lane.light)))
         return tuple(out)
-
-    def _cpu_views(self) -> tuple[CpuNodeView, ...]:
-        slots = {p.name.removeprefix("cpu:"): p.lane.lane_slots for p in self._pools.values()
-                 if p.lane is not None}
-        pods: dict[str, dict[int, str]] = {}
-        for trajectory, lease in self._cpu.held_between_actions().items():
-            for c in lease.cores:
-                pods.setdefault(lease.node, {})[c] = trajectory
-        return tuple(
-            CpuNodeView(name, node.spec.cores, node.spec.numa, node.domain_size,
-                        node.spec.mem_gb, node.mem_reserved,
-                        frozenset(c for dom in node.domains for c in dom),
-                        MappingProxyType(pods.get(name, {})), slots.get(name, 0))
-            for name, node in self._cpu.nodes.items())
-
-    def _gpu_views(self) -> tuple[GpuNodeView, ...]:
-        return tuple(
-            GpuNodeView(name, node.spec.gpus, node.spec.gpu_mem_gb,
-                        tuple(sorted((start, size) for size, starts in node.free.items()
-                                     for start in starts)),
-                        tuple(node.resident), tuple(node.mem_used), node.down)
-            for name, node in self._gpu.nodes.items())
 
     def _quota_views(self) -> tuple[QuotaView, ...]:
         used = self._quota.snapshot()
