@@ -10,26 +10,17 @@ from __future__ import annotations
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from operator import attrgetter
-from typing import Protocol
 
 from tangram.cluster import CpuNodeSpec
 from tangram.cpu.limits import NodeLimits
 from tangram.cpu.manager import CpuManager
 from tangram.model import Action, Pending
+from tangram.parts import EnvStart
 from tangram.pool import PoolPoints, by_pool
 from tangram.protocol import Effect, Reclaim, Shed
 from tangram.trajectory import TrajectoryState
 
 _TRAJECTORY = attrgetter("trajectory")
-
-
-class EnvStart(Protocol):
-    """When a trajectory's environment starts (tangram/policies.py ``AtFirstAction``,
-    ``AtOpen``)."""
-
-    reclaimable: bool
-
-    def opened(self, trajectory: str, request: Callable[[str], None]) -> None: ...
 
 
 class Binding:
