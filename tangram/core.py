@@ -17,16 +17,18 @@ completions lives in :class:`tangram.estimates.Estimates`.
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from itertools import repeat
 from operator import attrgetter
 from types import MappingProxyType
 
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
 from tangram.cpu.admission import RESERVE, MemoryAdmission
+from tangram.cpu.binding import Binding
+from tangram.cpu.views import busy_fraction, cpu_views
 from tangram.estimates import Estimates, command_of
+from tangram.gpu.views import gpu_views
 from tangram.model import (
     NONE,
     Action,
@@ -40,19 +42,16 @@ from tangram.model import (
     counted,
 )
 from tangram.policies import Policy
-from tangram.pool import LightLane, PoolPoints
+from tangram.pool import Books, LightLane, PoolPoints, by_pool
 from tangram.protocol import (
     Attach,
     Cancel,
     Cancelled,
     Close,
     Command,
-    CpuNodeView,
     Effect,
     Finish,
-    GpuNodeView,
     MemoryObserved,
-    Moved,
     NodeJoined,
     NodeLost,
     Open,
@@ -61,8 +60,6 @@ from tangram.protocol import (
     PreRestore,
     QueueView,
     QuotaView,
-    Reclaim,
-    Shed,
     Snapshot,
     Stop,
     Submit,
@@ -70,14 +67,12 @@ from tangram.protocol import (
     Waiting,
     WorkerLost,
 )
+from tangram.trajectory import TrajectoryState
 
 #: resources that are never counted (tangram.model.counted): the common case, decided
 #: without a string test per submission
 _UNCOUNTED = frozenset({"cpu", "gpu", "mem_gb", "gpu_mem_gb"})
 _ID, _TRAJECTORY = attrgetter("id"), attrgetter("trajectory")
-#: a lane action overstays at its start + the lane's hold; a timer set for that instant
-#: may fire a rounding error before it (now + (at - now) != at in floating point)
-_TICK = 1e-9
 
 
 def _quotas(cost: Mapping[str, Demand]) -> Mapping[str, float]:
@@ -87,44 +82,6 @@ def _quotas(cost: Mapping[str, Demand]) -> Mapping[str, float]:
         if res not in _UNCOUNTED and counted(res):
             return {k: d.min for k, d in cost.items() if counted(k) and d.min > 0}
     return NONE
-
-
-def _by_pool(actions: list[Action], pools: list[PoolPoints | None]
-             ) -> tuple[dict[PoolPoints, list[Action]], list[Action]]:
-    """``actions`` by the pool each was routed to, in order, the pools in the order first
-    routed to (the order of their passes: ``Tangram._schedule``); and those routed to none
-    (not bound to a node yet)."""
-    if pools and pools.count(pools[0]) == len(pools):  # (mostly: one pool, a C loop)
-        one = pools[0]
-        return ({}, actions) if one is None else ({one: actions}, [])
-    groups: dict[PoolPoints, list[Action]] = {}
-    fresh: list[Action] = []
-    for action, pool in zip(actions, pools, strict=True):
-        if pool is None:
-            fresh.append(action)
-            continue
-        group = groups.get(pool)
-        if group is None:
-            groups[pool] = [action]
-        else:
-            group.append(action)
-    return groups, fresh
-
-
-@dataclass(slots=True)
-class TrajectoryState:
-    task: str
-    mem_gb: float | None
-    #: its actions queued or running (a count, not their ids: each is counted once, at
-    #: submit, and uncounted once, when it finishes or is cancelled; a set per trajectory
-    #: was one more object for the cyclic GC to track, thousands of them in a burst)
-    in_flight: int = 0
-    #: while it thinks (LLM generation): the pool of its last action, when and of what
-    #: (task, kind) that ended, and its weight in that pool's expected arrivals
-    thinking_in: str | None = None
-    last_end: float = 0.0
-    last_kind: tuple[str, str] = ("", "")
-    will_continue: float = 0.0
 
 
 class Tangram:
@@ -145,26 +102,19 @@ class Tangram:
         #: the CPU nodes' light lanes (asked for their next overstay after every event)
         self._lanes = self._lanes_of()
         self._cpu.admission = admission
-        #: the attached backend frees an idle trajectory's memory when it is reclaimed
-        #: (Capabilities.evicts)
-        self._evicts = False
-        #: idle trajectories unbound for waiting ones (MemoryObserved)
-        self._reclaimed = 0
         self._lane_moves = 0  # light-lane actions that overstayed and were moved off it
         self._resources = res
-        self._unbound: deque[Pending] = deque()
-        #: trajectories whose environment starts at open (the policy's ``env`` part asked
-        #: for it) that no node has had room for yet, in open order (an insertion-ordered set)
-        self._opening: dict[str, None] = {}
         self._trajectories: dict[str, TrajectoryState] = {}
         self._queued: dict[str, Pending] = {}
         #: started actions: their Pendings, with the dispatch, pool and batch set on them
         self._running: dict[str, Pending] = {}
-        self._max_node_cores = max((n.cores for n in cluster.cpu_nodes), default=0)
-        self._max_domain = max((n.cores // n.numa for n in cluster.cpu_nodes), default=0)
-        self._max_node_mem = max((n.mem_gb for n in cluster.cpu_nodes), default=0.0)
-        #: the core counts within both limits (a NUMA domain's is the smaller)
-        self._whole_fits = frozenset(range(1, self._max_domain + 1))
+        #: trajectories waiting for a CPU node, and their binding (tangram/cpu/binding.py)
+        self._binding = Binding(
+            self._cpu, cluster.cpu_nodes, self._policy.env, self._trajectories, self._queued,
+            lambda action: self._policy.route(action, res),  # type: ignore[arg-type,return-value]
+            lambda node: self._policy.node_pool(node, res), self._queue_many)
+        #: what a pool's own starts write in (a light lane's)
+        self._books = Books(self._queued, self._running, self._estimates, self._moved_off_lane)
         #: scheduling passes that dispatched something
         self._passes = 0
 
@@ -205,8 +155,8 @@ class Tangram:
                 out = list(self._poll(now))
             case Overstay():
                 out = self._schedule(now, [
-                    pool for pool in self._pools.values() if pool.lane is not None
-                    and (at := pool.lane.lane_wakeup()) is not None and at <= now + _TICK])
+                    pool for pool in self._pools.values()
+                    if pool.lane is not None and pool.lane.due(now)])
             case Open(trajectory, task, mem_gb):
                 self._open(trajectory, task, mem_gb)
                 out = []
@@ -229,12 +179,14 @@ class Tangram:
                     self._gpu.reset_node(node)
                 out = []
             case MemoryObserved(node, free_gb, idle_after_s):
-                out = self._memory_observed(node, free_gb, idle_after_s, now)
+                out = self._binding.memory_observed(
+                    node, free_gb, idle_after_s, now,
+                    lambda: self._schedule(now, self._pools.values()))
             case Attach(capabilities):
                 # pre-restores only for a backend that carries them out: another would not
                 # hold what the core then believes resident
                 self._gpu.prerestore_ok = capabilities.prerestores
-                self._evicts = capabilities.evicts
+                self._binding.evicts = capabilities.evicts
                 out = []
             case _:
                 raise ValueError(f"command: unknown command {type(command).__name__}")
@@ -260,20 +212,12 @@ class Tangram:
         p = self._queued.get(action_id)
         if p is None:
             return ""
-        tid = p.action.trajectory
-        state = self._trajectories.get(tid)
-        if state is None or self._cpu.node_of(tid) is not None:
-            return ""
-        first = any(q is p for q in self._unbound)
-        if not first and tid not in self._opening:
-            return ""  # e.g. an API call of an unbound trajectory: it waits in its pool
-        need = self._trajectory_mem(p.action) if first else (state.mem_gb or 0.0)
-        return self._cpu.why_unbound(need)
+        state = self._trajectories.get(p.action.trajectory)
+        return "" if state is None else self._binding.why_queued(p, state)
 
     def busy_fraction(self, node: str) -> float:
         """Fraction of ``node``'s cores held exclusively (what a light-lane action shares)."""
-        spec = self._cpu.nodes.get(node)
-        return self._cpu.in_use(node) / spec.spec.cores if spec and spec.spec.cores else 0.0
+        return busy_fraction(self._cpu, node)
 
     def snapshot(self, detail: bool = True) -> Snapshot:
         """A frozen copy of the core's state for readers (status page, service, sampler,
@@ -281,11 +225,13 @@ class Tangram:
         gpu = self._gpu
         counters = {"gpu_restores": gpu.restores, "gpu_restore_hits": gpu.hits,
                     "gpu_restore_s_total": gpu.restore_s_total, "scheduler_passes": self._passes,
-                    "trajectories_reclaimed": self._reclaimed, "lane_moves": self._lane_moves}
+                    "trajectories_reclaimed": self._binding.reclaimed,
+                    "lane_moves": self._lane_moves}
+        binding = self._binding
         snap = Snapshot(self._policy.label, len(self._queued), len(self._running),
-                        len(self._trajectories), len(self._opening) + len(self._unbound),
+                        len(self._trajectories), len(binding.opening) + len(binding.unbound),
                         MappingProxyType(self._usage()), MappingProxyType(self._capacity()),
-                        MappingProxyType(counters), waiting_for_node=len(self._unbound))
+                        MappingProxyType(counters), waiting_for_node=len(binding.unbound))
         if not detail:
             return snap
         return replace(
@@ -294,42 +240,20 @@ class Tangram:
                 t: TrajectoryView(s.task, self._cpu.node_of(t), s.in_flight)
                 for t, s in self._trajectories.items()}),
             running=MappingProxyType({aid: p.dispatch for aid, p in self._running.items()}),
-            queues=self._queue_views(), cpu_nodes=self._cpu_views(),
-            gpu_nodes=self._gpu_views(), quotas=self._quota_views(),
+            queues=self._queue_views(), cpu_nodes=cpu_views(self._cpu, self._pools.values()),
+            gpu_nodes=gpu_views(gpu), quotas=self._quota_views(),
             service_gb=MappingProxyType({n: s.size_gb for n, s in gpu.services.items()}))
 
     def _queue_views(self) -> tuple[QueueView, ...]:
         def waiting(q: Iterable[Pending]) -> tuple[Waiting, ...]:
             return tuple(Waiting(p.action, p.submit_s, p.key_min) for p in q)
 
-        out = [QueueView("binding", "binding", waiting(self._unbound))]
+        out = [QueueView("binding", "binding", waiting(self._binding.unbound))]
         for name, pool in self._pools.items():
             out.append(QueueView(name, pool.key or "api", waiting(pool.queue)))
             if pool.lane is not None:  # a CPU node's light actions wait apart
                 out.append(QueueView(f"{name} light", "light lane", waiting(pool.lane.light)))
         return tuple(out)
-
-    def _cpu_views(self) -> tuple[CpuNodeView, ...]:
-        slots = {p.name.removeprefix("cpu:"): p.lane.lane_slots for p in self._pools.values()
-                 if p.lane is not None}
-        pods: dict[str, dict[int, str]] = {}
-        for trajectory, lease in self._cpu.held_between_actions().items():
-            for c in lease.cores:
-                pods.setdefault(lease.node, {})[c] = trajectory
-        return tuple(
-            CpuNodeView(name, node.spec.cores, node.spec.numa, node.domain_size,
-                        node.spec.mem_gb, node.mem_reserved,
-                        frozenset(c for dom in node.domains for c in dom),
-                        MappingProxyType(pods.get(name, {})), slots.get(name, 0))
-            for name, node in self._cpu.nodes.items())
-
-    def _gpu_views(self) -> tuple[GpuNodeView, ...]:
-        return tuple(
-            GpuNodeView(name, node.spec.gpus, node.spec.gpu_mem_gb,
-                        tuple(sorted((start, size) for size, starts in node.free.items()
-                                     for start in starts)),
-                        tuple(node.resident), tuple(node.mem_used), node.down)
-            for name, node in self._gpu.nodes.items())
 
     def _quota_views(self) -> tuple[QuotaView, ...]:
         used = self._quota.snapshot()
@@ -347,11 +271,10 @@ class Tangram:
             raise ValueError(f"trajectory: {trajectory!r} is already open")
         if mem_gb is not None and (mem_gb != mem_gb or mem_gb < 0):
             raise ValueError(f"mem_gb: must be >= 0, got {mem_gb!r}")
-        if mem_gb is not None and self._cluster.cpu_nodes and mem_gb > self._max_node_mem:
-            raise ValueError(f"mem_gb: {mem_gb} GB exceeds the largest node ({self._max_node_mem})")
+        self._binding.limits.check_open(mem_gb)
         self._trajectories[trajectory] = TrajectoryState(task, mem_gb)
         if self._cluster.cpu_nodes:
-            self._policy.env.opened(trajectory, self._request_env)
+            self._binding.opened(trajectory)
 
     def _close(self, trajectory: str, now: float) -> list[Effect]:
         """Release the trajectory's memory. Refused while actions are in flight."""
@@ -363,15 +286,11 @@ class Tangram:
                 f"trajectory: {trajectory!r} still has {state.in_flight} action(s) in flight"
             )
         del self._trajectories[trajectory]
-        self._opening.pop(trajectory, None)
         if state.thinking_in is not None:  # it ended after that kind of action
             self._estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
                                                      state.will_continue, continued=False)
-        if self._cpu.node_of(trajectory) is None:
-            return []
-        self._cpu.unbind(trajectory)
         # freed memory can only unblock binding; cores and quotas are unchanged
-        return self._schedule(now, ()) if self._unbound or self._opening else []
+        return self._schedule(now, ()) if self._binding.closed(trajectory) else []
 
     # -- actions -----------------------------------------------------------------------
     def validate(self, action: Action) -> None:
@@ -400,7 +319,7 @@ class Tangram:
         # feasible's answers for this batch (the manager caches them too, behind a call and
         # a key built per action: without this, ~10 more opcodes per GPU request of a burst)
         seen: dict[tuple[str, tuple[float, ...]], str | None] = {}
-        whole_fits, max_node_mem = self._whole_fits, self._max_node_mem
+        limits = self._binding.limits
         for action, state in (zip(actions, states, strict=True) if states
                               else zip(actions, repeat(None))):
             if state is None:  # (checked one by one)
@@ -431,25 +350,7 @@ class Tangram:
                 if why:  # no feasible GPU count can serve it
                     raise ValueError(why)
                 continue
-            cpu = cost.get("cpu")
-            if cpu is None:
-                continue
-            need = cpu.choices[0]
-            if need > 0:
-                if need not in whole_fits:  # (mostly: a whole count any NUMA domain holds)
-                    if need != int(need):
-                        raise ValueError(f"cost['cpu']: cores must be whole, got {need}")
-                    limit = self._max_domain if action.elastic == "cpu" else self._max_node_cores
-                    if need > limit:
-                        raise ValueError(
-                            f"cost['cpu']: minimum {need} cores can never fit (largest "
-                            f"{'NUMA domain' if action.elastic else 'node'}: {limit})")
-                mem = state.mem_gb
-                if mem is None:
-                    mem = action.min("mem_gb")
-                if mem > max_node_mem:
-                    raise ValueError(f"cost['mem_gb']: {mem} GB exceeds the largest node "
-                                     f"({max_node_mem} GB)")
+            limits.check(action, state.mem_gb)
         return states or one_by_one
 
     def _submit(self, actions: Iterable[Action], now: float) -> list[Effect]:
@@ -459,7 +360,7 @@ class Tangram:
         Queued a pool at a time (a burst queues thousands: each pool's lookups are done
         once per batch, ``_pendings``, ``admit_many``), in the order a submission at a time
         would give each queue; the first CPU actions of unbound trajectories are bound
-        right here when nothing waits for a node before them (``_queue_fresh``)."""
+        right here when nothing waits for a node before them (``Binding.queue_fresh``)."""
         actions = list(actions)
         ids = list(map(_ID, actions)) if len(actions) > 1 else None
         if ids is not None and len(set(ids)) != len(ids):
@@ -472,45 +373,12 @@ class Tangram:
                                                          think_s=now - state.last_end)
                 state.thinking_in = None
             state.in_flight += 1
-        groups, fresh = _by_pool(actions, self._policy.route_many(actions, self._resources))
+        groups, fresh = by_pool(actions, self._policy.route_many(actions, self._resources))
         for pool, group in groups.items():
             self._queue_many(pool, group, now)
         if fresh:  # first CPU actions of trajectories not bound to a node
-            self._queue_fresh(fresh, now, groups)
+            self._binding.queue_fresh(fresh, now, groups)
         return self._schedule(now, groups)
-
-    def _queue_fresh(self, fresh: list[Action], now: float,
-                     touched: dict[PoolPoints, list[Action]]) -> None:
-        """Queue ``fresh``, first CPU actions of trajectories not bound to a node,
-        submitted at ``now``. When nothing waits for a node before them, they are bound
-        here, in order, until one fits no node: what the pass's ``_bind_waiting`` would
-        do first (then it stops at that one too), without a Pending in the binding queue
-        for each. The pools they are queued in are added to ``touched``. The rest wait in
-        the binding queue."""
-        bound = 0
-        if not self._unbound and not self._opening:
-            trajectories = self._trajectories
-            mems = [trajectories[t].mem_gb for t in map(_TRAJECTORY, fresh)]
-            if None in mems:  # (_trajectory_mem: the first action's memory demand)
-                mems = [a.min("mem_gb") if m is None else m for a, m in zip(fresh, mems,
-                                                                           strict=True)]
-            cores = [a.cost["cpu"].choices[0] for a in fresh]  # (whole: validated)
-            nodes = self._cpu.bind_many(zip(map(_TRAJECTORY, fresh), mems, cores, strict=True))
-            bound = len(nodes)
-            if nodes:
-                # the pool route_many gives an action of a trajectory bound to its node
-                node_pool = {n: self._policy.node_pool(n, self._resources) for n in set(nodes)}
-                done = fresh[:bound] if bound < len(fresh) else fresh
-                groups, _ = _by_pool(done, list(map(node_pool.__getitem__, nodes)))
-                for pool, group in groups.items():
-                    self._queue_many(pool, group, now)
-                    touched.setdefault(pool, group)
-        if bound < len(fresh):
-            queued, unbound = self._queued, self._unbound
-            for action in fresh[bound:]:
-                pending = Pending(action, now, int(action.cost["cpu"].choices[0]))
-                queued[action.id] = pending
-                unbound.append(pending)
 
     def _queue_many(self, pool: PoolPoints, actions: list[Action], submit_s: float) -> None:
         """Queue ``actions`` (submitted at ``submit_s``) in ``pool``, in order."""
@@ -519,10 +387,6 @@ class Tangram:
         for p in pendings:
             queued[p.action.id] = p
         pool.admit_many(pendings, submit_s)
-
-    def _queue_in(self, pool: PoolPoints, action: Action, submit_s: float) -> None:
-        """Queue ``action`` (submitted at ``submit_s``) in ``pool``."""
-        self._queue_many(pool, [action], submit_s)
 
     def _finish(self, action_id: str, now: float, outcome: Outcome | None = None) -> list[Effect]:
         """Release what ``action_id`` held and return what can start now."""
@@ -570,9 +434,7 @@ class Tangram:
         pending = self._queued.pop(action_id, None)
         if pending is None:
             return False
-        if pending in self._unbound:
-            self._unbound.remove(pending)
-        else:
+        if not self._binding.withdraw(pending):
             for pool in self._pools.values():
                 if pool.withdraw(pending):
                     break
@@ -607,75 +469,7 @@ class Tangram:
         return tuple(pool.lane for pool in self._pools.values()
                      if pool.lane is not None and pool.lane.lane_slots)
 
-    # -- memory admission (tangram/cpu/admission.py) ---------------------------------------
-    def _memory_observed(self, node: str, free_gb: float, idle_after_s: float,
-                        now: float) -> list[Effect]:
-        """``node``'s free memory as just observed: admission goes by it from now on.
-        While trajectories wait for a node, idle ones give their place for the first one
-        waiting (``_reclaim``) and a scheduling pass follows, so memory freed by a
-        sandbox's processes (not only by a close) admits them. Still short of the
-        headroom after that (no evicting backend freed memory), the node is told to shed
-        its largest sandbox (Shed). The effects: the trajectories reclaimed (Reclaim), what
-        started (Dispatch), then a Shed."""
-        if node not in self._cpu.nodes:
-            raise KeyError(f"node: unknown CPU node {node!r}")
-        if not free_gb >= 0:
-            raise ValueError(f"free_gb: must be >= 0, got {free_gb!r}")
-        if not idle_after_s >= 0:
-            raise ValueError(f"idle_after_s: must be >= 0, got {idle_after_s!r}")
-        self._cpu.observe_free(node, free_gb)
-        out: list[Effect] = []
-        again = True
-        while again and (self._unbound or self._opening):  # someone waits for a node
-            reclaimed, again = self._reclaim(node, now, idle_after_s)
-            out.extend(Reclaim(t) for t in reclaimed)
-            out.extend(self._schedule(now, self._pools.values()))  # binds the first one
-        keep = self._cpu.admission.headroom * self._cpu.nodes[node].spec.mem_gb
-        freed = self._evicts and any(isinstance(e, Reclaim) for e in out)
-        if free_gb < keep - 1e-9 and not freed:  # (an eviction shows in the next one)
-            out.append(Shed(node, free_gb, keep))
-        return out
-
-    def _reclaim(self, node: str, now: float, idle_after_s: float) -> tuple[list[str], bool]:
-        """Unbind idle trajectories of ``node`` (nothing in flight for ``idle_after_s``),
-        least recently used first, for the first trajectory waiting for a node. Over the
-        declared cap (MemoryAdmission.overcommit) as many as it needs; on an observed
-        shortage one per observation (its freed memory shows in the next one), and only
-        when the backend evicts (else what they hold is not memory: the process backend
-        keeps an idle trajectory's files on disk, nothing in memory). Returns the
-        trajectories reclaimed, and whether they made room (the next one may need more).
-
-        Not in the paper (its trajectories hold their memory until they close): a rollout
-        abandoned or slow to finish would otherwise hold its node's memory from the ones
-        waiting; finished rollouts are closed by their reward (verl's compute_score)."""
-        host = self._cpu.nodes[node]
-        if not self._unbound or not self._policy.env.reclaimable:
-            return [], False  # e.g. a pod per trajectory holds its place until it closes
-        need = self._trajectory_mem(self._unbound[0].action)
-        if self._cpu.mem_refusal(host, need) is None:
-            return [], False
-        idle = sorted((st.last_end, tid) for tid, st in self._trajectories.items()
-                      if not st.in_flight and self._cpu.node_of(tid) == node
-                      and now - st.last_end >= idle_after_s)
-        out: list[str] = []
-        for _, tid in idle:
-            over_cap = self._cpu.admission.over_cap(host.spec.mem_gb, host.mem_reserved, need)
-            if not over_cap and not self._evicts:
-                break  # nothing held in memory to free: the shortage is not theirs
-            self._cpu.unbind(tid)
-            self._reclaimed += 1
-            out.append(tid)
-            if not over_cap:
-                break  # observed shortage: one per observation
-            if self._cpu.mem_refusal(host, need) is None:
-                return out, True
-        return out, False
-
     # -- internals ---------------------------------------------------------------------
-    def _trajectory_mem(self, action: Action) -> float:
-        state = self._trajectories[action.trajectory]
-        return state.mem_gb if state.mem_gb is not None else action.min("mem_gb")
-
     def _pending(self, action: Action, now: float, pool: PoolPoints) -> Pending:
         return self._pendings(pool, (action,), now)[0]
 
@@ -734,57 +528,14 @@ class Tangram:
             append(Pending(action, now, key_min, quotas, False, light, choices))
         return out
 
-    def _request_env(self, trajectory: str) -> None:
-        """The trajectory's environment starts now: bind it in open order."""
-        self._opening[trajectory] = None
-        self._bind_opening()
-
-    def _bind_opening(self) -> bool:
-        """Environments that start at open (a pod per trajectory): bind them in open
-        order, each holding its memory (and the pool's cores) until it closes. True
-        when one was bound."""
-        bound = False
-        while self._opening:
-            trajectory = next(iter(self._opening))
-            state = self._trajectories[trajectory]
-            if self._cpu.bind(trajectory, state.mem_gb or 0.0, 0) is None:
-                break
-            del self._opening[trajectory]
-            bound = True
-        return bound
-
-    def _bind_waiting(self, touched: dict[str, None]) -> None:
-        """Bind queued first actions to nodes, in FCFS order (paper 5.2). A first
-        action whose environment still waits for a node in open order stays queued
-        without blocking the ones behind it (their environments may be bound)."""
-        newly = self._bind_opening()
-        if not self._unbound or (not newly and self._unbound[0].action.trajectory in self._opening):
-            return
-        waiting: deque[Pending] = deque()
-        unbound, opening = self._unbound, self._opening
-        bind, route, resources = self._cpu.bind, self._policy.route, self._resources
-        while unbound:
-            p = unbound[0]
-            action = p.action
-            if action.trajectory in opening:
-                waiting.append(unbound.popleft())
-                continue
-            node = bind(action.trajectory, self._trajectory_mem(action), p.key_min)
-            if node is None:
-                break
-            unbound.popleft()
-            pool = route(action, resources)
-            self._queue_in(pool, action, p.submit_s)
-            touched[pool.name] = None
-        unbound.extendleft(reversed(waiting))
-
     def _schedule(self, now: float, pools: Iterable[PoolPoints]) -> list[Effect]:
         # an insertion-ordered set: the pools' passes run in a fixed order (a set of
         # names would follow string hashing, which differs between processes, and the
         # order matters where pools share a quota: same-seed runs must be identical)
         names = {p.name: None for p in pools}
-        if self._unbound or self._opening:  # (else binding has nothing to do)
-            self._bind_waiting(names)
+        binding = self._binding
+        if binding.waiting:  # (else binding has nothing to do)
+            binding.bind_waiting(names)
         out: list[Effect] = []
         for name in list(names):
             out.extend(self._pass(self._pools[name], now))
@@ -797,9 +548,7 @@ class Tangram:
         lane = pool.lane
         out: list[Effect] = []
         if lane is not None:
-            out = self._move_off_lane(lane, now)
-            if lane.light:
-                out.extend(self._lane(pool, now))
+            out = lane.run(now, self._books)
         while pool.queue:
             got = self._pass_once(pool, now)
             out.extend(got)
@@ -850,56 +599,8 @@ class Tangram:
             out.append(d)
         return out
 
-    def _move_off_lane(self, lane: LightLane, now: float) -> list[Effect]:
-        """Actions overstaying the lane leave it (their commands are known long from now
-        on), and those moved off it take idle exclusive cores (CpuNodePool)."""
-        if lane.lane_slots == 0:
-            return []
-        moved = {}
-        for aid in lane.overstayed(now + _TICK):
-            self._estimates.durations.lane.overstaying(self._running[aid].action)
-            moved[aid] = ()
-            self._lane_moves += 1
-        moved.update(lane.book())  # (one moved and booked at once: one effect)
-        node = lane.node
-        return [Moved(aid, node, cores) for aid, cores in moved.items()]
-
-    def _lane(self, pool: PoolPoints, now: float) -> list[Dispatch]:
-        """Start waiting light actions, in order, on the node's lane while it has room,
-        then on idle exclusive cores (see CpuNodePool)."""
-        out: list[Dispatch] = []
-        lane = pool.lane
-        assert lane is not None
-        light = lane.light
-        # (hoisted: a burst starts hundreds here)
-        queued, running, started = self._queued, self._running, pool.started
-        estimate, lane_lease, core_lease = self._estimates.estimate, lane.lane_lease, lane.core_lease
-        full = False  # the lane is full: it stays full for this pass (nothing ends in it)
-        queue = pool.queue
-        while light:
-            p = light[0]
-            lease = None if full else lane_lease(p, now)
-            if lease is None:
-                full = True
-                # an idle exclusive core goes to whichever waited first: a light action
-                # does not overtake the queue's head (arrival order within the pool)
-                if queue and queue[0].submit_s < p.submit_s:
-                    break
-                lease = core_lease(p)
-                if lease is None:
-                    break
-            light.popleft()
-            action = p.action
-            aid = action.id
-            del queued[aid]
-            units = lease.units
-            expected = estimate(p)
-            d = Dispatch(action, lease, p.submit_s, now, expected)
-            p.dispatch, p.pool, p.batch_left = d, pool, None
-            running[aid] = p
-            started(aid, now + expected, units, now)
-            out.append(d)
-        return out
+    def _moved_off_lane(self) -> None:
+        self._lane_moves += 1
 
     def _reserve(self, pool: PoolPoints, p: Pending, units: int,
                  now: float) -> tuple[Lease, GpuPlan | None] | None:
@@ -983,20 +684,10 @@ class Tangram:
         pool = self._pools.get(name)
         if pool is None or node not in self._cpu.nodes:
             return []
-        self._cpu.remove_node(node)
-        # The pool stays registered, empty, until its running actions are finished
-        # (_finish reschedules the pool it ran on); _add_node of the same name replaces it.
-        waiting = sorted(pool.drain(), key=lambda p: p.submit_s)
-        requeued = [Pending(p.action, p.submit_s, int(p.action.min("cpu"))) for p in waiting]
-        for p in requeued:
-            self._queued[p.action.id] = p
-        self._unbound = deque(sorted([*self._unbound, *requeued], key=lambda p: p.submit_s))
+        self._binding.node_lost(node, pool)
         self._cpu_nodes_changed(tuple(n for n in self._cluster.cpu_nodes if n.name != node))
         return self._schedule(now, ())
 
     def _cpu_nodes_changed(self, cpu_nodes: tuple[CpuNodeSpec, ...]) -> None:
         self._cluster = replace(self._cluster, cpu_nodes=cpu_nodes)
-        self._max_node_cores = max((n.cores for n in cpu_nodes), default=0)
-        self._max_domain = max((n.cores // n.numa for n in cpu_nodes), default=0)
-        self._max_node_mem = max((n.mem_gb for n in cpu_nodes), default=0.0)
-        self._whole_fits = frozenset(range(1, self._max_domain + 1))
+        self._binding.nodes_changed(cpu_nodes)

@@ -47,6 +47,7 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 from typing import Any, Protocol, TypeVar
@@ -54,7 +55,8 @@ from typing import Any, Protocol, TypeVar
 from tangram.api.quota import QuotaManager
 from tangram.arrange import DPOperator, LinearOperator
 from tangram.estimates import Estimates
-from tangram.model import Action, Elasticity, GpuPlan, Lease, Pending, slot_init
+from tangram.model import Action, Elasticity, GpuPlan, Pending, slot_init
+from tangram.protocol import Effect
 
 
 @slot_init
@@ -79,40 +81,38 @@ class LaneSlot:
     node: str
 
 
+@dataclass(frozen=True, slots=True)
+class Books:
+    """The core's books that a pool's own starts (outside its scheduler's plan: a CPU node's
+    light lane) write in: the queued and the running actions by id, what the core learns,
+    and its count of actions moved off a lane."""
+
+    queued: dict[str, Pending]
+    running: dict[str, Pending]
+    estimates: Estimates
+    moved_off_lane: Callable[[], None]
+
+
 class LightLane(Protocol):
-    """A node's light lane (see :class:`CpuNodePool`): light actions wait in ``light``
-    and start on shared cores while fewer than ``lane_slots`` run there; one still running
-    ``hold_s`` after its start is moved off the lane (``overstayed``, ``book``)."""
+    """A node's light lane (see tangram/cpu/pool.py CpuNodePool), as the core sees it:
+    light actions wait in ``light`` and start on shared cores (``run``, before the node's
+    passes, which also moves actions that overstay the lane off it)."""
 
     light: deque[Pending]
-    #: the node whose cores the lane shares
-    node: str
     #: actions expected to take at most this long (s) may use the lane (0: no lane)
     light_s: float
     lane_slots: int
-    #: the longest an action holds a place on the lane (s)
-    hold_s: float
 
-    def lane_lease(self, p: Pending, now: float) -> Lease | None:
-        """``p``'s lease of a place on the lane from ``now`` (None: the lane is full)."""
-        ...
-
-    def overstayed(self, now: float) -> list[str]:
-        """The lane's actions running ``hold_s`` or longer at ``now``, in start order: they
-        leave the lane (their places are free) and wait for an exclusive core (``book``)."""
-        ...
-
-    def book(self) -> list[tuple[str, tuple[int, ...]]]:
-        """Actions moved off the lane that now get an exclusive core (while one is idle),
-        in the order they left it: (action id, the core)."""
+    def run(self, now: float, books: Books) -> list[Effect]:
+        """The lane's starts and moves at ``now``, before the node's scheduling passes."""
         ...
 
     def lane_wakeup(self) -> float | None:
         """When the next action on the lane overstays (None: none runs there)."""
         ...
 
-    def core_lease(self, p: Pending) -> Lease | None:
-        """``p``'s lease of one idle exclusive core (None: none is idle)."""
+    def due(self, now: float) -> bool:
+        """An action on the lane overstays it by ``now`` (an ``Overstay`` is for it)."""
         ...
 
 
@@ -206,6 +206,28 @@ class PoolPoints(Queueing, Filtering[Any, Any], Reserving[Any], Batching, PassHo
     lane: LightLane | None
 
     def usage(self) -> dict[str, float]: ...
+
+
+def by_pool(actions: list[Action], pools: list[PoolPoints | None]
+            ) -> tuple[dict[PoolPoints, list[Action]], list[Action]]:
+    """``actions`` by the pool each was routed to, in order, the pools in the order first
+    routed to (the order of their passes: ``Tangram._schedule``); and those routed to none
+    (not bound to a node yet)."""
+    if pools and pools.count(pools[0]) == len(pools):  # (mostly: one pool, a C loop)
+        one = pools[0]
+        return ({}, actions) if one is None else ({one: actions}, [])
+    groups: dict[PoolPoints, list[Action]] = {}
+    fresh: list[Action] = []
+    for action, pool in zip(actions, pools, strict=True):
+        if pool is None:
+            fresh.append(action)
+            continue
+        group = groups.get(pool)
+        if group is None:
+            groups[pool] = [action]
+        else:
+            group.append(action)
+    return groups, fresh
 
 
 def _remove(ordered: list[tuple[float, int]], entry: tuple[float, int]) -> None:

@@ -3,8 +3,9 @@ tangram_cli/ <- cli.py; scripts/, examples/ and notebooks/ on top): every module
 are parsed (a notebook's code cells too), and an upward import, a
 sim<->executor import or an import cycle fails here, so the structure stays true as the code
 grows; and the core has one door (tangram/protocol.py): nothing outside tangram/ imports its
-inside or reaches into its state (tests neither, but the white-box checks named in WHITE_BOX),
-and backends declare capabilities instead of being probed."""
+inside (every module tangram/__init__.py does not declare public) or reaches into its
+state (tests neither, but the white-box checks named in WHITE_BOX), and backends declare
+capabilities instead of being probed."""
 
 from __future__ import annotations
 
@@ -129,11 +130,32 @@ def test_the_core_reads_no_wall_clock():
 
 
 # -- one door into the core (tangram/protocol.py) ------------------------------------------
-#: modules of tangram/ that are the core's inside: managers, pools and schedulers are reached
-#: through the core's commands, effects and snapshot, never directly
-CORE_INSIDE = ("tangram.cpu.manager", "tangram.cpu.pool", "tangram.cpu.pods", "tangram.gpu.manager",
-               "tangram.gpu.pool", "tangram.gpu.eoe", "tangram.gpu.static", "tangram.gpu.cold",
-               "tangram.api.quota", "tangram.pool", "tangram.scheduler")
+def declared_public() -> tuple[set[str], tuple[str, ...]]:
+    """The modules tangram/__init__.py declares public (its ``PUBLIC`` table's keys) and
+    the packages public whole (``PUBLIC_PACKAGES``), read from its text: the declaration
+    is the one place that says what is inside."""
+    tree = ast.parse((ROOT / "tangram" / "__init__.py").read_text())
+    found: dict[str, object] = {}
+    for node in tree.body:
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            found[node.target.id] = ast.literal_eval(node.value)  # type: ignore[arg-type]
+    return set(found["PUBLIC"]), tuple(found["PUBLIC_PACKAGES"])  # type: ignore[arg-type]
+
+
+PUBLIC, PUBLIC_PACKAGES = declared_public()
+#: modules of tangram/ that are the core's inside: every module tangram/__init__.py does not
+#: export (managers, pools, schedulers, the binding, the parts...) is reached through the
+#: core's commands, effects and snapshot, never directly
+CORE_INSIDE = frozenset(
+    n for n in GRAPH if n.startswith("tangram.") and n not in PUBLIC
+    and not any(n == p or n.startswith(p + ".") for p in PUBLIC_PACKAGES))
+
+
+def is_inside(imported: str) -> bool:
+    """``imported`` (a module, or a name imported from one) is of the core's inside."""
+    if imported in CORE_INSIDE:
+        return True
+    return imported not in GRAPH and imported.rpartition(".")[0] in CORE_INSIDE
 #: the core's mutable state (attributes of a Tangram)
 CORE_STATE = {"cpu", "gpu", "quota", "pools", "running", "queued", "unbound", "opening",
               "trajectories", "passes", "scheduler", "estimates", "cluster", "policy"}
@@ -168,9 +190,23 @@ def reach_ins(path: Path) -> list[str]:
 
 @pytest.mark.parametrize("name", sorted(n for n in GRAPH if n.split(".")[0] in OUTSIDE))
 def test_nothing_outside_the_core_imports_its_inside(name):
-    bad = sorted(m for m in GRAPH[name] if m.startswith(CORE_INSIDE))
+    bad = sorted(m for m in GRAPH[name] if is_inside(m))
     assert not bad, (f"{name} imports {bad}: outside tangram/, use the core's door "
                      "(tangram/protocol.py: commands, effects, Snapshot)")
+
+
+def test_the_declared_api_resolves_and_keeps_the_inside_inside():
+    """Every name tangram/__init__.py exports resolves, each public module exists, and the
+    managers, pools and schedulers stay inside."""
+    import tangram
+
+    for name in tangram.__all__:
+        assert getattr(tangram, name) is not None, name
+    assert PUBLIC <= set(GRAPH), sorted(PUBLIC - set(GRAPH))
+    for unit in ("tangram.cpu.manager", "tangram.cpu.pool", "tangram.cpu.binding",
+                 "tangram.gpu.manager", "tangram.gpu.pool", "tangram.gpu.eoe",
+                 "tangram.api.quota", "tangram.pool", "tangram.scheduler"):
+        assert unit in CORE_INSIDE, unit
 
 
 def test_nothing_outside_the_core_reaches_into_its_state():

@@ -6,9 +6,11 @@ from collections import deque
 from typing import Any
 
 from tangram.arrange import LinearOperator
+from tangram.cpu.lane import TICK, lane_pass
 from tangram.cpu.manager import CpuLease, CpuManager, pick_domains
 from tangram.model import Action, Lease, Pending
-from tangram.pool import Grant, LaneSlot, LightLane, Pool, PoolScheduler
+from tangram.pool import Books, Grant, LaneSlot, LightLane, Pool, PoolScheduler
+from tangram.protocol import Effect
 
 
 class CpuNodePool(Pool):
@@ -123,6 +125,8 @@ class CpuNodePool(Pool):
         return Lease(aid, 1, (lease, None), self.node, lease.cores)
 
     def overstayed(self, now: float) -> list[str]:
+        """The lane's actions running ``hold_s`` or longer at ``now``, in start order: they
+        leave the lane (their places are free) and wait for an exclusive core (``book``)."""
         lane = self._lane
         out: list[str] = []
         for aid, until in lane.items():  # (in start order: stops at the first not due)
@@ -135,6 +139,8 @@ class CpuNodePool(Pool):
         return out
 
     def book(self) -> list[tuple[str, tuple[int, ...]]]:
+        """Actions moved off the lane that now get an exclusive core (while one is idle),
+        in the order they left it: (action id, the core)."""
         out: list[tuple[str, tuple[int, ...]]] = []
         waiting = self._waiting
         while waiting and self.host.free_cores:
@@ -150,7 +156,15 @@ class CpuNodePool(Pool):
         return out
 
     def lane_wakeup(self) -> float | None:
+        """When the next action on the lane overstays (None: none runs there)."""
         return next(iter(self._lane.values()), None)  # (in start order)
+
+    def due(self, now: float) -> bool:
+        at = self.lane_wakeup()
+        return at is not None and at <= now + TICK
+
+    def run(self, now: float, books: Books) -> list[Effect]:
+        return lane_pass(self, now, books)
 
     def unit_choices(self, action: Action) -> tuple[int, ...]:
         # elastic actions stay inside one NUMA domain; cached per feasible set (a burst
