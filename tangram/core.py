@@ -23,12 +23,12 @@ from itertools import repeat
 from operator import attrgetter
 from types import MappingProxyType
 
-from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
+from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.cpu.admission import RESERVE, MemoryAdmission
 from tangram.cpu.binding import Binding
 from tangram.cpu.views import busy_fraction, cpu_views
 from tangram.estimates import Estimates, command_of
-from tangram.gpu.views import gpu_views
+from tangram.gpu.nodes import GpuNodes
 from tangram.model import (
     NONE,
     Action,
@@ -57,7 +57,6 @@ from tangram.protocol import (
     Open,
     Overstay,
     Poll,
-    PreRestore,
     QueueView,
     QuotaView,
     Snapshot,
@@ -99,6 +98,8 @@ class Tangram:
         self._estimates = estimates or Estimates()
         res = self._policy.build(cluster)
         self._cpu, self._gpu, self._quota, self._pools = res.cpu, res.gpu, res.quota, res.pools
+        #: the GPU side (tangram/sides.py): pre-restores, fences, the submit check, views
+        self._gpu_nodes = GpuNodes(res.gpu, cluster.gpu_nodes, res.pools)
         #: the CPU nodes' light lanes (asked for their next overstay after every event)
         self._lanes = self._lanes_of()
         self._cpu.admission = admission
@@ -136,10 +137,7 @@ class Tangram:
             out = []
         else:
             out = self._handle_other(command, now)
-        gpu = self._gpu
-        if gpu.has_prerestores():
-            for plan, at, restore_s in gpu.take_prerestores():
-                out.append(PreRestore(plan, at, restore_s))
+        self._gpu_nodes.owed(out)
         return out
 
     def _handle_other(self, command: Command, now: float) -> list[Effect]:
@@ -165,27 +163,23 @@ class Tangram:
                     out = [Cancelled(action_id)]
                 else:
                     out = [Stop(action_id)] if action_id in self._running else []
-            case NodeJoined(spec) if isinstance(spec, GpuNodeSpec):
-                out = list(self._gpu_node_back(spec.name, now))
             case NodeJoined(spec):
-                out = list(self._add_node(spec, now))
+                touched = self._gpu_nodes.joined(spec)
+                out = (self._schedule(now, touched) if touched is not None
+                       else list(self._add_node(spec, now)))  # type: ignore[arg-type]
             case NodeLost(node):
                 out = []
-                if node in self._gpu.nodes:  # a GPU node (it may have cores too)
-                    self._gpu.fence(node)
+                self._gpu_nodes.lost(node)
                 out += self._remove_node(node, now)
             case WorkerLost(node):
-                if node in self._gpu.nodes:
-                    self._gpu.reset_node(node)
+                self._gpu_nodes.worker_lost(node)
                 out = []
             case MemoryObserved(node, free_gb, idle_after_s):
                 out = self._binding.memory_observed(
                     node, free_gb, idle_after_s, now,
                     lambda: self._schedule(now, self._pools.values()))
             case Attach(capabilities):
-                # pre-restores only for a backend that carries them out: another would not
-                # hold what the core then believes resident
-                self._gpu.prerestore_ok = capabilities.prerestores
+                self._gpu_nodes.attached(capabilities)
                 self._binding.evicts = capabilities.evicts
                 out = []
             case _:
@@ -222,9 +216,7 @@ class Tangram:
     def snapshot(self, detail: bool = True) -> Snapshot:
         """A frozen copy of the core's state for readers (status page, service, sampler,
         replay); ``detail`` False: only the counts, usage, capacity and counters."""
-        gpu = self._gpu
-        counters = {"gpu_restores": gpu.restores, "gpu_restore_hits": gpu.hits,
-                    "gpu_restore_s_total": gpu.restore_s_total, "scheduler_passes": self._passes,
+        counters = {**self._gpu_nodes.counters(), "scheduler_passes": self._passes,
                     "trajectories_reclaimed": self._binding.reclaimed,
                     "lane_moves": self._lane_moves}
         binding = self._binding
@@ -241,8 +233,7 @@ class Tangram:
                 for t, s in self._trajectories.items()}),
             running=MappingProxyType({aid: p.dispatch for aid, p in self._running.items()}),
             queues=self._queue_views(), cpu_nodes=cpu_views(self._cpu, self._pools.values()),
-            gpu_nodes=gpu_views(gpu), quotas=self._quota_views(),
-            service_gb=MappingProxyType({n: s.size_gb for n, s in gpu.services.items()}))
+            quotas=self._quota_views(), **self._gpu_nodes.views())  # type: ignore[arg-type]
 
     def _queue_views(self) -> tuple[QueueView, ...]:
         def waiting(q: Iterable[Pending]) -> tuple[Waiting, ...]:
@@ -316,9 +307,7 @@ class Tangram:
                 if not all(states):  # (a TrajectoryState is true)
                     states = []
         one_by_one: list[TrajectoryState] = []
-        # feasible's answers for this batch (the manager caches them too, behind a call and
-        # a key built per action: without this, ~10 more opcodes per GPU request of a burst)
-        seen: dict[tuple[str, tuple[float, ...]], str | None] = {}
+        gpu_check = self._gpu_nodes.checker()
         limits = self._binding.limits
         for action, state in (zip(actions, states, strict=True) if states
                               else zip(actions, repeat(None))):
@@ -342,13 +331,7 @@ class Tangram:
                         if demand.min > spec.limit:
                             raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
                                              f"limit {spec.limit}")
-            if action.min("gpu") > 0:
-                k = (action.service or "", cost["gpu"].choices)
-                why = seen.get(k, False)
-                if why is False:
-                    why = seen[k] = self._gpu.feasible(*k)[1]
-                if why:  # no feasible GPU count can serve it
-                    raise ValueError(why)
+            if gpu_check(action, state):
                 continue
             limits.check(action, state.mem_gb)
         return states or one_by_one
@@ -635,7 +618,7 @@ class Tangram:
     # -- introspection -----------------------------------------------------------------
     def _usage(self) -> dict[str, float]:
         """Units in use per resource (for utilisation sampling)."""
-        out = {"cpu": 0.0, "cpu_lane": 0.0, "gpu": 0.0,
+        out = {"cpu": 0.0, "cpu_lane": 0.0, **self._gpu_nodes.usage().units,
                "mem_gb": sum(n.mem_reserved for n in self._cpu.nodes.values())}
         for pool in self._pools.values():
             for res, units in pool.usage().items():
@@ -645,7 +628,7 @@ class Tangram:
 
     def _capacity(self) -> dict[str, float]:
         out = {"cpu": float(sum(n.cores for n in self._cluster.cpu_nodes)),
-               "gpu": float(sum(n.gpus for n in self._cluster.gpu_nodes)),
+               **self._gpu_nodes.capacity().units,
                "mem_gb": float(sum(n.mem_gb for n in self._cluster.cpu_nodes)),
                "cpu_lane": float(sum(p.lane.lane_slots for p in self._pools.values()
                                      if p.lane is not None))}
@@ -661,16 +644,6 @@ class Tangram:
         self._lanes = self._lanes_of()
         self._cpu_nodes_changed((*self._cluster.cpu_nodes, spec))
         return self._schedule(now, ())
-
-    def _gpu_node_back(self, node: str, now: float) -> list[Effect]:
-        """A GPU node of the cluster that was lost is back: its free GPUs rejoin the pool
-        (nothing resident). Returns what can start now. A GPU node the cluster never had
-        is refused (the GPU pools are built from the cluster's nodes)."""
-        if node not in self._gpu.nodes:
-            raise ValueError(f"spec.name: unknown GPU node {node!r} (known: "
-                             f"{sorted(self._gpu.nodes)}); a new GPU node needs a restart")
-        self._gpu.unfence(node)
-        return self._schedule(now, [p for p in self._pools.values() if p.key == "gpu"])
 
     def _remove_node(self, node: str, now: float) -> list[Effect]:
         """A CPU node left (its machine or its agent died). Idempotent.
