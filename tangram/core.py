@@ -23,11 +23,11 @@ from itertools import repeat
 from operator import attrgetter
 from types import MappingProxyType
 
-from tangram.cluster import ClusterSpec, CpuNodeSpec
+from tangram.cluster import ClusterSpec
 from tangram.cpu.admission import RESERVE, MemoryAdmission
 from tangram.cpu.binding import Binding
-from tangram.cpu.views import busy_fraction, cpu_views
-from tangram.estimates import Estimates, command_of
+from tangram.cpu.nodes import CpuNodes
+from tangram.estimates import Estimates
 from tangram.gpu.nodes import GpuNodes
 from tangram.model import (
     NONE,
@@ -42,7 +42,7 @@ from tangram.model import (
     counted,
 )
 from tangram.policies import Policy
-from tangram.pool import Books, LightLane, PoolPoints, by_pool
+from tangram.pool import Books, PoolPoints, by_pool
 from tangram.protocol import (
     Attach,
     Cancel,
@@ -100,10 +100,6 @@ class Tangram:
         self._cpu, self._gpu, self._quota, self._pools = res.cpu, res.gpu, res.quota, res.pools
         #: the GPU side (tangram/sides.py): pre-restores, fences, the submit check, views
         self._gpu_nodes = GpuNodes(res.gpu, cluster.gpu_nodes, res.pools)
-        #: the CPU nodes' light lanes (asked for their next overstay after every event)
-        self._lanes = self._lanes_of()
-        self._cpu.admission = admission
-        self._lane_moves = 0  # light-lane actions that overstayed and were moved off it
         self._resources = res
         self._trajectories: dict[str, TrajectoryState] = {}
         self._queued: dict[str, Pending] = {}
@@ -114,8 +110,17 @@ class Tangram:
             self._cpu, cluster.cpu_nodes, self._policy.env, self._trajectories, self._queued,
             lambda action: self._policy.route(action, res),  # type: ignore[arg-type,return-value]
             lambda node: self._policy.node_pool(node, res), self._queue_many)
+        #: the CPU side (tangram/sides.py): admission, lanes, membership, the submit check
+        self._cpu_nodes = CpuNodes(res.cpu, cluster.cpu_nodes, self._policy.cpu, res.pools,
+                                   self._binding, admission)
+        #: the sides, the GPU one first (a node joining is a GPU node's if it is one, the
+        #: CPU side takes every other; a submitted GPU request is the GPU side's to check)
+        self._sides = (self._gpu_nodes, self._cpu_nodes)
+        #: the sides' figures in the order of the utilisation columns
+        self._figured = (self._cpu_nodes, self._gpu_nodes)
         #: what a pool's own starts write in (a light lane's)
-        self._books = Books(self._queued, self._running, self._estimates, self._moved_off_lane)
+        self._books = Books(self._queued, self._running, self._estimates,
+                            self._cpu_nodes.moved_off_lane)
         #: scheduling passes that dispatched something
         self._passes = 0
 
@@ -152,9 +157,7 @@ class Tangram:
             case Poll():
                 out = list(self._poll(now))
             case Overstay():
-                out = self._schedule(now, [
-                    pool for pool in self._pools.values()
-                    if pool.lane is not None and pool.lane.due(now)])
+                out = self._schedule(now, self._cpu_nodes.overstayed(now))
             case Open(trajectory, task, mem_gb):
                 self._open(trajectory, task, mem_gb)
                 out = []
@@ -164,23 +167,29 @@ class Tangram:
                 else:
                     out = [Stop(action_id)] if action_id in self._running else []
             case NodeJoined(spec):
-                touched = self._gpu_nodes.joined(spec)
-                out = (self._schedule(now, touched) if touched is not None
-                       else list(self._add_node(spec, now)))  # type: ignore[arg-type]
+                out = []
+                for side in self._sides:
+                    touched = side.joined(spec)
+                    if touched is not None:
+                        out = self._schedule(now, touched)
+                        break
             case NodeLost(node):
                 out = []
-                self._gpu_nodes.lost(node)
-                out += self._remove_node(node, now)
+                for side in self._sides:
+                    touched = side.lost(node)
+                    if touched is not None:
+                        out += self._schedule(now, touched)
             case WorkerLost(node):
-                self._gpu_nodes.worker_lost(node)
+                for side in self._sides:
+                    side.worker_lost(node)
                 out = []
             case MemoryObserved(node, free_gb, idle_after_s):
                 out = self._binding.memory_observed(
                     node, free_gb, idle_after_s, now,
                     lambda: self._schedule(now, self._pools.values()))
             case Attach(capabilities):
-                self._gpu_nodes.attached(capabilities)
-                self._binding.evicts = capabilities.evicts
+                for side in self._sides:
+                    side.attached(capabilities)
                 out = []
             case _:
                 raise ValueError(f"command: unknown command {type(command).__name__}")
@@ -189,7 +198,7 @@ class Tangram:
     def trajectory(self, trajectory: str) -> TrajectoryView | None:
         """The open trajectory ``trajectory`` (None: not open)."""
         s = self._trajectories.get(trajectory)
-        return None if s is None else TrajectoryView(s.task, self._cpu.node_of(trajectory),
+        return None if s is None else TrajectoryView(s.task, self._cpu_nodes.node_of(trajectory),
                                                      s.in_flight, s.mem_gb)
 
     def is_running(self, action_id: str) -> bool:
@@ -197,7 +206,7 @@ class Tangram:
 
     def node_of(self, trajectory: str) -> str | None:
         """The CPU node ``trajectory`` is bound to (None: not bound, or unknown)."""
-        return self._cpu.node_of(trajectory)
+        return self._cpu_nodes.node_of(trajectory)
 
     def why_queued(self, action_id: str) -> str:
         """Why the queued action ``action_id`` waits, when it waits for a node to admit its
@@ -211,14 +220,13 @@ class Tangram:
 
     def busy_fraction(self, node: str) -> float:
         """Fraction of ``node``'s cores held exclusively (what a light-lane action shares)."""
-        return busy_fraction(self._cpu, node)
+        return self._cpu_nodes.busy_fraction(node)
 
     def snapshot(self, detail: bool = True) -> Snapshot:
         """A frozen copy of the core's state for readers (status page, service, sampler,
         replay); ``detail`` False: only the counts, usage, capacity and counters."""
         counters = {**self._gpu_nodes.counters(), "scheduler_passes": self._passes,
-                    "trajectories_reclaimed": self._binding.reclaimed,
-                    "lane_moves": self._lane_moves}
+                    **self._cpu_nodes.counters()}
         binding = self._binding
         snap = Snapshot(self._policy.label, len(self._queued), len(self._running),
                         len(self._trajectories), len(binding.opening) + len(binding.unbound),
@@ -229,11 +237,11 @@ class Tangram:
         return replace(
             snap, detail=True,
             trajectories=MappingProxyType({
-                t: TrajectoryView(s.task, self._cpu.node_of(t), s.in_flight)
+                t: TrajectoryView(s.task, self._cpu_nodes.node_of(t), s.in_flight)
                 for t, s in self._trajectories.items()}),
             running=MappingProxyType({aid: p.dispatch for aid, p in self._running.items()}),
-            queues=self._queue_views(), cpu_nodes=cpu_views(self._cpu, self._pools.values()),
-            quotas=self._quota_views(), **self._gpu_nodes.views())  # type: ignore[arg-type]
+            queues=self._queue_views(), quotas=self._quota_views(),
+            **{k: v for side in self._figured for k, v in side.views().items()})  # type: ignore[arg-type]
 
     def _queue_views(self) -> tuple[QueueView, ...]:
         def waiting(q: Iterable[Pending]) -> tuple[Waiting, ...]:
@@ -264,7 +272,7 @@ class Tangram:
             raise ValueError(f"mem_gb: must be >= 0, got {mem_gb!r}")
         self._binding.limits.check_open(mem_gb)
         self._trajectories[trajectory] = TrajectoryState(task, mem_gb)
-        if self._cluster.cpu_nodes:
+        if self._cpu_nodes.nodes:
             self._binding.opened(trajectory)
 
     def _close(self, trajectory: str, now: float) -> list[Effect]:
@@ -307,8 +315,7 @@ class Tangram:
                 if not all(states):  # (a TrajectoryState is true)
                     states = []
         one_by_one: list[TrajectoryState] = []
-        gpu_check = self._gpu_nodes.checker()
-        limits = self._binding.limits
+        checks = [side.checker() for side in self._sides]
         for action, state in (zip(actions, states, strict=True) if states
                               else zip(actions, repeat(None))):
             if state is None:  # (checked one by one)
@@ -331,9 +338,9 @@ class Tangram:
                         if demand.min > spec.limit:
                             raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
                                              f"limit {spec.limit}")
-            if gpu_check(action, state):
-                continue
-            limits.check(action, state.mem_gb)
+            for check in checks:  # (the first side that takes it checks it)
+                if check(action, state):
+                    break
         return states or one_by_one
 
     def _submit(self, actions: Iterable[Action], now: float) -> list[Effect]:
@@ -445,12 +452,7 @@ class Tangram:
     def lane_wakeup(self) -> float | None:
         """When the next action on a light lane overstays it, unless it ends first (then
         ``Overstay``; None: no lane runs anything)."""
-        return min((at for lane in self._lanes if (at := lane.lane_wakeup()) is not None),
-                   default=None)
-
-    def _lanes_of(self) -> tuple[LightLane, ...]:
-        return tuple(pool.lane for pool in self._pools.values()
-                     if pool.lane is not None and pool.lane.lane_slots)
+        return self._cpu_nodes.lane_wakeup()
 
     # -- internals ---------------------------------------------------------------------
     def _pending(self, action: Action, now: float, pool: PoolPoints) -> Pending:
@@ -467,14 +469,10 @@ class Tangram:
         sched = pool.scheduler or self._scheduler
         unit_choices, estimates = pool.unit_choices, self._estimates
         lane = pool.lane
-        # the light lane (a CPU node's): actions expected to take at most ``light_s`` on one
-        # core, by their command, declared or observed (tangram/estimates.py LaneModel)
-        light_s = lane.light_s if lane is not None else 0.0
         durations = estimates.durations
         durations.now = now  # (learnt tables read the runs in flight as of now)
-        lane_model, mean_n = durations.lane, durations.mean_n
-        # per (task, kind) of the batch: its runs and their mean
-        kinds: dict[tuple[str, str], tuple[int, float]] = {}
+        # the light lane's classification (a CPU node's: tangram/cpu/lane.py light_test)
+        light_test = lane.light_test(durations) if lane is not None else None
         for action in actions:
             quotas = _quotas(action.cost)
             if key is None:  # (a pool with no key resource: API calls)
@@ -497,17 +495,7 @@ class Tangram:
             else:  # (unit choices are ints: PoolPoints.unit_choices)
                 key_min = choices[0] if choices else int(action.min(key))
                 choices = ()
-            light = False
-            if key_min == 1 and light_s and not quotas:
-                command = command_of(action)
-                if command:  # (its own runs, else its declaration, else its kind's)
-                    light = lane_model.light(action, command, light_s, 0, 0.0)
-                else:  # (by its kind: a batch looks each kind's runs up once)
-                    k = (action.task, action.kind)
-                    runs = kinds.get(k)
-                    if runs is None:
-                        runs = kinds[k] = mean_n(k)
-                    light = lane_model.light(action, "", light_s, *runs)
+            light = light_test is not None and light_test(action, key_min, quotas)
             append(Pending(action, now, key_min, quotas, False, light, choices))
         return out
 
@@ -582,9 +570,6 @@ class Tangram:
             out.append(d)
         return out
 
-    def _moved_off_lane(self) -> None:
-        self._lane_moves += 1
-
     def _reserve(self, pool: PoolPoints, p: Pending, units: int,
                  now: float) -> tuple[Lease, GpuPlan | None] | None:
         """Pool units then quotas, all or nothing. NUMA placement may refuse the
@@ -618,8 +603,9 @@ class Tangram:
     # -- introspection -----------------------------------------------------------------
     def _usage(self) -> dict[str, float]:
         """Units in use per resource (for utilisation sampling)."""
-        out = {"cpu": 0.0, "cpu_lane": 0.0, **self._gpu_nodes.usage().units,
-               "mem_gb": sum(n.mem_reserved for n in self._cpu.nodes.values())}
+        figures = [side.usage() for side in self._figured]
+        out = {k: v for f in figures for k, v in f.units.items()}
+        out.update({k: v for f in figures for k, v in f.other.items()})
         for pool in self._pools.values():
             for res, units in pool.usage().items():
                 out[res] = out.get(res, 0.0) + units
@@ -627,40 +613,8 @@ class Tangram:
         return out
 
     def _capacity(self) -> dict[str, float]:
-        out = {"cpu": float(sum(n.cores for n in self._cluster.cpu_nodes)),
-               **self._gpu_nodes.capacity().units,
-               "mem_gb": float(sum(n.mem_gb for n in self._cluster.cpu_nodes)),
-               "cpu_lane": float(sum(p.lane.lane_slots for p in self._pools.values()
-                                     if p.lane is not None))}
+        figures = [side.capacity() for side in self._figured]
+        out = {k: v for f in figures for k, v in f.units.items()}
+        out.update({k: v for f in figures for k, v in f.other.items()})
         out.update({q.key: q.limit for q in self._cluster.quotas})
         return out
-
-    # -- membership (multi-node executors, e.g. Ray: a node joins or leaves) -----------
-    def _add_node(self, spec: CpuNodeSpec, now: float) -> list[Effect]:
-        """A CPU node joined: add its capacity and pool; return what can start now
-        (trajectories waiting to be bound may fit on it)."""
-        pool = self._policy.cpu.grow(self._cpu, spec)  # the pool build would have made for it
-        self._pools[pool.name] = pool
-        self._lanes = self._lanes_of()
-        self._cpu_nodes_changed((*self._cluster.cpu_nodes, spec))
-        return self._schedule(now, ())
-
-    def _remove_node(self, node: str, now: float) -> list[Effect]:
-        """A CPU node left (its machine or its agent died). Idempotent.
-
-        Its capacity goes; trajectories bound there are unbound (their state is gone)
-        and their queued actions go back to the binding queue in submit order, so
-        they are re-bound elsewhere. Actions *running* there stay running until the
-        executor reports each one (failed): it reports them, exactly once, through
-        ``Finish``, which then releases nothing. Returns what can start now."""
-        name = f"cpu:{node}"
-        pool = self._pools.get(name)
-        if pool is None or node not in self._cpu.nodes:
-            return []
-        self._binding.node_lost(node, pool)
-        self._cpu_nodes_changed(tuple(n for n in self._cluster.cpu_nodes if n.name != node))
-        return self._schedule(now, ())
-
-    def _cpu_nodes_changed(self, cpu_nodes: tuple[CpuNodeSpec, ...]) -> None:
-        self._cluster = replace(self._cluster, cpu_nodes=cpu_nodes)
-        self._binding.nodes_changed(cpu_nodes)

@@ -47,14 +47,14 @@ from __future__ import annotations
 
 from bisect import bisect_left, insort
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 from typing import Any, Protocol, TypeVar
 
 from tangram.api.quota import QuotaManager
 from tangram.arrange import DPOperator, LinearOperator
-from tangram.estimates import Estimates
+from tangram.estimates import DurationModel, Estimates
 from tangram.model import Action, Elasticity, GpuPlan, Pending, slot_init
 from tangram.protocol import Effect
 
@@ -113,6 +113,11 @@ class LightLane(Protocol):
 
     def due(self, now: float) -> bool:
         """An action on the lane overstays it by ``now`` (an ``Overstay`` is for it)."""
+        ...
+
+    def light_test(self, durations: DurationModel
+                   ) -> Callable[[Action, int, Mapping[str, float]], bool]:
+        """Which actions of a batch queued at once are light (tangram/cpu/lane.py)."""
         ...
 
 

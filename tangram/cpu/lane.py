@@ -6,9 +6,11 @@ leave it."""
 from __future__ import annotations
 
 from collections import deque
+from collections.abc import Callable, Mapping
 from typing import Protocol
 
-from tangram.model import Dispatch, Lease, Pending
+from tangram.estimates import DurationModel, command_of
+from tangram.model import Action, Dispatch, Lease, Pending
 from tangram.pool import Books
 from tangram.protocol import Effect, Moved
 
@@ -92,3 +94,32 @@ def start_light(pool: LaneHost, now: float, books: Books) -> list[Effect]:
         started(aid, now + expected, units, now)
         out.append(d)
     return out
+
+
+#: is a queued action light (it may use the lane)? Given the action, its minimum cores and
+#: the quotas it holds
+LightTest = Callable[[Action, int, Mapping[str, float]], bool]
+
+
+def light_test(light_s: float, durations: DurationModel) -> LightTest:
+    """The light-lane classification of one batch queued on a lane of ``light_s``:
+    actions expected to take at most ``light_s`` on one core, holding no quota, by their
+    command, declared or observed (tangram/estimates.py LaneModel). A batch looks each
+    (task, kind)'s runs up once."""
+    lane_model, mean_n = durations.lane, durations.mean_n
+    # per (task, kind) of the batch: its runs and their mean
+    kinds: dict[tuple[str, str], tuple[int, float]] = {}
+
+    def light(action: Action, key_min: int, quotas: Mapping[str, float]) -> bool:
+        if not (key_min == 1 and light_s and not quotas):
+            return False
+        command = command_of(action)
+        if command:  # (its own runs, else its declaration, else its kind's)
+            return lane_model.light(action, command, light_s, 0, 0.0)
+        k = (action.task, action.kind)  # (by its kind)
+        runs = kinds.get(k)
+        if runs is None:
+            runs = kinds[k] = mean_n(k)
+        return lane_model.light(action, "", light_s, *runs)
+
+    return light

@@ -6,8 +6,9 @@ from collections import deque
 from typing import Any
 
 from tangram.arrange import LinearOperator
-from tangram.cpu.lane import TICK, lane_pass
+from tangram.cpu.lane import TICK, LightTest, lane_pass, light_test
 from tangram.cpu.manager import CpuLease, CpuManager, pick_domains
+from tangram.estimates import DurationModel
 from tangram.model import Action, Lease, Pending
 from tangram.pool import Books, Grant, LaneSlot, LightLane, Pool, PoolScheduler
 from tangram.protocol import Effect
@@ -158,6 +159,9 @@ class CpuNodePool(Pool):
     def lane_wakeup(self) -> float | None:
         """When the next action on the lane overstays (None: none runs there)."""
         return next(iter(self._lane.values()), None)  # (in start order)
+
+    def light_test(self, durations: DurationModel) -> LightTest:
+        return light_test(self.light_s, durations)
 
     def due(self, now: float) -> bool:
         at = self.lane_wakeup()

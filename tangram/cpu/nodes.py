@@ -1,0 +1,129 @@
+"""The CPU nodes as the core sees them (tangram/sides.py): memory admission set on the
+manager, the nodes' light lanes (their next overstay, those due, the count of actions moved
+off them), a node joining (its pool, as the policy's CPU part builds it) or leaving (its
+trajectories re-bound: tangram/cpu/binding.py), the submit-time check against what the
+nodes can ever hold, the point queries (a trajectory's node, a node's busy cores) and what
+the snapshot shows (counters, node views, figures)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+from tangram.cluster import CpuNodeSpec, GpuNodeSpec
+from tangram.cpu.admission import MemoryAdmission
+from tangram.cpu.binding import Binding
+from tangram.cpu.manager import CpuManager
+from tangram.cpu.views import busy_fraction, cpu_views
+from tangram.model import Action
+from tangram.parts import CpuSide
+from tangram.pool import LightLane, PoolPoints
+from tangram.protocol import Capabilities
+from tangram.sides import Check, Figures
+from tangram.trajectory import TrajectoryState
+
+
+class CpuNodes:
+    """The CPU side of a core: its manager, the cluster's CPU nodes as they join and leave,
+    every pool (the core's own dict: a joining node's pool is added to it) and the binding
+    of trajectories to nodes."""
+
+    def __init__(self, cpu: CpuManager, nodes: tuple[CpuNodeSpec, ...], side: CpuSide,
+                 pools: dict[str, PoolPoints], binding: Binding,
+                 admission: MemoryAdmission) -> None:
+        self._cpu = cpu
+        #: the cluster's CPU nodes now (validation and capacity hold to these)
+        self.nodes = nodes
+        self._side = side
+        self._pools = pools
+        self._binding = binding
+        cpu.admission = admission
+        #: the nodes' light lanes (asked for their next overstay after every event)
+        self._lanes = self._lanes_of()
+        #: light-lane actions that overstayed and were moved off it
+        self.lane_moves = 0
+
+    def _lanes_of(self) -> tuple[LightLane, ...]:
+        return tuple(pool.lane for pool in self._pools.values()
+                     if pool.lane is not None and pool.lane.lane_slots)
+
+    def moved_off_lane(self) -> None:
+        self.lane_moves += 1
+
+    def lane_wakeup(self) -> float | None:
+        """When the next action on a light lane overstays it, unless it ends first."""
+        return min((at for lane in self._lanes if (at := lane.lane_wakeup()) is not None),
+                   default=None)
+
+    def overstayed(self, now: float) -> list[PoolPoints]:
+        """The pools whose lane has an action overstaying it by ``now``."""
+        return [pool for pool in self._pools.values()
+                if pool.lane is not None and pool.lane.due(now)]
+
+    def node_of(self, trajectory: str) -> str | None:
+        return self._cpu.node_of(trajectory)
+
+    def busy_fraction(self, node: str) -> float:
+        return busy_fraction(self._cpu, node)
+
+    # -- membership --------------------------------------------------------------------
+    def joined(self, spec: CpuNodeSpec | GpuNodeSpec) -> Iterable[PoolPoints] | None:
+        """A CPU node joined: its capacity and pool are added; a pass follows (trajectories
+        waiting to be bound may fit on it)."""
+        pool = self._side.grow(self._cpu, spec)  # type: ignore[arg-type]  # the pool build would have made for it
+        self._pools[pool.name] = pool
+        self._lanes = self._lanes_of()
+        self._nodes_changed((*self.nodes, spec))  # type: ignore[arg-type]
+        return ()
+
+    def lost(self, node: str) -> Iterable[PoolPoints] | None:
+        """A CPU node left (its machine or its agent died). Idempotent.
+
+        Its capacity goes; trajectories bound there are unbound (their state is gone)
+        and their queued actions go back to the binding queue in submit order, so
+        they are re-bound elsewhere. Actions *running* there stay running until the
+        executor reports each one (failed): it reports them, exactly once, through
+        ``Finish``, which then releases nothing."""
+        pool = self._pools.get(f"cpu:{node}")
+        if pool is None or node not in self._cpu.nodes:
+            return None
+        self._binding.node_lost(node, pool)
+        self._nodes_changed(tuple(n for n in self.nodes if n.name != node))
+        return ()
+
+    def worker_lost(self, node: str) -> None:
+        return None
+
+    def _nodes_changed(self, nodes: tuple[CpuNodeSpec, ...]) -> None:
+        self.nodes = nodes
+        self._binding.nodes_changed(nodes)
+
+    def attached(self, capabilities: Capabilities) -> None:
+        self._binding.evicts = capabilities.evicts
+
+    def checker(self) -> Check:
+        """Takes every action it is asked about: refused when no node can ever hold it."""
+        limits = self._binding.limits
+
+        def check(action: Action, state: TrajectoryState) -> bool:
+            limits.check(action, state.mem_gb)
+            return True
+
+        return check
+
+    # -- what the snapshot shows -------------------------------------------------------
+    def counters(self) -> dict[str, float]:
+        return {"trajectories_reclaimed": self._binding.reclaimed,
+                "lane_moves": self.lane_moves}
+
+    def views(self) -> dict[str, object]:
+        return {"cpu_nodes": cpu_views(self._cpu, self._pools.values())}
+
+    def usage(self) -> Figures:
+        return Figures({"cpu": 0.0, "cpu_lane": 0.0},
+                       {"mem_gb": sum(n.mem_reserved for n in self._cpu.nodes.values())})
+
+    def capacity(self) -> Figures:
+        return Figures({"cpu": float(sum(n.cores for n in self.nodes))},
+                       {"mem_gb": float(sum(n.mem_gb for n in self.nodes)),
+                        "cpu_lane": float(sum(p.lane.lane_slots for p in self._pools.values()
+                                                  if p.lane is not None))})
