@@ -42,7 +42,7 @@ from tangram.model import (
     counted,
 )
 from tangram.policies import Policy
-from tangram.pool import Books, PoolPoints, by_pool
+from tangram.pool import AfterPass, Batching, Books, PoolPoints, Waking, by_pool
 from tangram.protocol import (
     Attach,
     Cancel,
@@ -444,6 +444,8 @@ class Tangram:
             return None
         at = self._quota.next_expiry(now)
         for pool in self._pools.values():
+            if not isinstance(pool, Waking):
+                continue
             w = pool.next_wakeup(now)
             if w is not None and (at is None or w < at):
                 at = w
@@ -525,7 +527,8 @@ class Tangram:
             out.extend(got)
             if not got or pool.free_units() <= 0:
                 break
-        pool.after_pass(now, self._estimates)  # e.g. a static GPU pool deploys replicas
+        if isinstance(pool, AfterPass):  # e.g. a static GPU pool deploys replicas
+            pool.after_pass(now, self._estimates)
         return out
 
     def _pass_once(self, pool: PoolPoints, now: float) -> list[Dispatch]:
@@ -536,6 +539,7 @@ class Tangram:
         # Largest grants first: NUMA placement is easiest while domains are whole.
         if len(decisions) > 1:
             decisions.sort(key=lambda d: -d[1])
+        batcher = pool if isinstance(pool, Batching) else None
         granted: list[tuple[Pending, Lease, GpuPlan | None]] = []
         for p, units in decisions:
             got = self._reserve(pool, p, units, now)
@@ -550,7 +554,8 @@ class Tangram:
                 p.action.duration(lease.units) if p.action.t1_s is not None else self._estimates.estimate(p))
             # continuous batching: the pool may let queued requests of the same service
             # ride on this lease (it takes them off its queue)
-            riders, batch_s = pool.batch(p, lease.units, now, self._estimates)
+            riders, batch_s = (batcher.batch(p, lease.units, now, self._estimates)
+                               if batcher is not None else ([], None))
             for r in riders:
                 del self._queued[r.action.id]
             if riders and batch_s is not None:

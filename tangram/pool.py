@@ -1,8 +1,9 @@
 """What every pool is: the units a scheduling pass runs on (paper 5.2: one pass per CPU
 node), the queued action (:class:`Pending`), a grant, the extension points
-(:class:`PoolPoints`, made of one protocol per point: :class:`Queueing`,
-:class:`Filtering`, :class:`Reserving`, :class:`Batching`, :class:`PassHooks`; the light
-lane :class:`LightLane`) and their defaults (:class:`Pool`,
+(:class:`PoolPoints`, made of one protocol per point every pool implements:
+:class:`Queueing`, :class:`Filtering`, :class:`Reserving`; the optional ones a pool
+implements only if it uses them, checked with isinstance: :class:`Batching`,
+:class:`AfterPass`, :class:`Waking`; the light lane :class:`LightLane`) and their defaults (:class:`Pool`,
 a pool with no key resource: API-only actions). The pools themselves live by resource:
 ``tangram/cpu/pool.py`` (a CPU node with its light lane), ``tangram/cpu/pods.py``
 (Kubernetes), ``tangram/gpu/pool.py`` (evict-on-execution; its scheduler in ``eoe.py``),
@@ -14,8 +15,10 @@ capacity the elastic group shares, which DP operator describes that topology,
 and how to reserve and release the real units through its manager.
 
 Extension points, named as kube-scheduler names its plugins (a policy builds its
-pools from these; the core and the schedulers call nothing else). They are the
-:class:`PoolPoints` protocol (below); :class:`Pool` implements each with a default.
+pools from these; the core and the schedulers call nothing else). The first ones are the
+:class:`PoolPoints` protocol (below), :class:`Pool` implementing each with a default; the
+last three (marked *optional*) are protocols of their own that a pool implements only if
+it uses them (the core asks ``isinstance``).
 
 ==================== ================================================================
 ``unit_choices``     PreFilter: the feasible unit counts of an action on this pool
@@ -33,11 +36,14 @@ pools from these; the core and the schedulers call nothing else). They are the
 ``drain``
 ``started``,         an action started on / ended its lease (``running``: what is
 ``ended``            running, for the schedulers' expected ends)
-``batch``            queued actions that ride on a granted lease (continuous batching)
-``after_pass``       end of a scheduling pass (a static GPU pool deploys its replicas)
-``next_wakeup``      when the pool wants a pass although nothing arrives or ends
 ``usage``            units in use, per resource, for utilisation sampling
 ``lane``             the pool's light lane (:class:`LightLane`), or None
+``batch``            *optional* (:class:`Batching`): queued actions that ride on a
+                     granted lease (continuous batching)
+``after_pass``       *optional* (:class:`AfterPass`): end of a scheduling pass (a static
+                     GPU pool deploys its replicas)
+``next_wakeup``      *optional* (:class:`Waking`): when the pool wants a pass although
+                     nothing arrives or ends
 ==================== ================================================================
 
 Ordering (QueueSort) is the scheduler's: ``Ordering`` in tangram/scheduler.py.
@@ -50,7 +56,7 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
-from typing import Any, Protocol, TypeVar
+from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tangram.api.quota import QuotaManager
 from tangram.arrange import DPOperator, LinearOperator
@@ -186,24 +192,43 @@ class Reserving(Protocol[Part]):
     def expected_ends(self, now: float) -> list[tuple[float, int]]: ...
 
 
+# The optional points: a pool implements those it uses, and the core asks
+# ``isinstance(pool, Batching)`` (kube-scheduler plugins: a plugin registers the points it
+# implements). A pool that implements none runs alone, does nothing after a pass and
+# wants no pass of its own.
+@runtime_checkable
 class Batching(Protocol):
     """Continuous batching: queued actions that ride on a granted lease."""
 
     def batch(self, p: Pending, units: int, now: float,
-              estimates: Estimates) -> tuple[list[Pending], float | None]: ...
+              estimates: Estimates) -> tuple[list[Pending], float | None]:
+        """Queued actions (taken off the queue) that ``p``'s lease of ``units`` also
+        serves, and the batch's expected time; ([], None): ``p`` runs alone."""
+        ...
 
 
-class PassHooks(Protocol):
-    """The end of a pass (a static GPU pool deploys its replicas), and when the pool wants
-    one although nothing arrives or ends."""
+@runtime_checkable
+class AfterPass(Protocol):
+    """The end of a pass (a static GPU pool deploys its replicas)."""
 
     def after_pass(self, now: float, estimates: Estimates) -> None: ...
-    def next_wakeup(self, now: float) -> float | None: ...
 
 
-class PoolPoints(Queueing, Filtering[Any, Any], Reserving[Any], Batching, PassHooks, Protocol):
-    """Every extension point of a pool, as the core and the schedulers see any pool (each
-    pool's own Scratch, Capacity and Part: ``Any`` here, where pools of every kind meet)."""
+@runtime_checkable
+class Waking(Protocol):
+    """A pool that wants a pass although nothing arrives or ends (a GPU request stops
+    waiting by choice)."""
+
+    def next_wakeup(self, now: float) -> float | None:
+        """When (None: not now)."""
+        ...
+
+
+class PoolPoints(Queueing, Filtering[object, object], Reserving[object], Protocol):
+    """The extension points every pool implements, as the core and the schedulers see any
+    pool (each pool's own Scratch, Capacity and Part: ``object`` here, where pools of every
+    kind meet; the optional points: :class:`Batching`, :class:`AfterPass`,
+    :class:`Waking`)."""
 
     name: str
     key: str | None
@@ -415,15 +440,3 @@ class Pool:
     def arrived(self, p: Pending, now: float) -> None:
         return None
 
-    def batch(self, p: Pending, units: int, now: float,
-              estimates: Estimates) -> tuple[list[Pending], float | None]:
-        """Queued actions (taken off the queue) that ``p``'s lease of ``units`` also
-        serves, and the batch's expected time; ([], None): ``p`` runs alone."""
-        return [], None
-
-    def after_pass(self, now: float, estimates: Estimates) -> None:
-        return None
-
-    def next_wakeup(self, now: float) -> float | None:
-        """When this pool wants a pass although nothing arrives or ends (None: never)."""
-        return None
