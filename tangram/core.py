@@ -66,6 +66,7 @@ from tangram.protocol import (
     Waiting,
     WorkerLost,
 )
+from tangram.sides import Owing
 from tangram.trajectory import TrajectoryState
 
 #: resources that are never counted (tangram.model.counted): the common case, decided
@@ -116,6 +117,8 @@ class Tangram:
         #: the sides, the GPU one first (a node joining is a GPU node's if it is one, the
         #: CPU side takes every other; a submitted GPU request is the GPU side's to check)
         self._sides = (self._gpu_nodes, self._cpu_nodes)
+        #: the sides that owe effects after a command (tangram/sides.py Owing)
+        self._owing = tuple(side for side in self._sides if isinstance(side, Owing))
         #: the sides' figures in the order of the utilisation columns
         self._figured = (self._cpu_nodes, self._gpu_nodes)
         #: what a pool's own starts write in (a light lane's)
@@ -142,7 +145,8 @@ class Tangram:
             out = []
         else:
             out = self._handle_other(command, now)
-        self._gpu_nodes.owed(out)
+        for side in self._owing:
+            side.owed(out)
         return out
 
     def _handle_other(self, command: Command, now: float) -> list[Effect]:

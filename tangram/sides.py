@@ -1,7 +1,8 @@
 """What a resource side (the CPU nodes, tangram/cpu/nodes.py; the GPU nodes,
 tangram/gpu/nodes.py) does for the core besides its pools, as the core sees any side: one
-small protocol per point, a side implementing the points it uses (the core checks with
-isinstance once, at construction, kube-scheduler plugin style). The core calls these and
+small protocol per point, a side implementing the points it uses (kube-scheduler plugin
+style: the core asks isinstance, once at construction, for a point a side may lack: only
+the GPU side owes effects, :class:`Owing`). The core calls these and
 names no resource: it never reads a manager of its own."""
 
 from __future__ import annotations
