@@ -8,13 +8,13 @@ from typing import Annotated
 
 import typer
 
+from analysis.bench.adapters import main as adapters_main
+from analysis.bench.executor import executor_bench, ray_executor_bench, serve_bench
+from analysis.bench.gpu import gpu_bench
+from analysis.bench.scheduler import learning_bench, scheduler_bench, simulate_bench
+from analysis.bench.sim_scale import POINTS as SCALE_POINTS
+from analysis.bench.sim_scale import run as scale_run
 from analysis.experiments import gpu_target_jobs, gpu_target_verdict, run_jobs
-from analysis.scale import POINTS as SCALE_POINTS
-from analysis.scale import run as scale_run
-from executor.bench.adapters import main as adapters_main
-from executor.bench.executor import executor_bench, ray_executor_bench, serve_bench
-from executor.bench.gpu import gpu_bench
-from sim.bench import learning_bench, scheduler_bench, simulate_bench
 from tangram_cli.common import command_app, fail
 from tangram_cli.options import RAY_HELP, check_gpu_device, ray_spec
 from traces.generate import WORKLOADS
@@ -265,7 +265,7 @@ def bench_live_mix(
     (mean/p99/max; light ones and those importing sympy apart), the rewards' wait, time and
     cores, and the machine's load (one JSON line per policy, then a summary). Takes
     minutes: the tests really run."""
-    from executor.bench.live_mix import REWARD_MODULES, check, live_mix_bench
+    from analysis.bench.live_mix import REWARD_MODULES, check, live_mix_bench
     from tangram.policies import make_policy
 
     names = tuple(p.strip() for p in policies.split(",") if p.strip())
@@ -291,7 +291,7 @@ def bench_fork(
     its sandbox (git clone of a local repository + pip install of a local wheel, offline)
     against one preparation forked into the others. One JSON line: open-to-first-action
     per rollout, the group's total CPU, the fork's method and seconds per copy."""
-    from executor.bench.fork import fork_bench
+    from analysis.bench.fork import fork_bench
 
     if backend not in ("process", "docker"):
         fail(f"bench fork: --backend must be process or docker, got {backend!r}")
@@ -311,7 +311,7 @@ def bench_fork_sim(
     sandbox, on the whole cluster and on one CPU node (oversubscribed): env time per
     trajectory, step time, mean ACT, first agent action, core-seconds of preparation
     (JSON lines)."""
-    from analysis.forks import fork_sim_rows
+    from analysis.bench.fork_sim import fork_sim_rows
 
     try:
         for row in fork_sim_rows(trajectories, group, cluster, seed=seed, fork_s=fork_s):

@@ -285,10 +285,10 @@ def closed_loop_scenario(seed: int = 0, trajectories_n: int = 256) -> dict:
     """Many actions per trajectory with learning on: a generated AI-coding batch (about 30
     actions a trajectory; the unprofiled ones' durations learnt as they finish) simulated
     closed-loop on the paper cluster. The core's CPU per dispatch (its thread's CPU clock)
-    beside the bare SimPy model of the same trace and loop (sim/scale.py's floor)."""
+    beside the bare SimPy model of the same trace and loop (analysis/bench/floor.py's floor)."""
+    from analysis.bench.floor import floor_model
     from sim.cluster import load_cluster
     from sim.driver import SimConfig, simulate
-    from sim.scale import floor_model
     from traces.generate import generate
     from traces.schema import trajectories, validate
 

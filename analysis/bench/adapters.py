@@ -1,7 +1,7 @@
 """Per-call overhead of the framework adapters (tangram.integrations) over the
 plain client, against a real `tangram serve` (JSON on stdout).
 
-    python -m executor.bench.adapters [--calls 200] [--backend process] [--url URL]
+    python -m analysis.bench.adapters [--calls 200] [--backend process] [--url URL]
 
 Each call runs ``true`` in one open sandbox, sequentially (one call in flight),
 so a call's latency is the HTTP round trips, the scheduler pass and the spawn;

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from sim.scale import floor_model
+from analysis.bench.floor import floor_model
 
 #: (workload, trajectories) of the full bench
 POINTS: tuple[tuple[str, int], ...] = (

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
-from executor.bench.serving import stop, wait_healthy
+from analysis.bench.serving import stop, wait_healthy
 
 #: reward runs: sympy test modules of a few seconds on one idle core (traces/profile_suite.py)
 REWARD_MODULES = ("sympy.core.tests.test_numbers", "sympy.core.tests.test_relational",

@@ -34,7 +34,7 @@ import zipfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from executor.bench.serving import stop, wait_healthy
+from analysis.bench.serving import stop, wait_healthy
 from tangram.client import TangramClient
 
 #: files of the bench's repository (a small Python project: sources and tests)

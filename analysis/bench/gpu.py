@@ -165,7 +165,7 @@ def gpu_bench(device: str, sizes_gb: list[float], batches: list[int], tokens: in
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m executor.bench.gpu``: the bench without the CLI's dependencies (typer,
+    """``python -m analysis.bench.gpu``: the bench without the CLI's dependencies (typer,
     fastapi, pandas), for a machine that has only torch, numpy and nvidia-ml-py."""
     import argparse
     import json

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import numpy as np
 
+from analysis.bench.serving import stop, wait_healthy
 from executor.backends.registry import make_backend
-from executor.bench.serving import stop, wait_healthy
 from executor.driver import LiveExecutor
 from executor.node.local import local_cluster
 from tangram.core import Tangram
