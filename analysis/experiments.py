@@ -289,44 +289,6 @@ ABLATION = ("tangram", "tangram-paper", "fixed-dop:1", "fixed-dop:4", "fixed-dop
             "fixed-dop:16")
 
 
-#: the issue's GPU target: on the paper's cluster, burst MOPD at these batch sizes
-GPU_TARGET_BATCHES = (256, 1024, 2048)
-GPU_TARGET_POLICIES = ("tangram", "tangram-paper", "static", "serverless")
-
-
-def gpu_target_jobs(batches: Iterable[int] = GPU_TARGET_BATCHES, seeds: Iterable[int] = (0,),
-                    think_scale: float = 1.0, arrival: str = "burst") -> list[Job]:
-    """Burst MOPD on the paper's cluster under every GPU policy. ``think_scale`` < 1
-    compresses the generations (the same requests in less time: a harder burst)."""
-    return [Job("gpu_target", "mopd", b, p, "paper", seed=seed, think_scale=think_scale,
-                arrival=arrival, tags=(("x", b), ("think_scale", think_scale)))
-            for seed in seeds for b in batches for p in GPU_TARGET_POLICIES]
-
-
-def gpu_target_verdict(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """Whether the target holds: per seed and batch, Tangram's mean ACT at most static's,
-    restore overhead at most 0.25 and not growing with the batch size."""
-    by = {(r["seed"], r["trajectories"], r["policy"]): r for r in rows}
-    failures = []
-    for seed in sorted({r["seed"] for r in rows}):
-        sizes = sorted({r["trajectories"] for r in rows if r["seed"] == seed})
-        prev = None
-        for n in sizes:
-            t, s = by.get((seed, n, "tangram")), by.get((seed, n, "static"))
-            if t is None or s is None:
-                continue
-            if not t["act_mean_s"] <= s["act_mean_s"]:
-                failures.append(f"seed {seed}, {n}: ACT {t['act_mean_s']:.3f} s > static "
-                                f"{s['act_mean_s']:.3f} s")
-            if not t["restore_overhead"] <= 0.25:
-                failures.append(f"seed {seed}, {n}: restore overhead {t['restore_overhead']:.3f}")
-            if prev is not None and t["restore_overhead"] > prev + 0.02:
-                failures.append(f"seed {seed}, {n}: restore overhead grew "
-                                f"{prev:.3f} -> {t['restore_overhead']:.3f}")
-            prev = t["restore_overhead"]
-    return {"verdict": "met" if not failures else "not met", "failures": failures}
-
-
 def fig9(sc: dict) -> list[Job]:
     jobs = [Job("fig9", "coding", b, p, sc["base"], tags=(("x", b),))
             for b in sc["abl_batches"] for p in ABLATION]

@@ -469,7 +469,7 @@ def table1(rows: pd.DataFrame, live: dict[str, Any] | None) -> list[dict[str, An
 def measure_live() -> dict[str, Any]:
     """The allocate-on-execution cost per action, measured on this machine: the docker
     backend (cgroup update + exec), or the process backend where there is no engine."""
-    from executor.bench.executor import executor_bench
+    from analysis.bench.executor import executor_bench
 
     errors = []
     for backend in ("docker", "process"):

@@ -8,7 +8,7 @@ machine that one day runs the same loop ~3.5x slower), and Python opcodes
 goes through ``__getattr__``, a C ``map`` over a short list). Instructions count what
 the C under each opcode does, and they repeat exactly run to run.
 
-What it counts: the scenario (``sim.bench``'s cpu or gpu, 2,048 actions, as ``tangram
+What it counts: the scenario (``analysis.bench.scheduler``'s cpu or gpu, 2,048 actions, as ``tangram
 bench scheduler`` builds it) is set up uninstrumented, its trajectories opened; then
 callgrind collects inside the one ``Tangram.handle`` call that submits the 2,048 actions
 (the burst). With ``--gc off`` the cyclic GC is collected and disabled first; with

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from sim.bench import cpu_scenario, gpu_scenario, run_scheduler_scenario
+from analysis.bench.scheduler import cpu_scenario, gpu_scenario, run_scheduler_scenario
 from tangram.core import Tangram
 
 

@@ -6,7 +6,7 @@
 # Needs only: python3 with torch (CUDA), numpy, nvidia-ml-py, pyyaml (transformers brings it)
 # and, for step 2, transformers. Nothing is installed; the repository is put on PYTHONPATH.
 #
-#   1. `python -m executor.bench.gpu --device cuda`: three services of about 1, 3 and 8 GB
+#   1. `python -m analysis.bench.gpu --device cuda`: three services of about 1, 3 and 8 GB
 #      (Llama-shaped configs, random weights, bfloat16) cycling on GPU 0 through the real path
 #      (core -> GpuBackend -> worker process): restore GB/s per size beside a plain pinned
 #      host-to-device torch copy of the same bytes (target: restore >= 80% of it), evict
@@ -47,7 +47,7 @@ run_step() {  # name limit command...: stdout, stderr, exit status and limit int
 # 0. the worker path without torch (numpy weights, cpu device): the same code the torch step
 #    drives, run first so that a broken script fails fast (and in CI, which has no torch)
 run_step wiring "$WIRING_LIMIT" "$PY" scripts/torch_check.py --wiring
-run_step bench "$BENCH_LIMIT" "$PY" -m executor.bench.gpu --device "$DEVICE" --sizes-gb "$SIZES" \
+run_step bench "$BENCH_LIMIT" "$PY" -m analysis.bench.gpu --device "$DEVICE" --sizes-gb "$SIZES" \
     --batches 1,8,32 --tokens 128 --cycles 3
 run_step torch "$TORCH_LIMIT" "$PY" scripts/torch_check.py --device "$DEVICE" --long "$LONG"
 # pytest's report goes to stderr (a failure's reason is its last line); stdout: one JSON line

@@ -1,7 +1,7 @@
 """The one virtual clock: the Clock protocol (tangram/runtime.py) on a SimPy environment.
 
 The simulator (sim/driver.py) runs its trajectory processes on the same environment; the
-benches (sim/bench.py), the experiments (analysis/experiments.py) and the tests drive the
+benches (analysis/bench/scheduler.py), the experiments (analysis/experiments.py) and the tests drive the
 core with it alone (``run()``/``step()``). Only SimPy's public API is used.
 """
 

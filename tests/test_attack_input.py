@@ -139,7 +139,7 @@ def test_long_commands_do_not_stall_the_loop(http):
     """H3: commands are split off the event loop (and at most 64 KiB); /healthz keeps
     answering while 32 maximal commands (~0.15 s of shlex each, ~5 s in all) arrive at
     once. No time bound here (it failed at load ~6, issue 21 #11): the latency is a
-    figure of scripts/bench_loop_stall.py. What is checked: every probe is answered
+    figure of analysis/bench/loop_stall.py. What is checked: every probe is answered
     while the burst is accepted, and the commands run as sent."""
     _open(http, "long-cmd")
     command = "echo " + "x" * (64 * 1024 - 5)

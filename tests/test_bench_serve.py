@@ -1,7 +1,7 @@
 """`tangram bench serve-scale`'s measuring loop on a real `tangram serve` (tiny scale:
 the figures themselves are not asserted, only that they are all there and consistent)."""
 
-from executor.bench.executor import serve_bench
+from analysis.bench.serve import serve_bench
 
 
 def test_serve_bench_samples_over_time():

@@ -8,7 +8,7 @@
   rollouts start together, and the next step starts as many).
 
 The figures (first-call wait per step, beside the process backend) are
-examples/verl_stall_bench.py's; here only conditions, with generous deadlines.
+analysis/bench/verl_stall.py's; here only conditions, with generous deadlines.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from executor.bench.live_mix import HEAVY, LIGHT, REWARD_MODULES, check, plan
+from analysis.bench.live_mix import HEAVY, LIGHT, REWARD_MODULES, check, plan
 
 ROOT = Path(__file__).parent.parent
 

@@ -1,2 +1,2 @@
-"""Benchmarks of the live executor (`tangram bench executor|adapters|gpu`) and `tangram
-burn`, the CPU worker they run."""
+"""`tangram burn` (burn.py), the CPU worker the live replay runs for every trace row that
+names no command (``python -m executor.bench.burn``). The benchmarks live in analysis/bench/."""

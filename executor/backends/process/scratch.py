@@ -31,7 +31,7 @@ clone under ``/tmp`` whose venv is there too runs its commands as from anywhere 
 
 Cost (measured 2026-12-06 on this kind of machine, load ~6 on 2 cores; ``unshare`` and
 one ``mount`` exec per command): through ``tangram serve`` (``python -m
-executor.bench.tmp_cost``, alternating rounds) the commands' exec chains took 2.95 -> 5.51
+analysis.bench.tmp_cost``, alternating rounds) the commands' exec chains took 2.95 -> 5.51
 ms of CPU per trivial action, the server's own CPU 1.78 -> 2.05 ms (within the rounds'
 spread: one start per action, as before). A persistent namespace per trajectory entered
 with ``nsenter`` cost ~1 ms less per command, but leaves a mount on the host per open

@@ -31,10 +31,13 @@ import sys
 import tempfile
 import time
 import zipfile
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
-from executor.bench.serving import stop, wait_healthy
+from analysis.bench import BenchError, Opt
+from analysis.bench.serving import stop, wait_healthy
 from tangram.client import TangramClient
 
 #: files of the bench's repository (a small Python project: sources and tests)
@@ -238,3 +241,17 @@ def fork_bench(size: int = 8, rounds: int = 3, backend: str = "process",
                           if backend == "process" else "the server only: the commands run "
                           "in containers, not as its children"),
             "detail": result}
+
+
+def command(
+    size: Annotated[int, Opt("Rollouts per group.", min=1, max=65)] = 8,
+    rounds: Annotated[int, Opt("Groups played each way.", min=1)] = 3,
+    backend: Annotated[str, Opt("process or docker.")] = "process",
+) -> Iterator[dict]:
+    """Every rollout preparing its sandbox (git clone of a local repository + pip install
+    of a local wheel, offline) against one preparation forked into the others. One JSON
+    line: open-to-first-action per rollout, the group's total CPU, the fork's method and
+    seconds per copy."""
+    if backend not in ("process", "docker"):
+        raise BenchError(f"--backend must be process or docker, got {backend!r}")
+    yield fork_bench(size, rounds, backend)

@@ -1,9 +1,9 @@
 """Benchmark: verl's stock ToolAgentLoop against `tangram serve`, a batch of rollouts
 each declaring more memory than the machine has in total.
 
-    python examples/verl_stall_bench.py                      # 64 rollouts x 4 calls
-    python examples/verl_stall_bench.py --mem-overcommit 1   # every limit reserved
-    python examples/verl_stall_bench.py --backend docker --steps 2 --fresh-ids --train-s 30
+    python -m analysis.bench.verl_stall                      # 64 rollouts x 4 calls
+    python -m analysis.bench.verl_stall --mem-overcommit 1   # every limit reserved
+    python -m analysis.bench.verl_stall --backend docker --steps 2 --fresh-ids --train-s 30
 
 It starts `tangram serve` (``--backend``, default process) on a free loopback port, builds the
 tool with verl's own loader from examples/verl_tool.yaml (mem_gb 4 per sandbox),
@@ -43,7 +43,7 @@ from pathlib import Path
 
 import httpx
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))  # verl_torchfree: verl's modules without torch
 
 from verl_torchfree import AgentData, function_call, load_verl_tools, stock_loop  # noqa: E402

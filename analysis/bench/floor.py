@@ -1,4 +1,4 @@
-"""The floor of ``tangram bench sim-scale`` (analysis/scale.py): a minimal SimPy model of a
+"""The floor of ``tangram bench sim-scale`` (analysis/bench/sim_scale.py): a minimal SimPy model of a
 trace's closed loop, with no scheduler, no records and no outputs. Absolute speeds differ up
 to 3x between machines and with their load; the simulator's cost divided by this floor's,
 measured in the same process a moment apart, is the figure to compare.

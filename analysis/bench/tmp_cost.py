@@ -9,7 +9,7 @@ loaded: a drift in load hits both). Per round, from ``/proc/<server>/stat``: the
 own CPU and its reaped children's (the commands' exec chains) per action, in ms. Prints
 one JSON line: each tree's medians over the rounds, and the load average.
 
-    python -m executor.bench.tmp_cost --before /tmp/before [--rounds 4] [--actions 50]
+    python -m analysis.bench.tmp_cost --before /tmp/before [--rounds 4] [--actions 50]
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from executor.bench.serving import stop, wait_healthy
+from analysis.bench.serving import stop, wait_healthy
 
 HERE = Path(__file__).resolve().parents[2]
 

@@ -7,7 +7,7 @@ the same probe's latencies before the burst (the baseline), and the machine's lo
 Issue 21 #11: this figure was a timed assertion in tests/test_attack_input.py, which
 failed at load ~6; a figure goes here, never into a test.
 
-    PYTHONPATH=. python scripts/bench_loop_stall.py
+    python -m analysis.bench.loop_stall
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from conftest import TOKEN, start_server  # noqa: E402
 
 H = {"Authorization": f"Bearer {TOKEN}"}

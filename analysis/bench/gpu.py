@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any
+from collections.abc import Iterator
+from typing import Annotated, Any
 
 import numpy as np
 
+from analysis.bench import BenchError, Opt
 from executor.backends.gpu.backend import GpuBackend
 from executor.backends.gpu.config import discover, itemsize_for, readings
 from executor.backends.gpu.model import ModelSource, config_for_bytes, random_size_bytes
@@ -165,7 +167,7 @@ def gpu_bench(device: str, sizes_gb: list[float], batches: list[int], tokens: in
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``python -m executor.bench.gpu``: the bench without the CLI's dependencies (typer,
+    """``python -m analysis.bench.gpu``: the bench without the CLI's dependencies (typer,
     fastapi, pandas), for a machine that has only torch, numpy and nvidia-ml-py."""
     import argparse
     import json
@@ -187,6 +189,30 @@ def main(argv: list[str] | None = None) -> None:
                                                   else "0.02,0.05,0.1")).split(",")]
     print(json.dumps(gpu_bench(args.device, sizes, [int(b) for b in args.batches.split(",")],
                                args.tokens, args.cycles)), flush=True)
+
+
+def command(
+    device: Annotated[str, Opt("cuda or cpu.")] = "cpu",
+    sizes_gb: Annotated[str | None, Opt(
+        "Service sizes (GB), comma-separated. Default: 1,3,8 on cuda; 0.02,0.05,0.1 on "
+        "cpu.")] = None,
+    batches: Annotated[str, Opt("Request batch sizes.")] = "1,8,32",
+    tokens: Annotated[int, Opt("Tokens per sequence of a request.", min=2)] = 128,
+    cycles: Annotated[int, Opt("Restore cycles over all services.", min=1)] = 3,
+) -> Iterator[dict[str, Any]]:
+    from executor.backends.gpu.arrays import check_device
+
+    try:
+        check_device(device)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
+    try:
+        sizes = [float(x) for x in (sizes_gb or ("1,3,8" if device == "cuda" else
+                                                 "0.02,0.05,0.1")).split(",")]
+        batch = [int(x) for x in batches.split(",")]
+    except ValueError:
+        raise BenchError("--sizes-gb/--batches: comma-separated numbers") from None
+    yield gpu_bench(device, sizes, batch, tokens, cycles)
 
 
 if __name__ == "__main__":

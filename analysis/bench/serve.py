@@ -1,4 +1,7 @@
-"""Per-action overhead of the live backends (``tangram bench executor``)."""
+"""`tangram bench serve` and `tangram bench serve-scale`: load on a real `tangram serve`
+subprocess, client and server on this machine: the server's CPU per action (from /proc),
+throughput, first-action latency and RSS over the run; at the paper's scale, sampled
+over time."""
 
 from __future__ import annotations
 
@@ -6,145 +9,14 @@ import asyncio
 import os
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
-from executor.backends.registry import make_backend
-from executor.bench.serving import stop, wait_healthy
-from executor.driver import LiveExecutor
-from executor.node.local import local_cluster
-from tangram.core import Tangram
-from tangram.model import Action, Demand
-
-
-def executor_bench(backend: str, n: int = 60, long_n: int = 5, long_s: float = 1.0) -> dict:
-    """Per-action overhead of a live backend, measured around real commands.
-
-    The command prints the wall clock at its first and last instruction, so
-    ``start overhead = command start - submit`` and ``end overhead = result
-    delivered - command end`` include the scheduler, the backend and (docker)
-    the cgroup update and exec, but not the command's own work.
-    """
-    async def go() -> dict:
-        with tempfile.TemporaryDirectory() as tmp:
-            ex = LiveExecutor(Tangram(local_cluster()), make_backend(backend, Path(tmp)))
-            try:
-                return {"backend": backend, **await overheads(ex, n, long_n, long_s)}
-            finally:
-                ex.shutdown()
-
-    return asyncio.run(go())
-
-
-async def overheads(ex: LiveExecutor, n: int, long_n: int = 5, long_s: float = 1.0) -> dict:
-    """Sequential short actions on one trajectory (see :func:`executor_bench`)."""
-    ex.open_trajectory("bench", "bench", 0.25)
-    starts, ends, updates, fractions, totals = [], [], [], [], []
-    try:
-        for i in range(n + long_n + 1):
-            sleep = long_s if i > n else 0.0
-            cmd = f"sh -c 'date +%s.%N; sleep {sleep}; date +%s.%N'"
-            action = Action(f"b{i}", "bench", "bench", "shell", {"cpu": Demand.fixed(1)},
-                            payload={"command": cmd})
-            t_submit = time.time()
-            rec, out = await ex.run(action)
-            t_done = time.time()
-            first, last = (float(x) for x in out.output.split())
-            if i == 0:
-                continue  # the first action creates the environment (container)
-            if i <= n:
-                starts.append((first - t_submit) * 1e3)
-                ends.append((t_done - last) * 1e3)
-                # clock-independent: valid when the command ran on another machine
-                totals.append(((t_done - t_submit) - (last - first)) * 1e3)
-                if "update_s" in out.extra:
-                    updates.append(out.extra["update_s"] * 1e3)
-            else:
-                fractions.append(((first - t_submit) + (t_done - last)) / (last - first))
-    finally:
-        ex.close_trajectory("bench")
-    s, e, t = np.asarray(starts), np.asarray(ends), np.asarray(totals)
-    res = {"actions": n,
-           "submit_to_start_p50_ms": round(float(np.percentile(s, 50)), 2),
-           "submit_to_start_p99_ms": round(float(np.percentile(s, 99)), 2),
-           "end_to_result_p50_ms": round(float(np.percentile(e, 50)), 2),
-           "end_to_result_p99_ms": round(float(np.percentile(e, 99)), 2),
-           "overhead_p50_ms": round(float(np.percentile(t, 50)), 2),
-           "overhead_p99_ms": round(float(np.percentile(t, 99)), 2),
-           f"overhead_fraction_of_{long_s:g}s_actions": round(float(np.mean(fractions)), 4)}
-    if updates:
-        u = np.asarray(updates)
-        res["cgroup_update_p50_ms"] = round(float(np.percentile(u, 50)), 2)
-        res["cgroup_update_p99_ms"] = round(float(np.percentile(u, 99)), 2)
-    return res
-
-
-async def throughput(ex: LiveExecutor, n: int, trajectories: int) -> dict:
-    """``n`` no-op actions (``true``) from ``trajectories`` closed-loop trajectories
-    at once: completed actions per second, and how they spread over the nodes."""
-    per = -(-n // trajectories)
-    nodes: dict[str, int] = {}
-
-    async def one(j: int) -> None:
-        ex.open_trajectory(f"tp{j}", "bench", 0.05)
-        try:
-            for i in range(per):
-                rec, out = await ex.run(Action(f"tp{j}-{i}", "bench", f"tp{j}", "shell",
-                                               {"cpu": Demand.fixed(1)}, payload={"argv": ["true"]}))
-                if out.status != "ok":
-                    raise RuntimeError(f"bench action failed: {out.error}")
-                nodes[rec.node or "-"] = nodes.get(rec.node or "-", 0) + 1
-        finally:
-            ex.close_trajectory(f"tp{j}")
-
-    t0 = time.perf_counter()
-    await asyncio.gather(*(one(j) for j in range(trajectories)))
-    wall = time.perf_counter() - t0
-    return {"actions": per * trajectories, "trajectories": trajectories,
-            "actions_per_s": round(per * trajectories / wall, 1),
-            "actions_per_node": dict(sorted(nodes.items()))}
-
-
-def ray_executor_bench(ray: str, backend: str = "process", n: int = 60,
-                       tp_actions: int = 300) -> list[dict]:
-    """The same overheads and throughput on this machine's local executor and through
-    Ray node agents (``ray`` as for ``--ray``). Rows: local, then ray."""
-    from executor.backends.ray.backend import RayBackend
-    from executor.backends.ray.cluster import connect
-
-    async def measure(make) -> dict:
-        ex, cores = make()
-        try:
-            row = await overheads(ex, n)
-            tp = await throughput(ex, tp_actions, 2 * cores)
-            return {**row, **{f"throughput_{k}": v for k, v in tp.items()}}
-        finally:
-            ex.shutdown()
-
-    rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        def local():
-            cluster = local_cluster()
-            ex = LiveExecutor(Tangram(cluster), make_backend(backend, Path(tmp)))
-            return ex, sum(c.cores for c in cluster.cpu_nodes)
-
-        rows.append({"via": "local", "backend": backend, "nodes": 1,
-                     **asyncio.run(measure(local))})
-    t0 = time.perf_counter()
-    ray_backend = RayBackend(connect(ray), backend, owns_connection=True)
-    start_s = time.perf_counter() - t0
-    cluster = ray_backend.cluster()
-
-    def via_ray():
-        return (LiveExecutor(Tangram(cluster), ray_backend),
-                sum(c.cores for c in cluster.cpu_nodes))
-
-    rows.append({"via": "ray-agent", "ray": ray, "backend": backend,
-                 "nodes": len(cluster.cpu_nodes), "ray_start_s": round(start_s, 2),
-                 **asyncio.run(measure(via_ray))})
-    return rows
+from analysis.bench import Opt
+from analysis.bench.serving import stop, wait_healthy
 
 
 def _proc_stat(pid: int) -> tuple[float, float, float]:
@@ -449,3 +321,35 @@ def _report(run: dict, sampler: _Sampler, wall: float, client_cpu: float, first:
             "first_errors": errors[:3], "cpus": os.cpu_count(),
             "clients": clients, "client_cpu_ms_per_action": round(client_cpu * 1e3 / total, 3),
             "load_avg_1m": round(os.getloadavg()[0], 2), **extra}
+
+
+def command(
+    backend: Annotated[str, Opt("process or docker.")] = "process",
+    trajectories: Annotated[int, Opt("Concurrent trajectories.", min=1)] = 64,
+    actions: Annotated[int, Opt("Trivial actions per trajectory.", min=1)] = 5,
+    warm_pool: Annotated[int, Opt("docker: the server's --warm-pool.", min=0)] = 0,
+) -> Iterator[dict]:
+    """For a soak: many actions, e.g. --trajectories 200 --actions 100 (20,000 actions)."""
+    yield serve_bench(backend, trajectories, actions, warm_pool)
+
+
+def scale_command(
+    trajectories: Annotated[int, Opt("Concurrent trajectories.", min=1)] = 2048,
+    actions: Annotated[int, Opt("Trivial actions per trajectory.", min=1)] = 30,
+    every: Annotated[float, Opt("Seconds between samples.", min=0.5)] = 10.0,
+    clients: Annotated[int, Opt(
+        "Client processes the trajectories are spread over (as rollout workers; one "
+        "asyncio client cannot drive thousands of connections).", min=1)] = 8,
+) -> Iterator[dict]:
+    """By default 2,048 trajectories x 30 trivial actions (`true`) at once. Prints a JSON
+    line every --every seconds (actions done, actions/s and server CPU per action in the
+    interval, server RSS), then the run's summary (`tangram bench serve`'s figures, the
+    timeline, and how much the server's RSS grew from the first sample to the end). Takes
+    minutes: the actions run on this machine's cores."""
+    import json
+
+    def show(row: dict) -> None:  # a sample, printed as it is taken (the run blocks)
+        print(json.dumps({"sample": True, **row}), flush=True)
+
+    yield serve_bench("process", trajectories, actions, every_s=every, on_sample=show,
+                      clients=clients)

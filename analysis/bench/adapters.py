@@ -1,7 +1,7 @@
 """Per-call overhead of the framework adapters (tangram.integrations) over the
 plain client, against a real `tangram serve` (JSON on stdout).
 
-    python -m executor.bench.adapters [--calls 200] [--backend process] [--url URL]
+    python -m analysis.bench.adapters [--calls 200] [--backend process] [--url URL]
 
 Each call runs ``true`` in one open sandbox, sequentially (one call in flight),
 so a call's latency is the HTTP round trips, the scheduler pass and the spawn;
@@ -25,11 +25,13 @@ import sys
 import tempfile
 import time
 import types
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Annotated
 
 import httpx
 
+from analysis.bench import Opt
 from tangram.client import TangramClient, TangramSyncClient
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -143,6 +145,29 @@ def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, objec
             "stand-in (verl not importable)", "paths": figures}
 
 
+def run(calls: int = 200, backend: str = "process", url: str | None = None,
+        token: str | None = None) -> dict:
+    """The bench against ``url`` (with ``token``), or against a server it starts on
+    ``backend`` and stops at the end; with the machine's load before and after."""
+    load_before = os.getloadavg()
+    if url:
+        result = bench(url, token or "", calls)
+        result["backend"] = "given server"
+    else:
+        token = "bench-" + os.urandom(8).hex()
+        with tempfile.TemporaryDirectory(prefix="tangram-bench-") as state:
+            proc, url = _serve(backend, token, state)
+            try:
+                result = bench(url, token, calls)
+            finally:
+                proc.terminate()
+                proc.wait(30)
+        result["backend"] = backend
+    result["load"] = {"cpus": os.cpu_count(), "loadavg_1m_before": round(load_before[0], 2),
+                      "loadavg_1m_after": round(os.getloadavg()[0], 2)}
+    return result
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -152,26 +177,17 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     if args.calls < 10:
         ap.error("--calls: at least 10")
-    load_before = os.getloadavg()
-    if args.url:
-        token = os.environ.get("TANGRAM_TOKEN")
-        if not token:
-            ap.error("--url needs TANGRAM_TOKEN")
-        result = bench(args.url, token, args.calls)
-        result["backend"] = "given server"
-    else:
-        token = "bench-" + os.urandom(8).hex()
-        with tempfile.TemporaryDirectory(prefix="tangram-bench-") as state:
-            proc, url = _serve(args.backend, token, state)
-            try:
-                result = bench(url, token, args.calls)
-            finally:
-                proc.terminate()
-                proc.wait(30)
-        result["backend"] = args.backend
-    result["load"] = {"cpus": os.cpu_count(), "loadavg_1m_before": round(load_before[0], 2),
-                      "loadavg_1m_after": round(os.getloadavg()[0], 2)}
-    print(json.dumps(result), flush=True)
+    token = os.environ.get("TANGRAM_TOKEN")
+    if args.url and not token:
+        ap.error("--url needs TANGRAM_TOKEN")
+    print(json.dumps(run(args.calls, args.backend, args.url, token)), flush=True)
+
+
+def command(
+    backend: Annotated[str, Opt("Backend of the server it starts.")] = "process",
+    calls: Annotated[int, Opt("Calls timed per path.", min=10)] = 200,
+) -> Iterator[dict]:
+    yield run(calls, backend)
 
 
 if __name__ == "__main__":

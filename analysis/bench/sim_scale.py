@@ -26,12 +26,13 @@ import multiprocessing as mp
 import resource
 import tempfile
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from sim.scale import floor_model
+from analysis.bench import BenchError, Opt
+from analysis.bench.floor import floor_model
 
 #: (workload, trajectories) of the full bench
 POINTS: tuple[tuple[str, int], ...] = (
@@ -130,13 +131,12 @@ def _child(workload: str, n: int, trace: Path, seed: int, generate_cpu_s: float,
         conn.close()
 
 
-def run(points: Iterable[tuple[str, int]], seed: int = 0, out: Path | None = None,
-        emit: Callable[[dict[str, Any]], None] = lambda row: None) -> list[dict[str, Any]]:
+def run(points: Iterable[tuple[str, int]], seed: int = 0,
+        out: Path | None = None) -> Iterator[dict[str, Any]]:
     """Every point in a fresh child process (spawned: nothing inherited but the code), one
-    after another; each row is passed to ``emit`` as it finishes and, with ``out``, appended
-    to ``out`` as a JSON line."""
+    after another; each row is yielded as it finishes and, with ``out``, appended to
+    ``out`` as a JSON line."""
     ctx = mp.get_context("spawn")
-    rows = []
     for workload, n in points:
         with tempfile.TemporaryDirectory(prefix="tangram-sim-scale-") as tmp:
             trace, generate_cpu_s = write_trace(workload, n, seed, Path(tmp))
@@ -149,9 +149,31 @@ def run(points: Iterable[tuple[str, int]], seed: int = 0, out: Path | None = Non
             proc.join()
         if status != "ok":
             raise RuntimeError(f"sim-scale {workload} x {n}: {value}")
-        rows.append(value)
-        emit(value)
         if out is not None:
             with out.open("a") as f:
                 f.write(json.dumps(value) + "\n")
-    return rows
+        yield value
+
+
+def command(
+    points: Annotated[str, Opt(
+        "workload:trajectories pairs, comma-separated (default: coding at 2048, 8192, "
+        "32768, 65536 and mopd at 2048, 16384 — the full run takes tens of minutes)")]
+    = ",".join(f"{w}:{n}" for w, n in POINTS),
+    seed: int = 0,
+    out: Annotated[Path | None, Opt("Also append each row to this JSON-lines file.")] = None,
+) -> Iterator[dict[str, Any]]:
+    """Actions per CPU-second, the ratio to the floor (the figure that holds across
+    machines), the core's share, peak RSS (JSON lines, one per point, each point in a
+    fresh process)."""
+    from traces.generate import WORKLOADS
+
+    try:
+        chosen = [(w.strip(), int(n)) for w, n in (p.split(":") for p in points.split(",") if p)]
+    except ValueError:
+        raise BenchError(f"--points: expected workload:trajectories,..., got {points!r}") from None
+    for w, n in chosen:
+        if w not in WORKLOADS or n < 1:
+            raise BenchError(f"--points: {w}:{n}: workload one of {sorted(WORKLOADS)}, "
+                             "trajectories >= 1")
+    yield from run(chosen, seed, out)

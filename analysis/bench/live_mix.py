@@ -28,10 +28,12 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Annotated
 
 import numpy as np
 
-from executor.bench.serving import stop, wait_healthy
+from analysis.bench import BenchError, Opt
+from analysis.bench.serving import stop, wait_healthy
 
 #: reward runs: sympy test modules of a few seconds on one idle core (traces/profile_suite.py)
 REWARD_MODULES = ("sympy.core.tests.test_numbers", "sympy.core.tests.test_relational",
@@ -189,3 +191,35 @@ def live_mix_bench(policies: tuple[str, ...] = POLICIES, trajectories: int = 8, 
         "light_waits_over_2s": first["light_waits_over_2s"],
     }
     yield summary
+
+
+def command(
+    policies: Annotated[str, Opt(
+        "Policies, comma-separated; the first is compared with the others.")]
+    = "tangram,fixed-dop:1,fixed-dop:2",
+    trajectories: Annotated[int, Opt("Concurrent trajectories.", min=1)] = 8,
+    cores: Annotated[int, Opt("Cores the server is pinned to.", min=1)] = 2,
+    shorts: Annotated[int, Opt("Short commands per trajectory.", min=2)] = 6,
+    think_s: Annotated[float, Opt("Mean think time between actions.", min=0.0)] = 1.0,
+    modules: Annotated[str | None, Opt(
+        "Reward test modules (sympy's), comma-separated; default: four of a few seconds "
+        "each on an idle core.")] = None,
+    seed: int = 0,
+) -> Iterator[dict]:
+    """Sympy's own test modules, one per trajectory as its reward, beside short shell
+    commands, through `tangram serve --backend process` pinned to --cores: makespan, the
+    short commands' queue wait (mean/p99/max; light ones and those importing sympy apart),
+    the rewards' wait, time and cores, and the machine's load (one JSON line per policy,
+    then a summary). Takes minutes: the tests really run."""
+    from tangram.policies import make_policy
+
+    names = tuple(p.strip() for p in policies.split(",") if p.strip())
+    try:
+        for name in names:
+            make_policy(name)
+        check(cores)
+        yield from live_mix_bench(names, trajectories, cores, shorts, seed, think_s,
+                                  tuple(m.strip() for m in modules.split(",")) if modules
+                                  else REWARD_MODULES)
+    except (ValueError, RuntimeError) as e:
+        raise BenchError(str(e)) from None

@@ -6,7 +6,7 @@ actions), then ``n`` ``put_file`` and ``n`` ``get_file`` of ``size`` bytes, one 
 time. Prints one JSON line: per backend the median and p90 seconds of each, and the
 docker / process ratio of the medians.
 
-    python -m executor.bench.files [--n 20] [--size 65536]
+    python -m analysis.bench.files [--n 20] [--size 65536]
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from executor.bench.serving import stop, wait_healthy
+from analysis.bench.serving import stop, wait_healthy
 
 
 async def _measure(url: str, token: str, n: int, size: int) -> dict:

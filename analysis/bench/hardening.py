@@ -8,7 +8,7 @@ Prints one JSON line:
       and how many snapshots the server built per second for them
   loadavg: /proc/loadavg at the end
 
-    PYTHONPATH=. python scripts/bench_hardening.py
+    python -m analysis.bench.hardening
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import httpx
 
-sys.path.insert(0, str(Path(__file__).parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests"))
 from conftest import TOKEN, start_server  # noqa: E402
 
 from executor.server.status import MAX_STREAMS  # noqa: E402

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
-from typing import Any
+from typing import Annotated, Any
 
+from analysis.bench import BenchError, Opt
 from analysis.runs import simulate
 from sim.cluster import load_cluster
 from tangram.fork import FORK
@@ -48,3 +49,19 @@ def fork_sim_rows(trajectories: int = 1024, group: int = 8, cluster: str = "pape
                    "prepare_core_s": float((a.loc[prep, "exec_s"]
                                             * a.loc[prep, "units"].clip(lower=1)).sum()),
                    "setups": int((a["kind"] == SETUP).sum()), "forks": int((a["kind"] == FORK).sum())}
+
+
+def command(
+    trajectories: Annotated[int, Opt("Coding trajectories.", min=1)] = 1024,
+    group: Annotated[int, Opt("Rollouts per GRPO group.", min=2, max=65)] = 8,
+    cluster: Annotated[str, Opt("Cluster YAML or built-in name.")] = "paper",
+    fork_s: Annotated[float | None, Opt(
+        "Seconds per copy (default: the cluster file's measured extra.fork_s).", min=0)] = None,
+    seed: int = 0,
+) -> Iterator[dict[str, Any]]:
+    """On the whole cluster and on one CPU node (oversubscribed): env time per trajectory,
+    step time, mean ACT, first agent action, core-seconds of preparation."""
+    try:
+        yield from fork_sim_rows(trajectories, group, cluster, seed=seed, fork_s=fork_s)
+    except ValueError as e:
+        raise BenchError(str(e)) from None
