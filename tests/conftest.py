@@ -83,6 +83,27 @@ def reachable_by_sandboxes(path: Path) -> None:
         d.chmod(d.stat().st_mode | 0o001)
 
 
+@pytest.fixture
+def shared_dir() -> Iterator[Path]:
+    """A directory that the test and sandbox commands both see and may write (0777).
+    Not under /tmp: a process-backend command has a /tmp of its own (a mount namespace,
+    issue 47 #6), so a file it writes under pytest's tmp_path would stay in its private
+    /tmp. Under the checkout (which the backend keeps visible), removed after the test."""
+    import shutil
+    import uuid
+
+    top = ROOT / ".test-shared"
+    top.mkdir(mode=0o711, exist_ok=True)
+    path = top / uuid.uuid4().hex
+    path.mkdir()
+    path.chmod(0o777)
+    reachable_by_sandboxes(path)
+    try:
+        yield path
+    finally:
+        shutil.rmtree(path, ignore_errors=True)
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

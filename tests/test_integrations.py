@@ -733,9 +733,12 @@ def test_skyrl_group_setup_prepares_once_per_group(process_server):
             assert envs[0].trajectory != envs[1].trajectory
             out = envs[0].step("<bash>cat mine.txt</bash>")
             assert out["observations"][0]["content"].startswith("0\n")
-            # one template (its setup its only action) beside the 2 copies
+            # one template beside the 2 copies; its actions: its setup, once, and a fork
+            # per copy (a fork is an action of its source, issue 45 #7)
             templates = [t for t in listed(c) if t["id"].startswith("group-")]
-            assert len(templates) == 1 and templates[0]["actions"] == 1, listed(c)
+            assert len(templates) == 1 and templates[0]["actions"] == 1 + 2, listed(c)
+            out = envs[1].step("<bash>cat state.txt</bash>")  # (setup appends: once)
+            assert out["observations"][0]["content"].count("prepared") == 1, out
             # the group's last copy: the template is no longer needed, and closes
             envs[2].init(prompt)
             assert {t["id"] for t in listed(c)} == {e.trajectory for e in envs}, listed(c)

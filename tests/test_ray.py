@@ -18,7 +18,7 @@ import time
 from pathlib import Path
 
 import httpx
-from conftest import TOKEN, reachable_by_sandboxes, start_server
+from conftest import TOKEN, start_server
 from helpers import cores_in_use, counts, cpus_of, queued_ids, until
 
 from executor.backends.ray.backend import RayBackend
@@ -77,7 +77,7 @@ def test_actions_spread_over_nodes_and_stay_on_their_trajectory_node(ray_cluster
     asyncio.run(go())
 
 
-def test_node_loss_mid_action_fails_once_and_rebinds(ray_cluster, tmp_path):
+def test_node_loss_mid_action_fails_once_and_rebinds(ray_cluster, shared_dir):
     async def go() -> None:
         backend = RayBackend(ray_cluster, poll_s=0.2)
         ex = LiveExecutor(Tangram(backend.cluster()), backend)
@@ -92,12 +92,7 @@ def test_node_loss_mid_action_fails_once_and_rebinds(ray_cluster, tmp_path):
             victim, lost_node = rec.trajectory, rec.node
             ray_node = next(n for n in ray_cluster.local_nodes()
                             if n.node_id == backend.agents[lost_node].info.ray_node_id)
-            # as root, commands run under a user id of their own: a directory they may write
-            shared = tmp_path / "shared"
-            shared.mkdir()
-            shared.chmod(0o777)
-            reachable_by_sandboxes(shared)
-            runs = shared / "runs"
+            runs = shared_dir / "runs"  # (as root, commands run as sandbox users)
             # kinds never seen before: not expected light, so each needs a core of its own
             running = ex.submit(shell("long", victim, f"sh -c 'echo $$ >> {runs}; exec sleep 60'",
                                       kind="long"))

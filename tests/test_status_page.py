@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from conftest import ROOT, TOKEN, Server, reachable_by_sandboxes, start_server
+from conftest import ROOT, TOKEN, Server, start_server
 from helpers import EventLoop, cluster, gpu_call, shell
 
 from executor.server.status import snapshot
@@ -147,7 +147,7 @@ def browser():
     b.quit()
 
 
-def test_status_page_in_a_browser(server, browser, tmp_path):
+def test_status_page_in_a_browser(server, browser, shared_dir):
     from selenium.common.exceptions import StaleElementReferenceException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support.ui import WebDriverWait
@@ -209,8 +209,7 @@ def test_status_page_in_a_browser(server, browser, tmp_path):
         for tid in ("traj-a", "traj-b", "traj-c"):
             assert httpx.post(server.url + "/v1/trajectories", headers=AUTH,
                               json={"id": tid, "mem_gb": 0.1}).status_code == 201
-        flags = {k: tmp_path / k for k in ("a", "b", "c")}
-        reachable_by_sandboxes(flags["a"])  # as root, commands run as sandbox users
+        flags = {k: shared_dir / k for k in ("a", "b", "c")}  # (seen by the commands)
         big = max(n - 1, 1)
         submit(server, "traj-a", "act-a", big, flags["a"])
         if n > 1:
