@@ -1,7 +1,7 @@
 """A verl ToolAgentLoop whose rollouts close their Tangram sandboxes when they end.
 
 verl 0.9 creates and releases a tool instance for every tool call, so a rollout's
-sandbox (tangram.integrations.verl.TangramTool) outlives the calls; this loop closes
+sandbox (tangram_sdk.integrations.verl.TangramTool) outlives the calls; this loop closes
 it as soon as the rollout finishes (otherwise the tool's idle TTL does, later).
 Select it with (see examples/verl_agent_loops.yaml):
 
@@ -14,7 +14,7 @@ torch-free and therefore tests `rollout_scope()` itself, not this subclass.
 
 from verl.experimental.agent_loop import ToolAgentLoop
 
-from tangram.integrations.verl import rollout_scope
+from tangram_sdk.integrations.verl import rollout_scope
 
 
 class TangramToolAgentLoop(ToolAgentLoop):

@@ -7,7 +7,8 @@ it only through these (tests/test_layering.py derives "inside" from this table).
 
     from tangram import Tangram, Submit, Action
 
-Names resolve on first use (PEP 562): ``import tangram.client`` does not load the core.
+Names resolve on first use (PEP 562): ``import tangram.client`` (the SDK's
+``tangram_sdk.client`` under its old name) does not load the core.
 """
 
 from __future__ import annotations
@@ -49,10 +50,12 @@ PUBLIC: dict[str, tuple[str, ...]] = {
     "tangram.gpu.batching": ("BatchModel", "DEFAULT_BATCHING", "ForwardCost", "MeasuredGpu"),
     "tangram.api.backoff": ("Backoff",),
     "tangram.estimates": ("Estimates", "DurationModel", "SpeedupCurve", "command_of"),
-    # -- the SDK (an RL framework's side of the HTTP API) ---------------------------------
+    # -- the SDK's old names: the SDK is tangram_sdk/ (it imports nothing of the core); -----
+    # tangram.client and tangram.integrations.* are its modules under the names existing
+    # configs and imports use, kept public (``from tangram import TangramClient`` too)
     "tangram.client": ("TangramError", "TangramClient", "TangramSyncClient"),
 }
-#: packages public with every module in them: the framework adapters
+#: packages public with every module in them: the framework adapters' old names
 PUBLIC_PACKAGES: tuple[str, ...] = ("tangram.integrations",)
 
 _WHERE = {name: module for module, names in PUBLIC.items() for name in names}

@@ -164,7 +164,7 @@ def test_a_container_that_dies_during_a_call_is_announced_once(docker_server):
     "reset before this command ran" (it ran with its files, and was cut short), and the
     next call said it again. Now that call's error says what happened, and the next call,
     the first in a fresh container, carries ``state_lost`` - once."""
-    from tangram.integrations.common import STATE_LOST_NOTE, render
+    from tangram_sdk.integrations.common import STATE_LOST_NOTE, render
 
     marker = f"dying-{uuid.uuid4().hex}"
     with _client(docker_server) as http:

@@ -7,8 +7,8 @@ import asyncio
 
 from conftest import TOKEN
 
-from tangram import client as client_module
-from tangram.client import POOL_SHARE, TangramClient
+from tangram_sdk import client as client_module
+from tangram_sdk.client import POOL_SHARE, TangramClient
 
 
 def test_many_requests_at_once_spread_over_pools_and_all_answer(process_server):

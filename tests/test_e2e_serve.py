@@ -32,8 +32,8 @@ from helpers import until_true
 from test_attack_oom import OWN, _alloc, _remove, needs_cgroups
 
 from executor.node.local import mem_total_gb
-from tangram.client import TangramSyncClient
 from tangram.protocol import Effect
+from tangram_sdk.client import TangramSyncClient
 
 ROOT = Path(__file__).resolve().parent.parent
 #: generous hang guards (s): a loaded 2-core CI machine, never a speed bound

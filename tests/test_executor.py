@@ -19,7 +19,7 @@ from helpers import cpus_of, until
 
 from executor.commands import elastic_argv
 from executor.node.local import allowed_cpus
-from tangram.client import TangramClient, TangramError
+from tangram_sdk.client import TangramClient, TangramError
 
 PY = sys.executable
 

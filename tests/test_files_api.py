@@ -11,7 +11,7 @@ import pytest
 from conftest import TOKEN
 
 from executor.files import MAX_FILE_BYTES, FileError, clean_path
-from tangram.client import TangramClient, TangramError
+from tangram_sdk.client import TangramClient, TangramError
 
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 

@@ -12,8 +12,8 @@ import time
 import pytest
 from conftest import TOKEN, sandbox_containers, start_server
 
-from tangram.client import TangramError, TangramSyncClient
 from tangram.fork import FORK, fork_action
+from tangram_sdk.client import TangramError, TangramSyncClient
 
 
 def test_fork_action_is_a_one_core_action_of_the_source():
@@ -136,7 +136,7 @@ def test_gymnasium_reset_forks_a_prepared_env(process_server):
     """A GRPO group through gymnasium: one env prepares, the others reset as its copies."""
     import gymnasium
 
-    import tangram.integrations.gym  # noqa: F401
+    import tangram_sdk.integrations.gym  # noqa: F401
 
     def make():
         return gymnasium.make("tangram/Shell-v0", base_url=process_server.url, token=TOKEN,
@@ -166,7 +166,7 @@ def test_concurrent_forks_of_one_source(process_server):
     action that keeps another fork out (it only reads the source)."""
     import asyncio
 
-    from tangram.client import TangramClient
+    from tangram_sdk.client import TangramClient
 
     async def go() -> None:
         async with TangramClient(process_server.url, TOKEN, timeout_s=120) as tg:

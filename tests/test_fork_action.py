@@ -12,7 +12,7 @@ import pytest
 from conftest import TOKEN, sandbox_containers
 from helpers import until_true
 
-from tangram.client import TangramError, TangramSyncClient
+from tangram_sdk.client import TangramError, TangramSyncClient
 
 #: files in the source, and copies: the whole fork would run for minutes (about 3 s a copy
 #: on this project's machine), far past the 30 s a cancel waits for an action to stop

@@ -28,9 +28,9 @@ from conftest import ROOT, TOKEN, start_server
 
 from executor.server.routes.openai import expected_done_s
 from executor.server.schemas import MIN_TIMEOUT_S
-from tangram.integrations.teacher import TangramTeacherClient
 from tangram.model import Action, Lease
 from tangram.protocol import QueueView, Snapshot, Waiting
+from tangram_sdk.integrations.teacher import TangramTeacherClient
 
 H = {"Authorization": f"Bearer {TOKEN}"}
 LIGHT = {"model": "teacher0", "prompt": [1, 2, 3, 4], "prompt_logprobs": 0, "max_tokens": 1}

@@ -45,15 +45,15 @@ from verl_torchfree import (
     stock_loop,
 )
 
-from tangram.client import TangramClient, TangramError
+from tangram_sdk.client import TangramClient, TangramError
 
-tool_registry = load_verl_tools()  # before tangram.integrations.verl, so it sees verl
+tool_registry = load_verl_tools()  # before tangram_sdk.integrations.verl, so it sees verl
 
 from verl.tools.base_tool import BaseTool  # noqa: E402
 from verl.tools.schemas import ToolResponse  # noqa: E402
 
-from tangram.integrations.common import RewardConfig  # noqa: E402
-from tangram.integrations.verl import TangramTool, rollout_scope  # noqa: E402
+from tangram_sdk.integrations.common import RewardConfig  # noqa: E402
+from tangram_sdk.integrations.verl import TangramTool, rollout_scope  # noqa: E402
 
 
 def run(coro):
@@ -98,15 +98,15 @@ class Block(importlib.abc.MetaPathFinder):
         if name.split('.')[0] in ('verl', 'gymnasium', 'skyrl_gym', 'torch'):
             raise ImportError('blocked: ' + name)
 sys.meta_path.insert(0, Block())
-import tangram.integrations, tangram.integrations.common
-from tangram.integrations.verl import HAVE_VERL, TangramTool
+import tangram_sdk.integrations, tangram_sdk.integrations.common
+from tangram_sdk.integrations.verl import HAVE_VERL, TangramTool
 assert not HAVE_VERL
 tool = TangramTool({'base_url': 'http://127.0.0.1:1', 'token': 't', 'check_server': False})
 schema = tool.get_openai_tool_schema()['function']
 assert tool.name == 'shell' and schema['parameters']['required'] == ['command']
 for mod, hint in (('gym', 'pip install gymnasium'), ('skyrl', 'pip install skyrl-gym')):
     try:
-        importlib.import_module('tangram.integrations.' + mod)
+        importlib.import_module('tangram_sdk.integrations.' + mod)
     except ImportError as e:
         assert hint in str(e), e
     else:
@@ -259,8 +259,8 @@ async def _verl_reward_path(url: str) -> None:
     # backend has the server's python; a plain command keeps this test about the path
     tool.settings = dataclasses.replace(
         tool.settings, reward=RewardConfig('test "$(cat answer.txt)" = 42'))
-    compute_score = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
-    raw = load_extern_object(module_path="pkg://tangram.integrations.verl",
+    compute_score = custom_reward_fn("pkg://tangram_sdk.integrations.verl", "compute_score")
+    raw = load_extern_object(module_path="pkg://tangram_sdk.integrations.verl",
                              object_name="compute_score")
     assert inspect.iscoroutinefunction(raw) and inspect.iscoroutinefunction(compute_score)
 
@@ -309,7 +309,7 @@ async def _verl_reward_path(url: str) -> None:
     # reward_kwargs (custom_reward_function.reward_kwargs) override the tool's command
     step3 = AgentData("det-2")
     await verl_call_tool(tool, {"command": "echo 7 > answer.txt"}, step3)
-    seven = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score",
+    seven = custom_reward_fn("pkg://tangram_sdk.integrations.verl", "compute_score",
                              {"command": 'test "$(cat answer.txt)" = 7'})
     out = await naive_reward_manager(seven, Tokenizer())(OneRowData(
         {"responses": np.array([1]), "attention_mask": np.array([1, 1])},
@@ -333,7 +333,7 @@ def test_gymnasium_check_env_and_an_episode(docker_server):
     import gymnasium
     from gymnasium.utils.env_checker import check_env
 
-    import tangram.integrations.gym  # noqa: F401  (registers tangram/Shell-v0)
+    import tangram_sdk.integrations.gym  # noqa: F401  (registers tangram/Shell-v0)
 
     kwargs = {"base_url": process_server.url, "token": TOKEN, "task": "gym",
               "reward": {"command": "grep -q hello task.md"}, "max_action_chars": 256}
@@ -398,7 +398,7 @@ def _check_vector(steps: list[dict], n: int) -> None:
 def test_gymnasium_vector_envs_with_staggered_submits(process_server, kind):
     import gymnasium
 
-    import tangram.integrations.gym  # noqa: F401
+    import tangram_sdk.integrations.gym  # noqa: F401
 
     def make():
         return gymnasium.make("tangram/Shell-v0", base_url=process_server.url, token=TOKEN,
@@ -418,7 +418,7 @@ def test_skyrl_make_and_an_episode(process_server):
     import skyrl_gym
     from skyrl_gym.envs.base_text_env import BaseTextEnv
 
-    import tangram.integrations.skyrl  # noqa: F401  (registers tangram-shell)
+    import tangram_sdk.integrations.skyrl  # noqa: F401  (registers tangram-shell)
 
     env = skyrl_gym.make("tangram-shell",
                          env_config={"base_url": process_server.url, "token": TOKEN,
@@ -460,7 +460,7 @@ def test_skyrl_many_envs_the_way_its_generator_runs_them(process_server):
 
     import skyrl_gym
 
-    import tangram.integrations.skyrl  # noqa: F401
+    import tangram_sdk.integrations.skyrl  # noqa: F401
 
     config = {"base_url": process_server.url, "token": TOKEN, "task": "skyrl-many"}
 
@@ -572,7 +572,7 @@ async def _reward_scores_a_real_fix(url: str) -> None:
             str(ROOT / "examples" / "verl_tool.yaml"))[0]
     reward = tool.settings.reward
     assert reward is not None and reward.elastic and reward.command == "python3 -m pytest -q tests"
-    compute_score = load_extern_object(module_path="pkg://tangram.integrations.verl",
+    compute_score = load_extern_object(module_path="pkg://tangram_sdk.integrations.verl",
                                        object_name="compute_score")
     task = ROOT / "examples" / "reward_fix"
     setup = " && ".join(
@@ -625,7 +625,7 @@ def test_verl_teachers_and_a_reward_model_served_from_the_gpu_pool(gpu_server):
     vLLM-shaped answer (its own extract_prompt_logprobs)."""
     from verl_torchfree import compile_function
 
-    from tangram.integrations.teacher import teacher_clients
+    from tangram_sdk.integrations.teacher import teacher_clients
 
     sampling = compile_function("experimental/teacher_loop/teacher_manager.py",
                                 "_get_teacher_sampling_params", {"Any": object})
@@ -712,8 +712,8 @@ def test_skyrl_group_setup_prepares_once_per_group(process_server):
     template closes itself once group_size copies were made."""
     import skyrl_gym
 
-    import tangram.integrations.skyrl  # noqa: F401
-    from tangram.client import TangramSyncClient
+    import tangram_sdk.integrations.skyrl  # noqa: F401
+    from tangram_sdk.client import TangramSyncClient
 
     config = {"base_url": process_server.url, "token": TOKEN, "task": "skyrl-grpo",
               "group_setup": {"command": "echo prepared >> state.txt", "group_size": 3}}

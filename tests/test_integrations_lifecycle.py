@@ -36,13 +36,13 @@ from verl_torchfree import (
     stock_loop,
 )
 
-from tangram.client import TangramClient
+from tangram_sdk.client import TangramClient
 
-tool_registry = load_verl_tools()  # before tangram.integrations.verl, so it sees verl
+tool_registry = load_verl_tools()  # before tangram_sdk.integrations.verl, so it sees verl
 
-from tangram.integrations import verl as verl_adapter  # noqa: E402
-from tangram.integrations.common import STATUSES, RewardConfig  # noqa: E402
-from tangram.integrations.verl import TangramTool  # noqa: E402
+from tangram_sdk.integrations import verl as verl_adapter  # noqa: E402
+from tangram_sdk.integrations.common import STATUSES, RewardConfig  # noqa: E402
+from tangram_sdk.integrations.verl import TangramTool  # noqa: E402
 
 #: 64 rollouts: 8 GRPO groups of 8
 GROUPS, GROUP_SIZE = 8, 8
@@ -79,7 +79,10 @@ async def open_of(url: str, task: str) -> list[dict]:
 
 
 def tool_yaml(tmp_path, url: str, task: str, group_setup: dict, reward: str) -> str:
-    """A verl tool config for verl's loader (initialize_tools_from_config)."""
+    """A verl tool config for verl's loader (initialize_tools_from_config). It names the
+    tool, and this file the reward (``pkg://``), by their old paths (tangram.integrations,
+    the compatibility modules), as existing configs do: verl's own loaders prove that path
+    runs unchanged (tests/test_sdk.py checks the modules are the SDK's)."""
     path = tmp_path / f"{task}.yaml"
     path.write_text(json.dumps({"tools": [{
         "class_name": "tangram.integrations.verl.TangramTool",
@@ -150,7 +153,7 @@ def test_skyrl_group_templates_close_without_the_frameworks_help(process_server)
     / close on a thread pool; 64 samples in 8 groups; then nothing of the task is open."""
     import skyrl_gym
 
-    import tangram.integrations.skyrl  # noqa: F401
+    import tangram_sdk.integrations.skyrl  # noqa: F401
 
     def episode(config: dict, group: str, i: int) -> float:
         env = skyrl_gym.make("tangram-shell", env_config=config,
@@ -280,7 +283,7 @@ def test_skyrl_failed_group_setup_is_setup_failed_not_a_crash(process_server):
     fail): the sample's first step ends it, setup_failed, infra_error; nothing left open."""
     import skyrl_gym
 
-    import tangram.integrations.skyrl  # noqa: F401
+    import tangram_sdk.integrations.skyrl  # noqa: F401
 
     config = {"base_url": process_server.url, "token": TOKEN, "task": "skyrl-broken",
               "group_setup": {"command": "echo no-such-repo >&2; exit 3"},
@@ -347,7 +350,7 @@ def test_readme_group_configs_load_and_fork(process_server, tmp_path, monkeypatc
     import skyrl_gym
     from omegaconf import OmegaConf
 
-    import tangram.integrations.skyrl  # noqa: F401
+    import tangram_sdk.integrations.skyrl  # noqa: F401
 
     monkeypatch.setenv("TANGRAM_URL", process_server.url)
     monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
@@ -376,7 +379,7 @@ def test_readme_group_configs_load_and_fork(process_server, tmp_path, monkeypatc
     assert env.step("<bash>cat state.txt</bash>")["observations"][0]["content"].startswith(
         "prepared\n")
     env.close()
-    tangram.integrations.skyrl.SYNC_GROUPS.close_all()
+    tangram_sdk.integrations.skyrl.SYNC_GROUPS.close_all()
 
     script = tmp_path / "gym_fork.py"
     script.write_text(_doc_blocks("python", '"fork_of"').replace(
@@ -428,8 +431,8 @@ def test_docker_groups_run_in_the_tasks_image_through_verl_gym_and_skyrl(docker_
     import gymnasium
     import skyrl_gym
 
-    import tangram.integrations.gym  # noqa: F401
-    import tangram.integrations.skyrl  # noqa: F401
+    import tangram_sdk.integrations.gym  # noqa: F401
+    import tangram_sdk.integrations.skyrl  # noqa: F401
 
     image = _task_image()
     url = docker_server.url

@@ -1,5 +1,6 @@
 """The layers hold (docs/design.md: tangram/ <- traces/ <- {sim/, executor/} <- analysis/ <-
-tangram_cli/ <- cli.py; scripts/, examples/ and notebooks/ on top): every module's imports
+tangram_cli/ <- cli.py; scripts/, examples/ and notebooks/ on top; the SDK, tangram_sdk/,
+below them all, importing nothing of the core): every module's imports
 are parsed (a notebook's code cells too), and an upward import, a
 sim<->executor import or an import cycle fails here, so the structure stays true as the code
 grows; and the core has one door (tangram/protocol.py): nothing outside tangram/ imports its
@@ -16,15 +17,20 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).parent.parent
-PACKAGES = ("tangram", "traces", "sim", "executor", "analysis", "tangram_cli")
+PACKAGES = ("tangram_sdk", "tangram", "traces", "sim", "executor", "analysis", "tangram_cli")
 #: package -> the packages it may import (besides itself)
 ALLOWED = {
-    "tangram": set(),
+    # the SDK (client, framework adapters, the unit-set parser of the wire format) is
+    # installable without the core: it imports nothing of the repository's other packages
+    "tangram_sdk": set(),
+    # the core reads unit sets with the SDK's parser, and keeps the SDK's old names
+    # (test_the_core_imports_of_the_sdk_only_the_wire_format_and_its_old_names)
+    "tangram": {"tangram_sdk"},
     "traces": {"tangram"},
     "sim": {"tangram", "traces"},
     "executor": {"tangram", "traces"},
-    "analysis": {"tangram", "traces", "sim", "executor"},
-    "tangram_cli": {"tangram", "traces", "sim", "executor", "analysis"},
+    "analysis": {"tangram", "tangram_sdk", "traces", "sim", "executor"},
+    "tangram_cli": {"tangram", "tangram_sdk", "traces", "sim", "executor", "analysis"},
     "cli": set(PACKAGES),
     # developer tools, users' examples and notebooks sit on top of everything; the door
     # rules below hold for them as for any code outside tangram/
@@ -35,10 +41,9 @@ ALLOWED = {
 }
 #: folders of loose files (not packages) checked like the packages
 LOOSE = ("scripts", "examples", "notebooks")
-#: the HTTP client talks to a server, and the framework adapters built on it (idle TTL of
-#: a verl rollout's sandbox) live beside it: the modules of tangram/ allowed a wall clock
-WALL_CLOCK_OK = {"tangram/client.py"}
-WALL_CLOCK_OK_DIRS = ("tangram/integrations/",)
+#: the SDK's old names in tangram/ (tangram.client, tangram.integrations.*): each module is
+#: the SDK's module of the same name (sys.modules), and imports nothing else
+SDK_OLD_NAMES = ("tangram.client", "tangram.integrations")
 
 
 def modules() -> dict[str, Path]:
@@ -119,16 +124,44 @@ def test_no_import_cycles():
 
 
 def test_the_core_reads_no_wall_clock():
+    """(The HTTP client and the adapters that read one, an idle TTL, live in tangram_sdk/.)"""
     for path in (ROOT / "tangram").rglob("*.py"):
         rel = str(path.relative_to(ROOT))
-        if rel in WALL_CLOCK_OK or rel.startswith(WALL_CLOCK_OK_DIRS):
-            continue
         for node in ast.walk(ast.parse(path.read_text())):
             names = ([a.name for a in node.names] if isinstance(node, ast.Import)
                      else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
             clocks = [n for n in names if n.split(".")[0] in ("time", "datetime")]
             assert not clocks, f"{rel} imports {clocks}: the core must be given the time"
 
+
+
+def test_the_sdk_imports_nothing_of_the_core():
+    """tangram_sdk/ (the HTTP client, the framework adapters) is its own layer: a training
+    job installs it without the core (tests/test_sdk.py imports it with the core blocked)."""
+    sdk = sorted(n for n in GRAPH if n.split(".")[0] == "tangram_sdk")
+    assert "tangram_sdk.client" in sdk and "tangram_sdk.integrations.verl" in sdk, sdk
+    bad = {n: sorted(m for m in GRAPH[n] if m.split(".")[0] != "tangram_sdk") for n in sdk}
+    assert not any(bad.values()), {n: b for n, b in bad.items() if b}
+
+
+def _is_old_name(name: str) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in SDK_OLD_NAMES)
+
+
+def test_the_core_imports_of_the_sdk_only_the_wire_format_and_its_old_names():
+    """The core needs of the SDK only the unit-set parser (tangram_sdk.units, which the
+    server reads the HTTP API's text with); tangram.client and tangram.integrations.* are
+    the SDK's modules under their old names, each importing its own counterpart only."""
+    for name in sorted(n for n in GRAPH if n.split(".")[0] == "tangram"):
+        sdk = sorted(m for m in GRAPH[name] if m.split(".")[0] == "tangram_sdk")
+        if _is_old_name(name):
+            if name == "tangram.integrations":  # the package: imports nothing
+                assert not GRAPH[name], (name, GRAPH[name])
+                continue
+            assert sdk == ["tangram_sdk" + name.removeprefix("tangram")], (name, sdk)
+            assert GRAPH[name] == set(sdk), (name, GRAPH[name])
+        else:
+            assert all(m.startswith("tangram_sdk.units") for m in sdk), (name, sdk)
 
 # -- one door into the core (tangram/protocol.py) ------------------------------------------
 def declared_public() -> tuple[set[str], tuple[str, ...]]:
@@ -160,7 +193,7 @@ def is_inside(imported: str) -> bool:
 #: the core's mutable state (attributes of a Tangram)
 CORE_STATE = {"cpu", "gpu", "quota", "pools", "running", "queued", "unbound", "opening",
               "trajectories", "passes", "scheduler", "estimates", "cluster", "policy"}
-OUTSIDE = ("sim", "executor", "analysis", "traces", "cli", "tangram_cli", *LOOSE)
+OUTSIDE = ("tangram_sdk", "sim", "executor", "analysis", "traces", "cli", "tangram_cli", *LOOSE)
 
 
 def _coreish(node: ast.expr) -> bool:

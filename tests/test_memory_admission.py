@@ -64,7 +64,7 @@ def test_an_idle_sandbox_gives_its_place_to_a_waiting_one(backend, tmp_path):
     from conftest import TOKEN, start_server
 
     from executor.node.local import mem_total_gb
-    from tangram.client import TangramSyncClient
+    from tangram_sdk.client import TangramSyncClient
 
     server = start_server(tmp_path, backend, extra_args=("--mem-overcommit", "1"))
     big = round(mem_total_gb() * 0.6, 2)
@@ -102,8 +102,8 @@ def test_a_verl_call_waiting_for_memory_logs_why_then_runs(tmp_path, caplog):
     from conftest import TOKEN, start_server
 
     from executor.node.local import mem_total_gb
-    from tangram.client import TangramSyncClient
-    from tangram.integrations.verl import TangramTool
+    from tangram_sdk.client import TangramSyncClient
+    from tangram_sdk.integrations.verl import TangramTool
 
     server = start_server(tmp_path, "process", extra_args=("--mem-overcommit", "1"))
     big = round(mem_total_gb() * 0.6, 2)

@@ -37,16 +37,16 @@ from verl_torchfree import (
     stock_loop,
 )
 
-from tangram.client import TangramClient, TangramError
+from tangram_sdk.client import TangramClient, TangramError
 
-tool_registry = load_verl_tools()  # before tangram.integrations.verl, so it sees verl
+tool_registry = load_verl_tools()  # before tangram_sdk.integrations.verl, so it sees verl
 
-from tangram.integrations.common import (  # noqa: E402
+from tangram_sdk.integrations.common import (  # noqa: E402
     STATE_LOST_NOTE,
     RewardConfig,
     SandboxLost,
 )
-from tangram.integrations.verl import TangramTool  # noqa: E402
+from tangram_sdk.integrations.verl import TangramTool  # noqa: E402
 
 
 async def call(tool, command: str, agent_data) -> tuple:
@@ -164,7 +164,7 @@ def test_cancel_close_list_and_batch(process_server):
 def _tool_yaml(tmp_path, url: str, token: str) -> str:
     path = tmp_path / "tool.yaml"
     path.write_text(f"""tools:
-  - class_name: tangram.integrations.verl.TangramTool
+  - class_name: tangram_sdk.integrations.verl.TangramTool
     config: {{type: native, base_url: "{url}", token: "{token}", task: loud}}
 """)
     return str(path)
@@ -174,8 +174,8 @@ def test_a_wrong_url_or_token_fails_every_loader(process_server, tmp_path, monke
     import gymnasium
     import skyrl_gym
 
-    import tangram.integrations.gym  # noqa: F401  (registers tangram/Shell-v0)
-    import tangram.integrations.skyrl  # noqa: F401  (registers tangram-shell)
+    import tangram_sdk.integrations.gym  # noqa: F401  (registers tangram/Shell-v0)
+    import tangram_sdk.integrations.skyrl  # noqa: F401  (registers tangram-shell)
 
     url = process_server.url
     dead = "http://127.0.0.1:9"  # discard: nothing answers
@@ -196,17 +196,17 @@ def test_a_wrong_url_or_token_fails_every_loader(process_server, tmp_path, monke
     monkeypatch.delenv("TANGRAM_TOKEN", raising=False)
     monkeypatch.setenv("TANGRAM_URL", url)
     with pytest.raises(ValueError, match="TANGRAM_TOKEN is not set"):
-        custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+        custom_reward_fn("pkg://tangram_sdk.integrations.verl", "compute_score")
     monkeypatch.setenv("TANGRAM_TOKEN", "wrong-token")
     with pytest.raises(ValueError, match="compute_score: TANGRAM_TOKEN: the server .* refused"):
-        custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+        custom_reward_fn("pkg://tangram_sdk.integrations.verl", "compute_score")
     monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
-    assert custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+    assert custom_reward_fn("pkg://tangram_sdk.integrations.verl", "compute_score")
 
 
 async def _rewards(url: str) -> None:
     tool = TangramTool({"type": "native", "base_url": url, "token": TOKEN, "task": "loud"})
-    compute_score = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
+    compute_score = custom_reward_fn("pkg://tangram_sdk.integrations.verl", "compute_score")
     cases = {  # reward command -> (reward_status, score, words of reward_error)
         'test "$(cat answer.txt)" = 42': ("ok", 1.0, ""),
         'test "$(cat answer.txt)" = 7': ("failed", 0.0, ""),
@@ -268,8 +268,8 @@ def test_gymnasium_and_skyrl_say_why_a_reward_is_not_a_test_result(process_serve
     import gymnasium
     import skyrl_gym
 
-    import tangram.integrations.gym  # noqa: F401
-    import tangram.integrations.skyrl  # noqa: F401
+    import tangram_sdk.integrations.gym  # noqa: F401
+    import tangram_sdk.integrations.skyrl  # noqa: F401
 
     env = gymnasium.make("tangram/Shell-v0", base_url=process_server.url, token=TOKEN,
                          reward={"command": "python3 -m no_such_module_xyz"})
@@ -301,8 +301,8 @@ async def _lost(url: str) -> None:
     reward = {"command": 'test "$(cat answer.txt)" = 42'}
     tool = TangramTool({"type": "native", "base_url": url, "token": TOKEN, "task": "loud",
                         "reward": reward})
-    compute_score = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
-    scored = custom_reward_fn("pkg://tangram.integrations.verl", "compute_score",
+    compute_score = custom_reward_fn("pkg://tangram_sdk.integrations.verl", "compute_score")
+    scored = custom_reward_fn("pkg://tangram_sdk.integrations.verl", "compute_score",
                               {**reward, "state_lost_score": 0.0})
     rollouts = [AgentData("lost-0"), AgentData("lost-1")]
     for r in rollouts:
@@ -327,8 +327,8 @@ def test_a_lost_sandbox_reaches_the_model_and_every_reward(docker_server, monkey
     import gymnasium
     import skyrl_gym
 
-    import tangram.integrations.gym  # noqa: F401
-    import tangram.integrations.skyrl  # noqa: F401
+    import tangram_sdk.integrations.gym  # noqa: F401
+    import tangram_sdk.integrations.skyrl  # noqa: F401
 
     monkeypatch.setenv("TANGRAM_URL", docker_server.url)
     monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
@@ -450,8 +450,8 @@ def test_a_transient_failure_is_retried_and_logged_a_wrong_token_is_not(caplog):
     import http.server
     import threading
 
-    from tangram.client import TangramSyncClient
-    from tangram.integrations.common import call_retrying
+    from tangram_sdk.client import TangramSyncClient
+    from tangram_sdk.integrations.common import call_retrying
 
     answers = [(503, {"detail": "the server is shutting down"}), (201, {"id": "t1", "task": "x"}),
                (401, {"detail": "missing or wrong bearer token"})]

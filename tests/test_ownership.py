@@ -16,7 +16,7 @@ import httpx
 import pytest
 from conftest import ROOT, TOKEN, start_server
 
-from tangram.client import TangramSyncClient
+from tangram_sdk.client import TangramSyncClient
 
 ALICE = "alice-token-0123456789abcdef"
 BOB = "bob-token-0123456789abcdef01"

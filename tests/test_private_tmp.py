@@ -15,7 +15,7 @@ from helpers import until_true
 
 from executor.backends.process.backend import dir_name
 from executor.backends.process.scratch import AREA
-from tangram.client import TangramClient, TangramSyncClient
+from tangram_sdk.client import TangramClient, TangramSyncClient
 
 #: each of the three places, written at one fixed path by every sandbox
 WRITE = ("for d in /tmp /var/tmp /dev/shm; do echo \"$ME\" > $d/{name} || exit 1; done; "
@@ -147,7 +147,7 @@ def test_docker_fork_refuses_a_source_that_wrote_outside_what_is_copied(docker_s
     import docker
 
     from executor.backends.docker.backend import HOST_ROOTFS
-    from tangram.client import TangramError
+    from tangram_sdk.client import TangramError
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w") as tar:

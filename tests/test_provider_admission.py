@@ -12,7 +12,7 @@ import uvicorn
 from conftest import TOKEN, free_port, start_server
 from fastapi import FastAPI, Response
 
-from tangram.client import TangramClient
+from tangram_sdk.client import TangramClient
 
 
 def test_per_trajectory_api_sends_every_call_and_the_providers_429s_drive_retries(

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from tangram.integrations.common import RewardConfig
 from tangram.units import MAX_ALTERNATIVES, MAX_TEXT, MAX_UNITS, parse_units
+from tangram_sdk.integrations.common import RewardConfig
 from traces.generate import generate
 from traces.schema import parse_set, write
 

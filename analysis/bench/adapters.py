@@ -1,4 +1,4 @@
-"""Per-call overhead of the framework adapters (tangram.integrations) over the
+"""Per-call overhead of the framework adapters (tangram_sdk.integrations) over the
 plain client, against a real `tangram serve` (JSON on stdout).
 
     python -m analysis.bench.adapters [--calls 200] [--backend process] [--url URL]
@@ -32,7 +32,7 @@ from typing import Annotated
 import httpx
 
 from analysis.bench import Opt
-from tangram.client import TangramClient, TangramSyncClient
+from tangram_sdk.client import TangramClient, TangramSyncClient
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -71,9 +71,9 @@ def _stats(samples: list[float]) -> dict[str, float]:
 
 def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, object]:
     """Time ``calls`` calls through each path; returns the figures."""
-    from tangram.integrations import verl as verl_adapter
-    from tangram.integrations.gym import TangramEnv
-    from tangram.integrations.skyrl import TangramTextEnv
+    from tangram_sdk.integrations import verl as verl_adapter
+    from tangram_sdk.integrations.gym import TangramEnv
+    from tangram_sdk.integrations.skyrl import TangramTextEnv
 
     per_round = max(calls // rounds, 1)
     names = ("client_async", "verl", "client_sync", "gymnasium", "skyrl")

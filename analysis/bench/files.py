@@ -28,7 +28,7 @@ from analysis.bench.serving import stop, wait_healthy
 
 
 async def _measure(url: str, token: str, n: int, size: int) -> dict:
-    from tangram.client import TangramClient
+    from tangram_sdk.client import TangramClient
 
     data = os.urandom(size)
     puts, gets = [], []

@@ -38,7 +38,7 @@ from typing import Annotated
 
 from analysis.bench import BenchError, Opt
 from analysis.bench.serving import stop, wait_healthy
-from tangram.client import TangramClient
+from tangram_sdk.client import TangramClient
 
 #: files of the bench's repository (a small Python project: sources and tests)
 REPO_FILES = 120

@@ -89,7 +89,7 @@ def _stats(xs: list[float]) -> dict:
 
 
 async def _drive(url: str, token: str, trajectories: list[list[Step]], cores: int) -> dict:
-    from tangram.client import TangramClient
+    from tangram_sdk.client import TangramClient
 
     rows: list[dict] = []
     errors: list[str] = []

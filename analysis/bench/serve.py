@@ -37,7 +37,7 @@ async def _trajectories(url: str, token: str, ids: list[int], actions: int,
     """Trajectories ``t<i>`` at once, each ``actions`` trivial commands one after another:
     (first-action latencies, later ones, errors, the first actions' time in the server's
     core: queued + executing, as each result reports it)."""
-    from tangram.client import TangramClient
+    from tangram_sdk.client import TangramClient
 
     first: list[float] = []
     later: list[float] = []
@@ -206,7 +206,7 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
 async def _warm_up(url: str, token: str) -> None:
     """Imports and first-call paths out of the measurement (before the warm pool fills:
     the sandbox it takes is replaced before the clock starts)."""
-    from tangram.client import TangramClient
+    from tangram_sdk.client import TangramClient
 
     async with TangramClient(url, token, timeout_s=600) as tg:
         tid = await tg.open_trajectory("warmup")

@@ -41,7 +41,7 @@ def _cpu_ms(pid: int) -> tuple[float, float]:
 
 async def _load(url: str, token: str, trajectories: int, actions: int, conc: int,
                 pid: int) -> tuple[float, float]:
-    from tangram.client import TangramClient
+    from tangram_sdk.client import TangramClient
 
     async with TangramClient(url, token, timeout_s=300) as tg:
         ids = [await tg.open_trajectory(task="tmpcost", mem_gb=0.1) for _ in range(trajectories)]

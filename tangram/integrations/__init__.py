@@ -1,8 +1,11 @@
-"""Drop-in adapters for RL frameworks, each importable without the others:
+"""``tangram.integrations`` is ``tangram_sdk.integrations``'s old name: kept for existing
+configs and imports, and will stay.
 
-* ``tangram.integrations.verl.TangramTool``: a verl ``BaseTool`` (tool config YAML);
-* ``tangram.integrations.gym.TangramEnv``: a ``gymnasium.Env`` (``tangram/Shell-v0``);
-* ``tangram.integrations.skyrl.TangramTextEnv``: a SkyRL-gym ``BaseTextEnv`` (``tangram-shell``).
-
-This package imports none of the frameworks; each module imports only its own.
+The framework adapters left the core's package with the rest of the SDK (issue 48); each
+module here (``tangram.integrations.verl``, ``.gym``, ``.skyrl``, ``.common``, ``.groups``,
+``.teacher``) is the SDK's module of the same name under its old name, the same module
+object, so old tool configs (``class_name: tangram.integrations.verl.TangramTool``),
+``pkg://tangram.integrations.verl``, ``import tangram.integrations.gym`` and
+``import tangram.integrations.skyrl`` run unchanged and register nothing twice. Like the
+SDK's package, this one imports none of the frameworks.
 """
