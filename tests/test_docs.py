@@ -238,7 +238,7 @@ def test_every_module_design_lists_exists():
     assert not problems, "\n".join(problems)
 
 
-_PATH = re.compile(r"(?<![\w./-])((?:tangram|tangram_cli|executor|sim|traces|analysis|scripts|"
+_PATH = re.compile(r"(?<![\w./-])((?:tangram|tangram_sdk|tangram_cli|executor|sim|traces|analysis|scripts|"
                    r"examples|notebooks|tests)/[\w./{},-]*)")
 
 
