@@ -321,16 +321,21 @@ def test_reward_worker_token_is_checked_at_load_without_tangram_url(process_serv
         custom_reward_fn("pkg://tangram.integrations.verl", "compute_score")
 
 
-# -- the README's group configs, as written ------------------------------------------------
-def _readme_blocks(lang: str, marker: str) -> str:
+# -- the documented group configs, as written (docs/integrations.md) ----------------------
+INTEGRATIONS_DOC = ROOT / "docs" / "integrations.md"
+
+
+def _doc_blocks(lang: str, marker: str) -> str:
+    """The one ``lang`` code block of docs/integrations.md (moved there from the README,
+    issue 48 #4) that contains ``marker``, dedented."""
     import re
     import textwrap
 
-    text = (ROOT / "README.md").read_text()
+    text = INTEGRATIONS_DOC.read_text()
     blocks = [textwrap.dedent(b) for b in re.findall(rf"^ *```{lang}\n(.*?)^ *```", text,
                                                       re.DOTALL | re.MULTILINE)
               if marker in b]
-    assert len(blocks) == 1, f"README: {len(blocks)} {lang} blocks with {marker!r}"
+    assert len(blocks) == 1, f"{INTEGRATIONS_DOC.name}: {len(blocks)} {lang} blocks with {marker!r}"
     return blocks[0]
 
 
@@ -338,9 +343,10 @@ SETUP = "git clone -q /data/repos/calc . && pip install -q --user -e ."
 
 
 def test_readme_group_configs_load_and_fork(process_server, tmp_path, monkeypatch):
-    """The README's verl tool config (through verl's loader), SkyRL env config (through
-    skyrl_gym.make) and gymnasium fork_of example run against a live server; only the
-    setup command (a repository this machine has not) and the URL are swapped."""
+    """The documented verl tool config (through verl's loader), SkyRL env config (through
+    skyrl_gym.make) and gymnasium fork_of example (docs/integrations.md) run against a
+    live server; only the setup command (a repository this machine has not) and the URL
+    are swapped."""
     import skyrl_gym
     from omegaconf import OmegaConf
 
@@ -348,7 +354,7 @@ def test_readme_group_configs_load_and_fork(process_server, tmp_path, monkeypatc
 
     monkeypatch.setenv("TANGRAM_URL", process_server.url)
     monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
-    verl_yaml = _readme_blocks("yaml", "tangram.integrations.verl.TangramTool")
+    verl_yaml = _doc_blocks("yaml", "tangram.integrations.verl.TangramTool")
     assert SETUP in verl_yaml
     path = tmp_path / "tool.yaml"
     path.write_text(verl_yaml.replace(SETUP, "echo prepared > state.txt"))
@@ -364,7 +370,7 @@ def test_readme_group_configs_load_and_fork(process_server, tmp_path, monkeypatc
 
     asyncio.run(verl_group())
 
-    sky = OmegaConf.create(_readme_blocks("yaml", "env_class: tangram-shell").replace(
+    sky = OmegaConf.create(_doc_blocks("yaml", "env_class: tangram-shell").replace(
         SETUP, "echo prepared > state.txt").replace("http://127.0.0.1:8000", process_server.url))
     env_config = sky.environment.skyrl_gym[sky.environment.env_class]
     env = skyrl_gym.make("tangram-shell", env_config=env_config,
@@ -376,7 +382,7 @@ def test_readme_group_configs_load_and_fork(process_server, tmp_path, monkeypatc
     tangram_sdk.integrations.skyrl.SYNC_GROUPS.close_all()
 
     script = tmp_path / "gym_fork.py"
-    script.write_text(_readme_blocks("python", '"fork_of"').replace(
+    script.write_text(_doc_blocks("python", '"fork_of"').replace(
         SETUP, "echo prepared > state.txt").replace("http://127.0.0.1:8000", process_server.url)
         + "\nfor env in group:\n    print(env.step('cat state.txt')[0].splitlines()[0])\n"
         "    env.close()\n")
