@@ -35,8 +35,10 @@ simulate: $(BASE_STAMP)  ## simulate the shipped AI-coding sample on the default
 	cluster under the tangram policy, in virtual time; results go to runs/coding-tangram/"
 	$(VENV)/bin/tangram simulate
 
+# Two workers (pytest-xdist): most tests wait on servers, containers and subprocesses, not
+# on a core. The Ray modules share one worker (tests/conftest.py RAY_MODULES).
 test: $(STAMP) browser  ## the whole test suite (what CI runs)
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	$(VENV)/bin/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
 # The status page test drives a real Chromium: the distribution's, with its matching driver
 # (nothing can download a browser build here). Installed once; a failure stops `make test`.

@@ -21,6 +21,18 @@ sys.path.insert(0, str(Path(__file__).parent))
 TOKEN = "test-token-123"
 
 
+#: test modules that start a local Ray cluster (the session's ``ray_cluster``, or a
+#: ``--ray local:N`` server): `make test` runs the suite on two xdist workers, and these
+#: go to one of them (``--dist loadgroup``), so that two Ray clusters never start at once
+RAY_MODULES = {"test_ray", "test_gpu_ray", "test_attack_ray", "test_backends"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if item.module is not None and item.module.__name__ in RAY_MODULES:
+            item.add_marker(pytest.mark.xdist_group("ray"))
+
+
 def pytest_configure(config: pytest.Config) -> None:
     """As root, commands run as sandbox users, who must reach the servers' work roots;
     pytest resets its shared ``/tmp/pytest-of-root`` to 0700 at every session start (a
