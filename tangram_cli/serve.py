@@ -77,7 +77,7 @@ def serve(
         min=0.01, help="docker: most a sandbox may write (storage-opt size where the storage "
                        "driver has quotas; else /work is a tmpfs of at most this and half the "
                        "sandbox's mem_gb, counted in its memory). A full one answers "
-                       "disk_full.")] = 4.0,
+                       "disk_full. process: a fork whose copy would hold more is refused.")] = 4.0,
     warm_pool: Annotated[int, typer.Option(
         min=0, help="docker: sandboxes created ahead of time (default image only).")] = 0,
     result_ttl_s: Annotated[float, typer.Option(

@@ -245,13 +245,13 @@ def test_a_fork_that_would_fill_the_disk_is_refused(tmp_path):
     """The process backend copies every byte (no reflink on tmpfs): on a 64 MiB work root
     a 20 MiB sandbox forks once, and three more copies - 60 MiB, more than is free - are
     refused before anything is copied, naming the sizes; the server serves on and the
-    disk holds only what it held."""
+    disk holds only what it held. A copy larger than --sandbox-disk-gb is refused too."""
     state = tmp_path / "small"
     state.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64m", "tmpfs", str(state)], check=True)
     server = None
     try:
-        server = start_server(state, "process")
+        server = start_server(state, "process", extra_args=("--sandbox-disk-gb", "0.03"))
         with TangramSyncClient(server.url, TOKEN, timeout_s=120) as c:
             src = c.open_trajectory("disk-src", mem_gb=0.1)
             res = c.run(src, command="head -c 20M /dev/urandom > blob", shell=True)
@@ -267,6 +267,12 @@ def test_a_fork_that_would_fill_the_disk_is_refused(tmp_path):
             assert res["output"].strip() == str(20 << 20), res
             open_ = {t["id"] for t in c.trajectories()}
             assert open_ == {src, *one["ids"]}, open_  # the refused copies were closed
+            # a copy counts against its disk limit (30 MiB): a 35 MiB source is refused
+            res = c.run(src, command="head -c 15M /dev/urandom > more", shell=True)
+            assert res["exit_code"] == 0, res
+            with pytest.raises(TangramError) as e:
+                c.fork(src, 1, prefix="disk-big")
+            assert "more than a sandbox's disk limit (0.03 GiB" in str(e.value), e.value
     finally:
         if server is not None:
             server.stop()

@@ -28,7 +28,7 @@ def env_backend(name: str, root: Path, *, cpu_map: list[int] | None = None,
         from executor.backends.process.backend import ProcessBackend
 
         return ProcessBackend(root, cpu_map=cpu_map, env=env, run_mark=run_mark,
-                              default_mem_gb=sandboxes.mem_gb)
+                              default_mem_gb=sandboxes.mem_gb, disk_gb=sandboxes.disk_gb)
     if name == "docker":
         from executor.backends.docker.backend import DockerBackend
 

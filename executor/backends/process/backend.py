@@ -184,8 +184,11 @@ class ProcessBackend:
 
     def __init__(self, root: str | Path, cpu_map: list[int] | None = None,
                  env: Mapping[str, str] | None = None, keep_workdirs: bool = False,
-                 run_mark: str | None = None, default_mem_gb: float = 2.0) -> None:
-        """``default_mem_gb``: the memory limit of a trajectory that declares none."""
+                 run_mark: str | None = None, default_mem_gb: float = 2.0,
+                 disk_gb: float | None = None) -> None:
+        """``default_mem_gb``: the memory limit of a trajectory that declares none;
+        ``disk_gb``: the most a fork's copy may hold (executor/backends/process/fork.py; the
+        backend bounds no sandbox's writes otherwise), None: no bound."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.root = self.root.resolve()
@@ -215,6 +218,7 @@ class ProcessBackend:
         self._reaper = Reaper(MARK, self.root)
         #: each trajectory's memory limit and OOM preference (executor/backends/process/cage.py)
         self._memory = MemoryLimits(self._run_mark, default_mem_gb)
+        self.disk_gb = disk_gb
         #: a cgroup per action where the server can make one (None: the marked sweep)
         self._trees = ActionGroups.here(self._run_mark)
         #: as root: trajectory -> the user id its commands run under

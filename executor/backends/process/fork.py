@@ -25,13 +25,14 @@ The source's own ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (executor/backends/proc
 are copied the same way, by a second ``cp`` as the source's user into the same stage, and
 become the copy's: a copy sees what setup wrote there.
 
-Disk: a copy by ``cp`` (not a reflink) costs the source's bytes again, per copy, on the work
-root's file system, which the process backend does not divide among sandboxes (it has no
-per-sandbox disk limit: docker's ``disk_gb`` bounds a copy's ``/work`` there). So the
-source's bytes are counted while it is frozen, before anything is copied, and a fork whose
-copies would leave less than ``RESERVE_BYTES`` free on that file system (1 GiB; a twentieth
-of a smaller one) is refused (the action ``failed``, naming the sizes) instead of filling
-the host's disk part way.
+Disk: a copy holds its source's bytes, counted against the copy's ``disk_gb``
+(``--sandbox-disk-gb``, as docker bounds a copy's ``/work``): a source larger is refused. The
+process backend bounds no sandbox's later writes (that would take project quotas). A copy by
+``cp`` (not a reflink) costs the source's bytes again, per copy, on the work root's file
+system. So the source's bytes are counted while it is frozen, before anything is copied, and
+a fork whose copies would leave less than ``RESERVE_BYTES`` free on that file system (1 GiB;
+a twentieth of a smaller one) is refused too (the action ``failed``, naming the sizes)
+instead of filling the host's disk part way.
 
 A fork can be cancelled (issue 45 #7: its action's cancel, or its source's close): its
 task is cancelled where it is - the ``cp`` killed, the staged trees removed, the source
@@ -85,6 +86,8 @@ class Forkable(Protocol):
     freezes: Freezes
 
     _scratch: Scratches
+
+    disk_gb: float | None
 
     def workdir(self, trajectory: str) -> Path: ...
 
@@ -199,15 +202,16 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
     try:
         try:
             async with backend.freezes.held(source, lambda: backend._pids(source)):
-                if not reflink:  # (its processes frozen: the size holds while it is copied)
-                    need = len(copies) * sum([await asyncio.to_thread(_allocated, p)
-                                                for p in (src, *places)])
-                    short = no_room(backend.root, need)
-                    if short:
-                        on_done(Outcome(d.action.id, "failed", None,
-                                        error=f"fork: {len(copies)} copies of {source!r} "
-                                              f"{short}"))
-                        return
+                # (its processes frozen: the size holds while it is copied)
+                each = sum([await asyncio.to_thread(_allocated, p) for p in (src, *places)])
+                refused = too_large(each, backend.disk_gb)
+                if refused is None and not reflink:
+                    short = no_room(backend.root, each * len(copies))
+                    refused = f"{len(copies)} copies {short}" if short else None
+                if refused:
+                    on_done(Outcome(d.action.id, "failed", None,
+                                    error=f"fork of {source!r}: {refused}"))
+                    return
                 for _ in copies:
                     await _whole(lambda: stages.append(Stage(backend.root, src_uid)))
                     stage = stages[-1]
@@ -281,6 +285,14 @@ async def _copy(argv: list[str], tree: Path, uid: int | None,
             proc.kill()
             await proc.wait()
     return proc.returncode or 0, out.decode(errors="replace")[-4000:]
+
+
+def too_large(size: int, disk_gb: float | None) -> str | None:
+    """Why a copy of ``size`` bytes exceeds a sandbox's disk limit (None: it does not)."""
+    if disk_gb is None or size <= disk_gb * 2**30:
+        return None
+    return (f"a copy would hold {size / 2**30:.2f} GiB, more than a sandbox's disk limit "
+            f"({disk_gb:g} GiB, --sandbox-disk-gb)")
 
 
 def no_room(root: Path, need: int) -> str | None:
