@@ -126,7 +126,7 @@ def serve(
 ) -> None:
     """Serve the live executor over HTTP (OpenAPI at /docs).
 
-    With --ray, one scheduler serves every node of a Ray cluster (see README). GPU actions
+    With --ray, one scheduler serves every node of a Ray cluster (see docs/ray.md). GPU actions
     (`service`, `gpus`) run on one GPU worker per node when --gpus auto or --gpu-cluster
     is given; with --ray, on a GPU worker actor on each Ray node that has GPUs (its GPU
     resources, or the node label tangram-gpus), serving --gpu-cluster's services.

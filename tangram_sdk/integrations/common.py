@@ -384,7 +384,7 @@ class Status:
     meaning: str
 
 
-#: every ``reward_status`` an adapter returns (the README's table is this one)
+#: every ``reward_status`` an adapter returns (docs/integrations.md's table is this one)
 STATUSES: dict[str, Status] = {
     "ok": Status(1.0, False, "the reward command ran and exited 0: the model's tests passed"),
     "failed": Status(0.0, False, "the reward command ran and exited non-zero: the model's "

@@ -1,7 +1,7 @@
 """Process backend (the embedded default): a working directory per trajectory,
 each action a subprocess pinned to exactly its granted cores.
 
-This is not isolation (see the README). What it does guarantee: a command sees
+This is not isolation (see docs/serve.md). What it does guarantee: a command sees
 none of the server's ``TANGRAM_*`` variables (nor other names that look like
 secrets), runs in its own process group, and every process it started - even one
 that left the group with ``setsid`` - is killed when the action is cancelled or times

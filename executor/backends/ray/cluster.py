@@ -7,7 +7,7 @@ imports it before a connection is asked for, and a missing Ray is reported as
 ``local:N`` starts an N-node cluster on this machine (``ray.cluster_utils``),
 for trying multi-node Tangram on one machine and for the tests. Each node is
 told which of this machine's cores are its own through the node label
-``tangram-cpus`` (the same label a real node may carry, see README); the
+``tangram-cpus`` (the same label a real node may carry, see docs/ray.md); the
 cores are split into N contiguous slices. With more nodes than cores (the
 2-core CI machine runs 3 nodes) the slices overlap round-robin: every node
 still has whole cores to pin actions to, but nodes share physical cores, so
