@@ -261,7 +261,7 @@ def test_a_fork_that_would_fill_the_disk_is_refused(tmp_path):
             used = shutil.disk_usage(state).used
             with pytest.raises(TangramError) as e:
                 c.fork(src, 3, prefix="disk-three")
-            assert "need 0.06 GiB" in str(e.value) and "free" in str(e.value), e.value
+            assert "need 60.0 MiB" in str(e.value) and "MiB free" in str(e.value), e.value
             assert shutil.disk_usage(state).used <= used + (1 << 20)  # nothing copied
             res = c.run(one["ids"][0], command="wc -c < blob", shell=True)
             assert res["output"].strip() == str(20 << 20), res
@@ -272,7 +272,8 @@ def test_a_fork_that_would_fill_the_disk_is_refused(tmp_path):
             assert res["exit_code"] == 0, res
             with pytest.raises(TangramError) as e:
                 c.fork(src, 1, prefix="disk-big")
-            assert "more than a sandbox's disk limit (0.03 GiB" in str(e.value), e.value
+            assert "a copy would hold 35.0 MiB, more than a sandbox's disk limit (0.03 GiB" \
+                in str(e.value), e.value
     finally:
         if server is not None:
             server.stop()

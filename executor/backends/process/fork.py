@@ -291,7 +291,7 @@ def too_large(size: int, disk_gb: float | None) -> str | None:
     """Why a copy of ``size`` bytes exceeds a sandbox's disk limit (None: it does not)."""
     if disk_gb is None or size <= disk_gb * 2**30:
         return None
-    return (f"a copy would hold {size / 2**30:.2f} GiB, more than a sandbox's disk limit "
+    return (f"a copy would hold {_size(size)}, more than a sandbox's disk limit "
             f"({disk_gb:g} GiB, --sandbox-disk-gb)")
 
 
@@ -303,10 +303,15 @@ def no_room(root: Path, need: int) -> str | None:
     reserve = min(RESERVE_BYTES, st.f_blocks * st.f_frsize // 20)
     if free - need >= reserve:
         return None
-    return (f"need {need / 2**30:.2f} GiB and {root} has {free / 2**30:.2f} GiB free, less "
-            f"{reserve / 2**30:.2f} GiB kept for the server (the process backend copies "
+    return (f"need {_size(need)} and {root} has {_size(free)} free, less "
+            f"{_size(reserve)} kept for the server (the process backend copies "
             f"every byte on this file system; fewer copies, a smaller sandbox, or a work "
             f"root on a file system with reflinks: btrfs, XFS)")
+
+
+def _size(n: int) -> str:
+    """``n`` bytes for a person: MiB below a GiB, else GiB."""
+    return f"{n / 2**20:.1f} MiB" if n < 2**30 else f"{n / 2**30:.2f} GiB"
 
 
 def _bytes(path: Path) -> int:
