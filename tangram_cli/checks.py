@@ -125,7 +125,13 @@ def reward_image_problem(command: str, image: str) -> str | None:
         return f"--reward-command: cannot split {command!r}"
     import docker
 
-    from executor.backends.docker.backend import HOST_MOUNTS, HOST_ROOTFS, IMAGE, ensure_image
+    from executor.backends.docker.backend import (
+        HOST_MOUNTS,
+        HOST_ROOTFS,
+        IMAGE,
+        SANDBOX_USER,
+        ensure_image,
+    )
 
     try:
         client = docker.from_env()
@@ -134,11 +140,13 @@ def reward_image_problem(command: str, image: str) -> str | None:
             labels = client.api.inspect_image(image).get("Config", {}).get("Labels") or {}
             host = image == IMAGE or labels.get(HOST_ROOTFS) == "host"
             mounts = {p: {"bind": p, "mode": "ro"} for p in HOST_MOUNTS if os.path.exists(p)}
-            box = client.containers.run(
-                image, ["/bin/sh", "-c", script], detach=True, network_mode="none",
-                volumes=mounts if host else {},
+            # as the backend runs commands: the sandbox user, no capabilities
+            box = client.containers.create(
+                image, ["/bin/sh", "-c", script], network_mode="none", user=SANDBOX_USER,
+                cap_drop=["ALL"], volumes=mounts if host else {},
                 environment={"HOME": "/tmp", "PATH": "/usr/bin:/bin"} if host else {})
-            try:
+            try:  # (removed whatever happens once it exists: a start that fails too)
+                box.start()
                 code = box.wait(timeout=120).get("StatusCode")
                 said = box.logs().decode(errors="replace").strip().splitlines()
             finally:

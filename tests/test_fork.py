@@ -5,12 +5,15 @@ cleaned up at close, and the copies' memory counted like any trajectory's."""
 
 from __future__ import annotations
 
+import concurrent.futures
+import os
 import shutil
 import subprocess
 import time
 
 import pytest
 from conftest import TOKEN, sandbox_containers, start_server
+from helpers import until_true
 
 from tangram.fork import FORK, fork_action
 from tangram_sdk.client import TangramError, TangramSyncClient
@@ -241,6 +244,15 @@ def test_docker_copies_run_in_their_sources_image(docker_server):
             c.close_trajectory(t)
 
 
+def _fork_or_error(url: str, source: str, prefix: str) -> dict | TangramError:
+    with TangramSyncClient(url, TOKEN, timeout_s=120) as c:
+        try:
+            return c.fork(source, 1, prefix=prefix)
+        except TangramError as e:
+            return e
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounts a tmpfs (root only)")
 def test_a_fork_that_would_fill_the_disk_is_refused(tmp_path):
     """The process backend copies every byte (no reflink on tmpfs): on a 64 MiB work root
     a 20 MiB sandbox forks once, and three more copies - 60 MiB, more than is free - are
@@ -261,19 +273,32 @@ def test_a_fork_that_would_fill_the_disk_is_refused(tmp_path):
             used = shutil.disk_usage(state).used
             with pytest.raises(TangramError) as e:
                 c.fork(src, 3, prefix="disk-three")
-            assert "need 60.0 MiB" in str(e.value) and "MiB free" in str(e.value), e.value
+            assert "3 copies need 60.0 MiB and" in str(e.value) and "MiB free" in str(e.value), \
+                e.value
             assert shutil.disk_usage(state).used <= used + (1 << 20)  # nothing copied
             res = c.run(one["ids"][0], command="wc -c < blob", shell=True)
             assert res["output"].strip() == str(20 << 20), res
             open_ = {t["id"] for t in c.trajectories()}
             assert open_ == {src, *one["ids"]}, open_  # the refused copies were closed
-            # a copy counts against its disk limit (30 MiB): a 35 MiB source is refused
-            res = c.run(src, command="head -c 15M /dev/urandom > more", shell=True)
+            # three forks of one copy at once (a group's rollouts): room for one; each
+            # counts what the others will still write, so the others are refused, never
+            # left to fill the disk part way ("cp exit 1")
+            with concurrent.futures.ThreadPoolExecutor(3) as pool:
+                tries = list(pool.map(lambda i: _fork_or_error(server.url, src, f"race{i}"),
+                                      range(3)))
+            made = [t for t in tries if isinstance(t, dict)]
+            assert len(made) == 1, tries
+            assert all("1 copy needs 20.0 MiB" in str(t) for t in tries if t not in made), tries
+            c.close_trajectory(made[0]["ids"][0])
+            until_true(lambda: shutil.disk_usage(state).used <= used + (1 << 20), 120,
+                       "the closed copy's files to be removed (off the server's loop)")
+            # a copy counts against its disk limit (30.7 MiB): a 31 MiB source is refused
+            res = c.run(src, command="head -c 11M /dev/urandom > more", shell=True)
             assert res["exit_code"] == 0, res
             with pytest.raises(TangramError) as e:
                 c.fork(src, 1, prefix="disk-big")
-            assert "a copy would hold 35.0 MiB, more than a sandbox's disk limit (0.03 GiB" \
-                in str(e.value), e.value
+            assert ("a copy would hold 31.0 MiB in its work directory, more than its disk "
+                    "limit (30.7 MiB: --sandbox-disk-gb 0.03)") in str(e.value), e.value
     finally:
         if server is not None:
             server.stop()

@@ -219,6 +219,7 @@ class ProcessBackend:
         #: each trajectory's memory limit and OOM preference (executor/backends/process/cage.py)
         self._memory = MemoryLimits(self._run_mark, default_mem_gb)
         self.disk_gb = disk_gb
+        self.fork_bytes = 0  # (executor/backends/process/fork.py)
         #: a cgroup per action where the server can make one (None: the marked sweep)
         self._trees = ActionGroups.here(self._run_mark)
         #: as root: trajectory -> the user id its commands run under

@@ -25,14 +25,15 @@ The source's own ``/tmp``, ``/var/tmp`` and ``/dev/shm`` (executor/backends/proc
 are copied the same way, by a second ``cp`` as the source's user into the same stage, and
 become the copy's: a copy sees what setup wrote there.
 
-Disk: a copy holds its source's bytes, counted against the copy's ``disk_gb``
+Disk: a copy's work directory holds its source's bytes, counted against the copy's ``disk_gb``
 (``--sandbox-disk-gb``, as docker bounds a copy's ``/work``): a source larger is refused. The
 process backend bounds no sandbox's later writes (that would take project quotas). A copy by
 ``cp`` (not a reflink) costs the source's bytes again, per copy, on the work root's file
 system. So the source's bytes are counted while it is frozen, before anything is copied, and
-a fork whose copies would leave less than ``RESERVE_BYTES`` free on that file system (1 GiB;
-a twentieth of a smaller one) is refused too (the action ``failed``, naming the sizes)
-instead of filling the host's disk part way.
+a fork whose copies (work directory and private places), with what the forks under way will
+still write, would leave less than ``RESERVE_BYTES`` free on that file system (1 GiB; a
+twentieth of a smaller one) is refused too (the action ``failed``, naming the sizes) instead
+of filling the host's disk part way.
 
 A fork can be cancelled (issue 45 #7: its action's cancel, or its source's close): its
 task is cancelled where it is - the ``cp`` killed, the staged trees removed, the source
@@ -88,6 +89,8 @@ class Forkable(Protocol):
     _scratch: Scratches
 
     disk_gb: float | None
+    #: bytes the forks under way will still write (counted against the free disk)
+    fork_bytes: int
 
     def workdir(self, trajectory: str) -> Path: ...
 
@@ -199,15 +202,26 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
     reflink = await asyncio.to_thread(reflinks, src.parent)
     cores = {backend.cpu_map[c] for c in d.lease.cores} or set(backend.cpu_map)
     stages: list[Stage] = []
+    reserved = 0  # bytes of this fork's copies counted in backend.fork_bytes until it ends
     try:
         try:
             async with backend.freezes.held(source, lambda: backend._pids(source)):
-                # (its processes frozen: the size holds while it is copied)
-                each = sum([await asyncio.to_thread(_allocated, p) for p in (src, *places)])
-                refused = too_large(each, backend.disk_gb)
+                # (its processes frozen: the sizes hold while it is copied; a walk the
+                # fork's cancel cannot cut short, so the source is not thawed under it)
+                sizes: list[int] = []
+                await _whole(lambda: sizes.extend(_allocated(p) for p in (src, *places)))
+                refused = too_large(sizes[0], backend.disk_gb)
                 if refused is None and not reflink:
-                    short = no_room(backend.root, each * len(copies))
-                    refused = f"{len(copies)} copies {short}" if short else None
+                    # forks running at once (a group's rollouts fork one source together)
+                    # each count what the others will still write
+                    need = sum(sizes) * len(copies)
+                    short = no_room(backend.root, need, backend.fork_bytes)
+                    n = len(copies)
+                    refused = (f"{n} {'copy needs' if n == 1 else 'copies need'} {short}"
+                               if short else None)
+                    if refused is None:
+                        reserved = need
+                        backend.fork_bytes += need
                 if refused:
                     on_done(Outcome(d.action.id, "failed", None,
                                     error=f"fork of {source!r}: {refused}"))
@@ -234,6 +248,7 @@ async def run_fork(backend: Forkable, d: Dispatch, on_done: Callable[[Outcome], 
             await _whole(stage.settle, backend.workdir(copy), backend._uid(copy),
                          backend._scratch, backend._private(copy))
     finally:
+        backend.fork_bytes -= reserved
         for stage in stages:
             await _whole(stage.remove)
     fork_s = time.perf_counter() - t0
@@ -291,22 +306,24 @@ def too_large(size: int, disk_gb: float | None) -> str | None:
     """Why a copy of ``size`` bytes exceeds a sandbox's disk limit (None: it does not)."""
     if disk_gb is None or size <= disk_gb * 2**30:
         return None
-    return (f"a copy would hold {_size(size)}, more than a sandbox's disk limit "
-            f"({disk_gb:g} GiB, --sandbox-disk-gb)")
+    return (f"a copy would hold {_size(size)} in its work directory, more than its disk "
+            f"limit ({_size(int(disk_gb * 2**30))}: --sandbox-disk-gb {disk_gb:g})")
 
 
-def no_room(root: Path, need: int) -> str | None:
-    """Why ``need`` more bytes on ``root``'s file system would leave less than its reserve
-    free: ``RESERVE_BYTES``, or a twentieth of a smaller file system (None: they fit)."""
+def no_room(root: Path, need: int, pending: int = 0) -> str | None:
+    """Why ``need`` more bytes on ``root``'s file system, beside the ``pending`` ones other
+    forks will still write, would leave less than its reserve free: ``RESERVE_BYTES``, or
+    a twentieth of a smaller file system (None: they fit)."""
     st = os.statvfs(root)
     free = st.f_bavail * st.f_frsize
     reserve = min(RESERVE_BYTES, st.f_blocks * st.f_frsize // 20)
-    if free - need >= reserve:
+    if free - pending - need >= reserve:
         return None
-    return (f"need {_size(need)} and {root} has {_size(free)} free, less "
-            f"{_size(reserve)} kept for the server (the process backend copies "
-            f"every byte on this file system; fewer copies, a smaller sandbox, or a work "
-            f"root on a file system with reflinks: btrfs, XFS)")
+    others = f", forks under way will write {_size(pending)} more" if pending else ""
+    return (f"{_size(need)} and {root} has {_size(free)} free{others}, and "
+            f"{_size(reserve)} is kept for the server (the process backend copies every "
+            f"byte on this file system; fewer copies, a smaller sandbox, or a work root on a "
+            f"file system with reflinks: btrfs, XFS made with reflink=1)")
 
 
 def _size(n: int) -> str:
@@ -321,8 +338,12 @@ def _bytes(path: Path) -> int:
 
 def _allocated(path: Path) -> int:
     """Bytes the regular files under ``path`` occupy on disk (a sparse file counts what
-    it holds: ``cp`` copies it sparse)."""
-    return sum(st.st_blocks * 512 for st in _files(path))
+    it holds: ``cp`` copies it sparse; a file hard-linked twice, once: ``cp -a`` keeps
+    the links)."""
+    seen: dict[tuple[int, int], int] = {}
+    for st in _files(path):
+        seen[st.st_dev, st.st_ino] = st.st_blocks * 512
+    return sum(seen.values())
 
 
 def _files(path: Path) -> Iterator[os.stat_result]:
