@@ -316,6 +316,16 @@ def test_backends_declare_capabilities_instead_of_being_probed():
                             "tangram.protocol.capabilities_of")
 
 
+def _pauses(call: ast.Call) -> bool:
+    """A call that sleeps: ``sleep(...)``, or ``x.wait(<seconds>)`` (an Event's wait with a
+    constant timeout is a sleep by another name)."""
+    name = getattr(call.func, "attr", "") or getattr(call.func, "id", "")
+    if "sleep" in name:
+        return True
+    return (name == "wait" and len(call.args) == 1 and isinstance(call.args[0], ast.Constant)
+            and isinstance(call.args[0].value, int | float))
+
+
 def test_no_test_polls_with_a_count_of_tries():
     """A wait in a test is a condition with a generous deadline and a message saying what
     was awaited and seen (helpers.until / until_true), not ``for _ in range(N): ...
@@ -327,8 +337,7 @@ def test_no_test_polls_with_a_count_of_tries():
                     and getattr(node.iter.func, "id", "") == "range"):
                 continue
             inside = list(ast.walk(node))
-            sleeps = any(isinstance(sub, ast.Call) and "sleep" in (
-                getattr(sub.func, "attr", ""), getattr(sub.func, "id", "")) for sub in inside)
+            sleeps = any(isinstance(sub, ast.Call) and _pauses(sub) for sub in inside)
             # polling: it leaves when a condition holds (a loop that sleeps as part of its
             # scenario, a kill point, runs every round)
             polls = any(isinstance(sub, ast.Break | ast.Return) for sub in inside)
