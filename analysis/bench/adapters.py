@@ -18,10 +18,7 @@ import argparse
 import asyncio
 import json
 import os
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
 import types
@@ -29,38 +26,9 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
-import httpx
-
 from analysis.bench import Opt
+from analysis.bench.server import start_server
 from tangram_sdk.client import TangramClient, TangramSyncClient
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _serve(backend: str, token: str, state_dir: str) -> tuple[subprocess.Popen, str]:
-    port = _free_port()
-    url = f"http://127.0.0.1:{port}"
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "serve", "--port", str(port),
-                             "--backend", backend, "--state-dir", state_dir],
-                            env={**os.environ, "TANGRAM_TOKEN": token},
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    deadline = time.time() + 60
-    while time.time() < deadline:
-        if proc.poll() is not None:
-            raise SystemExit(f"bench: the server exited with code {proc.returncode}")
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit("bench: the server did not start within 60 s")
 
 
 def _stats(samples: list[float]) -> dict[str, float]:
@@ -156,7 +124,7 @@ def run(calls: int = 200, backend: str = "process", url: str | None = None,
     else:
         token = "bench-" + os.urandom(8).hex()
         with tempfile.TemporaryDirectory(prefix="tangram-bench-") as state:
-            proc, url = _serve(backend, token, state)
+            proc, url = start_server(Path(state), token, ["--backend", backend])
             try:
                 result = bench(url, token, calls)
             finally:

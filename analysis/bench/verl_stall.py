@@ -34,8 +34,6 @@ import os
 import random
 import re
 import signal
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,6 +45,8 @@ ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "tests"))  # verl_torchfree: verl's modules without torch
 
 from verl_torchfree import AgentData, function_call, load_verl_tools, stock_loop  # noqa: E402
+
+from analysis.bench.server import start_server  # noqa: E402
 
 TOKEN = "bench-token"
 
@@ -65,26 +65,6 @@ def percentile(xs: list[float], q: float) -> float | None:
         return None
     xs = sorted(xs)
     return round(xs[min(len(xs) - 1, int(q * len(xs)))], 4)
-
-
-def start_server(state: Path, extra: list[str]) -> tuple[subprocess.Popen, str]:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    log = (state / "server.log").open("w")
-    proc = subprocess.Popen([sys.executable, str(ROOT / "cli.py"), "serve", "--port", str(port),
-                             "--state-dir", str(state), *extra],
-                            env={**os.environ, "TANGRAM_TOKEN": TOKEN}, stdout=log,
-                            stderr=subprocess.STDOUT, cwd=ROOT)
-    url = f"http://127.0.0.1:{port}"
-    for _ in range(300):
-        try:
-            if httpx.get(url + "/healthz", timeout=1).status_code == 200:
-                return proc, url
-        except httpx.HTTPError:
-            time.sleep(0.2)
-    proc.kill()
-    raise SystemExit(f"server did not start: {(state / 'server.log').read_text()}")
 
 
 async def bench(url: str, rollouts: int, calls: int, think_s: float, deadline_s: float,
@@ -199,7 +179,7 @@ def main() -> None:
     extra += ["--mem-overcommit", str(args.mem_overcommit)] if args.mem_overcommit else []
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
-        proc, url = start_server(Path(tmp), extra)
+        proc, url = start_server(Path(tmp), TOKEN, extra)
         try:
             out = asyncio.run(bench(url, args.rollouts, args.calls, args.think_s,
                                     args.deadline_s, args.steps, args.train_s,
