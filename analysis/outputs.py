@@ -75,7 +75,8 @@ ACTIONS_SCHEMA = pa.schema([
     ("units", pa.int64()), ("node", pa.large_string()), ("cores", pa.large_string()),
     ("gpus", pa.large_string()), ("restore_s", pa.float64()), ("overhead_s", pa.float64()),
     ("status", pa.large_string()), ("exit_code", pa.int64()), ("expected_s", pa.float64()),
-    ("lane", pa.bool_()), ("batch_of", pa.large_string()), ("queue_s", pa.float64()),
+    ("lane", pa.bool_()), ("batch_of", pa.large_string()), ("resized", pa.large_string()),
+    ("queue_s", pa.float64()),
     ("exec_s", pa.float64()), ("act_s", pa.float64()), ("category", pa.large_string())])
 
 #: records per row group of a streamed actions.parquet: what a run holds in memory at most

@@ -69,7 +69,9 @@ def burn_position(argv: Sequence[str]) -> int | None:
 
 
 def elastic_argv(argv: list[str], units: int, elastic: bool) -> list[str]:
-    """Insert ``-n units`` into an elastic pytest or burn run (unless it already chose)."""
+    """Insert ``-n units`` into an elastic pytest or burn run (unless it already chose):
+    ``units`` is the worker count (``Dispatch.worker_count``; a malleable grant's cores
+    change under its workers, tangram/cpu/malleable.py)."""
     pos = pytest_position(argv)
     if pos is None:
         pos = burn_position(argv)

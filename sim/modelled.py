@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -30,7 +31,7 @@ from tangram.api.backoff import Backoff
 from tangram.gpu.batching import DEFAULT_BATCHING, BatchModel, MeasuredGpu
 from tangram.model import Dispatch, Outcome, counted
 from tangram.policies import ProviderLimit
-from tangram.protocol import PreRestore, Traits
+from tangram.protocol import PreRestore, Resized, Traits
 from tangram.runtime import Clock
 from traces.schema import Truth
 
@@ -105,6 +106,27 @@ MAX_ATTEMPTS = 6
 LANE_SLOWDOWN_FULL = 1134 / 1024
 
 
+#: what one resize of a running grant costs the action in the model (s, a pause of its
+#: progress; assumption: re-pinning is milliseconds, the cost is the caches its workers
+#: lose). The core does not read it: it learns what resizes cost from the runs that end
+#: (tangram/cpu/malleable.py ResizeCost), from a prior of half this
+RESIZE_S = 0.1
+
+
+class _Executing:
+    """A malleable action executing in the model (issue 49): its work left, as a fraction
+    of its time at ``cores``, as of ``since`` (in the future while it still starts or
+    pauses for a resize), and the timer of its end."""
+
+    __slots__ = ("d", "truth", "cores", "left", "since", "until", "timer", "finish")
+
+    def __init__(self, d: Dispatch, truth: Truth, since: float, until: float | None) -> None:
+        self.d, self.truth, self.cores = d, truth, d.units
+        self.left, self.since, self.until = 1.0, since, until
+        self.timer: Any = None
+        self.finish: Callable[[str], None] = lambda status: None
+
+
 def truth_of(d: Dispatch) -> Truth:
     """Actions without recorded truth (hand-built ones) run as declared."""
     e = d.action.elasticity
@@ -157,6 +179,8 @@ class ModelledBackend:
         self._ready: dict[str, float | None] = {}
         self._plane = ControlPlane(startup.rate_per_s, startup.burst)
         self._cancelled: set[str] = set()
+        #: malleable actions executing (Dispatch.workers set), by id: a resize re-times them
+        self._executing: dict[str, _Executing] = {}
         self.retries = 0
         #: provider answers: 429s sent, and calls that gave up after MAX_ATTEMPTS
         self.rejections = 0
@@ -174,17 +198,49 @@ class ModelledBackend:
     def cancel(self, action_id: str) -> None:
         self._cancelled.add(action_id)
 
+    def resize(self, effect: Resized) -> None:
+        """The action runs on ``effect.cores`` from now: its progress so far kept, paused
+        for RESIZE_S, its end re-timed exactly at its true speed on the new width."""
+        x = self._executing.get(effect.action_id)
+        if x is None:  # ended meanwhile
+            return
+        now = self.clock.now()
+        if now > x.since:
+            x.left -= (now - x.since) / self.true_duration(x.d, x.truth, x.cores)
+            x.since = now
+        x.left = max(x.left, 0.0)
+        x.since += RESIZE_S
+        x.cores = len(effect.cores)
+        self._time_end(x)
+
+    def _time_end(self, x: _Executing) -> None:
+        """(Re)set the timer of ``x``'s end (at its timeout, if that comes first)."""
+        if x.timer is not None:
+            x.timer.cancel()
+        end = x.since + x.left * self.true_duration(x.d, x.truth, x.cores)
+        status = "ok"
+        if x.until is not None and end > x.until:
+            end, status = x.until, "timeout"
+        x.timer = self.clock.call_later(end - self.clock.now(), lambda: x.finish(status))
+
     def prerestore(self, effect: PreRestore) -> None:
         """Nothing to do: the core's accounting (the variant ready at ``at_s +
         restore_s``) is the model; an action landing earlier pays what is left."""
         return None
 
-    def true_duration(self, d: Dispatch, truth: Truth) -> float:
+    def true_duration(self, d: Dispatch, truth: Truth, cores: int | None = None) -> float:
+        """Its true execution time on ``cores`` (None: its grant's) with its workers
+        (``Dispatch.workers``): W workers on c cores go as min(c, W) would, and each
+        worker's start-up (``unit_overhead_s``) is paid however few cores they share."""
         if d.lease.lane:  # time-shares a core with the node's exclusive actions
             b = self.busy(d.lease.node) if self.busy and d.lease.node else 0.0
             return truth.t1_s * (1.0 + b * (LANE_SLOWDOWN_FULL - 1.0))
-        units = d.units if d.action.elastic else 1
-        return _declared_duration(d, truth, units)
+        if not d.action.elastic:
+            return _declared_duration(d, truth, 1)
+        cores = d.units if cores is None else cores
+        workers = d.workers or cores
+        used = min(cores, workers)
+        return _declared_duration(d, truth, used) + truth.unit_overhead_s * (workers - used)
 
     def true_duration_of(self, d: Dispatch, action_index: int) -> float:
         """True time of one action of ``d`` alone on ``d``'s units."""
@@ -248,13 +304,10 @@ class ModelledBackend:
 
     def _run(self, d: Dispatch, truth: Truth, on_done: Callable[[Outcome], None],
              overhead: float, retries: int, release: Callable[[], None] | None = None) -> None:
-        exec_s = self.true_duration(d, truth)
         timeout = float((d.action.payload or {}).get("timeout_s") or 0.0)
-        status = "ok"
-        if timeout and exec_s > timeout:
-            exec_s, status = timeout, "timeout"
 
-        def done() -> None:
+        def done(status: str) -> None:
+            self._executing.pop(d.action.id, None)
             if release:
                 release()
             if d.action.id in self._cancelled:
@@ -264,7 +317,18 @@ class ModelledBackend:
             on_done(Outcome(d.action.id, status, 0 if status == "ok" else None,
                             overhead_s=overhead, extra={"retries": retries}))
 
-        self.clock.call_later(overhead + exec_s, done)
+        if d.workers:  # malleable: its end moves when its grant is resized
+            begin = self.clock.now() + overhead
+            x = _Executing(d, truth, begin, begin + timeout if timeout else None)
+            x.finish = done
+            self._executing[d.action.id] = x
+            self._time_end(x)
+            return
+        exec_s = self.true_duration(d, truth)
+        status = "ok"
+        if timeout and exec_s > timeout:
+            exec_s, status = timeout, "timeout"
+        self.clock.call_later(overhead + exec_s, lambda: done(status))
 
     def _attempt(self, d: Dispatch, truth: Truth, on_done: Callable[[Outcome], None],
                  quotas: dict[str, float], overhead: float, attempt: int) -> None:

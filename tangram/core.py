@@ -42,7 +42,7 @@ from tangram.model import (
     counted,
 )
 from tangram.policies import Policy
-from tangram.pool import AfterPass, Batching, Books, PoolPoints, Waking, by_pool
+from tangram.pool import AfterPass, Batching, Books, PoolPoints, Resizable, Waking, by_pool
 from tangram.protocol import (
     Attach,
     Cancel,
@@ -393,7 +393,10 @@ class Tangram:
         if p.batch_left is not None:
             p.batch_left.discard(action_id)
         last = not p.batch_left
+        units = lease.units
         if last:
+            if isinstance(pool, Resizable):  # (a resized run is observed at its mean width)
+                units = pool.closing(action_id, units, now)
             pool.ended(dispatch.action.id)
             self._release(pool, lease)
         state = self._trajectories.get(action.trajectory)
@@ -411,7 +414,7 @@ class Tangram:
             # a batch member's elapsed time is the batch's, not its own: not observed
             elapsed = now - dispatch.start_s - lease.restore_s
             lane = pool.lane
-            self._estimates.durations.observe(action, lease.units, max(elapsed, 0.0),
+            self._estimates.durations.observe(action, units, max(elapsed, 0.0),
                                              pool.name, p.elastic,
                                              lane.light_s if lane is not None else 0.0)
         if p.elastic:
@@ -526,16 +529,24 @@ class Tangram:
         out: list[Effect] = []
         if lane is not None:
             out = lane.run(now, self._books)
-        while pool.queue:
-            got = self._pass_once(pool, now)
+        # a pool whose grants resize (tangram/cpu/malleable.py): before each plan and once
+        # its queue is empty, its running grants and its queue share its idle units
+        resizing = pool if isinstance(pool, Resizable) and pool.grows else None
+        while pool.queue or resizing is not None:
+            if resizing is not None:
+                out.extend(resizing.share(now, self._books))
+                if not pool.queue:
+                    break
+            got = self._pass_once(pool, now, resizing)
             out.extend(got)
-            if not got or pool.free_units() <= 0:
+            if not got or (resizing is None and pool.free_units() <= 0):
                 break
         if isinstance(pool, AfterPass):  # e.g. a static GPU pool deploys replicas
             pool.after_pass(now, self._estimates)
         return out
 
-    def _pass_once(self, pool: PoolPoints, now: float) -> list[Dispatch]:
+    def _pass_once(self, pool: PoolPoints, now: float,
+                   resizing: Resizable | None = None) -> list[Dispatch]:
         sched = pool.scheduler or self._scheduler
         decisions = sched.plan(pool, now, self._estimates, self._quota)
         if not decisions:
@@ -566,7 +577,8 @@ class Tangram:
                 expected = batch_s
             batch = tuple([BatchMember(r.action, r.submit_s) for r in riders]) if riders else ()
             # (positional: no keyword parsing per dispatch; decision_s 0.0, the default)
-            d = Dispatch(p.action, lease, p.submit_s, now, expected, 0.0, batch, plan)
+            workers = resizing.begin(p, lease.units, now) if resizing and not riders else 0
+            d = Dispatch(p.action, lease, p.submit_s, now, expected, 0.0, batch, plan, workers)
             left = {p.action.id, *(r.action.id for r in riders)} if riders else None
             p.dispatch, p.pool, p.batch_left = d, pool, left
             self._running[p.action.id] = p

@@ -339,6 +339,15 @@ class Dispatch:
     batch: tuple[BatchMember, ...] = ()
     #: GPU actions of the evict-on-execution manager: the residency plan (None otherwise)
     gpu: GpuPlan | None = None
+    #: workers the command starts (``TANGRAM_WORKERS``, e.g. ``pytest -n``): a malleable
+    #: elastic action's is the widest grant it may grow to (tangram/cpu/malleable.py), its
+    #: cores change under it (:class:`tangram.protocol.Resized`); 0: its units
+    workers: int = 0
+
+    @property
+    def worker_count(self) -> int:
+        """Workers its command runs: ``workers``, else its units (at least 1)."""
+        return self.workers or max(self.lease.units, 1)
 
     @property
     def units(self) -> int:

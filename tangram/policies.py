@@ -38,7 +38,7 @@ from tangram.api.admits import ProviderAdmits, ProviderLimit, TangramAdmits
 from tangram.api.quota import QuotaManager
 from tangram.cluster import ClusterSpec
 from tangram.cpu.env import AtFirstAction, AtOpen
-from tangram.cpu.parts import Pods, SharedCores
+from tangram.cpu.parts import MalleableCores, Pods, SharedCores
 from tangram.gpu.parts import (
     GPU_POOL,
     ColdStart,
@@ -62,8 +62,8 @@ from tangram.scheduler import (
 
 __all__ = [
     "API_POOL", "GPU_POOL", "PARAMS", "REGISTRY", "AtFirstAction", "AtOpen", "ColdStart",
-    "GpusNoAffinity", "GpusNoOrdering", "PaperGpus", "Pods", "Policy", "ProviderAdmits",
-    "ProviderLimit", "Resources", "SharedCores", "SharedGpus", "StaticDeployments",
+    "GpusNoAffinity", "GpusNoOrdering", "MalleableCores", "PaperGpus", "Pods", "Policy",
+    "ProviderAdmits", "ProviderLimit", "Resources", "SharedCores", "SharedGpus", "StaticDeployments",
     "TangramAdmits", "make_policy",
 ]
 
@@ -81,8 +81,9 @@ class Policy:
     name: ClassVar[str] = "tangram"
     description: ClassVar[str] = (
         "action-level elastic scheduling with our extensions: closed-loop arrivals, "
-        "bounded waiting for a wider grant, restore-aware DP, squared completion times "
-        "(the tail as well as the mean) (default)")
+        "malleable CPU grants (a running test grows onto cores that free up, shrinks for "
+        "arrivals), restore-aware DP, squared completion times (the tail as well as the "
+        "mean) (default)")
     #: who admits API calls: the quota manager, or the provider (429s, retries)
     api: ClassVar[ApiSide] = TangramAdmits()
     #: when a trajectory's environment (container, pod) starts
@@ -93,7 +94,7 @@ class Policy:
     ordering: str = "fcfs"
     #: ``sef`` ordering: an action waiting this long jumps ahead of younger ones
     max_wait_s: float = 30.0
-    cpu: CpuSide = field(default_factory=SharedCores)
+    cpu: CpuSide = field(default_factory=MalleableCores)
     gpu: GpuSide = field(default_factory=SharedGpus)
 
     def __post_init__(self) -> None:
@@ -154,6 +155,14 @@ class Policy:
 
 
 @dataclass(frozen=True)
+class RigidPolicy(Policy):
+    name: ClassVar[str] = "tangram-rigid"
+    description: ClassVar[str] = ("ablation: tangram with grants fixed at an action's start "
+                                  "(a head may wait for a wider grant instead)")
+    cpu: CpuSide = field(default_factory=SharedCores)
+
+
+@dataclass(frozen=True)
 class NoAffinityPolicy(Policy):
     name: ClassVar[str] = "tangram-no-affinity"
     description: ClassVar[str] = "ablation: tangram without GPU residency affinity"
@@ -172,7 +181,9 @@ class PaperPolicy(Policy):
     name: ClassVar[str] = "tangram-paper"
     description: ClassVar[str] = ("the paper's Alg. 1-2 rules: the objective sees only the "
                                   "queue, no waiting, durations-only DP; the paper's GPU "
-                                  "placement (no residency affinity)")
+                                  "placement (no residency affinity); grants fixed at "
+                                  "an action's start")
+    cpu: CpuSide = field(default_factory=SharedCores)
     gpu: GpuSide = field(default_factory=PaperGpus)
 
     def scheduler(self) -> ElasticScheduler:
@@ -246,7 +257,7 @@ class BaselinePolicy(Policy):
 
 #: every policy, by the name `tangram policies` lists
 REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (
-    Policy, PaperPolicy, K8sPolicy, StaticPolicy, ServerlessPolicy, FixedDopPolicy,
+    Policy, RigidPolicy, PaperPolicy, K8sPolicy, StaticPolicy, ServerlessPolicy, FixedDopPolicy,
     PerTrajectoryApiPolicy, BaselinePolicy, NoAffinityPolicy, NoOrderingPolicy)}
 
 #: the parameters a user may set, and which part of a policy each belongs to

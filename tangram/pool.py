@@ -215,6 +215,32 @@ class AfterPass(Protocol):
 
 
 @runtime_checkable
+class Resizable(Protocol):
+    """A pool whose running grants change size while they run (tangram/cpu/malleable.py,
+    issue 49): they share its units with the queue before each plan, and it chooses each
+    started action's worker count. ``grows``: whether it does so now
+    (only while the backend carries resizes out)."""
+
+    grows: bool
+
+    def share(self, now: float, books: Books) -> list[Effect]:
+        """Before each plan, and once the queue is empty: the running grants and the
+        queue's heads share the idle units (a grant grows onto one where that lowers the
+        objective more than starting the head would) and grants shrink to admit a head
+        where that pays. The Resized effects ([] if none)."""
+        ...
+
+    def begin(self, p: Pending, units: int, now: float) -> int:
+        """``p`` starts on ``units``: the workers its command starts (0: its units)."""
+        ...
+
+    def closing(self, action_id: str, units: int, now: float) -> int:
+        """``action_id`` (started on ``units``) ends at ``now``: the units its run should
+        be observed at (its width over its run), before the pool forgets it."""
+        ...
+
+
+@runtime_checkable
 class Waking(Protocol):
     """A pool that wants a pass although nothing arrives or ends (a GPU request stops
     waiting by choice)."""
@@ -228,7 +254,7 @@ class PoolPoints(Queueing, Filtering[object, object], Reserving[object], Protoco
     """The extension points every pool implements, as the core and the schedulers see any
     pool (each pool's own Scratch, Capacity and Part: ``object`` here, where pools of every
     kind meet; the optional points: :class:`Batching`, :class:`AfterPass`,
-    :class:`Waking`)."""
+    :class:`Resizable`, :class:`Waking`)."""
 
     name: str
     key: str | None

@@ -11,6 +11,7 @@ service, the simulator's sampler, the replay) talks to the core through this mod
   :class:`~tangram.model.Dispatch` (start an action; a GPU dispatch carries its whole
   residency plan, :class:`~tangram.model.GpuPlan`: what to evict, whether to restore, and
   the batch riding on its lease), :class:`PreRestore` (load a variant ahead of demand),
+  :class:`Resized` (a running elastic action's cores grew or shrank),
   :class:`Stop` (ask the backend to stop a running action), :class:`Cancelled` (a
   queued action was dropped; it has no outcome to wait for) and :class:`Reclaim` (an
   idle trajectory gave its node to a waiting one: a backend that ``evicts`` drops what
@@ -100,6 +101,11 @@ class Capabilities:
     #: keeps across a restart only the sandboxes of the trajectories still open, removing
     #: what a crash left of the others (:class:`Retaining`)
     retains: bool = False
+    #: changes a running elastic action's cores while it runs (:class:`Resized`:
+    #: ``resize``); the core resizes grants (issue 49) only for such a backend, since
+    #: another would go on running the action on the cores the core gave to others
+    #: (:class:`Resizing`)
+    resizes: bool = False
 
 
 NONE = Capabilities()
@@ -273,7 +279,20 @@ class Moved:
     cores: tuple[int, ...]
 
 
-Effect = Dispatch | PreRestore | Stop | Cancelled | Reclaim | Shed | Moved
+@dataclass(frozen=True, slots=True)
+class Resized:
+    """The running elastic action ``action_id`` holds ``cores`` of ``node`` from now on
+    (issue 49: a malleable grant grows onto cores that freed up, or shrinks to admit an
+    arrival; tangram/cpu/malleable.py). Its worker count (``Dispatch.workers``) stays what
+    it was started with: its processes are re-pinned onto the new cores. Sent only to a
+    backend with ``Capabilities.resizes``."""
+
+    action_id: str
+    node: str
+    cores: tuple[int, ...]
+
+
+Effect = Dispatch | PreRestore | Stop | Cancelled | Reclaim | Shed | Moved | Resized
 
 
 # -- the snapshot (reads) -----------------------------------------------------------------
@@ -429,6 +448,15 @@ class Moving(Protocol):
 
 
 @runtime_checkable
+class Resizing(Protocol):
+    """Runs a running elastic action on the cores the core resized its grant to
+    (:class:`Resized`) from now on: every process of it re-pinned, its cgroup's cpuset
+    and quota (where it has one) changed while it runs."""
+
+    def resize(self, effect: Resized) -> None: ...
+
+
+@runtime_checkable
 class NodeWatching(Protocol):
     """Sends NodeJoined, NodeLost or WorkerLost to ``sink`` (on the driver's loop) from
     now on."""
@@ -475,7 +503,7 @@ class FileHolding(Protocol):
 METHOD_CAPABILITIES: Mapping[str, type] = MappingProxyType({
     "prerestores": PreRestoring, "watches_nodes": NodeWatching, "images": ImageOpening,
     "files": FileHolding, "evicts": Evicting, "sheds": Shedding, "forks": Forking,
-    "moves": Moving, "retains": Retaining,
+    "moves": Moving, "retains": Retaining, "resizes": Resizing,
 })
 
 

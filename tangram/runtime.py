@@ -38,6 +38,8 @@ from tangram.protocol import (
     PreRestore,
     PreRestoring,
     Reclaim,
+    Resized,
+    Resizing,
     Shed,
     Shedding,
     Snapshot,
@@ -84,6 +86,9 @@ class Record:
     #: the lead action of the batch this action ran in ("" when it ran alone): records
     #: with the same ``batch_of`` shared one lease (and paid its restore once)
     batch_of: str = ""
+    #: its grant's resizes while it ran (tangram/cpu/malleable.py), ``"t:cores"`` each,
+    #: ``;`` apart ("" when never resized): ``cores`` held from ``start_s`` until the first
+    resized: str = ""
 
     @property
     def act_s(self) -> float:
@@ -206,6 +211,8 @@ class Runtime:
         #: running actions an effect failed for (a move, a stop): the error their outcome
         #: reports, whatever the backend says when it ends them
         self._failed: dict[str, str] = {}
+        #: running actions whose grant was resized: the changes, as their record keeps them
+        self._resized: dict[str, list[str]] = {}
         #: effect class -> how many were carried out without raising (a server's /metrics:
         #: which kinds a live run has seen; the core counts only some, e.g. lane moves)
         self.carried: dict[type, int] = {}
@@ -305,6 +312,12 @@ class Runtime:
             # process (the simulator's model, docker, Ray) leaves it where it runs
             if isinstance(backend, Moving):
                 backend.move(e)
+        elif isinstance(e, Resized):
+            if not isinstance(backend, Resizing):  # sent only to one (Attach)
+                raise TypeError(f"the {type(backend).__name__} backend has no resize")
+            backend.resize(e)
+            self._resized.setdefault(e.action_id, []).append(
+                f"{self.clock.now()!r}:{unit_ids(e.cores)}")
         elif isinstance(e, Reclaim):
             # the core unbound it either way; only an evicting backend holds memory
             # for an idle trajectory (a busy one keeps it: the next observation shows it)
@@ -337,7 +350,7 @@ class Runtime:
                 except DoubleReport:
                     pass
             failed = EffectFailed(type(e).__name__, e.action.id, error)
-        elif isinstance(e, Moved | Stop):
+        elif isinstance(e, Moved | Resized | Stop):
             # it runs on in the backend: ask it to stop, and whatever outcome it reports
             # then, the action ends failed with this error
             self._failed[e.action_id] = error
@@ -392,6 +405,7 @@ class Runtime:
                 unit_ids(tuple(lease.cores)), unit_ids(tuple(lease.gpus)),
                 lease.restore_s, outcome.overhead_s, outcome.status,
                 outcome.exit_code, d.expected_s, lease.lane, batch_of,
+                ";".join(self._resized.pop(aid, ())),
             )
             self.records.append(rec)
             effects = self._timed(Finish(aid, outcome))

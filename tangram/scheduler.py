@@ -48,7 +48,7 @@ from tangram.api.quota import QuotaManager
 from tangram.arrange import arrange
 from tangram.estimates import Estimates, command_of
 from tangram.model import Action, Elasticity, Pending
-from tangram.pool import Pool
+from tangram.pool import Pool, Resizable
 
 
 class Ordering(Protocol):
@@ -324,7 +324,10 @@ class ElasticScheduler:
         # Beyond the paper: evicting down to nothing lets the head wait for more units
         # when that would finish it sooner (its depth exploration weighs "now at the
         # minimum" against "wider, later").
-        may_wait = self.may_wait(head, rest, now, running, free0)
+        # (not where grants grow as units free, tangram/cpu/malleable.py: it starts now
+        # and widens then, instead of waiting for them)
+        may_wait = (not (isinstance(pool, Resizable) and pool.grows)
+                    and self.may_wait(head, rest, now, running, free0))
         if n == 1 and full[1] == minimum and not may_wait:
             return [(head, minimum[0])]  # no room to grow, nothing to evict for
         # (units, estimated duration, pending, arrival) of every action the alternatives may

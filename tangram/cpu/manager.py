@@ -199,10 +199,48 @@ class CpuManager:
         self._live[action_id] = lease
         return lease
 
+    def lease_of(self, action_id: str) -> CpuLease:
+        """The cores ``action_id`` holds now (KeyError: none)."""
+        return self._live[action_id]
+
+    def resize(self, action_id: str, n: int) -> CpuLease | None:
+        """The live lease of ``action_id`` grown or shrunk to ``n`` cores (a malleable
+        grant, tangram/cpu/malleable.py): it grows from its own NUMA domain (an elastic
+        action's cores stay in one, as ``reserve`` placed them) and shrinks by its highest
+        cores. The new lease (it replaces the old one: releasing either releases it), or
+        None when its domain has not ``n`` cores for it."""
+        old = self._live[action_id]
+        have = len(old.cores)
+        if n < 1:
+            raise ValueError(f"cores: a grant keeps at least 1 core, got {n}")
+        host = self.nodes[old.node]
+        if n > have:
+            dom = host.domains[old.cores[0] // host.domain_size]
+            if len(dom) < n - have:
+                return None
+            cores = old.cores + tuple(dom[:n - have])
+            del dom[:n - have]
+            host.free_cores -= n - have
+        elif n < have:
+            cores = old.cores[:n]
+            for core in old.cores[n:]:
+                host.domains[core // host.domain_size].append(core)
+            for d in {core // host.domain_size for core in old.cores[n:]}:
+                host.domains[d].sort()
+            host.free_cores += have - n
+        else:
+            return old
+        lease = CpuLease(action_id, old.node, tuple(sorted(cores)))
+        self._live[action_id] = lease
+        return lease
+
     def release(self, lease: CpuLease) -> None:
-        """Idempotent: a second release of the same lease does nothing."""
-        if self._live.get(lease.action_id) is not lease:
+        """Idempotent: a second release of the same lease does nothing. A lease that was
+        resized since (``resize``) releases the cores its action holds now."""
+        live = self._live.get(lease.action_id)
+        if live is None or live.node != lease.node:
             return
+        lease = live
         del self._live[lease.action_id]
         host = self.nodes[lease.node]
         size = host.domain_size

@@ -16,7 +16,7 @@ from tangram.cpu.manager import CpuManager
 from tangram.cpu.views import busy_fraction, cpu_views
 from tangram.model import Action
 from tangram.parts import CpuSide
-from tangram.pool import LightLane, PoolPoints
+from tangram.pool import LightLane, PoolPoints, Resizable
 from tangram.protocol import Capabilities
 from tangram.sides import Check, Figures
 from tangram.trajectory import TrajectoryState
@@ -41,6 +41,8 @@ class CpuNodes:
         self._lanes = self._lanes_of()
         #: light-lane actions that overstayed and were moved off it
         self.lane_moves = 0
+        #: the backend re-pins a running action (Capabilities.resizes, from Attach)
+        self._resizes = False
 
     def _lanes_of(self) -> tuple[LightLane, ...]:
         return tuple(pool.lane for pool in self._pools.values()
@@ -70,6 +72,8 @@ class CpuNodes:
         """A CPU node joined: its capacity and pool are added; a pass follows (trajectories
         waiting to be bound may fit on it)."""
         pool = self._side.grow(self._cpu, spec)  # type: ignore[arg-type]  # the pool build would have made for it
+        if isinstance(pool, Resizable):
+            pool.grows = self._resizes
         self._pools[pool.name] = pool
         self._lanes = self._lanes_of()
         self._nodes_changed((*self.nodes, spec))  # type: ignore[arg-type]
@@ -99,6 +103,12 @@ class CpuNodes:
 
     def attached(self, capabilities: Capabilities) -> None:
         self._binding.evicts = capabilities.evicts
+        # grants resize (tangram/cpu/malleable.py) only where the backend re-pins a
+        # running action's processes: elsewhere it would run on cores given to others
+        self._resizes = capabilities.resizes
+        for pool in self._pools.values():
+            if isinstance(pool, Resizable):
+                pool.grows = capabilities.resizes
 
     def checker(self) -> Check:
         """Takes every action it is asked about: refused when no node can ever hold it."""
@@ -113,7 +123,9 @@ class CpuNodes:
     # -- what the snapshot shows -------------------------------------------------------
     def counters(self) -> dict[str, float]:
         return {"trajectories_reclaimed": self._binding.reclaimed,
-                "lane_moves": self.lane_moves}
+                "lane_moves": self.lane_moves,
+                "grants_resized": sum(p.resized for p in self._pools.values()
+                                      if isinstance(p, Resizable))}
 
     def views(self) -> dict[str, object]:
         return {"cpu_nodes": cpu_views(self._cpu, self._pools.values())}

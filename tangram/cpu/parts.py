@@ -7,6 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tangram.cluster import ClusterSpec, CpuNodeSpec
+from tangram.cpu.malleable import MalleableNodePool
 from tangram.cpu.manager import CpuManager
 from tangram.cpu.pods import PodManager, PodPool
 from tangram.cpu.pool import CpuNodePool
@@ -54,6 +55,18 @@ class SharedCores:
         """A node joined: its capacity in ``cpu`` and the pool ``build`` would have made."""
         cpu.add_node(spec)
         return self._pool(cpu, spec.name)
+
+
+@dataclass(frozen=True)
+class MalleableCores(SharedCores):
+    """:class:`SharedCores` whose elastic grants resize while they run (issue 49,
+    tangram/cpu/malleable.py): a running test grows onto cores that free up and shrinks
+    to admit arrivals, where the backend re-pins a running action's processes."""
+
+    def _pool(self, cpu: CpuManager, node: str) -> Pool:
+        return MalleableNodePool(f"cpu:{node}", node, cpu, light_s=self.light_s,
+                                 lane_slots=max(1, cpu.nodes[node].spec.cores // self.lane_cores),
+                                 hold_s=self.lane_hold_s)
 
 
 @dataclass(frozen=True)

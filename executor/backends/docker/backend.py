@@ -95,7 +95,7 @@ from executor.node.local import allowed_cpus
 from executor.node.memwatch import largest_sandbox
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import Shed
+from tangram.protocol import Resized, Shed
 
 log = logging.getLogger("tangram.docker")
 IMAGE = "tangram-sandbox:1"
@@ -296,6 +296,10 @@ class DockerBackend:
         self._actions: dict[str, tuple[Sandbox, str]] = {}
         #: running actions a cancel reached: their processes are ended before the outcome
         self._cancelled: set[str] = set()
+        #: resizes (tangram/cpu/malleable.py) that came before their action held its
+        #: sandbox: the cores its grant gets (``_held``), under ``_resize_lock``
+        self._resized: dict[str, list[int]] = {}
+        self._resize_lock = threading.Lock()
         self._cancelling: set[str] = set()  # a cancel's kill pass in progress
         #: cancels' kills, apart from the actions' threads (all busy with long commands,
         #: they would wait behind them)
@@ -992,7 +996,7 @@ class DockerBackend:
                 except docker.errors.APIError:
                     update_s = 0.0
                 self._running[aid] = box.container_id
-                self._actions[aid] = (box, mark)
+                self._held(aid, box, mark)
                 execute = self._agent_exec if box.socket else self._docker_exec
                 try:
                     code, output, t_exec, t_exited, timed_out, ooms = execute(
@@ -1021,6 +1025,7 @@ class DockerBackend:
             return outcome, kept
         finally:
             self._actions.pop(aid, None)
+            self._resized.pop(aid, None)
             self._cancelled.discard(aid)
 
     async def _run_on_loop(self, d: Dispatch, box: Sandbox, lost: bool,
@@ -1050,7 +1055,7 @@ class DockerBackend:
                 grant = box.grants
                 aid, mark = d.action.id, env[ACTION_MARK]
                 self._running[aid] = box.container_id
-                self._actions[aid] = (box, mark)
+                self._held(aid, box, mark)
                 try:
                     result = await self._agent_exec_async(
                         box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
@@ -1080,6 +1085,7 @@ class DockerBackend:
         finally:
             if mine:
                 self._actions.pop(d.action.id, None)
+                self._resized.pop(d.action.id, None)
                 self._cancelled.discard(d.action.id)
         on_done(outcome)  # once, whatever happened above
         if not grant or (exec_failed and failed_box is None):  # nothing (left) to reclaim
@@ -1090,17 +1096,59 @@ class DockerBackend:
             except RuntimeError:  # shutting down: the container goes anyway
                 pass
 
+    def _held(self, aid: str, box: Sandbox, mark: str) -> None:
+        """``aid`` runs in ``box`` from now (a cancel or a resize finds it here); a resize
+        that came while it was being started applies now."""
+        with self._resize_lock:
+            self._actions[aid] = (box, mark)
+            cores = self._resized.pop(aid, None)
+        if cores is not None:
+            self._resize_box(box, cores)
+
+    def resize(self, effect: Resized) -> None:
+        """Resizing (tangram.protocol): a running elastic action's grant grew or shrank
+        (tangram/cpu/malleable.py): its container's cpuset and CPU quota become the new
+        cores while it runs (its workers stay as many as it started: they share them)."""
+        cores = sorted(self.cpu_map[c] for c in effect.cores)
+        with self._resize_lock:
+            held = self._actions.get(effect.action_id)
+            if held is None:  # not holding its sandbox yet (or ended: dropped at its end)
+                self._resized[effect.action_id] = cores
+                return
+        self._resize_box(held[0], cores)
+
+    def _resize_box(self, box: Sandbox, cores: list[int]) -> None:
+        """The cgroup files written directly (on the loop, ~0.1 ms); where they cannot be,
+        the engine's update in a worker thread (~20 ms)."""
+        with box.lock:
+            if self._set_cpus(box, cores, len(cores) * PERIOD_US, engine=False):
+                return
+        # (apart from the actions' threads, busy with long commands: as a cancel's kill)
+        self._killers.submit(self._resize_by_engine, box, cores)
+
+    def _resize_by_engine(self, box: Sandbox, cores: list[int]) -> None:
+        try:
+            with box.lock:
+                self._set_cpus(box, cores, len(cores) * PERIOD_US)
+        except docker.errors.APIError as e:  # (gone: its action ends as it ends)
+            log.warning("resize of %s to cores %s failed: %s", box.container_id[:12], cores, e)
+
     def _prepare(self, d: Dispatch) -> tuple[list[str], list[int], float, dict[str, str]] | Outcome:
         """(argv, cores, timeout, env) of the action, or its failure (a bad payload)."""
         payload = d.action.payload or {}
         try:
-            argv = elastic_argv(argv_of(payload), d.units, d.action.elastic == "cpu")
+            argv = elastic_argv(argv_of(payload), d.worker_count, d.action.elastic == "cpu")
         except CommandError as e:
             return Outcome(d.action.id, "failed", None, error=str(e))
-        cores = sorted(self.cpu_map[c] for c in d.lease.cores) or self.cpu_map
+        with self._resize_lock:  # (resized before it started: its grant now)
+            cores = (self._resized.pop(d.action.id, None)
+                     or sorted(self.cpu_map[c] for c in d.lease.cores) or self.cpu_map)
         timeout = float(payload.get("timeout_s") or 0) or DEFAULT_TIMEOUT_S
         env = {k: str(v) for k, v in (payload.get("env") or {}).items()}
         env["TANGRAM_CORES"] = ",".join(map(str, cores))
+        # the workers to start (``pytest -n $TANGRAM_WORKERS``): a malleable action's is the
+        # widest it may grow to, so it uses the cores its grant grows onto (issue 49)
+        env["TANGRAM_WORKERS"] = str(d.worker_count)
         # which action a process of the container is (executor/backends/docker/tree.py)
         env[ACTION_MARK] = uuid.uuid4().hex
         return argv, cores, timeout, env

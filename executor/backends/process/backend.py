@@ -55,7 +55,7 @@ from executor.node.local import allowed_cpus
 from executor.node.memwatch import largest_sandbox
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import Moved, Shed
+from tangram.protocol import Moved, Resized, Shed
 
 log = logging.getLogger("tangram.process")
 
@@ -199,7 +199,7 @@ class ProcessBackend:
         #: running action -> the mark its processes carry (a move finds them by it)
         self._action_marks: dict[str, str] = {}
         #: actions being started: a move that comes first waits here for the process
-        self._starting: dict[str, Moved | None] = {}
+        self._starting: dict[str, Moved | Resized | None] = {}
         #: actions cancelled while their process was being started: killed once it exists
         self._cancelled_starting: set[str] = set()
         #: running actions a cancel reached: their whole tree is ended before their outcome
@@ -348,6 +348,9 @@ class ProcessBackend:
         if uid is not None:  # the server's HOME is not the sandbox user's to use
             env.update(HOME=str(home), USER=f"sandbox{uid}", LOGNAME=f"sandbox{uid}")
         env["TANGRAM_CORES"] = ",".join(map(str, sorted(cores)))
+        # the workers to start (``pytest -n $TANGRAM_WORKERS``): a malleable action's is the
+        # widest it may grow to, so it uses the cores its grant grows onto (issue 49)
+        env["TANGRAM_WORKERS"] = str(d.worker_count)
         env[MARK] = mark
         return env
 
@@ -395,7 +398,7 @@ class ProcessBackend:
         t_start = time.time()
         payload = d.action.payload or {}
         try:
-            argv = elastic_argv(argv_of(payload), d.units, d.action.elastic == "cpu")
+            argv = elastic_argv(argv_of(payload), d.worker_count, d.action.elastic == "cpu")
         except CommandError as e:
             on_done(Outcome(d.action.id, "failed", None, error=str(e)))
             return
@@ -425,8 +428,10 @@ class ProcessBackend:
         self._action_marks[aid] = mark
         if group is not None:
             self._groups[aid] = group
-        if early is not None:  # moved off the lane before its process existed
+        if isinstance(early, Moved):  # moved off the lane before its process existed
             self.move(early)
+        elif isinstance(early, Resized):  # resized before its process existed
+            self.resize(early)
         if cancelled:  # cancelled before its process existed
             self._cancelled.add(aid)
             self._kill_now(proc, group)
@@ -521,9 +526,41 @@ class ProcessBackend:
         own = os.getpriority(os.PRIO_PROCESS, 0)
         cores = {self.cpu_map[c] for c in effect.cores} or None
         nice = min(own + EXCLUSIVE_NICE, 19) if cores else DEMOTED_NICE
-        # (a /proc scan, on the loop: moves are rare, a few ms, and must apply in order)
-        for pid in marks.marked_pids(MARK, mark):
-            spawner.replace_running(pid, cores, nice)
+        self._repin(mark, cores, nice)
+
+    def resize(self, effect: Resized) -> None:
+        """Resizing (tangram.protocol): the core grew or shrank a running elastic action's
+        grant (tangram/cpu/malleable.py): every process of it runs on its new cores from
+        now, at the exclusive actions' priority. Its workers stay as many as it started
+        (``TANGRAM_WORKERS``): they share the cores they are given."""
+        aid = effect.action_id
+        if aid in self._starting:  # carried out once its process exists (_run)
+            self._starting[aid] = effect
+            return
+        mark = self._action_marks.get(aid)
+        if mark is None:  # ended meanwhile
+            return
+        own = os.getpriority(os.PRIO_PROCESS, 0)
+        self._repin(mark, {self.cpu_map[c] for c in effect.cores},
+                    min(own + EXCLUSIVE_NICE, 19))
+
+    @staticmethod
+    def _repin(mark: str, cores: set[int] | None, nice: int) -> None:
+        """Every process carrying ``mark`` on ``cores`` at ``nice``. A process that forks
+        while the scan passes may leave a child on the old cores (it copied its parent's
+        mask before the parent was re-pinned): the scan is repeated until it finds no
+        process it has not pinned (a few rounds at most: each finds only what was forked
+        during the previous one)."""
+        # (a /proc scan, on the loop: resizes are a few per action, a few ms each, and
+        # must apply in order)
+        done: set[int] = set()
+        for _ in range(8):
+            fresh = [pid for pid in marks.marked_pids(MARK, mark) if pid not in done]
+            if not fresh:
+                return
+            for pid in fresh:
+                spawner.replace_running(pid, cores, nice)
+            done.update(fresh)
 
     def _end_tree(self, proc: asyncio.subprocess.Process, mark: str,
                   group: ActionGroup | None) -> None:
