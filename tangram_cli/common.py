@@ -143,7 +143,8 @@ def _say(line: str) -> None:
 class ProgressLines:
     """Progress as plain lines on stderr, one every ``every_s`` from a timer of its own
     (a line comes even while nothing moves: the elapsed time says it is alive): done of
-    total, the rate and an estimate of the time left; for work that counts nothing,
+    total, the rate (since the first count) and an estimate of the time left; for work
+    that counts nothing,
     'still running: <label> (<phase>), <elapsed>'. A line when it starts, when a phase
     begins, and when it ends (the count, or how long it took)."""
 
@@ -153,6 +154,9 @@ class ProgressLines:
         self.every_s = LINE_EVERY_S if every_s is None else every_s
         self.done, self.total, self.state = 0, 0, ""
         self.counted = False  # whether update() was ever called
+        #: when it was first called and the count then: the rate is measured from there
+        #: (not over a phase that counted nothing, e.g. a bench's server starting)
+        self.first: tuple[float, int] | None = None
         self.current = ""  # the phase now ('' for none)
         self.t0 = clock()
         self._stop = threading.Event()
@@ -172,6 +176,8 @@ class ProgressLines:
     def update(self, done: int, total: int, queued: int | None = None,
                running: int | None = None) -> None:
         self.done, self.total, self.counted = done, total, True
+        if self.first is None:
+            self.first = (self.clock(), done)
         self.state = "" if running is None else f", {running} running, {queued} queued"
 
     __call__ = update
@@ -185,12 +191,16 @@ class ProgressLines:
     def line(self, final: bool = False) -> str:
         """The line now; ``final``: the one said at the end (the count, and how long it
         all took)."""
-        elapsed = self.clock() - self.t0
+        now = self.clock()
+        elapsed = now - self.t0
         name = f"{self.label} ({self.current})" if self.current and not final else self.label
         if not self.counted:
             return (f"{name}: done in {elapsed:.1f} s" if final else
                     f"still running: {name}, {elapsed:.0f} s elapsed")
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+        since, base = self.first or (self.t0, 0)
+        if self.done == base:  # nothing counted since the first count: over all the time
+            since, base = self.t0, 0
+        rate = (self.done - base) / (now - since) if now > since else 0.0
         when = f"done in {elapsed:.1f} s" if final else f"{elapsed:.0f} s elapsed"
         if not self.total:
             return f"{name}: {self.done} done, {when}{self.state}"

@@ -141,8 +141,9 @@ def test_a_bench_off_a_terminal_says_its_phases_and_done_of_total(tmp_path):
 
 
 def test_a_progress_line_estimates_the_time_left(capsys):
-    """The periodic line's figures: done / total, the rate so far and the time left at
-    that rate; a phase names what runs; work that counts nothing is 'still running'."""
+    """The periodic line's figures: done / total, the rate since counting began (not over
+    a phase before it, e.g. a bench's server starting) and the time left at that rate; a
+    phase names what runs; work that counts nothing is 'still running'."""
     now = [100.0]
     lines = ProgressLines("bench x", every_s=3600, clock=lambda: now[0])  # (not started)
     now[0] += 20
@@ -150,12 +151,13 @@ def test_a_progress_line_estimates_the_time_left(capsys):
     lines.phase("step 2")
     assert capsys.readouterr().err == "bench x: step 2 ...\n"
     assert lines.line() == "still running: bench x (step 2), 20 s elapsed"
-    lines(5, 10)  # 5 in 20 s: 5 more take another 20 s
-    assert lines.line() == "bench x (step 2): 5/10 (50%), 0.25/s, 20 s elapsed, ~20 s left"
-    lines(0, 10)
+    lines(0, 10)  # counting begins, 20 s in
     assert lines.line() == "bench x (step 2): 0/10 (0%), 0.00/s, 20 s elapsed, time left unknown"
-    lines(10, 10)
+    now[0] += 20
+    lines(5, 10)  # 5 in the 20 s since: 5 more take another 20 s
+    assert lines.line() == "bench x (step 2): 5/10 (50%), 0.25/s, 40 s elapsed, ~20 s left"
     now[0] += 5
-    assert lines.line(final=True) == "bench x: 10/10 (100%), 0.40/s, done in 25.0 s"
+    lines(10, 10)
+    assert lines.line(final=True) == "bench x: 10/10 (100%), 0.40/s, done in 45.0 s"
     lines.counted = False
-    assert lines.line(final=True) == "bench x: done in 25.0 s"
+    assert lines.line(final=True) == "bench x: done in 45.0 s"
