@@ -34,7 +34,7 @@ from executor.backends.ray.cluster import RaySpec, connect
 from executor.backends.registry import make_backend
 from executor.driver import LiveBackend
 from executor.node.local import local_cluster
-from executor.server.app import create_app
+from executor.server.app import Phase, create_app, no_phase
 from executor.server.limits import READ_TIMEOUT_S
 from executor.server.tokens import Tokens
 from tangram.cluster import ClusterError, ClusterSpec, QuotaSpec
@@ -84,33 +84,38 @@ def check_local_policy(quotas: tuple[QuotaSpec, ...], policy: Policy) -> None:
 
 
 def ray_backend(spec: RaySpec, backend: str, gpu: GpuCluster | None = None,
-                gpu_device: str = "cpu", sandboxes: SandboxLimits = SandboxLimits()) -> Any:
+                gpu_device: str = "cpu", sandboxes: SandboxLimits = SandboxLimits(),
+                phase: Phase = no_phase) -> Any:
     """Connect to Ray and start one agent per node, its docker sandboxes bounded by
     ``sandboxes``; with ``gpu``, a GPU worker actor on every node that has GPUs too
     (executor/backends/gpu/ray_worker.py; ``local:N`` nodes declare the GPU cluster's first node's
-    GPUs by label)."""
+    GPUs by label). ``phase``: told of each step (connecting, the agents, the GPU workers)."""
     labels = local_gpu_labels(gpu) if gpu is not None and spec.mode == "local" else None
     try:
-        live = _ray_backend(spec, backend, labels, sandboxes)
+        live = _ray_backend(spec, backend, labels, sandboxes, phase)
         if gpu is None:
             return live
     except (RuntimeError, ValueError) as e:
         raise AssemblyError(str(e)) from None
     try:
-        return attach_gpus(live, gpu, gpu_device)
+        with phase("starting the GPU workers on the Ray nodes (staging their services)"):
+            return attach_gpus(live, gpu, gpu_device)
     except (RuntimeError, ValueError, TimeoutError) as e:
         live.shutdown()
         raise AssemblyError(str(e)) from None
 
 
 def _ray_backend(spec: RaySpec, backend: str, labels: dict[str, str] | None,
-                 sandboxes: SandboxLimits) -> RayBackend:
+                 sandboxes: SandboxLimits, phase: Phase = no_phase) -> RayBackend:
     try:
-        conn = connect(spec, labels)
+        with phase(f"starting a local Ray cluster of {spec.nodes} nodes" if spec.mode == "local"
+                   else f"connecting to Ray at {spec.address}"):
+            conn = connect(spec, labels)
     except ConnectionError as e:
         raise AssemblyError(str(e)) from None
     try:
-        return RayBackend(conn, backend, owns_connection=True, sandboxes=sandboxes)
+        with phase(f"starting a {backend} agent on each Ray node"):
+            return RayBackend(conn, backend, owns_connection=True, sandboxes=sandboxes)
     except (RuntimeError, ValueError) as e:
         conn.close()
         raise AssemblyError(str(e)) from None
@@ -157,11 +162,14 @@ def serve_gpu_cluster(gpus: str | None, path: Path | None, device: str) -> GpuCl
     return gc
 
 
-def serve_app(opts: ServeOptions, token: str | Tokens, ray: Any = None) -> FastAPI:
+def serve_app(opts: ServeOptions, token: str | Tokens, ray: Any = None,
+              phase: Phase = no_phase) -> FastAPI:
     """The server app: over the Ray cluster behind ``ray``, or over this machine (its
-    cores, the env backend, GPU workers when ``opts.gpu``)."""
+    cores, the env backend, GPU workers when ``opts.gpu``). ``phase``: told of each step
+    of the server's start (its lifespan: the backend, the GPU workers, the journal)."""
     hardening = {"allow_urls": opts.allow_urls, "task_images": opts.task_images,
-                 "result_ttl_s": opts.result_ttl_s, "read_timeout_s": opts.read_timeout_s}
+                 "result_ttl_s": opts.result_ttl_s, "read_timeout_s": opts.read_timeout_s,
+                 "phase": phase}
     if ray is not None:
         return _ray_app(opts, token, ray, hardening)
     cluster = local_cluster(opts.quotas)
@@ -176,10 +184,15 @@ def serve_app(opts: ServeOptions, token: str | Tokens, ray: Any = None) -> FastA
     def make_live_backend() -> LiveBackend:
         gpu = None
         if gc is not None:
-            gpu = GpuBackend(cluster, gc.sources, opts.gpu_device, gc.physical)
-            gpu.start_workers()  # stage every service now, not at the first action
-        return make_backend(opts.backend, opts.state_dir / "work", gpu=gpu,
-                            sandboxes=opts.sandboxes)
+            with phase(f"starting the GPU workers ({len(gc.spec.services)} services to "
+                       "stage)"):
+                gpu = GpuBackend(cluster, gc.sources, opts.gpu_device, gc.physical)
+                gpu.start_workers()  # stage every service now, not at the first action
+        with phase(f"starting the {opts.backend} backend"
+                   + (" (the docker image built first if missing)"
+                      if opts.backend == "docker" else "")):
+            return make_backend(opts.backend, opts.state_dir / "work", gpu=gpu,
+                                sandboxes=opts.sandboxes)
 
     # this machine is the one CPU node: its free memory is observed (executor/node/memwatch.py)
     app = create_app(make_live_backend, make_core, token, opts.state_dir, **hardening,

@@ -4,7 +4,10 @@ table (``analysis.bench.BENCHES``), each printing its rows as JSON lines.
 A command is built from its benchmark's function: its parameters are the options (an
 ``analysis.bench.Opt`` in a parameter's annotation becomes the typer option's help and
 bounds), its help is the table's line and then the function's docstring, and a
-``BenchError`` it raises is a user error (exit 2, no traceback)."""
+``BenchError`` it raises is a user error (exit 2, no traceback). While it runs, its
+progress is on stderr (--quiet: none): done / total with the rate and the time left where
+the benchmark counts its work (its ``progress`` parameter), else the phase it is in and
+the time elapsed; a bar on a terminal, a line every ~10 s off one."""
 
 from __future__ import annotations
 
@@ -16,8 +19,11 @@ from typing import Annotated, Any, get_args, get_origin, get_type_hints
 
 import typer
 
-from analysis.bench import BENCHES, BenchError, Opt
-from tangram_cli.common import command_app, fail
+from analysis.bench import BENCHES, QUIET, BenchError, Opt
+from tangram_cli.common import command_app, fail, reporting
+
+#: the parameter of a benchmark's function that takes its progress (analysis.bench.Progress)
+PROGRESS = "progress"
 
 app = command_app(help="Benchmarks that print their figures as JSON lines.", no_args_is_help=True)
 
@@ -44,12 +50,22 @@ def bench_command(name: str) -> Callable[..., None]:
         importlib.import_module(f"analysis.bench.{module}"), function)
     hints = get_type_hints(fn, include_extras=True)
     params = [p.replace(annotation=_option(hints.get(p.name, p.annotation)))
-              for p in inspect.signature(fn).parameters.values()]
+              for p in inspect.signature(fn).parameters.values() if p.name != PROGRESS]
+    counts = PROGRESS in inspect.signature(fn).parameters
+    params.append(inspect.Parameter(
+        "quiet", inspect.Parameter.KEYWORD_ONLY, default=False,
+        annotation=Annotated[bool, typer.Option(
+            "--quiet", "-q", help="No progress on stderr (the JSON lines only).")]))
 
-    def run(**options: Any) -> None:
+    def run(quiet: bool = False, **options: Any) -> None:
+        # progress on stderr: done / total where the bench counts, else its phase and the
+        # time elapsed (no settle(): a bench measures its own process as it is)
         try:
-            for row in fn(**options):
-                print(json.dumps(row), flush=True)
+            with reporting(f"bench {name}", quiet) as progress:
+                if counts:
+                    options[PROGRESS] = progress or QUIET
+                for row in fn(**options):
+                    print(json.dumps(row), flush=True)
         except BenchError as e:
             fail(f"bench {name}: {e}")
 

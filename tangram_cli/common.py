@@ -4,12 +4,14 @@ summary table. Light on purpose (no pandas, no core): `tangram burn` imports it.
 from __future__ import annotations
 
 import gc
+import os
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
-from typing import NoReturn, TypeVar
+from typing import NoReturn, Protocol, TypeVar
 
 import typer
 from rich.console import Console
@@ -44,50 +46,124 @@ def settle() -> None:
     gc.freeze()
 
 
-def with_progress(work: Callable[[Callable[..., None] | None], T], quiet: bool,
-                  label: str) -> T:
+def with_progress(work: Callable[[Reporter | None], T], quiet: bool, label: str) -> T:
     """Run ``work(progress)`` under a progress bar on stderr (none with --quiet); when
     stderr is not a terminal (a CI log, a pipe), a plain line every ``LINE_EVERY_S``
     instead, so slow and hung never look the same. ``progress(done, total)``, and from a
     live replay also ``queued=`` and ``running=`` (actions waiting for resources and
-    executing now; the rest of its trajectories think)."""
+    executing now; the rest of its trajectories think); ``progress.phase(name)`` names
+    what runs now (a bench's step)."""
     settle()
+    with reporting(label, quiet) as progress:
+        return work(progress)
+
+
+class Reporter(Protocol):
+    """What ``with_progress`` hands its work (analysis.bench.Progress is the same shape)."""
+
+    def __call__(self, done: int, total: int, queued: int | None = None,
+                 running: int | None = None) -> None: ...
+
+    def phase(self, name: str) -> None: ...
+
+
+@contextmanager
+def reporting(label: str, quiet: bool = False) -> Iterator[Reporter | None]:
+    """The progress of a piece of work called ``label``, on stderr while the block runs:
+    a transient bar on a terminal, :class:`ProgressLines` off one, nothing (None) when
+    ``quiet``."""
     if quiet:
-        return work(None)
+        yield None
+        return
     if not err.is_terminal:
         with ProgressLines(label) as lines:
-            return work(lines.update)
+            yield lines
+        return
+    # rows a command prints to stdout meanwhile (a bench's JSON lines) go above the bar
+    # when stdout is this terminal too, and to stdout itself when it is a file or a pipe
     with Progress("[progress.description]{task.description}", BarColumn(), MofNCompleteColumn(),
                   TextColumn("{task.fields[state]}"), TimeElapsedColumn(), console=err,
-                  transient=True) as bar:
-        task = bar.add_task(label, total=None, state="")
+                  transient=True, redirect_stdout=out_console.is_terminal) as bar:
+        yield _Bar(bar, label)
 
-        def cb(done: int, total: int, queued: int | None = None,
-               running: int | None = None) -> None:
-            state = "" if running is None else f"{running} running, {queued} queued"
-            bar.update(task, completed=done, total=total, state=state)
 
-        return work(cb)
+@contextmanager
+def phase(label: str) -> Iterator[None]:
+    """One step of a start-up (``tangram serve``'s checks, its backend): its start and,
+    when it ends, how long it took, on stderr; off a terminal a 'still running' line every
+    ``LINE_EVERY_S`` while it lasts, on one a transient bar with the elapsed time."""
+    t0 = time.monotonic()
+    with reporting(label):
+        yield
+    if err.is_terminal:  # (off one, ProgressLines said it)
+        err.print(f"{escape(label)}: done in {time.monotonic() - t0:.1f} s", highlight=False)
+
+
+class _Bar:
+    """A rich progress bar's task as a :class:`Reporter`."""
+
+    def __init__(self, bar: Progress, label: str) -> None:
+        self.bar, self.label = bar, label
+        self.task = bar.add_task(escape(label), total=None, state="")
+
+    def __call__(self, done: int, total: int, queued: int | None = None,
+                 running: int | None = None) -> None:
+        state = "" if running is None else f"{running} running, {queued} queued"
+        self.bar.update(self.task, completed=done, total=total, state=state)
+
+    def phase(self, name: str) -> None:
+        self.bar.update(self.task, description=escape(f"{self.label}: {name}"))
+
+
+def _every_s() -> float:
+    """``TANGRAM_PROGRESS_EVERY_S`` (e.g. a test that wants its lines sooner), else 10."""
+    try:
+        value = float(os.environ.get("TANGRAM_PROGRESS_EVERY_S", ""))
+    except ValueError:
+        return 10.0
+    return value if value > 0 else 10.0
 
 
 #: seconds between two progress lines off a terminal
-LINE_EVERY_S = 10.0
+LINE_EVERY_S = _every_s()
+
+
+#: held while a progress line is printed, and across a fork: a child forked by the work
+#: (a process pool) never inherits stderr's lock held by the ticker mid-line
+_SAYING = threading.Lock()
+os.register_at_fork(before=_SAYING.acquire, after_in_parent=_SAYING.release,
+                    after_in_child=_SAYING.release)
+
+
+def _say(line: str) -> None:
+    with _SAYING:
+        print(line, file=sys.stderr, flush=True)
 
 
 class ProgressLines:
     """Progress as plain lines on stderr, one every ``every_s`` from a timer of its own
     (a line comes even while nothing moves: the elapsed time says it is alive): done of
-    total, the rate and an estimate of the time left."""
+    total, the rate (since the first count) and an estimate of the time left; for work
+    that counts nothing,
+    'still running: <label> (<phase>), <elapsed>'. A line when it starts, when a phase
+    begins, and when it ends (the count, or how long it took)."""
 
-    def __init__(self, label: str, every_s: float = LINE_EVERY_S) -> None:
-        self.label, self.every_s = label, every_s
+    def __init__(self, label: str, every_s: float | None = None,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.label, self.clock = label, clock
+        self.every_s = LINE_EVERY_S if every_s is None else every_s
         self.done, self.total, self.state = 0, 0, ""
-        self.t0 = time.monotonic()
+        self.counted = False  # whether update() was ever called
+        #: when it was first called and the count then: the rate is measured from there
+        #: (not over a phase that counted nothing, e.g. a bench's server starting)
+        self.first: tuple[float, int] | None = None
+        self.current = ""  # the phase now ('' for none)
+        self.t0 = clock()
         self._stop = threading.Event()
         self._ticker = threading.Thread(target=self._tick, daemon=True, name="progress")
 
     def __enter__(self) -> ProgressLines:
-        print(f"{self.label} ...", file=sys.stderr, flush=True)
+        _say(f"{self.label} ...")
         self._ticker.start()
         return self
 
@@ -95,26 +171,47 @@ class ProgressLines:
         self._stop.set()
         self._ticker.join()
         if exc[0] is None:
-            print(self.line(), file=sys.stderr, flush=True)
+            _say(self.line(final=True))
 
     def update(self, done: int, total: int, queued: int | None = None,
                running: int | None = None) -> None:
-        self.done, self.total = done, total
+        self.done, self.total, self.counted = done, total, True
+        if self.first is None:
+            self.first = (self.clock(), done)
         self.state = "" if running is None else f", {running} running, {queued} queued"
 
-    def line(self) -> str:
-        elapsed = time.monotonic() - self.t0
-        rate = self.done / elapsed if elapsed > 0 else 0.0
+    __call__ = update
+
+    def phase(self, name: str) -> None:
+        """What runs now: said at once, and named by the lines after it."""
+        if name != self.current:
+            self.current = name
+            _say(f"{self.label}: {name} ...")
+
+    def line(self, final: bool = False) -> str:
+        """The line now; ``final``: the one said at the end (the count, and how long it
+        all took)."""
+        now = self.clock()
+        elapsed = now - self.t0
+        name = f"{self.label} ({self.current})" if self.current and not final else self.label
+        if not self.counted:
+            return (f"{name}: done in {elapsed:.1f} s" if final else
+                    f"still running: {name}, {elapsed:.0f} s elapsed")
+        since, base = self.first or (self.t0, 0)
+        if self.done == base:  # nothing counted since the first count: over all the time
+            since, base = self.t0, 0
+        rate = (self.done - base) / (now - since) if now > since else 0.0
+        when = f"done in {elapsed:.1f} s" if final else f"{elapsed:.0f} s elapsed"
         if not self.total:
-            return f"{self.label}: {self.done} done, {elapsed:.0f} s elapsed{self.state}"
-        left = (f", ~{(self.total - self.done) / rate:.0f} s left" if rate > 0
-                else ", time left unknown")
-        return (f"{self.label}: {self.done}/{self.total} ({self.done / self.total:.0%}), "
-                f"{rate:.2f}/s, {elapsed:.0f} s elapsed{left}{self.state}")
+            return f"{name}: {self.done} done, {when}{self.state}"
+        left = ("" if final else f", ~{(self.total - self.done) / rate:.0f} s left"
+                if rate > 0 else ", time left unknown")
+        return (f"{name}: {self.done}/{self.total} ({self.done / self.total:.0%}), "
+                f"{rate:.2f}/s, {when}{left}{self.state}")
 
     def _tick(self) -> None:
         while not self._stop.wait(self.every_s):
-            print(self.line(), file=sys.stderr, flush=True)
+            _say(self.line())
 
 
 #: the summary's metrics, in words with their unit (summary.json's keys on the left)

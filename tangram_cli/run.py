@@ -9,12 +9,12 @@ from typing import Annotated
 import typer
 
 from analysis.outputs import analyse, write_run
-from executor.assemble import AssemblyError, ray_backend, replay_gpu_cluster
+from executor.assemble import AssemblyError, no_phase, ray_backend, replay_gpu_cluster
 from executor.replay import RunFailed, replay
 from sim.cluster import load_cluster
 from tangram.cluster import ClusterError
 from tangram_cli.checks import all_failed, sandbox_reach_problem
-from tangram_cli.common import command_app, fail, out_console, print_summary, with_progress
+from tangram_cli.common import command_app, fail, out_console, phase, print_summary, with_progress
 from tangram_cli.options import (
     RAY_HELP,
     DepthOpt,
@@ -96,7 +96,9 @@ def run(
             scaled = load_cluster(cluster) if gpu_cluster is None else None
             gpu = replay_gpu_cluster(gpu_device, gpu_cluster, scaled, gpu_scale)
         if ray:  # with --gpu-device: a GPU worker actor on each node that has GPUs
-            live = ray_backend(ray_spec(ray), backend, gpu, gpu_device or "cpu")
+            # (a local cluster, its agents and GPU workers: minutes; each step said)
+            live = ray_backend(ray_spec(ray), backend, gpu, gpu_device or "cpu",
+                               phase=no_phase if quiet else lambda step: phase(f"run: {step}"))
     except (AssemblyError, ClusterError) as e:
         fail(str(e))
     try:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import secrets
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated
 
@@ -32,7 +33,7 @@ from tangram_cli.checks import (
     reward_image_problem,
     sandbox_reach_problem,
 )
-from tangram_cli.common import command_app, err, fail, settle
+from tangram_cli.common import command_app, err, fail, phase, settle
 from tangram_cli.options import (
     RAY_HELP,
     DepthOpt,
@@ -167,32 +168,49 @@ def serve(
                             sandbox_mem_gb, sandbox_pids, warm_pool, None if ray else gc,
                             gpu_device, admission, sandbox_disk_gb=sandbox_disk_gb,
                             read_timeout_s=read_timeout_s)
-        if backend == "process" and not ray:  # as root: sandbox users run the commands
-            problem = sandbox_reach_problem()
+        # each step of the start-up says when it begins and how long it took (off a
+        # terminal a line every ~10 s while it lasts): building the docker image, a Ray
+        # cluster or the GPU workers' models can take minutes
+        # as root, sandbox users run the commands (not root: nothing to check)
+        if backend == "process" and not ray and os.geteuid() == 0:
+            with phase("serve: checking that sandbox users can run Tangram"):
+                problem = sandbox_reach_problem()
             if problem:
                 fail(problem)
         # a reward that cannot run scores every rollout 0: checked where it will run (the
         # process backend: this machine; docker: the default image and each task's)
         if reward_command and not ray:
             if backend == "process":
-                said = [reward_command_problem(reward_command)]
+                with phase(f"serve: checking the reward command {reward_command!r}"):
+                    said = [reward_command_problem(reward_command)]
             else:
                 from executor.backends.docker.backend import IMAGE
 
-                said = [reward_image_problem(reward_command, im)
-                        for im in dict.fromkeys([IMAGE, *images.values()])]
+                said = []
+                for im in dict.fromkeys([IMAGE, *images.values()]):
+                    with phase(f"serve: checking the reward command {reward_command!r} in "
+                               f"docker image {im}"
+                               + (" (built first if missing)" if im == IMAGE else "")):
+                        said.append(reward_image_problem(reward_command, im))
             for missing in filter(None, said):
                 err.print(f"[bold yellow]warning:[/] {escape(missing)}", highlight=False,
                           soft_wrap=True)
-        check_journal(state_dir / "journal.sqlite", reset_state)
+        with phase("serve: opening the journal"):
+            check_journal(state_dir / "journal.sqlite", reset_state)
         tokens = server_tokens(tokens_file)
-        app_ = serve_app(opts, tokens,
-                         ray_backend(spec, backend, gc, gpu_device, opts.sandboxes)
-                         if ray else None)
+        live = (ray_backend(spec, backend, gc, gpu_device, opts.sandboxes, phase=serve_phase)
+                if ray else None)
+        app_ = serve_app(opts, tokens, live, phase=serve_phase)
     except AssemblyError as e:
         fail(str(e))
     settle()
     run_server(app_, host, port, access_log=access_log, header_timeout_s=header_timeout_s)
+
+
+def serve_phase(name: str) -> AbstractContextManager[None]:
+    """A step of the start-up done in executor/assemble.py or at the server's start (its
+    lifespan), said as the CLI's own steps are."""
+    return phase(f"serve: {name}")
 
 
 def server_tokens(tokens_file: Path | None) -> Tokens:

@@ -1,5 +1,5 @@
 """TangramClient spreads many requests in flight over several connection pools
-(tangram/client.py POOL_SHARE: httpx's pool costs O(n) per request for n at once)."""
+(tangram_sdk/client.py POOL_SHARE: httpx's pool costs O(n) per request for n at once)."""
 
 from __future__ import annotations
 

@@ -284,3 +284,33 @@ def test_the_readme_stays_short_and_serves_the_process_backend_first():
         f"README.md: the first `tangram serve` must need nothing built (process), not {serves[:1]}"
     assert text.index("```python") < text.index("## Simulate"), \
         "README.md: the client example comes before the simulation sections"
+
+
+# -- the SDK's names (issue 48) -----------------------------------------------------------
+#: the SDK's names before it left tangram/ (tangram/client.py and tangram/integrations/ alias
+#: them, for existing configs): what a reader copies uses the new ones
+OLD_SDK_NAME = re.compile(r"\btangram[./](?:client|integrations)\b")
+
+
+def _code_blocks(text: str) -> list[tuple[int, str]]:
+    """(first line, text) of each fenced code block of a Markdown page."""
+    return [(text[:m.start()].count("\n") + 2, m.group(1))
+            for m in re.finditer(r"^ *```[^\n]*\n(.*?)^ *```", text, re.DOTALL | re.MULTILINE)]
+
+
+def test_copied_code_uses_the_sdks_new_names():
+    """The README's and docs' code blocks and the examples import the SDK as
+    ``tangram_sdk.client`` / ``tangram_sdk.integrations.*``, never by the old names
+    ``tangram.client`` / ``tangram.integrations.*`` (which still work)."""
+    problems = []
+    for page in PAGES:
+        for first, code in _code_blocks(page.read_text()):
+            for i, line in enumerate(code.split("\n")):
+                if OLD_SDK_NAME.search(line):
+                    problems.append(f"{page.relative_to(ROOT)}:{first + i}: {line.strip()}")
+    for path in sorted((ROOT / "examples").rglob("*")):
+        if path.is_file() and path.suffix in (".py", ".yaml", ".yml", ".md", ".toml"):
+            for number, line in enumerate(path.read_text().split("\n"), 1):
+                if OLD_SDK_NAME.search(line):
+                    problems.append(f"{path.relative_to(ROOT)}:{number}: {line.strip()}")
+    assert not problems, "old SDK names (use tangram_sdk):\n" + "\n".join(problems)

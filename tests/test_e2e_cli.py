@@ -1,7 +1,7 @@
 """Every `tangram bench` command, and `tangram policies`, run once from the CLI as a user
 runs them (issue 46 #3), at the smallest options that still exercise them: exit 0, every
 line of stdout a JSON object (the benches print their figures as JSON lines), the files
-they are asked for written and read back.
+they are asked for written and read back, and their progress said on stderr.
 
 Covered elsewhere, from the CLI too: `simulate` (test_traces_cli, test_analysis_api,
 test_reproduce), `reproduce --quick --only ...` (test_reproduce), `trace generate` and
@@ -13,6 +13,7 @@ test_replay, test_gpu_worker), `serve` (test_e2e_serve and most of the suite).
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -84,6 +85,12 @@ def test_bench_runs_from_the_cli(bench: str, tmp_path: Path):
     assert "Traceback" not in res.stderr, res.stderr[-3000:]
     rows = json_lines(res.stdout)
     assert not any(r.get("errors") for r in rows), rows  # a bench that counts its errors
+    # off a terminal (here a pipe), its progress as lines on stderr (issue 46 #6; their
+    # periodic lines: test_progress): when it starts, and at the end its count or its time
+    said = [line for line in res.stderr.splitlines() if line.startswith(f"bench {bench}")]
+    assert said and said[0] == f"bench {bench} ...", res.stderr[-3000:]
+    assert re.fullmatch(rf"bench {bench}: (\d+/\d+ \(\d+%\), \d+\.\d\d/s, )?done in \d+\.\d s",
+                        said[-1]), res.stderr[-3000:]
     for name in WRITES.get(bench, ()):
         read_back(tmp_path / name)
 

@@ -1,4 +1,4 @@
-"""`tangram serve` as a user runs it, driven by the Python client (tangram/client.py), on
+"""`tangram serve` as a user runs it, driven by the Python client (tangram_sdk/client.py), on
 workloads built so that every kind of effect the core has happens (issue 46 #3).
 
 Each test starts the server as a subprocess (``tangram serve``), drives it with

@@ -354,7 +354,7 @@ def test_readme_group_configs_load_and_fork(process_server, tmp_path, monkeypatc
 
     monkeypatch.setenv("TANGRAM_URL", process_server.url)
     monkeypatch.setenv("TANGRAM_TOKEN", TOKEN)
-    verl_yaml = _doc_blocks("yaml", "tangram.integrations.verl.TangramTool")
+    verl_yaml = _doc_blocks("yaml", "tangram_sdk.integrations.verl.TangramTool")
     assert SETUP in verl_yaml
     path = tmp_path / "tool.yaml"
     path.write_text(verl_yaml.replace(SETUP, "echo prepared > state.txt"))

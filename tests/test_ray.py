@@ -11,6 +11,7 @@ import asyncio
 import contextlib
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -166,6 +167,11 @@ def test_serve_on_a_local_ray_cluster(tmp_path):
     # stopped by SIGTERM after a graceful shutdown (agents and the local cluster stopped)
     assert server.proc.returncode == -signal.SIGTERM, log[-3000:]
     assert "Application shutdown complete" in log and "Traceback" not in log
+    # the start's steps, each said when it began and how long it took (issue 46 #6)
+    for step in ("serve: starting a local Ray cluster of 2 nodes",
+                 "serve: starting a process agent on each Ray node"):
+        assert f"{step} ...\n" in log and re.search(re.escape(step) + r": done in \d+\.\d s\n",
+                                                   log), log[-3000:]
 
 
 def test_ray_option_without_ray_exits_2(tmp_path):

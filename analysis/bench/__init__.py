@@ -4,7 +4,9 @@
 command per line): the benchmark's function, a generator of rows (each printed as one
 JSON line as it comes), whose parameters are the command's options. An option's help
 and bounds are an :class:`Opt` in its annotation, so the benchmarks import no CLI
-library; a bad value raises :class:`BenchError` (the command says it and exits 2).
+library; a bad value raises :class:`BenchError` (the command says it and exits 2). A
+parameter named ``progress`` is not an option: the command passes its :class:`Progress`
+there (done / total, the phase now).
 
 Benchmarks run as ``python -m analysis.bench.NAME`` only (not in the table): files (the
 file API on both sandbox backends), tmp_cost (a sandbox's private /tmp, against another
@@ -34,6 +36,25 @@ class Opt:
 
 class BenchError(ValueError):
     """A bad option value or setting: `tangram bench NAME` says it and exits 2."""
+
+
+class Progress:
+    """What a benchmark says of its progress, given as its ``progress`` parameter (not an
+    option: `tangram bench` passes its own, which shows it on stderr: a bar on a terminal,
+    a line every ~10 s off one). ``progress(done, total)`` for countable work (then the
+    rate and an estimate of the time left are shown), ``progress.phase(name)`` for what
+    runs now. This one, the default, shows nothing (``python -m analysis.bench.NAME``,
+    a test calling the function)."""
+
+    def __call__(self, done: int, total: int) -> None:
+        pass
+
+    def phase(self, name: str) -> None:
+        pass
+
+
+#: the default ``progress`` of a benchmark's function: nothing shown
+QUIET = Progress()
 
 
 #: name -> ("module:function" of analysis/bench/, the first paragraph of its help)

@@ -26,7 +26,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated
 
-from analysis.bench import Opt
+from analysis.bench import QUIET, Opt, Progress
 from analysis.bench.server import start_server
 from tangram_sdk.client import TangramClient, TangramSyncClient
 
@@ -37,7 +37,8 @@ def _stats(samples: list[float]) -> dict[str, float]:
             "p50_ms": round(ms[len(ms) // 2], 3), "p95_ms": round(ms[int(len(ms) * 0.95)], 3)}
 
 
-def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, object]:
+def bench(url: str, token: str, calls: int, rounds: int = 10,
+          progress: Progress = QUIET) -> dict[str, object]:
     """Time ``calls`` calls through each path; returns the figures."""
     from tangram_sdk.integrations import verl as verl_adapter
     from tangram_sdk.integrations.gym import TangramEnv
@@ -47,6 +48,9 @@ def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, objec
     names = ("client_async", "verl", "client_sync", "gymnasium", "skyrl")
     times: dict[str, list[float]] = {k: [] for k in names}
     cpu: dict[str, float] = dict.fromkeys(names, 0.0)  # this process's CPU time (s)
+
+    def timed() -> None:  # one more call timed (outside the timing)
+        progress(sum(map(len, times.values())), len(names) * rounds * per_round)
 
     async def async_paths() -> None:
         tool = verl_adapter.TangramTool({"base_url": url, "token": token, "task": "bench"})
@@ -63,6 +67,7 @@ def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, objec
                     await tg.run(tid, command="true")
                     times["client_async"].append(time.perf_counter() - t0)
                     cpu["client_async"] += time.process_time() - c0
+                    timed()
                 for _ in range(per_round):  # verl 0.9's ToolAgentLoop order for one call
                     c0, t0 = time.process_time(), time.perf_counter()
                     iid, _ = await tool.create(create_kwargs={})
@@ -70,10 +75,13 @@ def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, objec
                     await tool.release(iid)
                     times["verl"].append(time.perf_counter() - t0)
                     cpu["verl"] += time.process_time() - c0
+                    timed()
             await tg.close_trajectory(tid)
             await tool.close_all()
 
+    progress.phase("the async paths: client, verl")
     asyncio.run(async_paths())
+    progress.phase("the sync paths: client, gymnasium, skyrl")
 
     gym_env = TangramEnv(url, token, task="bench")
     sky_env = TangramTextEnv({"base_url": url, "token": token, "task": "bench",
@@ -95,6 +103,7 @@ def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, objec
                     fn()
                     times[name].append(time.perf_counter() - t0)
                     cpu[name] += time.process_time() - c0
+                    timed()
         tg.close_trajectory(tid)
     gym_env.close()
     sky_env.close()
@@ -114,19 +123,20 @@ def bench(url: str, token: str, calls: int, rounds: int = 10) -> dict[str, objec
 
 
 def run(calls: int = 200, backend: str = "process", url: str | None = None,
-        token: str | None = None) -> dict:
+        token: str | None = None, progress: Progress = QUIET) -> dict:
     """The bench against ``url`` (with ``token``), or against a server it starts on
     ``backend`` and stops at the end; with the machine's load before and after."""
     load_before = os.getloadavg()
     if url:
-        result = bench(url, token or "", calls)
+        result = bench(url, token or "", calls, progress=progress)
         result["backend"] = "given server"
     else:
         token = "bench-" + os.urandom(8).hex()
         with tempfile.TemporaryDirectory(prefix="tangram-bench-") as state:
+            progress.phase(f"starting a {backend} server")
             proc, url = start_server(Path(state), token, ["--backend", backend])
             try:
-                result = bench(url, token, calls)
+                result = bench(url, token, calls, progress=progress)
             finally:
                 proc.terminate()
                 proc.wait(30)
@@ -154,8 +164,9 @@ def main(argv: list[str] | None = None) -> None:
 def command(
     backend: Annotated[str, Opt("Backend of the server it starts.")] = "process",
     calls: Annotated[int, Opt("Calls timed per path.", min=10)] = 200,
+    progress: Progress = QUIET,
 ) -> Iterator[dict]:
-    yield run(calls, backend)
+    yield run(calls, backend, progress=progress)
 
 
 if __name__ == "__main__":

@@ -11,7 +11,7 @@ from typing import Annotated
 
 import numpy as np
 
-from analysis.bench import BenchError, Opt
+from analysis.bench import QUIET, BenchError, Opt, Progress
 from executor.backends.registry import make_backend
 from executor.driver import LiveExecutor
 from executor.node.local import local_cluster
@@ -19,7 +19,8 @@ from tangram.core import Tangram
 from tangram.model import Action, Demand
 
 
-def executor_bench(backend: str, n: int = 60, long_n: int = 5, long_s: float = 1.0) -> dict:
+def executor_bench(backend: str, n: int = 60, long_n: int = 5, long_s: float = 1.0,
+                   progress: Progress = QUIET) -> dict:
     """Per-action overhead of a live backend, measured around real commands.
 
     The command prints the wall clock at its first and last instruction, so
@@ -31,19 +32,22 @@ def executor_bench(backend: str, n: int = 60, long_n: int = 5, long_s: float = 1
         with tempfile.TemporaryDirectory() as tmp:
             ex = LiveExecutor(Tangram(local_cluster()), make_backend(backend, Path(tmp)))
             try:
-                return {"backend": backend, **await overheads(ex, n, long_n, long_s)}
+                return {"backend": backend,
+                        **await overheads(ex, n, long_n, long_s, progress)}
             finally:
                 ex.shutdown()
 
     return asyncio.run(go())
 
 
-async def overheads(ex: LiveExecutor, n: int, long_n: int = 5, long_s: float = 1.0) -> dict:
+async def overheads(ex: LiveExecutor, n: int, long_n: int = 5, long_s: float = 1.0,
+                    progress: Progress = QUIET) -> dict:
     """Sequential short actions on one trajectory (see :func:`executor_bench`)."""
     ex.open_trajectory("bench", "bench", 0.25)
     starts, ends, updates, fractions, totals = [], [], [], [], []
     try:
         for i in range(n + long_n + 1):
+            progress(i, n + long_n + 1)
             sleep = long_s if i > n else 0.0
             cmd = f"sh -c 'date +%s.%N; sleep {sleep}; date +%s.%N'"
             action = Action(f"b{i}", "bench", "bench", "shell", {"cpu": Demand.fixed(1)},
@@ -63,6 +67,7 @@ async def overheads(ex: LiveExecutor, n: int, long_n: int = 5, long_s: float = 1
                     updates.append(out.extra["update_s"] * 1e3)
             else:
                 fractions.append(((first - t_submit) + (t_done - last)) / (last - first))
+        progress(n + long_n + 1, n + long_n + 1)
     finally:
         ex.close_trajectory("bench")
     s, e, t = np.asarray(starts), np.asarray(ends), np.asarray(totals)
@@ -153,6 +158,7 @@ def command(
     ray: Annotated[str | None, Opt(
         "Run on a Ray cluster, as `tangram run --ray` (auto, HOST:PORT, ray://HOST:PORT or "
         "local:N; needs the ray extra). Compares local vs via agents.")] = None,
+    progress: Progress = QUIET,
 ) -> Iterator[dict]:
     """With --ray: the same figures on this machine's executor and through Ray node agents
     (p50/p99), plus dispatch throughput across the nodes."""
@@ -162,10 +168,12 @@ def command(
         try:
             RaySpec.parse(ray)
             require_ray()
+            progress.phase(f"local, then via Ray ({ray})")
             yield from ray_executor_bench(ray, "process" if backend == "all" else backend,
                                           actions)
         except (ValueError, RayUnavailable, ConnectionError, RuntimeError) as e:
             raise BenchError(str(e)) from None
         return
     for name in (("process", "docker") if backend == "all" else (backend,)):
-        yield executor_bench(name, actions)
+        progress.phase(f"the {name} backend")
+        yield executor_bench(name, actions, progress=progress)

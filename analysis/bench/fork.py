@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated
 
-from analysis.bench import BenchError, Opt
+from analysis.bench import QUIET, BenchError, Opt, Progress
 from analysis.bench.serving import stop, wait_healthy
 from tangram_sdk.client import TangramClient
 
@@ -173,11 +173,13 @@ async def _forked(tg: TangramClient, size: int, setup: Setup) -> dict:
 
 
 async def _rounds(url: str, token: str, pid: int, size: int, rounds: int,
-                  setup: Setup) -> dict:
+                  setup: Setup, progress: Progress = QUIET) -> dict:
     runs: dict[str, list[dict]] = {"separate": [], "fork": []}
     async with TangramClient(url, token, timeout_s=900) as tg:
-        for _ in range(rounds):
+        for r in range(rounds):
             for name, play in (("separate", _separate), ("fork", _forked)):
+                progress(len(runs["separate"]) + len(runs["fork"]), 2 * rounds)  # groups played
+                progress.phase(f"round {r + 1}: the group {name}")
                 cpu0, wall0 = _cpu_s(pid), time.perf_counter()
                 row = await play(tg, size, setup)
                 await asyncio.sleep(0.5)  # closed sandboxes' cleanup is off the loop
@@ -201,7 +203,7 @@ async def _rounds(url: str, token: str, pid: int, size: int, rounds: int,
 
 
 def fork_bench(size: int = 8, rounds: int = 3, backend: str = "process",
-               mem_gb: float = 0.5) -> dict:
+               mem_gb: float = 0.5, progress: Progress = QUIET) -> dict:
     """The group of ``size`` rollouts, ``rounds`` times each way, on ``backend``."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -222,8 +224,10 @@ def fork_bench(size: int = 8, rounds: int = 3, backend: str = "process",
                                 cwd=Path(__file__).parents[2])
         try:
             url = f"http://127.0.0.1:{port}"
+            progress.phase(f"starting a {backend} server")
             wait_healthy(url, proc, log)
-            result = asyncio.run(_rounds(url, token, proc.pid, size, rounds, setup))
+            result = asyncio.run(_rounds(url, token, proc.pid, size, rounds, setup, progress))
+            progress(2 * rounds, 2 * rounds)
         finally:
             stop(proc)
     sep, fk = result["separate"], result["fork"]
@@ -247,6 +251,7 @@ def command(
     size: Annotated[int, Opt("Rollouts per group.", min=1, max=65)] = 8,
     rounds: Annotated[int, Opt("Groups played each way.", min=1)] = 3,
     backend: Annotated[str, Opt("process or docker.")] = "process",
+    progress: Progress = QUIET,
 ) -> Iterator[dict]:
     """Every rollout preparing its sandbox (git clone of a local repository + pip install
     of a local wheel, offline) against one preparation forked into the others. One JSON
@@ -254,4 +259,4 @@ def command(
     seconds per copy."""
     if backend not in ("process", "docker"):
         raise BenchError(f"--backend must be process or docker, got {backend!r}")
-    yield fork_bench(size, rounds, backend)
+    yield fork_bench(size, rounds, backend, progress=progress)

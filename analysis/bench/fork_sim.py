@@ -8,7 +8,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import Annotated, Any
 
-from analysis.bench import BenchError, Opt
+from analysis.bench import QUIET, BenchError, Opt, Progress
 from analysis.runs import simulate
 from sim.cluster import load_cluster
 from tangram.fork import FORK
@@ -18,7 +18,8 @@ from traces.groups import SETUP
 
 def fork_sim_rows(trajectories: int = 1024, group: int = 8, cluster: str = "paper",
                   cpu_nodes: tuple[int | None, ...] = (None, 1), policy: str = "tangram",
-                  seed: int = 0, fork_s: float | None = None) -> Iterator[dict[str, Any]]:
+                  seed: int = 0, fork_s: float | None = None,
+                  progress: Progress = QUIET) -> Iterator[dict[str, Any]]:
     """One row per (CPU nodes, with or without fork): env time per trajectory (the paper's
     env-interaction headline: ACT of every non-reward action, setup and fork included),
     step time, mean ACT, when rollouts' first agent action started (copies wait for their
@@ -29,10 +30,17 @@ def fork_sim_rows(trajectories: int = 1024, group: int = 8, cluster: str = "pape
     if fork_s is not None:
         spec = replace(spec, extra={**spec.extra, "fork_s": fork_s})
     df = generate("coding", trajectories, seed, group_size=group)
+    total, done = 2 * len(cpu_nodes), 0
     for nodes in cpu_nodes:
         sized = spec if nodes is None else replace(spec, cpu_nodes=spec.cpu_nodes[:nodes])
         for fork in (False, True):
+            progress(done, total)
+            k = len(sized.cpu_nodes)
+            progress.phase(f"{k} CPU node{'s' * (k != 1)}, "
+                           + ("with fork" if fork else "without fork"))
             run = simulate(df, sized, policy, seed=seed, fork=fork)
+            done += 1
+            progress(done, total)
             a = run.actions
             prep = a["kind"].isin([SETUP, FORK])
             agent = a[~prep]
@@ -58,10 +66,12 @@ def command(
     fork_s: Annotated[float | None, Opt(
         "Seconds per copy (default: the cluster file's measured extra.fork_s).", min=0)] = None,
     seed: int = 0,
+    progress: Progress = QUIET,
 ) -> Iterator[dict[str, Any]]:
     """On the whole cluster and on one CPU node (oversubscribed): env time per trajectory,
     step time, mean ACT, first agent action, core-seconds of preparation."""
     try:
-        yield from fork_sim_rows(trajectories, group, cluster, seed=seed, fork_s=fork_s)
+        yield from fork_sim_rows(trajectories, group, cluster, seed=seed, fork_s=fork_s,
+                                 progress=progress)
     except ValueError as e:
         raise BenchError(str(e)) from None

@@ -17,7 +17,7 @@ from typing import Annotated, Any
 
 import numpy as np
 
-from analysis.bench import BenchError, Opt
+from analysis.bench import QUIET, BenchError, Opt, Progress
 from executor.backends.gpu.backend import GpuBackend
 from executor.backends.gpu.config import discover, itemsize_for, readings
 from executor.backends.gpu.model import ModelSource, config_for_bytes, random_size_bytes
@@ -62,7 +62,8 @@ def _stats(xs: list[float]) -> dict[str, float]:
 
 
 def gpu_bench(device: str, sizes_gb: list[float], batches: list[int], tokens: int = 128,
-              cycles: int = 3, layers: int | None = None) -> dict[str, Any]:
+              cycles: int = 3, layers: int | None = None,
+              progress: Progress = QUIET) -> dict[str, Any]:
     itemsize = itemsize_for(device, None)
     layers = layers or (24 if device == "cuda" else 4)
     vocab = 32000 if device == "cuda" else 512
@@ -82,6 +83,7 @@ def gpu_bench(device: str, sizes_gb: list[float], batches: list[int], tokens: in
     async def go() -> None:
         core = Tangram(cluster)
         backend = GpuBackend(cluster, sources, device, {"bench": [0]})
+        progress.phase(f"staging {len(services)} services")
         backend.start_workers()
         t0 = time.perf_counter()
         ready = await asyncio.to_thread(backend.wait_ready)
@@ -92,9 +94,12 @@ def gpu_bench(device: str, sizes_gb: list[float], batches: list[int], tokens: in
         n = 0
         restores: dict[str, list[tuple[float, int]]] = {s.name: [] for s in services}
         evicts: list[float] = []
+        total = cycles * len(services) + 5 * len(batches)  # restores, then requests
         try:
+            progress.phase(f"{cycles} restore cycles")
             for _ in range(cycles):
                 for s in services:
+                    progress(n, total)
                     n += 1
                     _, out = await ex.run(Action(f"r{n}", "bench", "bench", "restore",
                                                  {"gpu": Demand.fixed(1)}, service=s.name,
@@ -116,9 +121,11 @@ def gpu_bench(device: str, sizes_gb: list[float], batches: list[int], tokens: in
             small = services[0].name
             rng = np.random.default_rng(0)
             latency = {}
+            progress.phase("request batches")
             for b in batches:
                 acts, computes = [], []
                 for _ in range(5):
+                    progress(n, total)
                     n += 1
                     rows = rng.integers(0, vocab, size=(b, tokens)).tolist()
                     t_submit = time.perf_counter()
@@ -133,6 +140,7 @@ def gpu_bench(device: str, sizes_gb: list[float], batches: list[int], tokens: in
                     computes.append(out.extra["compute_s"] * 1e3)
                 latency[str(b)] = {"act_ms": _stats(acts), "compute_ms": _stats(computes)}
             result["request_latency"] = latency
+            progress(n, total)
         finally:
             ex.close_trajectory("bench")
             ex.shutdown()
@@ -199,6 +207,7 @@ def command(
     batches: Annotated[str, Opt("Request batch sizes.")] = "1,8,32",
     tokens: Annotated[int, Opt("Tokens per sequence of a request.", min=2)] = 128,
     cycles: Annotated[int, Opt("Restore cycles over all services.", min=1)] = 3,
+    progress: Progress = QUIET,
 ) -> Iterator[dict[str, Any]]:
     from executor.backends.gpu.arrays import check_device
 
@@ -212,7 +221,7 @@ def command(
         batch = [int(x) for x in batches.split(",")]
     except ValueError:
         raise BenchError("--sizes-gb/--batches: comma-separated numbers") from None
-    yield gpu_bench(device, sizes, batch, tokens, cycles)
+    yield gpu_bench(device, sizes, batch, tokens, cycles, progress=progress)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from typing import Annotated, Any
 
-from analysis.bench import BenchError, Opt
+from analysis.bench import QUIET, BenchError, Opt, Progress
 from analysis.experiments import Job, run_jobs
 
 #: the issue's GPU target: on the paper's cluster, burst MOPD at these batch sizes
@@ -56,6 +56,7 @@ def command(
         "Scale generation times (< 1: the same requests in less time).", min=0.01)] = 1.0,
     arrival: Annotated[str, Opt("burst | spread")] = "burst",
     workers: Annotated[int, Opt("Parallel simulations.", min=1)] = 2,
+    progress: Progress = QUIET,
 ) -> Iterator[dict[str, Any]]:
     """One JSON line per run, then the verdict (Tangram's mean ACT <= static's, restore
     overhead <= 0.25, not growing)."""
@@ -67,7 +68,7 @@ def command(
         raise BenchError(str(e)) from None
     keep = ("seed", "trajectories", "policy", "act_mean_s", "act_p99_s", "queue_mean_s",
             "exec_mean_s", "restores", "restore_overhead", "gpu_busy", "error")
-    rows = run_jobs(jobs, workers)
+    rows = run_jobs(jobs, workers, progress)
     for row in rows:
         yield {k: row[k] for k in keep if k in row}
     yield gpu_target_verdict(rows)

@@ -9,11 +9,12 @@ from typing import Annotated
 
 import numpy as np
 
-from analysis.bench import Opt
+from analysis.bench import QUIET, Opt, Progress
 
 
 def learning_bench(seeds: int = 20, max_runs: int = 300, tol: float = 0.10,
-                   commands: int = 8, rerun_sigma: float = 0.1) -> Iterator[dict]:
+                   commands: int = 8, rerun_sigma: float = 0.1,
+                   progress: Progress = QUIET) -> Iterator[dict]:
     """How many observed runs the online speedup model (tangram.estimates) needs to
     come within ``tol`` of the true mean curve at every unit count, and stay there.
 
@@ -40,11 +41,12 @@ def learning_bench(seeds: int = 20, max_runs: int = 300, tol: float = 0.10,
         return Action(f"a{i}", "bench", f"j{i}", "test_run", {"cpu": Demand.discrete(choices)},
                       elastic="cpu", payload={"command": command} if command else None)
 
-    for p, overhead, sigma in cases:
+    for i, (p, overhead, sigma) in enumerate(cases):
         own_runs: list[float] = []
         kind_runs: list[float] = []
         kind_curve: list[float] = []
         for seed in range(seeds):
+            progress(i * seeds + seed, len(cases) * seeds)
             rng = np.random.default_rng(seed)
             t1 = rng.lognormal(np.log(10.0), sigma, commands)
             true = [{m: t * ((1 - p) + p / m) + overhead * (m - 1) for m in choices} for t in t1]
@@ -81,6 +83,7 @@ def learning_bench(seeds: int = 20, max_runs: int = 300, tol: float = 0.10,
         def pct(a: np.ndarray, q: int) -> float:
             return float(np.percentile(a, q, method="nearest"))
 
+        progress((i + 1) * seeds, len(cases) * seeds)
         yield {"parallel_fraction": p, "unit_overhead_s": overhead, "t1_sigma": sigma,
                "commands": commands, "rerun_sigma": rerun_sigma, "tolerance": tol,
                "seeds": seeds, "max_runs": max_runs,
@@ -93,7 +96,8 @@ def learning_bench(seeds: int = 20, max_runs: int = 300, tol: float = 0.10,
                "slower_at_8_than_at_1": bool(overhead * 7 > 10.0 * p * 7 / 8)}
 
 
-def command(seeds: Annotated[int, Opt("Repetitions per curve.", min=1)] = 20) -> Iterator[dict]:
+def command(seeds: Annotated[int, Opt("Repetitions per curve.", min=1)] = 20,
+            progress: Progress = QUIET) -> Iterator[dict]:
     """Per command with the kind as prior (counted in that command's runs and in the
     kind's), and per kind alone."""
-    yield from learning_bench(seeds)
+    yield from learning_bench(seeds, progress=progress)

@@ -32,7 +32,7 @@ from typing import Annotated
 
 import numpy as np
 
-from analysis.bench import BenchError, Opt
+from analysis.bench import QUIET, BenchError, Opt, Progress
 from analysis.bench.serving import stop, wait_healthy
 
 #: reward runs: sympy test modules of a few seconds on one idle core (traces/profile_suite.py)
@@ -170,14 +170,18 @@ def check(cores: int) -> None:
 
 def live_mix_bench(policies: tuple[str, ...] = POLICIES, trajectories: int = 8, cores: int = 2,
                    shorts: int = 6, seed: int = 0, think_s: float = 1.0,
-                   modules: tuple[str, ...] = REWARD_MODULES) -> Iterator[dict]:
+                   modules: tuple[str, ...] = REWARD_MODULES,
+                   progress: Progress = QUIET) -> Iterator[dict]:
     """One row per policy as each run ends (same trajectories, same cores), then a summary
     row comparing the first policy with the others."""
     check(cores)
     steps = plan(trajectories, shorts, seed, modules, think_s)
     rows = []
     for p in policies:
+        progress(len(rows), len(policies))
+        progress.phase(f"policy {p}")
         rows.append(run_policy(p, steps, cores))
+        progress(len(rows), len(policies))
         yield rows[-1]
     first, others = rows[0], rows[1:]
     summary = {
@@ -205,6 +209,7 @@ def command(
         "Reward test modules (sympy's), comma-separated; default: four of a few seconds "
         "each on an idle core.")] = None,
     seed: int = 0,
+    progress: Progress = QUIET,
 ) -> Iterator[dict]:
     """Sympy's own test modules, one per trajectory as its reward, beside short shell
     commands, through `tangram serve --backend process` pinned to --cores: makespan, the
@@ -220,6 +225,6 @@ def command(
         check(cores)
         yield from live_mix_bench(names, trajectories, cores, shorts, seed, think_s,
                                   tuple(m.strip() for m in modules.split(",")) if modules
-                                  else REWARD_MODULES)
+                                  else REWARD_MODULES, progress)
     except (ValueError, RuntimeError) as e:
         raise BenchError(str(e)) from None

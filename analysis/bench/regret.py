@@ -10,8 +10,8 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Annotated, Any
 
-from analysis.bench import BenchError, Opt
-from analysis.regret import heatmap, report, run_matrix, scale_for
+from analysis.bench import QUIET, BenchError, Opt, Progress
+from analysis.regret import cells, heatmap, report, run_matrix, scale_for
 
 
 def command(
@@ -24,6 +24,7 @@ def command(
         "The paper's batch sizes and node shape, every profile error (hours). Default: the "
         "quick scale (minutes).", flag="--full")] = False,
     workers: Annotated[int, Opt("Parallel simulations.", min=1)] = 2,
+    progress: Progress = QUIET,
 ) -> Iterator[dict[str, Any]]:
     """Metrics: mean ACT, p99 ACT, step time, reward time; competitors: every policy of
     `tangram policies`, fixed DoP 1-16, k8s pod cores x in-pod -n, static GPU splits,
@@ -42,9 +43,13 @@ def command(
         raise BenchError(f"--out: cannot create {out}: {e}") from None
     t0 = time.perf_counter()
     rows = []
+    total = len(cells(sc))
+    progress(0, total)
     for row in run_matrix(sc, workers):
         rows.append(row)
+        progress(len(rows), total)
         yield {k: v for k, v in row.items() if k != "runs"}
+    progress.phase("the summary and the heat map")
     doc = report(rows, sc, round(time.perf_counter() - t0, 1))
     (out / "regret.json").write_text(json.dumps(doc, indent=1) + "\n")
     heatmap(rows, str(out / "regret.png"))

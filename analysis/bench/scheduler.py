@@ -17,7 +17,7 @@ from typing import Annotated
 
 import numpy as np
 
-from analysis.bench import Opt
+from analysis.bench import QUIET, Opt, Progress
 from sim.clock import SimClock
 from sim.modelled import ModelledBackend
 from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec, ServiceSpec
@@ -148,9 +148,13 @@ def fifo_cpu_s(cluster: ClusterSpec, actions: list[Action]) -> float:
     return time.thread_time() - t0
 
 
-def scheduler_bench(n: int = 2048, seed: int = 0) -> Iterator[dict]:
+def scheduler_bench(n: int = 2048, seed: int = 0, progress: Progress = QUIET) -> Iterator[dict]:
     core = pin_one_core()
-    for name, build in (("cpu-node-256c", cpu_scenario), ("gpu-5x8-12svc", gpu_scenario)):
+    scenarios = (("cpu-node-256c", cpu_scenario), ("gpu-5x8-12svc", gpu_scenario))
+    total = len(scenarios) + 1  # and the closed loop
+    for i, (name, build) in enumerate(scenarios):
+        progress(i, total)
+        progress.phase(f"{name}, {n} actions")
         cluster, actions = build(n, np.random.default_rng(seed))
         out = run_scheduler_scenario(name, cluster, actions)
         # the same run timed by CPU time of this thread (the schedule is identical)
@@ -167,8 +171,12 @@ def scheduler_bench(n: int = 2048, seed: int = 0) -> Iterator[dict]:
         out["ratio_to_fifo"] = round(per / fifo, 2)
         out["load_avg_1m"] = round(os.getloadavg()[0], 2)
         out["pinned_core"] = core
+        progress(i + 1, total)
         yield out
-    yield closed_loop_scenario(seed)
+    progress.phase("closed loop with learning")
+    row = closed_loop_scenario(seed)
+    progress(total, total)
+    yield row
 
 
 def closed_loop_scenario(seed: int = 0, trajectories_n: int = 256) -> dict:
@@ -201,7 +209,7 @@ def closed_loop_scenario(seed: int = 0, trajectories_n: int = 256) -> dict:
 
 
 def command(actions: Annotated[int, Opt("Queued actions per scenario.")] = 2048,
-            seed: int = 0) -> Iterator[dict]:
+            seed: int = 0, progress: Progress = QUIET) -> Iterator[dict]:
     """Every figure twice: wall clock and this thread's CPU time; per dispatch beside a
     plain FIFO dispatcher's, and a closed-loop run with learning beside a bare SimPy model."""
-    yield from scheduler_bench(actions, seed)
+    yield from scheduler_bench(actions, seed, progress)

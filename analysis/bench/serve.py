@@ -15,7 +15,7 @@ from typing import Annotated
 
 import numpy as np
 
-from analysis.bench import Opt
+from analysis.bench import QUIET, Opt, Progress
 from analysis.bench.serving import stop, wait_healthy
 
 
@@ -93,7 +93,8 @@ async def _next(results, procs: list) -> tuple:
 
 def serve_bench(backend: str = "process", trajectories: int = 64, actions: int = 5,
                 warm: int = 0, samples: int = 10, every_s: float | None = None,
-                on_sample: Callable[[dict], None] | None = None, clients: int = 1) -> dict:
+                on_sample: Callable[[dict], None] | None = None, clients: int = 1,
+                progress: Progress = QUIET) -> dict:
     """Load on a real `tangram serve` subprocess, client and server on this machine.
 
     ``trajectories`` run concurrently, each opening, running ``actions`` trivial
@@ -131,7 +132,7 @@ def serve_bench(backend: str = "process", trajectories: int = 64, actions: int =
         try:
             return asyncio.run(_drive(proc, f"http://127.0.0.1:{port}", token, backend,
                                       trajectories, actions, warm, samples, log,
-                                      every_s, on_sample, clients))
+                                      every_s, on_sample, clients, progress))
         finally:
             stop(proc)
 
@@ -159,15 +160,19 @@ async def _warm_pool_full(workdir: Path, warm: int, proc, within_s: float = 120.
 async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
                  actions: int, warm: int, samples: int, log: Path,
                  every_s: float | None = None,
-                 on_sample: Callable[[dict], None] | None = None, clients: int = 1) -> dict:
+                 on_sample: Callable[[dict], None] | None = None, clients: int = 1,
+                 progress: Progress = QUIET) -> dict:
     """The measured run: the server warmed up, the clients ready, the clock started, the
     trajectories driven (sampled meanwhile), the figures reported."""
     import multiprocessing
 
     pid = proc.pid
+    progress.phase(f"starting a {backend} server")
     await asyncio.to_thread(wait_healthy, url, proc, log, 60.0)
+    progress.phase("warming it up")
     await _warm_up(url, token)
     if warm:  # the pool full before timing (what a long-running server sees)
+        progress.phase(f"filling its warm pool ({warm} sandboxes)")
         await _warm_pool_full(log.parent / "work", warm, proc)
     total = trajectories * actions
     ctx = multiprocessing.get_context("spawn")
@@ -178,6 +183,8 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
                                  results)
     sampler = _Sampler(pid, done, max(total // samples, 1), on_sample)
     ticking = asyncio.ensure_future(sampler.every(every_s)) if every_s else None
+    progress.phase(f"{trajectories} trajectories x {actions} actions")
+    watching = asyncio.ensure_future(_watch(done, total, progress))
     try:
         if procs:
             go.set()
@@ -187,6 +194,7 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
                 url, token, list(range(trajectories)), actions, sampler.count)
             client_cpu = 0.0
     finally:
+        watching.cancel()
         if ticking is not None:
             ticking.cancel()
         for p in procs:
@@ -197,10 +205,18 @@ async def _drive(proc, url: str, token: str, backend: str, trajectories: int,
         sampler.take()  # the end of the run (also: a run shorter than one interval)
     wall = time.perf_counter() - sampler.t0
     client_cpu += time.process_time() - sampler.client0
+    progress(done.value, total)
     run = {"bench": "serve", "backend": backend, "trajectories": trajectories,
            "actions_per_trajectory": actions, "actions": total, "warm_pool": warm,
            "clients": clients}
     return _report(run, sampler, wall, client_cpu, first, later, core, errors, bool(every_s))
+
+
+async def _watch(done, total: int, progress: Progress) -> None:
+    """The actions done so far (over every client), told to ``progress`` once a second."""
+    while True:
+        progress(done.value, total)
+        await asyncio.sleep(1.0)
 
 
 async def _warm_up(url: str, token: str) -> None:
@@ -328,9 +344,10 @@ def command(
     trajectories: Annotated[int, Opt("Concurrent trajectories.", min=1)] = 64,
     actions: Annotated[int, Opt("Trivial actions per trajectory.", min=1)] = 5,
     warm_pool: Annotated[int, Opt("docker: the server's --warm-pool.", min=0)] = 0,
+    progress: Progress = QUIET,
 ) -> Iterator[dict]:
     """For a soak: many actions, e.g. --trajectories 200 --actions 100 (20,000 actions)."""
-    yield serve_bench(backend, trajectories, actions, warm_pool)
+    yield serve_bench(backend, trajectories, actions, warm_pool, progress=progress)
 
 
 def scale_command(
@@ -340,6 +357,7 @@ def scale_command(
     clients: Annotated[int, Opt(
         "Client processes the trajectories are spread over (as rollout workers; one "
         "asyncio client cannot drive thousands of connections).", min=1)] = 8,
+    progress: Progress = QUIET,
 ) -> Iterator[dict]:
     """By default 2,048 trajectories x 30 trivial actions (`true`) at once. Prints a JSON
     line every --every seconds (actions done, actions/s and server CPU per action in the
@@ -352,4 +370,4 @@ def scale_command(
         print(json.dumps({"sample": True, **row}), flush=True)
 
     yield serve_bench("process", trajectories, actions, every_s=every, on_sample=show,
-                      clients=clients)
+                      clients=clients, progress=progress)

@@ -31,7 +31,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Annotated, Any
 
-from analysis.bench import BenchError, Opt
+from analysis.bench import QUIET, BenchError, Opt, Progress
 from analysis.bench.floor import floor_model
 
 #: (workload, trajectories) of the full bench
@@ -132,14 +132,18 @@ def _child(workload: str, n: int, trace: Path, seed: int, generate_cpu_s: float,
 
 
 def run(points: Iterable[tuple[str, int]], seed: int = 0,
-        out: Path | None = None) -> Iterator[dict[str, Any]]:
+        out: Path | None = None, progress: Progress = QUIET) -> Iterator[dict[str, Any]]:
     """Every point in a fresh child process (spawned: nothing inherited but the code), one
     after another; each row is yielded as it finishes and, with ``out``, appended to
     ``out`` as a JSON line."""
     ctx = mp.get_context("spawn")
-    for workload, n in points:
+    todo = list(points)
+    for i, (workload, n) in enumerate(todo):
+        progress(i, len(todo))
         with tempfile.TemporaryDirectory(prefix="tangram-sim-scale-") as tmp:
+            progress.phase(f"{workload} x {n}: generating the trace")
             trace, generate_cpu_s = write_trace(workload, n, seed, Path(tmp))
+            progress.phase(f"{workload} x {n}: simulating it and its floor")
             parent, child = ctx.Pipe(duplex=False)
             proc = ctx.Process(target=_child,
                                args=(workload, n, trace, seed, generate_cpu_s, child))
@@ -152,6 +156,7 @@ def run(points: Iterable[tuple[str, int]], seed: int = 0,
         if out is not None:
             with out.open("a") as f:
                 f.write(json.dumps(value) + "\n")
+        progress(i + 1, len(todo))
         yield value
 
 
@@ -162,6 +167,7 @@ def command(
     = ",".join(f"{w}:{n}" for w, n in POINTS),
     seed: int = 0,
     out: Annotated[Path | None, Opt("Also append each row to this JSON-lines file.")] = None,
+    progress: Progress = QUIET,
 ) -> Iterator[dict[str, Any]]:
     """Actions per CPU-second, the ratio to the floor (the figure that holds across
     machines), the core's share, peak RSS (JSON lines, one per point, each point in a
@@ -176,4 +182,4 @@ def command(
         if w not in WORKLOADS or n < 1:
             raise BenchError(f"--points: {w}:{n}: workload one of {sorted(WORKLOADS)}, "
                              "trajectories >= 1")
-    yield from run(chosen, seed, out)
+    yield from run(chosen, seed, out, progress)

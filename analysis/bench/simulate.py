@@ -10,11 +10,12 @@ from typing import Annotated
 
 import numpy as np
 
-from analysis.bench import Opt
+from analysis.bench import QUIET, Opt, Progress
 from analysis.bench.scheduler import pin_one_core
 
 
-def simulate_bench(trajectories_n: int = 2048, seed: int = 0) -> dict:
+def simulate_bench(trajectories_n: int = 2048, seed: int = 0,
+                   progress: Progress = QUIET) -> dict:
     """One paper-scale AI-coding RL step on the paper's CPU cluster, timed end to end."""
     from sim.cluster import load_cluster
     from sim.driver import SimConfig, simulate
@@ -22,10 +23,13 @@ def simulate_bench(trajectories_n: int = 2048, seed: int = 0) -> dict:
     from traces.schema import validate
 
     core_id = pin_one_core()
+    progress.phase("generating the trace")
     t0 = time.perf_counter()
     df = validate(generate("coding", trajectories_n, seed))
     gen_s = time.perf_counter() - t0
-    result = simulate(df, load_cluster("paper"), SimConfig(policy="tangram", seed=seed))
+    progress.phase("simulating")  # (then actions done / total, every 500)
+    result = simulate(df, load_cluster("paper"), SimConfig(policy="tangram", seed=seed),
+                      progress=progress)
     n = len(result.records)
     core_s = result.timing.core_s
     return {
@@ -42,5 +46,5 @@ def simulate_bench(trajectories_n: int = 2048, seed: int = 0) -> dict:
 
 
 def command(trajectories: Annotated[int, Opt("Trajectories in the AI-coding batch.")] = 2048,
-            seed: int = 0) -> Iterator[dict]:
-    yield simulate_bench(trajectories, seed)
+            seed: int = 0, progress: Progress = QUIET) -> Iterator[dict]:
+    yield simulate_bench(trajectories, seed, progress)

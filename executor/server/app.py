@@ -15,7 +15,7 @@ for it, never silently lost.
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Callable, Mapping
-from contextlib import asynccontextmanager
+from contextlib import AbstractContextManager, asynccontextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +40,16 @@ from executor.server.status import status_router
 from executor.server.tokens import Tokens
 from tangram.core import Tangram
 
+#: a step of the start-up, for whoever starts it to say (``tangram serve``: a line when it
+#: begins and when it ends, tangram_cli/common.py phase): ``with phase("what it does"): ...``
+Phase = Callable[[str], AbstractContextManager[object]]
+
+
+def no_phase(_name: str) -> AbstractContextManager[object]:
+    """A start-up step nobody is told of."""
+    return nullcontext()
+
+
 #: how long SIGTERM waits for open requests before cancelling them (then: lifespan shutdown)
 GRACEFUL_S = 2.0
 #: finished actions' records kept in memory for the status page (the journal has them all)
@@ -54,8 +64,10 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
                task_images: Mapping[str, str] | None = None,
                result_ttl_s: float = 60.0,
                memory_node: str | None = None,
-               read_timeout_s: float = READ_TIMEOUT_S) -> FastAPI:
-    """``token``: the server's bearer tokens (a str: its one token, named ``default``)."""
+               read_timeout_s: float = READ_TIMEOUT_S,
+               phase: Phase | None = None) -> FastAPI:
+    """``token``: the server's bearer tokens (a str: its one token, named ``default``).
+    ``phase``: told of the steps of the start (``with phase("what it does"): ...``)."""
     tokens = Tokens.single(token) if isinstance(token, str) else token
 
     @asynccontextmanager
@@ -64,8 +76,10 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
         for path in state_dir.glob("journal.sqlite*"):  # every trajectory's outputs: not
             path.chmod(0o600)  # for a root server's sandbox users (executor/backends/process/uids.py)
         executor = LiveExecutor(make_core(), make_backend(), max_records=RECENT_RECORDS)
-        app.state.service = Service(executor, journal, allow_urls, result_ttl_s=result_ttl_s,
-                                    task_images=task_images, memory_node=memory_node)
+        with (phase or no_phase)("restoring the journal's open trajectories"):
+            app.state.service = Service(executor, journal, allow_urls,
+                                        result_ttl_s=result_ttl_s, task_images=task_images,
+                                        memory_node=memory_node)
         try:
             yield
         finally:
