@@ -123,7 +123,10 @@ JUDGE = tuple(Competitor(f"baseline judge {r or 'fill'} x {g} GPUs", "baseline",
 
 #: per workload: the competitors simulated (beside ``tangram``)
 COMPETITORS: dict[str, tuple[Competitor, ...]] = {
-    "coding": (Competitor("tangram-paper", "tangram-paper"), *FIXED, *_k8s()),
+    # tangram-rigid: the default with grants fixed at an action's start (issue 49's
+    # ablation row: what malleable grants change)
+    "coding": (Competitor("tangram-paper", "tangram-paper"),
+               Competitor("tangram-rigid", "tangram-rigid"), *FIXED, *_k8s()),
     "mopd": (Competitor("tangram-paper", "tangram-paper"),
              *(Competitor(a, a) for a in ABLATIONS), *STATIC, Competitor("serverless", "serverless")),
 }
@@ -141,13 +144,14 @@ ALIASES: dict[str, dict[str, str]] = {
                "baseline": "k8s 4c -n 1",
                **{s.label: "tangram" for s in (*STATIC, *JUDGE)}},
     "mopd": {**{f.label: "tangram" for f in FIXED}, **{k.label: "tangram" for k in _k8s()},
-             "k8s": "tangram", "per-trajectory-api": "tangram",
+             "k8s": "tangram", "tangram-rigid": "tangram", "per-trajectory-api": "tangram",
              "static": "static 4 GPUs, replicas round-robin",
              "baseline": "static 4 GPUs x 1 each (paper)",
              **{j.label: "static 4 GPUs x 1 each (paper)" for j in JUDGE}},
 }
 ALIASES["deepsearch"] = {**{f.label: "tangram" for f in FIXED},
                          **{k.label: "tangram" for k in _k8s()}, "k8s": "tangram",
+                         "tangram-rigid": "tangram",
                          "static": "static 4 GPUs, replicas round-robin",
                          "baseline": "baseline judge 5 x 4 GPUs"}
 ALIASES["mixed"] = ALIASES["deepsearch"]

@@ -68,11 +68,14 @@ def main() -> None:
                 k, runs = json.loads(line)
                 cache[k] = runs
     missing = [c for c in todo if _key(c) not in cache]
-    ours = [Competitor("tangram", "tangram")]
+    # the default and its ablation row change with the core: never cached
+    ours = [Competitor("tangram", "tangram"), Competitor("tangram-rigid", "tangram-rigid")]
+    uncached = {c.label for c in ours}
     with ProcessPoolExecutor(max_workers=a.workers) as pool:
         if missing:
             with open(path, "a") as f:
-                for k, runs in pool.map(_run, [(c, sc, COMPETITORS["coding"]) for c in missing]):
+                comps = [c for c in COMPETITORS["coding"] if c.label not in uncached]
+                for k, runs in pool.map(_run, [(c, sc, comps) for c in missing]):
                     cache[k] = runs
                     f.write(json.dumps([k, runs]) + "\n")
                     f.flush()
