@@ -172,3 +172,74 @@ def test_without_a_cgroup_a_command_gets_a_data_limit_and_the_oom_preference():
     assert out.split() == ["1000", str(256 * 1024)]
     res = subprocess.run([*confine, *_alloc(400)], capture_output=True, text=True)
     assert res.returncode != 0 and "MemoryError" in res.stderr, res
+
+
+# -- how a command's end by SIGKILL is told, on the backend itself (no server) ------------
+#
+# The shedding test above failed in a full CI run: all four allocators ended ``ok`` with
+# exit code -9. Whatever sent those SIGKILLs, the backend called a death by SIGKILL ``ok``
+# whenever neither of its memory checks claimed it, and the shed's check compared two
+# wall-clock readings: a clock stepped back between an action's start and the shed made
+# the shed's own kill ``ok``.
+
+
+def _backend_run(tmp_path: Path, go) -> None:
+    """``go(ex, backend)`` on a live executor over a process backend in ``tmp_path``."""
+    import asyncio
+
+    from conftest import reachable_by_sandboxes
+
+    from executor.backends.process.backend import ProcessBackend
+    from executor.driver import LiveExecutor
+    from executor.node.local import local_cluster
+    from tangram.core import Tangram
+
+    reachable_by_sandboxes(tmp_path / "work")
+
+    async def main() -> None:
+        backend = ProcessBackend(tmp_path / "work", default_mem_gb=0.25)
+        ex = LiveExecutor(Tangram(local_cluster()), backend)
+        try:
+            await go(ex, backend)
+        finally:
+            ex.shutdown()
+
+    asyncio.run(main())
+
+
+def _action(aid: str, trajectory: str, argv: list[str]):
+    from tangram.model import Action, Demand
+
+    return Action(aid, "t", trajectory, "shell", {"cpu": Demand.fixed(1)},
+                  payload={"argv": argv, "timeout_s": 300})
+
+
+def test_a_shed_ends_its_actions_oom_whatever_the_wall_clock_did(tmp_path, monkeypatch):
+    """A shed kills a running action's command: ``oom``, even when the wall clock stepped
+    back between the action's start and the shed (NTP, a VM restored from a snapshot). The
+    shed was told from the command's own end by comparing two ``time.time()`` readings:
+    stepped back, the kill ended ``ok``, exit -9."""
+    import asyncio
+
+    from helpers import until
+
+    from tangram.protocol import Shed
+
+    # holds 20 MB (written: resident), says so in a file of its work directory, then waits
+    hold = [sys.executable, "-c", "import pathlib, time; b = b'x' * (20 << 20); "
+            "pathlib.Path('held').write_text('held'); time.sleep(600)"]
+
+    async def go(ex, backend) -> None:
+        ex.open_trajectory("a", "t", 0.25)
+        running = asyncio.ensure_future(ex.run(_action("h1", "a", hold)))
+        held = backend.workdir("a") / "held"
+        await until(held.exists, 300, f"the command holding its memory ({held})",
+                    seen=lambda: running.done() and running.result())
+        stepped = time.time() - 3600
+        with monkeypatch.context() as m:
+            m.setattr(time, "time", lambda: stepped)
+            assert backend.shed(Shed("local", 0.1, 0.3)) == "a"
+        _, out = await running
+        assert out.status == "oom" and "short of memory" in out.error, out
+
+    _backend_run(tmp_path, go)

@@ -406,7 +406,7 @@ class ProcessBackend:
         uid = self._uid(d.action.trajectory)
         env = self._command_env(d, cores, mark, cwd, uid)
         env.update(self._scratch.env(self._private(d.action.trajectory)))
-        kills = self._memory.kills(d.action.trajectory)
+        before = self._memory.before(d.action.trajectory)
         aid = d.action.id
         group = self._action_group(d.action.trajectory)
         try:
@@ -450,7 +450,9 @@ class ProcessBackend:
         t_exited = time.time()
         extra = {"argv": argv, "cores": sorted(cores), "spawn_s": t_spawned - t_start,
                  "t_spawned": t_spawned, "t_exited": t_exited}
-        oom = self._memory.ended_for_memory(d.action.trajectory, kills, t_start)
+        # (read now that the command was reaped: a shed and the kernel both count a memory
+        # kill before they send its SIGKILL, executor/backends/process/cage.py)
+        oom = self._memory.ended_for_memory(d.action.trajectory, before)
         if oom:
             on_done(Outcome(d.action.id, "oom", proc.returncode,
                             output[-MAX_OUTPUT:].decode(errors="replace"), oom,
@@ -690,7 +692,7 @@ class ProcessBackend:
         if shed is None:
             return None
         worst, why = shed
-        self._memory.shed(worst, time.time(), why)
+        self._memory.shed(worst, why)  # (counted before the kill: its actions end oom)
         self._kill_trajectory(worst)
         return worst
 
