@@ -259,6 +259,21 @@ class MemoryLimits:
                     "or the machine ran short and its commands were the first to go)")
         return ""
 
+    def unknown_kill(self, trajectory: str, before: Before) -> str:
+        """For a command of ``trajectory`` that died by SIGKILL when no shed and no OOM kill
+        counted explains it: what its memory count tells of who killed it."""
+        cage = self._cage.get(trajectory)
+        if cage is None:
+            return ("its trajectory has no memory cgroup to count a kernel OOM kill in (a "
+                    "data limit per process instead): the kernel's OOM killer, a process "
+                    "(its own or another), or an OOM killer outside the kernel killed it")
+        if before.kills < 0 or cage.oom_kills() < 0:
+            return (f"its memory cgroup's OOM kill count ({cage.path}/memory.oom_control) "
+                    "could not be read: the kernel's OOM killer, a process (its own or "
+                    "another), or an OOM killer outside the kernel killed it")
+        return ("its memory cgroup counted no OOM kill: a process (its own or another), or "
+                "an OOM killer outside the kernel (a supervisor's), killed it")
+
     def used_bytes(self, trajectory: str) -> int | None:
         """What the trajectory's cgroup holds (None: it has none)."""
         cage = self._cage.get(trajectory)
