@@ -172,3 +172,150 @@ def test_without_a_cgroup_a_command_gets_a_data_limit_and_the_oom_preference():
     assert out.split() == ["1000", str(256 * 1024)]
     res = subprocess.run([*confine, *_alloc(400)], capture_output=True, text=True)
     assert res.returncode != 0 and "MemoryError" in res.stderr, res
+
+
+# -- how a command's end by SIGKILL is told, on the backend itself (no server) ------------
+#
+# The shedding test above failed in a full CI run: all four allocators ended ``ok`` with
+# exit code -9. Whatever sent those SIGKILLs, the backend called a death by SIGKILL ``ok``
+# whenever neither of its memory checks claimed it: the shed's check compared two
+# wall-clock readings (a clock stepped back between an action's start and the shed made
+# the shed's own kill ``ok``), and the kernel's count says nothing where a trajectory has
+# no memory cgroup or the count cannot be read, nor of a SIGKILL from anyone else. Each
+# test below drives one of those ends.
+
+
+def _backend_run(tmp_path: Path, go) -> None:
+    """``go(ex, backend)`` on a live executor over a process backend in ``tmp_path``."""
+    import asyncio
+
+    from conftest import reachable_by_sandboxes
+
+    from executor.backends.process.backend import ProcessBackend
+    from executor.driver import LiveExecutor
+    from executor.node.local import local_cluster
+    from tangram.core import Tangram
+
+    reachable_by_sandboxes(tmp_path / "work")
+
+    async def main() -> None:
+        backend = ProcessBackend(tmp_path / "work", default_mem_gb=0.25)
+        ex = LiveExecutor(Tangram(local_cluster()), backend)
+        try:
+            await go(ex, backend)
+        finally:
+            ex.shutdown()
+
+    asyncio.run(main())
+
+
+def _action(aid: str, trajectory: str, argv: list[str]):
+    from tangram.model import Action, Demand
+
+    return Action(aid, "t", trajectory, "shell", {"cpu": Demand.fixed(1)},
+                  payload={"argv": argv, "timeout_s": 300})
+
+
+@pytest.mark.parametrize("memory", ["cgroup", "data limit"])
+def test_a_command_killed_by_a_sigkill_nothing_explains_fails_naming_the_signal(
+        tmp_path, monkeypatch, memory):
+    """No timeout, no cancel, no shed, no OOM kill counted: a SIGKILL from elsewhere (here
+    the command's own) is not a command that ran to its end. It was ``ok``, exit -9. A
+    trajectory without a memory cgroup (``data limit``: cgroup v2, not root) has no count
+    of the kernel's kills to read, and its error says so."""
+    from executor.backends.process import cage
+
+    if memory == "data limit":
+        monkeypatch.setattr(cage.Cages, "here", classmethod(lambda cls, mark: None))
+    kill_self = [sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"]
+
+    async def go(ex, backend) -> None:
+        ex.open_trajectory("a", "t", 0.25)
+        _, out = await ex.run(_action("k1", "a", kill_self))
+        assert out.status == "failed" and out.exit_code == -9, out
+        assert out.error.startswith("killed by signal 9 (SIGKILL)"), out
+        counted = backend._memory.cages is not None  # (root, cgroup v1)
+        assert ("counted no OOM kill" if counted else "no memory cgroup") in out.error, out
+        _, out = await ex.run(_action("k2", "a", ["sh", "-c", "exit 3"]))  # its own exit
+        assert (out.status, out.exit_code, out.error) == ("ok", 3, ""), out
+
+    _backend_run(tmp_path, go)
+
+
+def test_a_shed_ends_its_actions_oom_whatever_the_wall_clock_did(tmp_path, monkeypatch):
+    """A shed kills a running action's command: ``oom``, even when the wall clock stepped
+    back between the action's start and the shed (NTP, a VM restored from a snapshot). The
+    shed was told from the command's own end by comparing two ``time.time()`` readings:
+    stepped back, the kill ended ``ok``, exit -9."""
+    import asyncio
+
+    from helpers import until
+
+    from tangram.protocol import Shed
+
+    # holds 20 MB (written: resident), says so in a file of its work directory, then waits
+    hold = [sys.executable, "-c", "import pathlib, time; b = b'x' * (20 << 20); "
+            "pathlib.Path('held').write_text('held'); time.sleep(600)"]
+
+    async def go(ex, backend) -> None:
+        ex.open_trajectory("a", "t", 0.25)
+        running = asyncio.ensure_future(ex.run(_action("h1", "a", hold)))
+        held = backend.workdir("a") / "held"
+        await until(held.exists, 300, f"the command holding its memory ({held})",
+                    seen=lambda: running.done() and running.result())
+        stepped = time.time() - 3600
+        with monkeypatch.context() as m:
+            m.setattr(time, "time", lambda: stepped)
+            assert backend.shed(Shed("local", 0.1, 0.3)) == "a"
+        _, out = await running
+        assert out.status == "oom" and "short of memory" in out.error, out
+
+    _backend_run(tmp_path, go)
+
+
+def test_a_cancelled_command_ends_cancelled_not_ok(tmp_path):
+    """A cancel's SIGKILL is ours: ``cancelled`` (it was ``ok``, exit -9; the server said
+    ``cancelled`` over it, an executor in process did not), and not the unexplained
+    SIGKILL's ``failed`` either."""
+    import asyncio
+
+    from helpers import until
+
+    wait = [sys.executable, "-c", "import pathlib, time; pathlib.Path('up').write_text('up'); "
+            "time.sleep(600)"]
+
+    async def go(ex, backend) -> None:
+        ex.open_trajectory("a", "t", 0.25)
+        running = asyncio.ensure_future(ex.run(_action("c1", "a", wait)))
+        up = backend.workdir("a") / "up"
+        await until(up.exists, 300, f"the command started ({up})",
+                    seen=lambda: running.done() and running.result())
+        assert ex.cancel("c1")
+        _, out = await running
+        assert (out.status, out.exit_code) == ("cancelled", -9), out
+
+    _backend_run(tmp_path, go)
+
+
+def test_a_command_its_backends_shutdown_killed_fails_saying_so(tmp_path):
+    """The shutdown's SIGKILL is ours too: ``failed``, saying the backend shut down (as the
+    server records what its shutdown cut short), not an unexplained SIGKILL."""
+    import asyncio
+
+    from helpers import until
+
+    wait = [sys.executable, "-c", "import pathlib, time; pathlib.Path('up').write_text('up'); "
+            "time.sleep(600)"]
+
+    async def go(ex, backend) -> None:
+        ex.open_trajectory("a", "t", 0.25)
+        running = asyncio.ensure_future(ex.run(_action("s1", "a", wait)))
+        up = backend.workdir("a") / "up"
+        await until(up.exists, 300, f"the command started ({up})",
+                    seen=lambda: running.done() and running.result())
+        backend.shutdown()
+        _, out = await running
+        assert (out.status, out.exit_code) == ("failed", -9), out
+        assert "shut down" in out.error, out
+
+    _backend_run(tmp_path, go)

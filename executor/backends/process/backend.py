@@ -34,7 +34,7 @@ from typing import BinaryIO, cast
 from urllib.parse import quote
 
 from executor.backends.process import marks, spawner
-from executor.backends.process.cage import Cages, MemoryLimits
+from executor.backends.process.cage import Before, Cages, MemoryLimits
 from executor.backends.process.fork import Freezes, run_fork
 from executor.backends.process.reaper import Leftovers, Reaper, clean
 from executor.backends.process.scratch import AREA, Scratches
@@ -204,6 +204,8 @@ class ProcessBackend:
         self._cancelled_starting: set[str] = set()
         #: running actions a cancel reached: their whole tree is ended before their outcome
         self._cancelled: set[str] = set()
+        #: shutdown killed what still ran: those commands end failed, saying so (_killed)
+        self._shutting_down = False
         #: running action -> its own cgroup (executor/backends/process/tree.py)
         self._groups: dict[str, ActionGroup] = {}
         self._tasks: set[asyncio.Task] = set()
@@ -409,7 +411,7 @@ class ProcessBackend:
         uid = self._uid(d.action.trajectory)
         env = self._command_env(d, cores, mark, cwd, uid)
         env.update(self._scratch.env(self._private(d.action.trajectory)))
-        kills = self._memory.kills(d.action.trajectory)
+        before = self._memory.before(d.action.trajectory)
         aid = d.action.id
         group = self._action_group(d.action.trajectory)
         try:
@@ -445,6 +447,7 @@ class ProcessBackend:
             output = await self._drain(proc, watched, reader, mark, group, stop)
             if aid in self._cancelled and not stop:  # a cancel during the drain
                 await asyncio.to_thread(self._end_tree, proc, mark, group)
+            was_cancelled = aid in self._cancelled
         finally:
             self._procs.pop(aid, None)
             self._action_marks.pop(aid, None)
@@ -455,14 +458,47 @@ class ProcessBackend:
         t_exited = time.time()
         extra = {"argv": argv, "cores": sorted(cores), "spawn_s": t_spawned - t_start,
                  "t_spawned": t_spawned, "t_exited": t_exited}
-        oom = self._memory.ended_for_memory(d.action.trajectory, kills, t_start)
+        # (read now that the command was reaped: a shed and the kernel both count a memory
+        # kill before they send its SIGKILL, executor/backends/process/cage.py)
+        oom = self._memory.ended_for_memory(d.action.trajectory, before)
         if oom:
             on_done(Outcome(d.action.id, "oom", proc.returncode,
                             output[-MAX_OUTPUT:].decode(errors="replace"), oom,
                             t_spawned - t_start, extra))
             return
+        killed = self._killed(d, proc.returncode, timed_out, was_cancelled, before)
+        if killed is not None:
+            status, error = killed
+            on_done(Outcome(d.action.id, status, proc.returncode,
+                            output[-MAX_OUTPUT:].decode(errors="replace"), error,
+                            t_spawned - t_start, extra))
+            return
         on_done(outcome_of(d, proc.returncode, output, timed_out, timeout or 0, extra,
                            overhead_s=t_spawned - t_start))
+
+    def _killed(self, d: Dispatch, code: int | None, timed_out: bool, cancelled: bool,
+                before: Before) -> tuple[str, str] | None:
+        """The status and error of a command killed by a signal this backend sent (a
+        cancel, its shutdown) or by a SIGKILL nothing here explains; None for a command
+        that ended on its own, or by its timeout (:func:`outcome_of`) - a memory kill was
+        told apart before (``oom``).
+
+        A SIGKILL is not an end to report ``ok``: no command can catch it, and the
+        kernel's OOM killer, a shed, a timeout and a cancel all end a command with it. One
+        that none of ours explains - another process, an OOM killer outside the
+        kernel's count, a kernel kill in a trajectory without a memory cgroup - fails,
+        naming the signal, rather than passing for a command that ran to its end."""
+        if code is None or code >= 0 or timed_out:
+            return None
+        if cancelled:
+            return "cancelled", "cancelled"
+        if self._shutting_down:  # (as the server records what its shutdown cut short)
+            return "failed", "the process backend shut down before this command finished"
+        if code != -signal.SIGKILL:
+            return None  # the command's own crash (SIGSEGV, SIGABRT...): its exit code says so
+        return "failed", ("killed by signal 9 (SIGKILL), not by tangram (no timeout, cancel "
+                          "or memory shed of its sandbox); "
+                          + self._memory.unknown_kill(d.action.trajectory, before))
 
     def _action_group(self, trajectory: str) -> ActionGroup | None:
         """A cgroup for an action of ``trajectory``; None where there are none, or this one
@@ -704,6 +740,7 @@ class ProcessBackend:
         self._reaper.add(left)
 
     def shutdown(self) -> None:
+        self._shutting_down = True  # (what it kills now is not an unexplained SIGKILL)
         for proc in list(self._procs.values()):
             self._kill_group(proc)
         if not self._reaper.drain(REAPER_DRAIN_S):
@@ -727,7 +764,7 @@ class ProcessBackend:
         if shed is None:
             return None
         worst, why = shed
-        self._memory.shed(worst, time.time(), why)
+        self._memory.shed(worst, why)  # (counted before the kill: its actions end oom)
         self._kill_trajectory(worst)
         return worst
 

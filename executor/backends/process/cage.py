@@ -29,7 +29,12 @@ address space merely reserved, and stops a JVM or a many-threaded program from s
 
 The kernel counts each OOM kill in the victim's own cgroup, whichever limit was passed
 (the trajectory's, an enclosing container's, or the machine's): :meth:`Cage.oom_kills`
-read before and after an action tells the backend it ended ``oom``.
+read before and after an action tells the backend it ended ``oom``. The count is raised
+before the kill's SIGKILL is sent (mm/oom_kill.c: "Raise event before sending signal: task
+reaper must see this"), so a read once the command was reaped sees it: no wait needed. A
+shed (:meth:`MemoryLimits.shed`) is counted the same way, before its SIGKILL, and compared
+the same way: by count, not by the wall clock, which may step back between an action's
+start and the shed (NTP, a VM restored from a snapshot) and made the shed's kill an ``ok``.
 """
 
 from __future__ import annotations
@@ -170,6 +175,17 @@ def _remove_stale(own: Path) -> None:
             Cages(d).close()
 
 
+@dataclass(frozen=True)
+class Before:
+    """A trajectory's memory kills so far, read as an action's command starts: what
+    :meth:`MemoryLimits.ended_for_memory` compares the action's end with."""
+
+    #: OOM kills the kernel counted in its cgroup (-1: it has none, or it was unreadable)
+    kills: int
+    #: times it was shed (:meth:`MemoryLimits.shed`)
+    sheds: int
+
+
 class MemoryLimits:
     """The process backend's memory bounds, per trajectory: its cgroup (or its limit for
     ``RLIMIT_DATA``), what its actions' exec chains start with, and whether an action
@@ -180,8 +196,9 @@ class MemoryLimits:
         self.cages = Cages.here(run_mark)
         self._limit: dict[str, int] = {}
         self._cage: dict[str, Cage] = {}
-        #: trajectory -> (when it was shed, why): its actions started before end ``oom``
-        self._shed: dict[str, tuple[float, str]] = {}
+        #: trajectory -> (how many times it was shed, why the last time): an action that
+        #: saw fewer when its command started was running when one came, and ends ``oom``
+        self._shed: dict[str, tuple[int, str]] = {}
         self._names = 0
 
     def open(self, trajectory: str, mem_gb: float | None) -> None:
@@ -223,31 +240,50 @@ class MemoryLimits:
             resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
         Path("/proc/self/oom_score_adj").write_text(str(OOM_SCORE_ADJ))
 
-    def kills(self, trajectory: str) -> int:
-        """The trajectory's OOM kills so far (read before an action starts)."""
+    def before(self, trajectory: str) -> Before:
+        """What an action's end is compared with: read before its command starts."""
         cage = self._cage.get(trajectory)
-        return cage.oom_kills() if cage is not None else -1
+        sheds = self._shed.get(trajectory, (0, ""))[0]
+        return Before(cage.oom_kills() if cage is not None else -1, sheds)
 
-    def ended_for_memory(self, trajectory: str, kills_before: int, t_start: float) -> str:
-        """Why an action of ``trajectory`` started at ``t_start`` ended for memory ("":
-        it did not)."""
-        shed = self._shed.get(trajectory)
-        if shed is not None and shed[0] >= t_start:
-            return shed[1]
+    def ended_for_memory(self, trajectory: str, before: Before) -> str:
+        """Why an action of ``trajectory`` ended for memory ("": it did not), ``before``
+        read as its command started; asked once its command was reaped."""
+        sheds, why = self._shed.get(trajectory, (0, ""))
+        if sheds > before.sheds:
+            return why
         cage = self._cage.get(trajectory)
-        if cage is not None and kills_before >= 0 and cage.oom_kills() > kills_before:
+        if cage is not None and before.kills >= 0 and cage.oom_kills() > before.kills:
             return (f"out of memory: the kernel killed a process of the command (the "
                     f"trajectory's limit is {cage.limit_bytes / 1024**3:g} GB, its mem_gb; "
                     "or the machine ran short and its commands were the first to go)")
         return ""
+
+    def unknown_kill(self, trajectory: str, before: Before) -> str:
+        """For a command of ``trajectory`` that died by SIGKILL when no shed and no OOM kill
+        counted explains it: what its memory count tells of who killed it."""
+        cage = self._cage.get(trajectory)
+        if cage is None:
+            return ("its trajectory has no memory cgroup to count a kernel OOM kill in (a "
+                    "data limit per process instead): the kernel's OOM killer, a process "
+                    "(its own or another), or an OOM killer outside the kernel killed it")
+        if before.kills < 0 or cage.oom_kills() < 0:
+            return (f"its memory cgroup's OOM kill count ({cage.path}/memory.oom_control) "
+                    "could not be read: the kernel's OOM killer, a process (its own or "
+                    "another), or an OOM killer outside the kernel killed it")
+        return ("its memory cgroup counted no OOM kill: a process (its own or another), or "
+                "an OOM killer outside the kernel (a supervisor's), killed it")
 
     def used_bytes(self, trajectory: str) -> int | None:
         """What the trajectory's cgroup holds (None: it has none)."""
         cage = self._cage.get(trajectory)
         return cage.used_bytes() if cage is not None else None
 
-    def shed(self, trajectory: str, t: float, why: str) -> None:
-        self._shed[trajectory] = (t, why)
+    def shed(self, trajectory: str, why: str) -> None:
+        """``trajectory`` is being shed: counted here before its commands are killed, so
+        that every action running then ends ``oom`` with ``why``, however soon it is
+        reaped."""
+        self._shed[trajectory] = (self._shed.get(trajectory, (0, ""))[0] + 1, why)
 
     def close(self, trajectory: str) -> Cage | None:
         """Forget ``trajectory``; its cgroup, to remove once its processes are gone."""
