@@ -283,7 +283,7 @@ class MalleableNodePool(CpuNodePool):
                 free = scratch
                 head = next(heads, None)
                 continue
-            trial = self._shrunk_for(now, head, run, units, free, domain, cost)
+            trial = self._shrunk_for(now, head, units, free, domain, cost)
             if trial is None:
                 break
             need, loss, shrunk = trial
@@ -323,12 +323,12 @@ class MalleableNodePool(CpuNodePool):
                     best = _Step(aid, nxt, nxt - u, value, left)
         return best
 
-    def _shrunk_for(self, now: float, head: Pending, run: float, units: dict[str, int],
-                    free: list[int], domain: dict[str, int], cost: float
+    def _shrunk_for(self, now: float, head: Pending, units: dict[str, int], free: list[int],
+                    domain: dict[str, int], cost: float
                     ) -> tuple[int, float, dict[str, int]] | None:
-        """Running grants shrunk, the cheapest per core first, so ``head`` (expected to run
-        ``run`` s) fits: (the cores it needs from them, what the objective loses, the
-        grants' units then); None: they cannot give as many."""
+        """Running grants shrunk, the cheapest per core first, so ``head`` fits: (the cores
+        it needs from them, what the objective loses, the grants' units then); None: they
+        cannot give as many."""
         give = [0] * len(free)
         for aid, u in units.items():
             give[domain[aid]] += u - self._progress[aid].pending.key_min
