@@ -78,7 +78,9 @@ def run_sim(workload: str, policy: str, n: int, seed: int) -> str:
         result = simulate(df, load_cluster(None), SimConfig(policy=policy, seed=seed))
     h, calls = state
     act = float(np.mean([r.act_s for r in result.records]))
-    return f"sim {workload} {policy} n={n} seed={seed} calls={calls} act={act:.6f} {h.hexdigest()[:16]}"
+    resized = sum(r.resized.count(";") + 1 for r in result.records if r.resized)
+    return (f"sim {workload} {policy} n={n} seed={seed} calls={calls} act={act:.6f} "
+            f"resized={resized} {h.hexdigest()[:16]}")
 
 
 def main(argv: list[str]) -> None:
@@ -86,9 +88,12 @@ def main(argv: list[str]) -> None:
         for n, seed in ((2048, 0), (2048, 1), (300, 0), (300, 7)):
             print(run(name, build, n, seed), flush=True)
     for workload, policy in (("mixed", "tangram"), ("coding", "tangram"), ("coding", "k8s"),
-                             ("coding", "fixed-dop:2"), ("deepsearch", "tangram"),
-                             ("mopd", "static")):
+                             ("coding", "fixed-dop:2"), ("coding", "tangram-rigid"),
+                             ("deepsearch", "tangram"), ("mopd", "static")):
         print(run_sim(workload, policy, 24, 3), flush=True)
+    # resize-heavy (issue 49): a larger coding batch, where malleable grants grow and
+    # shrink thousands of times
+    print(run_sim("coding", "tangram", 128, 5), flush=True)
 
 
 if __name__ == "__main__":
