@@ -101,6 +101,8 @@ class ActionIn(BaseModel):
     elastic: bool = Field(False, description="Cores are the key elastic resource (pytest -n).")
     t1_s: float | None = Field(None, ge=0, le=1e7, description="Profiled duration on one core (s).")
     parallel_fraction: float | None = Field(None, ge=0, le=1, description="Amdahl fraction of E(m).")
+    rigid: bool = Field(False, description="An elastic command that reads its core count once "
+                        "(e.g. from nproc): its grant is fixed at its start, never resized.")
     quota: dict[QuotaKey, Annotated[float, Field(gt=0, le=1e9)]] = Field(
         default_factory=dict, max_length=16, description="Quota key -> units.")
     timeout_s: float | None = Field(None, ge=MIN_TIMEOUT_S, le=MAX_TIMEOUT_S,
@@ -197,6 +199,8 @@ class ActionIn(BaseModel):
             timeout = self.timeout_s or (None if request else MAX_TIMEOUT_S)
             payload = {"argv": argv, "command": self.command, "request": request,
                        "timeout_s": timeout, "env": self.env}
+            if self.rigid:  # (read by tangram/cpu/malleable.py: never resized)
+                payload["rigid"] = True
         for key, units in self.quota.items():  # checked by _quota: never a base resource
             cost[quota_resource(key)] = Demand.fixed(units)
         elasticity = (Elasticity.amdahl(self.parallel_fraction)

@@ -200,6 +200,8 @@ class MalleableNodePool(CpuNodePool):
     def begin(self, p: Pending, units: int, now: float) -> int:
         if not self.grows or not p.elastic or not p.durations:
             return 0
+        if (p.action.payload or {}).get("rigid"):  # it reads its core count once: fixed
+            return 0
         table = p.durations
         cap = self.host.domain_size
         counts = [u for u in p.choices if u in table and u <= cap]
