@@ -394,8 +394,9 @@ class Tangram:
             p.batch_left.discard(action_id)
         last = not p.batch_left
         units = lease.units
+        observed = (outcome is None or outcome.ok) and p.batch_left is None
         if last:
-            if isinstance(pool, Resizable):  # (a resized run is observed at its mean width)
+            if observed and isinstance(pool, Resizable):  # (at its width over its run)
                 units = pool.closing(action_id, units, now)
             pool.ended(dispatch.action.id)
             self._release(pool, lease)
@@ -410,7 +411,7 @@ class Tangram:
                     pool.name, state.last_kind)
         if not last:  # the batch still holds the lease: nothing was freed
             return []
-        if (outcome is None or outcome.ok) and p.batch_left is None:
+        if observed:
             # a batch member's elapsed time is the batch's, not its own: not observed
             elapsed = now - dispatch.start_s - lease.restore_s
             lane = pool.lane

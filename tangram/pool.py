@@ -235,8 +235,8 @@ class Resizable(Protocol):
         ...
 
     def closing(self, action_id: str, units: int, now: float) -> int:
-        """``action_id`` (started on ``units``) ends at ``now``: the units its run should
-        be observed at (its width over its run), before the pool forgets it."""
+        """``action_id`` (started on ``units``) ended well at ``now``: the units its run
+        should be observed at (its width over its run), before the pool forgets it."""
         ...
 
 

@@ -116,7 +116,7 @@ class Progress:
     as of ``since``, at ``units`` cores with ``workers`` workers."""
 
     __slots__ = ("pending", "units", "workers", "left", "since", "start", "resizes",
-                 "unit_s", "_table", "_counts")
+                 "unit_s", "counts", "_table")
 
     def __init__(self, p: Pending, units: int, workers: int, now: float) -> None:
         self.pending = p
@@ -129,14 +129,15 @@ class Progress:
         #: the core-seconds it held (its width over its run: the units it is observed at)
         self.unit_s = 0.0
         self._table = p.durations
-        self._counts = tuple(u for u in p.choices if u in self._table)
+        #: its feasible unit counts its profile has a duration for, ascending
+        self.counts = tuple(u for u in p.choices if u in self._table)
 
     def duration(self, units: int) -> float:
         """Its expected duration at ``units`` cores (its profile at its widest count that
         uses at most ``units`` cores and ``workers`` workers)."""
         cap = min(units, self.workers)
-        best = self._counts[0]
-        for u in self._counts:
+        best = self.counts[0]
+        for u in self.counts:
             if u > cap:
                 break
             best = u
@@ -152,13 +153,13 @@ class Progress:
         return max(self.left_at(now), LEFT_FLOOR) * self.duration(units) + extra
 
     def steps_up(self, units: int) -> Iterator[int]:
-        for u in self._counts:
+        for u in self.counts:
             if units < u <= self.workers:
                 yield u
 
     def step_down(self, units: int) -> int | None:
         """The next count below ``units`` (None: ``units`` is its minimum)."""
-        below = [u for u in self._counts if self.pending.key_min <= u < units]
+        below = [u for u in self.counts if self.pending.key_min <= u < units]
         return below[-1] if below else None
 
     def resize(self, now: float, units: int, cost: float) -> None:
@@ -222,7 +223,7 @@ class MalleableNodePool(CpuNodePool):
         held = pr.unit_s + pr.units * (now - pr.since)
         width = held / elapsed if elapsed > 0 else float(pr.units)
         # (observed at the count of its profile nearest its mean width)
-        return min(pr._counts, key=lambda u: abs(u - width))
+        return min(pr.counts, key=lambda u: abs(u - width))
 
     def ended(self, action_id: str) -> None:
         self._progress.pop(action_id, None)  # (ended without closing: cancelled, a batch)
