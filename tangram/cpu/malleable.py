@@ -172,14 +172,13 @@ class Progress:
 
 @dataclass(frozen=True, slots=True)
 class _Step:
-    """A grant's step up or down: to ``units`` (``cores`` more or fewer), what it changes
-    in the objective per core, and (a step up) the time it leaves the action."""
+    """A grant's step up or down: to ``units`` (``cores`` more or fewer), and what it
+    changes in the objective per core."""
 
     aid: str
     units: int
     cores: int
     value: float
-    left: float = 0.0
 
 
 class MalleableNodePool(CpuNodePool):
@@ -267,22 +266,10 @@ class MalleableNodePool(CpuNodePool):
         heads = islice(self.queue, ROOM_HEADS)
         head = next(heads, None)
         taken = 0  # cores the heads admitted so far take from running grants
-        while True:
-            grow = self._best_growth(now, units, free, domain, cost)
-            if head is None or head.quotas:  # (a quota, not cores, holds a head back)
-                # idle cores go to running grants only once nothing is queued: the plan
-                # gives a head that fits its width first
-                if grow is None or self.queue:
-                    break
-                free[domain[grow.aid]] -= grow.cores
-                units[grow.aid] = grow.units
-                continue
-            if ends is None:
-                ends = self.expected_ends(now)
-            run = head.durations.get(head.key_min) or books.estimates.estimate(head)
-            age = now - head.submit_s
+        # (a head held by a quota, not by cores, ends the heads: freed cores would idle)
+        while head is not None and not head.quotas:
             scratch = list(free)
-            if self.fits_min(scratch, head):
+            if self.fits_min(scratch, head):  # (takes its minimum from ``scratch``)
                 free = scratch
                 head = next(heads, None)
                 continue
@@ -290,7 +277,12 @@ class MalleableNodePool(CpuNodePool):
             if trial is None:
                 break
             need, loss, shrunk = trial
+            # what it gains: it starts now, not when enough running actions end
+            if ends is None:
+                ends = self.expected_ends(now)
             wait = _wait_for(ends, taken + need, now)
+            run = head.durations.get(head.key_min) or books.estimates.estimate(head)
+            age = now - head.submit_s
             if flow_cost(age + wait + run) - flow_cost(age + run) <= loss:
                 break
             for aid, u in shrunk.items():
@@ -300,6 +292,12 @@ class MalleableNodePool(CpuNodePool):
             if not self.fits_min(free, head):  # (cannot happen: ``need`` was freed for it)
                 break
             head = next(heads, None)
+        if not self.queue:
+            # idle cores go to running grants only once nothing is queued (the plan gives
+            # a head that fits its width first)
+            while (grow := self._best_growth(now, units, free, domain, cost)) is not None:
+                free[domain[grow.aid]] -= grow.cores
+                units[grow.aid] = grow.units
         return self._apply(now, units, cost)
 
     def _best_growth(self, now: float, units: dict[str, int], free: list[int],
@@ -323,7 +321,7 @@ class MalleableNodePool(CpuNodePool):
                     continue
                 value = (here - flow_cost(age + left)) / (nxt - u)
                 if value > 0 and (best is None or value > best.value):
-                    best = _Step(aid, nxt, nxt - u, value, left)
+                    best = _Step(aid, nxt, nxt - u, value)
         return best
 
     def _shrunk_for(self, now: float, head: Pending, units: dict[str, int], free: list[int],
