@@ -5,9 +5,13 @@ tests/test_malleable_live.py, the docker backend's resize in tests/test_malleabl
 
 from __future__ import annotations
 
+import asyncio
+from pathlib import Path
+
 import numpy as np
 import pandas as pd
 import pytest
+from conftest import reachable_by_sandboxes
 from helpers import (
     cluster,
     counts,
@@ -24,6 +28,9 @@ from helpers import (
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from executor.backends.process.backend import ProcessBackend
+from executor.driver import LiveExecutor
+from executor.replay import OutputLog, RunFailed, until_failure
 from sim.clock import SimClock
 from sim.driver import SimConfig, simulate
 from sim.modelled import RESIZE_S, ModelledBackend
@@ -572,3 +579,45 @@ def test_without_a_driver_sink_a_failed_resize_raises():
     grow_scenario(rt, clock, {})
     with pytest.raises(Broken):
         clock.run()
+
+
+class ProcessResizeFails(ProcessBackend):
+    def resize(self, effect) -> None:
+        raise Broken("resize")
+
+
+def test_live_a_failed_resize_fails_its_action_and_stops_a_run(tmp_path: Path):
+    """As a failed move (tests/test_effect_failures.py), on the real process backend: a
+    test started on the core left grows when the other command ends, its resize raises:
+    the test is stopped and ends failed with the error (not left running on cores given
+    to others), the other command ends ok, a replay's wait stops with RunFailed, and the
+    executor goes on serving."""
+
+    async def main() -> tuple:
+        core = Tangram(cluster(cores=2))
+        reachable_by_sandboxes(tmp_path)
+        ex = LiveExecutor(core, OutputLog(ProcessResizeFails(tmp_path)))
+        assert ex.runtime.capabilities.resizes
+        for t in "abc":
+            ex.open_trajectory(t)
+        holder = ex.submit(Action("hold", "t", "a", "shell", {"cpu": Demand.fixed(1)},
+                                  t1_s=1.0, payload={"argv": ["sleep", "1"]}))
+        grower = ex.submit(Action("grow", "t", "b", "test_run", {"cpu": Demand.range(1, 2)},
+                                  elastic="cpu", t1_s=30.0, elasticity=Elasticity.amdahl(0.95),
+                                  payload={"argv": ["sleep", "300"]}))
+        with pytest.raises(RunFailed) as info:
+            await asyncio.wait_for(until_failure(ex, asyncio.gather(
+                asyncio.shield(holder), asyncio.shield(grower))), 120)
+        _, grown = await asyncio.wait_for(grower, 120)  # stopped: its outcome came
+        _, held = await asyncio.wait_for(holder, 120)
+        _, after = await asyncio.wait_for(ex.submit(Action(
+            "after", "t", "c", "shell", {"cpu": Demand.fixed(1)}, t1_s=1.0,
+            payload={"argv": ["true"]})), 120)
+        ex.shutdown()
+        return grown, held, after, str(info.value), core.snapshot(detail=False)
+
+    grown, held, after, message, snap = asyncio.run(main())
+    assert grown.status == "failed" and "Resized: Broken: resize" in grown.error, grown
+    assert held.status == "ok" and after.status == "ok"
+    assert "Resized of action 'grow' failed" in message
+    assert snap.usage["cpu"] == 0.0
