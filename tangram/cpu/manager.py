@@ -103,6 +103,8 @@ class CpuManager:
         #: ``_binding``, read-only and live: a router looks up thousands in a burst
         self.bound: Mapping[str, str] = MappingProxyType(self._binding)
         self._live: dict[str, CpuLease] = {}
+        #: a resized action -> its lease as reserved (what its holder releases: ``resize``)
+        self._reserved_as: dict[str, CpuLease] = {}
 
     # -- trajectories -------------------------------------------------------------
     def node_of(self, trajectory: str) -> str | None:
@@ -207,8 +209,8 @@ class CpuManager:
         """The live lease of ``action_id`` grown or shrunk to ``n`` cores (a malleable
         grant, tangram/cpu/malleable.py): it grows from its own NUMA domain (an elastic
         action's cores stay in one, as ``reserve`` placed them) and shrinks by its highest
-        cores. The new lease (it replaces the old one: releasing either releases it), or
-        None when its domain has not ``n`` cores for it."""
+        cores. The new lease (it replaces the old one: releasing it, or the lease as
+        reserved, releases it), or None when its domain has not ``n`` cores for it."""
         old = self._live[action_id]
         have = len(old.cores)
         if n < 1:
@@ -232,16 +234,22 @@ class CpuManager:
             return old
         lease = CpuLease(action_id, old.node, tuple(sorted(cores)))
         self._live[action_id] = lease
+        self._reserved_as.setdefault(action_id, old)
         return lease
 
     def release(self, lease: CpuLease) -> None:
         """Idempotent: a second release of the same lease does nothing. A lease that was
-        resized since (``resize``) releases the cores its action holds now."""
-        live = self._live.get(lease.action_id)
-        if live is None or live.node != lease.node:
-            return
-        lease = live
-        del self._live[lease.action_id]
+        resized since (``resize``) releases the cores its action holds now; a lease
+        released already does nothing, also once its action id holds a new one."""
+        aid = lease.action_id
+        live = self._live.get(aid)
+        if live is not lease:
+            if live is None or self._reserved_as.get(aid) is not lease:
+                return
+            lease = live
+        if self._reserved_as:
+            self._reserved_as.pop(aid, None)
+        del self._live[aid]
         host = self.nodes[lease.node]
         size = host.domain_size
         cores = lease.cores
@@ -286,6 +294,7 @@ class CpuManager:
         host.free_cores = 0
         for aid in [a for a, lease in self._live.items() if lease.node == name]:
             del self._live[aid]
+            self._reserved_as.pop(aid, None)
         lost = [t for t, node in self._binding.items() if node == name]
         for t in lost:
             del self._binding[t]

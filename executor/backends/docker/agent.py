@@ -494,8 +494,8 @@ def main(path: str, workdir: str = "/work") -> None:
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     server.bind(path + ".tmp")
     os.chmod(path + ".tmp", 0o600)
-    os.rename(path + ".tmp", path)  # appears only once it accepts connections
     server.listen(64)
+    os.rename(path + ".tmp", path)  # appears only once it accepts connections
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
     while True:
         conn, _ = server.accept()

@@ -296,8 +296,10 @@ class DockerBackend:
         self._actions: dict[str, tuple[Sandbox, str]] = {}
         #: running actions a cancel reached: their processes are ended before the outcome
         self._cancelled: set[str] = set()
-        #: resizes (tangram/cpu/malleable.py) that came before their action held its
-        #: sandbox: the cores its grant gets (``_held``), under ``_resize_lock``
+        #: running actions whose grant was resized (tangram/cpu/malleable.py): the cores
+        #: it has now, kept until the action ends (a resize that came before it held its
+        #: sandbox is applied then, ``_held``; a sandbox replaced mid-start gets them too),
+        #: under ``_resize_lock``
         self._resized: dict[str, list[int]] = {}
         self._resize_lock = threading.Lock()
         self._cancelling: set[str] = set()  # a cancel's kill pass in progress
@@ -996,7 +998,7 @@ class DockerBackend:
                 except docker.errors.APIError:
                     update_s = 0.0
                 self._running[aid] = box.container_id
-                self._held(aid, box, mark)
+                self._held(aid, box, mark, cores)
                 execute = self._agent_exec if box.socket else self._docker_exec
                 try:
                     code, output, t_exec, t_exited, timed_out, ooms = execute(
@@ -1055,7 +1057,7 @@ class DockerBackend:
                 grant = box.grants
                 aid, mark = d.action.id, env[ACTION_MARK]
                 self._running[aid] = box.container_id
-                self._held(aid, box, mark)
+                self._held(aid, box, mark, cores)
                 try:
                     result = await self._agent_exec_async(
                         box, argv, env, timeout, 0 if d.lease.lane else EXCLUSIVE_NICE)
@@ -1096,14 +1098,14 @@ class DockerBackend:
             except RuntimeError:  # shutting down: the container goes anyway
                 pass
 
-    def _held(self, aid: str, box: Sandbox, mark: str) -> None:
-        """``aid`` runs in ``box`` from now (a cancel or a resize finds it here); a resize
-        that came while it was being started applies now."""
+    def _held(self, aid: str, box: Sandbox, mark: str, granted: list[int]) -> None:
+        """``aid`` runs in ``box`` from now (a cancel or a resize finds it here), granted
+        ``granted``; a resize that came while it was being started applies now."""
         with self._resize_lock:
             self._actions[aid] = (box, mark)
-            cores = self._resized.pop(aid, None)
-        if cores is not None:
-            self._resize_box(box, cores)
+            cores = self._resized.get(aid)
+        if cores is not None and cores != granted:
+            self._resize_box(box, aid)
 
     def resize(self, effect: Resized) -> None:
         """Resizing (tangram.protocol): a running elastic action's grant grew or shrank
@@ -1111,24 +1113,35 @@ class DockerBackend:
         cores while it runs (its workers stay as many as it started: they share them)."""
         cores = sorted(self.cpu_map[c] for c in effect.cores)
         with self._resize_lock:
+            self._resized[effect.action_id] = cores
             held = self._actions.get(effect.action_id)
-            if held is None:  # not holding its sandbox yet (or ended: dropped at its end)
-                self._resized[effect.action_id] = cores
-                return
-        self._resize_box(held[0], cores)
+        if held is not None:  # (else not holding its sandbox yet: _held applies it)
+            self._resize_box(held[0], effect.action_id)
 
-    def _resize_box(self, box: Sandbox, cores: list[int]) -> None:
-        """The cgroup files written directly (on the loop, ~0.1 ms); where they cannot be,
-        the engine's update in a worker thread (~20 ms)."""
+    def _resize_box(self, box: Sandbox, aid: str) -> None:
+        """``aid``'s grant now (``_resized``) on its ``box``: the cgroup files written
+        directly (on the loop, ~0.1 ms); where they cannot be, the engine's update in a
+        worker thread (~20 ms)."""
         with box.lock:
-            if self._set_cpus(box, cores, len(cores) * PERIOD_US, engine=False):
+            cores = self._resized.get(aid)
+            if cores is None or self._set_cpus(box, cores, len(cores) * PERIOD_US,
+                                               engine=False):
                 return
         # (apart from the actions' threads, busy with long commands: as a cancel's kill)
-        self._killers.submit(self._resize_by_engine, box, cores)
+        self._killers.submit(self._resize_by_engine, box, aid)
 
-    def _resize_by_engine(self, box: Sandbox, cores: list[int]) -> None:
+    def _resize_by_engine(self, box: Sandbox, aid: str) -> None:
+        """``aid``'s grant as it is when this runs, while ``aid`` still holds ``box``: two
+        threads run these, so an update may run after a later one of the same action, or
+        after the action ended and the trajectory's next one was granted its cores."""
+        cores: list[int] | None = None
         try:
             with box.lock:
+                with self._resize_lock:
+                    held = self._actions.get(aid)
+                    cores = self._resized.get(aid)
+                if held is None or held[0] is not box or cores is None:
+                    return
                 self._set_cpus(box, cores, len(cores) * PERIOD_US)
         except docker.errors.APIError as e:  # (gone: its action ends as it ends)
             log.warning("resize of %s to cores %s failed: %s", box.container_id[:12], cores, e)
@@ -1141,7 +1154,7 @@ class DockerBackend:
         except CommandError as e:
             return Outcome(d.action.id, "failed", None, error=str(e))
         with self._resize_lock:  # (resized before it started: its grant now)
-            cores = (self._resized.pop(d.action.id, None)
+            cores = (self._resized.get(d.action.id)
                      or sorted(self.cpu_map[c] for c in d.lease.cores) or self.cpu_map)
         timeout = float(payload.get("timeout_s") or 0) or DEFAULT_TIMEOUT_S
         env = {k: str(v) for k, v in (payload.get("env") or {}).items()}
