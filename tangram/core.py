@@ -243,9 +243,21 @@ class Tangram:
             trajectories=MappingProxyType({
                 t: TrajectoryView(s.task, self._cpu_nodes.node_of(t), s.in_flight)
                 for t, s in self._trajectories.items()}),
-            running=MappingProxyType({aid: p.dispatch for aid, p in self._running.items()}),
+            running=MappingProxyType({aid: self._as_held(p) for aid, p in self._running.items()}),
             queues=self._queue_views(), quotas=self._quota_views(),
             **{k: v for side in self._figured for k, v in side.views().items()})  # type: ignore[arg-type]
+
+    @staticmethod
+    def _as_held(p: Pending) -> Dispatch:
+        """``p``'s dispatch with the cores it holds now (a malleable grant resized since it
+        started: tangram/cpu/malleable.py), as the status page draws them."""
+        d = p.dispatch
+        pool = p.pool
+        if isinstance(pool, Resizable):
+            cores = pool.cores_of(d.action.id)
+            if cores is not None:
+                return replace(d, lease=replace(d.lease, cores=cores, units=len(cores)))
+        return d
 
     def _queue_views(self) -> tuple[QueueView, ...]:
         def waiting(q: Iterable[Pending]) -> tuple[Waiting, ...]:

@@ -234,6 +234,10 @@ class Resizable(Protocol):
         """``p`` starts on ``units``: the workers its command starts (0: its units)."""
         ...
 
+    def cores_of(self, action_id: str) -> tuple[int, ...] | None:
+        """The cores a running grant holds now, if it was resized (None: as it started)."""
+        ...
+
     def closing(self, action_id: str, units: int, now: float) -> int:
         """``action_id`` (started on ``units``) ended well at ``now``: the units its run
         should be observed at (its width over its run), before the pool forgets it."""

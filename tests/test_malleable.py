@@ -236,6 +236,9 @@ def test_a_test_started_narrow_grows_once_the_node_frees_and_nothing_is_queued()
     assert out == [Resized("r", "n0", (0, 1, 2, 3))]
     assert counts(core).counters["grants_resized"] == 1
     assert cpu_node(core, "n0").free == frozenset()
+    # what the status page draws: the cores it holds now, not those it started on
+    held = core.snapshot().running["r"].lease
+    assert held.cores == (0, 1, 2, 3) and held.units == 4
 
 
 def test_a_test_does_not_grow_while_something_is_queued():

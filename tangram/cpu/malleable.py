@@ -212,6 +212,10 @@ class MalleableNodePool(CpuNodePool):
         self._progress[p.action.id] = Progress(p, units, workers, now)
         return workers
 
+    def cores_of(self, action_id: str) -> tuple[int, ...] | None:
+        pr = self._progress.get(action_id)
+        return self.manager.lease_of(action_id).cores if pr and pr.resizes else None
+
     def closing(self, action_id: str, units: int, now: float) -> int:
         pr = self._progress.pop(action_id, None)
         if pr is None or not pr.resizes:
