@@ -123,10 +123,9 @@ JUDGE = tuple(Competitor(f"baseline judge {r or 'fill'} x {g} GPUs", "baseline",
 
 #: per workload: the competitors simulated (beside ``tangram``)
 COMPETITORS: dict[str, tuple[Competitor, ...]] = {
-    # tangram-rigid: the default with grants fixed at an action's start (issue 49's
-    # ablation row: what malleable grants change)
+    # tangram-malleable: the default with malleable CPU grants (issue 49), a variant row
     "coding": (Competitor("tangram-paper", "tangram-paper"),
-               Competitor("tangram-rigid", "tangram-rigid"), *FIXED, *_k8s()),
+               Competitor("tangram-malleable", "tangram-malleable"), *FIXED, *_k8s()),
     "mopd": (Competitor("tangram-paper", "tangram-paper"),
              *(Competitor(a, a) for a in ABLATIONS), *STATIC, Competitor("serverless", "serverless")),
 }
@@ -144,14 +143,14 @@ ALIASES: dict[str, dict[str, str]] = {
                "baseline": "k8s 4c -n 1",
                **{s.label: "tangram" for s in (*STATIC, *JUDGE)}},
     "mopd": {**{f.label: "tangram" for f in FIXED}, **{k.label: "tangram" for k in _k8s()},
-             "k8s": "tangram", "tangram-rigid": "tangram", "per-trajectory-api": "tangram",
+             "k8s": "tangram", "tangram-malleable": "tangram", "per-trajectory-api": "tangram",
              "static": "static 4 GPUs, replicas round-robin",
              "baseline": "static 4 GPUs x 1 each (paper)",
              **{j.label: "static 4 GPUs x 1 each (paper)" for j in JUDGE}},
 }
 ALIASES["deepsearch"] = {**{f.label: "tangram" for f in FIXED},
                          **{k.label: "tangram" for k in _k8s()}, "k8s": "tangram",
-                         "tangram-rigid": "tangram",
+                         "tangram-malleable": "tangram",
                          "static": "static 4 GPUs, replicas round-robin",
                          "baseline": "baseline judge 5 x 4 GPUs"}
 ALIASES["mixed"] = ALIASES["deepsearch"]

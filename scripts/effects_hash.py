@@ -88,12 +88,12 @@ def main(argv: list[str]) -> None:
         for n, seed in ((2048, 0), (2048, 1), (300, 0), (300, 7)):
             print(run(name, build, n, seed), flush=True)
     for workload, policy in (("mixed", "tangram"), ("coding", "tangram"), ("coding", "k8s"),
-                             ("coding", "fixed-dop:2"), ("coding", "tangram-rigid"),
+                             ("coding", "fixed-dop:2"), ("coding", "tangram-malleable"),
                              ("deepsearch", "tangram"), ("mopd", "static")):
         print(run_sim(workload, policy, 24, 3), flush=True)
     # resize-heavy (issue 49): a larger coding batch, where malleable grants grow and
     # shrink thousands of times
-    print(run_sim("coding", "tangram", 128, 5), flush=True)
+    print(run_sim("coding", "tangram-malleable", 128, 5), flush=True)
 
 
 if __name__ == "__main__":

@@ -68,8 +68,8 @@ def main() -> None:
                 k, runs = json.loads(line)
                 cache[k] = runs
     missing = [c for c in todo if _key(c) not in cache]
-    # the default and its ablation row change with the core: never cached
-    ours = [Competitor("tangram", "tangram"), Competitor("tangram-rigid", "tangram-rigid")]
+    # the default and its malleable variant change with the core: never cached
+    ours = [Competitor("tangram", "tangram"), Competitor("tangram-malleable", "tangram-malleable")]
     uncached = {c.label for c in ours}
     with ProcessPoolExecutor(max_workers=a.workers) as pool:
         if missing:

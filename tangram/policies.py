@@ -81,9 +81,8 @@ class Policy:
     name: ClassVar[str] = "tangram"
     description: ClassVar[str] = (
         "action-level elastic scheduling with our extensions: closed-loop arrivals, "
-        "malleable CPU grants (a running test grows onto cores that free up, shrinks for "
-        "arrivals), restore-aware DP, squared completion times (the tail as well as the "
-        "mean) (default)")
+        "bounded waiting for a wider grant, restore-aware DP, squared completion times "
+        "(the tail as well as the mean) (default)")
     #: who admits API calls: the quota manager, or the provider (429s, retries)
     api: ClassVar[ApiSide] = TangramAdmits()
     #: when a trajectory's environment (container, pod) starts
@@ -94,7 +93,7 @@ class Policy:
     ordering: str = "fcfs"
     #: ``sef`` ordering: an action waiting this long jumps ahead of younger ones
     max_wait_s: float = 30.0
-    cpu: CpuSide = field(default_factory=MalleableCores)
+    cpu: CpuSide = field(default_factory=SharedCores)
     gpu: GpuSide = field(default_factory=SharedGpus)
 
     def __post_init__(self) -> None:
@@ -155,11 +154,14 @@ class Policy:
 
 
 @dataclass(frozen=True)
-class RigidPolicy(Policy):
-    name: ClassVar[str] = "tangram-rigid"
-    description: ClassVar[str] = ("ablation: tangram with grants fixed at an action's start "
-                                  "(a head may wait for a wider grant instead)")
-    cpu: CpuSide = field(default_factory=SharedCores)
+class MalleablePolicy(Policy):
+    name: ClassVar[str] = "tangram-malleable"
+    description: ClassVar[str] = (
+        "tangram with malleable CPU grants (issue 49): a running elastic test grows onto "
+        "cores that free up and shrinks to admit arrivals, where the backend re-pins it "
+        "(process, docker). Not the default: better on the quick regret matrix, worse on "
+        "mean ACT at the paper's size (docs/evidence/decisions.md)")
+    cpu: CpuSide = field(default_factory=MalleableCores)
 
 
 @dataclass(frozen=True)
@@ -181,9 +183,7 @@ class PaperPolicy(Policy):
     name: ClassVar[str] = "tangram-paper"
     description: ClassVar[str] = ("the paper's Alg. 1-2 rules: the objective sees only the "
                                   "queue, no waiting, durations-only DP; the paper's GPU "
-                                  "placement (no residency affinity); grants fixed at "
-                                  "an action's start")
-    cpu: CpuSide = field(default_factory=SharedCores)
+                                  "placement (no residency affinity)")
     gpu: GpuSide = field(default_factory=PaperGpus)
 
     def scheduler(self) -> ElasticScheduler:
@@ -257,7 +257,7 @@ class BaselinePolicy(Policy):
 
 #: every policy, by the name `tangram policies` lists
 REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (
-    Policy, RigidPolicy, PaperPolicy, K8sPolicy, StaticPolicy, ServerlessPolicy, FixedDopPolicy,
+    Policy, MalleablePolicy, PaperPolicy, K8sPolicy, StaticPolicy, ServerlessPolicy, FixedDopPolicy,
     PerTrajectoryApiPolicy, BaselinePolicy, NoAffinityPolicy, NoOrderingPolicy)}
 
 #: the parameters a user may set, and which part of a policy each belongs to

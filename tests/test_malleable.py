@@ -176,7 +176,7 @@ def test_no_core_is_granted_twice_through_resizes_and_releases(shape, ops):
 
 
 # -- the core ---------------------------------------------------------------------------------
-def core_of(policy: str = "tangram", resizes: bool = True, **spec) -> Tangram:
+def core_of(policy: str = "tangram-malleable", resizes: bool = True, **spec) -> Tangram:
     core = Tangram(cluster(**spec), make_policy(policy))
     if resizes:
         core.handle(RESIZES, 0.0)
@@ -207,19 +207,19 @@ def scenario(core: Tangram) -> list:
     return out
 
 
-def test_without_a_resizing_backend_the_default_policy_is_the_rigid_one():
-    """Not attached to a backend that re-pins: the same effects as tangram-rigid, no
+def test_without_a_resizing_backend_the_malleable_policy_is_the_default_one():
+    """Not attached to a backend that re-pins: the same effects as tangram (grants fixed), no
     Resized, workers 0 (its command starts as many workers as cores); attached, the
     same scenario resizes (so the comparison can tell them apart)."""
-    default = scenario(core_of("tangram", resizes=False, cores=4))
-    rigid = scenario(core_of("tangram-rigid", resizes=False, cores=4))
+    default = scenario(core_of("tangram-malleable", resizes=False, cores=4))
+    rigid = scenario(core_of("tangram", resizes=False, cores=4))
     assert default == rigid
     flat = [e for step in default for e in step]
     assert not resized(flat) and all(d.workers == 0 for d in dispatched(flat))
-    attached = scenario(core_of("tangram", cores=4))
+    attached = scenario(core_of("tangram-malleable", cores=4))
     assert resized([e for step in attached for e in step])
-    # tangram-rigid attached to a resizing backend: still no resize
-    rigid_attached = scenario(core_of("tangram-rigid", cores=4))
+    # tangram (grants fixed) attached to a resizing backend: still no resize
+    rigid_attached = scenario(core_of("tangram", cores=4))
     assert rigid_attached == rigid
 
 
@@ -307,7 +307,7 @@ def test_an_arrival_is_admitted_by_a_shrink_in_the_same_effects_never_below_the_
 def test_workers_are_the_fastest_count_of_the_declared_profile_within_the_numa_domain():
     """Two domains of 4 cores. An Amdahl profile over 1-8 is fastest at 8: 4 workers (its
     domain: its cores never leave it). A table whose 3 is fastest: 3 workers. Under
-    tangram-rigid, and for a non-elastic action: 0 (as many workers as cores)."""
+    tangram (grants fixed), and for a non-elastic action: 0 (as many workers as cores)."""
     def start(policy: str, action: Action) -> Dispatch:
         core = core_of(policy, cores=8, numa=2)
         open_trajectory(core, action.trajectory)
@@ -315,13 +315,13 @@ def test_workers_are_the_fastest_count_of_the_declared_profile_within_the_numa_d
         return d
 
     amdahl = test_run("a", 40.0, lo=1, hi=8, p=0.95, aid="amdahl")
-    assert start("tangram", amdahl).workers == 4
+    assert start("tangram-malleable", amdahl).workers == 4
     table = Elasticity.from_table({1: 1.0, 2: 0.9, 3: 0.8, 4: 0.5})  # 3: t1/2.4, 4: t1/2
     third = Action("third", "t", "a", "test_run", {"cpu": Demand.range(1, 4)}, elastic="cpu",
                    t1_s=40.0, elasticity=table)
-    assert start("tangram", third).workers == 3
-    assert start("tangram-rigid", amdahl).workers == 0
-    assert start("tangram", shell("a", t1=5.0, cores=2, aid="plain")).workers == 0
+    assert start("tangram-malleable", third).workers == 3
+    assert start("tangram", amdahl).workers == 0
+    assert start("tangram-malleable", shell("a", t1=5.0, cores=2, aid="plain")).workers == 0
 
 
 def test_a_grant_grows_no_wider_than_its_workers():
@@ -465,9 +465,9 @@ def test_simulated_resizes_are_recorded_and_retime_the_action_exactly():
     shrinks for the late command: its record lists each change, and it ends where the
     model says: its progress at its true speed on each width (W workers on c cores go as
     min(c, W) would, each worker's start-up paid), paused RESIZE_S per resize. Under
-    tangram-rigid nothing is resized."""
+    tangram (grants fixed) nothing is resized."""
     df = trace()
-    result = simulate(df, NODE, SimConfig(policy="tangram"))
+    result = simulate(df, NODE, SimConfig(policy="tangram-malleable"))
     recs = {r.action_id: r for r in result.records}
     assert all(r.status == "ok" for r in recs.values())
     hold, grow = recs["hold#0"], recs["grow#0"]
@@ -510,7 +510,7 @@ def test_simulated_resizes_are_recorded_and_retime_the_action_exactly():
     # (not the end it would have had on one core throughout)
     assert grow.end_s < grow.start_s + grow.overhead_s + true_s(1)
 
-    rigid = simulate(df, NODE, SimConfig(policy="tangram-rigid"))
+    rigid = simulate(df, NODE, SimConfig(policy="tangram"))
     assert [r.resized for r in rigid.records] == [""] * len(rigid.records)
     assert rigid.snapshot.counters["grants_resized"] == 0
 
@@ -557,7 +557,7 @@ def test_a_resize_that_fails_ends_its_action_failed_and_the_runtime_goes_on(back
     ends failed with the error, the driver is told, its cores come back, and the next
     action runs."""
     clock, seen, results = SimClock(), [], {}
-    core = Tangram(cluster(cores=2))
+    core = Tangram(cluster(cores=2), make_policy("tangram-malleable"))
     model = (ResizeFails if backend == "resize-raises" else ModelledBackend)(
         clock, np.random.default_rng(0))
     rt = Runtime(core, clock, NoResize(model) if backend == "no-resize" else model,
@@ -577,7 +577,7 @@ def test_a_resize_that_fails_ends_its_action_failed_and_the_runtime_goes_on(back
 def test_without_a_driver_sink_a_failed_resize_raises():
     """A simulation has no one to tell: a backend's failed resize is a bug, raised."""
     clock = SimClock()
-    rt = Runtime(Tangram(cluster(cores=2)), clock,
+    rt = Runtime(Tangram(cluster(cores=2), make_policy("tangram-malleable")), clock,
                  ResizeFails(clock, np.random.default_rng(0)))
     grow_scenario(rt, clock, {})
     with pytest.raises(Broken):
@@ -597,7 +597,7 @@ def test_live_a_failed_resize_fails_its_action_and_stops_a_run(tmp_path: Path):
     executor goes on serving."""
 
     async def main() -> tuple:
-        core = Tangram(cluster(cores=2))
+        core = Tangram(cluster(cores=2), make_policy("tangram-malleable"))
         reachable_by_sandboxes(tmp_path)
         ex = LiveExecutor(core, OutputLog(ProcessResizeFails(tmp_path)))
         assert ex.runtime.capabilities.resizes

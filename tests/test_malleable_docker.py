@@ -28,6 +28,7 @@ from executor.driver import LiveExecutor
 from executor.node.local import local_cluster
 from tangram.core import Tangram
 from tangram.model import Action, Demand, Dispatch, Elasticity, Lease
+from tangram.policies import make_policy
 from tangram.protocol import Resized
 
 pytestmark = pytest.mark.skipif(len(os.sched_getaffinity(0)) < 2,
@@ -322,7 +323,7 @@ def test_a_test_started_on_the_core_left_grows_in_its_container_when_the_other_f
         pytest.skip("the scenario fills a node of exactly two cores")
 
     async def go() -> None:
-        ex = LiveExecutor(Tangram(local_cluster()), backend)
+        ex = LiveExecutor(Tangram(local_cluster(), make_policy("tangram-malleable")), backend)
         ex.open_trajectory("hold", "t", 0.25)
         ex.open_trajectory("grow", "t", 0.25)
         holder = ex.submit(Action("h", "t", "hold", "shell", {"cpu": Demand.fixed(1)},

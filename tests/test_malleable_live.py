@@ -72,7 +72,8 @@ def http(tmp_path_factory):
     own = os.sched_getaffinity(0)
     os.sched_setaffinity(0, sorted(own)[:2])
     try:
-        server = start_server(tmp_path_factory.mktemp("serve-malleable"), "process")
+        server = start_server(tmp_path_factory.mktemp("serve-malleable"), "process",
+                              extra_args=("--policy", "tangram-malleable"))
     finally:
         os.sched_setaffinity(0, own)
     with httpx.Client(base_url=server.url, headers=H, timeout=300) as c:

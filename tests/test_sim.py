@@ -61,7 +61,8 @@ def test_tiny_golden_simulation():
 @pytest.fixture(scope="module")
 def coding_runs():
     df = load(SAMPLES / "coding.parquet")
-    return df, {p: simulate(df, load_cluster(), SimConfig(policy=p)) for p in ("tangram", "k8s")}
+    return df, {p: simulate(df, load_cluster(), SimConfig(policy=p))
+                for p in ("tangram", "k8s", "tangram-malleable")}
 
 
 def test_every_action_completes_exactly_once(coding_runs):
@@ -72,11 +73,12 @@ def test_every_action_completes_exactly_once(coding_runs):
         assert (result.actions["status"] == "ok").all()
 
 
-def test_never_more_allocated_than_exists(coding_runs):
+@pytest.mark.parametrize("policy", ["tangram", "tangram-malleable"])
+def test_never_more_allocated_than_exists(coding_runs, policy):
     _, runs = coding_runs
     cluster = load_cluster()
     cores = {n.name: n.cores for n in cluster.cpu_nodes}
-    frame = runs["tangram"].actions
+    frame = runs[policy].actions
     events = []
     lane = frame[frame["lane"]]
     assert len(lane) and (lane["units"] == 0).all()  # the sample's shell commands use it
@@ -98,7 +100,8 @@ def test_never_more_allocated_than_exists(coding_runs):
                     continue
                 events.append((begin, 1, r.node, spec))
                 events.append((end, 0, r.node, spec))
-    assert resized, "the sample's test runs are resized (the default's grants are malleable)"
+    # (malleable grants resize the sample's test runs; the default's never)
+    assert bool(resized) == (policy == "tangram-malleable"), resized
     held: dict[str, set[int]] = {n: set() for n in cores}
     for _, kind, node, spec in sorted(events):
         ids = {int(c) for c in spec.split(",")}
@@ -108,7 +111,7 @@ def test_never_more_allocated_than_exists(coding_runs):
             assert len(held[node]) <= cores[node]
         else:
             held[node] -= ids
-    util = runs["tangram"].utilisation
+    util = runs[policy].utilisation
     assert (util["cpu"] <= sum(cores.values())).all()
     assert (util["mem_gb"] <= sum(n.mem_gb for n in cluster.cpu_nodes)).all()
 
