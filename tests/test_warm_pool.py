@@ -4,11 +4,12 @@ trajectory's first action (with its own memory limit) and refilled."""
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 
 import docker
 
-from executor.backends.docker.backend import DockerBackend
+from executor.backends.docker.backend import CREATORS, DockerBackend
 from executor.driver import LiveExecutor
 from executor.node.local import local_cluster
 from tangram.core import Tangram
@@ -93,3 +94,33 @@ def test_warm_sandbox_of_the_pools_size_runs_on_the_loop_and_a_dead_one_is_repla
         backend.shutdown()
     assert _containers(owner) == []
 
+
+def test_an_action_makes_its_container_when_its_opening_is_still_queued(tmp_path):
+    """Under a burst the creators' queue is long (CREATORS at a time) and the core starts
+    first actions in its own order, not the openings': an action - holding its cores -
+    whose trajectory's container is still queued makes it at once, not after the
+    containers queued before it (DockerBackend._sandbox)."""
+    owner = f"queued-{tmp_path.name}"
+    backend = DockerBackend(owner=owner)
+    gate = threading.Event()
+    for _ in range(CREATORS):  # every creator busy until the gate opens
+        backend._creators.submit(gate.wait)
+    try:
+        async def go():
+            ex = LiveExecutor(Tangram(local_cluster()), backend)
+            ex.open_trajectory("q", "t")
+            assert not backend._creating["q"].running()  # queued behind the busy ones
+            # (a hang guard: without the take-over it waits for the gate, never opened)
+            _, out = await asyncio.wait_for(ex.run(Action(
+                "q1", "t", "q", "shell", {"cpu": Demand.fixed(1)},
+                payload={"argv": ["echo", "made"]})), 120)
+            return out
+
+        out = asyncio.run(go())
+        assert out.status == "ok" and out.output.strip() == "made", out
+        assert not gate.is_set() and "q" not in backend._creating
+        assert [c.id[:12] for c in _containers(owner, "q")] == [out.extra["container"]]
+    finally:
+        gate.set()
+        backend.shutdown()
+    assert _containers(owner) == []

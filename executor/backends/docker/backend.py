@@ -868,11 +868,19 @@ class DockerBackend:
                 return None
         return box
 
-    def _sandbox(self, trajectory: str) -> tuple[Sandbox, bool]:
-        """The trajectory's container (taken warm or created now); True if state was lost."""
+    def _sandbox(self, trajectory: str, now: bool = False) -> tuple[Sandbox, bool]:
+        """The trajectory's container (taken warm or created now); True if state was lost.
+        ``now`` (an action's: it holds its cores meanwhile): if its creation is still
+        queued behind other trajectories', it is made here, at once. Under a burst the
+        queue is long (64 openings, CREATORS at a time) and the core's order is not the
+        openings': an action waited 10 s for its turn, holding one of the two cores, while
+        actions whose containers were ready waited for it."""
         with self._lock:
             making = self._creating.get(trajectory)
-        if making is not None:  # made since it opened: wait for it (or make one if it failed)
+            if now and making is not None and making.cancel():
+                del self._creating[trajectory]
+                making = None
+        if making is not None:  # being made since it opened: wait for it (or make one if it failed)
             try:
                 making.result()
             except Exception:  # noqa: BLE001 - the creation's error: made again below
@@ -988,7 +996,7 @@ class DockerBackend:
             return prepared, None
         argv, cores, timeout, env = prepared
         aid, mark = d.action.id, env[ACTION_MARK]
-        box, lost = self._sandbox(d.action.trajectory)
+        box, lost = self._sandbox(d.action.trajectory, now=True)
         try:
             for attempt in (0, 1):
                 try:
