@@ -194,3 +194,22 @@ def test_a_burst_lasts_while_its_containers_are_being_made(tmp_path):
             assert backend._warm_mem() == 4.0
     finally:
         backend.shutdown()
+
+
+def test_a_sandbox_taken_from_the_pool_is_idle_from_its_taking(tmp_path):
+    """A pool sandbox that waited longer than the idle TTL (an RL step minutes after the
+    pool was made) is not reaped as its trajectory opens: reaped, its first action would
+    say state_lost in a fresh container."""
+    owner = f"warm-ttl-{tmp_path.name}"
+    backend = DockerBackend(owner=owner, warm=1, idle_ttl_s=600)
+    try:
+        assert _until(lambda: len(backend._warm) == 1)
+        box = backend._warm[0]
+        box.last_used -= 3600  # made an hour ago
+        backend.open_trajectory("late", None)  # the pool's limit: bound as it opens
+        assert backend._boxes["late"] is box
+        backend._reap(time.monotonic())  # one pass of the idle reaper
+        assert backend._boxes.get("late") is box and "late" not in backend._lost
+    finally:
+        backend.shutdown()
+    assert _containers(owner) == []

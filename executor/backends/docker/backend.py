@@ -923,6 +923,8 @@ class DockerBackend:
                     break
                 self._warmed.wait(1.0)  # (notified as each is done)
             box = self._warm.pop(i) if i is not None else None
+            if box is not None:  # idle from now, not from when the pool made it (_reap)
+                box.last_used = time.monotonic()
         self._refill_soon()  # (the demand may have grown the pool's size)
         if box is None:
             return None
@@ -1022,6 +1024,7 @@ class DockerBackend:
         if i is None:
             return None
         box = self._warm.pop(i)
+        box.last_used = time.monotonic()  # idle from now, not from when the pool made it
         self._boxes[trajectory] = box
         return box
 
@@ -1442,21 +1445,24 @@ class DockerBackend:
         """Remove containers of abandoned trajectories after the idle TTL."""
         while not self._closed:
             time.sleep(min(5.0, max(self.idle_ttl_s / 4, 0.2)))
-            now = time.monotonic()
-            with self._lock:
-                stale = [(t, b) for t, b in self._boxes.items()
-                         if not b.busy and now - b.last_used > self.idle_ttl_s]
-                for t, _ in stale:
-                    del self._boxes[t]
-                    self._lost.add(t)  # its next action, if any, must hear its files are gone
-                # a predecessor's containers no restored trajectory claimed: abandoned
-                unclaimed = [(t, b) for t, b in self._leftovers.items()
-                             if now - b.last_used > self.idle_ttl_s]
-                for t, _ in unclaimed:
-                    del self._leftovers[t]
-                stale += unclaimed
-            for _, box in stale:
-                self._discard(box)
+            self._reap(time.monotonic())
+
+    def _reap(self, now: float) -> None:
+        """One pass of _reap_loop at ``now``."""
+        with self._lock:
+            stale = [(t, b) for t, b in self._boxes.items()
+                     if not b.busy and now - b.last_used > self.idle_ttl_s]
+            for t, _ in stale:
+                del self._boxes[t]
+                self._lost.add(t)  # its next action, if any, must hear its files are gone
+            # a predecessor's containers no restored trajectory claimed: abandoned
+            unclaimed = [(t, b) for t, b in self._leftovers.items()
+                         if now - b.last_used > self.idle_ttl_s]
+            for t, _ in unclaimed:
+                del self._leftovers[t]
+            stale += unclaimed
+        for _, box in stale:
+            self._discard(box)
 
 
     # -- files (executor/server/routes/files.py) -------------------------------------------------------
