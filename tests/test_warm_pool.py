@@ -182,14 +182,14 @@ def test_a_burst_lasts_while_its_containers_are_being_made(tmp_path):
     try:
         with backend._lock:
             backend._creating["x"] = Future()  # a container of the burst still being made
-            backend._needed(2.0)
+            backend._needed("a", 2.0)
             backend._last_take -= 10 * WARM_QUIET_S  # the next opening comes much later
-            backend._needed(4.0)
+            backend._needed("b", 4.0)
             assert (backend._burst, backend._burst_peak) == (2, 2)
             assert backend._warm_mem() == 2.0  # a tie: the smaller limit
             del backend._creating["x"]  # all made: the next opening after a gap is a new one
             backend._last_take -= 10 * WARM_QUIET_S
-            backend._needed(4.0)
+            backend._needed("c", 4.0)
             assert (backend._burst, backend._burst_peak) == (1, 2)
             assert backend._warm_mem() == 4.0
     finally:

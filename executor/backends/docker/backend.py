@@ -132,6 +132,13 @@ WARM_CREATORS = 4
 FILE_QUOTA_US = PERIOD_US
 #: the warm pool refills once no sandbox was taken for this long (DockerBackend._refill)
 WARM_QUIET_S = 0.5
+#: the refill also waits while a trajectory of the latest burst has not started its first
+#: action, for at most this long after the burst (one that never acts must not stop it):
+#: started with the burst, its creations share the cores with the burst's first actions
+#: (verl_stall beside `stress --cpu 2`, a pool of 64 made before step 1, single runs at
+#: load 5-11: step 2's first-call p99 2.8 s refilled one at a time, 5.7 s four at a time
+#: from the burst on, 4.3 s four at a time after this wait)
+WARM_FIRST_S = 10.0
 #: the most sandboxes the warm pool keeps when sized from demand (an idle one holds a few
 #: MB; its memory limit is not reserved)
 WARM_MAX = 64
@@ -329,6 +336,8 @@ class DockerBackend:
         #: the memory limits (GB) the current burst's trajectories asked for: the pool's
         #: sandboxes get the most common one (_warm_mem)
         self._burst_mem: Counter[float] = Counter()
+        #: the current burst's trajectories whose first action has not started
+        self._unstarted: set[str] = set()
         self._closed = False
         self._leftovers, self._lost_at_start, keep = self._adoptable()
         prefix = f"tangram-agents-{self.owner}-"
@@ -409,6 +418,8 @@ class DockerBackend:
     # -- Backend protocol ----------------------------------------------------------------
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         loop = asyncio.get_running_loop()
+        with self._lock:
+            self._unstarted.discard(d.action.trajectory)  # (the refill waits for none)
         if d.action.kind == FORK:  # a copy of the sandbox (executor/backends/docker/fork.py)
             self.fork(d, on_done)
             return
@@ -546,7 +557,7 @@ class DockerBackend:
                 # first action is on its way and waits for admission and a core: not by that
                 # action, holding its core (a lost trajectory's next action makes its own,
                 # to say state_lost)
-                self._needed(self._mem[trajectory])
+                self._needed(trajectory, self._mem[trajectory])
                 warm = self._take_ready_warm(trajectory)
                 if warm is None:
                     self._creating[trajectory] = self._creators.submit(self._make_box,
@@ -597,6 +608,7 @@ class DockerBackend:
             self._mem.pop(trajectory, None)
             self._images.pop(trajectory, None)
             self._shed.pop(trajectory, None)
+            self._unstarted.discard(trajectory)
         if box:
             try:
                 self._removers.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
@@ -802,8 +814,8 @@ class DockerBackend:
                                                      "type": "tmpfs", "device": "tmpfs",
                                                      "o": work_opts}))]}
 
-    def _needed(self, mem_gb: float) -> None:
-        """A trajectory needs a sandbox of ``mem_gb`` now (at its opening: taken warm or to
+    def _needed(self, trajectory: str, mem_gb: float) -> None:
+        """``trajectory`` needs a sandbox of ``mem_gb`` now (at its opening: taken warm or to
         be created; counted once): counted in its burst. A burst ends once none was needed
         for WARM_QUIET_S and every container it asked for is made: under load the openings
         of one RL step came up to 1.6 s apart while their containers were still being made
@@ -813,7 +825,9 @@ class DockerBackend:
         if now - self._last_take > WARM_QUIET_S and not self._creating:
             self._burst = 0
             self._burst_mem.clear()
+            self._unstarted.clear()
         self._burst += 1
+        self._unstarted.add(trajectory)
         self._burst_mem[mem_gb or self.default_mem_gb] += 1
         self._burst_peak = max(self._burst_peak, self._burst)
         self._last_take = now
@@ -852,12 +866,12 @@ class DockerBackend:
 
     def _refill(self) -> None:
         """Keep ``warm_target`` default-image sandboxes ready, starting each once no
-        trajectory needed a sandbox for WARM_QUIET_S and none opened is still waiting for
-        its container: a container start costs the engine (dockerd, runc) a few hundred ms
-        of CPU, which the burst that emptied the pool needs now; the pool is for the next
-        burst. WARM_CREATORS threads make them, one each at a time (one at a time made 1-2
-        a second on a loaded 2-core machine, too few for 64 rollouts in the 30 s between
-        two RL steps)."""
+        trajectory needed a sandbox for WARM_QUIET_S, none opened is still waiting for its
+        container and the burst's first actions have started (WARM_FIRST_S): a container
+        start costs the engine (dockerd, runc) a few hundred ms of CPU, which the burst
+        that emptied the pool needs now; the pool is for the next burst. WARM_CREATORS
+        threads make them, one each at a time (one at a time made 1-2 a second on a loaded
+        2-core machine, too few for 64 rollouts in the 30 s between two RL steps)."""
         me = threading.current_thread()
         box: Sandbox | None = None
         try:
@@ -867,8 +881,10 @@ class DockerBackend:
                             or len(self._warm) + self._warming.total() >= self.warm_target):
                         self._refillers.discard(me)  # (with the decision: a take that
                         return  # comes next starts a refill anew)
-                    wait = max(self._last_take + WARM_QUIET_S - time.monotonic(),
-                               0.1 if self._creating else 0.0)
+                    now = time.monotonic()
+                    first = self._unstarted and now - self._last_take < WARM_FIRST_S
+                    wait = max(self._last_take + WARM_QUIET_S - now,
+                               0.1 if self._creating or first else 0.0)
                     if wait <= 0:
                         mem = self._warm_mem()
                         self._warming[mem] += 1
@@ -989,7 +1005,7 @@ class DockerBackend:
             box = self._take_ready_warm(trajectory)
             if box is None:
                 return None
-            self._needed(box.mem_gb)  # (not counted at its opening: it had one then)
+            self._needed(trajectory, box.mem_gb)  # (not counted at its opening: it had one)
             lost = trajectory in self._lost
             self._lost.discard(trajectory)
         self._mark(box, trajectory)
