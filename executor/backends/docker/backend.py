@@ -1006,6 +1006,7 @@ class DockerBackend:
             if box is None:
                 return None
             self._needed(trajectory, box.mem_gb)  # (not counted at its opening: it had one)
+            self._unstarted.discard(trajectory)  # (its action is starting)
             lost = trajectory in self._lost
             self._lost.discard(trajectory)
         self._mark(box, trajectory)
