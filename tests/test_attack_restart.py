@@ -90,14 +90,14 @@ def test_docker_trajectories_get_their_containers_back_or_hear_they_are_gone(tmp
                               ).status_code == 201
             for tid in ("alive", "dead"):
                 assert _run(c, tid, f"{tid}-w", "echo kept > f").json()["status"] == "ok"
-            # the warm pool, sized from that burst of 3, fills (one at a time: with the third
-            # made, two are ready); a trajectory opened now runs in a warm sandbox, whose
-            # label names no trajectory
+            # the warm pool, sized from that burst of 3 and made at its limit (0.5 GB),
+            # fills; a trajectory opened now runs in a warm sandbox, whose label names no
+            # trajectory
             deadline = time.monotonic() + 120
             while len(boxes("")) < 3:
                 assert time.monotonic() < deadline, "the warm pool did not fill"
                 time.sleep(0.2)
-            assert c.post("/v1/trajectories", json={"id": "warm"}  # the pool's limit
+            assert c.post("/v1/trajectories", json={"id": "warm", "mem_gb": 0.5}  # the pool's
                           ).status_code == 201
             assert _run(c, "warm", "warm-w", "echo kept > f").json()["status"] == "ok"
             assert boxes("warm") == []  # it runs in a sandbox of the pool

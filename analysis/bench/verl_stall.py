@@ -4,6 +4,8 @@ each declaring more memory than the machine has in total.
     python -m analysis.bench.verl_stall                      # 64 rollouts x 4 calls
     python -m analysis.bench.verl_stall --mem-overcommit 1   # every limit reserved
     python -m analysis.bench.verl_stall --backend docker --steps 2 --fresh-ids --train-s 30
+    python -m analysis.bench.verl_stall --backend docker --serve-arg=--warm-pool=64 \
+        --serve-arg=--sandbox-mem-gb=4 --start-after-s 40   # a pool made before step 1
 
 It starts `tangram serve` (``--backend``, default process) on a free loopback port, builds the
 tool with verl's own loader from examples/verl_tool.yaml (mem_gb 4 per sandbox),
@@ -174,12 +176,20 @@ def main() -> None:
     ap.add_argument("--backend", default="process", help="process or docker (a container each)")
     ap.add_argument("--mem-overcommit", type=float, default=None,
                     help="passed to tangram serve (default: its own)")
+    ap.add_argument("--serve-arg", action="append", default=[],
+                    help="one more argument for tangram serve (repeatable), e.g. "
+                         "--serve-arg=--warm-pool=64")
+    ap.add_argument("--start-after-s", type=float, default=0.0,
+                    help="wait this long after the server answers before the first step "
+                         "(e.g. for a --warm-pool to be made)")
     args = ap.parse_args()
     extra = ["--backend", args.backend]
     extra += ["--mem-overcommit", str(args.mem_overcommit)] if args.mem_overcommit else []
+    extra += args.serve_arg
     load0 = os.getloadavg()
     with tempfile.TemporaryDirectory() as tmp:
         proc, url = start_server(Path(tmp), TOKEN, extra)
+        time.sleep(args.start_after_s)
         try:
             out = asyncio.run(bench(url, args.rollouts, args.calls, args.think_s,
                                     args.deadline_s, args.steps, args.train_s,

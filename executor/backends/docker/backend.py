@@ -73,6 +73,7 @@ import tempfile
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
@@ -120,12 +121,24 @@ IDLE_QUOTA_US = 1_000  # 1% of one core while no action runs
 #: containers made at once for opening trajectories (each start costs the engine tens of ms
 #: of CPU; more at once only queue in dockerd)
 CREATORS = 4
+#: warm sandboxes made at once by the refill. Measured on a 2-core machine beside
+#: `stress --cpu 2` (16 DockerBackend._create each): 1.9 a second one at a time, 3.2 two at
+#: a time, 3.6 four, 3.2 eight, 2.7 sixteen (the engine's start, runc and fuse-overlayfs
+#: share the cores; more at once only queue)
+WARM_CREATORS = 4
 #: while a file operation runs in an idle container: its agent serves the copy at a
 #: core's pace (at the idle 1% a put or get took 2.4-3.5 s against 0.05 s on the process
 #: backend, issue 33 #9); a file operation is short and mostly I/O
 FILE_QUOTA_US = PERIOD_US
 #: the warm pool refills once no sandbox was taken for this long (DockerBackend._refill)
 WARM_QUIET_S = 0.5
+#: the refill also waits while a trajectory of the latest burst has not started its first
+#: action, for at most this long after the burst (one that never acts must not stop it):
+#: started with the burst, its creations share the cores with the burst's first actions
+#: (verl_stall beside `stress --cpu 2`, a pool of 64 made before step 1, single runs at
+#: load 5-11: step 2's first-call p99 2.8 s refilled one at a time, 5.7 s four at a time
+#: from the burst on, 4.3 s four at a time after this wait)
+WARM_FIRST_S = 10.0
 #: the most sandboxes the warm pool keeps when sized from demand (an idle one holds a few
 #: MB; its memory limit is not reserved)
 WARM_MAX = 64
@@ -312,13 +325,21 @@ class DockerBackend:
         self._shed: dict[str, tuple[float, str]] = {}
         self._tasks: set[asyncio.Task] = set()  # actions running on the event loop
         self._warm: list[Sandbox] = []
-        self._refilling = False
-        self._refiller: threading.Thread | None = None  # the latest refill's thread
+        #: the refill's threads (WARM_CREATORS at most) and the sandboxes they are making
+        #: (memory limit -> how many); ``_warmed`` is notified as each is done
+        self._refillers: set[threading.Thread] = set()
+        self._warming: Counter[float] = Counter()
+        self._warmed = threading.Condition(self._lock)
         self._last_take = float("-inf")  # monotonic time a trajectory last needed a sandbox
         #: trajectories that needed a sandbox in the current burst (needs less than
         #: WARM_QUIET_S apart), and the most in one burst so far: the warm pool's size
         self._burst = 0
         self._burst_peak = 0
+        #: the memory limits (GB) the current burst's trajectories asked for: the pool's
+        #: sandboxes get the most common one (_warm_mem)
+        self._burst_mem: Counter[float] = Counter()
+        #: the current burst's trajectories whose first action has not started
+        self._unstarted: set[str] = set()
         self._closed = False
         self._leftovers, self._lost_at_start, keep = self._adoptable()
         prefix = f"tangram-agents-{self.owner}-"
@@ -399,6 +420,8 @@ class DockerBackend:
     # -- Backend protocol ----------------------------------------------------------------
     def start(self, d: Dispatch, on_done: Callable[[Outcome], None]) -> None:
         loop = asyncio.get_running_loop()
+        with self._lock:
+            self._unstarted.discard(d.action.trajectory)  # (the refill waits for none)
         if d.action.kind == FORK:  # a copy of the sandbox (executor/backends/docker/fork.py)
             self.fork(d, on_done)
             return
@@ -536,6 +559,7 @@ class DockerBackend:
                 # first action is on its way and waits for admission and a core: not by that
                 # action, holding its core (a lost trajectory's next action makes its own,
                 # to say state_lost)
+                self._needed(trajectory, self._mem[trajectory])
                 warm = self._take_ready_warm(trajectory)
                 if warm is None:
                     self._creating[trajectory] = self._creators.submit(self._make_box,
@@ -586,6 +610,7 @@ class DockerBackend:
             self._mem.pop(trajectory, None)
             self._images.pop(trajectory, None)
             self._shed.pop(trajectory, None)
+            self._unstarted.discard(trajectory)
         if box:
             try:
                 self._removers.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
@@ -652,10 +677,13 @@ class DockerBackend:
         self._killers.shutdown(wait=False, cancel_futures=True)
         # a creation in progress sees _closed and discards what it made
         self._creators.shutdown(wait=True, cancel_futures=True)
-        if self._refiller is not None:
+        with self._lock:
+            refillers = list(self._refillers)
+        deadline = time.monotonic() + 30
+        for refiller in refillers:
             # a sandbox it is creating now is discarded when _create returns: a container
             # the engine makes after remove_all's listing below would outlive the executor
-            self._refiller.join(timeout=30)
+            refiller.join(timeout=max(0.0, deadline - time.monotonic()))
         self._removers.shutdown(wait=True)  # the closed trajectories' removals: seconds
         # in parallel: a server with many sandboxes must still stop within seconds
         with ThreadPoolExecutor(max_workers=16) as removers:
@@ -788,13 +816,21 @@ class DockerBackend:
                                                      "type": "tmpfs", "device": "tmpfs",
                                                      "o": work_opts}))]}
 
-    def _needed(self) -> None:
-        """A trajectory needs a sandbox now (taken warm or created): counted in its burst.
-        Under ``self._lock``."""
+    def _needed(self, trajectory: str, mem_gb: float) -> None:
+        """``trajectory`` needs a sandbox of ``mem_gb`` now (at its opening: taken warm or to
+        be created; counted once): counted in its burst. A burst ends once none was needed
+        for WARM_QUIET_S and every container it asked for is made: under load the openings
+        of one RL step came up to 1.6 s apart while their containers were still being made
+        (counted from the gaps alone, a step of 64 was two bursts of 32, and the pool was
+        sized for half the next step). Under ``self._lock``."""
         now = time.monotonic()
-        if now - self._last_take > WARM_QUIET_S:
+        if now - self._last_take > WARM_QUIET_S and not self._creating:
             self._burst = 0
+            self._burst_mem.clear()
+            self._unstarted.clear()
         self._burst += 1
+        self._unstarted.add(trajectory)
+        self._burst_mem[mem_gb or self.default_mem_gb] += 1
         self._burst_peak = max(self._burst_peak, self._burst)
         self._last_take = now
 
@@ -806,59 +842,110 @@ class DockerBackend:
         quiet between steps, not while the rollouts wait), at most WARM_MAX."""
         return max(self.warm_size, min(self._burst_peak, WARM_MAX))
 
+    def _warm_mem(self) -> float:
+        """The memory limit the pool's next sandbox gets: the one most trajectories of the
+        latest burst asked for (the smaller on a tie; the default before any burst). An RL
+        step's rollouts share one tool config, so they take it with no engine call (on the
+        event loop, DockerBackend._ready); a larger limit takes it with one (_take_warm).
+        Under ``self._lock``."""
+        if not self._burst_mem:
+            return self.default_mem_gb
+        return min(self._burst_mem.items(), key=lambda kv: (-kv[1], kv[0]))[0]
+
     def _refill_soon(self) -> None:
         with self._lock:
-            if self._refilling or self._closed or len(self._warm) >= self.warm_target:
+            if self._closed:
                 return
-            self._refilling = True
-        # its own thread, not the actions' pool: it waits for quiet (below) and must not
-        # hold a worker the burst's actions need
-        self._refiller = threading.Thread(target=self._refill, daemon=True, name="tangram-warm")
-        self._refiller.start()
+            short = self.warm_target - len(self._warm) - self._warming.total()
+            more = min(WARM_CREATORS, short) - len(self._refillers)
+            # their own threads, not the actions' pool: they wait for quiet (below) and
+            # must not hold a worker the burst's actions need
+            threads = [threading.Thread(target=self._refill, daemon=True, name="tangram-warm")
+                       for _ in range(max(0, more))]
+            self._refillers.update(threads)
+        for thread in threads:
+            thread.start()
 
     def _refill(self) -> None:
-        """Keep ``warm_target`` default-image sandboxes ready (one at a time), starting each
-        once no sandbox was taken for WARM_QUIET_S: a container start costs the engine
-        (dockerd, runc) tens of ms of CPU, which the burst of first actions that emptied the
-        pool needs now; the pool is for the next burst."""
+        """Keep ``warm_target`` default-image sandboxes ready, starting each once no
+        trajectory needed a sandbox for WARM_QUIET_S, none opened is still waiting for its
+        container and the burst's first actions have started (WARM_FIRST_S): a container
+        start costs the engine (dockerd, runc) a few hundred ms of CPU, which the burst
+        that emptied the pool needs now; the pool is for the next burst. WARM_CREATORS
+        threads make them, one each at a time (one at a time made 1-2 a second on a loaded
+        2-core machine, too few for 64 rollouts in the 30 s between two RL steps)."""
+        me = threading.current_thread()
         box: Sandbox | None = None
         try:
-            while not self._closed:
+            while True:
                 with self._lock:
-                    if len(self._warm) >= self.warm_target:
-                        return
-                    wait = self._last_take + WARM_QUIET_S - time.monotonic()
+                    if (self._closed
+                            or len(self._warm) + self._warming.total() >= self.warm_target):
+                        self._refillers.discard(me)  # (with the decision: a take that
+                        return  # comes next starts a refill anew)
+                    now = time.monotonic()
+                    first = self._unstarted and now - self._last_take < WARM_FIRST_S
+                    wait = max(self._last_take + WARM_QUIET_S - now,
+                               0.1 if self._creating or first else 0.0)
+                    if wait <= 0:
+                        mem = self._warm_mem()
+                        self._warming[mem] += 1
                 if wait > 0:
                     time.sleep(min(wait, 0.1))  # short steps: shutdown ends it promptly
                     continue
-                box = self._create("", self.image, self.default_mem_gb)
+                try:
+                    box = self._create("", self.image, mem)
+                finally:
+                    with self._lock:
+                        self._warming[mem] -= 1
+                        if not self._closed and box is not None:
+                            self._warm.append(box)
+                            box = None
+                        self._warmed.notify_all()  # (made, or failed: a waiter's turn)
                 with self._lock:
                     if self._closed:
                         break
-                    self._warm.append(box)
-                    box = None
+                    # over the target: a sandbox no trajectory of the latest burst can take
+                    # (a larger limit than theirs) makes room
+                    spare = len(self._warm) - self.warm_target
+                    unusable = [b for b in self._warm if b.mem_gb > mem][:max(0, spare)]
+                    for old in unusable:
+                        self._warm.remove(old)
+                for old in unusable:
+                    self._discard(old)
             if box is not None:
                 self._discard(box)
         except Exception:  # noqa: BLE001 - a failed refill is retried at the next take
             pass
         finally:
             with self._lock:
-                self._refilling = False
+                self._refillers.discard(me)
 
     def _take_warm(self, image: str, mem_gb: float) -> Sandbox | None:
+        """A warm sandbox for a trajectory of ``image`` and ``mem_gb``: one of its limit,
+        else the largest below it (raised to it: one engine call); else, while the refill
+        is making one that fits, that one when it is ready (it is further along than a
+        container made now, which would only share the engine with it); else None."""
         if image != self.image:
             return None
         mem = mem_gb or self.default_mem_gb
         with self._lock:
-            # its tmpfs mounts keep the sizes set for the pool's memory limit: under a
-            # smaller limit a full /work would end in an OOM kill instead of ENOSPC
-            # (disk_full), so only a trajectory allowed at least as much takes one
-            box = self._warm.pop() if self._warm and self._warm[-1].mem_gb <= mem else None
-            self._needed()
+            while True:
+                # its tmpfs mounts keep the sizes set for the pool's memory limit: under a
+                # smaller limit a full /work would end in an OOM kill instead of ENOSPC
+                # (disk_full), so only a trajectory allowed at least as much takes one
+                fits = [i for i, b in enumerate(self._warm) if b.mem_gb <= mem]
+                i = max(fits, key=lambda i: (self._warm[i].mem_gb, i), default=None)
+                if i is not None or self._closed or not any(
+                        n > 0 and m <= mem for m, n in self._warming.items()):
+                    break
+                self._warmed.wait(1.0)  # (notified as each is done)
+            box = self._warm.pop(i) if i is not None else None
+            if box is not None:  # idle from now, not from when the pool made it (_reap)
+                box.last_used = time.monotonic()
+        self._refill_soon()  # (the demand may have grown the pool's size)
         if box is None:
-            self._refill_soon()  # the demand may have grown the pool's size
             return None
-        self._refill_soon()
         if mem != box.mem_gb:  # one engine call (~20 ms), still far cheaper than a container
             try:
                 limit = f"{int(mem * 1024)}m"
@@ -870,11 +957,19 @@ class DockerBackend:
                 return None
         return box
 
-    def _sandbox(self, trajectory: str) -> tuple[Sandbox, bool]:
-        """The trajectory's container (taken warm or created now); True if state was lost."""
+    def _sandbox(self, trajectory: str, now: bool = False) -> tuple[Sandbox, bool]:
+        """The trajectory's container (taken warm or created now); True if state was lost.
+        ``now`` (an action's: it holds its cores meanwhile): if its creation is still
+        queued behind other trajectories', it is made here, at once. Under a burst the
+        queue is long (64 openings, CREATORS at a time) and the core's order is not the
+        openings': an action waited 10 s for its turn, holding one of the two cores, while
+        actions whose containers were ready waited for it."""
         with self._lock:
             making = self._creating.get(trajectory)
-        if making is not None:  # made since it opened: wait for it (or make one if it failed)
+            if now and making is not None and making.cancel():
+                del self._creating[trajectory]
+                making = None
+        if making is not None:  # being made since it opened: wait for it (or make one if it failed)
             try:
                 making.result()
             except Exception:  # noqa: BLE001 - the creation's error: made again below
@@ -912,6 +1007,8 @@ class DockerBackend:
             box = self._take_ready_warm(trajectory)
             if box is None:
                 return None
+            self._needed(trajectory, box.mem_gb)  # (not counted at its opening: it had one)
+            self._unstarted.discard(trajectory)  # (its action is starting)
             lost = trajectory in self._lost
             self._lost.discard(trajectory)
         self._mark(box, trajectory)
@@ -936,14 +1033,17 @@ class DockerBackend:
                       trajectory, e)
 
     def _take_ready_warm(self, trajectory: str) -> Sandbox | None:
-        """A warm sandbox bound to ``trajectory`` with no engine call (of the pool's memory
-        limit and image, its agent listening), or None. Under ``self._lock``."""
+        """A warm sandbox bound to ``trajectory`` with no engine call (of its memory limit
+        and the pool's image, its agent listening), or None. Under ``self._lock``."""
         mem = self._mem.get(trajectory, 0.0) or self.default_mem_gb
-        if (self._images.get(trajectory, self.image) != self.image or not self._warm
-                or not _ready_box(self._warm[-1]) or self._warm[-1].mem_gb != mem):
+        if self._images.get(trajectory, self.image) != self.image:
             return None
-        box = self._warm.pop()
-        self._needed()
+        i = next((i for i in range(len(self._warm) - 1, -1, -1)
+                  if self._warm[i].mem_gb == mem and _ready_box(self._warm[i])), None)
+        if i is None:
+            return None
+        box = self._warm.pop(i)
+        box.last_used = time.monotonic()  # idle from now, not from when the pool made it
         self._boxes[trajectory] = box
         return box
 
@@ -990,7 +1090,7 @@ class DockerBackend:
             return prepared, None
         argv, cores, timeout, env = prepared
         aid, mark = d.action.id, env[ACTION_MARK]
-        box, lost = self._sandbox(d.action.trajectory)
+        box, lost = self._sandbox(d.action.trajectory, now=True)
         try:
             for attempt in (0, 1):
                 try:
@@ -1375,21 +1475,24 @@ class DockerBackend:
         """Remove containers of abandoned trajectories after the idle TTL."""
         while not self._closed:
             time.sleep(min(5.0, max(self.idle_ttl_s / 4, 0.2)))
-            now = time.monotonic()
-            with self._lock:
-                stale = [(t, b) for t, b in self._boxes.items()
-                         if not b.busy and now - b.last_used > self.idle_ttl_s]
-                for t, _ in stale:
-                    del self._boxes[t]
-                    self._lost.add(t)  # its next action, if any, must hear its files are gone
-                # a predecessor's containers no restored trajectory claimed: abandoned
-                unclaimed = [(t, b) for t, b in self._leftovers.items()
-                             if now - b.last_used > self.idle_ttl_s]
-                for t, _ in unclaimed:
-                    del self._leftovers[t]
-                stale += unclaimed
-            for _, box in stale:
-                self._discard(box)
+            self._reap(time.monotonic())
+
+    def _reap(self, now: float) -> None:
+        """One pass of _reap_loop at ``now``."""
+        with self._lock:
+            stale = [(t, b) for t, b in self._boxes.items()
+                     if not b.busy and now - b.last_used > self.idle_ttl_s]
+            for t, _ in stale:
+                del self._boxes[t]
+                self._lost.add(t)  # its next action, if any, must hear its files are gone
+            # a predecessor's containers no restored trajectory claimed: abandoned
+            unclaimed = [(t, b) for t, b in self._leftovers.items()
+                         if now - b.last_used > self.idle_ttl_s]
+            for t, _ in unclaimed:
+                del self._leftovers[t]
+            stale += unclaimed
+        for _, box in stale:
+            self._discard(box)
 
 
     # -- files (executor/server/routes/files.py) -------------------------------------------------------
