@@ -156,6 +156,11 @@ def _leases(df: pd.DataFrame) -> pd.DataFrame:
                          "restore_s": df["restore_s"].to_numpy(),
                          "gpu": (df["gpus"] != "").to_numpy(), "cpu": (df["cores"] != "").to_numpy(),
                          "ok": (df["status"] == "ok").to_numpy()})
+    if not batch.any():  # every record its own lease: the rows as they are (what the
+        # grouping below gives, without its cost: most of a small run's summary)
+        used["first"] = used["first"].astype(np.int64)
+        used["actions"] = np.ones(len(used), dtype=np.int64)
+        return used
     g = used.groupby("first", sort=False)
     return g.agg(units=("units", "first"), start_s=("start_s", "min"), end_s=("end_s", "max"),
                  restore_s=("restore_s", "first"), gpu=("gpu", "first"), cpu=("cpu", "first"),
@@ -177,11 +182,13 @@ def dispatches_frame(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def gpu_summary(df: pd.DataFrame, gpu_capacity: float, makespan: float,
-                restore_s_total: float | None, restores: int | None) -> dict[str, Any]:
+                restore_s_total: float | None, restores: int | None,
+                leases: pd.DataFrame | None = None) -> dict[str, Any]:
     """``restores`` (count, pre-restores included), ``restore_overhead`` (restore seconds /
     execution seconds without restores, both on the GPUs) and ``gpu_busy`` (fraction of
-    GPU-seconds executing, restores excluded). Counted per lease: a batch restores once."""
-    d = _leases(df)
+    GPU-seconds executing, restores excluded). Counted per lease: a batch restores once.
+    ``leases``: ``df``'s, when the caller has them (:func:`analyse`)."""
+    d = _leases(df) if leases is None else leases
     d = d[d["gpu"]] if len(d) else d
     exec_s = float((d["end_s"] - d["start_s"] - d["restore_s"]).clip(lower=0).sum()) if len(d) else 0.0
     if restore_s_total is None:  # no manager counts (e.g. a live run): the leases' restores
@@ -225,7 +232,9 @@ def exit_codes(df: pd.DataFrame) -> dict[str, int]:
 
 def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
               utilisation: pd.DataFrame | None, steps: list[dict[str, float]],
-              extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+              extra: Mapping[str, Any] | None = None,
+              leases: pd.DataFrame | None = None) -> dict[str, Any]:
+    """``leases``: ``df``'s, when the caller has them (:func:`analyse`)."""
     act, queue, exe = _stats(df["act_s"]), _stats(df["queue_s"]), _stats(df["exec_s"])
     makespan = float(df["end_s"].max() - min(df["submit_s"].min(), 0.0)) if len(df) else 0.0
     out: dict[str, Any] = {
@@ -246,7 +255,8 @@ def summarise(df: pd.DataFrame, *, policy: str, capacity: Mapping[str, float],
         "steps": steps,
     }
     util: dict[str, dict[str, float]] = {}
-    leases = _leases(df)
+    if leases is None:
+        leases = _leases(df)
     busy_units = (leases["units"] * (leases["end_s"] - leases["start_s"] - leases["restore_s"])
                   ).where(leases["ok"], 0)
     for res, cap in capacity.items():
@@ -332,13 +342,14 @@ def analyse(result: RunResult, extra: Mapping[str, Any] | None = None,
                          "file, not kept: pass the frame read from it as ``actions``")
     frame = records_frame(result.records) if actions is None else actions
     util = pd.DataFrame(result.utilisation) if result.utilisation is not None else None
+    leases = _leases(frame)  # (once: both summaries count per lease)
     summary = summarise(frame, policy=result.policy, capacity=result.capacity,
                         utilisation=util, steps=result.steps,
-                        extra={**result.counters, **(extra or {})})
+                        extra={**result.counters, **(extra or {})}, leases=leases)
     gpu = result.snapshot.counters if result.snapshot is not None else None
     summary.update(gpu_summary(frame, result.capacity.get("gpu", 0.0), summary["makespan_s"],
                                gpu["gpu_restore_s_total"] if gpu else None,
-                               gpu["gpu_restores"] if gpu else None))
+                               gpu["gpu_restores"] if gpu else None, leases=leases))
     t = result.timing
     decisions = pd.DataFrame({"action_id": list(t.decision_s),
                               "decision_us": [v * 1e6 for v in t.decision_s.values()]})

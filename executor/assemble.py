@@ -68,11 +68,12 @@ class ServeOptions:
     admission: MemoryAdmission = LIVE
     sandbox_disk_gb: float = 4.0
     read_timeout_s: float = READ_TIMEOUT_S  # a request body's longest silence
+    sandbox_uids: int = SandboxLimits.uids  # the process backend as root (--sandbox-uids)
 
     @property
     def sandboxes(self) -> SandboxLimits:
         return SandboxLimits(self.sandbox_mem_gb, self.sandbox_pids, self.sandbox_disk_gb,
-                             self.warm_pool)
+                             self.warm_pool, self.sandbox_uids)
 
 
 def check_local_policy(quotas: tuple[QuotaSpec, ...], policy: Policy) -> None:

@@ -42,7 +42,7 @@ from tangram.model import (
     counted,
 )
 from tangram.policies import Policy
-from tangram.pool import AfterPass, Batching, Books, PoolPoints, Resizable, Waking, by_pool
+from tangram.pool import AfterPass, Batching, Books, PoolPoints, Resizable, Waking, by_pool, resizable
 from tangram.protocol import (
     Attach,
     Cancel,
@@ -99,6 +99,13 @@ class Tangram:
         self._estimates = estimates or Estimates()
         res = self._policy.build(cluster)
         self._cpu, self._gpu, self._quota, self._pools = res.cpu, res.gpu, res.quota, res.pools
+        #: the optional points each pool implements (tangram/pool.py), asked once: an
+        #: isinstance against a runtime-checkable Protocol walks the class's attributes
+        #: every time (~14 us), and every pass asked it twice
+        self._batching = frozenset(n for n, p in res.pools.items() if isinstance(p, Batching))
+        self._after_pass = frozenset(n for n, p in res.pools.items()
+                                     if isinstance(p, AfterPass))
+        self._waking = tuple(p for p in res.pools.values() if isinstance(p, Waking))
         #: the GPU side (tangram/sides.py): pre-restores, fences, the submit check, views
         self._gpu_nodes = GpuNodes(res.gpu, cluster.gpu_nodes, res.pools)
         self._resources = res
@@ -252,8 +259,8 @@ class Tangram:
         """``p``'s dispatch with the cores it holds now (a malleable grant resized since it
         started: tangram/cpu/malleable.py), as the status page draws them."""
         d = p.dispatch
-        pool = p.pool
-        if isinstance(pool, Resizable):
+        pool = resizable(p.pool)
+        if pool is not None:
             cores = pool.cores_of(d.action.id)
             if cores is not None:
                 return replace(d, lease=replace(d.lease, cores=cores, units=len(cores)))
@@ -408,8 +415,8 @@ class Tangram:
         units = lease.units
         observed = (outcome is None or outcome.ok) and p.batch_left is None
         if last:
-            if observed and isinstance(pool, Resizable):  # (at its width over its run)
-                units = pool.closing(action_id, units, now)
+            if observed and (grants := resizable(pool)) is not None:  # (at its width over its run)
+                units = grants.closing(action_id, units, now)
             pool.ended(dispatch.action.id)
             self._release(pool, lease)
         state = self._trajectories.get(action.trajectory)
@@ -463,9 +470,7 @@ class Tangram:
         if not self._queued:
             return None
         at = self._quota.next_expiry(now)
-        for pool in self._pools.values():
-            if not isinstance(pool, Waking):
-                continue
+        for pool in self._waking:
             w = pool.next_wakeup(now)
             if w is not None and (at is None or w < at):
                 at = w
@@ -544,7 +549,9 @@ class Tangram:
             out = lane.run(now, self._books)
         # a pool whose grants resize (tangram/cpu/malleable.py): before each plan and once
         # its queue is empty, its running grants and its queue share its idle units
-        resizing = pool if isinstance(pool, Resizable) and pool.grows else None
+        resizing = resizable(pool)
+        if resizing is not None and not resizing.grows:
+            resizing = None
         while pool.queue or resizing is not None:
             if resizing is not None:
                 out.extend(resizing.share(now, self._books))
@@ -554,8 +561,8 @@ class Tangram:
             out.extend(got)
             if not got or (resizing is None and pool.free_units() <= 0):
                 break
-        if isinstance(pool, AfterPass):  # e.g. a static GPU pool deploys replicas
-            pool.after_pass(now, self._estimates)
+        if pool.name in self._after_pass:  # e.g. a static GPU pool deploys replicas
+            pool.after_pass(now, self._estimates)  # type: ignore[attr-defined]
         return out
 
     def _pass_once(self, pool: PoolPoints, now: float,
@@ -567,7 +574,7 @@ class Tangram:
         # Largest grants first: NUMA placement is easiest while domains are whole.
         if len(decisions) > 1:
             decisions.sort(key=lambda d: -d[1])
-        batcher = pool if isinstance(pool, Batching) else None
+        batcher = pool if pool.name in self._batching else None
         granted: list[tuple[Pending, Lease, GpuPlan | None]] = []
         for p, units in decisions:
             got = self._reserve(pool, p, units, now)

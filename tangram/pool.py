@@ -244,6 +244,21 @@ class Resizable(Protocol):
         ...
 
 
+#: pool class -> whether it is Resizable (asked once per class: an isinstance against a
+#: runtime-checkable Protocol walks the class's attributes every time, ~14 us, and the
+#: core asks at every pass and every finish; a pool joining later is of a class seen)
+_RESIZABLE: dict[type, bool] = {}
+
+
+def resizable(pool: object) -> Resizable | None:
+    """``pool`` if its grants resize (:class:`Resizable`), else None."""
+    kind = type(pool)
+    got = _RESIZABLE.get(kind)
+    if got is None:
+        got = _RESIZABLE[kind] = isinstance(pool, Resizable)
+    return pool if got else None  # type: ignore[return-value]
+
+
 @runtime_checkable
 class Waking(Protocol):
     """A pool that wants a pass although nothing arrives or ends (a GPU request stops

@@ -48,7 +48,7 @@ from tangram.api.quota import QuotaManager
 from tangram.arrange import arrange
 from tangram.estimates import Estimates, command_of
 from tangram.model import Action, Elasticity, Pending
-from tangram.pool import Pool, Resizable
+from tangram.pool import Pool, resizable
 
 
 class Ordering(Protocol):
@@ -326,7 +326,8 @@ class ElasticScheduler:
         # minimum" against "wider, later").
         # (not where grants grow as units free, tangram/cpu/malleable.py: it starts now
         # and widens then, instead of waiting for them)
-        may_wait = (not (isinstance(pool, Resizable) and pool.grows)
+        grants = resizable(pool)
+        may_wait = ((grants is None or not grants.grows)
                     and self.may_wait(head, rest, now, running, free0))
         if n == 1 and full[1] == minimum and not may_wait:
             return [(head, minimum[0])]  # no room to grow, nothing to evict for

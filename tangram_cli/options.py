@@ -4,9 +4,8 @@ options, --gpu-device."""
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
-import pandas as pd
 import typer
 
 from executor.backends.gpu.arrays import check_device
@@ -15,7 +14,9 @@ from tangram.cluster import QuotaSpec
 from tangram.model import quota_resource
 from tangram.policies import Policy, make_policy
 from tangram_cli.common import err, fail
-from traces.select import fixed_work
+
+if TYPE_CHECKING:  # (pandas is a third of `tangram serve`'s imports, and serve needs none)
+    import pandas as pd
 
 PolicyOpt = Annotated[str, typer.Option(
     help="Scheduling policy (see `tangram policies`): tangram, tangram-paper, k8s, static, "
@@ -45,6 +46,8 @@ def check_work_scale(work_scale: float) -> None:
 
 def warn_fixed_work(df: pd.DataFrame, work_scale: float) -> int:
     """Say how many rows --work-scale could not scale (they run real commands); the count."""
+    from traces.select import fixed_work
+
     fixed = int(fixed_work(df).sum()) if work_scale != 1.0 else 0
     if fixed:
         err.print(f"warning: --work-scale {work_scale:g}: {fixed} of {len(df)} row(s) run a "

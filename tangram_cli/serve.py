@@ -81,6 +81,10 @@ def serve(
                        "disk_full. process: a fork whose copy would hold more is refused.")] = 4.0,
     warm_pool: Annotated[int, typer.Option(
         min=0, help="docker: sandboxes created ahead of time (default image only).")] = 0,
+    sandbox_uids: Annotated[int, typer.Option(
+        min=2, max=4096, help="process, as root: the user ids the trajectories' commands run "
+        "under, at most this many trajectories open at once (per node); a closed "
+        "trajectory's id goes to another after all the others.")] = 4096,
     result_ttl_s: Annotated[float, typer.Option(
         min=0, help="Seconds a finished result stays in memory (then: read from the journal).")] = 60.0,
     mem_overcommit: Annotated[float | None, typer.Option(
@@ -167,7 +171,7 @@ def serve(
         opts = ServeOptions(backend, state_dir, chosen, specs, allow, images, result_ttl_s,
                             sandbox_mem_gb, sandbox_pids, warm_pool, None if ray else gc,
                             gpu_device, admission, sandbox_disk_gb=sandbox_disk_gb,
-                            read_timeout_s=read_timeout_s)
+                            read_timeout_s=read_timeout_s, sandbox_uids=sandbox_uids)
         # each step of the start-up says when it begins and how long it took (off a
         # terminal a line every ~10 s while it lasts): building the docker image, a Ray
         # cluster or the GPU workers' models can take minutes

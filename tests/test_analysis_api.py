@@ -202,6 +202,19 @@ def test_a_summary_from_the_files_columns_is_the_whole_frames(tmp_path):
     assert summarise(whole, **args)["exit_codes"] == {"1": 1, "none": 6}
 
 
+def test_a_run_without_batches_has_a_lease_per_record_as_the_grouping_gives():
+    """analysis.outputs._leases takes the rows as they are when no record is batched; a
+    batch of one (its own id in ``batch_of``) goes through the grouping: the same frame."""
+    from analysis.outputs import _leases
+
+    for workload, policy in (("coding", "tangram"), ("deepsearch", "baseline")):
+        df = simulate(generate(workload, 6, 2), "default", policy=policy).actions
+        assert (df["batch_of"] == "").all() and len(df)
+        alone = df.copy()
+        alone.loc[alone.index[-1], "batch_of"] = alone["action_id"].iloc[-1]
+        pd.testing.assert_frame_equal(_leases(df), _leases(alone))
+
+
 def test_a_valid_trace_is_not_checked_again(monkeypatch):
     """`tangram simulate` hands analysis.runs.simulate the rows it loaded and checked as a
     ValidTrace: the trace is validated once (a frame is checked, a ValidTrace is not)."""

@@ -7,7 +7,10 @@ trajectory under the same id read and appended to all of it, and A's 100 MB in
 ``/dev/shm`` stayed in memory charged to no one. Now everything the id owns there is
 removed, and its processes killed, before the id is handed out again. (Since issue 47
 #6 ``/tmp``, ``/var/tmp`` and ``/dev/shm`` are each trajectory's own, kept beside its work
-directory: A's files there are checked where they are, and removed with them.)"""
+directory: A's files there are checked where they are, and removed with them.)
+
+The server hands out :data:`UIDS` ids (``--sandbox-uids``; the default is a block of 4,096,
+whose reuse took ~4,096 opens and closes): the same rotation, reached in a few dozen."""
 
 from __future__ import annotations
 
@@ -22,6 +25,7 @@ from conftest import TOKEN, start_server
 
 H = {"Authorization": f"Bearer {TOKEN}"}
 PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
+UIDS = 16
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0,
                                 reason="commands run under ids of their own only as root")
@@ -54,7 +58,7 @@ def _on_host(state: Path, tid: str, name: str) -> Path:
 
 
 def test_nothing_of_a_closed_trajectory_reaches_the_next_one_on_its_id(tmp_path):
-    server = start_server(tmp_path / "state")
+    server = start_server(tmp_path / "state", extra_args=("--sandbox-uids", str(UIDS)))
     tag = secrets.token_hex(6)
     names = [f"{p}/a-{tag}" for p in PLACES]
     state = tmp_path / "state"
@@ -73,13 +77,15 @@ def test_nothing_of_a_closed_trajectory_reaches_the_next_one_on_its_id(tmp_path)
             assert _segments(uid) and _procs(uid)
             assert c.delete("/v1/trajectories/a").status_code == 200
 
-            # the id comes back once A is cleaned up and every other id of the block was
-            # handed out (oldest freed first, issue 45 #6): open trajectories until one
-            # has it (its work directory is its id's from its open), closing the others
-            deadline = time.time() + 600  # (~4,096 opens and closes: a hang guard)
+            # the id comes back once A is cleaned up and every other id the server hands
+            # out was (oldest freed first, issue 45 #6): open trajectories until one has
+            # it (its work directory is its id's from its open), closing the others
+            deadline = time.time() + 600  # (~UIDS opens and closes: a hang guard)
             work = tmp_path / "state" / "work"
+            tries = 0
             while True:
-                tid = f"c{len(opened)}"
+                tid = f"c{tries}"
+                tries += 1
                 assert c.post("/v1/trajectories", json={"id": tid}).status_code == 201
                 opened.append(tid)
                 if os.stat(work / tid).st_uid == uid:
@@ -87,6 +93,8 @@ def test_nothing_of_a_closed_trajectory_reaches_the_next_one_on_its_id(tmp_path)
                 assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
                 opened.pop()
                 assert time.time() < deadline, "A's id was never handed out again"
+            # every other id went first (A opened first: UIDS - 1 were ahead of it in the queue)
+            assert tries >= UIDS, f"A's id came back after {tries - 1} other opens"
             # (C's `id -u` may still be exiting: a process of the id that stays is A's)
             deadline = time.time() + 30
             while _procs(uid) and time.time() < deadline:

@@ -109,3 +109,24 @@ def test_uids_rotate_oldest_freed_first(http):
         seen.append(int(_sh(http, tid, f"{tid}-1", "id -u")))
         assert http.delete(f"/v1/trajectories/{tid}").status_code == 200
     assert len(set(seen)) == len(seen), seen
+
+
+def test_a_smaller_uid_count_rotates_the_same_way_within_its_block(tmp_path):
+    """``--sandbox-uids N``: the first N ids of the block, handed out oldest freed first
+    (the rotation the tests above check on the default 4,096, in N opens)."""
+    from executor.backends.process.uids import BLOCK, UidBlock
+
+    block = UidBlock(tmp_path, size=3)
+    try:
+        got = [block.take() for _ in range(3)]
+        assert got == [block.first, block.first + 1, block.first + 2]
+        with pytest.raises(RuntimeError, match="more than 3 trajectories open"):
+            block.take()
+        block.give(got[1])
+        block.give(got[0])
+        assert [block.take(), block.take()] == [got[1], got[0]]
+    finally:
+        os.close(block.fd)
+    for bad in (1, BLOCK + 1):
+        with pytest.raises(ValueError, match="sandbox uids"):
+            UidBlock(tmp_path, size=bad)

@@ -425,12 +425,21 @@ LIVE_POLICIES = [p if p != "fixed-dop:N" else "fixed-dop:2" for p in REGISTRY]
 def test_every_policy_runs_live_on_gpu_workers(tmp_path: Path, policy: str) -> None:
     """A slice of the MOPD sample live on the cpu device under each policy: exit 0, every
     action ok, the workers held what the core's plans said (no mismatch). Static: each
-    replica deployed once and never evicted; serverless: every cold start a real load."""
+    replica deployed once and never evicted; serverless: every cold start a real load.
+    `tangram run` in this process (typer's CliRunner: the command's own code and exit
+    code, its GPU workers real processes), not a fresh interpreter per policy: importing
+    the command again was a third of each run's CPU (the run as a subprocess:
+    test_run_replays_gpu_rows_with_measured_restores)."""
+    from typer.testing import CliRunner
+
+    import cli
+
     out = tmp_path / "run"
-    res = _cli("run", "--trace", str(ROOT / "traces/samples/mopd.parquet"), "--gpu-device",
-               "cpu", "--limit", "10", "--think-scale", "0", "--policy", policy,
-               "--pod-cores", "1", "--out", str(out), "-q")  # k8s pods fit a 1-core CI box
-    assert res.returncode == 0, res.stderr
+    res = CliRunner().invoke(cli.app, [
+        "run", "--trace", str(ROOT / "traces/samples/mopd.parquet"), "--gpu-device", "cpu",
+        "--limit", "10", "--think-scale", "0", "--policy", policy, "--pod-cores", "1",
+        "--out", str(out), "-q"])  # k8s pods fit a 1-core CI box
+    assert res.exit_code == 0, (res.output, res.exception)
     summary = json.loads((out / "summary.json").read_text())
     gpu = summary["gpu"]
     assert summary["actions"] == 10 and summary["failed"] == 0

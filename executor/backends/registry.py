@@ -22,13 +22,14 @@ def env_backend(name: str, root: Path, *, cpu_map: list[int] | None = None,
     the cores it may use (default: all this process may), ``run_mark`` the process backend's
     mark for its children, ``owner`` the docker containers' owner label (default: derived from
     ``root``, so one state directory owns one set of containers), ``sandboxes`` what each
-    sandbox may use (the process backend: its memory limit), ``env`` extra environment for
-    the process backend's commands."""
+    sandbox may use (the process backend: its memory limit, and its user ids as root),
+    ``env`` extra environment for the process backend's commands."""
     if name == "process":
         from executor.backends.process.backend import ProcessBackend
 
         return ProcessBackend(root, cpu_map=cpu_map, env=env, run_mark=run_mark,
-                              default_mem_gb=sandboxes.mem_gb, disk_gb=sandboxes.disk_gb)
+                              default_mem_gb=sandboxes.mem_gb, disk_gb=sandboxes.disk_gb,
+                              uids=sandboxes.uids)
     if name == "docker":
         from executor.backends.docker.backend import DockerBackend
 

@@ -1,5 +1,6 @@
 """What each docker sandbox may use, as `tangram serve` / `run` were told
-(--sandbox-mem-gb, --sandbox-pids, --sandbox-disk-gb, --warm-pool): one value handed
+(--sandbox-mem-gb, --sandbox-pids, --sandbox-disk-gb, --warm-pool, and the process
+backend's --sandbox-uids): one value handed
 to the docker backend of this machine and to the one of every Ray node agent, so a
 sandbox is bounded the same wherever it runs. Standard library only: a process-backend
 agent imports it without Docker's SDK."""
@@ -19,6 +20,9 @@ class SandboxLimits:
     pids: int = 512  # most processes in a sandbox
     disk_gb: float = 4.0  # its disk (executor/backends/docker/backend.py: storage-opt or tmpfs)
     warm: int = 0  # started sandboxes kept ready for a first action (per node)
+    #: the process backend as root: user ids it hands out, at most this many trajectories
+    #: open at once (executor/backends/process/uids.py BLOCK)
+    uids: int = 4096
 
     def docker_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``DockerBackend`` these set."""

@@ -185,10 +185,11 @@ class ProcessBackend:
     def __init__(self, root: str | Path, cpu_map: list[int] | None = None,
                  env: Mapping[str, str] | None = None, keep_workdirs: bool = False,
                  run_mark: str | None = None, default_mem_gb: float = 2.0,
-                 disk_gb: float | None = None) -> None:
+                 disk_gb: float | None = None, uids: int = BLOCK) -> None:
         """``default_mem_gb``: the memory limit of a trajectory that declares none;
         ``disk_gb``: the most a fork's copy may hold (executor/backends/process/fork.py; the
-        backend bounds no sandbox's writes otherwise), None: no bound."""
+        backend bounds no sandbox's writes otherwise), None: no bound; ``uids``: as root,
+        how many user ids of its block it hands out (executor/backends/process/uids.py)."""
         self.root = Path(root)
         self.root.mkdir(parents=True, exist_ok=True)
         self.root = self.root.resolve()
@@ -225,7 +226,7 @@ class ProcessBackend:
         #: a cgroup per action where the server can make one (None: the marked sweep)
         self._trees = ActionGroups.here(self._run_mark)
         #: as root: trajectory -> the user id its commands run under
-        self._uids = UidBlock() if dropping() else None
+        self._uids = UidBlock(size=uids) if dropping() else None
         self._uid_of: dict[str, int] = {}
         #: trajectory -> its work directory (checked once, dropped at its close)
         self._dirs: dict[str, Path] = {}

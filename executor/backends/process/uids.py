@@ -10,7 +10,9 @@ session or its process group - is found again and killed when the trajectory clo
 The ids come in blocks of :data:`BLOCK` claimed with ``flock`` on a file per block, so two
 servers (or two Ray agents) on one host never hand out the same id; the lock is released
 with the process that holds it (and with the guard it passed the descriptor to,
-executor/backends/ray/guard.py), never left behind by a crash.
+executor/backends/ray/guard.py), never left behind by a crash. A backend hands out the first
+``size`` ids of its block (``--sandbox-uids``, default the whole block): at most that many
+trajectories open at once; the rest of the block is claimed all the same.
 
 Within a block the ids rotate: a closed trajectory's id goes to the back of the queue
 (oldest freed first), and only once its processes are gone and every file it owns
@@ -59,9 +61,13 @@ def dropping() -> bool:
 
 
 class UidBlock:
-    """A block of ids held by this process: ``take`` one per trajectory, ``give`` it back."""
+    """A block of ids held by this process: ``take`` one per trajectory, ``give`` it back;
+    ``size``: how many of the block's ids are handed out (the first ones; 2 to
+    :data:`BLOCK`: with one the next trajectory would get the id that just closed)."""
 
-    def __init__(self, lock_dir: Path = LOCK_DIR) -> None:
+    def __init__(self, lock_dir: Path = LOCK_DIR, size: int = BLOCK) -> None:
+        if not 2 <= size <= BLOCK:
+            raise ValueError(f"sandbox uids: {size} ids per backend (2 to {BLOCK})")
         lock_dir.mkdir(mode=0o700, parents=True, exist_ok=True)
         for k in range(BLOCKS):
             fd = os.open(lock_dir / f"block-{k}", os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
@@ -75,12 +81,13 @@ class UidBlock:
             break
         else:
             raise RuntimeError(f"no free block of sandbox user ids ({BLOCKS} held in {lock_dir})")
+        self.size = size
         #: the quarantine: ids handed out from the left, given back on the right
-        self._free = deque(range(self.first, self.first + BLOCK))
+        self._free = deque(range(self.first, self.first + size))
 
     def take(self) -> int:
         if not self._free:
-            raise RuntimeError(f"more than {BLOCK} trajectories open at once (or closed "
+            raise RuntimeError(f"more than {self.size} trajectories open at once (or closed "
                                "ones still being cleaned up)")
         return self._free.popleft()
 
