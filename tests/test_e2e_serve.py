@@ -43,7 +43,10 @@ WAIT_S = 240
 CPU_EFFECTS = {"Dispatch", "Moved", "Stop", "Cancelled", "Reclaim"}
 SHED_EFFECTS = {"Dispatch", "Shed"}
 GPU_EFFECTS = {"Dispatch", "PreRestore"}
-COVERED = CPU_EFFECTS | SHED_EFFECTS | GPU_EFFECTS
+#: (its workload, `serve --policy tangram-malleable` growing a real pytest-xdist run, is
+#: tests/test_malleable_live.py's, which asserts the Resized count in /metrics)
+RESIZE_EFFECTS = {"Dispatch", "Resized"}
+COVERED = CPU_EFFECTS | SHED_EFFECTS | GPU_EFFECTS | RESIZE_EFFECTS
 
 
 def test_the_workloads_cover_every_effect_kind():

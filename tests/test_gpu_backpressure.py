@@ -190,7 +190,12 @@ def test_a_request_the_pool_would_not_serve_in_time_is_refused_with_retry_after(
     # Tangram's teacher client waits Retry-After and asks again until it is served
     threads2, codes2 = _blockers(url, 4)
     _wait_leased(url, threads2)
-    client = TangramTeacherClient("teacher0", url, TOKEN, wait_s=max(1.5 * light, MIN_TIMEOUT_S))
+    # (its timeout: half a heavy request's cost, far below the four heavy ones ahead of it,
+    # so it is refused while they run, and far above its own cost, so once served it is not
+    # timed out by a loaded machine: at 1.5x its cost, ~15 ms, a CI run beside another
+    # worker saw it end unfinished, 503)
+    client = TangramTeacherClient("teacher0", url, TOKEN,
+                                  wait_s=max(1.5 * light, MIN_TIMEOUT_S, heavy / 2))
     with caplog.at_level(logging.WARNING, logger="tangram.teacher"):
         out = asyncio.run(
             client.generate(
