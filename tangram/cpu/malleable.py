@@ -8,6 +8,10 @@ of their node's 24 cores sat idle), and one that starts wide on an idle node kee
 cores when others arrive. With concave speedups, re-sharing the cores as actions come and
 go is what keeps the tail short (EQUI, heSRPT: Berg, Harchol-Balter et al. 2020).
 
+The policy ``tangram-malleable`` (MalleableCores); not the default: it wins the quick
+regret matrix's coding cells and loses mean ACT at the paper's size (docs/evidence/
+decisions.md, "Malleable grants").
+
 What a malleable action is: a CPU elastic action with a speedup profile (declared or
 learnt) that starts its command with a fixed worker count (``Dispatch.workers``, its
 ``TANGRAM_WORKERS``: ``pytest -n W``) and runs on whatever cores it holds; the backend
