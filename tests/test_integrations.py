@@ -216,14 +216,16 @@ async def _verl(url: str, yaml_path: Path) -> None:
         await asyncio.sleep(0.1)
     assert quick.sandbox_of(key("slow")) is None and await _gone(url, abandoned)
 
-    # closing a rollout while one of its calls runs waits for the call, then closes
-    busy = asyncio.create_task(verl_call_tool(quick, {"command": "sleep 0.3; echo done"},
+    # closing a rollout while one of its calls runs waits for the call, then closes (a
+    # timeout far above the call's: beside stress --cpu 2 its 0.3 s took over 0.5 s)
+    patient = TangramTool({"type": "native", "base_url": url, "token": TOKEN, "timeout_s": 120})
+    busy = asyncio.create_task(verl_call_tool(patient, {"command": "sleep 0.3; echo done"},
                                               agent("busy")))
-    while "tangram" not in agent("busy").extra_fields or quick.sandbox_of(key("busy")) is None:
+    while "tangram" not in agent("busy").extra_fields or patient.sandbox_of(key("busy")) is None:
         await asyncio.sleep(0.02)
-    busy_tid = quick.sandbox_of(key("busy"))
+    busy_tid = patient.sandbox_of(key("busy"))
     await asyncio.sleep(0.1)
-    await quick.close_rollout(key("busy"))
+    await patient.close_rollout(key("busy"))
     assert (await busy)[0].text.startswith("done") and await _gone(url, busy_tid)
 
     # the classic lifecycle (no agent_data): a sandbox per instance, closed by release
