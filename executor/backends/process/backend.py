@@ -431,10 +431,8 @@ class ProcessBackend:
         self._action_marks[aid] = mark
         if group is not None:
             self._groups[aid] = group
-        if isinstance(early, Moved):  # moved off the lane before its process existed
-            self.move(early)
-        elif isinstance(early, Resized):  # resized before its process existed
-            self.resize(early)
+        if early is not None:  # moved off the lane or resized before its process existed
+            self._place(early)
         if cancelled:  # cancelled before its process existed
             self._cancelled.add(aid)
             self._kill_now(proc, group)
@@ -553,6 +551,19 @@ class ProcessBackend:
         process of it runs on the core it now holds, at the exclusive actions' priority;
         while it holds none, at the lowest priority on the cores it shares, yielding to
         the exclusive actions there instead of preempting them (nice 0 on the lane)."""
+        self._place(effect)
+
+    def resize(self, effect: Resized) -> None:
+        """Resizing (tangram.protocol): the core grew or shrank a running elastic action's
+        grant (tangram/cpu/malleable.py): every process of it runs on its new cores from
+        now, at the exclusive actions' priority. Its workers stay as many as it started
+        (``TANGRAM_WORKERS``): they share the cores they are given."""
+        self._place(effect)
+
+    def _place(self, effect: Moved | Resized) -> None:
+        """Every process of the action on ``effect.cores`` at the exclusive actions'
+        priority (none: the lowest priority where it runs); kept until its process exists
+        when it is still being started (``_run`` carries it out then)."""
         aid = effect.action_id
         if aid in self._starting:
             self._starting[aid] = effect
@@ -564,22 +575,6 @@ class ProcessBackend:
         cores = {self.cpu_map[c] for c in effect.cores} or None
         nice = min(own + EXCLUSIVE_NICE, 19) if cores else DEMOTED_NICE
         self._repin(mark, cores, nice)
-
-    def resize(self, effect: Resized) -> None:
-        """Resizing (tangram.protocol): the core grew or shrank a running elastic action's
-        grant (tangram/cpu/malleable.py): every process of it runs on its new cores from
-        now, at the exclusive actions' priority. Its workers stay as many as it started
-        (``TANGRAM_WORKERS``): they share the cores they are given."""
-        aid = effect.action_id
-        if aid in self._starting:  # carried out once its process exists (_run)
-            self._starting[aid] = effect
-            return
-        mark = self._action_marks.get(aid)
-        if mark is None:  # ended meanwhile
-            return
-        own = os.getpriority(os.PRIO_PROCESS, 0)
-        self._repin(mark, {self.cpu_map[c] for c in effect.cores},
-                    min(own + EXCLUSIVE_NICE, 19))
 
     @staticmethod
     def _repin(mark: str, cores: set[int] | None, nice: int) -> None:
