@@ -69,7 +69,7 @@ $(NB_STAMP): $(BASE_STAMP)
 notebooks: $(NB_STAMP)  ## open the analysis notebooks in JupyterLab
 	$(VENV)/bin/jupyter lab notebooks/
 
-notebooks-run: $(STAMP)  ## execute every notebook into runs/notebooks/ (with outputs)
+notebooks-run: $(NB_STAMP)  ## execute every notebook into runs/notebooks/ (with outputs)
 	$(VENV)/bin/python notebooks/execute.py --out runs/notebooks
 
 lint: $(STAMP)

@@ -72,7 +72,9 @@ def bars(df: pd.DataFrame, group: str, series: str, value: str, *, title: str, y
     names = list(dict.fromkeys(df[series]))
     width = 0.8 / max(len(names), 1)
     palette = colors([str(n) for n in names])
-    ax = _ax(ax, (max(5, 1.9 * len(groups)), 3.8))
+    # wide enough that the groups' labels (their longest line) do not run into each other
+    longest = max((len(line) for g in groups for line in str(g).splitlines()), default=0)
+    ax = _ax(ax, (max(5, 1.9 * len(groups), 0.085 * longest * len(groups) + 1), 3.8))
     for k, s in enumerate(names):
         sub = df[df[series] == s].set_index(group)
         xs = np.arange(len(groups)) + k * width - 0.4 + width / 2

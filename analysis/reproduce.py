@@ -3,8 +3,6 @@ beside the paper's (results.json, report.md, report.html)."""
 
 from __future__ import annotations
 
-import base64
-import html
 import json
 import math
 import os
@@ -48,6 +46,7 @@ from analysis.experiments import (
     table1_job,
 )
 from analysis.paper import CITATION, PAPER, TEACHER_DEMAND_NOTE
+from analysis.report_html import markdown_to_html
 from sim.cluster import load_cluster
 from traces.generate import CALIBRATION
 
@@ -505,12 +504,23 @@ FIG6_PAPER = {"coding": "coding_act", "deepsearch": "deepsearch_step"}
 FIG7_PAPER = {("coding", "env"): "coding_env", ("coding", "reward"): "coding_reward"}
 
 
+#: what a reader must know to read a figure beside the headline table
+FIGURE_NOTES = {
+    "fig6_act": "Fig. 6 is one run per workload (seed 0, the base cluster, pods of the "
+                "default size); the headline table's ratios are means over the seeds at each "
+                "row's lead point, and its coding variant holds pods to the rollout's end, so "
+                "a ratio here may differ from the table's row for the same workload. Bar "
+                "labels are RL step times (rollout only).",
+}
+
+
 def _fig6_label(f6: pd.DataFrame, w: str) -> str:
     t, b = _get(f6, workload=w, policy="tangram"), _get(f6, workload=w, policy=BASELINE_OF[w])
     ours = _ratio(b.act_mean_s, t.act_mean_s) if t is not None and b is not None else math.nan
     key = FIG6_PAPER.get(w)
-    paper = f", paper {PAPER[key].value}x" if key else ""
-    return f"{w}\n(vs {BASELINE_OF[w]})\nours {ours:.2g}x{paper}"
+    paper = f"\npaper {PAPER[key].value}x" if key else ""
+    # one ratio a line: side by side, four groups' labels ran into each other
+    return f"{w}\n(vs {BASELINE_OF[w]})\nACT ours {ours:.2g}x{paper}"
 
 
 def draw_ranges(results: list[dict[str, Any]], out: Path) -> Path | None:
@@ -1053,6 +1063,13 @@ def report(results: list[dict], paths: list[Path], out: Path, scale: str, wall_s
                      f"{', '.join(r.get('moved_over_20pct') or []) or '-'} | {r['unit']} | "
                      f"{r['note']} |")
     lines += ["", *verdict_lines(results, regret_cells)]
+    # the figures right after the verdicts: a reader looks before reading the details
+    lines += ["## Figures", "", "Dashed red lines (or red text, where the paper gives a "
+              "ratio and the figure shows times) mark the paper's values.", ""]
+    for p in paths:
+        lines += [f"![{p.stem}](figures/{p.name})", ""]
+        if p.stem in FIGURE_NOTES:
+            lines += [FIGURE_NOTES[p.stem], ""]
     # an assumption may lead at different values in different rows (the coding rows'
     # capacity is the paper's operating point, the ablation's the base cluster)
     leads: dict[tuple[str, str], dict[str, Any]] = {}
@@ -1126,10 +1143,6 @@ def report(results: list[dict], paths: list[Path], out: Path, scale: str, wall_s
         lines.append("")
     if decomp:
         lines += decomposition_lines(decomp)
-    lines += ["## Figures", "", "Dashed red lines (or red text, where the paper gives a "
-              "ratio and the figure shows times) mark the paper's values.", ""]
-    for p in paths:
-        lines += [f"![{p.stem}](figures/{p.name})", ""]
     lines += ["## Trace parameters and sources", "", "| parameter | value | source |",
               "| --- | --- | --- |"]
     for k, (v, src) in CALIBRATION.items():
@@ -1138,52 +1151,6 @@ def report(results: list[dict], paths: list[Path], out: Path, scale: str, wall_s
     md = "\n".join(lines)
     (out / "report.md").write_text(md)
     (out / "report.html").write_text(markdown_to_html(md, out))
-
-
-def markdown_to_html(md: str, root: Path) -> str:
-    """Enough Markdown for our report (headings, lists, tables, images), images inlined."""
-    body: list[str] = []
-    in_table = False
-    in_list = False
-    for line in md.splitlines():
-        if line.startswith("|"):
-            cells = [c.strip() for c in line.strip("|").split("|")]
-            if set("".join(cells)) <= set("- "):
-                continue
-            tag = "th" if not in_table else "td"
-            if not in_table:
-                body.append("<table>")
-                in_table = True
-            body.append("<tr>" + "".join(f"<{tag}>{html.escape(c)}</{tag}>" for c in cells) + "</tr>")
-            continue
-        if in_table:
-            body.append("</table>")
-            in_table = False
-        if line.startswith("* "):
-            if not in_list:
-                body.append("<ul>")
-                in_list = True
-            body.append(f"<li>{html.escape(line[2:])}</li>")
-            continue
-        if in_list:
-            body.append("</ul>")
-            in_list = False
-        if line.startswith("!["):
-            src = line[line.index("(") + 1: line.rindex(")")]
-            data = base64.b64encode((root / src).read_bytes()).decode()
-            body.append(f'<p><img alt="{html.escape(src)}" src="data:image/png;base64,{data}"></p>')
-        elif line.startswith("#"):
-            level = len(line) - len(line.lstrip("#"))
-            body.append(f"<h{level}>{html.escape(line.lstrip('# '))}</h{level}>")
-        elif line.strip():
-            body.append(f"<p>{html.escape(line)}</p>")
-    if in_table:
-        body.append("</table>")
-    style = ("body{font-family:sans-serif;max-width:980px;margin:2em auto;color:#222}"
-             "table{border-collapse:collapse;font-size:13px}td,th{border:1px solid #ccc;"
-             "padding:3px 6px}img{max-width:100%}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>Tangram reproduction"
-            f"</title><style>{style}</style></head><body>{''.join(body)}</body></html>\n")
 
 
 def reproduce(out: Path, quick: bool, only: list[str] | None = None, workers: int = 2,

@@ -3,6 +3,7 @@
     .venv/bin/python notebooks/execute.py                   # all, outputs discarded
     .venv/bin/python notebooks/execute.py --out runs/nb     # keep executed copies
     .venv/bin/python notebooks/execute.py ablations         # just one
+    .venv/bin/python notebooks/execute.py --in-place        # refresh the shipped outputs
 
 Prints one JSON line per notebook ({"notebook", "seconds"}); exits 1 naming the cell that
 failed. CI runs the same function (tests/test_notebooks.py), so no notebook can rot.
@@ -40,22 +41,35 @@ def execute(path: Path, out: Path | None = None) -> float:
     seconds = time.perf_counter() - t0
     if out is not None:
         out.mkdir(parents=True, exist_ok=True)
-        nbformat.write(nb, out / path.name)
+        nbformat.write(_without_timings(nb), out / path.name)
     return seconds
+
+
+def _without_timings(nb: nbformat.NotebookNode) -> nbformat.NotebookNode:
+    """The executed notebook less what changes on every run (kernel timings), so a
+    refresh of the shipped outputs diffs only where an output changed."""
+    for cell in nb.cells:
+        cell.get("metadata", {}).pop("execution", None)
+    return nb
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("names", nargs="*", help="notebook names (default: all)")
-    parser.add_argument("--out", type=Path, help="write executed copies here")
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--out", type=Path, help="write executed copies here")
+    where.add_argument("--in-place", action="store_true",
+                       help="write the executed notebooks over notebooks/*.ipynb (the "
+                            "outputs the repository ships)")
     args = parser.parse_args()
+    out = HERE if args.in_place else args.out
     chosen = [p for p in notebooks() if not args.names or p.stem in args.names]
     unknown = set(args.names) - {p.stem for p in chosen}
     if unknown:
         sys.exit(f"unknown notebook(s): {sorted(unknown)} (have {[p.stem for p in notebooks()]})")
     for path in chosen:
         try:
-            seconds = execute(path, args.out)
+            seconds = execute(path, out)
         except CellExecutionError as e:
             print(f"{path.name} failed:\n{e}", file=sys.stderr)
             sys.exit(1)

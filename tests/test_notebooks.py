@@ -1,4 +1,5 @@
-"""The analysis notebooks: stored without outputs, linked from the README, and executed
+"""The analysis notebooks: shipped with their outputs (a reader sees the figures without a
+kernel), linked from the README, and executed
 top to bottom with a real Jupyter kernel (nbclient + ipykernel). How long each takes is
 printed as a figure (JSON), not bounded: the CI machine is loaded."""
 
@@ -32,13 +33,25 @@ def test_the_notebooks_are_there_and_linked_from_the_readme():
     assert "tangram-rl[notebooks]" in readme and "jupyter lab notebooks/" in readme
 
 
+def _figures(nb: nbformat.NotebookNode) -> int:
+    return sum("image/png" in o.get("data", {}) for c in nb.cells
+               if c.cell_type == "code" for o in c.outputs)
+
+
 @pytest.mark.parametrize("path", sorted(NOTEBOOKS.glob("*.ipynb")), ids=lambda p: p.stem)
-def test_committed_notebook_has_no_outputs(path):
+def test_committed_notebook_ships_its_outputs(path):
     nb = nbformat.read(path, as_version=4)
     nbformat.validate(nb)
-    dirty = [i for i, c in enumerate(nb.cells) if c.cell_type == "code"
-             and (c.outputs or c.execution_count is not None)]
-    assert not dirty, f"{path.name}: cells {dirty} have outputs; clear them before committing"
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    unrun = [i for i, c in enumerate(nb.cells) if c.cell_type == "code" and c.execution_count is None]
+    assert not unrun, (f"{path.name}: cells {unrun} were not run; refresh the outputs with "
+                       "`python notebooks/execute.py --in-place`")
+    counts = [c.execution_count for c in code]
+    assert counts == list(range(1, len(code) + 1)), (
+        f"{path.name}: cells ran out of order ({counts}); run it top to bottom")
+    errors = [o for c in code for o in c.outputs if o.output_type == "error"]
+    assert not errors, f"{path.name}: ships an error output: {errors[0].get('ename')}"
+    assert _figures(nb) >= 2, f"{path.name}: ships {_figures(nb)} figures, expected its figures"
     assert nb.cells[0].cell_type == "markdown", f"{path.name}: start with the story"
 
 
@@ -52,6 +65,4 @@ def test_notebook_runs_in_a_kernel(path, tmp_path):
     errors = [o for c in executed.cells if c.cell_type == "code" for o in c.outputs
               if o.output_type == "error"]
     assert not errors
-    figures = sum("image/png" in o.get("data", {}) for c in executed.cells
-                  if c.cell_type == "code" for o in c.outputs)
-    assert figures >= 2, f"{path.name}: expected its figures, got {figures}"
+    assert _figures(executed) >= 2, f"{path.name}: expected its figures, got {_figures(executed)}"

@@ -2,6 +2,7 @@
 
 import json
 import math
+import re
 import subprocess
 import sys
 from dataclasses import replace
@@ -62,6 +63,12 @@ def test_reproduce_quick_subset_writes_results_report_and_figures(tmp_path):
     assert ds["setup"]["baseline"]["api_attempts"] is None and "0 calls failed" in ds["note"]
     html = (tmp_path / "report.html").read_text()
     assert "data:image/png;base64" in html and "Trace parameters and sources" in html
+    # rendered, not printed: no Markdown left in the page's text (its figures are data: URIs)
+    text = re.sub(r"<[^>]+>", "", re.sub(r'src="data:[^"]+"', "", html))
+    assert "**" not in text and "`" not in text and "<strong>" in html and "<code>" in html
+    # the verdicts, then the figures, then the details
+    assert (html.index("Where the paper") < html.index("<h2>Figures</h2>")
+            < html.index("The paper's values") < html.index("Trace parameters and sources"))
     assert (tmp_path / "figures" / "fig6_act.png").exists()
     assert (tmp_path / "figures" / "fig6_act.svg").exists()
     assert (tmp_path / "figures" / "sweep_pod_size.png").exists()
