@@ -39,7 +39,7 @@ def _run(code: str) -> str:
 # -- the SDK without the core --------------------------------------------------------------
 #: the core and its dependencies (pyproject's base list, but httpx): none may be imported
 BLOCKED = ("tangram", "numpy", "simpy", "pandas", "pyarrow", "matplotlib", "docker", "pynvml",
-           "typer", "rich", "yaml", "fastapi", "uvicorn", "httptools", "uvloop",
+           "typer", "rich", "markdown_it", "yaml", "fastapi", "uvicorn", "httptools", "uvloop",
            *sorted(FRAMEWORKS), "torch")
 
 WITHOUT_THE_CORE = f"""
