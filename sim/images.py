@@ -106,6 +106,8 @@ class ImageCaches:
         self.misses = 0
         self.pulled_gb = 0.0
         self.pulls_done = 0
+        #: pulls started (on demand or ahead)
+        self.pulls_started = 0
         self.evictions = 0
 
     # -- what the backend asks ---------------------------------------------------------
@@ -164,6 +166,7 @@ class ImageCaches:
             return pull
         gb = float(self.sizes[image])
         pull = _Pull(image, gb, gb)
+        self.pulls_started += 1
         self._advance(n)
         if len(n.running) < self.pulls:
             pull.started = self.clock.now()
@@ -228,8 +231,14 @@ class ImageCaches:
             self.evictions += 1
 
     def counters(self) -> dict[str, float]:
+        """``image_hit_rate``: the share of environment starts that needed no pull of their
+        own (1 - pulls started / starts: a start that joins a pull already under way, made
+        for another start or ahead by the core, is a hit; the first start of an image on a
+        node, pulled ahead or not, is a miss). ``image_held_rate``: the share that found
+        their image held, its pull over."""
         starts = self.hits + self.misses
-        return {"image_hits": self.hits, "image_misses": self.misses,
-                "image_hit_rate": self.hits / starts if starts else 1.0,
-                "image_pulled_gb": round(self.pulled_gb, 3), "image_pulls": self.pulls_done,
+        return {"image_starts": starts, "image_held": self.hits,
+                "image_hit_rate": 1.0 - self.pulls_started / starts if starts else 1.0,
+                "image_held_rate": self.hits / starts if starts else 1.0,
+                "image_pulled_gb": round(self.pulled_gb, 3), "image_pulls": self.pulls_started,
                 "image_evictions": self.evictions, "image_cache_peak_gb": round(self.peak_gb(), 3)}

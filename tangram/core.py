@@ -156,7 +156,7 @@ class Tangram:
             out = self._close(command.trajectory, now)  # type: ignore[attr-defined,assignment]
         elif kind is Open:
             out = self._open(command.trajectory, command.task, command.mem_gb,  # type: ignore[attr-defined]
-                             command.image, command.image_gb)  # type: ignore[attr-defined]
+                             command.image, command.image_gb, now)  # type: ignore[attr-defined]
         else:
             out = self._handle_other(command, now)
         for side in self._owing:
@@ -177,7 +177,7 @@ class Tangram:
             case Overstay():
                 out = self._schedule(now, self._cpu_nodes.overstayed(now))
             case Open(trajectory, task, mem_gb, image, image_gb):
-                out = self._open(trajectory, task, mem_gb, image, image_gb)
+                out = self._open(trajectory, task, mem_gb, image, image_gb, now)
             case Cancel(action_id):
                 if self._cancel(action_id):
                     out = [Cancelled(action_id)]
@@ -293,7 +293,7 @@ class Tangram:
 
     # -- trajectories ------------------------------------------------------------------
     def _open(self, trajectory: str, task: str = "default", mem_gb: float | None = None,
-              image: str = "", image_gb: float = 0.0) -> list[Effect]:
+              image: str = "", image_gb: float = 0.0, now: float = 0.0) -> list[Effect]:
         """Register a trajectory. ``mem_gb`` is reserved on its node for its whole
         life (None: the memory demand of its first CPU action). A trajectory naming an
         ``image`` may be placed now and its image pulled ahead (the policy's ``images``
@@ -310,13 +310,13 @@ class Tangram:
         self._trajectories[trajectory] = TrajectoryState(task, mem_gb)
         out: list[Effect] = []
         if image and self._cpu_nodes.nodes:
-            out = self._place_image(trajectory, mem_gb or 0.0, image, float(image_gb))
+            out = self._place_image(trajectory, mem_gb or 0.0, image, float(image_gb), now)
         if self._cpu_nodes.nodes:
             self._binding.opened(trajectory)
         return out
 
-    def _place_image(self, trajectory: str, mem_gb: float, image: str,
-                     image_gb: float) -> list[Effect]:
+    def _place_image(self, trajectory: str, mem_gb: float, image: str, image_gb: float,
+                     now: float) -> list[Effect]:
         """Book ``trajectory``'s image; where the policy places it at open, plan it there
         and order the pull its node lacks (only from a backend that pulls ahead)."""
         book, cpu = self._images, self._cpu
@@ -324,8 +324,8 @@ class Tangram:
         book.opened(trajectory, image, image_gb)
         room = [name for name, host in cpu.nodes.items()
                 if cpu.mem_refusal(host, mem_gb) is None]
-        node = book.side.place(book, trajectory, room)
-        if node is None or not book.plan(trajectory, node) or not self._pulls:
+        node = book.side.place(book, trajectory, room, now)
+        if node is None or not book.plan(trajectory, node, now) or not self._pulls:
             return []
         book.prefetches += 1
         return [PullImage(node, image)]

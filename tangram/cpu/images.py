@@ -65,6 +65,11 @@ class ImageBook:
         self.users: dict[str, Counter[str]] = {}
         self.wanted: dict[str, Counter[str]] = {}
         self.load: Counter[str] = Counter()
+        #: node -> image -> when the pull the core ordered there should end (at the
+        #: observed rate, after the pulls ordered there before it); absent: held
+        self.ready_at: dict[str, dict[str, float]] = {}
+        #: node -> when the last pull ordered there should end
+        self.backlog: dict[str, float] = {}
         for spec in nodes:
             self.add_node(spec)
         self.rate_gbps = prior_gbps
@@ -86,9 +91,12 @@ class ImageBook:
         self.budget[spec.name] = spec.image_cache_gb
         self.users[spec.name] = Counter()
         self.wanted[spec.name] = Counter()
+        self.ready_at[spec.name] = {}
+        self.backlog[spec.name] = 0.0
 
     def remove_node(self, node: str) -> None:
-        for table in (self.held, self.used_gb, self.budget, self.users, self.wanted):
+        for table in (self.held, self.used_gb, self.budget, self.users, self.wanted,
+                      self.ready_at, self.backlog):
             table.pop(node, None)  # type: ignore[attr-defined]
         self.planned = {t: n for t, n in self.planned.items() if n != node}
         self.bound_to = {t: n for t, n in self.bound_to.items() if n != node}
@@ -99,14 +107,19 @@ class ImageBook:
         if image:
             self.image_of[trajectory] = (image, gb)
 
-    def plan(self, trajectory: str, node: str) -> bool:
+    def plan(self, trajectory: str, node: str, now: float) -> bool:
         """Place ``trajectory`` on ``node`` ahead of its binding; True when its image must
-        be pulled there (the node holds none of it in the core's belief)."""
+        be pulled there (the node holds none of it in the core's belief): the pull is
+        expected to end after those ordered there before it, at the observed rate."""
         image, gb = self.image_of[trajectory]
         self.planned[trajectory] = node
         self.load[node] += 1
         self.wanted[node][image] += 1
         missing = image not in self.held[node]
+        if missing:
+            end = max(now, self.backlog[node]) + gb / self.rate_gbps
+            self.backlog[node] = end
+            self.ready_at[node][image] = end
         self._hold(node, image, gb)
         return missing
 
@@ -151,13 +164,17 @@ class ImageBook:
             self.observed += 1
 
     # -- what placement asks -----------------------------------------------------------
-    def pull_s(self, trajectory: str, node: str) -> float:
-        """Seconds ``trajectory``'s image would take to pull to ``node`` (0: held there,
-        or no image)."""
+    def pull_s(self, trajectory: str, node: str, now: float) -> float:
+        """Seconds from ``now`` until ``trajectory``'s image would be on ``node``: 0 where
+        held (or no image); what is left of its pull where one was ordered there; else
+        the pulls ordered there before it, then its own, at the observed rate."""
         got = self.image_of.get(trajectory)
-        if got is None or got[0] in self.held[node]:
+        if got is None:
             return 0.0
-        return got[1] / self.rate_gbps
+        image, gb = got
+        if image in self.held[node]:
+            return max(self.ready_at[node].get(image, now) - now, 0.0)
+        return max(self.backlog[node] - now, 0.0) + gb / self.rate_gbps
 
     def locality_score(self, trajectory: str, node: str) -> float:
         """kube-scheduler's ImageLocality score of ``node`` for the pod of ``trajectory``,
@@ -192,6 +209,7 @@ class ImageBook:
             if users[image] > 0 or wanted[image] > 0:
                 continue
             self.used_gb[node] -= held.pop(image)
+            self.ready_at[node].pop(image, None)
 
     def counters(self) -> dict[str, float]:
         return {"image_prefetches": self.prefetches, "image_pull_gbps": self.rate_gbps}
@@ -203,9 +221,10 @@ class ImageSide(Protocol):
 
     name: ClassVar[str]
 
-    def place(self, book: ImageBook, trajectory: str, nodes: Iterable[str]) -> str | None:
+    def place(self, book: ImageBook, trajectory: str, nodes: Iterable[str],
+              now: float) -> str | None:
         """Where ``trajectory`` opens (among ``nodes``, those with room for it), decided
-        when it opens; None: at its binding, as any other."""
+        when it opens at ``now``; None: at its binding, as any other."""
         ...
 
     def score(self, book: ImageBook, trajectory: str, node: str) -> float:
@@ -224,7 +243,8 @@ class PullOnDemand:
 
     name: ClassVar[str] = "pull-on-demand"
 
-    def place(self, book: ImageBook, trajectory: str, nodes: Iterable[str]) -> str | None:
+    def place(self, book: ImageBook, trajectory: str, nodes: Iterable[str],
+              now: float) -> str | None:
         return None
 
     def score(self, book: ImageBook, trajectory: str, node: str) -> float:
@@ -259,15 +279,16 @@ class PrePulled(PullOnDemand):
 @dataclass(frozen=True)
 class ImageAware(PullOnDemand):
     """Tangram's placement: a trajectory that names an image is placed when it opens, on
-    the node where its image costs the fewest pull seconds (its size at the observed pull
-    rate; 0 where held or already ordered) among the nodes whose load (trajectories bound
-    or placed there) stays within ``LOAD_SLACK`` x the fair share, the least loaded of
-    equals; its image is pulled there ahead of its first action (PullImage), while its
-    model generates."""
+    the node where its image would be soonest (``ImageBook.pull_s``: 0 where held, what is
+    left of a pull ordered there, else the node's pull backlog and its own bytes at the
+    observed rate) among the nodes whose load (trajectories bound or placed there) stays
+    within ``LOAD_SLACK`` x the fair share, the least loaded of equals; its image is
+    pulled there ahead of its first action (PullImage), while its model generates."""
 
     name: ClassVar[str] = "image-aware"
 
-    def place(self, book: ImageBook, trajectory: str, nodes: Iterable[str]) -> str | None:
+    def place(self, book: ImageBook, trajectory: str, nodes: Iterable[str],
+              now: float) -> str | None:
         if trajectory not in book.image_of:
             return None
         nodes = [n for n in nodes if n in book.held]
@@ -277,4 +298,4 @@ class ImageAware(PullOnDemand):
         fair = (sum(load[n] for n in nodes) + 1) / len(nodes)
         cap = LOAD_SLACK * fair + 1
         within = [n for n in nodes if load[n] < cap] or nodes
-        return min(within, key=lambda n: (book.pull_s(trajectory, n), load[n]))
+        return min(within, key=lambda n: (book.pull_s(trajectory, n, now), load[n]))
