@@ -245,6 +245,15 @@ class PrePulledPolicy(Policy):
 
 
 @dataclass(frozen=True)
+class ImagesOnDemandPolicy(Policy):
+    name: ClassVar[str] = "tangram-images-on-demand"
+    description: ClassVar[str] = ("ablation: tangram placing trajectories without regard to "
+                                  "their images, each pulled when its environment starts "
+                                  "(issue 50)")
+    images: ClassVar[ImageSide] = PullOnDemand()
+
+
+@dataclass(frozen=True)
 class StaticPolicy(Policy):
     name: ClassVar[str] = "static"
     description: ClassVar[str] = ("each GPU service on fixed dedicated GPUs with its own queue "
@@ -282,7 +291,7 @@ class BaselinePolicy(Policy):
 REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (
     Policy, MalleablePolicy, PaperPolicy, K8sPolicy, StaticPolicy, ServerlessPolicy, FixedDopPolicy,
     PerTrajectoryApiPolicy, BaselinePolicy, NoAffinityPolicy, NoOrderingPolicy,
-    K8sImageLocalityPolicy, PrePulledPolicy)}
+    K8sImageLocalityPolicy, PrePulledPolicy, ImagesOnDemandPolicy)}
 
 #: the parameters a user may set, and which part of a policy each belongs to
 PARAMS: dict[str, str] = {"depth": "scheduler", "lookahead": "scheduler",

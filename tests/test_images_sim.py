@@ -204,6 +204,12 @@ def test_the_core_places_by_image_and_pulls_ahead():
     assert core.snapshot(detail=False).counters["image_prefetches"] == 2
 
 
+def test_the_ablation_places_without_images():
+    core = core_with("tangram-images-on-demand")
+    assert core.handle(Open("t1", "swe", 4.0, "img-a", 8.0), 0.0) == []
+    assert core.node_of("t1") is None  # bound at its first action, as any other
+
+
 def test_the_core_orders_no_pull_for_a_backend_that_cannot():
     cluster = ClusterSpec((CpuNodeSpec("n0", cores=8, numa=1, mem_gb=64),))
     core = Tangram(cluster)

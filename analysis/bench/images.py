@@ -3,7 +3,7 @@ bench images`): SWE-style rollouts, each trajectory's environment started from i
 container image, on the paper's CPU nodes with an image cache per node, under tangram
 (image-aware placement, pulls ahead) against the Kubernetes pod pulling on demand, the pod
 with kube-scheduler's ImageLocality score, and every image pre-pulled everywhere (the
-ideal with unbounded disk).
+ideal with unbounded disk); and the ablation, tangram placing without regard to images.
 
 Per policy and seed: environment start time (a trajectory's first action, from its submit
 until it executes: waiting for a node, for its image and for its container), step time,
@@ -34,7 +34,8 @@ from traces.generate import generate
 from traces.schema import validate
 
 #: the policies compared, the default first
-POLICIES = ("tangram", "k8s", "k8s-image-locality", "tangram-prepulled")
+POLICIES = ("tangram", "k8s", "k8s-image-locality", "tangram-prepulled",
+            "tangram-images-on-demand")
 #: the figures summarised over seeds
 FIGURES = ("env_start_p50_s", "env_start_p99_s", "step_s", "act_mean_s", "cache_hit_rate",
            "held_at_start_rate", "pulled_gb")
