@@ -272,6 +272,13 @@ def test_first_actions_wait_for_their_pull(swe_runs):
     assert first_wait(swe_runs["k8s"]) > first_wait(swe_runs["tangram-prepulled"]) + 10.0
 
 
+def test_the_core_learns_the_pull_rate_it_observes(swe_runs):
+    # its prior is the cluster file's 1000 Mbit/s (0.125 GB/s); two pulls at once share it
+    counters = swe_runs["tangram"].snapshot.counters
+    assert counters["image_prefetches"] > 0
+    assert 0.05 < counters["image_pull_gbps"] < 0.12
+
+
 def test_tangram_pulls_fewer_bytes_than_the_pod_baseline(swe_runs):
     assert swe_runs["tangram"].counters["image_pulled_gb"] < \
         swe_runs["k8s"].counters["image_pulled_gb"]
