@@ -17,6 +17,7 @@ import pandas as pd
 import simpy
 
 from sim.clock import SimClock
+from sim.images import ImageCaches, pull_settings
 from sim.modelled import CONTAINER_START, MAX_ATTEMPTS, POD_START, ModelledBackend, StartupModel
 from tangram.cluster import ClusterSpec
 from tangram.core import Tangram
@@ -91,6 +92,23 @@ def fork_s_of(cluster: ClusterSpec) -> float:
     return float(value)
 
 
+def image_caches(clock: SimClock, cluster: ClusterSpec, policy: Policy,
+                 steps_specs: list[list[TrajectorySpec]]
+                 ) -> tuple[ImageCaches | None, dict[str, str]]:
+    """The nodes' image caches (sim/images.py) and each trajectory's image, when the trace
+    names images (None and {} otherwise: nothing of it is modelled). The images every node
+    holds at the start are the policy's (``images.held_at_start``: all of them for the
+    pre-pulled ideal, which also has no disk budget)."""
+    image_of = {s.id: s.image for specs in steps_specs for s in specs if s.image}
+    if not image_of:
+        return None, {}
+    sizes = {s.image: s.image_gb for specs in steps_specs for s in specs if s.image}
+    mbps, pulls = pull_settings(cluster)
+    held = policy.images.held_at_start(sizes)
+    budgets = {n.name: None if held else n.image_cache_gb for n in cluster.cpu_nodes}
+    return ImageCaches(clock, sizes, budgets, mbps, pulls, held), image_of
+
+
 def busy_of(core: Tangram) -> Callable[[str], float]:
     """Fraction of a node's cores held exclusively (what a light-lane action shares)."""
     return core.busy_fraction
@@ -106,12 +124,12 @@ class SimDoor:
         self.close_at_end = close_at_end
 
     def open(self, spec: TrajectorySpec) -> None:
-        self.runtime.open_trajectory(spec.id, spec.task, spec.mem_gb)
+        self.runtime.open_trajectory(spec.id, spec.task, spec.mem_gb, spec.image,
+                                     spec.image_gb)
         # an environment requested at open starts now if its node is known (else once
         # bound, at its first action)
         node_of = self.runtime.core.node_of
-        self.policy.env.opened(spec.id,
-                               lambda t: self.backend.open_env(t, node_of(t) is not None))
+        self.policy.env.opened(spec.id, lambda t: self.backend.open_env(t, node_of(t)))
 
     def sleep(self, seconds: float) -> simpy.Event:
         return self.env.timeout(seconds)
@@ -124,6 +142,7 @@ class SimDoor:
     def close(self, trajectory: str) -> None:
         if self.close_at_end:
             self.runtime.close_trajectory(trajectory)
+            self.backend.closed(trajectory)
 
 
 def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
@@ -150,11 +169,13 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
     # a trace's steps are built as the run reaches them (traces.schema.Steps), not held
     truth: dict[str, Truth] = {}
     provider = policy.api.provider(cluster.quotas)
+    caches, image_of = image_caches(clock, cluster, policy, steps_specs)
     backend = ModelledBackend(clock, np.random.default_rng(config.seed), truth,
                               startup_of(policy, config, cluster), provider,
                               busy=busy_of(core), aoe_s=config.aoe_s,
                               measured=MeasuredGpu.from_extra(cluster.extra, cluster.restore_gbps),
-                              max_attempts=config.api_attempts)
+                              max_attempts=config.api_attempts, images=caches,
+                              image_of=image_of)
     # the core's seconds by this thread's CPU clock: a simulation is one thread, and its
     # decision times should not grow with the machine's load (live runs use wall clock)
     runtime = Runtime(core, clock, backend, stopwatch=time.thread_time, records=records)
@@ -201,6 +222,7 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
         if config.env_hold == "rollout":
             for s in specs:
                 runtime.close_trajectory(s.id)
+                backend.closed(s.id)
 
     running = [True]
 
@@ -241,6 +263,8 @@ def simulate(df: pd.DataFrame, cluster: ClusterSpec, config: SimConfig,
                 "api_failed": backend.gave_up, "gpu_restores": final.counters["gpu_restores"],
                 "gpu_restore_hits": final.counters["gpu_restore_hits"],
                 "scheduler_passes": final.counters["scheduler_passes"], "seed": config.seed}
+    if caches is not None:
+        counters.update(caches.counters())
     kept = runtime.records if records is None else []
     return RunResult(policy.label, kept, step_log, dict(final.capacity), counters,
                      runtime.timing, samples, time.perf_counter() - wall0, final,

@@ -27,11 +27,12 @@ from typing import Any
 
 import numpy as np
 
+from sim.images import ImageCaches, Pulled
 from tangram.api.backoff import Backoff
 from tangram.gpu.batching import DEFAULT_BATCHING, BatchModel, MeasuredGpu
 from tangram.model import Dispatch, Outcome, counted
 from tangram.policies import ProviderLimit
-from tangram.protocol import PreRestore, Resized, Traits
+from tangram.protocol import PreRestore, PullImage, Resized, Traits
 from tangram.runtime import Clock
 from traces.schema import Truth
 
@@ -113,6 +114,19 @@ LANE_SLOWDOWN_FULL = 1134 / 1024
 RESIZE_S = 0.1
 
 
+class _EnvImage:
+    """A trajectory's environment's image on ``node``: asked for at ``since``, held from
+    ``at`` (None while its pull runs; ``waiters`` then wait for it)."""
+
+    __slots__ = ("node", "since", "at", "pulled", "waiters")
+
+    def __init__(self, node: str, since: float) -> None:
+        self.node, self.since = node, since
+        self.at: float | None = None
+        self.pulled: Pulled | None = None
+        self.waiters: list[Callable[[], None]] = []
+
+
 class _Executing:
     """A malleable action executing in the model (issue 49): its work left, as a fraction
     of its time at ``cores``, as of ``since`` (in the future while it still starts or
@@ -154,10 +168,15 @@ class ModelledBackend:
                  busy: Callable[[str], float] | None = None,
                  batching: BatchModel = DEFAULT_BATCHING, aoe_s: float = 0.0,
                  measured: MeasuredGpu | None = None,
-                 max_attempts: int | None = MAX_ATTEMPTS) -> None:
+                 max_attempts: int | None = MAX_ATTEMPTS,
+                 images: ImageCaches | None = None,
+                 image_of: Mapping[str, str] | None = None) -> None:
         """``busy(node)``: fraction of the node's cores held exclusively (for the light
         lane's time-sharing slowdown; None: no slowdown). ``batching``: the curve a batch
-        dispatch runs by. ``measured``: a live GPU run's costs (GPU actions take those)."""
+        dispatch runs by. ``measured``: a live GPU run's costs (GPU actions take those).
+        ``images``: the nodes' image caches (sim/images.py), ``image_of``: trajectory ->
+        the image its environment starts from (an environment's start on a node that
+        lacks it waits for its pull)."""
         self.batching = batching
         self.measured = measured
         self.clock = clock
@@ -185,15 +204,57 @@ class ModelledBackend:
         #: provider answers: 429s sent, and calls that gave up after MAX_ATTEMPTS
         self.rejections = 0
         self.gave_up = 0
+        self.images = images
+        self.image_of: Mapping[str, str] = image_of or {}
+        #: trajectory -> its environment's image: the node it is held on, when the pull it
+        #: waited for ended (None: not yet) and what that pull was
+        self._env_images: dict[str, _EnvImage] = {}
+        #: the start-time sample of a pod opened with an image (it starts once pulled)
+        self._sample: dict[str, float] = {}
+        #: a first action's outcome extra: what its environment's image cost
+        self._env_extra: dict[str, dict[str, float]] = {}
 
-    def open_env(self, trajectory: str, bound: bool) -> None:
-        """The trajectory's environment is requested at open (the policy's ``env`` part is ``AtOpen``):
-        created when the control plane admits it, ready a start time later."""
-        if bound:
-            self._ready[trajectory] = self._plane.admit(self.clock.now()) + \
-                self.startup.sample(self.rng)
+    def open_env(self, trajectory: str, node: str | None) -> None:
+        """The trajectory's environment is requested at open (the policy's ``env`` part is
+        ``AtOpen``) on ``node`` (None: no node had room): created when the control plane
+        admits it, ready a start time later (after its image's pull, when its node lacks it)."""
+        if node is not None:
+            admitted = self._plane.admit(self.clock.now())
+            sample = self.startup.sample(self.rng)
+            self._ready[trajectory] = admitted + sample
+            if self.images is not None and trajectory in self.image_of:
+                self._sample[trajectory] = sample
+                self._acquire(trajectory, node)
         else:
             self._ready[trajectory] = None
+
+    def pull(self, effect: PullImage) -> None:
+        """The core pulls an image ahead of the trajectories it placed on the node."""
+        if self.images is None:
+            raise ValueError("pull: the simulation models no images (the trace names none)")
+        self.images.prefetch(effect.node, effect.image)
+
+    def closed(self, trajectory: str) -> None:
+        """The trajectory closed: its environment no longer holds its image."""
+        env = self._env_images.pop(trajectory, None)
+        if env is not None and self.images is not None:
+            self.images.release(env.node, self.image_of[trajectory])
+        self._sample.pop(trajectory, None)
+
+    def _acquire(self, trajectory: str, node: str) -> _EnvImage:
+        """Its environment's image on ``node``: held now, or once its pull ends."""
+        assert self.images is not None
+        env = _EnvImage(node, self.clock.now())
+        self._env_images[trajectory] = env
+
+        def ready(pulled: Pulled | None) -> None:
+            env.at, env.pulled = self.clock.now(), pulled
+            waiters, env.waiters = env.waiters, []
+            for fn in waiters:
+                fn()
+
+        self.images.acquire(node, self.image_of[trajectory], ready)
+        return env
 
     def cancel(self, action_id: str) -> None:
         self._cancelled.add(action_id)
@@ -290,12 +351,27 @@ class ModelledBackend:
         if d.action.min("cpu") > 0:
             overhead += self.aoe_s
         if d.action.min("cpu") > 0 and d.action.trajectory not in self._started_envs:
-            self._started_envs.add(d.action.trajectory)
+            t = d.action.trajectory
+            env = None
+            if self.images is not None and t in self.image_of and d.lease.node is not None:
+                env = self._env_images.get(t) or self._acquire(t, d.lease.node)
+                if env.at is None:  # its image is being pulled: the start waits for it
+                    env.waiters.append(lambda: self.start(d, on_done))
+                    return
+            self._started_envs.add(t)
             now = self.clock.now()
-            ready = self._ready.pop(d.action.trajectory, None)
+            ready = self._ready.pop(t, None)
             if ready is None:  # started now (first action, or a pod bound only now)
                 ready = self._plane.admit(now) + self.startup.sample(self.rng)
+            elif env is not None and t in self._sample:  # a pod: it starts once pulled
+                ready = max(ready, env.at + self._sample.pop(t))
             overhead += max(ready - now, 0.0)
+            if env is not None:  # what it waited for its image since its dispatch is
+                # reported in its overhead (its timer runs from now)
+                extra = {"image_wait_s": max(now - d.start_s, 0.0)}
+                if env.pulled is not None:
+                    extra.update(pulled_gb=env.pulled.gb, pull_s=env.pulled.pull_s)
+                self._env_extra[d.action.id] = extra
         quotas = {k: v.min for k, v in d.action.cost.items() if counted(k) and v.min > 0}
         if self.provider is not None and quotas:
             self._attempt(d, truth, on_done, quotas, overhead, 0)
@@ -314,8 +390,13 @@ class ModelledBackend:
                 self._cancelled.discard(d.action.id)
                 on_done(Outcome(d.action.id, "cancelled", None, overhead_s=overhead))
                 return
+            extra: dict[str, float] = {"retries": retries}
+            waited = 0.0
+            if self._env_extra and d.action.id in self._env_extra:
+                extra.update(self._env_extra.pop(d.action.id))
+                waited = extra["image_wait_s"]
             on_done(Outcome(d.action.id, status, 0 if status == "ok" else None,
-                            overhead_s=overhead, extra={"retries": retries}))
+                            overhead_s=overhead + waited, extra=extra))
 
         if d.workers:  # malleable: its end moves when its grant is resized
             begin = self.clock.now() + overhead

@@ -29,6 +29,9 @@ class CpuNodeSpec:
     cores: int = 256
     numa: int = 2
     mem_gb: float = 2400.0
+    #: disk for container images (GB; issue 50): least recently used unused images are
+    #: removed past it (None: no budget, nothing is removed)
+    image_cache_gb: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -169,7 +172,8 @@ class _Reader:
 
     def groups(self, name: str, fields: dict[str, tuple[bool, Any]]) -> list[tuple[str, dict]]:
         """Entries ``{count, prefix, field...}`` expanded into named nodes (or one entry
-        ``{name, field...}``, what ``to_yaml`` writes)."""
+        ``{name, field...}``, what ``to_yaml`` writes). A field whose default is None is
+        optional: absent (or null), it is None."""
         out = []
         for i, entry in enumerate(self._list(name)):
             where = f"{name}[{i}]"
@@ -185,7 +189,8 @@ class _Reader:
                 self.problems.append(f"{where}.name: names one node (no count, no prefix)")
                 continue
             vals = {key: self.num(f"{where}.{key}", entry.get(key, default), integer=integer)
-                    for key, (integer, default) in fields.items()}
+                    for key, (integer, default) in fields.items()
+                    if default is not None or entry.get(key) is not None}
             if None in vals.values():
                 continue
             if "name" in entry:
@@ -196,7 +201,8 @@ class _Reader:
 
     def cpu_nodes(self) -> list[CpuNodeSpec]:
         cpu = [CpuNodeSpec(n, **v) for n, v in self.groups(
-            "cpu_nodes", {"cores": (True, 256), "numa": (True, 2), "mem_gb": (False, 2400.0)})]
+            "cpu_nodes", {"cores": (True, 256), "numa": (True, 2), "mem_gb": (False, 2400.0),
+                          "image_cache_gb": (False, None)})]
         for node in cpu:
             if node.cores % node.numa:
                 self.problems.append(f"cpu_nodes: {node.name}: cores {node.cores} not divisible "

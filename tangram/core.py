@@ -26,6 +26,7 @@ from types import MappingProxyType
 from tangram.cluster import ClusterSpec
 from tangram.cpu.admission import RESERVE, MemoryAdmission
 from tangram.cpu.binding import Binding
+from tangram.cpu.images import ImageBook
 from tangram.cpu.nodes import CpuNodes
 from tangram.estimates import Estimates
 from tangram.gpu.nodes import GpuNodes
@@ -57,6 +58,7 @@ from tangram.protocol import (
     Open,
     Overstay,
     Poll,
+    PullImage,
     QueueView,
     QuotaView,
     Snapshot,
@@ -133,6 +135,11 @@ class Tangram:
                             self._cpu_nodes.moved_off_lane)
         #: scheduling passes that dispatched something
         self._passes = 0
+        #: the CPU nodes' images as the core believes them (tangram/cpu/images.py), given
+        #: to the CPU manager when the first trajectory naming an image opens
+        self._images = ImageBook.of(cluster, self._policy.images)
+        #: the backend pulls images ahead (Capabilities.pulls, from Attach)
+        self._pulls = False
 
     # -- the door (tangram/protocol.py) ------------------------------------------------
     def handle(self, command: Command, now: float) -> list[Effect]:
@@ -148,8 +155,8 @@ class Tangram:
         elif kind is Close:
             out = self._close(command.trajectory, now)  # type: ignore[attr-defined,assignment]
         elif kind is Open:
-            self._open(command.trajectory, command.task, command.mem_gb)  # type: ignore[attr-defined]
-            out = []
+            out = self._open(command.trajectory, command.task, command.mem_gb,  # type: ignore[attr-defined]
+                             command.image, command.image_gb, now)  # type: ignore[attr-defined]
         else:
             out = self._handle_other(command, now)
         for side in self._owing:
@@ -169,9 +176,8 @@ class Tangram:
                 out = list(self._poll(now))
             case Overstay():
                 out = self._schedule(now, self._cpu_nodes.overstayed(now))
-            case Open(trajectory, task, mem_gb):
-                self._open(trajectory, task, mem_gb)
-                out = []
+            case Open(trajectory, task, mem_gb, image, image_gb):
+                out = self._open(trajectory, task, mem_gb, image, image_gb, now)
             case Cancel(action_id):
                 if self._cancel(action_id):
                     out = [Cancelled(action_id)]
@@ -201,6 +207,7 @@ class Tangram:
             case Attach(capabilities):
                 for side in self._sides:
                     side.attached(capabilities)
+                self._pulls = capabilities.pulls
                 out = []
             case _:
                 raise ValueError(f"command: unknown command {type(command).__name__}")
@@ -238,6 +245,8 @@ class Tangram:
         replay); ``detail`` False: only the counts, usage, capacity and counters."""
         counters = {**self._gpu_nodes.counters(), "scheduler_passes": self._passes,
                     **self._cpu_nodes.counters()}
+        if self._cpu.images is not None:  # (a trajectory named an image)
+            counters.update(self._images.counters())
         binding = self._binding
         snap = Snapshot(self._policy.label, len(self._queued), len(self._running),
                         len(self._trajectories), len(binding.opening) + len(binding.unbound),
@@ -283,20 +292,43 @@ class Tangram:
                      for key, spec in self._quota.specs.items())
 
     # -- trajectories ------------------------------------------------------------------
-    def _open(self, trajectory: str, task: str = "default",
-                        mem_gb: float | None = None) -> None:
+    def _open(self, trajectory: str, task: str = "default", mem_gb: float | None = None,
+              image: str = "", image_gb: float = 0.0, now: float = 0.0) -> list[Effect]:
         """Register a trajectory. ``mem_gb`` is reserved on its node for its whole
-        life (None: the memory demand of its first CPU action)."""
+        life (None: the memory demand of its first CPU action). A trajectory naming an
+        ``image`` may be placed now and its image pulled ahead (the policy's ``images``
+        part: the effects, a PullImage or none)."""
         if not trajectory:
             raise ValueError("trajectory: must be a non-empty string")
         if trajectory in self._trajectories:
             raise ValueError(f"trajectory: {trajectory!r} is already open")
         if mem_gb is not None and (mem_gb != mem_gb or mem_gb < 0):
             raise ValueError(f"mem_gb: must be >= 0, got {mem_gb!r}")
+        if image and not (isinstance(image_gb, int | float) and image_gb >= 0):
+            raise ValueError(f"image_gb: must be a number >= 0, got {image_gb!r}")
         self._binding.limits.check_open(mem_gb)
         self._trajectories[trajectory] = TrajectoryState(task, mem_gb)
+        out: list[Effect] = []
+        if image and self._cpu_nodes.nodes:
+            out = self._place_image(trajectory, mem_gb or 0.0, image, float(image_gb), now)
         if self._cpu_nodes.nodes:
             self._binding.opened(trajectory)
+        return out
+
+    def _place_image(self, trajectory: str, mem_gb: float, image: str, image_gb: float,
+                     now: float) -> list[Effect]:
+        """Book ``trajectory``'s image; where the policy places it at open, plan it there
+        and order the pull its node lacks (only from a backend that pulls ahead)."""
+        book, cpu = self._images, self._cpu
+        cpu.images = book
+        book.opened(trajectory, image, image_gb)
+        room = [name for name, host in cpu.nodes.items()
+                if cpu.mem_refusal(host, mem_gb) is None]
+        node = book.side.place(book, trajectory, room, now)
+        if node is None or not book.plan(trajectory, node, now) or not self._pulls:
+            return []
+        book.prefetches += 1
+        return [PullImage(node, image)]
 
     def _close(self, trajectory: str, now: float) -> list[Effect]:
         """Release the trajectory's memory. Refused while actions are in flight."""
@@ -308,6 +340,8 @@ class Tangram:
                 f"trajectory: {trajectory!r} still has {state.in_flight} action(s) in flight"
             )
         del self._trajectories[trajectory]
+        if self._cpu.images is not None:
+            self._images.closed(trajectory)
         if state.thinking_in is not None:  # it ended after that kind of action
             self._estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
                                                      state.will_continue, continued=False)
@@ -419,6 +453,10 @@ class Tangram:
                 units = grants.closing(action_id, units, now)
             pool.ended(dispatch.action.id)
             self._release(pool, lease)
+        if self._cpu.images is not None and outcome is not None and "pull_s" in outcome.extra:
+            # its environment's start waited for an image: what the pull took
+            self._images.observe(float(outcome.extra.get("pulled_gb", 0.0)),
+                                 float(outcome.extra["pull_s"]))
         state = self._trajectories.get(action.trajectory)
         if state is not None:
             state.in_flight -= 1

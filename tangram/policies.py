@@ -38,6 +38,7 @@ from tangram.api.admits import ProviderAdmits, ProviderLimit, TangramAdmits
 from tangram.api.quota import QuotaManager
 from tangram.cluster import ClusterSpec
 from tangram.cpu.env import AtFirstAction, AtOpen
+from tangram.cpu.images import ImageAware, ImageLocality, ImageSide, PrePulled, PullOnDemand
 from tangram.cpu.parts import MalleableCores, Pods, SharedCores
 from tangram.gpu.parts import (
     GPU_POOL,
@@ -87,6 +88,8 @@ class Policy:
     api: ClassVar[ApiSide] = TangramAdmits()
     #: when a trajectory's environment (container, pod) starts
     env: ClassVar[EnvStart] = AtFirstAction()
+    #: how trajectories that name a container image are placed (issue 50)
+    images: ClassVar[ImageSide] = ImageAware()
 
     depth: int = 2
     lookahead: int = 32
@@ -146,7 +149,7 @@ class Policy:
     def params(self) -> dict[str, Any]:
         """The policy's parameters (for config.json)."""
         out: dict[str, Any] = {"name": self.label, "env_start": self.env.name,
-                               "api_admission": self.api.name}
+                               "api_admission": self.api.name, "images": self.images.name}
         for f in fields(self):
             v = getattr(self, f.name)
             out[f.name] = {"kind": type(v).__name__, **v.__dict__} if f.name in ("cpu", "gpu") else v
@@ -219,7 +222,35 @@ class K8sPolicy(Policy):
     #: the RL framework requests the pod when the rollout starts the trajectory (paper 2.2:
     #: environments are created for the whole rollout, not at the first action)
     env: ClassVar[EnvStart] = AtOpen()
+    #: kube-scheduler's default profile scores ImageLocality too; this baseline is the pod
+    #: without it (pulled on demand), ``k8s-image-locality`` the pod with it
+    images: ClassVar[ImageSide] = PullOnDemand()
     cpu: CpuSide = field(default_factory=Pods)
+
+
+@dataclass(frozen=True)
+class K8sImageLocalityPolicy(K8sPolicy):
+    name: ClassVar[str] = "k8s-image-locality"
+    description: ClassVar[str] = ("k8s with kube-scheduler's ImageLocality score: a pod's node "
+                                  "scored by the bytes of its image already there (issue 50)")
+    images: ClassVar[ImageSide] = ImageLocality()
+
+
+@dataclass(frozen=True)
+class PrePulledPolicy(Policy):
+    name: ClassVar[str] = "tangram-prepulled"
+    description: ClassVar[str] = ("ideal: tangram with every container image on every node "
+                                  "before the run (unbounded disk; issue 50)")
+    images: ClassVar[ImageSide] = PrePulled()
+
+
+@dataclass(frozen=True)
+class ImagesOnDemandPolicy(Policy):
+    name: ClassVar[str] = "tangram-images-on-demand"
+    description: ClassVar[str] = ("ablation: tangram placing trajectories without regard to "
+                                  "their images, each pulled when its environment starts "
+                                  "(issue 50)")
+    images: ClassVar[ImageSide] = PullOnDemand()
 
 
 @dataclass(frozen=True)
@@ -251,6 +282,7 @@ class BaselinePolicy(Policy):
     description: ClassVar[str] = "today's stack: k8s + static GPU services + per-trajectory API calls"
     api: ClassVar[ApiSide] = ProviderAdmits()
     env: ClassVar[EnvStart] = AtOpen()
+    images: ClassVar[ImageSide] = PullOnDemand()
     cpu: CpuSide = field(default_factory=Pods)
     gpu: GpuSide = field(default_factory=StaticDeployments)
 
@@ -258,7 +290,8 @@ class BaselinePolicy(Policy):
 #: every policy, by the name `tangram policies` lists
 REGISTRY: dict[str, type[Policy]] = {p.name: p for p in (
     Policy, MalleablePolicy, PaperPolicy, K8sPolicy, StaticPolicy, ServerlessPolicy, FixedDopPolicy,
-    PerTrajectoryApiPolicy, BaselinePolicy, NoAffinityPolicy, NoOrderingPolicy)}
+    PerTrajectoryApiPolicy, BaselinePolicy, NoAffinityPolicy, NoOrderingPolicy,
+    K8sImageLocalityPolicy, PrePulledPolicy, ImagesOnDemandPolicy)}
 
 #: the parameters a user may set, and which part of a policy each belongs to
 PARAMS: dict[str, str] = {"depth": "scheduler", "lookahead": "scheduler",

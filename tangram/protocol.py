@@ -106,6 +106,12 @@ class Capabilities:
     #: another would go on running the action on the cores the core gave to others
     #: (:class:`Resizing`)
     resizes: bool = False
+    #: pulls a container image to a node ahead of the trajectories placed there
+    #: (:class:`PullImage`: ``pull``); the core orders pulls ahead only for such a backend
+    #: (:class:`Pulling`). Left out of the repr, as :class:`Open`'s image is when empty:
+    #: an ``Attach`` of a run without images reads as it did before issue 50, so the
+    #: effect hashes of scripts/effects_hash.py compare across it
+    pulls: bool = field(default=False, repr=False)
 
 
 NONE = Capabilities()
@@ -119,14 +125,25 @@ class Attach:
     capabilities: Capabilities
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, repr=False)
 class Open:
     """Register a trajectory; ``mem_gb`` is held on its node for its whole life (None:
-    the memory demand of its first CPU action)."""
+    the memory demand of its first CPU action). ``image``: the container image its
+    environment starts from ("" for the node's default, always present), of ``image_gb``
+    GB (declared: what its node pulls when it holds none of it); a policy may place the
+    trajectory by it (tangram/cpu/images.py) and order its pull ahead (:class:`PullImage`)."""
 
     trajectory: str
     task: str = "default"
     mem_gb: float | None = None
+    image: str = ""
+    image_gb: float = 0.0
+
+    def __repr__(self) -> str:
+        # without an image, as before issue 50 (scripts/effects_hash.py hashes commands)
+        tail = f", image={self.image!r}, image_gb={self.image_gb!r}" if self.image else ""
+        return (f"Open(trajectory={self.trajectory!r}, task={self.task!r}, "
+                f"mem_gb={self.mem_gb!r}{tail})")
 
 
 @dataclass(frozen=True, slots=True)
@@ -292,7 +309,19 @@ class Resized:
     cores: tuple[int, ...]
 
 
-Effect = Dispatch | PreRestore | Stop | Cancelled | Reclaim | Shed | Moved | Resized
+@dataclass(frozen=True, slots=True)
+class PullImage:
+    """Pull the container image ``image`` to CPU node ``node`` ahead of the trajectories
+    the core placed there (issue 50: what pre-restore is to a GPU service, one level
+    down). Sent only to a backend with ``Capabilities.pulls``; a trajectory that starts
+    there before it ends waits for what is left of it."""
+
+    node: str
+    image: str
+
+
+Effect = (Dispatch | PreRestore | Stop | Cancelled | Reclaim | Shed | Moved | Resized
+          | PullImage)
 
 
 # -- the snapshot (reads) -----------------------------------------------------------------
@@ -457,6 +486,14 @@ class Resizing(Protocol):
 
 
 @runtime_checkable
+class Pulling(Protocol):
+    """Pulls a container image to a CPU node ahead of demand (:class:`PullImage`); a pull
+    that fails is the start's to report (its trajectory's first action pulls again)."""
+
+    def pull(self, effect: PullImage) -> None: ...
+
+
+@runtime_checkable
 class NodeWatching(Protocol):
     """Sends NodeJoined, NodeLost or WorkerLost to ``sink`` (on the driver's loop) from
     now on."""
@@ -503,7 +540,7 @@ class FileHolding(Protocol):
 METHOD_CAPABILITIES: Mapping[str, type] = MappingProxyType({
     "prerestores": PreRestoring, "watches_nodes": NodeWatching, "images": ImageOpening,
     "files": FileHolding, "evicts": Evicting, "sheds": Shedding, "forks": Forking,
-    "moves": Moving, "retains": Retaining, "resizes": Resizing,
+    "moves": Moving, "retains": Retaining, "resizes": Resizing, "pulls": Pulling,
 })
 
 

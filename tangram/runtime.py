@@ -37,6 +37,8 @@ from tangram.protocol import (
     Poll,
     PreRestore,
     PreRestoring,
+    PullImage,
+    Pulling,
     Reclaim,
     Resized,
     Resizing,
@@ -248,8 +250,9 @@ class Runtime:
         self._carry_out(self._timed(command))
 
     def open_trajectory(self, trajectory: str, task: str = "default",
-                        mem_gb: float | None = None) -> None:
-        self._carry_out(self._timed(Open(trajectory, task, mem_gb)))
+                        mem_gb: float | None = None, image: str = "",
+                        image_gb: float = 0.0) -> None:
+        self._carry_out(self._timed(Open(trajectory, task, mem_gb, image, image_gb)))
 
     def close_trajectory(self, trajectory: str) -> None:
         self._carry_out(self._timed(Close(trajectory)))
@@ -318,6 +321,10 @@ class Runtime:
             backend.resize(e)
             self._resized.setdefault(e.action_id, []).append(
                 f"{self.clock.now()!r}:{unit_ids(e.cores)}")
+        elif isinstance(e, PullImage):
+            if not isinstance(backend, Pulling):  # ordered only for one (Attach)
+                raise TypeError(f"the {type(backend).__name__} backend has no pull")
+            backend.pull(e)
         elif isinstance(e, Reclaim):
             # the core unbound it either way; only an evicting backend holds memory
             # for an idle trajectory (a busy one keeps it: the next observation shows it)

@@ -48,7 +48,7 @@ def trace_validate(path: Path, cluster: Annotated[str | None, typer.Option(
 
 @app.command("generate")
 def trace_generate(
-    workload: Annotated[str, typer.Option(help="coding | deepsearch | mopd | mixed")],
+    workload: Annotated[str, typer.Option(help="coding | deepsearch | mopd | mixed | swe")],
     out: Annotated[Path, typer.Option(help="Output file; format from the extension.")],
     trajectories: Annotated[int, typer.Option(min=1, help="Trajectories in the batch.")] = 256,
     seed: Annotated[int, typer.Option(help="Random seed.")] = 0,
@@ -63,11 +63,14 @@ def trace_generate(
         min=1, max=65, help="coding: GRPO groups of this many rollouts of one prompt (a "
                             "group column; one sandbox setup_s drawn per group; "
                             "`simulate --fork` prepares it once per group).")] = None,
+    images: Annotated[int | None, typer.Option(
+        min=1, help="swe: task images the trajectories draw from (Zipf popularity; "
+                    "default 500, SWE-bench Verified's count).")] = None,
 ) -> None:
     """Generate a calibrated synthetic trace (sources in traces/README.md)."""
     try:
         df = generate(workload, trajectories, seed, arrival, profile_sigma=profile_sigma,
-                      group_size=group_size)
+                      group_size=group_size, images=images)
         write(df, out)
     except (ValueError, TraceError) as e:
         fail(str(e))

@@ -54,6 +54,20 @@ CALIBRATION: dict[str, tuple[float | str, str]] = {
                              "repository, install its dependencies) takes tens of seconds to "
                              "minutes (lognormal, sigma 0.7, clipped 5-600 s); drawn once per "
                              "GRPO group (--group-size), not swept"),
+    # -- SWE-style (a container image per task; issue 50) ---------------------------------
+    "swe_images": (500.0, "SWE-bench Verified's 500 task images (epoch.ai/blog/swebench-docker); "
+                          "`--images` sets another count (SWE-Gym ~2,400)"),
+    "swe_image_skew": (1.0, "assumption: Zipf exponent of how often a task (its image) is "
+                            "drawn into a batch (image k of N with weight 1/k); not swept"),
+    "swe_image_gb_mean": (9.3, "OpenHands issue #9679: ~1.3 TB of images for ~140 SWE-bench "
+                               "Verified instances, 9.3 GB each: what a node pulls and stores "
+                               "per task image when images share no layers (as OpenHands' "
+                               "per-instance runtime images do); the per-image unique bytes of "
+                               "a layer-shared registry are far smaller (epoch.ai: 30 GiB for "
+                               "all 500, 60 MB each; 189 GiB before its re-layering)"),
+    "swe_image_sigma": (0.5, "assumption: lognormal spread of task image sizes (the epoch.ai "
+                             "SWE-bench issue #3 thread's matplotlib images, 6.5-8 GB, lie "
+                             "within it); not swept"),
     # -- DeepSearch -----------------------------------------------------------------------
     "deepsearch_short_share": (0.4, "assumption: share of questions answered in 1-3 searches "
                                     "(Search-R1-style); not swept"),
@@ -165,6 +179,33 @@ def coding(n: int, rng: np.random.Generator, task: str = "coding") -> list[dict]
     return rows
 
 
+def swe(n: int, rng: np.random.Generator, images: int | None = None,
+        image_gb_mean: float | None = None) -> list[dict]:
+    """SWE-style rollouts: the coding workload's actions (its action mix, think times and
+    reward suite; the same rows as ``coding`` of the same seed), each trajectory's
+    environment started from its task's container image: ``images`` images drawn with Zipf
+    popularity (``swe_image_skew``), each of a lognormal size (``swe_image_gb_mean``,
+    ``swe_image_sigma``). Images and sizes draw from streams of their own (spawned from
+    ``rng``), so the actions do not depend on them."""
+    count = int(c("swe_images")) if images is None else int(images)
+    if count < 1:
+        raise ValueError(f"images: must be >= 1, got {images!r}")
+    mean = c("swe_image_gb_mean") if image_gb_mean is None else float(image_gb_mean)
+    if not mean > 0:
+        raise ValueError(f"image_gb_mean: must be > 0, got {image_gb_mean!r}")
+    pick, size = rng.spawn(2)
+    rows = coding(n, rng, task="swe")
+    weights = 1.0 / np.arange(1, count + 1) ** c("swe_image_skew")
+    chosen = pick.choice(count, size=n, p=weights / weights.sum())
+    gb = np.round(lognormal_mean(size, mean, c("swe_image_sigma"), count), 3)
+    width = len(str(count - 1))
+    for row in rows:
+        k = chosen[int(row["trajectory"].rsplit("-", 1)[1])]
+        row["image"] = f"swe-task-{k:0{width}d}"
+        row["image_gb"] = float(gb[k])
+    return rows
+
+
 def _judge_t1(rng: np.random.Generator, dataset: str) -> tuple[float, float]:
     """(true t1, declared t1): the prompt is known when the judge is called, its output
     length only after it ran, so the declared cost assumes the trace's median output."""
@@ -264,7 +305,7 @@ def mixed(n: int, rng: np.random.Generator, arrival: str = "burst",
 
 
 WORKLOADS: dict[str, Callable[[int, np.random.Generator], list[dict]]] = {
-    "coding": coding, "deepsearch": deepsearch, "mopd": mopd, "mixed": mixed,
+    "coding": coding, "deepsearch": deepsearch, "mopd": mopd, "mixed": mixed, "swe": swe,
 }
 
 
@@ -296,7 +337,7 @@ def declare(df: pd.DataFrame, rng: np.random.Generator, sigma: float) -> pd.Data
 def generate(workload: str, trajectories: int, seed: int = 0,
              arrival: str | None = None, teacher_skew: float | None = None,
              profile_sigma: float | None = None,
-             group_size: int | None = None) -> pd.DataFrame:
+             group_size: int | None = None, images: int | None = None) -> pd.DataFrame:
     """``arrival`` (mopd, mixed): ``burst`` (default) or ``spread``. ``teacher_skew``
     (mopd, mixed): the Zipf exponent of calls across teachers (None: calibrated default).
     ``profile_sigma``: the profiling error of profiled rows' declared t1_s and parallel
@@ -304,7 +345,8 @@ def generate(workload: str, trajectories: int, seed: int = 0,
     depend on ``profile_sigma`` (the error draws from a stream of its own).
     ``group_size`` (coding): GRPO groups of that many rollouts of one prompt, each group's
     sandbox setup (``setup_s``) drawn once, from a stream of its own (the actions are
-    those of the ungrouped trace): traces/groups.py."""
+    those of the ungrouped trace): traces/groups.py. ``images`` (swe): how many task images
+    the trajectories are drawn over (None: calibrated default, 500)."""
     if workload not in WORKLOADS:
         raise ValueError(f"workload: unknown {workload!r} (choose from {sorted(WORKLOADS)})")
     if trajectories < 1:
@@ -322,6 +364,8 @@ def generate(workload: str, trajectories: int, seed: int = 0,
     if group_size is not None and workload != "coding":
         raise ValueError(f"group_size: only coding rollouts prepare a sandbox to fork, "
                          f"not {workload!r}")
+    if images is not None and workload != "swe":
+        raise ValueError(f"images: only swe rollouts start from task images, not {workload!r}")
     sigma = c("profile_sigma") if profile_sigma is None else float(profile_sigma)
     if not sigma >= 0:
         raise ValueError(f"profile_sigma: must be >= 0, got {profile_sigma!r}")
@@ -332,6 +376,8 @@ def generate(workload: str, trajectories: int, seed: int = 0,
         kw["arrival"] = arrival
     if teacher_skew is not None:
         kw["teacher_skew"] = teacher_skew
+    if images is not None:
+        kw["images"] = images
     rows = make(trajectories, rng, **kw)
     df = pd.DataFrame(rows, columns=list(COLUMNS))
     for col in ("think_s", "t1_s"):

@@ -58,6 +58,10 @@ COLUMNS: dict[str, tuple[str, bool, Any, str]] = {
     "command": ("str", False, "", "command line for live replay (tangram run)"),
     "group": ("str", False, "", "GRPO group: rollouts of one prompt, whose sandboxes start "
               "from the same prepared state ('' for none; traces/groups.py)"),
+    "image": ("str", False, "", "the container image the trajectory's environment starts "
+              "from ('' for the node's default image, always present; issue 50)"),
+    "image_gb": ("float", False, 0.0, "bytes a node pulls and stores for ``image`` when it "
+                 "holds none of it (GB; 0 with no image)"),
 }
 
 
@@ -246,7 +250,7 @@ def validate(df: pd.DataFrame, version: int | None = SCHEMA_VERSION) -> pd.DataF
     for col in ("task", "trajectory", "kind"):
         bad(out[col] == "", col, "empty")
     for col in ("think_s", "t1_s", "mem_gb", "setup_s", "timeout_s", "quota_units",
-                "unit_overhead_s"):
+                "unit_overhead_s", "image_gb"):
         bad(out[col] < 0, col, "negative")
     bad(out["seq"] < 0, "seq", "negative")
     pf = out["parallel_fraction"]
@@ -277,6 +281,16 @@ def validate(df: pd.DataFrame, version: int | None = SCHEMA_VERSION) -> pd.DataF
     groups = out.groupby("trajectory")["group"].nunique()
     for traj in groups.index[groups > 1][:20]:
         problems.append(f"trajectory {traj!r}: rows name more than one group")
+    bad((out["image"] == "") & (out["image_gb"] > 0), "image_gb",
+        "a size needs an image (the image column is empty)")
+    if (out["image"] != "").any():  # (a trace without images pays none of this)
+        images = out.groupby("trajectory")["image"].nunique()
+        for traj in images.index[images > 1][:20]:
+            problems.append(f"trajectory {traj!r}: rows name more than one image")
+        named = out[out["image"] != ""]
+        sizes = named.groupby("image")["image_gb"].nunique()
+        for image in sizes.index[sizes > 1][:20]:
+            problems.append(f"image {image!r}: rows declare more than one image_gb")
     grouped = out[out["group"] != ""]
     group_tasks = grouped.groupby("group")["task"].nunique()
     for g in group_tasks.index[group_tasks > 1][:20]:
@@ -455,6 +469,9 @@ class TrajectorySpec:
     steps: Sequence[Step]
     #: its GRPO group ('' for none): traces/groups.py
     group: str = ""
+    #: the image its environment starts from ('' for the default) and its size (GB)
+    image: str = ""
+    image_gb: float = 0.0
 
 
 def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]:
@@ -473,5 +490,6 @@ def trajectories(df: pd.DataFrame, prefix: str = "") -> Iterator[TrajectorySpec]
         group = str(cols["group"][start])
         yield TrajectorySpec(f"{prefix}{traj}", str(cols["task"][start]), mem,
                              Steps(columns, start, end, prefix),
-                             f"{prefix}{group}" if group else "")
+                             f"{prefix}{group}" if group else "", str(cols["image"][start]),
+                             float(cols["image_gb"][start]))
         start = end

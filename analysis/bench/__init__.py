@@ -98,6 +98,10 @@ BENCHES: dict[str, tuple[str, str]] = {
     "fork": ("fork:command",
              "A GRPO group on a real `tangram serve`: every rollout preparing its sandbox "
              "against one preparation forked into the others (one JSON line)."),
+    "images": ("images:command",
+               "SWE-style rollouts with a container image per task, simulated: environment "
+               "start p50/p99, step time and cache hit rate per policy, 95% intervals over "
+               "seeds (JSON lines)."),
     "fork-sim": ("fork_sim:command",
                  "The coding workload in GRPO groups, simulated with and without forking the "
                  "prepared sandbox (JSON lines)."),

@@ -21,6 +21,7 @@ from types import MappingProxyType
 
 from tangram.cluster import CpuNodeSpec
 from tangram.cpu.admission import RESERVE, MemoryAdmission
+from tangram.cpu.images import ImageBook
 from tangram.model import slot_init
 
 
@@ -105,6 +106,10 @@ class CpuManager:
         self._live: dict[str, CpuLease] = {}
         #: a resized action -> its lease as reserved (what its holder releases: ``resize``)
         self._reserved_as: dict[str, CpuLease] = {}
+        #: the core's image book (tangram/cpu/images.py), set once a trajectory naming an
+        #: image opens: it is told of every binding, and a trajectory it placed at open
+        #: binds to that node when the node takes it (None: no trajectory named one)
+        self.images: ImageBook | None = None
 
     # -- trajectories -------------------------------------------------------------
     def node_of(self, trajectory: str) -> str | None:
@@ -122,9 +127,16 @@ class CpuManager:
         loop for a batch: a burst binds thousands). ``min_cores`` is a whole number, an int
         or a float (a Demand's)."""
         binding = self._binding
+        planned = self.images.planned if self.images is not None else {}
         done: list[str] = []
         for trajectory, mem_gb, min_cores in requests:
             bound = binding.get(trajectory)
+            if bound is None and trajectory in planned:  # placed at open (ImageAware)
+                host = self.nodes.get(planned[trajectory])
+                if host is not None and host.spec.cores >= min_cores \
+                        and self.mem_refusal(host, mem_gb) is None:
+                    bound = host.name
+                    self.hold_memory(trajectory, bound, mem_gb)
             if bound is None:
                 best: CpuNode | None = None
                 best_idle = False
@@ -154,6 +166,8 @@ class CpuManager:
         host.mem_since += min(mem_gb, self.admission.start_gb)
         self._binding[trajectory] = node
         self._held[trajectory] = mem_gb
+        if self.images is not None:
+            self.images.bound(trajectory, node)
 
     def mem_refusal(self, node: CpuNode, mem_gb: float) -> str | None:
         """Why ``node`` cannot take a trajectory declaring ``mem_gb`` now (None: it can)."""
@@ -182,6 +196,8 @@ class CpuManager:
         node = self._binding.pop(trajectory, None)
         if node is not None:
             self.nodes[node].mem_reserved -= self._held.pop(trajectory)
+            if self.images is not None:
+                self.images.unbound(trajectory)
 
     # -- cores ---------------------------------------------------------------------
     def reserve(self, action_id: str, node: str, n: int, numa_local: bool) -> CpuLease | None:
@@ -282,6 +298,8 @@ class CpuManager:
         if spec.name in self.nodes:
             raise ValueError(f"node: {spec.name!r} is already in the cluster")
         self.nodes[spec.name] = CpuNode(spec)
+        if self.images is not None:
+            self.images.add_node(spec)
 
     def remove_node(self, name: str) -> list[str]:
         """A node left (its machine or its agent died): forget its cores, the leases
@@ -290,6 +308,8 @@ class CpuManager:
         host = self.nodes.pop(name, None)
         if host is None:
             return []
+        if self.images is not None:
+            self.images.remove_node(name)
         host.domains = [[] for _ in host.domains]  # a stale holder sees no free core
         host.free_cores = 0
         for aid in [a for a, lease in self._live.items() if lease.node == name]:

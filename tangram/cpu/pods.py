@@ -33,7 +33,15 @@ class PodManager(CpuManager):
         fits = [n for n in self.nodes.values() if n.mem_free >= mem_gb and n.free_cores >= cores]
         if not fits:
             return None
-        node = max(fits, key=lambda n: (n.free_cores, -n.mem_reserved))
+        images = self.images
+        if images is None:
+            node = max(fits, key=lambda n: (n.free_cores, -n.mem_reserved))
+        else:  # (a trajectory named an image) kube-scheduler's sum of scores, each 0-100:
+            # least allocated cores, plus its image locality where the policy scores it
+            score = images.side.score
+            node = max(fits, key=lambda n: (100.0 * n.free_cores / n.spec.cores
+                                            + score(images, trajectory, n.name),
+                                            -n.mem_reserved))
         lease = self.reserve(f"pod:{trajectory}", node.name, cores, numa_local=False)
         if lease is None:
             return None
