@@ -221,28 +221,40 @@ class Simulator:
 class Bisection:
     """The smallest count in ``[1, cap]`` whose run meets the target, assuming that a count
     that meets it, meets it at every larger one: ``fail`` the largest count seen failing,
-    ``meet`` the smallest seen meeting."""
+    ``meet`` the smallest seen meeting. From ``start`` it gallops (steps of 1, 2, 4, ...
+    down from a count that met, up from one that failed) until the boundary is bracketed,
+    then halves the bracket: a start near the answer (another resampling's) costs about
+    two simulations, a far one about twice the bits of the distance."""
 
     start: int
     cap: int
     fail: int = 0
     meet: int | None = None
+    step: int = 1
 
     def next(self) -> int | None:
         """The count to simulate next (None: found, or not met within ``cap``)."""
-        if self.meet is None:
-            if self.fail >= self.cap:
-                return None
-            return min(max(self.start, 2 * self.fail if self.fail else self.start), self.cap)
+        if self.meet is None and self.fail == 0:
+            return min(max(self.start, 1), self.cap)
+        if self.meet is None:  # up from a failure
+            return None if self.fail >= self.cap else min(self.fail + self.step, self.cap)
         if self.meet - self.fail <= 1:
             return None
+        if self.fail == 0 and self.meet - self.step > 0:  # down from a count that met
+            return self.meet - self.step
         return (self.fail + self.meet) // 2
 
     def seen(self, count: int, met: bool) -> None:
+        # (the start itself is no step: the first step from it is 1)
+        galloping = (self.meet is None) != (self.fail == 0)
         if met:
             self.meet = count if self.meet is None else min(self.meet, count)
         else:
             self.fail = max(self.fail, count)
+        if galloping and (self.meet is None or self.fail == 0):
+            self.step *= 2
+        if self.meet is not None and self.fail == 0 and self.meet <= self.step:
+            self.step = self.meet  # (the next galloping step would pass 0: halve instead)
 
 
 @dataclass
@@ -257,6 +269,8 @@ class Search:
     gpu: Bisection | None = None
     #: CPU nodes found (while the GPU search runs)
     nodes: int | None = None
+    #: asks for simulations (a later resampling waits for the first one's answer)
+    started: bool = True
 
     def job(self) -> Job | None:
         if self.gpu is None:
@@ -327,20 +341,31 @@ def plan(rows: pd.DataFrame, base: ClusterSpec, config: PlanConfig,
     gpu_start = max(math.ceil(len(base.gpu_nodes) * scale), 1) if uses_gpus else 0
     if uses_gpus and not base.gpu_nodes:
         raise PlanError("cluster: the trace has GPU rows and the cluster no GPU node")
-    searches = [Search(p, c, r, Bisection(
-                    min(max(math.ceil(recorded_cores * scale / c), 1), config.max_nodes),
-                    config.max_nodes), min(gpu_start, 8 * config.max_nodes))
-                for p in config.policies for c in config.cores_per_node
-                for r in range(config.resamples)]
+    # the first resampling's searches start from the recorded cores scaled to the batch;
+    # the others wait for its answer and start there (resamplings differ by little)
+    first = {(p, c): Search(p, c, 0, Bisection(
+                 min(max(math.ceil(recorded_cores * scale / c), 1), config.max_nodes),
+                 config.max_nodes), min(gpu_start, 8 * config.max_nodes))
+             for p in config.policies for c in config.cores_per_node}
+    rest = [Search(p, c, r, Bisection(1, config.max_nodes), first[p, c].gpu_start,
+                   started=False)
+            for p in config.policies for c in config.cores_per_node
+            for r in range(1, config.resamples)]
+    searches = [*first.values(), *rest]
     sim = Simulator(rows, base, config.trajectories, config.seed, config.jobs)
     rounds = 0
     try:
         while True:
-            asked = [(s, s.job()) for s in searches]
+            for s in rest:  # started once the first resampling's search of its kind ended
+                lead = first[s.policy, s.cores]
+                if not s.started and lead.job() is None:
+                    s.started = True
+                    s.cpu.start = lead.cpu.meet or config.max_nodes
+            asked = [(s, s.job()) for s in searches if s.started]
             asked = [(s, j) for s, j in asked if j is not None]
             if progress is not None:
-                progress(len(searches) - len(asked), len(searches))
-            if not asked:
+                progress(sum(s.started and s.job() is None for s in searches), len(searches))
+            if not asked and all(s.started for s in searches):
                 break
             rounds += 1
             if say is not None:
@@ -389,7 +414,7 @@ def _choose(config: PlanConfig, searches: list[Search]
 
 
 #: points of a policy's frontier (node counts, geometric from 1)
-FRONTIER_POINTS = 8
+FRONTIER_POINTS = 6
 
 
 def _grid(config: PlanConfig, searches: list[Search], policy: str, cores: int,

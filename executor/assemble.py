@@ -39,7 +39,7 @@ from executor.server.limits import READ_TIMEOUT_S
 from executor.server.tokens import Tokens
 from tangram.cluster import ClusterError, ClusterSpec, QuotaSpec
 from tangram.core import Tangram
-from tangram.cpu.admission import LIVE, MemoryAdmission
+from tangram.cpu.admission import LIVE, RESERVE, MemoryAdmission
 from tangram.policies import Policy
 
 
@@ -218,7 +218,9 @@ def _ray_app(opts: ServeOptions, token: str | Tokens, live: Any, hardening: dict
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return create_app(lambda: live, lambda: Tangram(live.cluster(opts.quotas), opts.policy),
                       token, opts.state_dir, **hardening,
-                      observer=recorder(opts, live.cluster(opts.quotas)))
+                      # (a Ray node's memory is not observed: every limit reserved in full)
+                      observer=recorder(replace(opts, admission=RESERVE),
+                                        live.cluster(opts.quotas)))
 
 
 def recorder(opts: ServeOptions, cluster: ClusterSpec) -> Callable[[Tangram], RunObserver] | None:
@@ -232,5 +234,13 @@ def recorder(opts: ServeOptions, cluster: ClusterSpec) -> Callable[[Tangram], Ru
     path, keep = opts.record, opts.record_commands
     if opts.backend == "process":
         cluster = replace(cluster, extra={**cluster.extra, "env_start_s": 0.0})
+    if opts.admission.overcommit > 1:
+        # admitted by observed memory, up to overcommit x the node's in declared limits:
+        # what a simulation (which reserves every limit in full) admits on a node of that
+        # much memory; the factor is kept in extra, for whoever reads the file
+        over = opts.admission.overcommit
+        cluster = replace(cluster, cpu_nodes=tuple(replace(n, mem_gb=n.mem_gb * over)
+                                                   for n in cluster.cpu_nodes),
+                          extra={**cluster.extra, "recorded_mem_overcommit": over})
     meta = {"by": "tangram serve", "backend": opts.backend, "policy": opts.policy.label}
     return lambda core: Recorder(path, cluster, core.learnt_speedup, keep, meta)

@@ -141,3 +141,24 @@ def test_the_command_prints_the_plan_and_draws_the_frontier(tmp_path: Path):
                          timeout=600)
     assert bad.returncode == 2 and "accepted: step<=SECONDS" in bad.stderr, bad.stderr
     assert load_cluster(tmp_path / "t-cluster.yaml").cpu_nodes
+
+
+def test_the_search_finds_every_boundary_from_every_start():
+    """Bisection on a monotone target, every threshold (and none) in every range, from
+    every start: the smallest count that meets it, each count simulated at most once, and
+    few of them (a start at the answer: two)."""
+    from analysis.plan import Bisection
+
+    for cap in range(1, 24):
+        for threshold in range(1, cap + 2):  # cap + 1: never met
+            for start in range(1, cap + 1):
+                b, asked = Bisection(start, cap), []
+                while (n := b.next()) is not None:
+                    assert n not in asked and 1 <= n <= cap, (cap, threshold, start, asked, n)
+                    asked.append(n)
+                    b.seen(n, n >= threshold)
+                assert b.meet == (threshold if threshold <= cap else None), \
+                    (cap, threshold, start, asked)
+                if start == threshold and threshold > 1:
+                    assert len(asked) == 2, (cap, threshold, asked)
+                assert len(asked) <= 2 * cap.bit_length() + 2, (cap, threshold, start, asked)
