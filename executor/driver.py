@@ -70,6 +70,8 @@ class RunObserver(Protocol):
 
     def opened(self, trajectory: str, task: str, mem_gb: float | None, now: float) -> None: ...
 
+    def closed(self, trajectory: str) -> None: ...
+
     def submitted(self, action: Action, now: float) -> None: ...
 
     def finished(self, action: Action, record: Record, outcome: Outcome) -> None: ...
@@ -131,6 +133,8 @@ class LiveExecutor:
     def close_trajectory(self, trajectory: str) -> None:
         self.runtime.close_trajectory(trajectory)
         self.backend.close_trajectory(trajectory)
+        if self.observer is not None:
+            self.observer.closed(trajectory)
 
     def submit(self, action: Action,
                on_result: Callable[[Record, Outcome], None] | None = None,

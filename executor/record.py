@@ -35,7 +35,7 @@ import logging
 import math
 import os
 import tempfile
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -80,6 +80,9 @@ def check_record_path(path: Path) -> None:
                           f"(readable after a crash): name it *.jsonl (got {path.suffix!r})")
     if path.is_dir():
         raise RecordError(f"--record: {path} is a directory")
+    if path.exists():
+        raise RecordError(f"--record: {path} exists (a recording never overwrites one: "
+                          "remove it or name another)")
     parent = path.parent if str(path.parent) else Path(".")
     if parent.exists() and not os.access(parent, os.W_OK):
         raise RecordError(f"--record: cannot write in {parent}")
@@ -106,6 +109,8 @@ def elasticity(observed_s: float, units: int, speedup: Speedup) -> tuple[float, 
 class _Trajectory:
     task: str
     mem_gb: float
+    #: its name in the trace (the id, or ``<id>~<n>`` for the id's n-th reuse)
+    name: str = ""
     seq: int = 0
     #: when its latest action ended (None: none yet; its first think counts from the
     #: recording's start, so that trajectories keep the offsets they opened at)
@@ -124,21 +129,25 @@ class Recorder:
         self.keep_commands = keep_commands
         path.parent.mkdir(parents=True, exist_ok=True)
         write_atomic(cluster_path(path), yaml.safe_dump(cluster.to_yaml(), sort_keys=False))
-        # line-buffered: every row reaches the file when its line ends
-        self._file = path.open("w", buffering=1)
+        # line-buffered: every row reaches the file when its line ends ("x": never another's)
+        self._file = path.open("x", buffering=1)
         header = {"tangram_trace": True, "schema_version": SCHEMA_VERSION,
                   "recorded": {**(meta or {}), "commands": "kept" if keep_commands else "sha256",
                                "cluster": cluster_path(path).name}}
         self._file.write(json.dumps(header) + "\n")
         self._t0: float | None = None
         self._trajectories: dict[str, _Trajectory] = {}
+        #: trajectory id -> times it was closed (an id may be opened again)
+        self._lives: dict[str, int] = {}
+        #: queued action id -> its trajectory's state (its name, even once it closed)
+        self._of: dict[str, _Trajectory] = {}
         #: queued action id -> (seq, think_s, submit time)
         self._queued: dict[str, tuple[int, float, float]] = {}
         #: a command's hash -> the command (elastic rows only: their curves are read again
         #: at close), and the (task, kind) it ran as
         self._commands: dict[tuple[str, str, str], str] = {}
         self.rows = 0
-        self.closed = False
+        self._ended = False
 
     # -- RunObserver -------------------------------------------------------------------
     def opened(self, trajectory: str, task: str, mem_gb: float | None, now: float) -> None:
@@ -146,23 +155,33 @@ class Recorder:
             self._t0 = now
         t = self._trajectories.get(trajectory)
         if t is None:
-            self._trajectories[trajectory] = _Trajectory(task, float(mem_gb or 0.0))
+            lives = self._lives.get(trajectory, 0)
+            self._trajectories[trajectory] = _Trajectory(
+                task, float(mem_gb or 0.0), name=f"{trajectory}~{lives}" if lives else trajectory)
+
+    def closed(self, trajectory: str) -> None:
+        """Forget its state (only how many times the id was used stays: an id opened again
+        is recorded as another trajectory, ``<id>~<n>``)."""
+        if self._trajectories.pop(trajectory, None) is not None:
+            self._lives[trajectory] = self._lives.get(trajectory, 0) + 1
 
     def submitted(self, action: Action, now: float) -> None:
         if self._t0 is None:
             self._t0 = now
         t = self._trajectories.get(action.trajectory)
         if t is None:  # (opened before the recorder was: a journal's restored trajectory)
-            t = self._trajectories[action.trajectory] = _Trajectory(action.task, 0.0)
+            t = self._trajectories[action.trajectory] = _Trajectory(
+                action.task, 0.0, name=action.trajectory)
         since = t.last_end if t.last_end is not None else self._t0
         self._queued[action.id] = (t.seq, max(now - since, 0.0), now)
+        self._of[action.id] = t
         t.seq += 1
 
     def finished(self, action: Action, record: Record, outcome: Outcome) -> None:
         queued = self._queued.pop(action.id, None)
-        if queued is None or self.closed:
+        t = self._of.pop(action.id, None)
+        if queued is None or t is None or self._ended:
             return
-        t = self._trajectories[action.trajectory]
         t.last_end = record.end_s if record.end_s > 0 else queued[2]
         if record.status == "cancelled" and not record.kind:
             return  # cancelled while queued: it never ran, nothing to replay
@@ -176,9 +195,9 @@ class Recorder:
     def close(self) -> None:
         """Rewrite the rows with the curves learnt by the end of the run (atomically: a
         crash meanwhile leaves the appended file), then close."""
-        if self.closed:
+        if self._ended:
             return
-        self.closed = True
+        self._ended = True
         self._file.close()
         try:
             self._finalise()
@@ -195,7 +214,7 @@ class Recorder:
         observed = max(record.end_s - record.start_s - record.restore_s, 0.0)
         command = command_of(action)
         shown = command if self.keep_commands or not command else command_hash(command)
-        if command:
+        if command and action.elastic:  # (only their curves are read again at close)
             self._commands[(action.task, action.kind, shown)] = command
         cost = action.cost
         quota = next((k for k in cost if k.startswith(QUOTA_PREFIX)), None)
@@ -203,7 +222,7 @@ class Recorder:
         declared_p = el.parallel_fraction if el is not None else None
         payload = action.payload if isinstance(action.payload, dict) else {}
         row: dict[str, Any] = {
-            "task": action.task, "trajectory": action.trajectory, "seq": seq,
+            "task": action.task, "trajectory": t.name, "seq": seq,
             "kind": action.kind, "think_s": think_s, "t1_s": observed,
             "cpu_cores": format_set(cost.get("cpu")), "mem_gb": t.mem_gb,
             "gpus": format_set(cost.get("gpu")), "elastic": action.elastic or "",
@@ -237,26 +256,32 @@ class Recorder:
         row.update(t1_s=t1, parallel_fraction=p, unit_overhead_s=c, curve=speedup.source)
 
     def _finalise(self) -> None:
-        """The appended rows again, each elastic one on its final curve."""
-        lines = self.path.read_text().splitlines()
-        out = [lines[0]] if lines else []
-        for line in lines[1:]:
-            row = json.loads(line)
-            if row.get("elastic") and row.get("curve") in ("prior", "kind", "command"):
-                command = self._commands.get((row["task"], row["kind"], row["command"]), "")
-                self._shape(row, max(int(row["units"] or 0), 1),
-                            self._speedup(row["task"], row["kind"], command, None))
-                line = json.dumps(row)
-            out.append(line)
-        write_atomic(self.path, "\n".join(out) + "\n")
+        """The appended rows again, each elastic one on its final curve (streamed: a
+        recording of millions of rows is never held whole)."""
+        def lines() -> Iterator[str]:
+            with self.path.open() as f:
+                for k, line in enumerate(f):
+                    if k and line.strip():
+                        row = json.loads(line)
+                        if row.get("elastic") and row.get("curve") in ("prior", "kind",
+                                                                       "command"):
+                            command = self._commands.get(
+                                (row["task"], row["kind"], row["command"]), "")
+                            self._shape(row, max(int(row["units"] or 0), 1),
+                                        self._speedup(row["task"], row["kind"], command, None))
+                            line = json.dumps(row) + "\n"
+                    yield line
+
+        write_atomic(self.path, lines())
 
 
-def write_atomic(path: Path, text: str) -> None:
-    """``text`` as ``path``, whole or not at all (a temporary file renamed over it)."""
+def write_atomic(path: Path, text: str | Iterable[str]) -> None:
+    """``text`` (or its pieces) as ``path``, whole or not at all (a temporary file renamed
+    over it)."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
         with os.fdopen(fd, "w") as f:
-            f.write(text)
+            f.writelines([text] if isinstance(text, str) else text)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

@@ -74,6 +74,9 @@ def test_serve_records_what_it_ran_and_simulate_replays_it(tmp_path: Path):
             assert bad["exit_code"] == 3, bad
             c.close_trajectory("a")
             c.close_trajectory("b")
+            c.open_trajectory("b", task="coding")  # the id again: another trajectory
+            assert c.run("b", action_id="b-again", kind="shell", command="true")["status"] == "ok"
+            c.close_trajectory("b")
     finally:
         server.stop(signal.SIGTERM)
     log = server.log.read_text()
@@ -82,8 +85,8 @@ def test_serve_records_what_it_ran_and_simulate_replays_it(tmp_path: Path):
     assert "secret-output" not in text and "sleep" not in text, text  # hashed, no outputs
     rows, _ = read_raw(record)
     trace = load(record)
-    assert len(trace) == 3 and sorted(trace["trajectory"] + trace["seq"].astype(str)) == \
-        ["a0", "a1", "b0"], trace
+    assert sorted(trace["trajectory"] + trace["seq"].astype(str)) == \
+        ["a0", "a1", "b0", "b~10"], trace
     by = {f"{r.trajectory}{r.seq}": r for r in rows.itertuples()}
     assert by["a1"].think_s >= gap, by["a1"]  # at least the client's own pause
     assert by["a1"].cpu_cores == "1,2" and by["a1"].elastic == "cpu" and by["a1"].units >= 1
@@ -99,7 +102,7 @@ def test_serve_records_what_it_ran_and_simulate_replays_it(tmp_path: Path):
                   "--out", str(tmp_path / "sim"), "-q")
     assert sim.returncode == 0, sim.stderr
     summary = json.loads((tmp_path / "sim" / "summary.json").read_text())
-    assert summary["actions"] == 3, summary
+    assert summary["actions"] == 4, summary
 
 
 def test_run_records_with_commands_kept(tmp_path: Path):
@@ -125,6 +128,12 @@ def test_a_bad_record_path_is_refused_before_the_run(tmp_path: Path):
     done = tangram("run", "--trace", str(ROOT / "traces/samples/coding.parquet"),
                    "--out", str(tmp_path / "o"), "--record", str(tmp_path / "r.parquet"))
     assert done.returncode == 2 and "*.jsonl" in done.stderr, done.stderr
+    taken = tmp_path / "taken.jsonl"
+    taken.write_text("someone's recording\n")
+    again = tangram("run", "--trace", str(ROOT / "traces/samples/coding.parquet"),
+                    "--out", str(tmp_path / "o"), "--record", str(taken))
+    assert again.returncode == 2 and "exists" in again.stderr, again.stderr
+    assert taken.read_text() == "someone's recording\n"
     alone = tangram("run", "--trace", str(ROOT / "traces/samples/coding.parquet"),
                     "--out", str(tmp_path / "o"), "--record-commands")
     assert alone.returncode == 2 and "only with --record" in alone.stderr, alone.stderr
