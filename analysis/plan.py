@@ -265,6 +265,8 @@ class Search:
     cores: int
     resample: int
     cpu: Bisection
+    #: GPU nodes while the CPU nodes are searched (plenty), and where the GPU search starts
+    gpu_cap: int
     gpu_start: int
     gpu: Bisection | None = None
     #: CPU nodes found (while the GPU search runs)
@@ -276,12 +278,12 @@ class Search:
         if self.gpu is None:
             n = self.cpu.next()
             if n is not None:
-                return Job(self.policy, Size(self.cores, n, self.gpu_start), self.resample)
-            if self.cpu.meet is None or not self.gpu_start:
+                return Job(self.policy, Size(self.cores, n, self.gpu_cap), self.resample)
+            if self.cpu.meet is None or not self.gpu_cap:
                 return None
             self.nodes = self.cpu.meet
-            self.gpu = Bisection(self.gpu_start, self.gpu_start)
-            self.gpu.seen(self.gpu_start, True)  # (the CPU search met it with these)
+            self.gpu = Bisection(min(self.gpu_start, self.gpu_cap), self.gpu_cap)
+            self.gpu.seen(self.gpu_cap, True)  # (the CPU search met it with these)
         g = self.gpu.next()
         return None if g is None else Job(self.policy, Size(self.cores, self.nodes or 0, g),
                                           self.resample)
@@ -295,7 +297,7 @@ class Search:
     def found(self) -> Size | None:
         if self.cpu.meet is None:
             return None
-        gpus = self.gpu.meet if self.gpu is not None and self.gpu.meet is not None else self.gpu_start
+        gpus = self.gpu.meet if self.gpu is not None and self.gpu.meet is not None else self.gpu_cap
         return Size(self.cores, self.cpu.meet, gpus)
 
 
@@ -343,11 +345,12 @@ def plan(rows: pd.DataFrame, base: ClusterSpec, config: PlanConfig,
         raise PlanError("cluster: the trace has GPU rows and the cluster no GPU node")
     # the first resampling's searches start from the recorded cores scaled to the batch;
     # the others wait for its answer and start there (resamplings differ by little)
+    gpu_cap = min(GPU_HEADROOM * gpu_start, 8 * config.max_nodes)
     first = {(p, c): Search(p, c, 0, Bisection(
                  min(max(math.ceil(recorded_cores * scale / c), 1), config.max_nodes),
-                 config.max_nodes), min(gpu_start, 8 * config.max_nodes))
+                 config.max_nodes), gpu_cap, gpu_start)
              for p in config.policies for c in config.cores_per_node}
-    rest = [Search(p, c, r, Bisection(1, config.max_nodes), first[p, c].gpu_start,
+    rest = [Search(p, c, r, Bisection(1, config.max_nodes), gpu_cap, gpu_start,
                    started=False)
             for p in config.policies for c in config.cores_per_node
             for r in range(1, config.resamples)]
@@ -361,6 +364,8 @@ def plan(rows: pd.DataFrame, base: ClusterSpec, config: PlanConfig,
                 if not s.started and lead.job() is None:
                     s.started = True
                     s.cpu.start = lead.cpu.meet or config.max_nodes
+                    found = lead.found()
+                    s.gpu_start = found.gpu_nodes if found is not None else gpu_start
             asked = [(s, s.job()) for s in searches if s.started]
             asked = [(s, j) for s, j in asked if j is not None]
             if progress is not None:
@@ -375,7 +380,7 @@ def plan(rows: pd.DataFrame, base: ClusterSpec, config: PlanConfig,
             for s, j in asked:
                 s.seen(j, "error" not in sim.cache[j] and config.target.met(sim.cache[j]))
         chosen = _choose(config, searches)
-        grid = {p: _grid(config, searches, p, cores, gpu_start)
+        grid = {p: _grid(config, searches, p, cores, gpu_cap)
                 for p, (cores, _) in chosen.items()}
         if say is not None:
             say(f"the frontier: {len({j for jobs in grid.values() for j in jobs} - set(sim.cache))}"
@@ -415,17 +420,27 @@ def _choose(config: PlanConfig, searches: list[Search]
 
 #: points of a policy's frontier (node counts, geometric from 1)
 FRONTIER_POINTS = 6
+#: GPU nodes while CPU nodes are searched: this many times the recorded count scaled to the
+#: batch (then the GPU search comes down from the scaled count)
+GPU_HEADROOM = 4
 
 
 def _grid(config: PlanConfig, searches: list[Search], policy: str, cores: int,
-          gpu_nodes: int) -> list[Job]:
-    """The frontier's simulations of ``policy`` in nodes of ``cores``: node counts from 1
-    to twice the largest found (or every count its searches tried), each resampling."""
-    tried = [s.cpu.meet or s.cpu.fail for s in searches if s.policy == policy
-             and s.cores == cores]
+          gpu_cap: int) -> list[Job]:
+    """The frontier's simulations of ``policy`` in nodes of ``cores``, each resampling: CPU
+    node counts from 1 to twice the largest found (or every count its searches tried);
+    with GPU rows (``gpu_cap`` > 0), GPU node counts from 1 to ``gpu_cap`` at the most CPU
+    nodes any resampling needed (so that CPU does not bind)."""
+    mine = [s for s in searches if s.policy == policy and s.cores == cores]
+    tried = [s.cpu.meet or s.cpu.fail for s in mine]
     hi = min(max(2 * max(tried, default=1), 2), config.max_nodes)
+    if gpu_cap:
+        nodes = max(tried, default=1)
+        counts = sorted({int(n) for n in np.geomspace(1, gpu_cap, FRONTIER_POINTS).round()})
+        return [Job(policy, Size(cores, nodes, g), r) for g in counts
+                for r in range(config.resamples)]
     counts = sorted({int(n) for n in np.geomspace(1, hi, FRONTIER_POINTS).round()})
-    return [Job(policy, Size(cores, n, gpu_nodes), r) for n in counts
+    return [Job(policy, Size(cores, n, 0), r) for n in counts
             for r in range(config.resamples)]
 
 
@@ -452,7 +467,7 @@ def _answer(config: PlanConfig, chosen: dict[str, tuple[int, list[Size] | None]]
                 "per_resample": [{"nodes": f.nodes, "gpu_nodes": f.gpu_nodes,
                                   "value_s": v} for f, v in zip(sizes, at, strict=True)],
             }
-        frontier[p] = _frontier(grid[p], target, cache)
+        frontier[p] = _frontier(grid[p], target, cache, gpus_per_node)
     runs = [{"policy": j.policy, "cores_per_node": j.size.cores, "nodes": j.size.nodes,
              "gpu_nodes": j.size.gpu_nodes, "resample": j.resample, **m}
             for j, m in cache.items()]
@@ -461,13 +476,16 @@ def _answer(config: PlanConfig, chosen: dict[str, tuple[int, list[Size] | None]]
             "trajectories": config.trajectories, "recorded_trajectories": recorded,
             "resamples": config.resamples, "cores_per_node": list(config.cores_per_node),
             "max_nodes": config.max_nodes, "policies": policies, "frontier": frontier,
+            # what the frontier varies: GPUs for a trace with GPU rows, else CPU cores
+            "frontier_x": "gpus" if any(j.size.gpu_nodes for js in grid.values() for j in js)
+            else "cores",
             "simulations": len(cache), "rounds": rounds, "wall_s": wall_s,
             "simulation_cpu_s": float(sum(m.get("cpu_s", 0.0) for m in cache.values())),
             "runs": runs}
 
 
-def _frontier(jobs: list[Job], target: Target,
-              cache: dict[Job, dict[str, Any]]) -> list[dict[str, Any]]:
+def _frontier(jobs: list[Job], target: Target, cache: dict[Job, dict[str, Any]],
+              gpus_per_node: int) -> list[dict[str, Any]]:
     """Capacity against the metric at each size of ``jobs`` over its resamplings (sizes
     where some resampling could not run at all: left out)."""
     by: dict[Size, list[float]] = {}
@@ -479,8 +497,9 @@ def _frontier(jobs: list[Job], target: Target,
         else:
             by.setdefault(j.size, []).append(target.value(m))
     return [{"cores": size.total_cores, "nodes": size.nodes, "gpu_nodes": size.gpu_nodes,
-             "runs": len(v), **_stats(v)}
-            for size, v in sorted(by.items(), key=lambda kv: kv[0].nodes) if size not in failed]
+             "gpus": size.gpu_nodes * gpus_per_node, "runs": len(v), **_stats(v)}
+            for size, v in sorted(by.items(), key=lambda kv: (kv[0].nodes, kv[0].gpu_nodes))
+            if size not in failed]
 
 
 def draw(answer: dict[str, Any], out_png: os.PathLike[str] | str) -> None:
@@ -498,14 +517,14 @@ def draw(answer: dict[str, Any], out_png: os.PathLike[str] | str) -> None:
     for policy, points in answer["frontier"].items():
         if not points:
             continue
-        x = [p["cores"] for p in points]
+        x = [p[answer["frontier_x"]] for p in points]
         ax.plot(x, [p["median"] for p in points], marker="o", label=policy, color=palette[policy])
         ax.fill_between(x, [p["min"] for p in points], [p["max"] for p in points],
                         color=palette[policy], alpha=0.15)
     bound = float(answer["target"].split("<=")[1].rstrip("s"))
     ax.axhline(bound, color="#444444", linestyle="--", linewidth=1,
                label=f"target {answer['target']}")
-    ax.set_xlabel("capacity (CPU cores)")
+    ax.set_xlabel("capacity (GPUs)" if answer["frontier_x"] == "gpus" else "capacity (CPU cores)")
     ax.set_ylabel(f"{answer['metric']} (s)")
     ax.set_yscale("log")
     ax.set_title(f"{answer['trajectories']} trajectories, {answer['resamples']} resamplings",

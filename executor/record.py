@@ -32,7 +32,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import math
 import os
 import tempfile
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -288,19 +287,3 @@ def write_atomic(path: Path, text: str | Iterable[str]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-
-
-def observed(rows: Any) -> dict[str, float]:
-    """What the recorded run measured, from a recording's rows (a DataFrame of
-    ``traces.schema.read_raw``): actions, mean and p99 ACT (queue + execution), and the
-    step time (from the first trajectory's open to the last action's end)."""
-    import numpy as np
-
-    ran = rows[rows["status"] != "cancelled"] if "status" in rows else rows
-    act = (ran["end_s"].astype(float) - ran["submit_s"].astype(float)).to_numpy()
-    if not len(act):
-        return {"actions": 0, "mean_act_s": math.nan, "p99_act_s": math.nan,
-                "step_s": math.nan}
-    return {"actions": int(len(act)), "mean_act_s": float(act.mean()),
-            "p99_act_s": float(np.percentile(act, 99)),
-            "step_s": float(ran["end_s"].astype(float).max())}

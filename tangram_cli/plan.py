@@ -113,7 +113,7 @@ def plan(
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps(answer, indent=1) + "\n")
     front = {k: answer[k] for k in ("target", "metric", "trajectories", "resamples",
-                                    "frontier")}
+                                    "frontier_x", "frontier")}
     (out / "frontier.json").write_text(json.dumps(front, indent=1) + "\n")
     draw(answer, out / "frontier.png")
     if not quiet:

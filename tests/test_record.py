@@ -21,6 +21,7 @@ import pytest
 from conftest import TOKEN, reachable_by_sandboxes, start_server
 from helpers import procs_with, until_true
 
+from analysis.recorded import replay_error
 from executor.record import cluster_path, command_hash, elasticity
 from sim.cluster import load_cluster
 from tangram.estimates import Speedup
@@ -122,6 +123,10 @@ def test_run_records_with_commands_kept(tmp_path: Path):
     elastic = recorded[recorded["elastic"] == "cpu"]
     assert len(elastic) and elastic["parallel_fraction"].notna().all()
     assert load_cluster(cluster_path(record)).cpu_nodes
+    # the recording against its replay (no bound asserted: a loaded machine's figure)
+    checked = replay_error(record)
+    assert checked["actions"] == len(recorded)
+    assert all(math.isfinite(v) for v in checked["error_pct"].values()), checked
 
 
 def test_a_bad_record_path_is_refused_before_the_run(tmp_path: Path):
