@@ -162,3 +162,27 @@ def test_the_search_finds_every_boundary_from_every_start():
                 if start == threshold and threshold > 1:
                     assert len(asked) == 2, (cap, threshold, asked)
                 assert len(asked) <= 2 * cap.bit_length() + 2, (cap, threshold, start, asked)
+
+
+def test_plan_sizes_gpu_nodes_as_a_sweep_does():
+    """A GPU trace (MOPD teacher requests): CPU nodes first, then the GPU nodes, each
+    resampling's count the smallest of a sweep at its CPU size."""
+    from dataclasses import replace
+
+    rows = validate(generate("mopd", 64, 2))
+    base = load_cluster("default")
+    base = replace(base, cpu_nodes=base.cpu_nodes[:1])
+    config = PlanConfig(parse_target("mean_act<=0.5s"), ("tangram",), (64,), 64,
+                        resamples=5, max_nodes=2, jobs=1)
+    answer = plan(rows, base, config)
+    chosen = answer["policies"]["tangram"]
+    assert chosen["met"], chosen
+    sweep = Simulator(rows, base, 64, 0, 1)
+    for r, found in enumerate(chosen["per_resample"]):
+        jobs = [Job("tangram", Size(64, found["nodes"], g), r) for g in range(1, 9)]
+        sweep.run(jobs)
+        smallest = next(j.size.gpu_nodes for j in jobs
+                        if "error" not in sweep.cache[j] and config.target.met(sweep.cache[j]))
+        assert found["gpu_nodes"] == smallest, (r, found, smallest)
+    assert any(f["gpu_nodes"] > 1 for f in chosen["per_resample"]), chosen  # a boundary
+    assert answer["frontier_x"] == "gpus" and answer["frontier"]["tangram"]
