@@ -35,6 +35,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
                           "by side, with the % difference from the first run, and "
                           "`same_units`: the share of the actions both ran that got the same "
                           "number of units (did a simulation make the live run's decisions?)."),
+    "plan": ("plan", "Size a cluster for a trace: the smallest configuration per policy that "
+                     "meets a target."),
     "run": ("run", "Replay a trace on this machine's real cores (process or docker backend), "
                    "or on the nodes of a Ray cluster (--ray)."),
     "serve": ("serve", "Serve the live executor over HTTP (OpenAPI at /docs)."),

@@ -10,7 +10,7 @@ assembly leaves nothing behind.
 from __future__ import annotations
 
 import signal
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -32,14 +32,14 @@ from executor.backends.gpu.ray_worker import attach_gpus, local_gpu_labels
 from executor.backends.ray.backend import RayBackend
 from executor.backends.ray.cluster import RaySpec, connect
 from executor.backends.registry import make_backend
-from executor.driver import LiveBackend
+from executor.driver import LiveBackend, RunObserver
 from executor.node.local import local_cluster
 from executor.server.app import Phase, create_app, no_phase
 from executor.server.limits import READ_TIMEOUT_S
 from executor.server.tokens import Tokens
 from tangram.cluster import ClusterError, ClusterSpec, QuotaSpec
 from tangram.core import Tangram
-from tangram.cpu.admission import LIVE, MemoryAdmission
+from tangram.cpu.admission import LIVE, RESERVE, MemoryAdmission
 from tangram.policies import Policy
 
 
@@ -69,6 +69,9 @@ class ServeOptions:
     sandbox_disk_gb: float = 4.0
     read_timeout_s: float = READ_TIMEOUT_S  # a request body's longest silence
     sandbox_uids: int = SandboxLimits.uids  # the process backend as root (--sandbox-uids)
+    #: --record: the trace the run is recorded to (executor/record.py); None: not recorded
+    record: Path | None = None
+    record_commands: bool = False  # --record-commands: commands kept, not hashed
 
     @property
     def sandboxes(self) -> SandboxLimits:
@@ -197,7 +200,8 @@ def serve_app(opts: ServeOptions, token: str | Tokens, ray: Any = None,
 
     # this machine is the one CPU node: its free memory is observed (executor/node/memwatch.py)
     app = create_app(make_live_backend, make_core, token, opts.state_dir, **hardening,
-                     memory_node=cluster.cpu_nodes[0].name)
+                     memory_node=cluster.cpu_nodes[0].name,
+                     observer=recorder(opts, cluster))
     if gc is not None:
         app.state.gpu_discovery = gc.discovery
     return app
@@ -213,4 +217,30 @@ def _ray_app(opts: ServeOptions, token: str | Tokens, live: Any, hardening: dict
     # the signal after its graceful shutdown (which stops the agents): keep the default
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     return create_app(lambda: live, lambda: Tangram(live.cluster(opts.quotas), opts.policy),
-                      token, opts.state_dir, **hardening)
+                      token, opts.state_dir, **hardening,
+                      # (a Ray node's memory is not observed: every limit reserved in full)
+                      observer=recorder(replace(opts, admission=RESERVE),
+                                        live.cluster(opts.quotas)))
+
+
+def recorder(opts: ServeOptions, cluster: ClusterSpec) -> Callable[[Tangram], RunObserver] | None:
+    """``--record``: a recorder of the served run for its core (None: not recorded). On the
+    process backend a trajectory's environment is a directory: nothing to start, which the
+    recorded cluster says (the simulator otherwise models a container's start)."""
+    if opts.record is None:
+        return None
+    from executor.record import Recorder  # (pandas, through the trace schema: only to record)
+
+    path, keep = opts.record, opts.record_commands
+    if opts.backend == "process":
+        cluster = replace(cluster, extra={**cluster.extra, "env_start_s": 0.0})
+    if opts.admission.overcommit > 1:
+        # admitted by observed memory, up to overcommit x the node's in declared limits:
+        # what a simulation (which reserves every limit in full) admits on a node of that
+        # much memory; the factor is kept in extra, for whoever reads the file
+        over = opts.admission.overcommit
+        cluster = replace(cluster, cpu_nodes=tuple(replace(n, mem_gb=n.mem_gb * over)
+                                                   for n in cluster.cpu_nodes),
+                          extra={**cluster.extra, "recorded_mem_overcommit": over})
+    meta = {"by": "tangram serve", "backend": opts.backend, "policy": opts.policy.label}
+    return lambda core: Recorder(path, cluster, core.learnt_speedup, keep, meta)

@@ -63,17 +63,36 @@ class LiveBackend(Protocol):
     def shutdown(self) -> None: ...
 
 
+class RunObserver(Protocol):
+    """Told of what a live run does, on the loop thread, as it happens (a recorder:
+    executor/record.py): trajectories opened, actions queued, actions ended. ``close``
+    once, when the executor shuts down."""
+
+    def opened(self, trajectory: str, task: str, mem_gb: float | None, now: float) -> None: ...
+
+    def closed(self, trajectory: str) -> None: ...
+
+    def submitted(self, action: Action, now: float) -> None: ...
+
+    def finished(self, action: Action, record: Record, outcome: Outcome) -> None: ...
+
+    def close(self) -> None: ...
+
+
 class LiveExecutor:
     """Core + runtime + backend on the running loop."""
 
     def __init__(self, core: Tangram, backend: LiveBackend,
                  loop: asyncio.AbstractEventLoop | None = None,
-                 max_records: int | None = None) -> None:
+                 max_records: int | None = None,
+                 observer: RunObserver | None = None) -> None:
         """``max_records``: a long-running server, whose results live in its journal,
-        keeps only the latest records in memory (flat RSS however many actions)."""
+        keeps only the latest records in memory (flat RSS however many actions).
+        ``observer``: told of every open, submit and end (``tangram serve --record``)."""
         self.loop = loop or asyncio.get_running_loop()
         self.core = core
         self.backend = backend
+        self.observer = observer
         self.clock = AsyncioClock(self.loop)
         self.runtime = Runtime(core, self.clock, backend, stopwatch=time.perf_counter,
                                on_error=self._effect_failed)
@@ -101,17 +120,21 @@ class LiveExecutor:
             # checked before the core commits to it
             self.backend.open_trajectory_image(trajectory, mem_gb, image)
             self.runtime.open_trajectory(trajectory, task, mem_gb)
-            return
-        self.runtime.open_trajectory(trajectory, task, mem_gb)
-        try:
-            self.backend.open_trajectory(trajectory, mem_gb)
-        except BaseException:
-            self.runtime.close_trajectory(trajectory)  # all or nothing
-            raise
+        else:
+            self.runtime.open_trajectory(trajectory, task, mem_gb)
+            try:
+                self.backend.open_trajectory(trajectory, mem_gb)
+            except BaseException:
+                self.runtime.close_trajectory(trajectory)  # all or nothing
+                raise
+        if self.observer is not None:
+            self.observer.opened(trajectory, task, mem_gb, self.clock.now())
 
     def close_trajectory(self, trajectory: str) -> None:
         self.runtime.close_trajectory(trajectory)
         self.backend.close_trajectory(trajectory)
+        if self.observer is not None:
+            self.observer.closed(trajectory)
 
     def submit(self, action: Action,
                on_result: Callable[[Record, Outcome], None] | None = None,
@@ -130,8 +153,21 @@ class LiveExecutor:
         """Queue ``actions`` all or nothing, in one Submit; a future per action, each
         resolving with its record and outcome."""
         futures = {a.id: self.loop.create_future() for a in actions}
+        observer = self.observer
+        if observer is not None:
+            by_id = {a.id: a for a in actions}
+            then = on_queued
+
+            def on_queued() -> None:
+                now = self.clock.now()
+                for a in actions:
+                    observer.submitted(a, now)
+                if then is not None:
+                    then()
 
         def done(rec: Record, out: Outcome) -> None:
+            if observer is not None:
+                observer.finished(by_id[rec.action_id], rec, out)
             if self.max_records is not None:
                 records = self.runtime.records
                 if len(records) > 2 * self.max_records:  # trimmed rarely: O(1) amortised
@@ -176,7 +212,11 @@ class LiveExecutor:
         self.core.validate(action)
 
     def shutdown(self) -> None:
-        self.backend.shutdown()
+        try:
+            self.backend.shutdown()
+        finally:
+            if self.observer is not None:
+                self.observer.close()
 
     # -- membership (multi-node backends) ------------------------------------------------
     def node_lost(self, node: str) -> None:

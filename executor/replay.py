@@ -38,6 +38,7 @@ from executor.backends.gpu.measure import after_run, measure
 from executor.backends.registry import make_backend
 from executor.driver import LiveBackend, LiveExecutor
 from executor.node.local import local_cluster
+from executor.record import Recorder
 from tangram.cluster import ClusterSpec, QuotaSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome, quota_resource
@@ -167,9 +168,12 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
                  policy: Policy | None = None,
                  progress: Callable[..., None] | None = None,
                  live: LiveBackend | None = None, gpu: GpuCluster | None = None,
-                 gpu_device: str = "cpu", gpu_tokens: int = 32
+                 gpu_device: str = "cpu", gpu_tokens: int = 32,
+                 record: Path | None = None, record_commands: bool = False
                  ) -> tuple[RunResult, dict[str, Any]]:
     """Run the trace's actions for real under ``policy``; (result, resolved config).
+    ``record``: what ran is recorded there as a trace (executor/record.py), its commands
+    hashed unless ``record_commands``.
 
     With ``live`` (a RayBackend) they run on its nodes (the cluster is their inventory)
     and this call shuts it down. GPU rows need ``gpu`` (nodes, services and their
@@ -178,7 +182,8 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
     modelled ones are in the counters)."""
     try:
         return await _replay(df, backend, out, limit, think_scale, quotas, policy or Policy(),
-                             progress, live, gpu, gpu_device, gpu_tokens)
+                             progress, live, gpu, gpu_device, gpu_tokens, record,
+                             record_commands)
     finally:
         if live is not None:
             live.shutdown()  # idempotent: a run that started has shut it down already
@@ -187,7 +192,8 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
 async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
                   think_scale: float, quotas: tuple[QuotaSpec, ...], policy: Policy,
                   progress: Callable[..., None] | None, live: LiveBackend | None,
-                  gpu: GpuCluster | None, gpu_device: str, gpu_tokens: int
+                  gpu: GpuCluster | None, gpu_device: str, gpu_tokens: int,
+                  record: Path | None = None, record_commands: bool = False
                   ) -> tuple[RunResult, dict[str, Any]]:
     gpu_rows = df.index[df["gpus"] != ""]
     if len(gpu_rows) and gpu is None:
@@ -225,7 +231,12 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
     log = OutputLog(live or make_backend(backend, out / "work", gpu=gpu_backend, env=env))
-    executor = LiveExecutor(live_core, log)
+    observer = None
+    if record is not None:
+        meta = {"by": "tangram run", "backend": backend, "policy": policy.label,
+                "think_scale": think_scale, "limit": limit}
+        observer = Recorder(record, cluster, live_core.learnt_speedup, record_commands, meta)
+    executor = LiveExecutor(live_core, log, observer=observer)
     costs: dict[str, Any] = {}
     if gpu_backend is not None:  # staging is not part of any action's time
         try:

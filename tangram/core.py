@@ -28,7 +28,7 @@ from tangram.cpu.admission import RESERVE, MemoryAdmission
 from tangram.cpu.binding import Binding
 from tangram.cpu.images import ImageBook
 from tangram.cpu.nodes import CpuNodes
-from tangram.estimates import Estimates
+from tangram.estimates import Estimates, Speedup
 from tangram.gpu.nodes import GpuNodes
 from tangram.model import (
     NONE,
@@ -235,6 +235,12 @@ class Tangram:
             return ""
         state = self._trajectories.get(p.action.trajectory)
         return "" if state is None else self._binding.why_queued(p, state)
+
+    def learnt_speedup(self, task: str, kind: str, command: str = "") -> Speedup | None:
+        """The speedup curve learnt for an unprofiled elastic (task, kind) and its
+        ``command`` (tangram/estimates.py :class:`Speedup`); None while none can be trusted.
+        A read for recorders (executor/record.py), never a decision."""
+        return self._estimates.durations.speedup((task, kind), command)
 
     def busy_fraction(self, node: str) -> float:
         """Fraction of ``node``'s cores held exclusively (what a light-lane action shares)."""

@@ -458,6 +458,19 @@ class _InFlight:
         self.n = last
 
 
+@dataclass(frozen=True, slots=True)
+class Speedup:
+    """The shape of an elastic (task, kind)'s time over its unit count, as the core learnt
+    it: ``t(m) = T1 * ((1 - p) + p / m) + unit_overhead_s * (m - 1)``. ``source``: whose
+    curve it is, ``"command"`` (:class:`CommandCurves`, the command seen at two or more
+    widths or sized on its kind's shape) or ``"kind"`` (:class:`SpeedupCurve`). What a
+    recording writes beside each run so that a replay at other widths has a model."""
+
+    parallel_fraction: float
+    unit_overhead_s: float
+    source: str
+
+
 class DurationModel:
     """Observed execution times."""
 
@@ -509,6 +522,21 @@ class DurationModel:
 
     def curve(self, key: Key) -> SpeedupCurve | None:
         return self._curves.get(key)
+
+    def speedup(self, key: Key, command: str = "") -> Speedup | None:
+        """The shape learnt for ``key`` (its ``command``'s curves first), None while no
+        curve can be trusted (the fits :meth:`learnt_table` reads, without the prior)."""
+        cmds = self._commands.get(key)
+        if command and cmds is not None and cmds.seen(command):
+            f = cmds.fit()
+            if f is not None:
+                return Speedup(f[0], f[1], "command")
+        c = self._curves.get(key)
+        fit = c.fit() if c is not None else None
+        if fit is None:
+            return None
+        a, b, cost = fit
+        return Speedup(b / (a + b) if a + b > 0 else 0.0, cost, "kind")
 
     def learnt_table(self, key: Key, choices: tuple[int, ...],
                      command: str = "") -> dict[int, float] | None:

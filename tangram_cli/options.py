@@ -4,6 +4,7 @@ options, --gpu-device."""
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
@@ -121,4 +122,28 @@ def check_gpu_device(device: str) -> None:
     try:
         check_device(device)
     except ValueError as e:
+        fail(str(e))
+
+
+RecordOpt = Annotated[Path | None, typer.Option(
+    help="Record what runs as a trace (JSONL, a row appended per action as it ends: "
+         "readable after a crash), with the cluster beside it as <stem>-cluster.yaml: "
+         "`tangram simulate --trace PATH --cluster <stem>-cluster.yaml` replays it, "
+         "`tangram plan --trace PATH` sizes a cluster for it.")]
+RecordCommandsOpt = Annotated[bool, typer.Option(
+    "--record-commands", help="With --record: keep the commands themselves (default: a "
+                              "hash of each; nothing of outputs or files is recorded).")]
+
+
+def checked_record(record: Path | None, record_commands: bool) -> None:
+    """Refuse a --record path that cannot be written, and --record-commands alone (exit 2)."""
+    from executor.record import RecordError, check_record_path
+
+    if record is None:
+        if record_commands:
+            fail("--record-commands: only with --record PATH")
+        return
+    try:
+        check_record_path(record)
+    except RecordError as e:
         fail(str(e))

@@ -24,8 +24,11 @@ from tangram_cli.options import (
     PerfettoOpt,
     PodCoresOpt,
     PolicyOpt,
+    RecordCommandsOpt,
+    RecordOpt,
     WorkScaleOpt,
     check_work_scale,
+    checked_record,
     chosen_policy,
     quota_specs,
     ray_spec,
@@ -65,6 +68,8 @@ def run(
         min=1e-9, help="Scale of service sizes and GPU memory without --gpu-cluster.")] = 1e-4,
     gpu_tokens: Annotated[int, typer.Option(min=2, help="Tokens per GPU request.")] = 32,
     perfetto: PerfettoOpt = False,
+    record: RecordOpt = None,
+    record_commands: RecordCommandsOpt = False,
 ) -> None:
     """Replay a trace on this machine's real cores (process or docker backend), or on
     the nodes of a Ray cluster (--ray).
@@ -77,6 +82,7 @@ def run(
     """
     chosen = chosen_policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
     check_work_scale(work_scale)
+    checked_record(record, record_commands)
     try:
         df = load(trace)
     except TraceError as e:
@@ -105,7 +111,7 @@ def run(
         result, config = with_progress(lambda cb: asyncio.run(replay(
             df, backend, out, limit=limit, think_scale=think_scale, quotas=specs, policy=chosen,
             progress=cb, live=live, gpu=gpu, gpu_device=gpu_device or "cpu",
-            gpu_tokens=gpu_tokens)), quiet,
+            gpu_tokens=gpu_tokens, record=record, record_commands=record_commands)), quiet,
             f"running {trace.name} on {backend}" + (" via Ray" if ray else ""))
     except RunFailed as e:  # an effect failed: stopped, what ran is in outputs.jsonl
         fail(f"the run stopped: {e}; the outputs of what ran are in {out}/outputs.jsonl",

@@ -42,6 +42,9 @@ from tangram_cli.options import (
     OrderingOpt,
     PodCoresOpt,
     PolicyOpt,
+    RecordCommandsOpt,
+    RecordOpt,
+    checked_record,
     chosen_policy,
     pairs,
     quota_specs,
@@ -124,6 +127,8 @@ def serve(
              "other users. A trajectory is its opener's token's: another token's request for "
              "it, or its actions, is answered 404. TANGRAM_TOKEN, when set, is one more "
              "(named `default`).")] = None,
+    record: RecordOpt = None,
+    record_commands: RecordCommandsOpt = False,
     access_log: Annotated[bool, typer.Option(
         help="Log every HTTP request to stderr (off: at thousands of actions a second the "
              "log line costs a few percent of the server's CPU; the journal and /metrics "
@@ -141,6 +146,7 @@ def serve(
     """
     if backend not in ("process", "docker"):
         fail(f"--backend: unknown backend {backend!r} (process or docker)")
+    checked_record(record, record_commands)
     chosen = chosen_policy(policy, depth, lookahead, ordering, pod_cores, gpu_dop)
     specs = quota_specs(quota)
     try:
@@ -171,7 +177,8 @@ def serve(
         opts = ServeOptions(backend, state_dir, chosen, specs, allow, images, result_ttl_s,
                             sandbox_mem_gb, sandbox_pids, warm_pool, None if ray else gc,
                             gpu_device, admission, sandbox_disk_gb=sandbox_disk_gb,
-                            read_timeout_s=read_timeout_s, sandbox_uids=sandbox_uids)
+                            read_timeout_s=read_timeout_s, sandbox_uids=sandbox_uids,
+                            record=record, record_commands=record_commands)
         # each step of the start-up says when it begins and how long it took (off a
         # terminal a line every ~10 s while it lasts): building the docker image, a Ray
         # cluster or the GPU workers' models can take minutes

@@ -15,7 +15,7 @@ from tangram_cli.common import command_app, err, fail, out_console
 from traces.fit import misfits
 from traces.generate import CALIBRATION, generate
 from traces.samples import exact_profiles
-from traces.schema import TraceError, load, write
+from traces.schema import TraceError, load, torn_tail, write
 from traces.schema import trajectories as trajectory_specs
 
 app = command_app(help="Validate and generate workload traces.", no_args_is_help=True)
@@ -36,6 +36,9 @@ def trace_validate(path: Path, cluster: Annotated[str | None, typer.Option(
     except (TraceError, ClusterError) as e:
         fail(str(e))
     out_console.print(f"{path}: valid ({len(df)} actions, {df['trajectory'].nunique()} trajectories)")
+    torn = torn_tail(path)
+    if torn:
+        err.print(f"[bold yellow]warning:[/] {escape(torn)}", highlight=False, soft_wrap=True)
     exact = exact_profiles(df)
     if exact:
         err.print(f"[bold yellow]warning:[/] {escape(str(path))}: {exact} of "

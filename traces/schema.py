@@ -145,6 +145,8 @@ def read_raw(path: str | Path) -> tuple[pd.DataFrame, int | None]:
                 try:
                     obj = json.loads(line)
                 except json.JSONDecodeError as e:
+                    if not line.endswith("\n"):
+                        break  # a torn last line (a recording cut off: torn_tail says so)
                     raise TraceError([f"{path}: line {lineno}: not JSON ({e.msg})"]) from None
                 if lineno == 1 and isinstance(obj, dict) and obj.get("tangram_trace"):
                     version = obj.get("schema_version")
@@ -155,6 +157,29 @@ def read_raw(path: str | Path) -> tuple[pd.DataFrame, int | None]:
         raise
     except Exception as e:  # a corrupt file: say which and why, no traceback
         raise TraceError([f"{path}: cannot read as {fmt}: {e}"]) from None
+
+
+def torn_tail(path: str | Path) -> str:
+    """Why a JSONL trace's last line was skipped ("" when it was not): a line with no end
+    that is no JSON object is a row a recording (`--record`) was writing when its run
+    died; every line before it is whole (each is written and flushed with its end)."""
+    path = Path(path)
+    if _fmt(path) != "jsonl" or not path.exists():
+        return ""
+    with path.open("rb") as f:
+        f.seek(0, 2)
+        size = f.tell()
+        f.seek(max(size - 65536, 0))
+        tail = f.read()
+    if not tail or tail.endswith(b"\n"):
+        return ""
+    last = tail.rsplit(b"\n", 1)[-1]
+    try:
+        json.loads(last)
+    except ValueError:
+        return (f"{path}: its last line ({len(last)} bytes) has no end and is not JSON: a row "
+                "cut off when the run writing it stopped; skipped")
+    return ""
 
 
 def write(df: pd.DataFrame, path: str | Path) -> Path:

@@ -24,7 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.security import HTTPAuthorizationCredentials
 
-from executor.driver import LiveBackend, LiveExecutor
+from executor.driver import LiveBackend, LiveExecutor, RunObserver
 from executor.server.connections import HEADER_TIMEOUT_S, guarded
 from executor.server.journal import Journal
 from executor.server.limits import READ_TIMEOUT_S, BodyLimit
@@ -65,9 +65,12 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
                result_ttl_s: float = 60.0,
                memory_node: str | None = None,
                read_timeout_s: float = READ_TIMEOUT_S,
-               phase: Phase | None = None) -> FastAPI:
+               phase: Phase | None = None,
+               observer: Callable[[Tangram], RunObserver] | None = None) -> FastAPI:
     """``token``: the server's bearer tokens (a str: its one token, named ``default``).
-    ``phase``: told of the steps of the start (``with phase("what it does"): ...``)."""
+    ``phase``: told of the steps of the start (``with phase("what it does"): ...``).
+    ``observer``: made for the core when the server starts, told of what it runs
+    (``--record``: executor/record.py)."""
     tokens = Tokens.single(token) if isinstance(token, str) else token
 
     @asynccontextmanager
@@ -75,7 +78,9 @@ def create_app(make_backend: Callable[[], LiveBackend], make_core: Callable[[], 
         journal = Journal(state_dir / "journal.sqlite")
         for path in state_dir.glob("journal.sqlite*"):  # every trajectory's outputs: not
             path.chmod(0o600)  # for a root server's sandbox users (executor/backends/process/uids.py)
-        executor = LiveExecutor(make_core(), make_backend(), max_records=RECENT_RECORDS)
+        core = make_core()
+        executor = LiveExecutor(core, make_backend(), max_records=RECENT_RECORDS,
+                                observer=observer(core) if observer is not None else None)
         with (phase or no_phase)("restoring the journal's open trajectories"):
             app.state.service = Service(executor, journal, allow_urls,
                                         result_ttl_s=result_ttl_s, task_images=task_images,
