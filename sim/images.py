@@ -16,6 +16,7 @@ image cache really holds, and its pulls. The core never reads it: it keeps its o
 
 from __future__ import annotations
 
+import math
 from collections import Counter, OrderedDict, deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
@@ -76,10 +77,13 @@ def pull_settings(cluster: ClusterSpec) -> tuple[float, int]:
         if value is None:
             raise ValueError(f"images: the cluster file has no extra.{key} (the trace names "
                              "container images; see sim/clusters/default.yaml)")
-        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0
+        # (finite: an infinite bandwidth ends every pull at the instant it starts, which
+        # processor sharing cannot time; a pull that costs nothing is a size of 0)
+        ok = isinstance(value, int | float) and not isinstance(value, bool) and value > 0 \
+            and math.isfinite(value)
         if not ok or (integer and value != int(value)):
-            raise ValueError(f"extra.{key}: must be a {'whole ' if integer else ''}number "
-                             f"> 0, got {value!r}")
+            raise ValueError(f"extra.{key}: must be a {'whole' if integer else 'finite'} "
+                             f"number > 0, got {value!r}")
         out.append(int(value) if integer else float(value))
     return out[0], out[1]
 
@@ -92,6 +96,11 @@ class ImageCaches:
                  held: Iterable[str] = ()) -> None:
         """``sizes``: GB of each image; ``budgets``: node -> its cache's GB (None: none);
         ``held``: images every node holds from the start (pre-pulled, never evicted)."""
+        for image, gb in sizes.items():
+            if not (isinstance(gb, int | float) and math.isfinite(gb) and gb > 0):
+                raise ValueError(f"image {image!r}: image_gb must be a finite size > 0 (the GB "
+                                 f"a node pulls for it), got {gb!r}: give every row that "
+                                 "names an image its size")
         self.clock = clock
         self.sizes = sizes
         self.gbps = pull_mbps / _MBIT_PER_GB
@@ -199,6 +208,12 @@ class ImageCaches:
         self._advance(n)
         now = self.clock.now()
         done = [p for p in n.running.values() if p.left_gb <= 1e-9]
+        if not done and n.running:
+            # the timer was set for the pull with the least left: it is over. (Its bytes
+            # left can stay above 0 when the clock's float cannot advance by the time they
+            # need - a huge image late in a run - and re-arming a timer that does not move
+            # the clock would loop for ever)
+            done = [min(n.running.values(), key=lambda p: p.left_gb)]
         for p in done:
             del n.running[p.image]
             n.held[p.image] = p.gb

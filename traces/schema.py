@@ -29,6 +29,10 @@ from tangram.model import Action, Demand, Elasticity, quota_resource
 from tangram.units import parse_units
 
 SCHEMA_VERSION = 1
+#: the largest ``image_gb`` taken (GB): 10 TB, past any disk a node caches images on. A
+#: size in MB or bytes by mistake reads as thousands of GB or more, and a simulation of
+#: pulls that long runs (and samples) for simulated months
+MAX_IMAGE_GB = 10_000.0
 
 #: column -> (kind, required, default, meaning)
 COLUMNS: dict[str, tuple[str, bool, Any, str]] = {
@@ -306,6 +310,9 @@ def validate(df: pd.DataFrame, version: int | None = SCHEMA_VERSION) -> pd.DataF
     groups = out.groupby("trajectory")["group"].nunique()
     for traj in groups.index[groups > 1][:20]:
         problems.append(f"trajectory {traj!r}: rows name more than one group")
+    bad(~np.isfinite(out["image_gb"]), "image_gb", "not a finite size (GB)")
+    bad(np.isfinite(out["image_gb"]) & (out["image_gb"] > MAX_IMAGE_GB), "image_gb",
+        f"more than {MAX_IMAGE_GB:,.0f} GB (sizes are GB, not MB or bytes)")
     bad((out["image"] == "") & (out["image_gb"] > 0), "image_gb",
         "a size needs an image (the image column is empty)")
     if (out["image"] != "").any():  # (a trace without images pays none of this)
