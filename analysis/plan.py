@@ -36,7 +36,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from tangram.cluster import ClusterSpec, CpuNodeSpec, GpuNodeSpec
+from tangram.cluster import ClusterSpec, GpuNodeSpec
 
 #: target metric -> (what a run's metrics call it, what it means)
 METRICS: dict[str, tuple[str, str]] = {
@@ -105,14 +105,15 @@ class Size:
 
 def sized(base: ClusterSpec, size: Size) -> ClusterSpec:
     """``base`` with ``size``'s nodes: a CPU node keeps the first recorded node's memory
-    per core and its NUMA domains (one where they do not divide the cores); a GPU node is
-    the first recorded one."""
+    per core and its NUMA domains (one where they do not divide the cores), and the rest
+    of it as it is (its image cache); a GPU node is the first recorded one."""
     if not base.cpu_nodes:
         raise PlanError("cluster: has no CPU node to take the shape of a node from")
     node = base.cpu_nodes[0]
     numa = node.numa if size.cores % node.numa == 0 else 1
     mem = node.mem_gb / node.cores * size.cores
-    cpu = tuple(CpuNodeSpec(f"cpu-{k}", size.cores, numa, mem) for k in range(size.nodes))
+    cpu = tuple(replace(node, name=f"cpu-{k}", cores=size.cores, numa=numa, mem_gb=mem)
+                for k in range(size.nodes))
     gpu: tuple[GpuNodeSpec, ...] = ()
     if size.gpu_nodes:
         g = base.gpu_nodes[0]
@@ -379,6 +380,11 @@ def plan(rows: pd.DataFrame, base: ClusterSpec, config: PlanConfig,
             sim.run(j for _, j in asked)
             for s, j in asked:
                 s.seen(j, "error" not in sim.cache[j] and config.target.met(sim.cache[j]))
+        errors = [m["error"] for m in sim.cache.values() if "error" in m]
+        if sim.cache and len(errors) == len(sim.cache):
+            # no size ran at all: the trace or the cluster is wrong, not the sizes (a trace
+            # naming images on a cluster without their pull figures, say)
+            raise PlanError(f"no simulation could run (of {len(errors)}): {errors[0]}")
         chosen = _choose(config, searches)
         grid = {p: _grid(config, searches, p, cores, gpu_cap)
                 for p, (cores, _) in chosen.items()}
@@ -453,8 +459,7 @@ def _answer(config: PlanConfig, chosen: dict[str, tuple[int, list[Size] | None]]
     for p in config.policies:
         cores, sizes = chosen[p]
         if sizes is None:
-            policies[p] = {"met": False, "why": f"not met by any shape within "
-                                                f"{config.max_nodes} nodes"}
+            policies[p] = {"met": False, "why": _unmet(config, p, cache)}
         else:
             at = [target.value(cache[Job(p, f, r)]) for r, f in enumerate(sizes)]
             policies[p] = {
@@ -482,6 +487,22 @@ def _answer(config: PlanConfig, chosen: dict[str, tuple[int, list[Size] | None]]
             "simulations": len(cache), "rounds": rounds, "wall_s": wall_s,
             "simulation_cpu_s": float(sum(m.get("cpu_s", 0.0) for m in cache.values())),
             "runs": runs}
+
+
+def _unmet(config: PlanConfig, policy: str, cache: dict[Job, dict[str, Any]]) -> str:
+    """Why ``policy`` has no answer: the closest any of its simulations came (more nodes
+    past a size where nothing queues do not shorten what the trace's own chain of
+    actions takes), or the error every one of them met."""
+    target = config.target
+    mine = [(j, m) for j, m in cache.items() if j.policy == policy]
+    ran = [(target.value(m), j.size) for j, m in mine
+           if "error" not in m and not math.isnan(target.value(m))]
+    if not ran:
+        errors = [m["error"] for _, m in mine if "error" in m]
+        return "no simulation could run" + (f": {errors[0]}" if errors else "")
+    value, size = min(ran, key=lambda vs: (vs[0], vs[1].total_cores))
+    return (f"not met by any shape within {config.max_nodes} nodes (closest: "
+            f"{target.metric} {value:.1f} s at {size.nodes} x {size.cores} cores)")
 
 
 def _frontier(jobs: list[Job], target: Target, cache: dict[Job, dict[str, Any]],

@@ -101,6 +101,10 @@ def plan(
     config = PlanConfig(goal, names, shapes, n, resamples, max_nodes, seed,
                         jobs or len(os.sched_getaffinity(0)))
     out = out or Path("runs") / f"plan-{trace.stem}"
+    try:  # (before the search: a plan's minutes are not lost to a path that cannot be used)
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        fail(f"--out: cannot make the directory {out}: {e.strerror or e}")
     settle()
     try:
         with reporting(f"planning {trace.name} for {goal}", quiet) as progress:
@@ -110,7 +114,6 @@ def plan(
         fail(str(e))
     answer["trace"] = str(trace)
     answer["cluster"] = source or "default"
-    out.mkdir(parents=True, exist_ok=True)
     (out / "plan.json").write_text(json.dumps(answer, indent=1) + "\n")
     front = {k: answer[k] for k in ("target", "metric", "trajectories", "resamples",
                                     "frontier_x", "frontier")}

@@ -1,0 +1,76 @@
+"""Review of `tangram plan` (issue 52) meeting issue 50's images and a user's mistakes: a
+node's image cache kept in the sizes searched, a plan no size can run said as such (exit
+2, the error named), a target no size meets said with how close it came, and an --out
+that cannot be a directory refused before the search."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from analysis.plan import PlanConfig, PlanError, Size, parse_target, plan, sized
+from sim.cluster import load_cluster
+from tangram.cluster import ClusterSpec, CpuNodeSpec
+from traces.generate import generate
+from traces.schema import validate, write
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def test_a_sized_node_keeps_its_image_cache():
+    # (it was rebuilt from cores, NUMA and memory alone: every node of a plan for a swe
+    # trace had an unbounded image cache, and the plan sized a cluster for the ideal)
+    base = ClusterSpec(cpu_nodes=(CpuNodeSpec("n", 8, 2, 64.0, image_cache_gb=200.0),))
+    nodes = sized(base, Size(16, 3)).cpu_nodes
+    assert [(n.cores, n.numa, n.mem_gb, n.image_cache_gb) for n in nodes] == \
+        [(16, 2, 128.0, 200.0)] * 3
+    assert len({n.name for n in nodes}) == 3
+
+
+def test_a_plan_no_size_can_run_says_why():
+    # a trace naming images on a cluster without the pull figures: every simulation fails
+    # the same way; it was reported as "not met by any shape within N nodes" (exit 1)
+    rows = validate(generate("swe", 4, 0, images=2))
+    spec = load_cluster("default")
+    spec = replace(spec, extra={k: v for k, v in spec.extra.items()
+                                if not k.startswith("image_")})
+    config = PlanConfig(parse_target("step<=1h"), ("tangram",), (64,), 4, max_nodes=4)
+    with pytest.raises(PlanError, match=r"no simulation could run .*extra.image_pull_mbps"):
+        plan(rows, spec, config)
+
+
+def small_trace():
+    df = generate("coding", 4, 5)
+    for col in ("t1_s", "think_s"):
+        df[col] = df[col] * 0.1
+    return validate(df)
+
+
+def test_a_target_no_size_meets_says_how_close_it_came():
+    config = PlanConfig(parse_target("mean_act<=0.001s"), ("tangram",), (4,), 4,
+                        max_nodes=3)
+    answer = plan(small_trace(), ClusterSpec(cpu_nodes=(CpuNodeSpec("n", 4, 1, 64.0),)),
+                  config)
+    why = answer["policies"]["tangram"]["why"]
+    assert not answer["policies"]["tangram"]["met"]
+    assert why.startswith("not met by any shape within 3 nodes (closest: mean_act "), why
+    assert " x 4 cores)" in why, why
+
+
+def test_an_out_that_is_a_file_is_refused_before_the_search(tmp_path: Path):
+    trace = tmp_path / "t.jsonl"
+    write(small_trace(), trace)
+    taken = tmp_path / "taken"
+    taken.write_text("mine\n")
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "plan", "--trace", str(trace), "--target",
+         "step<=1h", "--policies", "tangram", "--jobs", "1", "--out", str(taken)],
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 2, done.stderr
+    assert f"--out: cannot make the directory {taken}" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr and "planning" not in done.stderr, done.stderr
+    assert taken.read_text() == "mine\n"
