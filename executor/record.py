@@ -83,8 +83,16 @@ def check_record_path(path: Path) -> None:
         raise RecordError(f"--record: {path} exists (a recording never overwrites one: "
                           "remove it or name another)")
     parent = path.parent if str(path.parent) else Path(".")
-    if parent.exists() and not os.access(parent, os.W_OK):
-        raise RecordError(f"--record: cannot write in {parent}")
+    if parent.exists():
+        # a file made and removed there: os.access says yes to root wherever a file
+        # cannot be made (/proc, a read-only mount), and the run would fail at its start
+        try:
+            fd, probe = tempfile.mkstemp(prefix=f".{path.name}.", dir=parent)
+        except OSError as e:
+            raise RecordError(f"--record: cannot write in {parent}: "
+                              f"{e.strerror or e}") from None
+        os.close(fd)
+        Path(probe).unlink(missing_ok=True)
 
 
 def command_hash(command: str) -> str:
@@ -126,10 +134,20 @@ class Recorder:
         self.path = path
         self.learnt = learnt
         self.keep_commands = keep_commands
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(cluster_path(path), yaml.safe_dump(cluster.to_yaml(), sort_keys=False))
-        # line-buffered: every row reaches the file when its line ends ("x": never another's)
-        self._file = path.open("x", buffering=1)
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # line-buffered: every row reaches the file when its line ends ("x": never
+            # another's; opened first, so that a failure leaves no cluster file of ours)
+            self._file = path.open("x", buffering=1)
+        except OSError as e:
+            raise RecordError(f"--record: cannot create {path}: {e.strerror or e}") from None
+        try:
+            write_atomic(cluster_path(path), yaml.safe_dump(cluster.to_yaml(), sort_keys=False))
+        except OSError as e:
+            self._file.close()
+            path.unlink(missing_ok=True)
+            raise RecordError(f"--record: cannot write {cluster_path(path)}: "
+                              f"{e.strerror or e}") from None
         header = {"tangram_trace": True, "schema_version": SCHEMA_VERSION,
                   "recorded": {**(meta or {}), "commands": "kept" if keep_commands else "sha256",
                                "cluster": cluster_path(path).name}}

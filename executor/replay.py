@@ -235,7 +235,12 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     if record is not None:
         meta = {"by": "tangram run", "backend": backend, "policy": policy.label,
                 "think_scale": think_scale, "limit": limit}
-        observer = Recorder(record, cluster, live_core.learnt_speedup, record_commands, meta)
+        try:
+            observer = Recorder(record, cluster, live_core.learnt_speedup, record_commands,
+                                meta)
+        except BaseException:
+            log.shutdown()  # (its sandboxes, warm containers and GPU workers: none left)
+            raise
     executor = LiveExecutor(live_core, log, observer=observer)
     costs: dict[str, Any] = {}
     if gpu_backend is not None:  # staging is not part of any action's time
