@@ -216,6 +216,14 @@ class Recorder:
             return
         self._ended = True
         self._file.close()
+        if not self.rows:
+            # nothing ran (a server that never bound its port, a run that failed at its
+            # start): a header alone is no trace (`simulate` refuses it), and left there
+            # it would refuse the next try at this path
+            self.path.unlink(missing_ok=True)
+            cluster_path(self.path).unlink(missing_ok=True)
+            log.warning("--record: nothing ran; %s not kept", self.path)
+            return
         try:
             self._finalise()
         except (OSError, ValueError) as e:

@@ -3,6 +3,7 @@ run with the path and the reason (exit 2, no traceback), and leaves nothing behi
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -41,3 +42,31 @@ def test_run_refuses_a_recording_it_cannot_make_without_a_traceback(tmp_path: Pa
     assert "--record: cannot write" in done.stderr and "Traceback" not in done.stderr, \
         done.stderr
     assert not trace.exists()
+
+
+def test_a_recording_of_nothing_is_not_kept(tmp_path: Path):
+    # (a `serve --record` whose port was taken left a header and a cluster file, and the
+    # next try at the same path was refused: "exists")
+    trace = tmp_path / "r.jsonl"
+    recorder = Recorder(trace, load_cluster("default"), lambda *a: None)
+    assert trace.exists() and cluster_path(trace).exists()
+    recorder.close()
+    assert not trace.exists() and not cluster_path(trace).exists()
+    check_record_path(trace)  # free for the next try
+
+
+def test_serve_whose_port_is_taken_leaves_no_recording(tmp_path: Path):
+    import socket
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        trace = tmp_path / "srv.jsonl"
+        done = subprocess.run(
+            [sys.executable, str(ROOT / "cli.py"), "serve", "--backend", "process", "--port",
+             str(port), "--record", str(trace), "--state-dir", str(tmp_path / "state")],
+            capture_output=True, text=True, cwd=ROOT, timeout=600,
+            env={**os.environ, "TANGRAM_TOKEN": "t"})
+    assert done.returncode != 0 and "address already in use" in done.stderr, done.stderr
+    assert not trace.exists() and not cluster_path(trace).exists()
