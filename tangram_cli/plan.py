@@ -23,8 +23,8 @@ from analysis.plan import plan as run_plan
 from sim.cluster import load_cluster
 from tangram.cluster import ClusterError
 from tangram.policies import make_policy
-from tangram_cli.common import command_app, fail, out_console, reporting, settle
-from traces.schema import TraceError, load
+from tangram_cli.common import command_app, err, fail, out_console, reporting, settle
+from traces.schema import TraceError, load, torn_tail
 
 app = command_app()
 
@@ -91,6 +91,15 @@ def plan(
         fail(str(e))
     if not base.cpu_nodes:
         fail(f"--cluster: {source or 'default'} has no CPU node to take a node's shape from")
+    # (said, not silent: a recording whose cluster file was lost would be sized in nodes
+    # of another machine's shape, and a crashed recording's cut-off row is skipped)
+    if source is None:
+        err.print(f"[bold yellow]note:[/] no --cluster and no {escape(beside.name)} beside "
+                  "the trace: nodes are shaped as the built-in default cluster's",
+                  highlight=False, soft_wrap=True)
+    torn = torn_tail(trace)
+    if torn:
+        err.print(f"[bold yellow]warning:[/] {escape(torn)}", highlight=False, soft_wrap=True)
     try:
         shapes = (tuple(int(c) for c in cores_per_node.split(",") if c.strip())
                   if cores_per_node else default_cores(base))

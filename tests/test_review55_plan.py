@@ -74,3 +74,20 @@ def test_an_out_that_is_a_file_is_refused_before_the_search(tmp_path: Path):
     assert f"--out: cannot make the directory {taken}" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr and "planning" not in done.stderr, done.stderr
     assert taken.read_text() == "mine\n"
+
+
+def test_plan_says_which_node_shape_it_sizes_and_that_a_row_was_cut_off(tmp_path: Path):
+    # a crashed recording whose cluster file is not beside it: sized silently in nodes of
+    # the built-in default's shape, its cut-off last row skipped unsaid
+    trace = tmp_path / "rec.jsonl"
+    write(small_trace(), trace)
+    with trace.open("a") as f:
+        f.write('{"task": "coding", "traj')
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "plan", "--trace", str(trace), "--target",
+         "step<=1h", "--policies", "tangram", "--cores-per-node", "4", "--max-nodes", "2",
+         "--jobs", "1", "--out", str(tmp_path / "p"), "-q"],
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 0, done.stderr
+    assert "no rec-cluster.yaml beside the trace" in done.stderr, done.stderr
+    assert "has no end and is not JSON" in done.stderr, done.stderr
