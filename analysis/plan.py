@@ -84,8 +84,9 @@ def parse_target(text: str) -> Target:
     if unit not in UNITS_S:
         raise PlanError(f"--target: unknown unit {unit!r} in {text!r}; {accepted}")
     bound = float(number) * UNITS_S[unit]
-    if not bound > 0:
-        raise PlanError(f"--target: the bound must be > 0 s, got {text!r}; {accepted}")
+    if not (bound > 0 and math.isfinite(bound)):  # (1e400 reads as inf: met by nothing)
+        raise PlanError(f"--target: the bound must be > 0 s and finite, got {text!r}; "
+                        f"{accepted}")
     return Target(metric, bound)
 
 

@@ -91,3 +91,9 @@ def test_plan_says_which_node_shape_it_sizes_and_that_a_row_was_cut_off(tmp_path
     assert done.returncode == 0, done.stderr
     assert "no rec-cluster.yaml beside the trace" in done.stderr, done.stderr
     assert "has no end and is not JSON" in done.stderr, done.stderr
+
+
+def test_a_target_past_floats_is_refused():
+    # ("1e400" read as inf: every size met it, the smallest was "found" at once)
+    with pytest.raises(PlanError, match=r"--target: the bound must be > 0 s and finite"):
+        parse_target("step<=1e400")
