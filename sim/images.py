@@ -118,14 +118,30 @@ class ImageCaches:
         #: pulls started (on demand or ahead)
         self.pulls_started = 0
         self.evictions = 0
+        #: trajectory -> (node, image) it was pulled ahead for: wanted there until the
+        #: trajectory starts (on that node or, bound elsewhere, on another) or closes
+        self.wants: dict[str, tuple[str, str]] = {}
 
     # -- what the backend asks ---------------------------------------------------------
-    def acquire(self, node: str, image: str, then: Callable[[Pulled | None], None]) -> None:
+    def acquire(self, node: str, image: str, then: Callable[[Pulled | None], None],
+                trajectory: str = "") -> None:
         """An environment starts on ``node`` from ``image``: ``then(None)`` at once when the
         node holds it, else ``then(Pulled)`` when its pull (started now, or already under
-        way) ends. The image is in use from then on until ``release``."""
+        way) ends. The image is in use from then on until ``release``. ``trajectory``'s
+        pull ahead, wherever it was ordered, is wanted no more (without one: a want of
+        ``image`` on ``node``)."""
         n = self.nodes[node]
-        if n.wanted[image] > 0:
+        want = self.wants.pop(trajectory, None) if trajectory else None
+        if want is not None:
+            # (it may start on another node than the one its image was pulled ahead to:
+            # that node's want is its own, not another trajectory's want here; here its
+            # image is in use before anything is evicted again)
+            w = self.nodes[want[0]]
+            if w.wanted[want[1]] > 0:
+                w.wanted[want[1]] -= 1
+            if w is not n:
+                self._evict(w)
+        elif n.wanted[image] > 0:
             n.wanted[image] -= 1
         if image in n.held:
             self.hits += 1
@@ -143,7 +159,7 @@ class ImageCaches:
         pull.waiters.append(done)
         pull.waiting_since.append(self.clock.now())
 
-    def prefetch(self, node: str, image: str) -> None:
+    def prefetch(self, node: str, image: str, trajectory: str = "") -> None:
         """Pull ``image`` to ``node`` ahead of a trajectory that will start there (the
         core's PullImage); it is wanted (not evicted) until that start."""
         if node not in self.nodes:
@@ -152,9 +168,23 @@ class ImageCaches:
             raise KeyError(f"image: unknown image {image!r} (no trajectory of the trace "
                            "names it)")
         n = self.nodes[node]
+        if trajectory:
+            self.forget(trajectory)  # (a trajectory is pulled ahead for on one node)
+            self.wants[trajectory] = (node, image)
         n.wanted[image] += 1
         if image not in n.held:
             self._pull(node, image)
+
+    def forget(self, trajectory: str) -> None:
+        """``trajectory``'s pull ahead is wanted no more (it started, or closed unstarted)."""
+        want = self.wants.pop(trajectory, None)
+        if want is None:
+            return
+        node, image = want
+        n = self.nodes.get(node)
+        if n is not None and n.wanted[image] > 0:
+            n.wanted[image] -= 1
+            self._evict(n)
 
     def release(self, node: str, image: str) -> None:
         """An environment started from ``image`` on ``node`` ended."""

@@ -232,13 +232,15 @@ class ModelledBackend:
         """The core pulls an image ahead of the trajectories it placed on the node."""
         if self.images is None:
             raise ValueError("pull: the simulation models no images (the trace names none)")
-        self.images.prefetch(effect.node, effect.image)
+        self.images.prefetch(effect.node, effect.image, effect.trajectory)
 
     def closed(self, trajectory: str) -> None:
         """The trajectory closed: its environment no longer holds its image."""
         env = self._env_images.pop(trajectory, None)
         if env is not None and self.images is not None:
             self.images.release(env.node, self.image_of[trajectory])
+        if self.images is not None:
+            self.images.forget(trajectory)  # (pulled ahead for, it never started)
         self._sample.pop(trajectory, None)
 
     def _acquire(self, trajectory: str, node: str) -> _EnvImage:
@@ -253,7 +255,7 @@ class ModelledBackend:
             for fn in waiters:
                 fn()
 
-        self.images.acquire(node, self.image_of[trajectory], ready)
+        self.images.acquire(node, self.image_of[trajectory], ready, trajectory)
         return env
 
     def cancel(self, action_id: str) -> None:

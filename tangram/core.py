@@ -334,7 +334,7 @@ class Tangram:
         if node is None or not book.plan(trajectory, node, now) or not self._pulls:
             return []
         book.prefetches += 1
-        return [PullImage(node, image)]
+        return [PullImage(node, image, trajectory)]
 
     def _close(self, trajectory: str, now: float) -> list[Effect]:
         """Release the trajectory's memory. Refused while actions are in flight."""

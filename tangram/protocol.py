@@ -314,10 +314,13 @@ class PullImage:
     """Pull the container image ``image`` to CPU node ``node`` ahead of the trajectories
     the core placed there (issue 50: what pre-restore is to a GPU service, one level
     down). Sent only to a backend with ``Capabilities.pulls``; a trajectory that starts
-    there before it ends waits for what is left of it."""
+    there before it ends waits for what is left of it. ``trajectory``: the one it is
+    pulled ahead for (its image is wanted on ``node`` until that trajectory starts,
+    wherever it starts, or closes)."""
 
     node: str
     image: str
+    trajectory: str = ""
 
 
 Effect = (Dispatch | PreRestore | Stop | Cancelled | Reclaim | Shed | Moved | Resized

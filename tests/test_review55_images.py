@@ -65,3 +65,47 @@ def test_image_sizes_that_cannot_be_simulated_are_named(value, why):
         validate(df)
     assert any("row 4, column 'image_gb'" in p and why in p for p in e.value.problems), \
         e.value.problems
+
+
+def test_a_pull_ahead_for_a_trajectory_that_starts_elsewhere_is_wanted_no_more():
+    # The core pulls b ahead to n1 for t1, and a ahead to n2 for t2; t1 then starts on
+    # n2 (its planned node had no room when it bound). It used to take t2's want of its
+    # image on n2 (t2's image evictable before t2 starts) and leave its own on n1 for
+    # ever (b never evictable there: left wanted at the end of a run).
+    clock = SimClock()
+    caches = ImageCaches(clock, {"a": 1.0, "b": 1.0}, {"n1": 1.0, "n2": 1.0}, 8000.0, 1)
+    caches.prefetch("n1", "b", "t1")
+    caches.prefetch("n2", "a", "t2")
+    clock.run()
+    caches.acquire("n2", "b", lambda p: None, "t1")
+    clock.run()
+    assert caches.nodes["n1"].wanted["b"] == 0
+    assert caches.nodes["n2"].wanted["a"] == 1
+    assert "a" in caches.nodes["n2"].held  # (still wanted by t2: kept, b's pull over)
+    caches.release("n2", "b")
+    assert set(caches.nodes["n2"].held) == {"a"}  # b, unused and unwanted, went
+    got: list = []
+    caches.acquire("n2", "a", got.append, "t2")
+    assert got == [None]  # t2's image was held: no pull of its own
+
+
+def test_a_trajectory_closed_before_it_started_leaves_no_want():
+    clock = SimClock()
+    caches = ImageCaches(clock, {"a": 1.0}, {"n": 1.0}, 8000.0, 1)
+    caches.prefetch("n", "a", "t")
+    clock.run()
+    caches.forget("t")
+    assert caches.nodes["n"].wanted["a"] == 0 and not caches.wants
+
+
+def test_the_core_names_the_trajectory_it_pulls_ahead_for():
+    from tangram.cluster import ClusterSpec, CpuNodeSpec
+    from tangram.core import Tangram
+    from tangram.policies import make_policy
+    from tangram.protocol import Attach, Capabilities, Open, PullImage
+
+    core = Tangram(ClusterSpec((CpuNodeSpec("n0", cores=8, numa=1, mem_gb=64,
+                                            image_cache_gb=20.0),)), make_policy("tangram"))
+    core.handle(Attach(Capabilities(pulls=True)), 0.0)
+    out = core.handle(Open("t", "swe", 1.0, "img", 5.0), 0.0)
+    assert out == [PullImage("n0", "img", "t")]
