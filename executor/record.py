@@ -303,8 +303,12 @@ class Recorder:
 def write_atomic(path: Path, text: str | Iterable[str]) -> None:
     """``text`` (or its pieces) as ``path``, whole or not at all (a temporary file renamed
     over it)."""
+    # (mkstemp makes it 0600: the file keeps the mode it had - a recording appended as
+    # any file is made - and a new one is readable as the files beside it are)
+    mode = path.stat().st_mode & 0o777 if path.exists() else 0o666 & ~_umask()
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.writelines([text] if isinstance(text, str) else text)
             f.flush()
@@ -313,3 +317,10 @@ def write_atomic(path: Path, text: str | Iterable[str]) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def _umask() -> int:
+    """The process's umask (read by setting it: once per file written, on one thread)."""
+    mask = os.umask(0o22)
+    os.umask(mask)
+    return mask

@@ -70,3 +70,22 @@ def test_serve_whose_port_is_taken_leaves_no_recording(tmp_path: Path):
             env={**os.environ, "TANGRAM_TOKEN": "t"})
     assert done.returncode != 0 and "address already in use" in done.stderr, done.stderr
     assert not trace.exists() and not cluster_path(trace).exists()
+
+
+def test_a_closed_recording_and_its_cluster_keep_the_modes_of_files_made_there(tmp_path):
+    # (both were rewritten through mkstemp: 0600, while the appended recording was 0644)
+    from tangram.model import Action, Demand, Outcome
+    from tangram.runtime import Record
+
+    trace = tmp_path / "r.jsonl"
+    recorder = Recorder(trace, load_cluster("default"), lambda *a: None)
+    appended = trace.stat().st_mode & 0o777
+    a = Action("t#0", "task", "t", "shell", {"cpu": Demand.fixed(1)})
+    recorder.opened("t", "task", None, 0.0)
+    recorder.submitted(a, 0.0)
+    record = Record("t#0", "task", "t", "shell", 0.0, 0.0, 1.0, 1, "local", "0", "", 0.0,
+                    0.0, "ok", 0, None)
+    recorder.finished(a, record, Outcome("t#0", "ok", 0))
+    recorder.close()
+    assert trace.exists() and (trace.stat().st_mode & 0o777) == appended
+    assert (cluster_path(trace).stat().st_mode & 0o777) == appended
