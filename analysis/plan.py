@@ -335,6 +335,10 @@ def plan(rows: pd.DataFrame, base: ClusterSpec, config: PlanConfig,
     for c in config.cores_per_node:
         if c < 1:
             raise PlanError(f"--cores-per-node: {c} is not a core count (>= 1)")
+    # (a policy or shape named twice is searched once: its searches were doubled, and
+    # their answers read back by resampling index found a resampling that never ran)
+    config = replace(config, policies=tuple(dict.fromkeys(config.policies)),
+                     cores_per_node=tuple(dict.fromkeys(config.cores_per_node)))
     rows = validate(rows)
     recorded = int(rows["trajectory"].nunique())
     wall0 = time.perf_counter()

@@ -97,3 +97,14 @@ def test_a_target_past_floats_is_refused():
     # ("1e400" read as inf: every size met it, the smallest was "found" at once)
     with pytest.raises(PlanError, match=r"--target: the bound must be > 0 s and finite"):
         parse_target("step<=1e400")
+
+
+def test_a_policy_or_shape_named_twice_is_planned_once():
+    # (`--cores-per-node 4,4` or `--policies tangram,tangram`: a KeyError after the search)
+    base = ClusterSpec(cpu_nodes=(CpuNodeSpec("n", 4, 1, 64.0),))
+    config = PlanConfig(parse_target("step<=1h"), ("tangram", "tangram"), (4, 4), 4,
+                        max_nodes=3)
+    answer = plan(small_trace(), base, config)
+    assert list(answer["policies"]) == ["tangram"] and answer["cores_per_node"] == [4]
+    assert answer["policies"]["tangram"]["met"]
+    assert len(answer["policies"]["tangram"]["per_resample"]) == 5
