@@ -108,3 +108,17 @@ def test_a_policy_or_shape_named_twice_is_planned_once():
     assert list(answer["policies"]) == ["tangram"] and answer["cores_per_node"] == [4]
     assert answer["policies"]["tangram"]["met"]
     assert len(answer["policies"]["tangram"]["per_resample"]) == 5
+
+
+def test_no_node_shape_is_refused(tmp_path: Path):
+    # (`--cores-per-node ","`: a min() of nothing, a traceback after the search)
+    trace = tmp_path / "t.jsonl"
+    write(small_trace(), trace)
+    done = subprocess.run(
+        [sys.executable, str(ROOT / "cli.py"), "plan", "--trace", str(trace), "--target",
+         "step<=1h", "--policies", "tangram", "--cores-per-node", ",", "--jobs", "1",
+         "--out", str(tmp_path / "p")],
+        capture_output=True, text=True, cwd=ROOT, timeout=600)
+    assert done.returncode == 2, done.stderr
+    assert "--cores-per-node: name at least one core count" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr
