@@ -9,6 +9,7 @@ import typer
 from rich.markup import escape
 
 from sim.cluster import load_cluster
+from sim.images import pull_settings
 from tangram.cluster import ClusterError
 from tangram.core import Tangram
 from tangram_cli.common import command_app, err, fail, out_console
@@ -31,6 +32,11 @@ def trace_validate(path: Path, cluster: Annotated[str | None, typer.Option(
         if cluster:
             spec = load_cluster(cluster)
             problems = misfits(Tangram(spec), trajectory_specs(df))
+            if (df["image"] != "").any():  # (what simulate needs of a cluster for images)
+                try:
+                    pull_settings(spec)
+                except ValueError as e:
+                    problems.append(str(e))
             if problems:
                 raise TraceError(problems)
     except (TraceError, ClusterError) as e:
@@ -39,6 +45,12 @@ def trace_validate(path: Path, cluster: Annotated[str | None, typer.Option(
     torn = torn_tail(path)
     if torn:
         err.print(f"[bold yellow]warning:[/] {escape(torn)}", highlight=False, soft_wrap=True)
+    sizeless = sorted(set(df.loc[(df["image"] != "") & (df["image_gb"] <= 0), "image"]))
+    if sizeless:
+        err.print(f"[bold yellow]warning:[/] {escape(str(path))}: {len(sizeless)} image(s) "
+                  f"with no image_gb (e.g. {escape(repr(sizeless[0]))}): `tangram simulate` "
+                  "refuses them (it models each pull from its size)", highlight=False,
+                  soft_wrap=True)
     exact = exact_profiles(df)
     if exact:
         err.print(f"[bold yellow]warning:[/] {escape(str(path))}: {exact} of "

@@ -109,3 +109,31 @@ def test_the_core_names_the_trajectory_it_pulls_ahead_for():
     core.handle(Attach(Capabilities(pulls=True)), 0.0)
     out = core.handle(Open("t", "swe", 1.0, "img", 5.0), 0.0)
     assert out == [PullImage("n0", "img", "t")]
+
+
+def _validate_cli(*args: str):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parent.parent
+    return subprocess.run([sys.executable, str(root / "cli.py"), "trace", "validate", *args],
+                          capture_output=True, text=True, cwd=root, timeout=600)
+
+
+def test_trace_validate_says_what_simulate_will_refuse_of_images(tmp_path):
+    # (it said "valid" to a trace whose images have no size, and, with --cluster, to a
+    # cluster without the pull figures: both refused by simulate)
+    from traces.schema import write
+
+    df = swe().copy()
+    df["image_gb"] = 0.0
+    sizeless = write(df, tmp_path / "sizeless.jsonl")
+    done = _validate_cli(str(sizeless))
+    assert done.returncode == 0 and "image(s) with no image_gb" in done.stderr, done.stderr
+    cluster = tmp_path / "c.yaml"
+    cluster.write_text("cpu_nodes:\n  - {count: 2, cores: 64, numa: 2, mem_gb: 512}\n")
+    sized = write(swe(), tmp_path / "swe.jsonl")
+    done = _validate_cli(str(sized), "--cluster", str(cluster))
+    assert done.returncode == 2, done.stderr
+    assert "the cluster file has no extra.image_pull_mbps" in done.stderr, done.stderr
