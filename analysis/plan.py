@@ -332,6 +332,8 @@ def plan(rows: pd.DataFrame, base: ClusterSpec, config: PlanConfig,
                         f"says little), got {config.resamples}")
     if not base.cpu_nodes:
         raise PlanError("cluster: has no CPU node to take the shape of a node from")
+    if config.seed < 0:
+        raise PlanError(f"--seed: must be >= 0, got {config.seed}")
     if not config.cores_per_node:
         raise PlanError("--cores-per-node: name at least one core count")
     for c in config.cores_per_node:

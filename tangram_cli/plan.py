@@ -55,7 +55,7 @@ def plan(
     max_nodes: Annotated[int, typer.Option(min=1, help="Most CPU nodes tried.")] = 256,
     jobs: Annotated[int | None, typer.Option(
         min=1, help="Simulations in parallel (default: this machine's cores).")] = None,
-    seed: Annotated[int, typer.Option(help="Seed of the resamplings.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Seed of the resamplings.")] = 0,
     out: Annotated[Path | None, typer.Option(
         help="Where plan.json, frontier.json and frontier.png go (default runs/plan-<trace>).")]
     = None,

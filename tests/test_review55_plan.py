@@ -122,3 +122,10 @@ def test_no_node_shape_is_refused(tmp_path: Path):
     assert done.returncode == 2, done.stderr
     assert "--cores-per-node: name at least one core count" in done.stderr, done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_negative_seed_is_refused_before_the_search():
+    # (numpy's "expected non-negative integer" from the first simulation, a traceback)
+    config = PlanConfig(parse_target("step<=1h"), ("tangram",), (4,), 4, seed=-1)
+    with pytest.raises(PlanError, match=r"--seed: must be >= 0, got -1"):
+        plan(small_trace(), ClusterSpec(cpu_nodes=(CpuNodeSpec("n", 4, 1, 64.0),)), config)
