@@ -179,8 +179,11 @@ class Tangram:
             case Open(trajectory, task, mem_gb, image, image_gb):
                 out = self._open(trajectory, task, mem_gb, image, image_gb, now)
             case Cancel(action_id):
-                if self._cancel(action_id):
-                    out = [Cancelled(action_id)]
+                again = self._cancel(action_id)
+                if again is not None:
+                    # what waited behind it may fit now: without a pass it waited for
+                    # the next event (an end, a submit), however far off
+                    out = [Cancelled(action_id), *(self._schedule(now, again) if again else ())]
                 else:
                     out = [Stop(action_id)] if action_id in self._running else []
             case NodeJoined(spec):
@@ -490,19 +493,21 @@ class Tangram:
             touched = self._pools.values()
         return self._schedule(now, touched)
 
-    def _cancel(self, action_id: str) -> bool:
-        """Drop a queued action (True) — running ones must be finished by their backend."""
+    def _cancel(self, action_id: str) -> list[PoolPoints] | None:
+        """Drop a queued action: the pool it waited in, to pass again (none where it waited
+        for a node), or None where it was not queued — running ones must be finished by
+        their backend."""
         pending = self._queued.pop(action_id, None)
         if pending is None:
-            return False
+            return None
+        again: list[PoolPoints] = []
         if not self._binding.withdraw(pending):
-            for pool in self._pools.values():
-                if pool.withdraw(pending):
-                    break
+            pool = next((p for p in self._pools.values() if p.withdraw(pending)), None)
+            again = [pool] if pool is not None else []
         state = self._trajectories.get(pending.action.trajectory)
         if state:
             state.in_flight -= 1
-        return True
+        return again
 
     def _poll(self, now: float) -> list[Effect]:
         """Re-run every pool (window quotas regain room as time passes)."""
