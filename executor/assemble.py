@@ -69,11 +69,14 @@ class ServeOptions:
     sandbox_disk_gb: float = 4.0
     read_timeout_s: float = READ_TIMEOUT_S  # a request body's longest silence
     sandbox_uids: int = SandboxLimits.uids  # the process backend as root (--sandbox-uids)
+    image_pulls: int = SandboxLimits.image_pulls  # docker: pulls at once (--image-pulls)
+    image_cache_gb: float | None = None  # docker: the pulled images' disk (--image-cache-gb)
 
     @property
     def sandboxes(self) -> SandboxLimits:
         return SandboxLimits(self.sandbox_mem_gb, self.sandbox_pids, self.sandbox_disk_gb,
-                             self.warm_pool, self.sandbox_uids)
+                             self.warm_pool, self.sandbox_uids, self.image_pulls,
+                             self.image_cache_gb)
 
 
 def check_local_policy(quotas: tuple[QuotaSpec, ...], policy: Policy) -> None:

@@ -85,8 +85,10 @@ import docker.errors
 from docker.models.containers import _create_container_args
 from docker.types import DriverConfig, Mount
 
+from executor.backends.docker.cache import PULLS, ImageCache
 from executor.backends.docker.fork import fork_containers
 from executor.backends.docker.limits import SANDBOX_WORKDIR, SandboxLimits
+from executor.backends.docker.pulls import PullDone
 from executor.backends.docker.tree import ACTION_MARK, cgroup_pids, end_action
 from executor.backends.process.backend import outcome_of
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
@@ -266,9 +268,17 @@ class DockerBackend:
                  client: docker.DockerClient | None = None, owner: str | None = None,
                  agent: bool = True, default_mem_gb: float = SandboxLimits.mem_gb,
                  pids_limit: int = SandboxLimits.pids, warm: int = 0,
-                 disk_gb: float = DEFAULT_DISK_GB, removed_file: Path | None = None) -> None:
+                 disk_gb: float = DEFAULT_DISK_GB, removed_file: Path | None = None,
+                 image_pulls: int = PULLS, image_cache_gb: float | None = None) -> None:
         self.client = client or docker.from_env()
         self.image = ensure_image(self.client, image)
+        #: the images trajectories name: pulled when missing, kept under a disk budget
+        #: (executor/backends/docker/cache.py); what the cache pulled is recorded beside
+        #: the removed file, so a restart on the same state directory still evicts it
+        self.images = ImageCache(
+            self.client, image_pulls, image_cache_gb, held=self._held_images,
+            keep={self.image},
+            state_file=removed_file.with_name(".docker-images.json") if removed_file else None)
         self.cpu_map = cpu_map or allowed_cpus()
         self.idle_ttl_s = idle_ttl_s
         self.default_mem_gb = default_mem_gb
@@ -300,6 +310,8 @@ class DockerBackend:
         self._boxes: dict[str, Sandbox] = {}
         self._mem: dict[str, float] = {}
         self._images: dict[str, str] = {}  # trajectory -> its image, when not the default
+        #: trajectory -> the image it waits for before it opens (want_image)
+        self._opening: dict[str, str] = {}
         self._host_rootfs: dict[str, bool] = {}
         #: the cgroup files' paths with "{id}" for a container's id (see _cgroup_files)
         self._cgroup_template: tuple[str, str] | None = None
@@ -596,19 +608,86 @@ class DockerBackend:
                 self._creating.pop(trajectory, None)
 
     def open_trajectory_image(self, trajectory: str, mem_gb: float | None, image: str) -> None:
-        """Like open_trajectory, in a container of ``image`` (it must be on this machine:
-        ValueError otherwise)."""
+        """Like open_trajectory, in a container of ``image``, pulled first when it is not on
+        this machine (a blocking pull: the server awaits ``want_image`` before, off its event
+        loop); PullFailed (or ValueError for a malformed reference) and nothing opened if it
+        cannot be had."""
         if image != self.image:
-            self._is_host_rootfs(image)  # checks it exists, once
-            self._images[trajectory] = image
+            with self._lock:  # held from now (the cache evicts no image a trajectory names)
+                self._images[trajectory] = image
+                self._opening.pop(trajectory, None)
+            try:
+                self._is_host_rootfs(image)  # it is here (pulled if not), and what it is
+            except BaseException:
+                with self._lock:
+                    self._images.pop(trajectory, None)
+                raise
+            self.images.touch(image)
         self.open_trajectory(trajectory, mem_gb)
+
+    # -- images (executor/backends/docker/cache.py) ----------------------------------------
+    def want_image(self, trajectory: str, image: str) -> Future[PullDone]:
+        """pulls.ImageFetching: ``image`` for opening ``trajectory``, held from now."""
+        if image == self.image:
+            done: Future[PullDone] = Future()
+            done.set_result(PullDone(image, pulled=False))
+            return done
+        with self._lock:
+            self._opening[trajectory] = image
+        try:
+            return self.images.want(image)
+        except BaseException:
+            self.unwant_image(trajectory)
+            raise
+
+    def unwant_image(self, trajectory: str) -> None:
+        with self._lock:
+            self._opening.pop(trajectory, None)
+        self._make_room_soon()
+
+    def pull_image(self, image: str) -> None:
+        """Pull ``image`` in the background unless it is here or being pulled (a pull ahead
+        of the trajectories that will want it; as many at once as ``image_pulls`` allows).
+        A malformed reference is logged, not raised: no trajectory waits for it."""
+        if image == self.image or self._closed:
+            return
+        try:
+            self.images.pull(image)
+        except ValueError as e:
+            log.warning("no pull ahead of %r: %s", image, e)
+
+    def image_status(self) -> dict[str, Any]:
+        """pulls.ImageFetching: pulls, the cache, its counters, the warm pool by image."""
+        held = self._held_images()
+        out = self.images.status(held)
+        with self._lock:
+            warm = Counter(b.image for b in self._warm)
+        out["warm"] = dict(sorted(warm.items()))
+        return out
+
+    def _held_images(self) -> set[str]:
+        """The images the cache must not remove: named by an open or opening trajectory,
+        or run by one of this backend's containers."""
+        with self._lock:
+            boxes = [*self._boxes.values(), *self._warm, *self._leftovers.values()]
+            return ({*self._images.values(), *self._opening.values()}
+                    | {b.image for b in boxes})
+
+    def _make_room_soon(self) -> None:
+        """Evict what the budget no longer fits, off the caller's thread (engine calls)."""
+        if self.images.budget is None:
+            return
+        try:
+            self._removers.submit(self.images.make_room)
+        except RuntimeError:  # shut down: nothing to keep in budget any more
+            pass
 
     def close_trajectory(self, trajectory: str) -> None:
         with self._lock:
             box = self._boxes.pop(trajectory, None)
             self._lost.discard(trajectory)
             self._mem.pop(trajectory, None)
-            self._images.pop(trajectory, None)
+            image = self._images.pop(trajectory, None)
             self._shed.pop(trajectory, None)
             self._unstarted.discard(trajectory)
         if box:
@@ -616,6 +695,9 @@ class DockerBackend:
                 self._removers.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
             except RuntimeError:  # the pool is shut down: the server is stopping
                 self._discard(box)
+        if image is not None:
+            self.images.touch(image)  # (its last use: the least recently used go first)
+            self._make_room_soon()  # (after the removal above: the same queue, in order)
 
     def evict(self, trajectory: str) -> bool:
         """Remove an idle trajectory's container to free its memory (the core reclaimed
@@ -667,6 +749,7 @@ class DockerBackend:
 
     def shutdown(self) -> None:
         self._closed = True
+        self.images.close()
         with self._lock:
             boxes = list(self._boxes.values()) + self._warm + list(self._leftovers.values())
             removed = sorted(set(self._boxes) | set(self._leftovers) | self._lost_at_start)
@@ -710,12 +793,17 @@ class DockerBackend:
     def _is_host_rootfs(self, image: str) -> bool:
         """Whether ``image`` is an empty root filesystem run on the host's /usr (ours)."""
         if image not in self._host_rootfs:
-            ensure_image(self.client, image)
+            if image == IMAGE:
+                ensure_image(self.client, image)
+            else:
+                self.images.ensure(image)
             labels = self.client.api.inspect_image(image).get("Config", {}).get("Labels") or {}
             self._host_rootfs[image] = image == IMAGE or labels.get(HOST_ROOTFS) == "host"
         return self._host_rootfs[image]
 
     def _create(self, trajectory: str, image: str, mem_gb: float) -> Sandbox:
+        if image != self.image:
+            self.images.ensure(image)  # (a dict look-up unless it went behind our back)
         host_rootfs = self._is_host_rootfs(image)
         mem = mem_gb or self.default_mem_gb
         agent_dir = None
@@ -753,9 +841,11 @@ class DockerBackend:
                 cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
                 cpu_quota=len(self.cpu_map) * PERIOD_US, cgroup_parent=self.cgroup_parent,
                 **disk)))["Id"]
-        except Exception:
+        except Exception as e:
             if agent_dir:
                 shutil.rmtree(agent_dir, ignore_errors=True)
+            if isinstance(e, docker.errors.ImageNotFound):  # removed behind the cache's back:
+                self.images.forget(image)  # the next sandbox of it pulls it again
             raise
         box = Sandbox(cid, time.monotonic(), image=image, mem_gb=mem, agent_dir=agent_dir)
         try:
