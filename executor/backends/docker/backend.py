@@ -690,14 +690,23 @@ class DockerBackend:
             image = self._images.pop(trajectory, None)
             self._shed.pop(trajectory, None)
             self._unstarted.discard(trajectory)
-        if box:
-            try:
-                self._removers.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
-            except RuntimeError:  # the pool is shut down: the server is stopping
-                self._discard(box)
         if image is not None:
             self.images.touch(image)  # (its last use: the least recently used go first)
-            self._make_room_soon()  # (after the removal above: the same queue, in order)
+        if box:
+            try:  # ~0.1-0.3 s in the engine: off the loop
+                self._removers.submit(self._discard_then_make_room, box, image is not None)
+            except RuntimeError:  # the pool is shut down: the server is stopping
+                self._discard(box)
+        elif image is not None:
+            self._make_room_soon()
+
+    def _discard_then_make_room(self, box: Sandbox, evict: bool) -> None:
+        """Remove a closed trajectory's container, then (its image may be unheld now) what
+        the image cache's budget no longer fits: in this order, as the engine refuses to
+        remove an image while a container of it exists."""
+        self._discard(box)
+        if evict and self.images.budget is not None:
+            self.images.make_room()
 
     def evict(self, trajectory: str) -> bool:
         """Remove an idle trajectory's container to free its memory (the core reclaimed

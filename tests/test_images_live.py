@@ -1,0 +1,248 @@
+"""Images pulled from a registry (issue 50 #1, #2), on a real `tangram serve --backend docker`
+and a real registry on 127.0.0.1 (tests/registry.py: Debian's docker-registry; a machine
+without it fails these tests, `make registry` installs it). Each image is built here,
+pushed, and removed from the engine before the test pulls it; every name is unique to
+its test, and the default image is never removed.
+
+* an open whose image is not on the node pulls it (by tag or pinned by digest) and says
+  what the pull cost; the next open of it is a hit; /v1/status and /metrics count both;
+* two opens of one missing image share one pull; at most --image-pulls run at once;
+* a pull that fails (a missing tag or digest, a registry that is not there, a layer the
+  registry lost half-way) refuses the open (502, naming the image, the registry and why)
+  and leaves nothing: no trajectory, no container, no pull, the id free again;
+* the cache (--image-cache-gb) goes over its budget rather than evict a held image (an
+  open trajectory's, a container's) and evicts the least recently used of the others.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import docker
+import docker.errors
+import httpx
+import pytest
+from conftest import TOKEN, sandbox_containers, start_server
+from helpers import until_true
+from registry import Pushed, Registry, free_port, remove_images, unique
+
+from executor.backends.docker.backend import IMAGE
+
+H = {"Authorization": f"Bearer {TOKEN}"}
+MB = 1_000_000
+#: a minute of margin per step on a loaded machine (a hang guard, not a bound)
+WAIT_S = 180.0
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory) -> Iterator[Registry]:
+    reg = Registry(tmp_path_factory.mktemp("registry")).start()
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="module")
+def pushed(registry) -> Iterator[list[Pushed]]:
+    """The images the module's tests pushed: removed from the engine at its end."""
+    made: list[Pushed] = []
+    yield made
+    remove_images([ref for p in made for ref in (p.tag, p.digest)])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator:
+    """One pull at a time: the tests of the bound see a queue."""
+    s = start_server(tmp_path_factory.mktemp("serve-pulls"), "docker",
+                     extra_args=("--image-pulls", "1"))
+    yield s
+    s.stop()
+
+
+def push(registry: Registry, pushed: list[Pushed], prefix: str, size: int) -> Pushed:
+    p = registry.build_and_push(unique(prefix), size)
+    pushed.append(p)
+    return p
+
+
+def present(ref: str) -> bool:
+    try:
+        docker.from_env().images.get(ref)
+        return True
+    except docker.errors.ImageNotFound:
+        return False
+
+
+def images_status(c: httpx.Client) -> dict:
+    return c.get("/v1/status").json()["images"]
+
+
+def owner_of(server) -> str:
+    return hashlib.sha1(str((server.state_dir / "work").resolve()).encode()).hexdigest()[:16]
+
+
+def metric(text: str, name: str) -> float:
+    m = re.search(rf"^{name} (\S+)$", text, re.M)
+    assert m, f"{name} not in /metrics"
+    return float(m.group(1))
+
+
+@pytest.mark.parametrize("by", ["digest", "tag"])
+def test_an_open_pulls_its_missing_image_and_the_next_open_hits(server, registry, pushed, by):
+    p = push(registry, pushed, f"pull-{by}", 3 * MB)
+    ref = p.digest if by == "digest" else p.tag
+    assert not present(ref)
+    with httpx.Client(base_url=server.url, headers=H, timeout=WAIT_S) as c:
+        before = images_status(c)["counters"]
+        r = c.post("/v1/trajectories", json={"id": f"first-{by}", "image": ref})
+        assert r.status_code == 201, r.text
+        image = r.json()["image"]
+        assert image["image"] == ref and image["pulled"] and not image["shared"], image
+        assert image["bytes"] >= p.size and image["pull_s"] > 0, image
+        assert present(ref)
+        # its commands run in it: the pulled file is there, whole
+        res = c.post(f"/v1/trajectories/first-{by}/actions", params={"wait": 120},
+                     json={"id": f"wc-{by}", "argv": ["sh", "-c", "wc -c < /data/blob"]}).json()
+        assert res["status"] == "ok" and res["output"].strip() == str(p.size), res
+        again = c.post("/v1/trajectories", json={"id": f"again-{by}", "image": ref})
+        assert again.status_code == 201 and again.json()["image"] == {
+            "image": ref, "pulled": False}, again.text
+        after = images_status(c)
+        assert after["counters"]["pulls"] == before["pulls"] + 1
+        assert after["counters"]["misses"] == before["misses"] + 1
+        assert after["counters"]["hits"] == before["hits"] + 1
+        assert after["counters"]["pulled_bytes"] >= before["pulled_bytes"] + p.size
+        assert any(i["image"] == ref and i["held"] for i in after["cached"]), after["cached"]
+        text = c.get("/metrics").text
+        assert metric(text, "tangram_image_pulls_total") == after["counters"]["pulls"]
+        assert metric(text, "tangram_image_cache_hits_total") == after["counters"]["hits"]
+        assert metric(text, "tangram_image_pulled_bytes_total") == pytest.approx(
+            after["counters"]["pulled_bytes"], rel=1e-5)
+        for tid in (f"first-{by}", f"again-{by}"):
+            assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
+
+
+def test_opens_of_one_missing_image_share_one_pull_and_pulls_wait_for_a_slot(
+        server, registry, pushed):
+    """Two opens of image A, one each of B and C, at once, one pull at a time (the
+    server's --image-pulls 1): A is pulled once, and no two pulls ever run together."""
+    a, b, cc = (push(registry, pushed, f"share-{x}", 16 * MB) for x in "abc")
+    opens = [("s-a1", a.digest), ("s-a2", a.digest), ("s-b", b.tag), ("s-c", cc.digest)]
+    seen_running: list[int] = []
+
+    async def main() -> list[httpx.Response]:
+        async with httpx.AsyncClient(base_url=server.url, headers=H, timeout=WAIT_S) as c:
+            before = (await c.get("/v1/status")).json()["images"]["counters"]
+            tasks = [asyncio.ensure_future(c.post("/v1/trajectories",
+                                                  json={"id": tid, "image": ref}))
+                     for tid, ref in opens]
+            while not all(t.done() for t in tasks):  # watch the pulls while they run
+                im = (await c.get("/v1/status")).json()["images"]
+                seen_running.append(sum(p["state"] == "pulling" for p in im["pulling"]))
+                await asyncio.sleep(0.05)
+            after = (await c.get("/v1/status")).json()["images"]["counters"]
+            assert after["pulls"] - before["pulls"] == 3, (before, after)
+            assert after["shared"] - before["shared"] == 1, (before, after)
+            return [t.result() for t in tasks]
+
+    answers = asyncio.run(main())
+    assert [r.status_code for r in answers] == [201] * 4, [r.text for r in answers]
+    shared = sorted(r.json()["image"]["shared"] for r in answers[:2])
+    assert shared == [False, True], [r.json() for r in answers[:2]]
+    assert answers[0].json()["image"]["bytes"] == answers[1].json()["image"]["bytes"]
+    assert max(seen_running) <= 1, seen_running
+    with httpx.Client(base_url=server.url, headers=H, timeout=WAIT_S) as c:
+        for tid, _ in opens:
+            assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
+
+
+@pytest.mark.parametrize("fault", ["missing-tag", "missing-digest", "no-registry",
+                                   "layer-lost-half-way"])
+def test_a_failed_pull_refuses_the_open_and_leaves_nothing(server, registry, pushed, fault):
+    tid = f"fail-{fault}"
+    if fault == "no-registry":
+        host = f"127.0.0.1:{free_port()}"  # nothing listens there
+        ref, want = f"{host}/{unique('nowhere')}:1", "connection refused"
+    else:
+        p = push(registry, pushed, f"fail-{fault}", 2 * MB)
+        host = registry.host
+        if fault == "missing-tag":
+            ref, want = p.tag.rsplit(":", 1)[0] + ":no-such-tag", "not found"
+        elif fault == "missing-digest":
+            ref, want = p.digest.split("@")[0] + "@sha256:" + "0" * 64, "not found"
+        else:  # the manifest is there, its layer is not: the pull fails after it began
+            name = p.tag.split("/", 1)[1].rsplit(":", 1)[0]
+            layer = registry.manifest(name, "1")["layers"][0]["digest"]
+            registry.blob_file(layer).unlink()
+            ref, want = p.digest, "unknown"
+    with httpx.Client(base_url=server.url, headers=H, timeout=WAIT_S) as c:
+        before = c.get("/v1/status").json()
+        r = c.post("/v1/trajectories", json={"id": tid, "image": ref})
+        assert r.status_code == 502, r.text
+        detail = r.json()["detail"]
+        assert ref in detail and repr(host) in detail and want in detail.lower(), detail
+        # nothing half-made: no trajectory, no container, no pull, no image, the id free
+        assert c.get(f"/v1/trajectories/{tid}").status_code == 404
+        after = c.get("/v1/status").json()
+        assert after["totals"]["trajectories"] == before["totals"]["trajectories"]
+        assert after["images"]["pulling"] == [], after["images"]
+        assert after["images"]["counters"]["pull_failures"] == \
+            before["images"]["counters"]["pull_failures"] + 1
+        assert not present(ref)
+        assert sandbox_containers(tid, owner_of(server)) == []
+        assert c.post("/v1/trajectories", json={"id": tid}).status_code == 201
+        assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
+
+
+def test_a_malformed_reference_is_refused_before_any_pull(server):
+    with httpx.Client(base_url=server.url, headers=H, timeout=WAIT_S) as c:
+        r = c.post("/v1/trajectories", json={"id": "bad-ref", "image": "127.0.0.1:1/UPPER:1"})
+        assert r.status_code == 422 and "UPPER" in r.text, r.text
+        assert c.get("/v1/trajectories/bad-ref").status_code == 404
+
+
+def test_the_cache_keeps_held_images_over_budget_and_evicts_the_least_recently_used(
+        tmp_path: Path, registry, pushed):
+    """Budget 20 MB, images of 8 MB. Four open trajectories hold A, B, C, D (32 MB): the
+    cache stays over budget. Closing B's frees it: B is evicted. Closing A's, C's and D's
+    in turn: A, the least recently used, is run by a container the server does not know
+    of and is never removed; C, the next, is evicted, which brings the cache within its
+    budget: D stays."""
+    a, b, cc, d = (push(registry, pushed, f"cache-{x}", 8 * MB) for x in "abcd")
+    refs = {"a": a.digest, "b": b.tag, "c": cc.digest, "d": d.digest}
+    s = start_server(tmp_path / "state", "docker", extra_args=("--image-cache-gb", "0.02"))
+    client = docker.from_env()
+    outsider = None
+    try:
+        with httpx.Client(base_url=s.url, headers=H, timeout=WAIT_S) as c:
+            for x, ref in refs.items():
+                r = c.post("/v1/trajectories", json={"id": f"c-{x}", "image": ref})
+                assert r.status_code == 201, r.text
+            im = images_status(c)
+            assert im["over_budget"] and im["counters"]["evictions"] == 0, im
+            assert all(present(ref) for ref in refs.values())
+            outsider = client.containers.create(refs["a"], command=["/bin/true"])
+
+            assert c.delete("/v1/trajectories/c-b").status_code == 200
+            until_true(lambda: not present(refs["b"]), WAIT_S, "B evicted once unheld")
+            assert c.delete("/v1/trajectories/c-a").status_code == 200
+            assert c.delete("/v1/trajectories/c-c").status_code == 200
+            assert c.delete("/v1/trajectories/c-d").status_code == 200
+            until_true(lambda: not present(refs["c"]), WAIT_S, "C evicted once unheld")
+            im = until_true(lambda: (lambda s: s if s["counters"]["evictions"] == 2
+                                     and not s["over_budget"] else None)(images_status(c)),
+                            WAIT_S, "two evictions and the cache within its budget")
+            assert present(refs["a"]), "an image a container runs was removed"
+            assert present(refs["d"]), "the most recently used image was evicted"
+            assert present(IMAGE)
+            assert {i["image"] for i in im["cached"]} == {refs["a"], refs["d"]}, im
+            text = c.get("/metrics").text
+            assert metric(text, "tangram_image_evictions_total") == 2
+            assert metric(text, "tangram_image_cache_budget_bytes") == 20 * MB
+    finally:
+        if outsider is not None:
+            outsider.remove(force=True)
+        s.stop()
