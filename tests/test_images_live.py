@@ -246,3 +246,53 @@ def test_the_cache_keeps_held_images_over_budget_and_evicts_the_least_recently_u
         if outsider is not None:
             outsider.remove(force=True)
         s.stop()
+
+
+def warm_of(c: httpx.Client, image: str) -> int:
+    return images_status(c)["warm"].get(image, 0)
+
+
+def test_a_warm_pool_is_kept_per_image_and_forks_of_a_pulled_image_take_it(
+        tmp_path: Path, registry, pushed):
+    """Issue 50 #3, #6: a burst of three openings of a pulled image W leaves three warm
+    sandboxes of W for the next (its demand); the next openings of W take those very
+    containers; a fork of one of them copies into warm sandboxes of W too, and the copies
+    run in W."""
+    w = push(registry, pushed, "warm", 1 * MB)
+    s = start_server(tmp_path / "state", "docker")
+    owner = owner_of(s)
+    try:
+        with httpx.Client(base_url=s.url, headers=H, timeout=WAIT_S) as c:
+            for i in range(3):
+                assert c.post("/v1/trajectories", json={"id": f"w{i}", "image": w.digest}
+                              ).status_code == 201
+            for i in range(3):
+                res = c.post(f"/v1/trajectories/w{i}/actions", params={"wait": 120},
+                             json={"id": f"w{i}-1", "command": "true"}).json()
+                assert res["status"] == "ok", res
+            until_true(lambda: warm_of(c, w.digest) >= 3, WAIT_S, "three warm sandboxes of W")
+            client = docker.from_env()
+            # a warm container's label names no trajectory (it is fixed at its creation)
+            warm_ids = {ct.id for ct in client.containers.list(sparse=True, filters={
+                "label": f"tangram.owner={owner}"})
+                if not (ct.attrs.get("Labels") or {}).get("tangram.trajectory")
+                and ct.attrs.get("ImageID") == client.images.get(w.digest).id}
+            assert len(warm_ids) >= 3, warm_ids
+            for i in range(3, 5):
+                assert c.post("/v1/trajectories", json={"id": f"w{i}", "image": w.digest}
+                              ).status_code == 201
+                (box,) = until_true(lambda i=i: sandbox_containers(f"w{i}", owner),
+                                    WAIT_S, f"w{i}'s container")
+                assert box.id in warm_ids, (box.id, warm_ids)
+            r = c.post("/v1/trajectories", json={"fork_of": "w3", "count": 2, "id": "wf"})
+            assert r.status_code == 201, r.text
+            for t in r.json()["ids"]:
+                res = c.post(f"/v1/trajectories/{t}/actions", params={"wait": 120},
+                             json={"id": f"{t}-1", "argv": ["sh", "-c", "wc -c < /data/blob"]}
+                             ).json()
+                assert res["status"] == "ok" and res["output"].strip() == str(w.size), res
+                (box,) = sandbox_containers(t, owner)
+                assert box.attrs["Config"]["Image"] == w.digest
+            assert images_status(c)["counters"]["pulls"] == 1
+    finally:
+        s.stop()

@@ -7,8 +7,9 @@ matching CPU quota; after the exec the quota is reclaimed (1% of a core) so an
 idle container holds nothing. The container is removed when the trajectory
 closes, after an idle TTL if it is abandoned, and on shutdown; every container
 carries this executor's label so none can leak past a crash of one action.
-A warm pool (``warm``) keeps default-image containers created ahead of use, so
-a trajectory's first action does not wait for a container to start.
+A warm pool (``warm``) keeps containers created ahead of use, so a trajectory's
+first action does not wait for a container to start: of the default image, and of
+each image the latest burst of openings asked for, as many as it asked.
 
 Images. No image can be pulled on an offline machine, so the default sandbox
 image is built locally: ``tangram image build`` imports an empty root
@@ -340,7 +341,7 @@ class DockerBackend:
         #: the refill's threads (WARM_CREATORS at most) and the sandboxes they are making
         #: (memory limit -> how many); ``_warmed`` is notified as each is done
         self._refillers: set[threading.Thread] = set()
-        self._warming: Counter[float] = Counter()
+        self._warming: Counter[tuple[str, float]] = Counter()  # (image, memory limit)
         self._warmed = threading.Condition(self._lock)
         self._last_take = float("-inf")  # monotonic time a trajectory last needed a sandbox
         #: trajectories that needed a sandbox in the current burst (needs less than
@@ -350,6 +351,9 @@ class DockerBackend:
         #: the memory limits (GB) the current burst's trajectories asked for: the pool's
         #: sandboxes get the most common one (_warm_mem)
         self._burst_mem: Counter[float] = Counter()
+        #: the images the current burst's trajectories asked for (the pool keeps as many
+        #: sandboxes of each other image as the latest burst had trajectories of it)
+        self._burst_images: Counter[str] = Counter()
         #: the current burst's trajectories whose first action has not started
         self._unstarted: set[str] = set()
         self._closed = False
@@ -926,10 +930,12 @@ class DockerBackend:
         if now - self._last_take > WARM_QUIET_S and not self._creating:
             self._burst = 0
             self._burst_mem.clear()
+            self._burst_images.clear()
             self._unstarted.clear()
         self._burst += 1
         self._unstarted.add(trajectory)
         self._burst_mem[mem_gb or self.default_mem_gb] += 1
+        self._burst_images[self._images.get(trajectory, self.image)] += 1
         self._burst_peak = max(self._burst_peak, self._burst)
         self._last_take = now
 
@@ -940,6 +946,29 @@ class DockerBackend:
         together, and the next step starts as many: their containers are made in the
         quiet between steps, not while the rollouts wait), at most WARM_MAX."""
         return max(self.warm_size, min(self._burst_peak, WARM_MAX))
+
+    def warm_targets(self) -> dict[str, int]:
+        """Sandboxes the warm pool keeps of each image: ``warm_target`` of the default
+        image; of each other image, as many as the latest burst had trajectories of it (an
+        RL step's group of rollouts of one task shares its image, and the next step's
+        groups ask again), the most common first, WARM_MAX of them in all; and only of an
+        image on the node (a warm sandbox holds its image against eviction, but never has
+        it pulled again). Under ``self._lock``."""
+        targets = {self.image: self.warm_target}
+        room = WARM_MAX
+        for image, n in self._burst_images.most_common():
+            if image == self.image or room <= 0 or not self.images.has(image):
+                continue
+            targets[image] = min(n, room)
+            room -= targets[image]
+        return targets
+
+    def _short(self, targets: Mapping[str, int]) -> dict[str, int]:
+        """Per image, the sandboxes the pool lacks. Under ``self._lock``."""
+        have = Counter(b.image for b in self._warm)
+        for (image, _), n in self._warming.items():
+            have[image] += n
+        return {image: n - have[image] for image, n in targets.items() if n > have[image]}
 
     def _warm_mem(self) -> float:
         """The memory limit the pool's next sandbox gets: the one most trajectories of the
@@ -955,7 +984,7 @@ class DockerBackend:
         with self._lock:
             if self._closed:
                 return
-            short = self.warm_target - len(self._warm) - self._warming.total()
+            short = sum(self._short(self.warm_targets()).values())
             more = min(WARM_CREATORS, short) - len(self._refillers)
             # their own threads, not the actions' pool: they wait for quiet (below) and
             # must not hold a worker the burst's actions need
@@ -966,7 +995,7 @@ class DockerBackend:
             thread.start()
 
     def _refill(self) -> None:
-        """Keep ``warm_target`` default-image sandboxes ready, starting each once no
+        """Keep ``warm_targets`` sandboxes of each image ready, starting each once no
         trajectory needed a sandbox for WARM_QUIET_S, none opened is still waiting for its
         container and the burst's first actions have started (WARM_FIRST_S): a container
         start costs the engine (dockerd, runc) a few hundred ms of CPU, which the burst
@@ -978,8 +1007,8 @@ class DockerBackend:
         try:
             while True:
                 with self._lock:
-                    if (self._closed
-                            or len(self._warm) + self._warming.total() >= self.warm_target):
+                    short = self._short(self.warm_targets())
+                    if self._closed or not short:
                         self._refillers.discard(me)  # (with the decision: a take that
                         return  # comes next starts a refill anew)
                     now = time.monotonic()
@@ -988,15 +1017,17 @@ class DockerBackend:
                                0.1 if self._creating or first else 0.0)
                     if wait <= 0:
                         mem = self._warm_mem()
-                        self._warming[mem] += 1
+                        # the default image first, then the image lacking the most
+                        image = max(short, key=lambda i: (i == self.image, short[i]))
+                        self._warming[image, mem] += 1
                 if wait > 0:
                     time.sleep(min(wait, 0.1))  # short steps: shutdown ends it promptly
                     continue
                 try:
-                    box = self._create("", self.image, mem)
+                    box = self._create("", image, mem)
                 finally:
                     with self._lock:
-                        self._warming[mem] -= 1
+                        self._warming[image, mem] -= 1
                         if not self._closed and box is not None:
                             self._warm.append(box)
                             box = None
@@ -1005,9 +1036,13 @@ class DockerBackend:
                     if self._closed:
                         break
                     # over the target: a sandbox no trajectory of the latest burst can take
-                    # (a larger limit than theirs) makes room
-                    spare = len(self._warm) - self.warm_target
-                    unusable = [b for b in self._warm if b.mem_gb > mem][:max(0, spare)]
+                    # (a larger limit than theirs, or an image none of them asked for)
+                    # makes room
+                    targets = self.warm_targets()
+                    spare = len(self._warm) - sum(targets.values())
+                    have = Counter(b.image for b in self._warm)
+                    unusable = [b for b in self._warm if b.mem_gb > mem
+                                or have[b.image] > targets.get(b.image, 0)][:max(0, spare)]
                     for old in unusable:
                         self._warm.remove(old)
                 for old in unusable:
@@ -1025,18 +1060,18 @@ class DockerBackend:
         else the largest below it (raised to it: one engine call); else, while the refill
         is making one that fits, that one when it is ready (it is further along than a
         container made now, which would only share the engine with it); else None."""
-        if image != self.image:
-            return None
         mem = mem_gb or self.default_mem_gb
         with self._lock:
             while True:
                 # its tmpfs mounts keep the sizes set for the pool's memory limit: under a
                 # smaller limit a full /work would end in an OOM kill instead of ENOSPC
                 # (disk_full), so only a trajectory allowed at least as much takes one
-                fits = [i for i, b in enumerate(self._warm) if b.mem_gb <= mem]
+                fits = [i for i, b in enumerate(self._warm)
+                        if b.image == image and b.mem_gb <= mem]
                 i = max(fits, key=lambda i: (self._warm[i].mem_gb, i), default=None)
                 if i is not None or self._closed or not any(
-                        n > 0 and m <= mem for m, n in self._warming.items()):
+                        n > 0 and im == image and m <= mem
+                        for (im, m), n in self._warming.items()):
                     break
                 self._warmed.wait(1.0)  # (notified as each is done)
             box = self._warm.pop(i) if i is not None else None
@@ -1133,12 +1168,12 @@ class DockerBackend:
 
     def _take_ready_warm(self, trajectory: str) -> Sandbox | None:
         """A warm sandbox bound to ``trajectory`` with no engine call (of its memory limit
-        and the pool's image, its agent listening), or None. Under ``self._lock``."""
+        and image, its agent listening), or None. Under ``self._lock``."""
         mem = self._mem.get(trajectory, 0.0) or self.default_mem_gb
-        if self._images.get(trajectory, self.image) != self.image:
-            return None
+        image = self._images.get(trajectory, self.image)
         i = next((i for i in range(len(self._warm) - 1, -1, -1)
-                  if self._warm[i].mem_gb == mem and _ready_box(self._warm[i])), None)
+                  if self._warm[i].image == image and self._warm[i].mem_gb == mem
+                  and _ready_box(self._warm[i])), None)
         if i is None:
             return None
         box = self._warm.pop(i)
@@ -1590,8 +1625,17 @@ class DockerBackend:
             for t, _ in unclaimed:
                 del self._leftovers[t]
             stale += unclaimed
+            # warm sandboxes of an image no burst asked for since: each holds its image
+            # against the cache's eviction (the default image's stay: it is never evicted)
+            idle_warm = [b for b in self._warm
+                         if b.image != self.image and now - b.last_used > self.idle_ttl_s]
+            for box in idle_warm:
+                self._warm.remove(box)
+            stale += [("", b) for b in idle_warm]
         for _, box in stale:
             self._discard(box)
+        if idle_warm and self.images.budget is not None:
+            self.images.make_room()
 
 
     # -- files (executor/server/routes/files.py) -------------------------------------------------------

@@ -153,6 +153,11 @@ class ImageCache:
             if image not in self._pulls and not self._closed:
                 self._start(image, waiters=0)
 
+    def has(self, image: str) -> bool:
+        """Whether ``image`` is known to be on the node (no engine call, and no lock: the
+        backend asks under its own, which a removal must not hold up)."""
+        return image in self._known or image in self._entries
+
     def ensure(self, image: str) -> None:
         """``image`` on the node, pulled now (blocking) if it is not; PullFailed if that
         fails. No hit is counted for an image already known here (its open's want was)."""
