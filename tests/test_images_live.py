@@ -296,3 +296,33 @@ def test_a_warm_pool_is_kept_per_image_and_forks_of_a_pulled_image_take_it(
             assert images_status(c)["counters"]["pulls"] == 1
     finally:
         s.stop()
+
+
+def test_pull_image_pulls_ahead_once_within_the_bound(registry, pushed):
+    """DockerBackend.pull_image (the core's pull-ahead): idempotent, in the background, as
+    many at once as --image-pulls; a later open of the image is a hit."""
+    from executor.backends.docker.backend import DockerBackend
+
+    x, y = (push(registry, pushed, f"ahead-{n}", 8 * MB) for n in "xy")
+    backend = DockerBackend(owner=unique("ahead").replace("/", "-"), image_pulls=1)
+    try:
+        for ref in (x.digest, x.digest, y.tag, x.digest):
+            backend.pull_image(ref)
+        running: list[int] = []
+
+        def both_pulled() -> bool:
+            st = backend.image_status()
+            running.append(sum(p["state"] == "pulling" for p in st["pulling"]))
+            return st["counters"]["pulls"] == 2 and not st["pulling"]
+
+        until_true(both_pulled, WAIT_S, "the two pulls ahead done")
+        assert max(running) <= 1, running
+        assert present(x.digest) and present(y.tag)
+        backend.pull_image(x.digest)  # here already: nothing
+        st = backend.image_status()
+        assert st["counters"]["pulls"] == 2 and not st["pulling"], st
+        done = backend.want_image("t-ahead", x.digest).result(timeout=WAIT_S)
+        assert not done.pulled
+        backend.unwant_image("t-ahead")
+    finally:
+        backend.shutdown()
