@@ -15,8 +15,9 @@ them from the engine. Then:
   trajectories over the images (round robin, all at once: an RL step's rollouts), each
   running one action (``true``); a trajectory's *first-action latency* is from its open
   request to its first action's result. Cold: no image on the node (each pulled once,
-  shared by its trajectories, ``--image-pulls`` at once). Warm: the same again under
-  new ids, every image cached (and the warm pool per image the cold step left);
+  shared by its trajectories, ``--image-pulls`` at once). Cached: the same again under
+  new ids at once, every image cached, the warm pools not yet refilled (how many warm
+  sandboxes it found is printed). Warm: again, once the warm pool per image is full;
 * **a cache hit**: an open of a cached image against an open without an image, each
   ``--repeats`` times, alone (no burst): what the image costs an open once it is here.
 
@@ -196,13 +197,16 @@ def main() -> None:
         result: dict = {"bandwidth": bandwidth, "images": args.images,
                         "image_mb": args.image_mb, "trajectories": args.trajectories,
                         "image_pulls": args.image_pulls}
-        for name in ("cold", "warm"):
+        for name in ("cold", "cached", "warm"):
+            if name == "warm":  # the warm pool per image is made in the quiet after a burst
+                result["warm_pool_fill_s"] = wait_warm(url, min(args.trajectories, 64))
             print(f"bench: {name} step", file=sys.stderr)
             assignment = [(f"{name}-{i}", images[i % len(images)])
                           for i in range(args.trajectories)]
+            warm_before = sum(httpx.get(url + "/v1/status", headers=H, timeout=60).json()[
+                "images"]["warm"].get(image, 0) for image in images)
             result[name] = asyncio.run(step(url, assignment))
-            if name == "cold":  # the warm pool per image is made in the quiet after a burst
-                result["warm_pool_fill_s"] = wait_warm(url, min(args.trajectories, 64))
+            result[name]["warm_sandboxes_at_start"] = warm_before
         result["hit"] = asyncio.run(hit_cost(url, images[0], max(5, args.repeats)))
         after = (cpu_s(proc.pid), cpu_s(dpid) if dpid else None)
         result["server_cpu_s"] = round(after[0] - before[0], 2) if None not in (

@@ -23,10 +23,11 @@ from __future__ import annotations
 
 import json
 import logging
+import queue
 import threading
 import time
 from collections.abc import Callable, Collection
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -106,7 +107,9 @@ class ImageCache:
         self.keep = frozenset(keep)
         self.state_file = state_file
         self._lock = threading.Lock()
-        self._workers = ThreadPoolExecutor(max_workers=pulls, thread_name_prefix="tangram-pull")
+        # daemon threads, not a ThreadPoolExecutor: the interpreter's exit joins an
+        # executor's threads, and a stopping server must not wait for a long pull to end
+        self._queue: queue.SimpleQueue[_Pull | None] = queue.SimpleQueue()
         self._pulls: dict[str, _Pull] = {}
         self._entries: dict[str, _Entry] = {}
         #: images seen on the node (reference -> image id): no engine call on their next want
@@ -114,6 +117,10 @@ class ImageCache:
         self.counters = Counters()
         self._closed = False
         self._load()
+        self._workers = [threading.Thread(target=self._work, daemon=True,
+                                          name=f"tangram-pull-{i}") for i in range(pulls)]
+        for worker in self._workers:
+            worker.start()
 
     # -- wants ---------------------------------------------------------------------------
     def want(self, image: str) -> Future[PullDone]:
@@ -125,7 +132,7 @@ class ImageCache:
                 self.counters.misses += 1
                 self.counters.shared += 1
                 pull.waiters += 1
-                return self._shared(pull)
+                return self._waiter(pull, shared=True)
             if image in self._known or image in self._entries:
                 return self._hit(image)
         present = self._present(image)  # an engine call: outside the lock
@@ -137,9 +144,9 @@ class ImageCache:
                 self.counters.misses += 1
                 self.counters.shared += 1
                 pull.waiters += 1
-                return self._shared(pull)
+                return self._waiter(pull, shared=True)
             self.counters.misses += 1
-            return self._start(image, waiters=1).future
+            return self._waiter(self._start(image, waiters=1), shared=False)
 
     def pull(self, image: str) -> None:
         """Start pulling ``image`` in the background unless it is here or being pulled (a
@@ -188,7 +195,8 @@ class ImageCache:
         for p in queued:
             if not p.future.done():
                 p.future.set_exception(PullFailed(p.image, "the server is stopping"))
-        self._workers.shutdown(wait=False, cancel_futures=True)
+        for _ in self._workers:
+            self._queue.put(None)
 
     # -- pulls ---------------------------------------------------------------------------
     def _hit(self, image: str) -> Future[PullDone]:
@@ -201,15 +209,19 @@ class ImageCache:
         done.set_result(PullDone(image, pulled=False))
         return done
 
-    def _shared(self, pull: _Pull) -> Future[PullDone]:
-        """A future of ``pull``'s end that says it was shared."""
+    @staticmethod
+    def _waiter(pull: _Pull, shared: bool) -> Future[PullDone]:
+        """A future of ``pull``'s end of one want's own: cancelling it (an open whose
+        client went away) leaves the pull and its other waiters alone."""
         mine: Future[PullDone] = Future()
 
         def chain(f: Future) -> None:
+            if not mine.set_running_or_notify_cancel():
+                return  # cancelled by its waiter
             if f.exception() is not None:
                 mine.set_exception(f.exception())
             else:
-                mine.set_result(replace(f.result(), shared=True))
+                mine.set_result(replace(f.result(), shared=shared))
 
         pull.future.add_done_callback(chain)
         return mine
@@ -222,8 +234,15 @@ class ImageCache:
             self._pulls.pop(image)
             pull.future.set_exception(PullFailed(image, "the server is stopping"))
             return pull
-        self._workers.submit(self._run, pull)
+        self._queue.put(pull)
         return pull
+
+    def _work(self) -> None:
+        """One pull slot: the queued pulls, one at a time, in the order they came."""
+        while (pull := self._queue.get()) is not None:
+            if self._closed:
+                continue  # (close failed it)
+            self._run(pull)
 
     def _present(self, image: str) -> bool:
         try:
@@ -247,11 +266,13 @@ class ImageCache:
             reason = e if isinstance(e, PullFailed) else PullFailed(
                 pull.image, f"{type(e).__name__}: {e}")
             log.warning("%s", reason)
-            pull.future.set_exception(reason)
+            if not pull.future.done():  # (close may have failed it: a stop came first)
+                pull.future.set_exception(reason)
             return
         with self._lock:
             self._pulls.pop(pull.image, None)
-        pull.future.set_result(done)
+        if not pull.future.done():
+            pull.future.set_result(done)
         self.make_room()
 
     def _pull(self, pull: _Pull) -> PullDone:
@@ -309,11 +330,13 @@ class ImageCache:
         want of an image being removed waits, then finds it gone and pulls it again."""
         if self.budget is None:
             return 0
-        held = set(self._held()) | set(self.keep)
         removed = 0
         with self._lock:
+            # under the lock: a want of an image (and the backend's record of who wants it,
+            # made before) either came before and is seen here, or waits for the removal
+            # (the backend never asks this cache for its lock while it holds its own)
+            held = set(self._held()) | set(self.keep) | set(self._pulls)
             used = self._used()
-            held |= set(self._pulls)
             order = sorted((e.last_used, ref) for ref, e in self._entries.items()
                            if ref not in held)
             for _, ref in order:
