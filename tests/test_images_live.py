@@ -326,3 +326,47 @@ def test_pull_image_pulls_ahead_once_within_the_bound(registry, pushed):
         backend.unwant_image("t-ahead")
     finally:
         backend.shutdown()
+
+
+def test_a_registry_gone_mid_pull_refuses_the_open_after_the_engines_retries(
+        server, tmp_path: Path):
+    """The registry dies while a layer is half down (the status shows the pull's progress
+    first): the engine retries for about a minute, then the open is refused (502, naming
+    the registry and why) and nothing is left - no trajectory, container or image."""
+    reg = Registry(tmp_path / "registry").start()
+    p = None
+    try:
+        p = reg.build_and_push(unique("gone"), 300 * MB)
+
+        async def main() -> httpx.Response:
+            async with httpx.AsyncClient(base_url=server.url, headers=H,
+                                         timeout=WAIT_S * 3) as c:
+                opening = asyncio.ensure_future(c.post("/v1/trajectories", json={
+                    "id": "gone", "image": p.digest}))
+                deadline = asyncio.get_running_loop().time() + WAIT_S
+                im: dict = {}
+                while True:  # until the status shows part of the layer down
+                    assert asyncio.get_running_loop().time() < deadline, \
+                        f"no partial progress of the pull seen on /v1/status ({im})"
+                    im = (await c.get("/v1/status")).json()["images"]
+                    pulls = [x for x in im["pulling"] if x["image"] == p.digest]
+                    if pulls and 0 < pulls[0]["downloaded_bytes"] < pulls[0]["total_bytes"]:
+                        break
+                    assert not opening.done(), (await opening).text
+                    await asyncio.sleep(0.02)
+                assert pulls[0]["state"] == "pulling" and pulls[0]["waiting"] == 1, pulls
+                reg.proc.kill()
+                return await opening
+
+        r = asyncio.run(main())
+        assert r.status_code == 502, r.text
+        assert p.digest in r.text and repr(reg.host) in r.text and "refused" in r.text, r.text
+        with httpx.Client(base_url=server.url, headers=H, timeout=WAIT_S) as c:
+            assert c.get("/v1/trajectories/gone").status_code == 404
+            assert c.get("/v1/status").json()["images"]["pulling"] == []
+        assert not present(p.digest)
+        assert sandbox_containers("gone", owner_of(server)) == []
+    finally:
+        reg.stop()
+        if p is not None:
+            remove_images([p.digest, p.tag])
