@@ -10,6 +10,7 @@ import typer
 
 from analysis.outputs import analyse, write_run
 from executor.assemble import AssemblyError, no_phase, ray_backend, replay_gpu_cluster
+from executor.backends.docker.limits import SandboxLimits
 from executor.replay import RunFailed, replay
 from sim.cluster import load_cluster
 from tangram.cluster import ClusterError
@@ -65,6 +66,11 @@ def run(
         min=1e-9, help="Scale of service sizes and GPU memory without --gpu-cluster.")] = 1e-4,
     gpu_tokens: Annotated[int, typer.Option(min=2, help="Tokens per GPU request.")] = 32,
     perfetto: PerfettoOpt = False,
+    image_pulls: Annotated[int, typer.Option(
+        min=1, help="docker: images pulled at once from their registries.")] = 2,
+    image_cache_gb: Annotated[float | None, typer.Option(
+        min=0.001, help="docker: disk the images pulled may take (docs/images.md). "
+        "Default: no budget.")] = None,
 ) -> None:
     """Replay a trace on this machine's real cores (process or docker backend), or on
     the nodes of a Ray cluster (--ray).
@@ -105,7 +111,8 @@ def run(
         result, config = with_progress(lambda cb: asyncio.run(replay(
             df, backend, out, limit=limit, think_scale=think_scale, quotas=specs, policy=chosen,
             progress=cb, live=live, gpu=gpu, gpu_device=gpu_device or "cpu",
-            gpu_tokens=gpu_tokens)), quiet,
+            gpu_tokens=gpu_tokens, sandboxes=SandboxLimits(
+                image_pulls=image_pulls, image_cache_gb=image_cache_gb))), quiet,
             f"running {trace.name} on {backend}" + (" via Ray" if ray else ""))
     except RunFailed as e:  # an effect failed: stopped, what ran is in outputs.jsonl
         fail(f"the run stopped: {e}; the outputs of what ran are in {out}/outputs.jsonl",
