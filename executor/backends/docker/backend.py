@@ -671,11 +671,12 @@ class DockerBackend:
 
     def _held_images(self) -> set[str]:
         """The images the cache must not remove: named by an open or opening trajectory,
-        or run by one of this backend's containers."""
+        or run by one of this backend's containers (or one the warm pool is making)."""
         with self._lock:
             boxes = [*self._boxes.values(), *self._warm, *self._leftovers.values()]
             return ({*self._images.values(), *self._opening.values()}
-                    | {b.image for b in boxes})
+                    | {b.image for b in boxes}
+                    | {image for (image, _), n in self._warming.items() if n > 0})
 
     def _make_room_soon(self) -> None:
         """Evict what the budget no longer fits, off the caller's thread (engine calls)."""
