@@ -370,3 +370,35 @@ def test_a_registry_gone_mid_pull_refuses_the_open_after_the_engines_retries(
         reg.stop()
         if p is not None:
             remove_images([p.digest, p.tag])
+
+
+def test_the_status_page_shows_pulls_and_the_cache_in_a_browser(server, registry, pushed):
+    """The status page's Images section, in a real Chromium (tests/test_status_page.py's):
+    the counters and the pulled image with its size, once an open pulled it."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.support.ui import WebDriverWait
+    from test_status_page import chrome
+
+    p = push(registry, pushed, "page", 2 * MB)
+    with httpx.Client(base_url=server.url, headers=H, timeout=WAIT_S) as c:
+        r = c.post("/v1/trajectories", json={"id": "page", "image": p.digest})
+        assert r.status_code == 201, r.text
+        counters = images_status(c)["counters"]
+    browser = chrome()
+    try:
+        wait = WebDriverWait(browser, WAIT_S, poll_frequency=0.1)
+        browser.get(server.url + "/")
+        wait.until(lambda b: b.find_element(By.ID, "token")).send_keys(TOKEN)
+        browser.find_element(By.CSS_SELECTOR, "#login button[type=submit]").click()
+        wait.until(lambda b: b.find_element(By.ID, "conn").text == "live")
+        shown = wait.until(lambda b: b.execute_script(
+            "const e = document.querySelector(arguments[0]);"
+            "return e && e.offsetParent !== null ? e.innerText : null",
+            f'#cached tr[data-image="{p.digest}"]'))
+        assert p.digest in shown and "in use" in shown, shown
+        said = browser.find_element(By.ID, "image-counters").text
+        assert f"{counters['pulls']} pulls" in said and f"{counters['hits']} hits" in said, said
+    finally:
+        browser.quit()
+        with httpx.Client(base_url=server.url, headers=H, timeout=WAIT_S) as c:
+            c.delete("/v1/trajectories/page")
