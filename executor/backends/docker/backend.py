@@ -354,6 +354,8 @@ class DockerBackend:
         #: the images the current burst's trajectories asked for (the pool keeps as many
         #: sandboxes of each other image as the latest burst had trajectories of it)
         self._burst_images: Counter[str] = Counter()
+        #: the most default-image trajectories one burst had so far (its pool's size)
+        self._default_peak = 0
         #: the current burst's trajectories whose first action has not started
         self._unstarted: set[str] = set()
         self._closed = False
@@ -937,16 +939,18 @@ class DockerBackend:
         self._unstarted.add(trajectory)
         self._burst_mem[mem_gb or self.default_mem_gb] += 1
         self._burst_images[self._images.get(trajectory, self.image)] += 1
+        self._default_peak = max(self._default_peak, self._burst_images[self.image])
         self._burst_peak = max(self._burst_peak, self._burst)
         self._last_take = now
 
     @property
     def warm_target(self) -> int:
-        """Sandboxes the warm pool keeps: the configured size, or, if more, the largest
-        burst of trajectories that needed one so far (an RL step's rollouts start
-        together, and the next step starts as many: their containers are made in the
-        quiet between steps, not while the rollouts wait), at most WARM_MAX."""
-        return max(self.warm_size, min(self._burst_peak, WARM_MAX))
+        """Default-image sandboxes the warm pool keeps: the configured size, or, if more,
+        the largest burst of default-image trajectories that needed one so far (an RL
+        step's rollouts start together, and the next step starts as many: their containers
+        are made in the quiet between steps, not while the rollouts wait), at most
+        WARM_MAX. Trajectories of other images have pools of their own (warm_targets)."""
+        return max(self.warm_size, min(self._default_peak, WARM_MAX))
 
     def warm_targets(self) -> dict[str, int]:
         """Sandboxes the warm pool keeps of each image: ``warm_target`` of the default
