@@ -402,3 +402,28 @@ def test_the_status_page_shows_pulls_and_the_cache_in_a_browser(server, registry
         browser.quit()
         with httpx.Client(base_url=server.url, headers=H, timeout=WAIT_S) as c:
             c.delete("/v1/trajectories/page")
+
+
+def test_an_image_an_opening_trajectory_waits_for_is_not_evicted(registry, pushed):
+    """A budget below one image: A pulled for opening trajectory t1 (not opened yet), then
+    B for t2: both held, nothing evicted (over budget). Once t1 gives up its open, A is
+    evicted at once; B, still wanted, stays."""
+    from executor.backends.docker.backend import DockerBackend
+
+    a, b = (push(registry, pushed, f"opening-{n}", 4 * MB) for n in "ab")
+    backend = DockerBackend(owner=unique("opening").replace("/", "-"), image_cache_gb=0.001)
+    try:
+        assert backend.want_image("t1", a.digest).result(timeout=WAIT_S).pulled
+        assert backend.want_image("t2", b.digest).result(timeout=WAIT_S).pulled
+        backend.images.make_room()  # (what each pull's end does: nothing may go)
+        st = backend.image_status()
+        assert st["over_budget"] and st["counters"]["evictions"] == 0, st
+        assert present(a.digest) and present(b.digest)
+        backend.unwant_image("t1")
+        until_true(lambda: not present(a.digest), WAIT_S, "A evicted once nobody wants it")
+        assert present(b.digest)
+        backend.unwant_image("t2")
+        until_true(lambda: not present(b.digest), WAIT_S, "B evicted once nobody wants it")
+        assert present(IMAGE)
+    finally:
+        backend.shutdown()
