@@ -956,11 +956,12 @@ class DockerBackend:
         """Sandboxes the warm pool keeps of each image: ``warm_target`` of the default
         image; of each other image, as many as the latest burst had trajectories of it (an
         RL step's group of rollouts of one task shares its image, and the next step's
-        groups ask again), the most common first, WARM_MAX of them in all; and only of an
-        image on the node (a warm sandbox holds its image against eviction, but never has
-        it pulled again). Under ``self._lock``."""
+        groups ask again), the most common first, WARM_MAX of them in all; only of an image
+        on the node (a warm sandbox never has its image pulled again), and none while held
+        images keep the image cache over its budget (a warm sandbox holds its image against
+        eviction: the pool must not be what keeps the disk full). Under ``self._lock``."""
         targets = {self.image: self.warm_target}
-        room = WARM_MAX
+        room = 0 if self.images.over_budget else WARM_MAX
         for image, n in self._burst_images.most_common():
             if image == self.image or room <= 0 or not self.images.has(image):
                 continue

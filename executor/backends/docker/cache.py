@@ -115,6 +115,9 @@ class ImageCache:
         #: images seen on the node (reference -> image id): no engine call on their next want
         self._known: dict[str, str] = {}
         self.counters = Counters()
+        #: whether held images kept the cache over its budget at its last make_room (read
+        #: without the lock: the warm pool makes no sandbox of a pulled image meanwhile)
+        self.over_budget = False
         self._closed = False
         self._load()
         self._workers = [threading.Thread(target=self._work, daemon=True,
@@ -357,6 +360,7 @@ class ImageCache:
                     self.counters.evicted_bytes += entry.size
                 self.counters.evictions += 1
                 removed += 1
+            self.over_budget = used > self.budget
         if removed:
             self._save()
         return removed
