@@ -204,6 +204,14 @@ def test_a_malformed_reference_is_refused_before_any_pull(server):
         assert c.get("/v1/trajectories/bad-ref").status_code == 404
 
 
+def gone(c: httpx.Client, ref: str, what: str) -> None:
+    """Wait until ``ref`` is not on the node; the failure shows the server's image status."""
+    try:
+        until_true(lambda: not present(ref), WAIT_S, what)
+    except AssertionError as e:
+        raise AssertionError(f"{e}; images: {images_status(c)}") from None
+
+
 def test_the_cache_keeps_held_images_over_budget_and_evicts_the_least_recently_used(
         tmp_path: Path, registry, pushed):
     """Budget 20 MB, images of 8 MB. Four open trajectories hold A, B, C, D (32 MB): the
@@ -227,11 +235,11 @@ def test_the_cache_keeps_held_images_over_budget_and_evicts_the_least_recently_u
             outsider = client.containers.create(refs["a"], command=["/bin/true"])
 
             assert c.delete("/v1/trajectories/c-b").status_code == 200
-            until_true(lambda: not present(refs["b"]), WAIT_S, "B evicted once unheld")
+            gone(c, refs["b"], "B evicted once unheld")
             assert c.delete("/v1/trajectories/c-a").status_code == 200
             assert c.delete("/v1/trajectories/c-c").status_code == 200
             assert c.delete("/v1/trajectories/c-d").status_code == 200
-            until_true(lambda: not present(refs["c"]), WAIT_S, "C evicted once unheld")
+            gone(c, refs["c"], "C evicted once unheld")
             im = until_true(lambda: (lambda s: s if s["counters"]["evictions"] == 2
                                      and not s["over_budget"] else None)(images_status(c)),
                             WAIT_S, "two evictions and the cache within its budget")
@@ -427,3 +435,33 @@ def test_an_image_an_opening_trajectory_waits_for_is_not_evicted(registry, pushe
         assert present(IMAGE)
     finally:
         backend.shutdown()
+
+
+def test_over_budget_the_warm_sandboxes_of_an_unused_image_go_and_then_the_image(
+        tmp_path: Path, registry, pushed):
+    """Budget 20 MB. Three trajectories of W (8 MB) leave three warm sandboxes of W; once
+    they close, only those hold W. Pulling X and Y (8 MB each) puts the cache over budget:
+    the warm sandboxes of W are removed and W, the least recently used, is evicted."""
+    w, x, y = (push(registry, pushed, f"release-{n}", 8 * MB) for n in "wxy")
+    s = start_server(tmp_path / "state", "docker", extra_args=("--image-cache-gb", "0.02"))
+    try:
+        with httpx.Client(base_url=s.url, headers=H, timeout=WAIT_S) as c:
+            for i in range(3):
+                assert c.post("/v1/trajectories", json={"id": f"r{i}", "image": w.digest}
+                              ).status_code == 201
+            for i in range(3):
+                res = c.post(f"/v1/trajectories/r{i}/actions", params={"wait": 120},
+                             json={"id": f"r{i}-1", "command": "true"}).json()
+                assert res["status"] == "ok", res
+            until_true(lambda: warm_of(c, w.digest) >= 3, WAIT_S, "three warm sandboxes of W")
+            for i in range(3):
+                assert c.delete(f"/v1/trajectories/r{i}").status_code == 200
+            for n, ref in (("x", x.digest), ("y", y.digest)):
+                assert c.post("/v1/trajectories", json={"id": f"r-{n}", "image": ref}
+                              ).status_code == 201
+            gone(c, w.digest, "W evicted once its warm sandboxes were dropped")
+            im = images_status(c)
+            assert im["warm"].get(w.digest, 0) == 0 and present(x.digest) and present(y.digest)
+            assert not im["over_budget"], im
+    finally:
+        s.stop()

@@ -278,7 +278,7 @@ class DockerBackend:
         #: the removed file, so a restart on the same state directory still evicts it
         self.images = ImageCache(
             self.client, image_pulls, image_cache_gb, held=self._held_images,
-            keep={self.image},
+            keep={self.image}, release=self._release_warm,
             state_file=removed_file.with_name(".docker-images.json") if removed_file else None)
         self.cpu_map = cpu_map or allowed_cpus()
         self.idle_ttl_s = idle_ttl_s
@@ -679,6 +679,20 @@ class DockerBackend:
             return ({*self._images.values(), *self._opening.values()}
                     | {b.image for b in boxes}
                     | {image for (image, _), n in self._warming.items() if n > 0})
+
+    def _release_warm(self) -> int:
+        """The cache is over its budget: drop the warm sandboxes of pulled images nothing
+        else holds (a sandbox is made again in a second, an image pulled again in many), so
+        their images can go; how many were dropped."""
+        with self._lock:
+            held = ({*self._images.values(), *self._opening.values()}
+                    | {b.image for b in [*self._boxes.values(), *self._leftovers.values()]})
+            spare = [b for b in self._warm if b.image != self.image and b.image not in held]
+            for box in spare:
+                self._warm.remove(box)
+        for box in spare:
+            self._discard(box)
+        return len(spare)
 
     def _make_room_soon(self) -> None:
         """Evict what the budget no longer fits, off the caller's thread (engine calls)."""

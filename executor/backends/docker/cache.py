@@ -89,13 +89,15 @@ class Counters:
 class ImageCache:
     """Pulls and the disk budget of one node's images (see the module's docstring).
     ``held``: the images the backend holds now (its trajectories', its containers');
+    ``release``: drop what holds images only to have them at hand (how many were dropped);
     ``keep``: images never removed (the default image); ``state_file``: where the images
     this cache pulled are recorded, so a restart still knows them as its own."""
 
     def __init__(self, client: docker.DockerClient, pulls: int = PULLS,
                  budget_gb: float | None = None,
                  held: Callable[[], Collection[str]] = frozenset,
-                 keep: Collection[str] = (), state_file: Path | None = None) -> None:
+                 keep: Collection[str] = (), state_file: Path | None = None,
+                 release: Callable[[], int] = lambda: 0) -> None:
         if pulls < 1:
             raise ValueError(f"image_pulls: at least 1 pull at once, got {pulls}")
         if budget_gb is not None and budget_gb <= 0:
@@ -104,6 +106,7 @@ class ImageCache:
         self.pulls = pulls
         self.budget = None if budget_gb is None else int(budget_gb * 1e9)
         self._held = held
+        self._release = release
         self.keep = frozenset(keep)
         self.state_file = state_file
         self._lock = threading.Lock()
@@ -329,8 +332,17 @@ class ImageCache:
 
     def make_room(self) -> int:
         """Remove the least recently used images this cache pulled until the rest fit the
-        budget, never a held one; how many were removed. Removals run under the lock: a
-        want of an image being removed waits, then finds it gone and pulls it again."""
+        budget, never a held one; how many were removed. Still over it, the backend drops
+        its spare holders (``release``: warm sandboxes, cheap to make again unlike a pull)
+        and the images they held go too, least recently used first."""
+        removed = self._evict()
+        if self.over_budget and self._release() > 0:
+            removed += self._evict()
+        return removed
+
+    def _evict(self) -> int:
+        """One pass of make_room. Removals run under the lock: a want of an image being
+        removed waits, then finds it gone and pulls it again."""
         if self.budget is None:
             return 0
         removed = 0
