@@ -119,7 +119,9 @@ class LiveExecutor:
                                  "runs no images (use --backend docker)")
             # checked before the core commits to it
             self.backend.open_trajectory_image(trajectory, mem_gb, image)
-            self.runtime.open_trajectory(trajectory, task, mem_gb)
+            # the core books it too (its image counters; a PullImage it orders for a
+            # later trajectory of the same image is the backend's pull_image, idempotent)
+            self.runtime.open_trajectory(trajectory, task, mem_gb, image=image)
         else:
             self.runtime.open_trajectory(trajectory, task, mem_gb)
             try:

@@ -31,6 +31,7 @@ from helpers import until_true
 from registry import Pushed, Registry, free_port, remove_images, unique
 
 from executor.backends.docker.backend import IMAGE
+from tangram.protocol import PullImage, capabilities_of
 
 H = {"Authorization": f"Bearer {TOKEN}"}
 MB = 1_000_000
@@ -307,14 +308,17 @@ def test_a_warm_pool_is_kept_per_image_and_forks_of_a_pulled_image_take_it(
 
 
 def test_pull_image_pulls_ahead_once_within_the_bound(registry, pushed):
-    """DockerBackend.pull_image (the core's pull-ahead): idempotent, in the background, as
+    """DockerBackend.pull_image and .pull (the core's PullImage): idempotent, in the background, as
     many at once as --image-pulls; a later open of the image is a hit."""
     from executor.backends.docker.backend import DockerBackend
 
     x, y = (push(registry, pushed, f"ahead-{n}", 8 * MB) for n in "xy")
     backend = DockerBackend(owner=unique("ahead").replace("/", "-"), image_pulls=1)
     try:
-        for ref in (x.digest, x.digest, y.tag, x.digest):
+        # the core's effect (tangram.protocol.Pulling) is the same pull
+        assert capabilities_of(backend).pulls
+        backend.pull(PullImage("local", x.digest))
+        for ref in (x.digest, y.tag, x.digest):
             backend.pull_image(ref)
         running: list[int] = []
 

@@ -99,7 +99,7 @@ from executor.node.local import allowed_cpus
 from executor.node.memwatch import largest_sandbox
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import Resized, Shed
+from tangram.protocol import PullImage, Resized, Shed
 
 log = logging.getLogger("tangram.docker")
 IMAGE = "tangram-sandbox:1"
@@ -661,6 +661,11 @@ class DockerBackend:
             self.images.pull(image)
         except ValueError as e:
             log.warning("no pull ahead of %r: %s", image, e)
+
+    def pull(self, effect: PullImage) -> None:
+        """tangram.protocol.Pulling: the core's pull ahead (this backend is one node: the
+        effect's node is this machine's)."""
+        self.pull_image(effect.image)
 
     def image_status(self) -> dict[str, Any]:
         """pulls.ImageFetching: pulls, the cache, its counters, the warm pool by image."""
