@@ -58,7 +58,6 @@ from tangram.protocol import (
     Open,
     Overstay,
     Poll,
-    PullImage,
     QueueView,
     QuotaView,
     Snapshot,
@@ -122,7 +121,8 @@ class Tangram:
             lambda node: self._policy.node_pool(node, res), self._queue_many)
         #: the CPU side (tangram/sides.py): admission, lanes, membership, the submit check
         self._cpu_nodes = CpuNodes(res.cpu, cluster.cpu_nodes, self._policy.cpu, res.pools,
-                                   self._binding, admission)
+                                   self._binding, admission,
+                                   ImageBook.of(cluster, self._policy.images))
         #: the sides, the GPU one first (a node joining is a GPU node's if it is one, the
         #: CPU side takes every other; a submitted GPU request is the GPU side's to check)
         self._sides = (self._gpu_nodes, self._cpu_nodes)
@@ -135,11 +135,6 @@ class Tangram:
                             self._cpu_nodes.moved_off_lane)
         #: scheduling passes that dispatched something
         self._passes = 0
-        #: the CPU nodes' images as the core believes them (tangram/cpu/images.py), given
-        #: to the CPU manager when the first trajectory naming an image opens
-        self._images = ImageBook.of(cluster, self._policy.images)
-        #: the backend pulls images ahead (Capabilities.pulls, from Attach)
-        self._pulls = False
 
     # -- the door (tangram/protocol.py) ------------------------------------------------
     def handle(self, command: Command, now: float) -> list[Effect]:
@@ -210,7 +205,6 @@ class Tangram:
             case Attach(capabilities):
                 for side in self._sides:
                     side.attached(capabilities)
-                self._pulls = capabilities.pulls
                 out = []
             case _:
                 raise ValueError(f"command: unknown command {type(command).__name__}")
@@ -254,8 +248,6 @@ class Tangram:
         replay); ``detail`` False: only the counts, usage, capacity and counters."""
         counters = {**self._gpu_nodes.counters(), "scheduler_passes": self._passes,
                     **self._cpu_nodes.counters()}
-        if self._cpu.images is not None:  # (a trajectory named an image)
-            counters.update(self._images.counters())
         binding = self._binding
         snap = Snapshot(self._policy.label, len(self._queued), len(self._running),
                         len(self._trajectories), len(binding.opening) + len(binding.unbound),
@@ -319,25 +311,11 @@ class Tangram:
         self._trajectories[trajectory] = TrajectoryState(task, mem_gb)
         out: list[Effect] = []
         if image and self._cpu_nodes.nodes:
-            out = self._place_image(trajectory, mem_gb or 0.0, image, float(image_gb), now)
+            out = self._cpu_nodes.open_image(trajectory, mem_gb or 0.0, image, float(image_gb),
+                                             now)
         if self._cpu_nodes.nodes:
             self._binding.opened(trajectory)
         return out
-
-    def _place_image(self, trajectory: str, mem_gb: float, image: str, image_gb: float,
-                     now: float) -> list[Effect]:
-        """Book ``trajectory``'s image; where the policy places it at open, plan it there
-        and order the pull its node lacks (only from a backend that pulls ahead)."""
-        book, cpu = self._images, self._cpu
-        cpu.images = book
-        book.opened(trajectory, image, image_gb)
-        room = [name for name, host in cpu.nodes.items()
-                if cpu.mem_refusal(host, mem_gb) is None]
-        node = book.side.place(book, trajectory, room, now)
-        if node is None or not book.plan(trajectory, node, now) or not self._pulls:
-            return []
-        book.prefetches += 1
-        return [PullImage(node, image)]
 
     def _close(self, trajectory: str, now: float) -> list[Effect]:
         """Release the trajectory's memory. Refused while actions are in flight."""
@@ -349,8 +327,7 @@ class Tangram:
                 f"trajectory: {trajectory!r} still has {state.in_flight} action(s) in flight"
             )
         del self._trajectories[trajectory]
-        if self._cpu.images is not None:
-            self._images.closed(trajectory)
+        self._cpu_nodes.closed(trajectory)
         if state.thinking_in is not None:  # it ended after that kind of action
             self._estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
                                                      state.will_continue, continued=False)
@@ -462,10 +439,8 @@ class Tangram:
                 units = grants.closing(action_id, units, now)
             pool.ended(dispatch.action.id)
             self._release(pool, lease)
-        if self._cpu.images is not None and outcome is not None and "pull_s" in outcome.extra:
-            # its environment's start waited for an image: what the pull took
-            self._images.observe(float(outcome.extra.get("pulled_gb", 0.0)),
-                                 float(outcome.extra["pull_s"]))
+        if outcome is not None:
+            self._cpu_nodes.ended(outcome)
         state = self._trajectories.get(action.trajectory)
         if state is not None:
             state.in_flight -= 1
