@@ -13,13 +13,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from tangram.cluster import CpuNodeSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome
 from tangram.protocol import (
     ImageOpening,
-    NodeJoined,
-    NodeLost,
     NodeWatching,
     Snapshot,
     TrajectoryView,
@@ -219,13 +216,3 @@ class LiveExecutor:
         finally:
             if self.observer is not None:
                 self.observer.close()
-
-    # -- membership (multi-node backends) ------------------------------------------------
-    def node_lost(self, node: str) -> None:
-        """A node left: the core drops its capacity and re-binds what waited for it.
-        The backend then ends the node's in-flight actions (failed), once each."""
-        self.runtime.apply(NodeLost(node))
-
-    def node_joined(self, spec: CpuNodeSpec) -> None:
-        """A node joined: its capacity becomes schedulable at once."""
-        self.runtime.apply(NodeJoined(spec))
