@@ -23,13 +23,9 @@ from itertools import repeat
 from operator import attrgetter
 from types import MappingProxyType
 
+from tangram.assembly import MemoryAdmission, assemble
 from tangram.cluster import ClusterSpec
-from tangram.cpu.admission import RESERVE, MemoryAdmission
-from tangram.cpu.binding import Binding
-from tangram.cpu.images import ImageBook
-from tangram.cpu.nodes import CpuNodes
 from tangram.estimates import Estimates, Speedup
-from tangram.gpu.nodes import GpuNodes
 from tangram.model import (
     NONE,
     Action,
@@ -90,15 +86,21 @@ class Tangram:
 
     def __init__(self, cluster: ClusterSpec, policy: Policy | None = None,
                  estimates: Estimates | None = None,
-                 admission: MemoryAdmission = RESERVE) -> None:
-        """``admission``: when a CPU node takes one more trajectory's memory (the default,
-        RESERVE: every declared limit reserved in full, the paper's rule; a node whose free
-        memory is observed, MemoryObserved, may admit by use: tangram/cpu/admission.py)."""
+                 admission: MemoryAdmission | None = None) -> None:
+        """``admission``: when a CPU node takes one more trajectory's memory (None: RESERVE,
+        every declared limit reserved in full, the paper's rule; a node whose free memory is
+        observed, MemoryObserved, may admit by use: tangram/cpu/admission.py)."""
         self._cluster = cluster
         self._policy = policy or Policy()
         self._scheduler = self._policy.scheduler()
         self._estimates = estimates or Estimates()
-        res = self._policy.build(cluster)
+        self._trajectories: dict[str, TrajectoryState] = {}
+        self._queued: dict[str, Pending] = {}
+        #: started actions: their Pendings, with the dispatch, pool and batch set on them
+        self._running: dict[str, Pending] = {}
+        parts = assemble(cluster, self._policy, self._trajectories, self._queued,
+                         self._queue_many, admission)
+        res = parts.resources
         self._cpu, self._gpu, self._quota, self._pools = res.cpu, res.gpu, res.quota, res.pools
         #: the optional points each pool implements (tangram/pool.py), asked once: an
         #: isinstance against a runtime-checkable Protocol walks the class's attributes
@@ -107,22 +109,9 @@ class Tangram:
         self._after_pass = frozenset(n for n, p in res.pools.items()
                                      if isinstance(p, AfterPass))
         self._waking = tuple(p for p in res.pools.values() if isinstance(p, Waking))
-        #: the GPU side (tangram/sides.py): pre-restores, fences, the submit check, views
-        self._gpu_nodes = GpuNodes(res.gpu, cluster.gpu_nodes, res.pools)
         self._resources = res
-        self._trajectories: dict[str, TrajectoryState] = {}
-        self._queued: dict[str, Pending] = {}
-        #: started actions: their Pendings, with the dispatch, pool and batch set on them
-        self._running: dict[str, Pending] = {}
-        #: trajectories waiting for a CPU node, and their binding (tangram/cpu/binding.py)
-        self._binding = Binding(
-            self._cpu, cluster.cpu_nodes, self._policy.env, self._trajectories, self._queued,
-            lambda action: self._policy.route(action, res),  # type: ignore[arg-type,return-value]
-            lambda node: self._policy.node_pool(node, res), self._queue_many)
-        #: the CPU side (tangram/sides.py): admission, lanes, membership, the submit check
-        self._cpu_nodes = CpuNodes(res.cpu, cluster.cpu_nodes, self._policy.cpu, res.pools,
-                                   self._binding, admission,
-                                   ImageBook.of(cluster, self._policy.images))
+        #: the sides (tangram/sides.py) and the CPU binding, built by tangram/assembly.py
+        self._gpu_nodes, self._cpu_nodes, self._binding = parts.gpu, parts.cpu, parts.binding
         #: the sides, the GPU one first (a node joining is a GPU node's if it is one, the
         #: CPU side takes every other; a submitted GPU request is the GPU side's to check)
         self._sides = (self._gpu_nodes, self._cpu_nodes)
