@@ -238,7 +238,8 @@ def run(images: int = 8, trajectories: int = 32, image_mb: int = 16,
             "--backend", "docker", "--image-pulls", str(image_pulls)])
         dpid = dockerd_pid()
         before = (cpu_s(proc.pid), cpu_s(dpid) if dpid else None)
-        result: dict = {"bandwidth": bandwidth, "images": images, "image_mb": image_mb,
+        result: dict = {"registry": reg.host, "bandwidth": bandwidth, "images": images,
+                        "image_mb": image_mb,
                         "image_bytes": [p.size for p in pushed],
                         "trajectories": trajectories, "image_pulls": image_pulls,
                         "container_start": start}
