@@ -19,7 +19,13 @@ them from the engine. Then:
   new ids at once, every image cached, the warm pools not yet refilled (how many warm
   sandboxes it found is printed). Warm: again, once the warm pool per image is full;
 * **a cache hit**: an open of a cached image against an open without an image, each
-  ``--repeats`` times, alone (no burst): what the image costs an open once it is here.
+  ``--repeats`` times, alone (no burst): what the image costs an open once it is here;
+  and its actions (``true``) after the first, alone: what an action costs here;
+* **a container start**: the docker backend's own creation of a sandbox (its
+  ``_create``: create, start, its agent listening), ``--repeats`` times alone, and
+  ``--trajectories`` at the backend's ``CREATORS`` at once (creations a second): what
+  the simulation of the run (analysis/bench/images_replica.py) takes as the machine's
+  environment start.
 
 Prints one JSON object and writes it to ``--out``. Wall times come with the load average
 and the CPU seconds (user+sys) of the server and of dockerd (where readable).
@@ -148,9 +154,41 @@ def wait_warm(url: str, want: int, within_s: float = 300.0) -> float | None:
     return None
 
 
+def container_start(repeats: int, burst: int) -> dict:
+    """The docker backend's sandbox creation (``DockerBackend._create``, what an open
+    without a warm sandbox waits for): seconds of each alone, then ``burst`` made at
+    ``CREATORS`` at once (creations a second). Its own backend instance, before the
+    server starts, every container removed again."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from executor.backends.docker.backend import CREATORS, DockerBackend
+
+    backend = DockerBackend()
+    alone: list[float] = []
+    try:
+        for i in range(repeats):
+            t = time.monotonic()
+            box = backend._create(unique(f"start{i}"), backend.image, 0.0)
+            alone.append(time.monotonic() - t)
+            backend._discard(box)
+        with ThreadPoolExecutor(CREATORS) as pool:
+            t = time.monotonic()
+            boxes = list(pool.map(lambda i: backend._create(unique(f"burst{i}"),
+                                                            backend.image, 0.0), range(burst)))
+            wall = time.monotonic() - t
+            list(pool.map(backend._discard, boxes))
+    finally:
+        backend.shutdown()
+    return {"alone_s": [round(x, 3) for x in alone],
+            "alone_median_s": round(statistics.median(alone), 4),
+            "burst": burst, "at_once": CREATORS, "burst_s": round(wall, 3),
+            "per_s": round(burst / wall, 2), "load": load()}
+
+
 async def hit_cost(url: str, image: str, repeats: int) -> dict:
-    """Open (and close) alone: with a cached image, and with none; seconds of each open."""
-    out: dict[str, list[float]] = {"cached_image": [], "no_image": []}
+    """Open (and close) alone: with a cached image, and with none; seconds of each open,
+    and of the cached image's actions (``true``) after its first."""
+    out: dict[str, list[float]] = {"cached_image": [], "no_image": [], "action": []}
     async with httpx.AsyncClient(base_url=url, headers=H, timeout=600) as c:
         for i in range(repeats):
             for kind, body in (("cached_image", {"image": image}), ("no_image", {})):
@@ -160,9 +198,76 @@ async def hit_cost(url: str, image: str, repeats: int) -> dict:
                 out[kind].append(time.monotonic() - t)
                 if r.status_code != 201:
                     raise SystemExit(f"bench: open {tid}: {r.text}")
+                # the actions after the first: the first may wait for its container (an
+                # open returns before a container not taken warm has started); 5 each, as
+                # one `true` takes 7-170 ms here beside other work
+                for n in range(1, 7) if kind == "cached_image" else ():
+                    t = time.monotonic()
+                    res = (await c.post(f"/v1/trajectories/{tid}/actions",
+                                        params={"wait": 600},
+                                        json={"id": f"{tid}-{n}", "command": "true"})).json()
+                    if n > 1:
+                        out["action"].append(time.monotonic() - t)
+                    if res.get("status") != "ok":
+                        raise SystemExit(f"bench: {tid}'s action: {res}")
                 await c.delete(f"/v1/trajectories/{tid}")
-    return {k: {"median_ms": round(1000 * statistics.median(v), 2),
-                "p99_ms": round(1000 * max(v), 2)} for k, v in out.items()}
+    return {**{k: {"median_ms": round(1000 * statistics.median(v), 2),
+                   "p99_ms": round(1000 * max(v), 2)} for k, v in out.items()},
+            "action_s": [round(x, 4) for x in out["action"]]}
+
+
+def run(images: int = 8, trajectories: int = 32, image_mb: int = 16,
+        bandwidth_mb: int = 256, repeats: int = 3, image_pulls: int = 2) -> dict:
+    """The whole live bench (see the module's text): its result, nothing left behind."""
+    client = docker.from_env()
+    scratch = Path(tempfile.mkdtemp(prefix="bench-images-"))
+    reg = Registry(scratch / "registry").start()
+    digests: list[str] = []
+    pushed = []
+    proc = None
+    try:
+        print(f"bench: pulling a {bandwidth_mb} MB image {repeats} times", file=sys.stderr)
+        bandwidth = pull_bandwidth(client, reg, bandwidth_mb, repeats)
+        print(f"bench: building and pushing {images} images of {image_mb} MB",
+              file=sys.stderr)
+        pushed = [reg.build_and_push(unique(f"bench{i}"), image_mb * MB, client)
+                  for i in range(images)]
+        digests = [p.digest for p in pushed]
+        print("bench: container starts", file=sys.stderr)
+        start = container_start(max(5, repeats), trajectories)
+        proc, url = start_server(scratch / "state", TOKEN, [
+            "--backend", "docker", "--image-pulls", str(image_pulls)])
+        dpid = dockerd_pid()
+        before = (cpu_s(proc.pid), cpu_s(dpid) if dpid else None)
+        result: dict = {"registry": reg.host, "bandwidth": bandwidth, "images": images,
+                        "image_mb": image_mb,
+                        "image_bytes": [p.size for p in pushed],
+                        "trajectories": trajectories, "image_pulls": image_pulls,
+                        "container_start": start}
+        for name in ("cold", "cached", "warm"):
+            if name == "warm":  # the warm pool per image is made in the quiet after a burst
+                result["warm_pool_fill_s"] = wait_warm(url, min(trajectories, 64))
+            print(f"bench: {name} step", file=sys.stderr)
+            assignment = [(f"{name}-{i}", digests[i % len(digests)])
+                          for i in range(trajectories)]
+            warm_before = sum(httpx.get(url + "/v1/status", headers=H, timeout=60).json()[
+                "images"]["warm"].get(image, 0) for image in digests)
+            result[name] = asyncio.run(step(url, assignment))
+            result[name]["warm_sandboxes_at_start"] = warm_before
+        result["hit"] = asyncio.run(hit_cost(url, digests[0], max(5, repeats)))
+        after = (cpu_s(proc.pid), cpu_s(dpid) if dpid else None)
+        result["server_cpu_s"] = round(after[0] - before[0], 2) if None not in (
+            after[0], before[0]) else None
+        result["dockerd_cpu_s"] = round(after[1] - before[1], 2) if None not in (
+            after[1], before[1]) else None
+        result["load_end"] = load()
+        return result
+    finally:
+        if proc is not None:
+            proc.terminate()
+            proc.wait(60)
+        remove_images(digests + [p.tag for p in pushed], client)
+        reg.stop()
 
 
 def main() -> None:
@@ -175,54 +280,11 @@ def main() -> None:
     ap.add_argument("--image-pulls", type=int, default=2)
     ap.add_argument("--out", type=Path, default=ROOT / "runs" / "images_live.json")
     args = ap.parse_args()
-    client = docker.from_env()
-    scratch = Path(tempfile.mkdtemp(prefix="bench-images-"))
-    reg = Registry(scratch / "registry").start()
-    images: list[str] = []
-    pushed = []
-    proc = None
-    try:
-        print(f"bench: pulling a {args.bandwidth_mb} MB image {args.repeats} times",
-              file=sys.stderr)
-        bandwidth = pull_bandwidth(client, reg, args.bandwidth_mb, args.repeats)
-        print(f"bench: building and pushing {args.images} images of {args.image_mb} MB",
-              file=sys.stderr)
-        pushed = [reg.build_and_push(unique(f"bench{i}"), args.image_mb * MB, client)
-                  for i in range(args.images)]
-        images = [p.digest for p in pushed]
-        proc, url = start_server(scratch / "state", TOKEN, [
-            "--backend", "docker", "--image-pulls", str(args.image_pulls)])
-        dpid = dockerd_pid()
-        before = (cpu_s(proc.pid), cpu_s(dpid) if dpid else None)
-        result: dict = {"bandwidth": bandwidth, "images": args.images,
-                        "image_mb": args.image_mb, "trajectories": args.trajectories,
-                        "image_pulls": args.image_pulls}
-        for name in ("cold", "cached", "warm"):
-            if name == "warm":  # the warm pool per image is made in the quiet after a burst
-                result["warm_pool_fill_s"] = wait_warm(url, min(args.trajectories, 64))
-            print(f"bench: {name} step", file=sys.stderr)
-            assignment = [(f"{name}-{i}", images[i % len(images)])
-                          for i in range(args.trajectories)]
-            warm_before = sum(httpx.get(url + "/v1/status", headers=H, timeout=60).json()[
-                "images"]["warm"].get(image, 0) for image in images)
-            result[name] = asyncio.run(step(url, assignment))
-            result[name]["warm_sandboxes_at_start"] = warm_before
-        result["hit"] = asyncio.run(hit_cost(url, images[0], max(5, args.repeats)))
-        after = (cpu_s(proc.pid), cpu_s(dpid) if dpid else None)
-        result["server_cpu_s"] = round(after[0] - before[0], 2) if None not in (
-            after[0], before[0]) else None
-        result["dockerd_cpu_s"] = round(after[1] - before[1], 2) if None not in (
-            after[1], before[1]) else None
-        result["load_end"] = load()
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=2))
-        print(json.dumps(result))
-    finally:
-        if proc is not None:
-            proc.terminate()
-            proc.wait(60)
-        remove_images(images + [p.tag for p in pushed], client)
-        reg.stop()
+    result = run(args.images, args.trajectories, args.image_mb, args.bandwidth_mb,
+                 args.repeats, args.image_pulls)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(result, indent=2))
+    print(json.dumps(result))
 
 
 if __name__ == "__main__":
