@@ -22,7 +22,7 @@ VERL_VERSION := 0.9.1
 # the checkout's Python that the tests' processes import (byte-compiled by `make test`)
 SOURCES := cli.py tangram executor analysis sim traces tangram_cli tangram_sdk scripts tests
 
-.PHONY: simulate test lint bench browser notebooks notebooks-run
+.PHONY: simulate test lint bench browser registry notebooks notebooks-run
 
 $(BASE_STAMP): pyproject.toml Makefile
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' || \
@@ -47,7 +47,7 @@ simulate: $(BASE_STAMP)  ## simulate the shipped AI-coding sample on the default
 
 # Two workers (pytest-xdist): most tests wait on servers, containers and subprocesses, not
 # on a core. The Ray modules share one worker (tests/conftest.py RAY_MODULES).
-test: $(STAMP) browser  ## the whole test suite (what CI runs)
+test: $(STAMP) browser registry  ## the whole test suite (what CI runs)
 	$(VENV)/bin/python -m compileall -qq -j 0 $(SOURCES) || true
 	$(VENV)/bin/python -m pytest -n 2 --dist loadgroup $(PYTEST_ARGS)
 
@@ -60,6 +60,16 @@ browser:
 		$(SUDO) apt-get update -qq && \
 		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
 			chromium chromium-driver >/dev/null; }
+
+# The image tests (tests/test_images_live.py) and `tangram bench images` pull from a real
+# registry on 127.0.0.1: Debian's docker-registry (the distribution project's server), which
+# they start themselves. Installed once; a failure stops `make test`.
+registry:
+	@command -v docker-registry >/dev/null || { \
+		echo "installing docker-registry (Debian package) for the image pull tests"; \
+		$(SUDO) apt-get update -qq && \
+		DEBIAN_FRONTEND=noninteractive $(SUDO) apt-get install -y -qq --no-install-recommends \
+			docker-registry >/dev/null; }
 
 NB_STAMP := $(VENV)/.notebooks
 $(NB_STAMP): $(BASE_STAMP)

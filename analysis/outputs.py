@@ -31,6 +31,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import yaml
 
+from analysis.phases import Phases
 from tangram.runtime import Record, RunResult
 
 REWARD_KINDS = ("reward", "teacher")
@@ -392,13 +393,14 @@ def chrome_trace(df: pd.DataFrame) -> dict[str, Any]:
 
 
 def write_run(out: str | Path, run: Analysed, config: Mapping[str, Any],
-              perfetto: bool = False, actions: bool = True) -> Path:
+              perfetto: bool = False, actions: bool = True, phases: Phases | None = None) -> Path:
     """The run directory; ``trace.json`` (Chrome/Perfetto, one slice per action: large and
     a sixth of a big simulation's CPU) only with ``perfetto``; ``actions=False``: leave
-    ``actions.parquet`` as it is (streamed there while the run went)."""
+    ``actions.parquet`` as it is (streamed there while the run went). summary.json is
+    written last (a directory that has one is whole); with ``phases``, the CPU seconds of
+    each phase of the command go into its ``timing.cpu_s``, this writing's as ``write``."""
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "summary.json").write_text(json.dumps(run.summary, indent=2, default=float) + "\n")
     (out / "config.json").write_text(json.dumps(config, indent=2, default=str) + "\n")
     if isinstance(config.get("cluster"), Mapping):
         # `tangram simulate --cluster RUN/cluster.yaml` runs on exactly this cluster
@@ -414,4 +416,10 @@ def write_run(out: str | Path, run: Analysed, config: Mapping[str, Any],
     if perfetto:
         with (out / "trace.json").open("w") as f:
             json.dump(chrome_trace(run.actions), f, separators=(",", ":"))
+    summary = run.summary
+    if phases is not None:
+        phases.lap("write")
+        summary = {**summary, "timing": {**summary.get("timing", {}),
+                                         "cpu_s": dict(phases.seconds)}}
+    (out / "summary.json").write_text(json.dumps(summary, indent=2, default=float) + "\n")
     return out

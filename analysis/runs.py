@@ -28,6 +28,7 @@ import pandas as pd
 import pyarrow as pa
 
 from analysis.outputs import ActionsWriter, Analysed, analyse, read_actions, summary_frame, write_run
+from analysis.phases import Phases
 from traces.schema import ValidTrace
 
 #: (metric, column of actions.parquet, statistic): what `compare` measures of each run
@@ -133,17 +134,87 @@ def simulate(trace: pd.DataFrame | ValidTrace | str | Path, cluster: Any = None,
              progress: Callable[[int, int], None] | None = None, source: str | None = None,
              extra_config: Mapping[str, Any] | None = None, perfetto: bool = False,
              fork: bool = False, **options: Any) -> Run:
-    """Simulate ``trace`` on ``cluster`` under ``policy`` and return the Run (what
-    `tangram simulate` does; it calls this). ``trace``: a frame or a trace file (checked
-    here), or a :class:`~traces.schema.ValidTrace` (checked already);
-    ``cluster``: a ClusterSpec, a built-in name or a YAML path (None: default);
+    """Simulate ``trace`` on ``cluster`` under ``policy`` and return the Run. ``trace``: a
+    frame or a trace file (checked here), or a :class:`~traces.schema.ValidTrace` (checked
+    already); ``cluster``: a ClusterSpec, a built-in name or a YAML path (None: default);
     ``options``: policy parameters (depth, lookahead, ordering, pod_cores, gpu_dop).
-    With ``out``, the run directory is written too (its cluster.yaml is ``cluster`` as
-    `--cluster` reads it), with trace.json when ``perfetto``; ``extra_config`` goes into
+    With ``out``, the run directory is written too (:func:`simulate_into`, what `tangram
+    simulate` does), with trace.json when ``perfetto``; ``extra_config`` goes into
     config.json. ``fork``: the trace's GRPO groups prepare once and fork (sim/driver.py
     ``SimConfig.fork``). Raises ValueError on bad input."""
+    if out is None:  # the records still go to a file as the run goes: memory stays flat
+        with tempfile.TemporaryDirectory(prefix="tangram-sim-") as tmp:
+            analysed, config = _streamed(Path(tmp), trace, cluster, policy, seed=seed,
+                                         steps=steps, train_s=train_s,
+                                         asynchronous=asynchronous, progress=progress,
+                                         source=source, extra_config=extra_config, fork=fork,
+                                         **options)
+            analysed = replace(analysed, actions=read_actions(Path(tmp) / "actions.parquet"))
+        return from_analysed(analysed, config, name)
+    analysed, config = _into(Path(out), trace, cluster, policy, seed=seed, steps=steps,
+                             train_s=train_s, asynchronous=asynchronous, progress=progress,
+                             source=source, extra_config=extra_config, perfetto=perfetto,
+                             fork=fork, **options)
+    # (the whole frame, read once the directory is written: never held with the
+    # simulation's state)
+    analysed = replace(analysed, actions=read_actions(Path(out) / "actions.parquet"))
+    return replace(from_analysed(analysed, config, name), path=Path(out))
+
+
+def simulate_into(out: str | Path, trace: pd.DataFrame | ValidTrace | str | Path,
+                  cluster: Any = None, policy: str = "tangram", *, seed: int = 0,
+                  steps: int = 1, train_s: float = 0.0, asynchronous: bool = False,
+                  progress: Callable[[int, int], None] | None = None,
+                  source: str | None = None, extra_config: Mapping[str, Any] | None = None,
+                  perfetto: bool = False, fork: bool = False, phases: Phases | None = None,
+                  **options: Any) -> dict[str, Any]:
+    """What `tangram simulate` does: simulate (as :func:`simulate`) and write the run
+    directory ``out``; returns its summary. Nothing is read back: the actions stay in
+    actions.parquet, where they were streamed as the run went (the command prints only
+    the summary). ``phases``: laps
+    of the CPU time (``run``, ``write``, ``summary``), written into summary.json's
+    ``timing.cpu_s``. A failed simulation leaves no directory it created behind."""
+    analysed, _ = _into(Path(out), trace, cluster, policy, seed=seed, steps=steps,
+                        train_s=train_s, asynchronous=asynchronous, progress=progress,
+                        source=source, extra_config=extra_config, perfetto=perfetto,
+                        fork=fork, phases=phases, **options)
+    return analysed.summary if phases is None else {
+        **analysed.summary, "timing": {**analysed.summary["timing"], "cpu_s": phases.seconds}}
+
+
+def _into(out: Path, trace: pd.DataFrame | ValidTrace | str | Path, cluster: Any,
+          policy: str, *, perfetto: bool, phases: Phases | None = None,
+          **kw: Any) -> tuple[Analysed, dict[str, Any]]:
+    """:func:`simulate_into`'s run directory; the analysis (its ``actions``: the summary's
+    columns) and config.json's content."""
+    created = not out.exists()
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        analysed, config = _streamed(out, trace, cluster, policy, phases=phases, **kw)
+    except BaseException:
+        if created:
+            out.rmdir()
+        raise
+    if perfetto:  # (one slice per action: the whole frame, only when asked)
+        full = replace(analysed, actions=read_actions(out / "actions.parquet"))
+        write_run(out, full, config, perfetto=True, actions=False, phases=phases)
+    else:
+        write_run(out, analysed, config, actions=False, phases=phases)
+    return analysed, config
+
+
+def _streamed(folder: Path, trace: pd.DataFrame | ValidTrace | str | Path, cluster: Any,
+              policy: str, *, seed: int, steps: int, train_s: float, asynchronous: bool,
+              progress: Callable[[int, int], None] | None, source: str | None,
+              extra_config: Mapping[str, Any] | None, fork: bool,
+              phases: Phases | None = None, **options: Any) -> tuple[Analysed, dict[str, Any]]:
+    """Simulate with the records streamed to ``folder``/actions.parquet in row groups (no
+    file is left if the simulation fails), and analyse the run from the file's columns
+    (:func:`summary_frame`: the analysis's ``actions`` hold only those); and config.json's
+    content."""
     from sim.cluster import load_cluster
     from sim.driver import SimConfig
+    from sim.driver import simulate as run_sim
     from tangram.cluster import ClusterSpec
     from tangram.policies import make_policy
     from traces.schema import load, validate
@@ -163,42 +234,21 @@ def simulate(trace: pd.DataFrame | ValidTrace | str | Path, cluster: Any = None,
               "policy": chosen.params(), **(extra_config or {}),
               "sim": {"seed": seed, "steps": steps, "train_s": train_s,
                       "asynchronous": asynchronous, **({"fork": True} if fork else {})}}
-    if out is None:  # the records still go to a file as the run goes: memory stays flat
-        with tempfile.TemporaryDirectory(prefix="tangram-sim-") as tmp:
-            analysed = _streamed(trace, spec, cfg, progress, Path(tmp))
-        return from_analysed(analysed, config, name)
-    out = Path(out)
-    created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
-    try:
-        analysed = _streamed(trace, spec, cfg, progress, out)
-    except BaseException:
-        if created:  # a failed simulation leaves no directory behind, as before streaming
-            out.rmdir()
-        raise
-    write_run(out, analysed, config, perfetto=perfetto, actions=False)
-    run = from_analysed(analysed, config, name)
-    return Run(run.name, run.summary, run.actions, run.utilisation, run.config, run.timing, out)
-
-
-def _streamed(trace: pd.DataFrame, spec: Any, cfg: Any,
-              progress: Callable[[int, int], None] | None, folder: Path) -> Analysed:
-    """Simulate with the records streamed to ``folder``/actions.parquet in row groups (no
-    file is left if the simulation fails), and analyse the run: its summary from the file's
-    columns (:func:`summary_frame`), then the whole actions frame read back for the Run
-    (the two are never held together, nor with the simulation's state)."""
-    from sim.driver import simulate as run_sim
-
     writer = ActionsWriter(folder / "actions.parquet")
     try:
         result = run_sim(trace, spec, cfg, progress=progress, records=writer)
     except BaseException:
         writer.abort()
         raise
+    if phases is not None:
+        phases.lap("run")
     path = writer.close()
+    if phases is not None:
+        phases.lap("write")
     analysed = analyse(result, actions=summary_frame(path))
-    del result
-    return replace(analysed, actions=read_actions(path))
+    if phases is not None:
+        phases.lap("summary")
+    return analysed, config
 
 
 def _utilisation_columns(run: Run) -> dict[str, float]:

@@ -72,11 +72,14 @@ class ServeOptions:
     #: --record: the trace the run is recorded to (executor/record.py); None: not recorded
     record: Path | None = None
     record_commands: bool = False  # --record-commands: commands kept, not hashed
+    image_pulls: int = SandboxLimits.image_pulls  # docker: pulls at once (--image-pulls)
+    image_cache_gb: float | None = None  # docker: the pulled images' disk (--image-cache-gb)
 
     @property
     def sandboxes(self) -> SandboxLimits:
         return SandboxLimits(self.sandbox_mem_gb, self.sandbox_pids, self.sandbox_disk_gb,
-                             self.warm_pool, self.sandbox_uids)
+                             self.warm_pool, self.sandbox_uids, self.image_pulls,
+                             self.image_cache_gb)
 
 
 def check_local_policy(quotas: tuple[QuotaSpec, ...], policy: Policy) -> None:

@@ -13,13 +13,10 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
-from tangram.cluster import CpuNodeSpec
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome
 from tangram.protocol import (
     ImageOpening,
-    NodeJoined,
-    NodeLost,
     NodeWatching,
     Snapshot,
     TrajectoryView,
@@ -119,7 +116,9 @@ class LiveExecutor:
                                  "runs no images (use --backend docker)")
             # checked before the core commits to it
             self.backend.open_trajectory_image(trajectory, mem_gb, image)
-            self.runtime.open_trajectory(trajectory, task, mem_gb)
+            # the core books it too (its image counters; a PullImage it orders for a
+            # later trajectory of the same image is the backend's pull_image, idempotent)
+            self.runtime.open_trajectory(trajectory, task, mem_gb, image=image)
         else:
             self.runtime.open_trajectory(trajectory, task, mem_gb)
             try:
@@ -217,13 +216,3 @@ class LiveExecutor:
         finally:
             if self.observer is not None:
                 self.observer.close()
-
-    # -- membership (multi-node backends) ------------------------------------------------
-    def node_lost(self, node: str) -> None:
-        """A node left: the core drops its capacity and re-binds what waited for it.
-        The backend then ends the node's in-flight actions (failed), once each."""
-        self.runtime.apply(NodeLost(node))
-
-    def node_joined(self, spec: CpuNodeSpec) -> None:
-        """A node joined: its capacity becomes schedulable at once."""
-        self.runtime.apply(NodeJoined(spec))

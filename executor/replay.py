@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from executor.backends.docker.limits import SandboxLimits
 from executor.backends.forward import optional
 from executor.backends.gpu.backend import GpuBackend
 from executor.backends.gpu.config import GpuCluster
@@ -169,7 +170,8 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
                  progress: Callable[..., None] | None = None,
                  live: LiveBackend | None = None, gpu: GpuCluster | None = None,
                  gpu_device: str = "cpu", gpu_tokens: int = 32,
-                 record: Path | None = None, record_commands: bool = False
+                 record: Path | None = None, record_commands: bool = False,
+                 sandboxes: SandboxLimits = SandboxLimits()
                  ) -> tuple[RunResult, dict[str, Any]]:
     """Run the trace's actions for real under ``policy``; (result, resolved config).
     ``record``: what ran is recorded there as a trace (executor/record.py), its commands
@@ -179,11 +181,12 @@ async def replay(df: pd.DataFrame, backend: str, out: Path, *, limit: int | None
     and this call shuts it down. GPU rows need ``gpu`` (nodes, services and their
     loaders): each becomes a request of ``gpu_tokens`` tokens to its service on a GPU
     worker; the records' ``restore_s`` are then the workers' measured restores (the core's
-    modelled ones are in the counters)."""
+    modelled ones are in the counters). ``sandboxes``: what the docker backend's sandboxes
+    and image pulls may use (`run --image-pulls --image-cache-gb`)."""
     try:
         return await _replay(df, backend, out, limit, think_scale, quotas, policy or Policy(),
                              progress, live, gpu, gpu_device, gpu_tokens, record,
-                             record_commands)
+                             record_commands, sandboxes)
     finally:
         if live is not None:
             live.shutdown()  # idempotent: a run that started has shut it down already
@@ -193,7 +196,8 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
                   think_scale: float, quotas: tuple[QuotaSpec, ...], policy: Policy,
                   progress: Callable[..., None] | None, live: LiveBackend | None,
                   gpu: GpuCluster | None, gpu_device: str, gpu_tokens: int,
-                  record: Path | None = None, record_commands: bool = False
+                  record: Path | None = None, record_commands: bool = False,
+                  sandboxes: SandboxLimits = SandboxLimits()
                   ) -> tuple[RunResult, dict[str, Any]]:
     gpu_rows = df.index[df["gpus"] != ""]
     if len(gpu_rows) and gpu is None:
@@ -230,7 +234,8 @@ async def _replay(df: pd.DataFrame, backend: str, out: Path, limit: int | None,
     # commands like `python -m pytest` and `tangram burn` resolve to this installation
     env = dict(os.environ)
     env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")])
-    log = OutputLog(live or make_backend(backend, out / "work", gpu=gpu_backend, env=env))
+    log = OutputLog(live or make_backend(backend, out / "work", gpu=gpu_backend, env=env,
+                                         sandboxes=sandboxes))
     observer = None
     if record is not None:
         meta = {"by": "tangram run", "backend": backend, "policy": policy.label,

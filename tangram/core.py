@@ -23,13 +23,9 @@ from itertools import repeat
 from operator import attrgetter
 from types import MappingProxyType
 
+from tangram.assembly import MemoryAdmission, assemble
 from tangram.cluster import ClusterSpec
-from tangram.cpu.admission import RESERVE, MemoryAdmission
-from tangram.cpu.binding import Binding
-from tangram.cpu.images import ImageBook
-from tangram.cpu.nodes import CpuNodes
 from tangram.estimates import Estimates, Speedup
-from tangram.gpu.nodes import GpuNodes
 from tangram.model import (
     NONE,
     Action,
@@ -58,7 +54,6 @@ from tangram.protocol import (
     Open,
     Overstay,
     Poll,
-    PullImage,
     QueueView,
     QuotaView,
     Snapshot,
@@ -91,15 +86,21 @@ class Tangram:
 
     def __init__(self, cluster: ClusterSpec, policy: Policy | None = None,
                  estimates: Estimates | None = None,
-                 admission: MemoryAdmission = RESERVE) -> None:
-        """``admission``: when a CPU node takes one more trajectory's memory (the default,
-        RESERVE: every declared limit reserved in full, the paper's rule; a node whose free
-        memory is observed, MemoryObserved, may admit by use: tangram/cpu/admission.py)."""
+                 admission: MemoryAdmission | None = None) -> None:
+        """``admission``: when a CPU node takes one more trajectory's memory (None: RESERVE,
+        every declared limit reserved in full, the paper's rule; a node whose free memory is
+        observed, MemoryObserved, may admit by use: tangram/cpu/admission.py)."""
         self._cluster = cluster
         self._policy = policy or Policy()
         self._scheduler = self._policy.scheduler()
         self._estimates = estimates or Estimates()
-        res = self._policy.build(cluster)
+        self._trajectories: dict[str, TrajectoryState] = {}
+        self._queued: dict[str, Pending] = {}
+        #: started actions: their Pendings, with the dispatch, pool and batch set on them
+        self._running: dict[str, Pending] = {}
+        parts = assemble(cluster, self._policy, self._trajectories, self._queued,
+                         self._queue_many, admission)
+        res = parts.resources
         self._cpu, self._gpu, self._quota, self._pools = res.cpu, res.gpu, res.quota, res.pools
         #: the optional points each pool implements (tangram/pool.py), asked once: an
         #: isinstance against a runtime-checkable Protocol walks the class's attributes
@@ -108,21 +109,9 @@ class Tangram:
         self._after_pass = frozenset(n for n, p in res.pools.items()
                                      if isinstance(p, AfterPass))
         self._waking = tuple(p for p in res.pools.values() if isinstance(p, Waking))
-        #: the GPU side (tangram/sides.py): pre-restores, fences, the submit check, views
-        self._gpu_nodes = GpuNodes(res.gpu, cluster.gpu_nodes, res.pools)
         self._resources = res
-        self._trajectories: dict[str, TrajectoryState] = {}
-        self._queued: dict[str, Pending] = {}
-        #: started actions: their Pendings, with the dispatch, pool and batch set on them
-        self._running: dict[str, Pending] = {}
-        #: trajectories waiting for a CPU node, and their binding (tangram/cpu/binding.py)
-        self._binding = Binding(
-            self._cpu, cluster.cpu_nodes, self._policy.env, self._trajectories, self._queued,
-            lambda action: self._policy.route(action, res),  # type: ignore[arg-type,return-value]
-            lambda node: self._policy.node_pool(node, res), self._queue_many)
-        #: the CPU side (tangram/sides.py): admission, lanes, membership, the submit check
-        self._cpu_nodes = CpuNodes(res.cpu, cluster.cpu_nodes, self._policy.cpu, res.pools,
-                                   self._binding, admission)
+        #: the sides (tangram/sides.py) and the CPU binding, built by tangram/assembly.py
+        self._gpu_nodes, self._cpu_nodes, self._binding = parts.gpu, parts.cpu, parts.binding
         #: the sides, the GPU one first (a node joining is a GPU node's if it is one, the
         #: CPU side takes every other; a submitted GPU request is the GPU side's to check)
         self._sides = (self._gpu_nodes, self._cpu_nodes)
@@ -135,11 +124,6 @@ class Tangram:
                             self._cpu_nodes.moved_off_lane)
         #: scheduling passes that dispatched something
         self._passes = 0
-        #: the CPU nodes' images as the core believes them (tangram/cpu/images.py), given
-        #: to the CPU manager when the first trajectory naming an image opens
-        self._images = ImageBook.of(cluster, self._policy.images)
-        #: the backend pulls images ahead (Capabilities.pulls, from Attach)
-        self._pulls = False
 
     # -- the door (tangram/protocol.py) ------------------------------------------------
     def handle(self, command: Command, now: float) -> list[Effect]:
@@ -179,8 +163,11 @@ class Tangram:
             case Open(trajectory, task, mem_gb, image, image_gb):
                 out = self._open(trajectory, task, mem_gb, image, image_gb, now)
             case Cancel(action_id):
-                if self._cancel(action_id):
-                    out = [Cancelled(action_id)]
+                again = self._cancel(action_id)
+                if again is not None:
+                    # what waited behind it may fit now: without a pass it waited for
+                    # the next event (an end, a submit), however far off
+                    out = [Cancelled(action_id), *(self._schedule(now, again) if again else ())]
                 else:
                     out = [Stop(action_id)] if action_id in self._running else []
             case NodeJoined(spec):
@@ -207,7 +194,6 @@ class Tangram:
             case Attach(capabilities):
                 for side in self._sides:
                     side.attached(capabilities)
-                self._pulls = capabilities.pulls
                 out = []
             case _:
                 raise ValueError(f"command: unknown command {type(command).__name__}")
@@ -251,8 +237,6 @@ class Tangram:
         replay); ``detail`` False: only the counts, usage, capacity and counters."""
         counters = {**self._gpu_nodes.counters(), "scheduler_passes": self._passes,
                     **self._cpu_nodes.counters()}
-        if self._cpu.images is not None:  # (a trajectory named an image)
-            counters.update(self._images.counters())
         binding = self._binding
         snap = Snapshot(self._policy.label, len(self._queued), len(self._running),
                         len(self._trajectories), len(binding.opening) + len(binding.unbound),
@@ -316,25 +300,11 @@ class Tangram:
         self._trajectories[trajectory] = TrajectoryState(task, mem_gb)
         out: list[Effect] = []
         if image and self._cpu_nodes.nodes:
-            out = self._place_image(trajectory, mem_gb or 0.0, image, float(image_gb), now)
+            out = self._cpu_nodes.open_image(trajectory, mem_gb or 0.0, image, float(image_gb),
+                                             now)
         if self._cpu_nodes.nodes:
             self._binding.opened(trajectory)
         return out
-
-    def _place_image(self, trajectory: str, mem_gb: float, image: str, image_gb: float,
-                     now: float) -> list[Effect]:
-        """Book ``trajectory``'s image; where the policy places it at open, plan it there
-        and order the pull its node lacks (only from a backend that pulls ahead)."""
-        book, cpu = self._images, self._cpu
-        cpu.images = book
-        book.opened(trajectory, image, image_gb)
-        room = [name for name, host in cpu.nodes.items()
-                if cpu.mem_refusal(host, mem_gb) is None]
-        node = book.side.place(book, trajectory, room, now)
-        if node is None or not book.plan(trajectory, node, now) or not self._pulls:
-            return []
-        book.prefetches += 1
-        return [PullImage(node, image, trajectory)]
 
     def _close(self, trajectory: str, now: float) -> list[Effect]:
         """Release the trajectory's memory. Refused while actions are in flight."""
@@ -346,8 +316,7 @@ class Tangram:
                 f"trajectory: {trajectory!r} still has {state.in_flight} action(s) in flight"
             )
         del self._trajectories[trajectory]
-        if self._cpu.images is not None:
-            self._images.closed(trajectory)
+        self._cpu_nodes.closed(trajectory)
         if state.thinking_in is not None:  # it ended after that kind of action
             self._estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
                                                      state.will_continue, continued=False)
@@ -459,10 +428,8 @@ class Tangram:
                 units = grants.closing(action_id, units, now)
             pool.ended(dispatch.action.id)
             self._release(pool, lease)
-        if self._cpu.images is not None and outcome is not None and "pull_s" in outcome.extra:
-            # its environment's start waited for an image: what the pull took
-            self._images.observe(float(outcome.extra.get("pulled_gb", 0.0)),
-                                 float(outcome.extra["pull_s"]))
+        if outcome is not None:
+            self._cpu_nodes.ended(outcome)
         state = self._trajectories.get(action.trajectory)
         if state is not None:
             state.in_flight -= 1
@@ -490,19 +457,21 @@ class Tangram:
             touched = self._pools.values()
         return self._schedule(now, touched)
 
-    def _cancel(self, action_id: str) -> bool:
-        """Drop a queued action (True) — running ones must be finished by their backend."""
+    def _cancel(self, action_id: str) -> list[PoolPoints] | None:
+        """Drop a queued action: the pool it waited in, to pass again (none where it waited
+        for a node), or None where it was not queued — running ones must be finished by
+        their backend."""
         pending = self._queued.pop(action_id, None)
         if pending is None:
-            return False
+            return None
+        again: list[PoolPoints] = []
         if not self._binding.withdraw(pending):
-            for pool in self._pools.values():
-                if pool.withdraw(pending):
-                    break
+            pool = next((p for p in self._pools.values() if p.withdraw(pending)), None)
+            again = [pool] if pool is not None else []
         state = self._trajectories.get(pending.action.trajectory)
         if state:
             state.in_flight -= 1
-        return True
+        return again
 
     def _poll(self, now: float) -> list[Effect]:
         """Re-run every pool (window quotas regain room as time passes)."""

@@ -121,10 +121,6 @@ class SpeedupCurve:
         self.runs_at[m] = self.runs_at.get(m, 0) + 1
         self._fit = self._scatter = None
 
-    @property
-    def distinct_units(self) -> int:
-        return len(self.runs_at)
-
     def mean_time(self) -> float:
         return self._xty[0] / self.n if self.n else 0.0
 

@@ -160,7 +160,7 @@ class Policy:
 class MalleablePolicy(Policy):
     name: ClassVar[str] = "tangram-malleable"
     description: ClassVar[str] = (
-        "tangram with malleable CPU grants (issue 49): a running elastic test grows onto "
+        "tangram with malleable CPU grants: a running elastic test grows onto "
         "cores that free up and shrinks to admit arrivals, where the backend re-pins it "
         "(process, docker). Not the default: better on the quick regret matrix, worse on "
         "mean ACT at the paper's size (docs/evidence/decisions.md)")
@@ -232,7 +232,7 @@ class K8sPolicy(Policy):
 class K8sImageLocalityPolicy(K8sPolicy):
     name: ClassVar[str] = "k8s-image-locality"
     description: ClassVar[str] = ("k8s with kube-scheduler's ImageLocality score: a pod's node "
-                                  "scored by the bytes of its image already there (issue 50)")
+                                  "scored by the bytes of its image already there")
     images: ClassVar[ImageSide] = ImageLocality()
 
 
@@ -240,7 +240,7 @@ class K8sImageLocalityPolicy(K8sPolicy):
 class PrePulledPolicy(Policy):
     name: ClassVar[str] = "tangram-prepulled"
     description: ClassVar[str] = ("ideal: tangram with every container image on every node "
-                                  "before the run (unbounded disk; issue 50)")
+                                  "before the run (unbounded disk)")
     images: ClassVar[ImageSide] = PrePulled()
 
 
@@ -248,8 +248,7 @@ class PrePulledPolicy(Policy):
 class ImagesOnDemandPolicy(Policy):
     name: ClassVar[str] = "tangram-images-on-demand"
     description: ClassVar[str] = ("ablation: tangram placing trajectories without regard to "
-                                  "their images, each pulled when its environment starts "
-                                  "(issue 50)")
+                                  "their images, each pulled when its environment starts")
     images: ClassVar[ImageSide] = PullOnDemand()
 
 

@@ -10,6 +10,7 @@ import typer
 
 from analysis.outputs import analyse, write_run
 from executor.assemble import AssemblyError, no_phase, ray_backend, replay_gpu_cluster
+from executor.backends.docker.limits import SandboxLimits
 from executor.replay import RunFailed, replay
 from sim.cluster import load_cluster
 from tangram.cluster import ClusterError
@@ -70,6 +71,11 @@ def run(
     perfetto: PerfettoOpt = False,
     record: RecordOpt = None,
     record_commands: RecordCommandsOpt = False,
+    image_pulls: Annotated[int, typer.Option(
+        min=1, help="docker: images pulled at once from their registries.")] = 2,
+    image_cache_gb: Annotated[float | None, typer.Option(
+        min=0.001, help="docker: disk the images pulled may take (docs/images.md). "
+        "Default: no budget.")] = None,
 ) -> None:
     """Replay a trace on this machine's real cores (process or docker backend), or on
     the nodes of a Ray cluster (--ray).
@@ -111,7 +117,9 @@ def run(
         result, config = with_progress(lambda cb: asyncio.run(replay(
             df, backend, out, limit=limit, think_scale=think_scale, quotas=specs, policy=chosen,
             progress=cb, live=live, gpu=gpu, gpu_device=gpu_device or "cpu",
-            gpu_tokens=gpu_tokens, record=record, record_commands=record_commands)), quiet,
+            gpu_tokens=gpu_tokens, record=record, record_commands=record_commands,
+            sandboxes=SandboxLimits(image_pulls=image_pulls, image_cache_gb=image_cache_gb))),
+            quiet,
             f"running {trace.name} on {backend}" + (" via Ray" if ray else ""))
     except RunFailed as e:  # an effect failed: stopped, what ran is in outputs.jsonl
         fail(f"the run stopped: {e}; the outputs of what ran are in {out}/outputs.jsonl",

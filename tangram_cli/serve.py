@@ -84,6 +84,13 @@ def serve(
                        "disk_full. process: a fork whose copy would hold more is refused.")] = 4.0,
     warm_pool: Annotated[int, typer.Option(
         min=0, help="docker: sandboxes created ahead of time (default image only).")] = 0,
+    image_pulls: Annotated[int, typer.Option(
+        min=1, help="docker: images pulled at once from their registries (per node); a "
+        "trajectory whose image is not on the node waits for its pull.")] = 2,
+    image_cache_gb: Annotated[float | None, typer.Option(
+        min=0.001, help="docker: disk the images this node pulled may take; past it the least "
+        "recently used are removed, never one in use or wanted (see docs/images.md). "
+        "Default: no budget.")] = None,
     sandbox_uids: Annotated[int, typer.Option(
         min=2, max=4096, help="process, as root: the user ids the trajectories' commands run "
         "under, at most this many trajectories open at once (per node); a closed "
@@ -178,7 +185,8 @@ def serve(
                             sandbox_mem_gb, sandbox_pids, warm_pool, None if ray else gc,
                             gpu_device, admission, sandbox_disk_gb=sandbox_disk_gb,
                             read_timeout_s=read_timeout_s, sandbox_uids=sandbox_uids,
-                            record=record, record_commands=record_commands)
+                            record=record, record_commands=record_commands,
+                            image_pulls=image_pulls, image_cache_gb=image_cache_gb)
         # each step of the start-up says when it begins and how long it took (off a
         # terminal a line every ~10 s while it lasts): building the docker image, a Ray
         # cluster or the GPU workers' models can take minutes

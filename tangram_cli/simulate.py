@@ -7,8 +7,9 @@ from typing import Annotated
 
 import typer
 
-from analysis.runs import settle
-from analysis.runs import simulate as run_sim
+import sim.driver  # noqa: F401  (the simulator's imports are the start's CPU, not the run's)
+from analysis.phases import Phases
+from analysis.runs import settle, simulate_into
 from sim.cluster import load_cluster
 from tangram.cluster import ClusterError
 from tangram_cli.common import DEFAULT_TRACE, command_app, fail, out_console, print_summary, with_progress
@@ -68,6 +69,8 @@ def simulate(
     Writes summary.json, actions.parquet, timing.parquet, utilisation.parquet, config.json
     and cluster.yaml to --out; trace.json (Chrome/Perfetto) with --perfetto.
     """
+    phases = Phases()  # (summary.json's timing.cpu_s: what each phase cost)
+    phases.lap("start")
     trace = trace or DEFAULT_TRACE
     check_work_scale(work_scale)
     try:
@@ -81,19 +84,20 @@ def simulate(
     options = policy_options(depth, lookahead, ordering, pod_cores, gpu_dop)
     out = out or Path("runs") / f"{trace.stem}-{policy.replace(':', '')}"
     settle()
+    phases.lap("read")
     try:
-        run_ = with_progress(
-            lambda cb: run_sim(ValidTrace(df), spec, policy, seed=seed, steps=steps, train_s=train_s,
-                               asynchronous=asynchronous, out=out, progress=cb,
-                               source=str(trace),
-                               extra_config={"limit": limit, "think_scale": think_scale,
-                                             "work_scale": work_scale,
-                                             "work_unscaled_rows": fixed},
-                               perfetto=perfetto, fork=fork, **options),
+        summary = with_progress(
+            lambda cb: simulate_into(out, ValidTrace(df), spec, policy, seed=seed, steps=steps,
+                                     train_s=train_s, asynchronous=asynchronous, progress=cb,
+                                     source=str(trace),
+                                     extra_config={"limit": limit, "think_scale": think_scale,
+                                                   "work_scale": work_scale,
+                                                   "work_unscaled_rows": fixed},
+                                     perfetto=perfetto, fork=fork, phases=phases, **options),
             quiet, f"simulating {trace.name} under {policy}")
     except ValueError as e:
         fail(str(e))
     if not quiet:
-        print_summary(run_.summary)
+        print_summary(summary)
     out_console.print(f"wrote {out}/ (summary.json, actions.parquet"
                       + (", trace.json)" if perfetto else ")"))

@@ -81,6 +81,13 @@ def _finished(res: dict[str, Any]) -> bool:
 #: requests at once cost O(n^2): with 2,048 trajectories in one process that walk was ~95%
 #: of the client's CPU (py-spy; ~18 ms per action). Several small pools keep it O(n).
 POOL_SHARE = 32
+#: how long an open that names an image may take: the node pulls a missing one first
+PULL_TIMEOUT_S = 1800.0
+
+
+def _pull_timeout(image: str | None) -> dict[str, float]:
+    """The open's request timeout when it names an image (else the client's own)."""
+    return {"timeout": PULL_TIMEOUT_S} if image else {}
 
 
 class TangramClient:
@@ -154,7 +161,9 @@ class TangramClient:
                               mem_gb: float | None = None, image: str | None = None) -> str:
         """Open a trajectory (its id is generated when None); returns its id."""
         body = _trajectory_body(trajectory, task, mem_gb, image)
-        return (await self._call("POST", "/v1/trajectories", json=body))["id"]
+        # an image not on the node is pulled before the open answers: minutes for a large one
+        return (await self._call("POST", "/v1/trajectories", json=body,
+                                 **_pull_timeout(image)))["id"]
 
     async def fork(self, trajectory: str, count: int, prefix: str | None = None,
                    action: str | None = None) -> dict[str, Any]:
@@ -257,7 +266,8 @@ class TangramSyncClient:
     def open_trajectory(self, trajectory: str | None = None, task: str = "default",
                         mem_gb: float | None = None, image: str | None = None) -> str:
         body = _trajectory_body(trajectory, task, mem_gb, image)
-        return self._call("POST", "/v1/trajectories", json=body)["id"]
+        return self._call("POST", "/v1/trajectories", json=body,
+                          **_pull_timeout(image))["id"]
 
     def fork(self, trajectory: str, count: int, prefix: str | None = None,
              action: str | None = None) -> dict[str, Any]:

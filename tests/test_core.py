@@ -28,6 +28,7 @@ from tangram.estimates import Estimates
 from tangram.gpu.manager import GpuManager
 from tangram.model import Action, Demand, Pending
 from tangram.policies import PaperPolicy, Policy
+from tangram.protocol import Cancel
 
 
 @settings(max_examples=200, deadline=None)
@@ -466,3 +467,21 @@ def test_pools_touched_together_pass_in_submit_order(cpu_first):
     api = Action("api", "t", "t", "search", {"quota:x": Demand.fixed(1)})
     out = submit_many(core, [cpu, api] if cpu_first else [api, cpu], 1.0)
     assert [d.action.id for d in out] == (["cpu"] if cpu_first else ["api"])
+
+
+@pytest.mark.parametrize("policy", [Policy(), PaperPolicy()], ids=["tangram", "paper"])
+def test_cancelling_a_queued_head_starts_what_waited_behind_it(policy):
+    """A cancel passes the pool again: the 1-core test behind a 4-core one that cannot
+    fit starts at the cancel, not at the next end (5 s later)."""
+    core = Tangram(cluster(cores=4), policy)
+    for t in "abc":
+        open_trajectory(core, t)
+    submit(core, test_run("a", 5.0, lo=3, hi=3, aid="a1"), 0.0)
+    submit(core, test_run("b", 5.0, lo=4, hi=4, aid="b1"), 0.1)
+    submit(core, test_run("c", 5.0, lo=1, hi=1, aid="c1"), 0.2)
+    assert queued_ids(core) == {"b1", "c1"}
+    out = core.handle(Cancel("b1"), 0.3)
+    assert [type(e).__name__ for e in out] == ["Cancelled", "Dispatch"]
+    assert out[1].action.id == "c1" and queued_ids(core) == set()
+    # a cancel of what is not queued passes nothing
+    assert core.handle(Cancel("b1"), 0.4) == []

@@ -72,8 +72,8 @@ BENCHES: dict[str, tuple[str, str]] = {
                  "Runs the online speedup model needs to come within 10% of the true curve "
                  "(JSON lines)."),
     "sim-scale": ("sim_scale:command",
-                  "The simulator's cost at fleet scale beside a bare SimPy model of the same "
-                  "trace and closed loop (JSON lines)."),
+                  "What `tangram simulate` costs at fleet scale, whole and per phase, beside "
+                  "a bare SimPy model of the same trace and closed loop (JSON lines)."),
     "simulate": ("simulate:command",
                  "Wall time of one paper-scale AI-coding step on the paper's CPU cluster "
                  "(JSON)."),
@@ -101,7 +101,8 @@ BENCHES: dict[str, tuple[str, str]] = {
     "images": ("images:command",
                "SWE-style rollouts with a container image per task, simulated: environment "
                "start p50/p99, step time and cache hit rate per policy, 95% intervals over "
-               "seeds (JSON lines)."),
+               "seeds; --live: a live run from a local registry beside its simulation "
+               "(JSON lines)."),
     "fork-sim": ("fork_sim:command",
                  "The coding workload in GRPO groups, simulated with and without forking the "
                  "prepared sandbox (JSON lines)."),

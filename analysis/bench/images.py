@@ -13,8 +13,13 @@ that found their image already pulled, GB pulled and the fullest cache. Then per
 with a 95% interval (Student's t over the seeds' figures).
 
 The pull bandwidth and pulls at once come from the cluster file's ``extra``
-(``image_pull_mbps``, ``image_pulls``: placeholders until measured on the live docker
-backend); the cache size is ``--cache-gb`` per node.
+(``image_pull_mbps``, ``image_pulls``); the cache size is ``--cache-gb`` per node.
+
+``--live`` runs the live half instead (analysis/bench/images_live.py: a registry on
+127.0.0.1, ``--live-trajectories`` over ``--live-images`` images of ``--image-mb``,
+cold, cached, then warm; needs docker and Debian's docker-registry) and its simulation
+(analysis/bench/images_replica.py): a row per step with the first-action latency p50/p99
+live and simulated and the ratio sim/live, then a row with the live run's measurements.
 """
 
 from __future__ import annotations
@@ -118,13 +123,24 @@ def command(
     cache_gb: Annotated[float, Opt("Image cache per CPU node (GB).", min=1)] = 200.0,
     cluster: Annotated[str, Opt("Cluster YAML or built-in name.")] = "paper",
     seeds: Annotated[int, Opt("Seeds (trace and simulation), 0..N-1.", min=1)] = 5,
-    quick: Annotated[bool, Opt("CI size: 128 trajectories over 64 images, 2 seeds.",
+    quick: Annotated[bool, Opt("CI size: 128 trajectories over 64 images, 2 seeds (with "
+                               "--live: 8 trajectories over 2 images of 4 MB).",
                                flag="--quick")] = False,
+    live: Annotated[bool, Opt("Run the live bench (docker, a local registry) and its "
+                              "simulation, side by side.", flag="--live")] = False,
+    live_trajectories: Annotated[int, Opt("--live: trajectories opened at once.",
+                                          min=1)] = 32,
+    live_images: Annotated[int, Opt("--live: images they use (round robin).", min=1)] = 8,
+    image_mb: Annotated[int, Opt("--live: random MB in each image.", min=1)] = 16,
     progress: Progress = QUIET,
 ) -> Iterator[dict[str, Any]]:
     """Environment start p50/p99, step time, mean ACT, cache hit rate and GB pulled per
     policy and seed (tangram, k8s pulling on demand, k8s with ImageLocality, every image
-    pre-pulled), then each policy's means with 95% intervals over the seeds."""
+    pre-pulled), then each policy's means with 95% intervals over the seeds. With --live:
+    the live run's first-action latency beside its simulation's."""
+    if live:
+        yield from live_rows(live_trajectories, live_images, image_mb, quick, progress)
+        return
     if quick:
         trajectories, images, seeds = 128, 64, 2
     try:
@@ -132,3 +148,21 @@ def command(
                               progress=progress)
     except ValueError as e:
         raise BenchError(str(e)) from None
+
+
+def live_rows(trajectories: int, images: int, image_mb: int, quick: bool,
+              progress: Progress = QUIET) -> Iterator[dict[str, Any]]:
+    """The live bench and its simulation (imported here: the live half needs docker)."""
+    from analysis.bench import images_live, images_replica
+
+    if quick:
+        trajectories, images, image_mb = 8, 2, 4
+    progress.phase(f"live: {trajectories} trajectories over {images} images of {image_mb} MB")
+    try:
+        result = images_live.run(images, trajectories, image_mb,
+                                 bandwidth_mb=16 if quick else 256, repeats=1 if quick else 3)
+    except RuntimeError as e:  # no docker-registry here (tests/registry.py says so)
+        raise BenchError(f"--live: {e}") from None
+    progress.phase("simulating the same run")
+    yield from images_replica.side_by_side(result)
+    yield {"bench": "images", "live": True, "measured": result}

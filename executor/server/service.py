@@ -30,6 +30,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
+from executor.backends.docker.pulls import PullDone, PullFailed
 from executor.backends.http.urls import UrlRefused, check_headers, listed, parse_allow_list, parse_target
 from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
@@ -44,6 +45,7 @@ from executor.server.fork import (
     open_copies,
     unknown_source,
 )
+from executor.server.images import image_fetcher, image_metric_lines
 from executor.server.journal import RESTARTED, SHUTDOWN, Journal
 from executor.server.routes.gpus import metric_lines
 from executor.server.schemas import (
@@ -185,21 +187,72 @@ class Service:
         self.max_cores = int(executor.snapshot(detail=False).capacity.get("cpu", 1))
         #: forks in flight per source (tangram/fork.py: they do not keep others from forking)
         self.forking = Forking()
+        #: trajectories whose open waits for their image's pull (their ids are taken)
+        self.pulling: set[str] = set()
 
     # -- trajectories ------------------------------------------------------------------
-    def open_trajectory(self, body: TrajectoryIn, *, owner: str) -> dict[str, str]:
-        """Open it, ``owner``'s (the name of the request's token)."""
+    async def open_pulling(self, body: TrajectoryIn, *, owner: str) -> dict[str, Any]:
+        """Open it once its image is on the node: a docker image that is not is pulled
+        first (executor/backends/docker/cache.py), awaited here off the event loop; the
+        answer's ``image`` says what that cost. A pull that fails refuses the open (502,
+        naming the image, its registry and why) and nothing is opened."""
+        image = body.image or self.task_images.get(body.task)
+        fetcher = image_fetcher(self.executor.backend)
+        if image is None or fetcher is None:
+            return self.open_trajectory(body, owner=owner)
+        tid = self._check_open(body)
+        body = body.model_copy(update={"id": tid})
+        self.pulling.add(tid)
+        opened = False
+        try:
+            try:
+                want = asyncio.wrap_future(fetcher.want_image(tid, image))
+            except ValueError as e:  # a malformed reference
+                raise Refused(422, str(e)) from None
+            closing = asyncio.ensure_future(self.closing.wait())
+            try:
+                await asyncio.wait((want, closing), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closing.cancel()
+            if not want.done():
+                want.cancel()
+                raise Refused(503, "the server is shutting down")
+            try:
+                done: PullDone = want.result()
+            except PullFailed as e:
+                raise Refused(502, str(e)) from None
+            except ValueError as e:
+                raise Refused(422, str(e)) from None
+            self.pulling.discard(tid)  # (open_trajectory checks the id is free)
+            answer: dict[str, Any] = dict(self.open_trajectory(body, owner=owner))
+            opened = True
+        finally:
+            self.pulling.discard(tid)
+            if not opened:
+                fetcher.unwant_image(tid)
+        answer["image"] = done.answer()
+        return answer
+
+    def _check_open(self, body: TrajectoryIn) -> str:
+        """The id ``body`` opens (generated when it names none), once it may be opened."""
         self._not_closing()
         if body.action is not None:
             raise Refused(422, "action: names a fork's action; give it with fork_of")
         tid = body.id or secrets.token_hex(8)
-        if self.executor.has_trajectory(tid):
+        if self.executor.has_trajectory(tid) or tid in self.pulling:
             raise Refused(409, f"id: trajectory {tid!r} is already open")
+        return tid
+
+    def open_trajectory(self, body: TrajectoryIn, *, owner: str) -> dict[str, str]:
+        """Open it, ``owner``'s (the name of the request's token)."""
+        tid = self._check_open(body)
         try:
             self.executor.open_trajectory(tid, body.task, body.mem_gb,
                                           body.image or self.task_images.get(body.task))
         except ValueError as e:
             raise Refused(422, str(e)) from None
+        except PullFailed as e:  # (pulled here only where the image went meanwhile)
+            raise Refused(502, str(e)) from None
         except OSError as e:  # e.g. the work directory cannot be made
             raise Refused(503, f"cannot open trajectory {tid!r}: {e}") from None
         image = body.image or self.task_images.get(body.task)
@@ -345,7 +398,7 @@ class Service:
             try:
                 self.executor.open_trajectory(tid, task, mem_gb, image)
                 restored += 1
-            except (ValueError, OSError) as e:
+            except (ValueError, OSError, PullFailed) as e:
                 log.warning("trajectory %r left open by the previous run not restored: %s",
                             tid, e)
                 self.journal.closed(tid)
@@ -790,6 +843,9 @@ class Service:
             lines.append(f'tangram_resource_capacity{{resource="{res}"}} {v}')
         lines += effect_lines(self.executor.runtime.carried, snap.counters)
         lines += metric_lines(self.executor.backend)
+        fetcher = image_fetcher(self.executor.backend)
+        if fetcher is not None:
+            lines += image_metric_lines(fetcher.image_status())
         return "\n".join(lines) + "\n"
 
 

@@ -23,6 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
+from executor.server.images import image_fetcher
 from tangram.model import Dispatch
 from tangram.protocol import Snapshot
 from tangram.runtime import Record
@@ -136,10 +137,13 @@ def _recent(records: Sequence[Record]) -> list[dict[str, Any]]:
 
 
 def snapshot(snap: Snapshot, records: Sequence[Record], now: float,
-             finished: dict[str, int] | None = None) -> dict[str, Any]:
+             finished: dict[str, int] | None = None,
+             images: dict[str, Any] | None = None) -> dict[str, Any]:
     """Everything the status page shows, as JSON-ready data (times in the core's seconds),
-    from the core's :class:`~tangram.protocol.Snapshot` and the runtime's records."""
-    return {
+    from the core's :class:`~tangram.protocol.Snapshot` and the runtime's records; ``images``:
+    the docker backend's pulls and image cache (executor/backends/docker/cache.py), where
+    it has them."""
+    out = {
         "now_s": round(now, 3),
         "policy": snap.policy,
         "totals": {"queued": snap.queued, "running": snap.running_count,
@@ -151,6 +155,9 @@ def snapshot(snap: Snapshot, records: Sequence[Record], now: float,
         "quotas": _quotas(snap),
         "recent": _recent(records),
     }
+    if images is not None:
+        out["images"] = images
+    return out
 
 
 def _changing(snap: dict[str, Any]) -> str:
@@ -159,7 +166,7 @@ def _changing(snap: dict[str, Any]) -> str:
     def strip(v: Any) -> Any:
         if isinstance(v, dict):
             return {k: strip(x) for k, x in v.items()
-                    if k not in ("now_s", "waiting_s", "running_s")}
+                    if k not in ("now_s", "waiting_s", "running_s", "idle_s")}
         if isinstance(v, list):
             return [strip(x) for x in v]
         return v
@@ -175,8 +182,9 @@ def _live(request: Request) -> dict[str, Any]:
 def _live_app(app: Any) -> dict[str, Any]:
     service = app.state.service
     executor = service.executor
+    fetcher = image_fetcher(executor.backend)
     return snapshot(executor.snapshot(), executor.runtime.records, executor.clock.now(),
-                    service.counts)
+                    service.counts, fetcher.image_status() if fetcher is not None else None)
 
 
 class Broadcast:

@@ -12,12 +12,13 @@ from collections.abc import Iterable
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec
 from tangram.cpu.admission import MemoryAdmission
 from tangram.cpu.binding import Binding
+from tangram.cpu.images import ImageBook
 from tangram.cpu.manager import CpuManager
 from tangram.cpu.views import busy_fraction, cpu_views
 from tangram.model import Action
 from tangram.parts import CpuSide
 from tangram.pool import LightLane, PoolPoints, Resizable
-from tangram.protocol import Capabilities
+from tangram.protocol import Capabilities, Effect, Outcome, PullImage
 from tangram.sides import Check, Figures
 from tangram.trajectory import TrajectoryState
 
@@ -29,7 +30,7 @@ class CpuNodes:
 
     def __init__(self, cpu: CpuManager, nodes: tuple[CpuNodeSpec, ...], side: CpuSide,
                  pools: dict[str, PoolPoints], binding: Binding,
-                 admission: MemoryAdmission) -> None:
+                 admission: MemoryAdmission, images: ImageBook) -> None:
         self._cpu = cpu
         #: the cluster's CPU nodes now (validation and capacity hold to these)
         self.nodes = nodes
@@ -43,6 +44,11 @@ class CpuNodes:
         self.lane_moves = 0
         #: the backend re-pins a running action (Capabilities.resizes, from Attach)
         self._resizes = False
+        #: the nodes' images as the core believes them (tangram/cpu/images.py), given to
+        #: the CPU manager when the first trajectory naming an image opens
+        self._images = images
+        #: the backend pulls images ahead (Capabilities.pulls, from Attach)
+        self._pulls = False
 
     def _lanes_of(self) -> tuple[LightLane, ...]:
         return tuple(pool.lane for pool in self._pools.values()
@@ -106,6 +112,7 @@ class CpuNodes:
         # grants resize (tangram/cpu/malleable.py) only where the backend re-pins a
         # running action's processes: elsewhere it would run on cores given to others
         self._resizes = capabilities.resizes
+        self._pulls = capabilities.pulls
         for pool in self._pools.values():
             if isinstance(pool, Resizable):
                 pool.grows = capabilities.resizes
@@ -122,10 +129,40 @@ class CpuNodes:
 
     # -- what the snapshot shows -------------------------------------------------------
     def counters(self) -> dict[str, float]:
-        return {"trajectories_reclaimed": self._binding.reclaimed,
-                "lane_moves": self.lane_moves,
-                "grants_resized": sum(p.resized for p in self._pools.values()
-                                      if isinstance(p, Resizable))}
+        out = {"trajectories_reclaimed": self._binding.reclaimed,
+               "lane_moves": self.lane_moves,
+               "grants_resized": sum(p.resized for p in self._pools.values()
+                                     if isinstance(p, Resizable))}
+        if self._cpu.images is not None:  # (a trajectory named an image)
+            out.update(self._images.counters())
+        return out
+
+    # -- images (tangram/cpu/images.py) ----------------------------------------------------
+    def open_image(self, trajectory: str, mem_gb: float, image: str, image_gb: float,
+                   now: float) -> list[Effect]:
+        """Book ``trajectory``'s image; where the policy places it at open, plan it there
+        and order the pull its node lacks (only from a backend that pulls ahead)."""
+        book, cpu = self._images, self._cpu
+        cpu.images = book
+        book.opened(trajectory, image, image_gb)
+        room = [name for name, host in cpu.nodes.items()
+                if cpu.mem_refusal(host, mem_gb) is None]
+        node = book.side.place(book, trajectory, room, now)
+        if node is None or not book.plan(trajectory, node, now) or not self._pulls:
+            return []
+        book.prefetches += 1
+        return [PullImage(node, image, trajectory)]
+
+    def closed(self, trajectory: str) -> None:
+        if self._cpu.images is not None:
+            self._images.closed(trajectory)
+
+    def ended(self, outcome: Outcome) -> None:
+        """An action's outcome: where its environment's start waited for an image, what
+        the pull took (the observed pull rate)."""
+        if self._cpu.images is not None and "pull_s" in outcome.extra:
+            self._images.observe(float(outcome.extra.get("pulled_gb", 0.0)),
+                                 float(outcome.extra["pull_s"]))
 
     def views(self) -> dict[str, object]:
         return {"cpu_nodes": cpu_views(self._cpu, self._pools.values())}

@@ -316,10 +316,6 @@ class GpuManager:
         """Where ``service``'s variants are resident (any DoP)."""
         return self._sites.get(service, set())
 
-    def is_idle(self, site: Site) -> bool:
-        name, start, k = site
-        return self.free_block(self.nodes[name], start, k) is not None
-
     def variant_restore_s(self, service: str, k: int) -> float:
         """What restoring ``service`` onto ``k`` GPUs takes."""
         return self.services[service].size_gb / (self.restore_gbps * k)
@@ -390,36 +386,6 @@ class GpuManager:
         if all(u + need <= cap + 1e-9 for u in used):
             return out
         return None
-
-    def check_invariants(self) -> None:
-        """Raise AssertionError if the bookkeeping is inconsistent (tests): every GPU is
-        either in one free block or in one live lease, never both; blocks are aligned;
-        resident memory never exceeds a GPU's."""
-        for node in self.nodes.values():
-            owner = [0] * node.spec.gpus
-            for size, starts in node.free.items():
-                for st in starts:
-                    assert st % size == 0, f"{node.name}: free block ({st}, {size}) unaligned"
-                    for g in range(st, st + size):
-                        owner[g] += 1
-            for lease in self._live.values():
-                if lease.node == node.name:
-                    assert lease.start % lease.size == 0, f"lease {lease} unaligned"
-                    for g in lease.gpus:
-                        owner[g] += 1
-            assert node.nfree == sum(size * len(starts) for size, starts in node.free.items()), \
-                f"{node.name}: free GPUs miscounted"
-            # a node that left (fence) has its GPUs in no free block until it is back
-            want = 0 if node.down else 1
-            assert all(o == want or (node.down and o == 1) for o in owner), \
-                f"{node.name}: GPUs owned {owner} times"
-            mem = [0.0] * node.spec.gpus
-            for svc, k, st in node.resident:
-                for g in range(st, st + k):
-                    mem[g] += self.services[svc].size_gb / k
-            for g, m in enumerate(mem):
-                assert m <= node.spec.gpu_mem_gb + 1e-6, f"{node.name} GPU {g}: {m} GB resident"
-                assert abs(m - node.mem_used[g]) < 1e-6, f"{node.name} GPU {g}: memory drift"
 
     def _carve(self, node: GpuNode, start: int, size: int, sub: int, k: int) -> None:
         self._counts = None
@@ -566,18 +532,6 @@ class GpuManager:
     def resident_variants(self, node: str) -> frozenset[tuple[str, int, int]]:
         """The variants ``(service, DoP, first GPU)`` the core holds resident on ``node``."""
         return frozenset(self.nodes[node].resident)
-
-    def lru_order(self, node: str) -> tuple[tuple[str, int, int], ...]:
-        """Resident variants of ``node``, least recently used first."""
-        return tuple(self.nodes[node].resident)
-
-    def live_leases(self, node: str) -> tuple[GpuLease, ...]:
-        """Leases of the actions running on ``node``."""
-        return tuple(lease for lease in self._live.values() if lease.node == node)
-
-    def gpu_mem_used(self, node: str) -> tuple[float, ...]:
-        """GB of resident weights on each GPU of ``node``, as the core accounts them."""
-        return tuple(self.nodes[node].mem_used)
 
     def fence(self, node: str) -> None:
         """The node left (its machine or its GPU worker is gone): its free chunks leave

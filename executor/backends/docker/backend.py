@@ -7,8 +7,9 @@ matching CPU quota; after the exec the quota is reclaimed (1% of a core) so an
 idle container holds nothing. The container is removed when the trajectory
 closes, after an idle TTL if it is abandoned, and on shutdown; every container
 carries this executor's label so none can leak past a crash of one action.
-A warm pool (``warm``) keeps default-image containers created ahead of use, so
-a trajectory's first action does not wait for a container to start.
+A warm pool (``warm``) keeps containers created ahead of use, so a trajectory's
+first action does not wait for a container to start: of the default image, and of
+each image the latest burst of openings asked for, as many as it asked.
 
 Images. No image can be pulled on an offline machine, so the default sandbox
 image is built locally: ``tangram image build`` imports an empty root
@@ -85,8 +86,10 @@ import docker.errors
 from docker.models.containers import _create_container_args
 from docker.types import DriverConfig, Mount
 
+from executor.backends.docker.cache import PULLS, ImageCache
 from executor.backends.docker.fork import fork_containers
 from executor.backends.docker.limits import SANDBOX_WORKDIR, SandboxLimits
+from executor.backends.docker.pulls import PullDone
 from executor.backends.docker.tree import ACTION_MARK, cgroup_pids, end_action
 from executor.backends.process.backend import outcome_of
 from executor.commands import EXCLUSIVE_NICE, CommandError, argv_of, elastic_argv
@@ -96,7 +99,7 @@ from executor.node.local import allowed_cpus
 from executor.node.memwatch import largest_sandbox
 from tangram.fork import FORK
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import Resized, Shed
+from tangram.protocol import PullImage, Resized, Shed
 
 log = logging.getLogger("tangram.docker")
 IMAGE = "tangram-sandbox:1"
@@ -266,9 +269,17 @@ class DockerBackend:
                  client: docker.DockerClient | None = None, owner: str | None = None,
                  agent: bool = True, default_mem_gb: float = SandboxLimits.mem_gb,
                  pids_limit: int = SandboxLimits.pids, warm: int = 0,
-                 disk_gb: float = DEFAULT_DISK_GB, removed_file: Path | None = None) -> None:
+                 disk_gb: float = DEFAULT_DISK_GB, removed_file: Path | None = None,
+                 image_pulls: int = PULLS, image_cache_gb: float | None = None) -> None:
         self.client = client or docker.from_env()
         self.image = ensure_image(self.client, image)
+        #: the images trajectories name: pulled when missing, kept under a disk budget
+        #: (executor/backends/docker/cache.py); what the cache pulled is recorded beside
+        #: the removed file, so a restart on the same state directory still evicts it
+        self.images = ImageCache(
+            self.client, image_pulls, image_cache_gb, held=self._held_images,
+            keep={self.image}, release=self._release_warm,
+            state_file=removed_file.with_name(".docker-images.json") if removed_file else None)
         self.cpu_map = cpu_map or allowed_cpus()
         self.idle_ttl_s = idle_ttl_s
         self.default_mem_gb = default_mem_gb
@@ -300,6 +311,8 @@ class DockerBackend:
         self._boxes: dict[str, Sandbox] = {}
         self._mem: dict[str, float] = {}
         self._images: dict[str, str] = {}  # trajectory -> its image, when not the default
+        #: trajectory -> the image it waits for before it opens (want_image)
+        self._opening: dict[str, str] = {}
         self._host_rootfs: dict[str, bool] = {}
         #: the cgroup files' paths with "{id}" for a container's id (see _cgroup_files)
         self._cgroup_template: tuple[str, str] | None = None
@@ -328,7 +341,7 @@ class DockerBackend:
         #: the refill's threads (WARM_CREATORS at most) and the sandboxes they are making
         #: (memory limit -> how many); ``_warmed`` is notified as each is done
         self._refillers: set[threading.Thread] = set()
-        self._warming: Counter[float] = Counter()
+        self._warming: Counter[tuple[str, float]] = Counter()  # (image, memory limit)
         self._warmed = threading.Condition(self._lock)
         self._last_take = float("-inf")  # monotonic time a trajectory last needed a sandbox
         #: trajectories that needed a sandbox in the current burst (needs less than
@@ -338,6 +351,11 @@ class DockerBackend:
         #: the memory limits (GB) the current burst's trajectories asked for: the pool's
         #: sandboxes get the most common one (_warm_mem)
         self._burst_mem: Counter[float] = Counter()
+        #: the images the current burst's trajectories asked for (the pool keeps as many
+        #: sandboxes of each other image as the latest burst had trajectories of it)
+        self._burst_images: Counter[str] = Counter()
+        #: the most default-image trajectories one burst had so far (its pool's size)
+        self._default_peak = 0
         #: the current burst's trajectories whose first action has not started
         self._unstarted: set[str] = set()
         self._closed = False
@@ -596,26 +614,125 @@ class DockerBackend:
                 self._creating.pop(trajectory, None)
 
     def open_trajectory_image(self, trajectory: str, mem_gb: float | None, image: str) -> None:
-        """Like open_trajectory, in a container of ``image`` (it must be on this machine:
-        ValueError otherwise)."""
+        """Like open_trajectory, in a container of ``image``, pulled first when it is not on
+        this machine (a blocking pull: the server awaits ``want_image`` before, off its event
+        loop); PullFailed (or ValueError for a malformed reference) and nothing opened if it
+        cannot be had."""
         if image != self.image:
-            self._is_host_rootfs(image)  # checks it exists, once
-            self._images[trajectory] = image
+            with self._lock:  # held from now (the cache evicts no image a trajectory names)
+                self._images[trajectory] = image
+                self._opening.pop(trajectory, None)
+            try:
+                self._is_host_rootfs(image)  # it is here (pulled if not), and what it is
+            except BaseException:
+                with self._lock:
+                    self._images.pop(trajectory, None)
+                raise
+            self.images.touch(image)
         self.open_trajectory(trajectory, mem_gb)
+
+    # -- images (executor/backends/docker/cache.py) ----------------------------------------
+    def want_image(self, trajectory: str, image: str) -> Future[PullDone]:
+        """pulls.ImageFetching: ``image`` for opening ``trajectory``, held from now."""
+        if image == self.image:
+            done: Future[PullDone] = Future()
+            done.set_result(PullDone(image, pulled=False))
+            return done
+        with self._lock:
+            self._opening[trajectory] = image
+        try:
+            return self.images.want(image)
+        except BaseException:
+            self.unwant_image(trajectory)
+            raise
+
+    def unwant_image(self, trajectory: str) -> None:
+        with self._lock:
+            self._opening.pop(trajectory, None)
+        self._make_room_soon()
+
+    def pull_image(self, image: str) -> None:
+        """Pull ``image`` in the background unless it is here or being pulled (a pull ahead
+        of the trajectories that will want it; as many at once as ``image_pulls`` allows).
+        A malformed reference is logged, not raised: no trajectory waits for it."""
+        if image == self.image or self._closed:
+            return
+        try:
+            self.images.pull(image)
+        except ValueError as e:
+            log.warning("no pull ahead of %r: %s", image, e)
+
+    def pull(self, effect: PullImage) -> None:
+        """tangram.protocol.Pulling: the core's pull ahead (this backend is one node: the
+        effect's node is this machine's)."""
+        self.pull_image(effect.image)
+
+    def image_status(self) -> dict[str, Any]:
+        """pulls.ImageFetching: pulls, the cache, its counters, the warm pool by image."""
+        held = self._held_images()
+        out = self.images.status(held)
+        with self._lock:
+            warm = Counter(b.image for b in self._warm)
+        out["warm"] = dict(sorted(warm.items()))
+        return out
+
+    def _held_images(self) -> set[str]:
+        """The images the cache must not remove: named by an open or opening trajectory,
+        or run by one of this backend's containers (or one the warm pool is making)."""
+        with self._lock:
+            boxes = [*self._boxes.values(), *self._warm, *self._leftovers.values()]
+            return ({*self._images.values(), *self._opening.values()}
+                    | {b.image for b in boxes}
+                    | {image for (image, _), n in self._warming.items() if n > 0})
+
+    def _release_warm(self) -> int:
+        """The cache is over its budget: drop the warm sandboxes of pulled images nothing
+        else holds (a sandbox is made again in a second, an image pulled again in many), so
+        their images can go; how many were dropped."""
+        with self._lock:
+            held = ({*self._images.values(), *self._opening.values()}
+                    | {b.image for b in [*self._boxes.values(), *self._leftovers.values()]})
+            spare = [b for b in self._warm if b.image != self.image and b.image not in held]
+            for box in spare:
+                self._warm.remove(box)
+        for box in spare:
+            self._discard(box)
+        return len(spare)
+
+    def _make_room_soon(self) -> None:
+        """Evict what the budget no longer fits, off the caller's thread (engine calls)."""
+        if self.images.budget is None:
+            return
+        try:
+            self._removers.submit(self.images.make_room)
+        except RuntimeError:  # shut down: nothing to keep in budget any more
+            pass
 
     def close_trajectory(self, trajectory: str) -> None:
         with self._lock:
             box = self._boxes.pop(trajectory, None)
             self._lost.discard(trajectory)
             self._mem.pop(trajectory, None)
-            self._images.pop(trajectory, None)
+            image = self._images.pop(trajectory, None)
             self._shed.pop(trajectory, None)
             self._unstarted.discard(trajectory)
+        if image is not None:
+            self.images.touch(image)  # (its last use: the least recently used go first)
         if box:
-            try:
-                self._removers.submit(self._discard, box)  # ~0.1-0.3 s in the engine: off the loop
+            try:  # ~0.1-0.3 s in the engine: off the loop
+                self._removers.submit(self._discard_then_make_room, box, image is not None)
             except RuntimeError:  # the pool is shut down: the server is stopping
                 self._discard(box)
+        elif image is not None:
+            self._make_room_soon()
+
+    def _discard_then_make_room(self, box: Sandbox, evict: bool) -> None:
+        """Remove a closed trajectory's container, then (its image may be unheld now) what
+        the image cache's budget no longer fits: in this order, as the engine refuses to
+        remove an image while a container of it exists."""
+        self._discard(box)
+        if evict and self.images.budget is not None:
+            self.images.make_room()
 
     def evict(self, trajectory: str) -> bool:
         """Remove an idle trajectory's container to free its memory (the core reclaimed
@@ -667,6 +784,7 @@ class DockerBackend:
 
     def shutdown(self) -> None:
         self._closed = True
+        self.images.close()
         with self._lock:
             boxes = list(self._boxes.values()) + self._warm + list(self._leftovers.values())
             removed = sorted(set(self._boxes) | set(self._leftovers) | self._lost_at_start)
@@ -710,12 +828,17 @@ class DockerBackend:
     def _is_host_rootfs(self, image: str) -> bool:
         """Whether ``image`` is an empty root filesystem run on the host's /usr (ours)."""
         if image not in self._host_rootfs:
-            ensure_image(self.client, image)
+            if image == IMAGE:
+                ensure_image(self.client, image)
+            else:
+                self.images.ensure(image)
             labels = self.client.api.inspect_image(image).get("Config", {}).get("Labels") or {}
             self._host_rootfs[image] = image == IMAGE or labels.get(HOST_ROOTFS) == "host"
         return self._host_rootfs[image]
 
     def _create(self, trajectory: str, image: str, mem_gb: float) -> Sandbox:
+        if image != self.image:
+            self.images.ensure(image)  # (a dict look-up unless it went behind our back)
         host_rootfs = self._is_host_rootfs(image)
         mem = mem_gb or self.default_mem_gb
         agent_dir = None
@@ -753,9 +876,11 @@ class DockerBackend:
                 cpuset_cpus=",".join(map(str, self.cpu_map)), cpu_period=PERIOD_US,
                 cpu_quota=len(self.cpu_map) * PERIOD_US, cgroup_parent=self.cgroup_parent,
                 **disk)))["Id"]
-        except Exception:
+        except Exception as e:
             if agent_dir:
                 shutil.rmtree(agent_dir, ignore_errors=True)
+            if isinstance(e, docker.errors.ImageNotFound):  # removed behind the cache's back:
+                self.images.forget(image)  # the next sandbox of it pulls it again
             raise
         box = Sandbox(cid, time.monotonic(), image=image, mem_gb=mem, agent_dir=agent_dir)
         try:
@@ -827,20 +952,48 @@ class DockerBackend:
         if now - self._last_take > WARM_QUIET_S and not self._creating:
             self._burst = 0
             self._burst_mem.clear()
+            self._burst_images.clear()
             self._unstarted.clear()
         self._burst += 1
         self._unstarted.add(trajectory)
         self._burst_mem[mem_gb or self.default_mem_gb] += 1
+        self._burst_images[self._images.get(trajectory, self.image)] += 1
+        self._default_peak = max(self._default_peak, self._burst_images[self.image])
         self._burst_peak = max(self._burst_peak, self._burst)
         self._last_take = now
 
     @property
     def warm_target(self) -> int:
-        """Sandboxes the warm pool keeps: the configured size, or, if more, the largest
-        burst of trajectories that needed one so far (an RL step's rollouts start
-        together, and the next step starts as many: their containers are made in the
-        quiet between steps, not while the rollouts wait), at most WARM_MAX."""
-        return max(self.warm_size, min(self._burst_peak, WARM_MAX))
+        """Default-image sandboxes the warm pool keeps: the configured size, or, if more,
+        the largest burst of default-image trajectories that needed one so far (an RL
+        step's rollouts start together, and the next step starts as many: their containers
+        are made in the quiet between steps, not while the rollouts wait), at most
+        WARM_MAX. Trajectories of other images have pools of their own (warm_targets)."""
+        return max(self.warm_size, min(self._default_peak, WARM_MAX))
+
+    def warm_targets(self) -> dict[str, int]:
+        """Sandboxes the warm pool keeps of each image: ``warm_target`` of the default
+        image; of each other image, as many as the latest burst had trajectories of it (an
+        RL step's group of rollouts of one task shares its image, and the next step's
+        groups ask again), the most common first, WARM_MAX of them in all; only of an image
+        on the node (a warm sandbox never has its image pulled again), and none while held
+        images keep the image cache over its budget (a warm sandbox holds its image against
+        eviction: the pool must not be what keeps the disk full). Under ``self._lock``."""
+        targets = {self.image: self.warm_target}
+        room = 0 if self.images.over_budget else WARM_MAX
+        for image, n in self._burst_images.most_common():
+            if image == self.image or room <= 0 or not self.images.has(image):
+                continue
+            targets[image] = min(n, room)
+            room -= targets[image]
+        return targets
+
+    def _short(self, targets: Mapping[str, int]) -> dict[str, int]:
+        """Per image, the sandboxes the pool lacks. Under ``self._lock``."""
+        have = Counter(b.image for b in self._warm)
+        for (image, _), n in self._warming.items():
+            have[image] += n
+        return {image: n - have[image] for image, n in targets.items() if n > have[image]}
 
     def _warm_mem(self) -> float:
         """The memory limit the pool's next sandbox gets: the one most trajectories of the
@@ -856,7 +1009,7 @@ class DockerBackend:
         with self._lock:
             if self._closed:
                 return
-            short = self.warm_target - len(self._warm) - self._warming.total()
+            short = sum(self._short(self.warm_targets()).values())
             more = min(WARM_CREATORS, short) - len(self._refillers)
             # their own threads, not the actions' pool: they wait for quiet (below) and
             # must not hold a worker the burst's actions need
@@ -867,7 +1020,7 @@ class DockerBackend:
             thread.start()
 
     def _refill(self) -> None:
-        """Keep ``warm_target`` default-image sandboxes ready, starting each once no
+        """Keep ``warm_targets`` sandboxes of each image ready, starting each once no
         trajectory needed a sandbox for WARM_QUIET_S, none opened is still waiting for its
         container and the burst's first actions have started (WARM_FIRST_S): a container
         start costs the engine (dockerd, runc) a few hundred ms of CPU, which the burst
@@ -879,8 +1032,8 @@ class DockerBackend:
         try:
             while True:
                 with self._lock:
-                    if (self._closed
-                            or len(self._warm) + self._warming.total() >= self.warm_target):
+                    short = self._short(self.warm_targets())
+                    if self._closed or not short:
                         self._refillers.discard(me)  # (with the decision: a take that
                         return  # comes next starts a refill anew)
                     now = time.monotonic()
@@ -889,15 +1042,17 @@ class DockerBackend:
                                0.1 if self._creating or first else 0.0)
                     if wait <= 0:
                         mem = self._warm_mem()
-                        self._warming[mem] += 1
+                        # the default image first, then the image lacking the most
+                        image = max(short, key=lambda i: (i == self.image, short[i]))
+                        self._warming[image, mem] += 1
                 if wait > 0:
                     time.sleep(min(wait, 0.1))  # short steps: shutdown ends it promptly
                     continue
                 try:
-                    box = self._create("", self.image, mem)
+                    box = self._create("", image, mem)
                 finally:
                     with self._lock:
-                        self._warming[mem] -= 1
+                        self._warming[image, mem] -= 1
                         if not self._closed and box is not None:
                             self._warm.append(box)
                             box = None
@@ -906,9 +1061,13 @@ class DockerBackend:
                     if self._closed:
                         break
                     # over the target: a sandbox no trajectory of the latest burst can take
-                    # (a larger limit than theirs) makes room
-                    spare = len(self._warm) - self.warm_target
-                    unusable = [b for b in self._warm if b.mem_gb > mem][:max(0, spare)]
+                    # (a larger limit than theirs, or an image none of them asked for)
+                    # makes room
+                    targets = self.warm_targets()
+                    spare = len(self._warm) - sum(targets.values())
+                    have = Counter(b.image for b in self._warm)
+                    unusable = [b for b in self._warm if b.mem_gb > mem
+                                or have[b.image] > targets.get(b.image, 0)][:max(0, spare)]
                     for old in unusable:
                         self._warm.remove(old)
                 for old in unusable:
@@ -926,18 +1085,18 @@ class DockerBackend:
         else the largest below it (raised to it: one engine call); else, while the refill
         is making one that fits, that one when it is ready (it is further along than a
         container made now, which would only share the engine with it); else None."""
-        if image != self.image:
-            return None
         mem = mem_gb or self.default_mem_gb
         with self._lock:
             while True:
                 # its tmpfs mounts keep the sizes set for the pool's memory limit: under a
                 # smaller limit a full /work would end in an OOM kill instead of ENOSPC
                 # (disk_full), so only a trajectory allowed at least as much takes one
-                fits = [i for i, b in enumerate(self._warm) if b.mem_gb <= mem]
+                fits = [i for i, b in enumerate(self._warm)
+                        if b.image == image and b.mem_gb <= mem]
                 i = max(fits, key=lambda i: (self._warm[i].mem_gb, i), default=None)
                 if i is not None or self._closed or not any(
-                        n > 0 and m <= mem for m, n in self._warming.items()):
+                        n > 0 and im == image and m <= mem
+                        for (im, m), n in self._warming.items()):
                     break
                 self._warmed.wait(1.0)  # (notified as each is done)
             box = self._warm.pop(i) if i is not None else None
@@ -1034,12 +1193,12 @@ class DockerBackend:
 
     def _take_ready_warm(self, trajectory: str) -> Sandbox | None:
         """A warm sandbox bound to ``trajectory`` with no engine call (of its memory limit
-        and the pool's image, its agent listening), or None. Under ``self._lock``."""
+        and image, its agent listening), or None. Under ``self._lock``."""
         mem = self._mem.get(trajectory, 0.0) or self.default_mem_gb
-        if self._images.get(trajectory, self.image) != self.image:
-            return None
+        image = self._images.get(trajectory, self.image)
         i = next((i for i in range(len(self._warm) - 1, -1, -1)
-                  if self._warm[i].mem_gb == mem and _ready_box(self._warm[i])), None)
+                  if self._warm[i].image == image and self._warm[i].mem_gb == mem
+                  and _ready_box(self._warm[i])), None)
         if i is None:
             return None
         box = self._warm.pop(i)
@@ -1491,8 +1650,17 @@ class DockerBackend:
             for t, _ in unclaimed:
                 del self._leftovers[t]
             stale += unclaimed
+            # warm sandboxes of an image no burst asked for since: each holds its image
+            # against the cache's eviction (the default image's stay: it is never evicted)
+            idle_warm = [b for b in self._warm
+                         if b.image != self.image and now - b.last_used > self.idle_ttl_s]
+            for box in idle_warm:
+                self._warm.remove(box)
+            stale += [("", b) for b in idle_warm]
         for _, box in stale:
             self._discard(box)
+        if idle_warm and self.images.budget is not None:
+            self.images.make_room()
 
 
     # -- files (executor/server/routes/files.py) -------------------------------------------------------

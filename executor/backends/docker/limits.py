@@ -1,5 +1,6 @@
 """What each docker sandbox may use, as `tangram serve` / `run` were told
-(--sandbox-mem-gb, --sandbox-pids, --sandbox-disk-gb, --warm-pool, and the process
+(--sandbox-mem-gb, --sandbox-pids, --sandbox-disk-gb, --warm-pool, --image-pulls,
+--image-cache-gb, and the process
 backend's --sandbox-uids): one value handed
 to the docker backend of this machine and to the one of every Ray node agent, so a
 sandbox is bounded the same wherever it runs. Standard library only: a process-backend
@@ -23,8 +24,13 @@ class SandboxLimits:
     #: the process backend as root: user ids it hands out, at most this many trajectories
     #: open at once (executor/backends/process/uids.py BLOCK)
     uids: int = 4096
+    #: images pulled at once from their registries (per node; executor/backends/docker/cache.py)
+    image_pulls: int = 2
+    #: disk the images the node pulled may take (GB); None: no budget, nothing evicted
+    image_cache_gb: float | None = None
 
     def docker_kwargs(self) -> dict[str, Any]:
         """The keyword arguments of ``DockerBackend`` these set."""
         return {"default_mem_gb": self.mem_gb, "pids_limit": self.pids,
-                "disk_gb": self.disk_gb, "warm": self.warm}
+                "disk_gb": self.disk_gb, "warm": self.warm,
+                "image_pulls": self.image_pulls, "image_cache_gb": self.image_cache_gb}

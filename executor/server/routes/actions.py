@@ -26,7 +26,8 @@ from executor.server.service import Refused, Service
 ERRORS = {code: {"model": ErrorOut, "description": text} for code, text in (
     (401, "Missing or wrong bearer token"), (403, "Destination not allowed"),
     (404, "Unknown trajectory or action"), (409, "Conflict with what exists"),
-    (413, "Body larger than 1 MiB"), (503, "Shutting down"))}
+    (413, "Body larger than 1 MiB"), (502, "The trajectory's image could not be pulled"),
+    (503, "Shutting down"))}
 router = APIRouter(prefix="/v1", responses=ERRORS)
 Svc = Annotated[Service, Depends(service)]
 #: the name of the request's token: what it opens is its, and it reaches nothing else
@@ -46,7 +47,7 @@ async def open_trajectory(body: TrajectoryIn, s: Svc, who: Owner) -> dict[str, A
     action of the source, ``action``, looked up and cancelled as any)."""
     if body.fork_of is not None:
         return await s.fork_trajectories(body, owner=who)
-    return s.open_trajectory(body, owner=who)
+    return await s.open_pulling(body, owner=who)
 
 
 @router.get("/trajectories", response_model=TrajectoriesOut)

@@ -120,7 +120,45 @@ function show(s) {
   drawQueues(s.queues);
   drawGpus(s.gpu_nodes);
   drawQuotas(s.quotas);
+  drawImages(s.images);
   drawRecent(s.recent);
+}
+
+const mb = (b) => (b == null ? "" : (b / 1e6).toFixed(1));
+
+function drawImages(im) {
+  $("images-section").hidden = !im;
+  if (!im) return;
+  const box = $("images");
+  box.replaceChildren();
+  const c = im.counters;
+  const budget = im.budget_bytes == null ? "no budget" : `budget ${mb(im.budget_bytes)} MB`;
+  box.append(el("p", { id: "image-counters" },
+    `${c.hits} hits \u00b7 ${c.misses} misses \u00b7 ${c.pulls} pulls (${mb(c.pulled_bytes)} MB, ` +
+    `${c.pull_failures} failed, ${c.shared} shared) \u00b7 ${c.evictions} evicted \u00b7 ` +
+    `cache ${mb(im.used_bytes)} MB of ${budget}` + (im.over_budget ? " (over: held images)" : "") +
+    ` \u00b7 ${im.pulls_at_once} pulls at once`));
+  const body = el("tbody");
+  for (const p of im.pulling) {
+    const pct = p.total_bytes ? Math.round((100 * p.downloaded_bytes) / p.total_bytes) : 0;
+    body.append(el("tr", { class: "pull", data: { image: p.image, state: p.state } },
+      el("td", {}, p.image), el("td", {}, p.state), el("td", {}, p.waiting),
+      el("td", {}, `${mb(p.downloaded_bytes)} / ${mb(p.total_bytes)} MB (${pct}%)`),
+      el("td", {}, secs(p.seconds))));
+  }
+  if (!im.pulling.length) body.append(el("tr", {}, el("td", { colspan: 5, class: "muted" }, "no pull in progress")));
+  box.append(el("table", { id: "pulls" }, el("thead", {}, el("tr", {}, el("th", {}, "pulling"),
+    el("th", {}, "state"), el("th", {}, "opens waiting"), el("th", {}, "downloaded"),
+    el("th", {}, "for (s)"))), body));
+  const cached = el("tbody");
+  for (const i of im.cached) {
+    cached.append(el("tr", { class: "cached", data: { image: i.image } }, el("td", {}, i.image),
+      el("td", {}, mb(i.bytes)), el("td", {}, i.held ? "in use" : `idle ${secs(i.idle_s)} s`),
+      el("td", {}, im.warm[i.image] || 0)));
+  }
+  if (!im.cached.length) cached.append(el("tr", {}, el("td", { colspan: 4, class: "muted" }, "no image pulled")));
+  box.append(el("table", { id: "cached" }, el("thead", {}, el("tr", {}, el("th", {}, "pulled image"),
+    el("th", {}, "MB"), el("th", {}, "use"), el("th", {}, "warm"))), cached));
 }
 
 function drawNodes(nodes) {

@@ -1,0 +1,66 @@
+"""The server's view of the docker backend's images: which backend pulls them, and the
+image cache's lines of ``/metrics`` (its counters, pulls running and queued, bytes held)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from executor.backends.docker.pulls import ImageFetching
+
+
+def image_fetcher(backend: Any) -> ImageFetching | None:
+    """The backend that pulls images behind the server's backend (the docker backend of
+    this machine, behind its router), if any. A Ray cluster's nodes pull their own."""
+    from executor.backends.router import RouterBackend
+
+    inner = backend.env if isinstance(backend, RouterBackend) else backend
+    return inner if isinstance(inner, ImageFetching) else None
+
+
+#: the image cache's counters on /metrics: name -> (metric, kind, help)
+IMAGE_COUNTERS = {
+    "hits": ("tangram_image_cache_hits_total", "counter",
+             "Opens whose image was on the node."),
+    "misses": ("tangram_image_cache_misses_total", "counter",
+               "Opens whose image was pulled (or joined a pull)."),
+    "pulls": ("tangram_image_pulls_total", "counter", "Image pulls that completed."),
+    "pull_failures": ("tangram_image_pull_failures_total", "counter", "Image pulls that failed."),
+    "shared": ("tangram_image_pulls_shared_total", "counter",
+               "Wants of an image that joined its pull in progress."),
+    "pulled_bytes": ("tangram_image_pulled_bytes_total", "counter",
+                     "Bytes the image pulls downloaded."),
+    "pull_seconds": ("tangram_image_pull_seconds_total", "counter",
+                     "Seconds the completed image pulls ran."),
+    "evictions": ("tangram_image_evictions_total", "counter",
+                  "Images the cache removed for its disk budget."),
+    "evicted_bytes": ("tangram_image_evicted_bytes_total", "counter",
+                      "Bytes of the images the cache removed."),
+}
+
+
+def image_metric_lines(status: Mapping[str, Any]) -> list[str]:
+    """Prometheus lines of the image cache (executor/backends/docker/cache.py status)."""
+    lines: list[str] = []
+    for key, (name, kind, text) in IMAGE_COUNTERS.items():
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} {kind}",
+                  f"{name} {status['counters'].get(key, 0):.6g}"]
+    pulling = status.get("pulling", [])
+    gauges = {
+        "tangram_image_pulls_running": ("Image pulls running.",
+                                        sum(p["state"] == "pulling" for p in pulling)),
+        "tangram_image_pulls_queued": ("Image pulls waiting for a slot (--image-pulls).",
+                                       sum(p["state"] == "queued" for p in pulling)),
+        "tangram_image_cache_bytes": ("Bytes of the images the cache pulled and holds.",
+                                      status.get("used_bytes", 0)),
+        "tangram_image_cache_images": ("Images the cache pulled and holds.",
+                                       status.get("cached_count", 0)),
+    }
+    if status.get("budget_bytes") is not None:
+        gauges["tangram_image_cache_budget_bytes"] = ("The cache's disk budget "
+                                                      "(--image-cache-gb).",
+                                                      status["budget_bytes"])
+    for name, (text, value) in gauges.items():
+        lines += [f"# HELP {name} {text}", f"# TYPE {name} gauge", f"{name} {value}"]
+    return lines
+

@@ -1,0 +1,54 @@
+"""What a core is built of, from its policy and its cluster: the managers and pools (the
+policy's parts build them), the binding of trajectories to CPU nodes, and the two sides
+(tangram/sides.py) that carry what is CPU- or GPU-specific. Built here so the core
+(tangram/core.py) names no concrete CPU or GPU class: it holds the sides by what they do."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tangram.cluster import ClusterSpec
+from tangram.cpu.admission import RESERVE, MemoryAdmission
+from tangram.cpu.binding import Binding
+from tangram.cpu.images import ImageBook
+from tangram.cpu.nodes import CpuNodes
+from tangram.gpu.nodes import GpuNodes
+from tangram.model import Action, Pending
+from tangram.parts import Resources
+from tangram.policies import Policy
+from tangram.trajectory import TrajectoryState
+
+
+@dataclass(frozen=True, slots=True)
+class Assembly:
+    """The parts of one core."""
+
+    resources: Resources
+    #: trajectories waiting for a CPU node, and their binding (tangram/cpu/binding.py)
+    binding: Binding
+    #: the CPU side: admission, lanes, membership, images, the submit check
+    cpu: CpuNodes
+    #: the GPU side: pre-restores, fences, the submit check, views
+    gpu: GpuNodes
+
+
+def assemble(cluster: ClusterSpec, policy: Policy, trajectories: dict[str, TrajectoryState],
+             queued: dict[str, Pending],
+             queue_many: Callable[[Sequence[Action], float], object],
+             admission: MemoryAdmission | None = None) -> Assembly:
+    """The parts of a core over ``trajectories`` and ``queued`` (the core's own dicts, which
+    the binding reads), queuing through ``queue_many``. ``admission``: when a CPU node takes
+    one more trajectory's memory (None: RESERVE, every declared limit in full, the paper's
+    rule; tangram/cpu/admission.py)."""
+    res = policy.build(cluster)
+    # the GPU side first, as before: building a side registers nothing the others read
+    gpu = GpuNodes(res.gpu, cluster.gpu_nodes, res.pools)
+    binding = Binding(
+        res.cpu, cluster.cpu_nodes, policy.env, trajectories, queued,
+        lambda action: policy.route(action, res),  # type: ignore[arg-type,return-value]
+        lambda node: policy.node_pool(node, res), queue_many)
+    cpu = CpuNodes(res.cpu, cluster.cpu_nodes, policy.cpu, res.pools, binding,
+                   admission if admission is not None else RESERVE,
+                   ImageBook.of(cluster, policy.images))
+    return Assembly(res, binding, cpu, gpu)
