@@ -46,6 +46,19 @@ def test_validation_lists_every_problem(tmp_path):
     assert "row 3, column 'elastic'" in text
 
 
+def test_an_infinite_time_is_refused_naming_its_row():
+    """An infinite think ended its trajectory in a 'deadlock' error of the simulator; an
+    infinite t1_s ran until the action's timeout."""
+    df = generate("coding", 2, 0)
+    df.loc[1, "think_s"] = float("inf")
+    df.loc[3, "t1_s"] = float("inf")
+    with pytest.raises(TraceError) as e:
+        validate(df)
+    text = str(e.value)
+    assert "row 2, column 'think_s', value inf: not finite" in text
+    assert "row 4, column 't1_s', value inf: not finite" in text
+
+
 def test_cli_validate_exit_codes(tmp_path):
     good = tmp_path / "good.csv"
     write(generate("deepsearch", 3, 0), good)

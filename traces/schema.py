@@ -281,6 +281,12 @@ def validate(df: pd.DataFrame, version: int | None = SCHEMA_VERSION) -> pd.DataF
     for col in ("think_s", "t1_s", "mem_gb", "setup_s", "timeout_s", "quota_units",
                 "unit_overhead_s", "image_gb"):
         bad(out[col] < 0, col, "negative")
+    # an infinite time or amount is never meant (0 is "none" where a column has one): an
+    # infinite think ended its trajectory in a "deadlock" error, an infinite t1_s ran until
+    # the action's timeout
+    for col in ("think_s", "t1_s", "mem_gb", "setup_s", "timeout_s", "quota_units",
+                "unit_overhead_s"):
+        bad(np.isinf(out[col]), col, "not finite")
     bad(out["seq"] < 0, "seq", "negative")
     pf = out["parallel_fraction"]
     bad(pf.notna() & ((pf < 0) | (pf > 1)), "parallel_fraction", "must be in [0, 1]")
