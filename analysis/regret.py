@@ -154,6 +154,11 @@ ALIASES["deepsearch"] = {**{f.label: "tangram" for f in FIXED},
                          "static": "static 4 GPUs, replicas round-robin",
                          "baseline": "baseline judge 5 x 4 GPUs"}
 ALIASES["mixed"] = ALIASES["deepsearch"]
+# the matrix's traces name no container image, so the image policies (issue 50; their
+# study is `tangram bench images`) schedule exactly as the policy they extend
+for _workload, _aliases in ALIASES.items():
+    _aliases.update({"tangram-prepulled": "tangram", "tangram-images-on-demand": "tangram",
+                     "k8s-image-locality": _aliases.get("k8s", "tangram")})
 
 
 @dataclass(frozen=True)

@@ -64,7 +64,7 @@ def test_backend_conformance(kind, tmp_path, request):
             runs = await asyncio.gather(
                 ex.run(shell("a1", "a", "sh -c 'echo A > f.txt'")),
                 ex.run(shell("b1", "b", "sh -c 'echo B > f.txt'")))
-            assert all(out.status == "ok" for _, out in runs)
+            assert all(out.status == "ok" for _, out in runs), [out for _, out in runs]
             (_, a), (_, b) = await asyncio.gather(ex.run(shell("a2", "a", "cat f.txt")),
                                                   ex.run(shell("b2", "b", "cat f.txt")))
             assert (a.output.strip(), b.output.strip()) == ("A", "B"), (a, b)

@@ -43,6 +43,8 @@ BENCHES: dict[str, tuple[str, ...]] = {
                     "--clients", "1"),
     "adapters": ("--calls", "10"),
     "fork": ("--size", "2", "--rounds", "1"),
+    # the simulated half (its --live half: tests/test_images_bench.py)
+    "images": ("--quick",),
     "live-mix": ("--policies", "tangram", "--trajectories", "1", "--shorts", "2",
                  "--think-s", "0", "--cores", "1",
                  "--modules", "sympy.ntheory.tests.test_primetest"),

@@ -46,7 +46,10 @@ GPU_EFFECTS = {"Dispatch", "PreRestore"}
 #: (its workload, `serve --policy tangram-malleable` growing a real pytest-xdist run, is
 #: tests/test_malleable_live.py's, which asserts the Resized count in /metrics)
 RESIZE_EFFECTS = {"Dispatch", "Resized"}
-COVERED = CPU_EFFECTS | SHED_EFFECTS | GPU_EFFECTS | RESIZE_EFFECTS
+#: tests/test_images_live.py's, which asserts the PullImage count in /metrics (the core books
+#: an opened trajectory's image and orders it pulled to its node)
+PULL_EFFECTS = {"PullImage"}
+COVERED = CPU_EFFECTS | SHED_EFFECTS | GPU_EFFECTS | RESIZE_EFFECTS | PULL_EFFECTS
 
 
 def test_the_workloads_cover_every_effect_kind():
