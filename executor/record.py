@@ -79,9 +79,10 @@ def check_record_path(path: Path) -> None:
                           f"(readable after a crash): name it *.jsonl (got {path.suffix!r})")
     if path.is_dir():
         raise RecordError(f"--record: {path} is a directory")
-    if path.exists():
-        raise RecordError(f"--record: {path} exists (a recording never overwrites one: "
-                          "remove it or name another)")
+    for taken in (path, cluster_path(path)):
+        if taken.exists():
+            raise RecordError(f"--record: {taken} exists (a recording never overwrites one "
+                              "or its cluster file: remove it or name another)")
     parent = path.parent if str(path.parent) else Path(".")
     if parent.exists():
         # a file made and removed there: os.access says yes to root wherever a file

@@ -25,7 +25,7 @@ def test_a_directory_no_file_can_be_made_in_is_refused():
 def test_a_recorder_that_cannot_write_its_cluster_leaves_no_trace(tmp_path: Path):
     trace = tmp_path / "r.jsonl"
     cluster_path(trace).mkdir()  # (its cluster file cannot be made)
-    with pytest.raises(RecordError, match=r"--record: cannot write .*r-cluster.yaml"):
+    with pytest.raises(RecordError, match=r"--record: .*r-cluster.yaml"):
         Recorder(trace, load_cluster("default"), lambda *a: None)
     assert not trace.exists()
 
@@ -39,9 +39,18 @@ def test_run_refuses_a_recording_it_cannot_make_without_a_traceback(tmp_path: Pa
          str(tmp_path / "o"), "--record", str(trace), "-q"],
         capture_output=True, text=True, cwd=ROOT, timeout=600)
     assert done.returncode == 2, done.stderr
-    assert "--record: cannot write" in done.stderr and "Traceback" not in done.stderr, \
-        done.stderr
+    # (refused before the run: its cluster file's path is taken)
+    assert "--record: " in done.stderr and "r-cluster.yaml" in done.stderr, done.stderr
+    assert "Traceback" not in done.stderr, done.stderr
     assert not trace.exists()
+
+
+def test_an_existing_cluster_file_beside_the_recording_is_not_overwritten(tmp_path: Path):
+    trace = tmp_path / "r.jsonl"
+    cluster_path(trace).write_text("mine\n")
+    with pytest.raises(RecordError, match=r"r-cluster.yaml exists"):
+        check_record_path(trace)
+    assert cluster_path(trace).read_text() == "mine\n"
 
 
 def test_a_recording_of_nothing_is_not_kept(tmp_path: Path):
