@@ -65,7 +65,8 @@ class RunObserver(Protocol):
     executor/record.py): trajectories opened, actions queued, actions ended. ``close``
     once, when the executor shuts down."""
 
-    def opened(self, trajectory: str, task: str, mem_gb: float | None, now: float) -> None: ...
+    def opened(self, trajectory: str, task: str, mem_gb: float | None, now: float,
+               image: str = "", image_gb: float = 0.0) -> None: ...
 
     def closed(self, trajectory: str) -> None: ...
 
@@ -115,11 +116,17 @@ class LiveExecutor:
                 raise ValueError(f"image: the {self.backend.name} backend "
                                  "runs no images (use --backend docker)")
             # checked before the core commits to it
-            self.backend.open_trajectory_image(trajectory, mem_gb, image)
+            image_gb = self.backend.open_trajectory_image(trajectory, mem_gb, image) or 0.0
             # the core books it too (its image counters; a PullImage it orders for a
             # later trajectory of the same image is the backend's pull_image, idempotent)
-            self.runtime.open_trajectory(trajectory, task, mem_gb, image=image)
+            try:
+                self.runtime.open_trajectory(trajectory, task, mem_gb, image=image,
+                                             image_gb=image_gb)
+            except BaseException:
+                self.backend.close_trajectory(trajectory)  # all or nothing
+                raise
         else:
+            image_gb = 0.0
             self.runtime.open_trajectory(trajectory, task, mem_gb)
             try:
                 self.backend.open_trajectory(trajectory, mem_gb)
@@ -127,7 +134,8 @@ class LiveExecutor:
                 self.runtime.close_trajectory(trajectory)  # all or nothing
                 raise
         if self.observer is not None:
-            self.observer.opened(trajectory, task, mem_gb, self.clock.now())
+            self.observer.opened(trajectory, task, mem_gb, self.clock.now(),
+                                 image=image or "", image_gb=image_gb)
 
     def close_trajectory(self, trajectory: str) -> None:
         self.runtime.close_trajectory(trajectory)

@@ -117,6 +117,9 @@ def elasticity(observed_s: float, units: int, speedup: Speedup) -> tuple[float, 
 class _Trajectory:
     task: str
     mem_gb: float
+    #: its container image and the image's size (GB; "" and 0: the backend's default)
+    image: str = ""
+    image_gb: float = 0.0
     #: its name in the trace (the id, or ``<id>~<n>`` for the id's n-th reuse)
     name: str = ""
     seq: int = 0
@@ -168,14 +171,16 @@ class Recorder:
         self._ended = False
 
     # -- RunObserver -------------------------------------------------------------------
-    def opened(self, trajectory: str, task: str, mem_gb: float | None, now: float) -> None:
+    def opened(self, trajectory: str, task: str, mem_gb: float | None, now: float,
+               image: str = "", image_gb: float = 0.0) -> None:
         if self._t0 is None:
             self._t0 = now
         t = self._trajectories.get(trajectory)
         if t is None:
             lives = self._lives.get(trajectory, 0)
             self._trajectories[trajectory] = _Trajectory(
-                task, float(mem_gb or 0.0), name=f"{trajectory}~{lives}" if lives else trajectory)
+                task, float(mem_gb or 0.0), image, float(image_gb),
+                name=f"{trajectory}~{lives}" if lives else trajectory)
 
     def closed(self, trajectory: str) -> None:
         """Forget its state (only how many times the id was used stays: an id opened again
@@ -251,6 +256,8 @@ class Recorder:
             "task": action.task, "trajectory": t.name, "seq": seq,
             "kind": action.kind, "think_s": think_s, "t1_s": observed,
             "cpu_cores": format_set(cost.get("cpu")), "mem_gb": t.mem_gb,
+            # (a SWE run replays with its pulls: the size the node stored)
+            "image": t.image, "image_gb": t.image_gb,
             "gpus": format_set(cost.get("gpu")), "elastic": action.elastic or "",
             "parallel_fraction": None, "unit_overhead_s": 0.0,
             "profiled": action.t1_s is not None, "declared_t1_s": action.t1_s,

@@ -526,7 +526,9 @@ class ImageOpening(Protocol):
     """Opens a trajectory's sandbox from a docker image."""
 
     def open_trajectory_image(self, trajectory: str, mem_gb: float | None,
-                              image: str) -> None: ...
+                              image: str) -> float | None:
+        """Open it in a sandbox of ``image``; the image's size in GB (None: not known)."""
+        ...
 
 
 @runtime_checkable

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import json
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,8 +58,9 @@ def pushed(registry) -> Iterator[list[Pushed]]:
 @pytest.fixture(scope="module")
 def server(tmp_path_factory) -> Iterator:
     """One pull at a time: the tests of the bound see a queue."""
-    s = start_server(tmp_path_factory.mktemp("serve-pulls"), "docker",
-                     extra_args=("--image-pulls", "1"))
+    state = tmp_path_factory.mktemp("serve-pulls")
+    s = start_server(state, "docker", extra_args=("--image-pulls", "1", "--record",
+                                                  str(state / "recorded.jsonl")))
     yield s
     s.stop()
 
@@ -127,6 +129,12 @@ def test_an_open_pulls_its_missing_image_and_the_next_open_hits(server, registry
         assert metric(text, 'tangram_effects_total{effect="PullImage"}') >= 1
         for tid in (f"first-{by}", f"again-{by}"):
             assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
+    # the recording (serve --record) carries the image and the size the node stored, so a
+    # replay of it pulls what the run pulled
+    rows = [json.loads(line) for line in
+            (server.state_dir / "recorded.jsonl").read_text().splitlines()[1:]]
+    row = next(r for r in rows if r["trajectory"] == f"first-{by}")
+    assert row["image"] == ref and row["image_gb"] * 1e9 >= p.size, row
 
 
 def test_opens_of_one_missing_image_share_one_pull_and_pulls_wait_for_a_slot(

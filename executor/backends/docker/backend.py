@@ -613,11 +613,13 @@ class DockerBackend:
             with self._lock:
                 self._creating.pop(trajectory, None)
 
-    def open_trajectory_image(self, trajectory: str, mem_gb: float | None, image: str) -> None:
+    def open_trajectory_image(self, trajectory: str, mem_gb: float | None,
+                              image: str) -> float | None:
         """Like open_trajectory, in a container of ``image``, pulled first when it is not on
         this machine (a blocking pull: the server awaits ``want_image`` before, off its event
         loop); PullFailed (or ValueError for a malformed reference) and nothing opened if it
-        cannot be had."""
+        cannot be had. The image's size in GB (what a node pulls and stores for it: the
+        core's ``image_gb``, a recording's), None where the engine does not say."""
         if image != self.image:
             with self._lock:  # held from now (the cache evicts no image a trajectory names)
                 self._images[trajectory] = image
@@ -630,6 +632,11 @@ class DockerBackend:
                 raise
             self.images.touch(image)
         self.open_trajectory(trajectory, mem_gb)
+        try:
+            size = self.client.api.inspect_image(image).get("Size")
+        except docker.errors.APIError:  # (removed behind our back since: its size unknown)
+            return None
+        return size / 1e9 if isinstance(size, int | float) and size > 0 else None
 
     # -- images (executor/backends/docker/cache.py) ----------------------------------------
     def want_image(self, trajectory: str, image: str) -> Future[PullDone]:
