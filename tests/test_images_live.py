@@ -100,6 +100,9 @@ def test_an_open_pulls_its_missing_image_and_the_next_open_hits(server, registry
     assert not present(ref)
     with httpx.Client(base_url=server.url, headers=H, timeout=WAIT_S) as c:
         before = images_status(c)["counters"]
+        observed = re.search(r"^tangram_core_image_pulls_observed (\S+)$",
+                             c.get("/metrics").text, re.M)  # (none before any image)
+        observed_before = float(observed.group(1)) if observed else 0.0
         r = c.post("/v1/trajectories", json={"id": f"first-{by}", "image": ref})
         assert r.status_code == 201, r.text
         image = r.json()["image"]
@@ -127,6 +130,10 @@ def test_an_open_pulls_its_missing_image_and_the_next_open_hits(server, registry
         # the core booked the image and ordered it to the node (carried out by the docker
         # backend's pull_image: here already, nothing pulled twice)
         assert metric(text, 'tangram_effects_total{effect="PullImage"}') >= 1
+        # the pull's rate reached the core with the trajectory's first outcome (what it
+        # places the next trajectories by): one more pull observed
+        assert metric(text, "tangram_core_image_pulls_observed") == observed_before + 1
+        assert metric(text, "tangram_core_image_pull_gbps") > 0
         for tid in (f"first-{by}", f"again-{by}"):
             assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
     # the recording (serve --record) carries the image and the size the node stored, so a

@@ -212,7 +212,8 @@ class ImageBook:
             self.ready_at[node].pop(image, None)
 
     def counters(self) -> dict[str, float]:
-        return {"image_prefetches": self.prefetches, "image_pull_gbps": self.rate_gbps}
+        return {"image_prefetches": self.prefetches, "image_pull_gbps": self.rate_gbps,
+                "image_pulls_observed": self.observed}
 
 
 # -- the policy part ---------------------------------------------------------------------

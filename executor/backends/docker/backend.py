@@ -313,6 +313,12 @@ class DockerBackend:
         self._images: dict[str, str] = {}  # trajectory -> its image, when not the default
         #: trajectory -> the image it waits for before it opens (want_image)
         self._opening: dict[str, str] = {}
+        #: trajectory -> the pull its opening waits for (want_image's future)
+        self._waits: dict[str, Future[PullDone]] = {}
+        #: trajectory -> (GB its node stored, seconds) of the pull its open waited for,
+        #: told the core on its first outcome (``pulled_gb``/``pull_s``: the observed pull
+        #: rate the core places by, as the simulator tells it; tangram/cpu/nodes.py ended)
+        self._pulled: dict[str, tuple[float, float]] = {}
         self._host_rootfs: dict[str, bool] = {}
         #: the cgroup files' paths with "{id}" for a container's id (see _cgroup_files)
         self._cgroup_template: tuple[str, str] | None = None
@@ -624,6 +630,7 @@ class DockerBackend:
             with self._lock:  # held from now (the cache evicts no image a trajectory names)
                 self._images[trajectory] = image
                 self._opening.pop(trajectory, None)
+                wait = self._waits.pop(trajectory, None)
             try:
                 self._is_host_rootfs(image)  # it is here (pulled if not), and what it is
             except BaseException:
@@ -631,12 +638,20 @@ class DockerBackend:
                     self._images.pop(trajectory, None)
                 raise
             self.images.touch(image)
+        else:
+            wait = None
         self.open_trajectory(trajectory, mem_gb)
         try:
             size = self.client.api.inspect_image(image).get("Size")
         except docker.errors.APIError:  # (removed behind our back since: its size unknown)
             return None
-        return size / 1e9 if isinstance(size, int | float) and size > 0 else None
+        gb = size / 1e9 if isinstance(size, int | float) and size > 0 else None
+        done = wait.result() if wait is not None and wait.done() and not wait.cancelled() \
+            and wait.exception() is None else None
+        if gb is not None and done is not None and done.pulled and done.pull_s > 0:
+            # in the size the core books (what the node stores), as its rate is used
+            self._pulled[trajectory] = (gb, done.pull_s)
+        return gb
 
     # -- images (executor/backends/docker/cache.py) ----------------------------------------
     def want_image(self, trajectory: str, image: str) -> Future[PullDone]:
@@ -648,14 +663,18 @@ class DockerBackend:
         with self._lock:
             self._opening[trajectory] = image
         try:
-            return self.images.want(image)
+            wait = self.images.want(image)
         except BaseException:
             self.unwant_image(trajectory)
             raise
+        with self._lock:
+            self._waits[trajectory] = wait
+        return wait
 
     def unwant_image(self, trajectory: str) -> None:
         with self._lock:
             self._opening.pop(trajectory, None)
+            self._waits.pop(trajectory, None)
         self._make_room_soon()
 
     def pull_image(self, image: str) -> None:
@@ -723,6 +742,7 @@ class DockerBackend:
             image = self._images.pop(trajectory, None)
             self._shed.pop(trajectory, None)
             self._unstarted.discard(trajectory)
+            self._pulled.pop(trajectory, None)
         if image is not None:
             self.images.touch(image)  # (its last use: the least recently used go first)
         if box:
@@ -1456,6 +1476,9 @@ class DockerBackend:
         extra = {"argv": argv, "cores": cores, "update_s": update_s, "t_spawned": t_exec,
                  "t_exited": t_exited, "state_lost": lost, "container": box.container_id[:12],
                  "via": "agent" if box.socket else "docker exec"}
+        pulled = self._pulled.pop(d.action.trajectory, None)
+        if pulled is not None:  # its open waited for this pull: the core learns its rate
+            extra.update(pulled_gb=pulled[0], pull_s=pulled[1])
         if box.work_free is not None and box.work_free < DISK_FULL_BYTES:
             return Outcome(d.action.id, "failed", code, (output or b"")[-OUTPUT_CAP:].decode(
                 errors="replace"), f"disk_full: {SANDBOX_WORKDIR} is full (the sandbox's "
