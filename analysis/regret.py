@@ -60,7 +60,7 @@ GPUS = {"over": 16, "paper": 40, "under": 80}
 CLUSTERS = tuple(POD_RATIO)
 WORKLOADS = ("coding", "deepsearch", "mopd", "mixed")
 METRICS = ("act_mean_s", "act_p99_s", "step_time_s", "reward_s")
-#: the bounds the default is held to (issue 30): regret per cell and metric
+#: the bounds the default is held to: regret per cell and metric
 BOUNDS = {"act_mean_s": 1.03, "act_p99_s": 1.10, "step_time_s": 1.03, "reward_s": 1.03}
 CPU_WORKLOADS = ("coding",)
 
@@ -123,7 +123,7 @@ JUDGE = tuple(Competitor(f"baseline judge {r or 'fill'} x {g} GPUs", "baseline",
 
 #: per workload: the competitors simulated (beside ``tangram``)
 COMPETITORS: dict[str, tuple[Competitor, ...]] = {
-    # tangram-malleable: the default with malleable CPU grants (issue 49), a variant row
+    # tangram-malleable: the default with malleable CPU grants, a variant row
     "coding": (Competitor("tangram-paper", "tangram-paper"),
                Competitor("tangram-malleable", "tangram-malleable"), *FIXED, *_k8s()),
     "mopd": (Competitor("tangram-paper", "tangram-paper"),
@@ -154,7 +154,7 @@ ALIASES["deepsearch"] = {**{f.label: "tangram" for f in FIXED},
                          "static": "static 4 GPUs, replicas round-robin",
                          "baseline": "baseline judge 5 x 4 GPUs"}
 ALIASES["mixed"] = ALIASES["deepsearch"]
-# the matrix's traces name no container image, so the image policies (issue 50; their
+# the matrix's traces name no container image, so the image policies (their
 # study is `tangram bench images`) schedule exactly as the policy they extend
 for _workload, _aliases in ALIASES.items():
     _aliases.update({"tangram-prepulled": "tangram", "tangram-images-on-demand": "tangram",

@@ -1,6 +1,6 @@
 """A sandbox's files as a tar stream and back, stdlib only: how the docker backend's
 fork copies ``/work`` from one container into another without resolving a path on the
-host (issue 45 #3).
+host.
 
 Both ends run inside the containers, in children of the sandbox agent that are the
 sandbox user (executor/backends/docker/agent.py, which imports this as ``tarcopy``):
@@ -13,7 +13,7 @@ The working directory itself is not in the stream: the copy's keeps its own owne
 mode (a fresh sandbox's), not the source's.
 
 Other places the sandbox user writes (``/tmp``, ``/var/tmp``, ``/dev/shm``, its ``$HOME``:
-issue 47 #6, ``pip install --user`` and a setup's ``/tmp`` files were lost in every copy)
+``pip install --user`` and a setup's ``/tmp`` files were lost in every copy)
 follow in the same stream, each entry named relative to its place and carrying the place
 in a PAX header (:data:`PLACE`); an entry without one is the working directory's (a
 stream of the engine's archive API has none). :func:`unpack` extracts each into the same

@@ -1,4 +1,4 @@
-"""The simulator's model of container images on CPU nodes (issue 50): what each node's
+"""The simulator's model of container images on CPU nodes: what each node's
 image cache really holds, and its pulls. The core never reads it: it keeps its own belief
 (tangram/cpu/images.py) from what it ordered and observed.
 

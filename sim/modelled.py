@@ -128,7 +128,7 @@ class _EnvImage:
 
 
 class _Executing:
-    """A malleable action executing in the model (issue 49): its work left, as a fraction
+    """A malleable action executing in the model: its work left, as a fraction
     of its time at ``cores``, as of ``since`` (in the future while it still starts or
     pauses for a resize), and the timer of its end."""
 

@@ -1,7 +1,7 @@
 """``tangram.client`` is ``tangram_sdk.client``: kept for existing configs and imports, and
 will stay.
 
-The SDK left the core's package (issue 48): the HTTP client is ``tangram_sdk.client``. This
+The SDK left the core's package: the HTTP client is ``tangram_sdk.client``. This
 module makes the old name the same module object (``sys.modules``), so ``from tangram.client
 import TangramClient`` gives the SDK's own classes; a loader that runs this file as a fresh
 module of its own (verl's ``get_tool_class``) reads every name through ``__getattr__``.

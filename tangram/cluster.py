@@ -29,7 +29,7 @@ class CpuNodeSpec:
     cores: int = 256
     numa: int = 2
     mem_gb: float = 2400.0
-    #: disk for container images (GB; issue 50): least recently used unused images are
+    #: disk for container images (GB): least recently used unused images are
     #: removed past it (None: no budget, nothing is removed)
     image_cache_gb: float | None = None
 

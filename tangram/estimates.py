@@ -171,7 +171,7 @@ class SpeedupCurve:
         Why: runs end in order of length, so the first results at a unit count are its
         short runs; a count the scheduler just moved to looked faster than the counts
         whose runs had all ended, the fit went flat and grants stepped down a count at a
-        time to 1 core (issue 30: coding 1,024 on 15 nodes, a kind's first 55 results at
+        time to 1 core (coding 1,024 on 15 nodes, a kind's first 55 results at
         1 core averaged 4.0 s, all 416 of them 16.9 s). A run at ``m`` units running for
         ``e`` s says its time there is at least ``e``; it is counted at its expected time
         given that (:func:`residual_mean`) on the curve itself: two EM steps from
@@ -342,7 +342,7 @@ class CommandCurves:
 
 class LaneModel:
     """Which one-core actions are *light* (expected to take at most a lane's ``light_s``),
-    by the finest identity an action has: its command (issue 30).
+    by the finest identity an action has: its command.
 
     Per (task, kind) the lane never engaged where a kind mixes commands (``ls``: 10 ms,
     ``python -c "import sympy"``: 2-5 s, both ``shell``), and once it did, the slow one
@@ -358,7 +358,7 @@ class LaneModel:
 
     An action naming no command (a trace's rows) has nothing finer than its kind: a
     declared ``t1_s`` within ``light_s`` is believed until two runs of the kind took
-    longer on average (issue 21), and an undeclared one is light once two runs of its
+    longer on average, and an undeclared one is light once two runs of its
     kind were, on average.
     """
 
@@ -562,7 +562,7 @@ class DurationModel:
         if fitted is not None:
             # the fit weighed against the prior as if the prior were EXPLORE_RUNS runs
             # (shrinkage): the runs of one kind are suites of different sizes, and a few
-            # of them fit any shape. Issue 30: after 12 runs the kind's curve was flat,
+            # of them fit any shape. Without it, after 12 runs the kind's curve was flat,
             # the next tests ran on 1 core of 63 free, and those runs then confirmed the
             # flat curve; and a per-unit cost fitted to the size scatter (0.19 s/unit on
             # an Amdahl-only trace) held every test at 6 of 64 free cores.
@@ -578,7 +578,7 @@ class DurationModel:
         the most-run count, once that count has half of EXPLORE_RUNS runs and until
         CONTRAST_RUNS runs were at other counts.
 
-        Issue 30: exploration ran nearly every test at one width (38 runs at 16 cores, 2 at
+        Without it, exploration ran nearly every test at one width (38 runs at 16 cores, 2 at
         1 core, both small suites), so the curve rested on two 1-core runs and came out
         flat; runs at a middle width (4 of 16 cores, not the minimum) contrast unit counts
         at a small cost. Only counts of observed runs decide it."""

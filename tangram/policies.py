@@ -88,7 +88,7 @@ class Policy:
     api: ClassVar[ApiSide] = TangramAdmits()
     #: when a trajectory's environment (container, pod) starts
     env: ClassVar[EnvStart] = AtFirstAction()
-    #: how trajectories that name a container image are placed (issue 50)
+    #: how trajectories that name a container image are placed
     images: ClassVar[ImageSide] = ImageAware()
 
     depth: int = 2

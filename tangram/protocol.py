@@ -64,7 +64,7 @@ class Capabilities:
     """What a backend can do, as the core and the drivers read it. Never declared by a
     backend: :func:`capabilities_of` reads it off the methods the backend implements
     (one runtime-checkable protocol per optional method below) and its :class:`Traits`,
-    so no flag can claim a method that is not there (issue 46: a wrapper that copied
+    so no flag can claim a method that is not there (a wrapper that copied
     ``moves=True`` without ``move`` crashed ``tangram run``)."""
 
     #: :attr:`Traits.batches`
@@ -102,14 +102,14 @@ class Capabilities:
     #: what a crash left of the others (:class:`Retaining`)
     retains: bool = False
     #: changes a running elastic action's cores while it runs (:class:`Resized`:
-    #: ``resize``); the core resizes grants (issue 49) only for such a backend, since
+    #: ``resize``); the core resizes grants only for such a backend, since
     #: another would go on running the action on the cores the core gave to others
     #: (:class:`Resizing`)
     resizes: bool = False
     #: pulls a container image to a node ahead of the trajectories placed there
     #: (:class:`PullImage`: ``pull``); the core orders pulls ahead only for such a backend
     #: (:class:`Pulling`). Left out of the repr, as :class:`Open`'s image is when empty:
-    #: an ``Attach`` of a run without images reads as it did before issue 50, so the
+    #: an ``Attach`` of a run without images reads as it did before images existed, so the
     #: effect hashes of scripts/effects_hash.py compare across it
     pulls: bool = field(default=False, repr=False)
 
@@ -140,7 +140,7 @@ class Open:
     image_gb: float = 0.0
 
     def __repr__(self) -> str:
-        # without an image, as before issue 50 (scripts/effects_hash.py hashes commands)
+        # without an image, as before images existed (scripts/effects_hash.py hashes commands)
         tail = f", image={self.image!r}, image_gb={self.image_gb!r}" if self.image else ""
         return (f"Open(trajectory={self.trajectory!r}, task={self.task!r}, "
                 f"mem_gb={self.mem_gb!r}{tail})")
@@ -299,7 +299,7 @@ class Moved:
 @dataclass(frozen=True, slots=True)
 class Resized:
     """The running elastic action ``action_id`` holds ``cores`` of ``node`` from now on
-    (issue 49: a malleable grant grows onto cores that freed up, or shrinks to admit an
+    (a malleable grant grows onto cores that freed up, or shrinks to admit an
     arrival; tangram/cpu/malleable.py). Its worker count (``Dispatch.workers``) stays what
     it was started with: its processes are re-pinned onto the new cores. Sent only to a
     backend with ``Capabilities.resizes``."""
@@ -312,7 +312,7 @@ class Resized:
 @dataclass(frozen=True, slots=True)
 class PullImage:
     """Pull the container image ``image`` to CPU node ``node`` ahead of the trajectories
-    the core placed there (issue 50: what pre-restore is to a GPU service, one level
+    the core placed there (what pre-restore is to a GPU service, one level
     down). Sent only to a backend with ``Capabilities.pulls``; a trajectory that starts
     there before it ends waits for what is left of it. ``trajectory``: the one it is
     pulled ahead for (its image is wanted on ``node`` until that trajectory starts,

@@ -54,7 +54,7 @@ CALIBRATION: dict[str, tuple[float | str, str]] = {
                              "repository, install its dependencies) takes tens of seconds to "
                              "minutes (lognormal, sigma 0.7, clipped 5-600 s); drawn once per "
                              "GRPO group (--group-size), not swept"),
-    # -- SWE-style (a container image per task; issue 50) ---------------------------------
+    # -- SWE-style (a container image per task) -------------------------------------------
     "swe_images": (500.0, "SWE-bench Verified's 500 task images (epoch.ai/blog/swebench-docker); "
                           "`--images` sets another count (SWE-Gym ~2,400)"),
     "swe_image_skew": (1.0, "assumption: Zipf exponent of how often a task (its image) is "

@@ -63,7 +63,7 @@ COLUMNS: dict[str, tuple[str, bool, Any, str]] = {
     "group": ("str", False, "", "GRPO group: rollouts of one prompt, whose sandboxes start "
               "from the same prepared state ('' for none; traces/groups.py)"),
     "image": ("str", False, "", "the container image the trajectory's environment starts "
-              "from ('' for the node's default image, always present; issue 50)"),
+              "from ('' for the node's default image, always present)"),
     "image_gb": ("float", False, 0.0, "bytes a node pulls and stores for ``image`` when it "
                  "holds none of it (GB; 0 with no image)"),
 }

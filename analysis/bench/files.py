@@ -1,4 +1,4 @@
-"""The file API on both sandbox backends in one run (issue 33 #8).
+"""The file API on both sandbox backends in one run.
 
 A real ``tangram serve`` per backend, one trajectory each, one action run first (so the
 docker sandbox is an idle container held at its idle CPU quota, as between a rollout's

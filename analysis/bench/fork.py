@@ -1,5 +1,5 @@
 """`tangram bench fork`: a GRPO group of rollouts, each preparing its sandbox, against
-one preparation forked into the others (issue 36), on a real `tangram serve`.
+one preparation forked into the others, on a real `tangram serve`.
 
 The setup is a real one, offline: ``git clone`` of a small local repository (uploaded as
 a ``git bundle``) and ``pip install`` of one small local wheel (uploaded too) into the

@@ -1,4 +1,4 @@
-"""The simulated effect of forking a prepared sandbox (issue 36): a coding batch in GRPO
+"""The simulated effect of forking a prepared sandbox: a coding batch in GRPO
 groups, every rollout preparing its own sandbox against one preparation per group
 forked into the others, on the same trace, cluster and policy (`tangram bench fork-sim`)."""
 

@@ -1,4 +1,4 @@
-"""Figures for issue 21 (hardening), against a real `tangram serve` (process backend).
+"""Hardening figures, against a real `tangram serve` (process backend).
 
 Prints one JSON line:
   background_child: exec_s of ``sleep 25 & echo started`` (the action ends when the

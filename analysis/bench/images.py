@@ -1,4 +1,4 @@
-"""Images as a scheduled resource, simulated (issue 50; the simulation half of `tangram
+"""Images as a scheduled resource, simulated (the simulation half of `tangram
 bench images`): SWE-style rollouts, each trajectory's environment started from its task's
 container image, on the paper's CPU nodes with an image cache per node, under tangram
 (image-aware placement, pulls ahead) against the Kubernetes pod pulling on demand, the pod

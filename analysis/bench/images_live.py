@@ -1,4 +1,4 @@
-"""Benchmark: images pulled from a registry, live (issue 50 #5, the live half).
+"""Benchmark: images pulled from a registry, live (the live half).
 
     python -m analysis.bench.images_live                       # 32 trajectories, 8 images
     python -m analysis.bench.images_live --image-mb 64 --bandwidth-mb 512

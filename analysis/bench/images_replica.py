@@ -1,4 +1,4 @@
-"""The simulation of a live images run (issue 50 #5: `tangram bench images --live`): the
+"""The simulation of a live images run (`tangram bench images --live`): the
 same trajectories over the same images of the same sizes, the same actions, on a cluster
 file that describes this machine as the live run measured it, and its first-action
 latency beside the live one.

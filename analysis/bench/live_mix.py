@@ -1,5 +1,5 @@
 """`tangram bench live-mix`: a real test suite beside short shell commands, through a real
-`tangram serve --backend process`, under several policies in one run (issue 30).
+`tangram serve --backend process`, under several policies in one run.
 
 The suite is sympy's own (a well-known pure-Python project; in the dev extras, so it is
 here offline): each trajectory's reward is one of its test modules, run as the reward
@@ -187,7 +187,7 @@ def live_mix_bench(policies: tuple[str, ...] = POLICIES, trajectories: int = 8, 
     summary = {
         "summary": True, "policy": first["policy"], "against": [r["policy"] for r in others],
         "cpus": os.cpu_count(), "cores": cores, "trajectories": trajectories, "seed": seed,
-        # the targets (issue 30): makespan and short-command wait no worse than any other,
+        # the targets: makespan and short-command wait no worse than any other,
         # and no light command waiting more than 2 s
         "makespan_no_worse": all(first["makespan_s"] <= r["makespan_s"] for r in others),
         "short_wait_mean_no_worse": all(first["short_wait"].get("mean_s", 0)

@@ -4,7 +4,7 @@ Starts a real `tangram serve` (process backend) on 127.0.0.1, probes /healthz ev
 10 ms, and submits 32 maximal (64 KiB) commands at once - each ~0.15 s of shlex, ~5 s
 in all if that ran on the loop. Prints JSON: the probe's latencies (max, p50, p99),
 the same probe's latencies before the burst (the baseline), and the machine's load.
-Issue 21 #11: this figure was a timed assertion in tests/test_attack_input.py, which
+This figure was once a timed assertion in tests/test_attack_input.py, which
 failed at load ~6; a figure goes here, never into a test.
 
     python -m analysis.bench.loop_stall

@@ -1,4 +1,4 @@
-"""What a sandbox's private /tmp costs per command on the process backend (issue 47 #6).
+"""What a sandbox's private /tmp costs per command on the process backend.
 
 Two source trees - ``--before`` (e.g. ``git archive <commit> | tar -x -C DIR`` of a
 commit without the mount namespace) and this one - each serve the same load in turn:

@@ -60,7 +60,7 @@ class MemoryWatch:
     ``start_gb`` (tangram/cpu/admission.py) until the next one shows what it does use, so
     a burst of opens is admitted ~(free - headroom) / start_gb at a time, one batch per
     observation: at 1 s, a burst of 1,024 trajectories' first actions waited up to tens of
-    seconds for a node while the admitted ones' later actions ran (issue 34 #3)."""
+    seconds for a node while the admitted ones' later actions ran."""
 
     def __init__(self, executor: LiveExecutor, node: str = "local", period_s: float = 1.0,
                  reclaim_idle_s: float = 2.0, waiting_period_s: float = 0.05) -> None:

@@ -4,7 +4,7 @@ The order is what makes it all-or-nothing and fair: the copies are opened first 
 core registers them with the source's declared memory: they count and wait for a node
 like any open), then the fork is submitted as an action of the source and the core
 schedules it like any other CPU action; the backend carries it out. The service
-(executor/server/service.py) submits it as it submits any action (issue 45 #7): it is
+(executor/server/service.py) submits it as it submits any action: it is
 tracked, journalled, looked up and cancelled by its id; if it ends other than ``ok``
 (failed, cancelled, the source closed meanwhile) or the server stops, every copy opened
 is closed again before anyone is told.
@@ -115,7 +115,7 @@ def check_fork(executor: LiveExecutor, source: str, copies: list[str],
 def open_copies(executor: LiveExecutor, view: TrajectoryView, copies: list[str],
                 image: str | None) -> None:
     """Open every copy (empty, the source's task and memory; ``image``: the source's docker
-    image, issue 47 #1), all or nothing."""
+    image), all or nothing."""
     opened: list[str] = []
     try:
         for c in copies:

@@ -17,13 +17,13 @@ them), and forgotten at their close: a server restarted on the same state direct
 opens again those a crash (or a stop) left open (executor/server/service.py), so their
 clients' next submits find them.
 
-What it keeps is bounded (issue 45 #11): an output's last ``KEPT_OUTPUT`` bytes (64 KiB; a
+What it keeps is bounded: an output's last ``KEPT_OUTPUT`` bytes (64 KiB; a
 client reading the result while the server holds it, ``--result-ttl-s``, gets the whole 1 MiB
 tail the backend kept), and the rows of the newest ``KEPT_RESULTS`` actions (50,000: at most
 ~3.2 GB of outputs in the worst case, a few MB for ordinary ones); older finished ones are
 deleted every ``PRUNE_EVERY`` results. An action still queued or running is never pruned.
 
-Ownership (issue 45 #8, executor/server/tokens.py): each action row names the owner (the
+Ownership (executor/server/tokens.py): each action row names the owner (the
 name of the token that submitted it) and the ``owners`` table the owner of each open
 trajectory, so a restart keeps every trajectory and result its owner's alone. Both were
 added to journals that had none: a row without an owner is ``default``'s (such a journal

@@ -4,7 +4,7 @@ It owns the live executor and the journal; handlers never read the core's
 state themselves. Every refusal is a :class:`Refused` with the HTTP status and
 a message naming the field, so the routes stay thin.
 
-Everything a client reaches is its token's (issue 45 #8, executor/server/tokens.py): a
+Everything a client reaches is its token's (executor/server/tokens.py): a
 trajectory is its opener's (a fork's copies the forker's), an action its submitter's, and
 any other token's request for one is answered exactly as for an id that does not exist
 (404, the same words), so ids say nothing of other tokens' work. The one thing ids share
@@ -281,7 +281,7 @@ class Service:
     async def fork_trajectories(self, body: TrajectoryIn, *, owner: str) -> dict[str, Any]:
         """``body.count`` copies of ``body.fork_of`` (executor/server/fork.py), ``owner``'s.
 
-        The fork is an action of the source like any (issue 45 #7): tracked and journalled
+        The fork is an action of the source like any: tracked and journalled
         under its id (``body.action``, else generated; the answer's ``action``), looked up
         and cancelled by it while it runs; closing the source cancels it as it cancels the
         source's other actions (rather than waiting: a close means the source's sandbox is
@@ -347,7 +347,7 @@ class Service:
         done = t.forked
         assert done is not None
         # (all in one transaction, and only now that every copy is complete: a crash
-        # before leaves none journalled, and a restart removes them all - issue 45 #8)
+        # before leaves none journalled, and a restart removes them all)
         if opened is not None:
             now = time.monotonic()
             self.journal.opened_all([(tid, opened.task, opened.mem_gb, opened.image)

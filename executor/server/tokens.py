@@ -1,4 +1,4 @@
-"""The server's bearer tokens and whom each names (issue 45 #8: ownership).
+"""The server's bearer tokens and whom each names (ownership).
 
 A trajectory belongs to the token that opened it: another token's request for it (or
 for its actions) is answered as for an id that does not exist. A token is known to the

@@ -1,4 +1,4 @@
-"""Container images as a scheduled resource (issue 50): what the core believes each CPU
+"""Container images as a scheduled resource: what the core believes each CPU
 node's image cache holds, and where a trajectory that names an image should open.
 
 The core sees only what a deployment knows: each trajectory's declared image and size

@@ -1,4 +1,4 @@
-"""Malleable grants (issue 49): a running elastic action's cores grow onto cores that free
+"""Malleable grants: a running elastic action's cores grow onto cores that free
 up and shrink to admit arrivals.
 
 Why: a grant fixed at an action's start is right only for the moment it starts. A test

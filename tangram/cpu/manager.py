@@ -5,7 +5,7 @@ an elastic action's cores come from one NUMA domain (parallel efficiency
 depends on core distance). A trajectory is bound at its first action to a
 node with memory for the whole trajectory, chosen by memory balance among the
 nodes where that action can start now (free cores), else among all of them:
-binding never waits for a free core (issue 30: an ``ls`` waited for a whole test
+binding never waits for a free core (an ``ls`` waited for a whole test
 run to be *placed*); the action then queues on its node like any other. Its
 memory stays reserved until it is closed (its container keeps its state between
 actions). Whether a node has

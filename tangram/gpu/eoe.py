@@ -24,7 +24,7 @@ request, with three rules:
    while their memory fits).
 
 (A fourth rule, predictive pre-restore - free chunks restoring, while nothing waits, the
-service whose resident GPUs fell short of its recent demand - was removed for issue 30:
+service whose resident GPUs fell short of its recent demand - was removed:
 its ablation row equalled the default in all 216 GPU cells of the regret matrix; on the
 shipped MOPD sample it fired 0 times.)
 

@@ -1,7 +1,7 @@
 """``tangram.integrations.gym`` is ``tangram_sdk.integrations.gym``: kept for existing
 configs and imports, and will stay.
 
-The SDK left the core's package (issue 48): the adapters are ``tangram_sdk.integrations``.
+The SDK left the core's package: the adapters are ``tangram_sdk.integrations``.
 This module makes the old name the same module object (``sys.modules``), so
 ``tangram/Shell-v0`` is registered once, by the SDK's module; a loader that runs this file
 as a fresh module of its own (verl's ``get_tool_class``) reads every name through

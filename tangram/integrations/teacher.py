@@ -1,7 +1,7 @@
 """``tangram.integrations.teacher`` is ``tangram_sdk.integrations.teacher``: kept for
 existing configs and imports, and will stay.
 
-The SDK left the core's package (issue 48): the adapters are ``tangram_sdk.integrations``.
+The SDK left the core's package: the adapters are ``tangram_sdk.integrations``.
 This module makes the old name the same module object (``sys.modules``), so its classes are
 the SDK's own; a loader that runs this file as a fresh module of its own (verl's
 ``get_tool_class``) reads every name through ``__getattr__``.

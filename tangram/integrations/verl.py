@@ -1,7 +1,7 @@
 """``tangram.integrations.verl`` is ``tangram_sdk.integrations.verl``: kept for existing
 configs and imports, and will stay.
 
-The SDK left the core's package (issue 48): the adapters are ``tangram_sdk.integrations``.
+The SDK left the core's package: the adapters are ``tangram_sdk.integrations``.
 This module makes the old name the same module object (``sys.modules``), so a tool config's
 ``class_name: tangram.integrations.verl.TangramTool`` and
 ``pkg://tangram.integrations.verl`` load the SDK's tool and reward; a loader that runs this

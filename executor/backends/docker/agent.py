@@ -37,7 +37,7 @@ a JSON line (``bytes``, or ``error``); the commands go on after. ``{"op": "unpac
 that is the sandbox user. So a copy never resolves a path on the host, nor as root.
 The stream also holds the other places the sandbox user writes (:func:`copied_places`:
 ``/tmp``, ``/var/tmp``, ``/dev/shm``, and its ``$HOME`` where it may write there), each
-extracted into the same place of the copy (issue 47 #6).
+extracted into the same place of the copy.
 """
 
 import json

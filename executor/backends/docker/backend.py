@@ -131,7 +131,7 @@ CREATORS = 4
 WARM_CREATORS = 4
 #: while a file operation runs in an idle container: its agent serves the copy at a
 #: core's pace (at the idle 1% a put or get took 2.4-3.5 s against 0.05 s on the process
-#: backend, issue 33 #9); a file operation is short and mostly I/O
+#: backend); a file operation is short and mostly I/O
 FILE_QUOTA_US = PERIOD_US
 #: the warm pool refills once no sandbox was taken for this long (DockerBackend._refill)
 WARM_QUIET_S = 0.5
@@ -392,7 +392,7 @@ class DockerBackend:
     def retain(self, trajectories: Collection[str]) -> int:
         """At a start, before the journal's open ``trajectories`` are opened again
         (executor/server/service.py): a predecessor's container of any other trajectory
-        is removed now, not adopted by a later open of the same id (issue 45 #8: a kill -9
+        is removed now, not adopted by a later open of the same id (a kill -9
         mid-fork left copies the journal never heard of; a fork again under their ids got
         their stale files). How many were removed."""
         keep = set(trajectories)
@@ -1446,7 +1446,7 @@ class DockerBackend:
         env = {k: str(v) for k, v in (payload.get("env") or {}).items()}
         env["TANGRAM_CORES"] = ",".join(map(str, cores))
         # the workers to start (``pytest -n $TANGRAM_WORKERS``): a malleable action's is the
-        # widest it may grow to, so it uses the cores its grant grows onto (issue 49)
+        # widest it may grow to, so it uses the cores its grant grows onto
         env["TANGRAM_WORKERS"] = str(d.worker_count)
         # which action a process of the container is (executor/backends/docker/tree.py)
         env[ACTION_MARK] = uuid.uuid4().hex

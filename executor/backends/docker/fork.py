@@ -1,5 +1,5 @@
 """The docker backend's fork: the source container's ``/work`` copied into each copy's
-container, without a path ever resolved on the host (issue 45 #3).
+container, without a path ever resolved on the host.
 
 ``/work`` is a tmpfs (or a tmpfs-backed volume) on an engine that cannot bound a
 container's writable layer - this project's (fuse-overlayfs) - so ``docker commit``,
@@ -15,7 +15,7 @@ the source; the copy's ``/work`` keeps a fresh sandbox's owner and mode. Before,
 (root) ran ``cp -a`` through ``/proc/<pid>/root/work``, and an absolute link a process of
 the sandbox swapped in was resolved on the host: host files landed in the copy.
 
-What a copy gets (issue 47 #6: ``pip install --user`` and a setup's ``/tmp`` files were
+What a copy gets (``pip install --user`` and a setup's ``/tmp`` files were
 silently lost in every copy): ``/work``, and with an agent also ``/tmp``, ``/var/tmp``,
 ``/dev/shm`` and the commands' ``$HOME`` (where the sandbox user may write it: the
 default image's is ``/tmp``), each into the same place (executor/backends/docker/agent.py
@@ -30,7 +30,7 @@ does not see the tmpfs mounts (``/tmp``, ``/var/tmp``): a fork of such a source 
 ``/tmp``, ``/var/tmp`` or ``/dev/shm`` holds anything is refused too.
 
 Each copy's container is taken from the warm pool or created as for a first action, in
-its source's image (issue 47 #1: the copies are opened with it, executor/server/fork.py).
+its source's image (the copies are opened with it, executor/server/fork.py).
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 backend's cancel and timeout).
 
 Killing the container was the only way the backend stopped a cancelled command, and it
-took the rollout's files with it (issue 47 #2); the agent's own timeout killed every
+took the rollout's files with it; the agent's own timeout killed every
 process of the sandbox user, other actions' commands included. Now each command carries
 an environment mark of its action (:data:`ACTION_MARK`, set by the backend; the agent
 passes it on, and everything the command starts inherits it), and the host - root, with

@@ -352,7 +352,7 @@ class ProcessBackend:
             env.update(HOME=str(home), USER=f"sandbox{uid}", LOGNAME=f"sandbox{uid}")
         env["TANGRAM_CORES"] = ",".join(map(str, sorted(cores)))
         # the workers to start (``pytest -n $TANGRAM_WORKERS``): a malleable action's is the
-        # widest it may grow to, so it uses the cores its grant grows onto (issue 49)
+        # widest it may grow to, so it uses the cores its grant grows onto
         env["TANGRAM_WORKERS"] = str(d.worker_count)
         env[MARK] = mark
         return env
@@ -660,7 +660,7 @@ class ProcessBackend:
     def retain(self, trajectories: Collection[str]) -> int:
         """At a start, before the journal's open ``trajectories`` are opened again
         (executor/server/service.py): everything else in the work root is a previous run's
-        leftover (issue 45 #8-9) - the directory of a trajectory opened but not journalled
+        leftover - the directory of a trajectory opened but not journalled
         (a kill -9 mid-open), a fork's copies not journalled yet (mid-fork: the service
         journals them once complete), a fork's stage (`` forking ``), a closed one not
         removed yet (`` closing ``) - and is removed now, so no later trajectory of the same

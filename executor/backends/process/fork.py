@@ -8,7 +8,7 @@ How the files are copied is chosen once per file system and reported with every 
   metadata only;
 * ``copy``: ``cp -a`` - every byte read and written again (ext4, overlayfs, tmpfs).
 
-No file operation runs as root over a path a sandbox controls (issue 45 #1-2, #7):
+No file operation runs as root over a path a sandbox controls:
 
 1. the source's processes are frozen (executor/freeze.py) for as long as it is copied:
    nothing of it renames, swaps a link in or writes meanwhile, and the copy is a snapshot;
@@ -35,7 +35,7 @@ still write, would leave less than ``RESERVE_BYTES`` free on that file system (1
 twentieth of a smaller one) is refused too (the action ``failed``, naming the sizes) instead
 of filling the host's disk part way.
 
-A fork can be cancelled (issue 45 #7: its action's cancel, or its source's close): its
+A fork can be cancelled (its action's cancel, or its source's close): its
 task is cancelled where it is - the ``cp`` killed, the staged trees removed, the source
 thawed - before the action ends ``cancelled``. A step that changes the file system (a
 stage made, a staged tree settled into a copy's directory, a stage removed) is never cut

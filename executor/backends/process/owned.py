@@ -1,5 +1,5 @@
 """Every file a closed sandbox user owns wherever sandboxes may write, removed before its
-id is handed out again (issue 45 #6).
+id is handed out again.
 
 executor/backends/process/sweep.py looks in ``/tmp`` and friends only where the user
 itself could write (``o+w`` directories). But another sandbox may move what it left

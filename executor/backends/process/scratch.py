@@ -1,5 +1,5 @@
 """A sandbox's own ``/tmp``, ``/var/tmp`` and ``/dev/shm`` on the process backend
-(issue 47 #6: every open sandbox shared the host's ``/tmp``; one rollout read another's
+(every open sandbox shared the host's ``/tmp``; one rollout read another's
 ``/tmp/t0``, and of 8 setups writing one fixed ``/tmp`` path 7 failed with "Permission
 denied", the first writer's file being another user's).
 

@@ -156,7 +156,7 @@ _SETPRIV = shutil.which("setpriv")
 
 def as_user(uid: int) -> list[str] | None:
     """An exec prefix that runs the command as ``uid`` (group ``uid``, no supplementary
-    groups, no new privileges: a setuid file runs as its caller, issue 45 #6), or None
+    groups, no new privileges: a setuid file runs as its caller), or None
     where ``setpriv`` is missing. Measured: ``Popen(user=...)`` cannot
     ``vfork`` and copies the server's memory map (~3.2 ms of server CPU per start for a
     150 MB process), the extra exec of ``setpriv`` costs the server ~0.1 ms; the ids,

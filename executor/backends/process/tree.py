@@ -2,7 +2,7 @@
 
 A command can leave its process group (``setsid``) and its parent (``&`` in a subshell
 that exits: the child is re-parented to init): neither a group kill nor a walk of its
-children finds such a daemon. Issue 45 #5: ``setsid sh -c 'while :; do :; done' &`` ran on
+children finds such a daemon. Seen: ``setsid sh -c 'while :; do :; done' &`` ran on
 at 93% of a core after the action was cancelled, while the server counted the core free.
 
 So, where the server can make one, each action runs in a cgroup (v2) of its own: the

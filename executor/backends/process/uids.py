@@ -18,7 +18,7 @@ Within a block the ids rotate: a closed trajectory's id goes to the back of the 
 (oldest freed first), and only once its processes are gone and every file it owns
 anywhere a sandbox may write was removed (executor/backends/process/reaper.py,
 executor/backends/process/owned.py). The next trajectory never gets the id that just
-closed (issue 45 #6: last-freed-first handed it to the next open at once).
+closed (last-freed-first handed it to the next open at once).
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ PR_SET_NO_NEW_PRIVS = 38
 def no_new_privileges() -> None:
     """From now on, in this process and everything it starts, a setuid or setgid file (or
     one with file capabilities) runs with the caller's ids: a sandbox's commands cannot
-    become another user through a file one left anywhere (issue 45 #6). For a child
+    become another user through a file one left anywhere. For a child
     before its exec (a preexec_fn); ``spawner.as_user`` passes ``--no-new-privs``."""
     import ctypes
 

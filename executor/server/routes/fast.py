@@ -5,7 +5,7 @@ trip per action) and ``GET /v1/actions/{aid}`` (the long-poll after it) are the 
 per-action work. Through FastAPI each costs routing across every router, dependency
 solving for the path, query, token and body, and re-validating the returned model: about
 a fifth of the server's CPU per trivial action (`tangram bench serve`, profiled with a
-CPU-clock profiler, issue 23). This layer answers the *well-formed* ones itself - the same
+CPU-clock profiler). This layer answers the *well-formed* ones itself - the same
 checks (token, id pattern, ``wait`` bounds, the body's model), the same ``Service`` calls,
 the same JSON and status codes - and hands every other request to FastAPI untouched,
 with its body. So every client error (401, 422 in FastAPI's shape, a route that does not
