@@ -111,7 +111,7 @@ class Tangram:
         parts = assemble(cluster, self._policy, self._trajectories, self._queued,
                          self._queue_many, admission)
         res = parts.resources
-        self._cpu, self._gpu, self._quota, self._pools = res.cpu, res.gpu, res.quota, res.pools
+        self._gpu, self._quota, self._pools = res.gpu, res.quota, res.pools
         #: the optional points each pool implements (tangram/pool.py), asked once: an
         #: isinstance against a runtime-checkable Protocol walks the class's attributes
         #: every time (~14 us), and every pass asked it twice
