@@ -24,7 +24,7 @@ from tangram.core import Tangram
 from tangram.fork import FORK
 from tangram.gpu.batching import MeasuredGpu
 from tangram.model import Action
-from tangram.policies import Pods, Policy, make_policy
+from tangram.policies import Policy, make_policy
 from tangram.runtime import RecordSink, RunResult, Runtime
 from traces.groups import GroupPlay, plays
 from traces.player import play, refuse_misfits
@@ -65,7 +65,7 @@ def policy_of(config: SimConfig) -> Policy:
 
 def startup_of(policy: Policy, config: SimConfig,
                cluster: ClusterSpec | None = None) -> StartupModel:
-    pods = isinstance(policy.cpu, Pods)
+    pods = policy.cpu.starts_pods
     if pods and (config.pod_start_s is not None or config.pod_rate_per_s is not None):
         return replace(POD_START,
                        median_s=POD_START.median_s if config.pod_start_s is None

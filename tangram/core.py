@@ -39,7 +39,17 @@ from tangram.model import (
     counted,
 )
 from tangram.policies import Policy
-from tangram.pool import AfterPass, Batching, Books, PoolPoints, Resizable, Waking, by_pool, resizable
+from tangram.pool import (
+    AfterPass,
+    Batching,
+    Books,
+    PoolPoints,
+    Resizable,
+    Waking,
+    by_pool,
+    light_lane,
+    resizable,
+)
 from tangram.protocol import (
     Attach,
     Cancel,
@@ -101,7 +111,7 @@ class Tangram:
         parts = assemble(cluster, self._policy, self._trajectories, self._queued,
                          self._queue_many, admission)
         res = parts.resources
-        self._cpu, self._gpu, self._quota, self._pools = res.cpu, res.gpu, res.quota, res.pools
+        self._gpu, self._quota, self._pools = res.gpu, res.quota, res.pools
         #: the optional points each pool implements (tangram/pool.py), asked once: an
         #: isinstance against a runtime-checkable Protocol walks the class's attributes
         #: every time (~14 us), and every pass asked it twice
@@ -272,8 +282,9 @@ class Tangram:
         out = [QueueView("binding", "binding", waiting(self._binding.unbound))]
         for name, pool in self._pools.items():
             out.append(QueueView(name, pool.key or "api", waiting(pool.queue)))
-            if pool.lane is not None:  # a CPU node's light actions wait apart
-                out.append(QueueView(f"{name} light", "light lane", waiting(pool.lane.light)))
+            lane = light_lane(pool)
+            if lane is not None:  # a CPU node's light actions wait apart
+                out.append(QueueView(f"{name} light", "light lane", waiting(lane.light)))
         return tuple(out)
 
     def _quota_views(self) -> tuple[QuotaView, ...]:
@@ -444,7 +455,7 @@ class Tangram:
         if observed:
             # a batch member's elapsed time is the batch's, not its own: not observed
             elapsed = now - dispatch.start_s - lease.restore_s
-            lane = pool.lane
+            lane = light_lane(pool)
             self._estimates.durations.observe(action, units, max(elapsed, 0.0),
                                              pool.name, p.elastic,
                                              lane.light_s if lane is not None else 0.0)
@@ -508,7 +519,7 @@ class Tangram:
         key = pool.key
         sched = pool.scheduler or self._scheduler
         unit_choices, estimates = pool.unit_choices, self._estimates
-        lane = pool.lane
+        lane = light_lane(pool)
         durations = estimates.durations
         durations.now = now  # (learnt tables read the runs in flight as of now)
         # the light lane's classification (a CPU node's: tangram/cpu/lane.py light_test)
@@ -556,9 +567,9 @@ class Tangram:
         """Scheduling passes until nothing more starts. Greedy eviction may leave units
         free that an evicted action could have used (a DP prefix cannot always absorb
         them: an action takes at most 8 GPUs); the next pass offers them again."""
-        lane = pool.lane
+        lane = light_lane(pool)
         out: list[Effect] = []
-        if lane is not None:
+        if lane is not None:  # (a CPU node: its lane starts light actions before any plan)
             out = lane.run(now, self._books)
         # a pool whose grants resize (tangram/cpu/malleable.py): before each plan and once
         # its queue is empty, its running grants and its queue share its idle units

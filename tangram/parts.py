@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol
+from typing import ClassVar, Protocol
 
 from tangram.api.admits import ProviderLimit
 from tangram.api.quota import QuotaManager
@@ -31,6 +31,11 @@ class Resources:
 
 class CpuSide(Protocol):
     """How the CPU nodes are held (``SharedCores``, ``Pods``)."""
+
+    #: a trajectory's environment is a pod the part holds cores for, from its binding to
+    #: its close (a simulator models its start as a pod's: the control plane schedules it
+    #: at its own rate); else a container or a working directory on the node
+    starts_pods: ClassVar[bool]
 
     def build(self, cluster: ClusterSpec) -> tuple[CpuManager, list[Pool]]:
         """The CPU manager and a pool per node."""

@@ -3,11 +3,12 @@ node), the queued action (:class:`Pending`), a grant, the extension points
 (:class:`PoolPoints`, made of one protocol per point every pool implements:
 :class:`Queueing`, :class:`Filtering`, :class:`Reserving`; the optional ones a pool
 implements only if it uses them, checked with isinstance: :class:`Batching`,
-:class:`AfterPass`, :class:`Waking`; the light lane :class:`LightLane`) and their defaults (:class:`Pool`,
-a pool with no key resource: API-only actions). The pools themselves live by resource:
-``tangram/cpu/pool.py`` (a CPU node with its light lane), ``tangram/cpu/pods.py``
-(Kubernetes), ``tangram/gpu/pool.py`` (evict-on-execution; its scheduler in ``eoe.py``),
-``tangram/gpu/static.py`` (fixed deployments), ``tangram/gpu/cold.py`` (serverless).
+:class:`AfterPass`, :class:`Waking`, :class:`Resizable`, :class:`LightLane`) and their
+defaults (:class:`Pool`, a pool with no key resource: API-only actions). The pools
+themselves live by resource: ``tangram/cpu/pool.py`` (a CPU node with its light lane),
+``tangram/cpu/pods.py`` (Kubernetes), ``tangram/gpu/pool.py`` (evict-on-execution; its
+scheduler in ``eoe.py``), ``tangram/gpu/static.py`` (fixed deployments),
+``tangram/gpu/cold.py`` (serverless).
 
 A pool owns a FIFO wait queue and knows, for its key resource, how to check
 that a prefix of minimums fits the free resources *and their topology*, what
@@ -17,8 +18,8 @@ and how to reserve and release the real units through its manager.
 Extension points, named as kube-scheduler names its plugins (a policy builds its
 pools from these; the core and the schedulers call nothing else). The first ones are the
 :class:`PoolPoints` protocol (below), :class:`Pool` implementing each with a default; the
-last three (marked *optional*) are protocols of their own that a pool implements only if
-it uses them (the core asks ``isinstance``).
+ones marked *optional* are protocols of their own that a pool implements only if it uses
+them (the core asks ``isinstance`` once, never at every pass).
 
 ==================== ================================================================
 ``unit_choices``     PreFilter: the feasible unit counts of an action on this pool
@@ -37,13 +38,16 @@ it uses them (the core asks ``isinstance``).
 ``started``,         an action started on / ended its lease (``running``: what is
 ``ended``            running, for the schedulers' expected ends)
 ``usage``            units in use, per resource, for utilisation sampling
-``lane``             the pool's light lane (:class:`LightLane`), or None
 ``batch``            *optional* (:class:`Batching`): queued actions that ride on a
                      granted lease (continuous batching)
 ``after_pass``       *optional* (:class:`AfterPass`): end of a scheduling pass (a static
                      GPU pool deploys its replicas)
 ``next_wakeup``      *optional* (:class:`Waking`): when the pool wants a pass although
                      nothing arrives or ends
+``share``, ``begin`` *optional* (:class:`Resizable`): running grants that grow and shrink
+                     (a malleable CPU node)
+``light``, ``run``   *optional* (:class:`LightLane`): a light lane, its queue and its own
+                     starts before each pass (a CPU node)
 ==================== ================================================================
 
 Ordering (QueueSort) is the scheduler's: ``Ordering`` in tangram/scheduler.py.
@@ -97,34 +101,6 @@ class Books:
     running: dict[str, Pending]
     estimates: Estimates
     moved_off_lane: Callable[[], None]
-
-
-class LightLane(Protocol):
-    """A node's light lane (see tangram/cpu/pool.py CpuNodePool), as the core sees it:
-    light actions wait in ``light`` and start on shared cores (``run``, before the node's
-    passes, which also moves actions that overstay the lane off it)."""
-
-    light: deque[Pending]
-    #: actions expected to take at most this long (s) may use the lane (0: no lane)
-    light_s: float
-    lane_slots: int
-
-    def run(self, now: float, books: Books) -> list[Effect]:
-        """The lane's starts and moves at ``now``, before the node's scheduling passes."""
-        ...
-
-    def lane_wakeup(self) -> float | None:
-        """When the next action on the lane overstays (None: none runs there)."""
-        ...
-
-    def due(self, now: float) -> bool:
-        """An action on the lane overstays it by ``now`` (an ``Overstay`` is for it)."""
-        ...
-
-    def light_test(self, durations: DurationModel
-                   ) -> Callable[[Action, int, Mapping[str, float]], bool]:
-        """Which actions of a batch queued at once are light (tangram/cpu/lane.py)."""
-        ...
 
 
 class PoolScheduler(Protocol):
@@ -269,16 +245,60 @@ class Waking(Protocol):
         ...
 
 
+@runtime_checkable
+class LightLane(Protocol):
+    """A node's light lane (see tangram/cpu/pool.py CpuNodePool), as the core sees it:
+    light actions wait in ``light`` and start on shared cores (``run``, before the node's
+    passes, which also moves actions that overstay the lane off it). A pool without one
+    queues every action in ``queue`` and starts nothing outside its scheduler's plan."""
+
+    light: deque[Pending]
+    #: actions expected to take at most this long (s) may use the lane (0: no lane)
+    light_s: float
+    lane_slots: int
+
+    def run(self, now: float, books: Books) -> list[Effect]:
+        """The lane's starts and moves at ``now``, before the node's scheduling passes."""
+        ...
+
+    def lane_wakeup(self) -> float | None:
+        """When the next action on the lane overstays (None: none runs there)."""
+        ...
+
+    def due(self, now: float) -> bool:
+        """An action on the lane overstays it by ``now`` (an ``Overstay`` is for it)."""
+        ...
+
+    def light_test(self, durations: DurationModel
+                   ) -> Callable[[Action, int, Mapping[str, float]], bool]:
+        """Which actions of a batch queued at once are light (tangram/cpu/lane.py)."""
+        ...
+
+
+#: pool class -> whether it has a light lane, asked once per class as for Resizable (the
+#: core asks at every pass, every queued batch and every finish). A pool's lane members
+#: are set in its ``__init__``: every instance of a class answers alike.
+_LANED: dict[type, bool] = {}
+
+
+def light_lane(pool: object) -> LightLane | None:
+    """``pool`` if it has a light lane (:class:`LightLane`), else None."""
+    kind = type(pool)
+    got = _LANED.get(kind)
+    if got is None:
+        got = _LANED[kind] = isinstance(pool, LightLane)
+    return pool if got else None  # type: ignore[return-value]
+
+
 class PoolPoints(Queueing, Filtering[object, object], Reserving[object], Protocol):
     """The extension points every pool implements, as the core and the schedulers see any
     pool (each pool's own Scratch, Capacity and Part: ``object`` here, where pools of every
     kind meet; the optional points: :class:`Batching`, :class:`AfterPass`,
-    :class:`Resizable`, :class:`Waking`)."""
+    :class:`Resizable`, :class:`Waking`, :class:`LightLane`)."""
 
     name: str
     key: str | None
     scheduler: PoolScheduler | None
-    lane: LightLane | None
 
     def usage(self) -> dict[str, float]: ...
 
@@ -315,8 +335,6 @@ class Pool:
 
     key: str | None = None
     operator: DPOperator = LinearOperator()
-    #: no light lane
-    lane: LightLane | None = None
 
     def __init__(self, name: str, scheduler: PoolScheduler | None = None) -> None:
         self.name = name

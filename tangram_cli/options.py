@@ -9,7 +9,6 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from executor.backends.gpu.arrays import check_device
 from executor.backends.ray.cluster import RaySpec, RayUnavailable, require_ray
 from tangram.cluster import QuotaSpec
 from tangram.model import quota_resource
@@ -115,14 +114,6 @@ def pairs(items: list[str], option: str, shape: str) -> dict[str, tuple[str, ...
             fail(f"{option} {item!r}: expected {shape}")
         out[key] = out.get(key, ()) + (value,)
     return out
-
-
-def check_gpu_device(device: str) -> None:
-    """--gpu-device: cpu, or cuda where a CUDA array library and a GPU answer."""
-    try:
-        check_device(device)
-    except ValueError as e:
-        fail(str(e))
 
 
 RecordOpt = Annotated[Path | None, typer.Option(

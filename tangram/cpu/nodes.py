@@ -17,7 +17,7 @@ from tangram.cpu.manager import CpuManager
 from tangram.cpu.views import busy_fraction, cpu_views
 from tangram.model import Action
 from tangram.parts import CpuSide
-from tangram.pool import LightLane, PoolPoints, Resizable
+from tangram.pool import LightLane, PoolPoints, Resizable, light_lane
 from tangram.protocol import Capabilities, Effect, Outcome, PullImage
 from tangram.sides import Check, Figures
 from tangram.trajectory import TrajectoryState
@@ -51,8 +51,8 @@ class CpuNodes:
         self._pulls = False
 
     def _lanes_of(self) -> tuple[LightLane, ...]:
-        return tuple(pool.lane for pool in self._pools.values()
-                     if pool.lane is not None and pool.lane.lane_slots)
+        return tuple(lane for pool in self._pools.values()
+                     if (lane := light_lane(pool)) is not None and lane.lane_slots)
 
     def moved_off_lane(self) -> None:
         self.lane_moves += 1
@@ -65,7 +65,7 @@ class CpuNodes:
     def overstayed(self, now: float) -> list[PoolPoints]:
         """The pools whose lane has an action overstaying it by ``now``."""
         return [pool for pool in self._pools.values()
-                if pool.lane is not None and pool.lane.due(now)]
+                if (lane := light_lane(pool)) is not None and lane.due(now)]
 
     def node_of(self, trajectory: str) -> str | None:
         return self._cpu.node_of(trajectory)
@@ -174,5 +174,5 @@ class CpuNodes:
     def capacity(self) -> Figures:
         return Figures({"cpu": float(sum(n.cores for n in self.nodes))},
                        {"mem_gb": float(sum(n.mem_gb for n in self.nodes)),
-                        "cpu_lane": float(sum(p.lane.lane_slots for p in self._pools.values()
-                                                  if p.lane is not None))})
+                        "cpu_lane": float(sum(lane.lane_slots for p in self._pools.values()
+                                                  if (lane := light_lane(p)) is not None))})

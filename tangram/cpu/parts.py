@@ -5,6 +5,7 @@ joins (``grow``)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from tangram.cluster import ClusterSpec, CpuNodeSpec
 from tangram.cpu.malleable import MalleableNodePool
@@ -30,6 +31,8 @@ class SharedCores:
     at most that long per lane slot's worth of actions ahead of it, and a command slower
     than expected costs the lane at most that."""
 
+    #: environments are the backend's containers or working directories, not pods
+    starts_pods: ClassVar[bool] = False
     light_s: float = 0.25
     lane_cores: int = 4
     lane_hold_s: float = 1.0
@@ -79,6 +82,7 @@ class Pods:
     Tangram's contribution, section 5.2), so 1 by default; ``pod_dop = pod_cores``
     models a baseline that already runs ``pytest -n <pod cores>``."""
 
+    starts_pods: ClassVar[bool] = True
     pod_cores: int = 4
     pod_dop: int = 1
 

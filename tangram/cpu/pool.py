@@ -10,12 +10,14 @@ from tangram.cpu.lane import TICK, LightTest, lane_pass, light_test
 from tangram.cpu.manager import CpuLease, CpuManager, pick_domains
 from tangram.estimates import DurationModel
 from tangram.model import Action, Lease, Pending
-from tangram.pool import Books, Grant, LaneSlot, LightLane, Pool, PoolScheduler
+from tangram.pool import Books, Grant, LaneSlot, Pool, PoolScheduler
 from tangram.protocol import Effect
 
 
 class CpuNodePool(Pool):
-    """One CPU node (paper 5.2), with a light lane (beyond the paper).
+    """One CPU node (paper 5.2), with a light lane (beyond the paper): the pool is its own
+    lane, implementing the optional ``LightLane`` point (tangram/pool.py) whether or not
+    the lane has slots (``light_s`` 0: it has none, and every action queues as in any pool).
 
     Head-of-line blocking: with exclusive cores, a 10 ms ``ls`` waits for a whole core
     behind test runs that hold them all for seconds. The lane lets an action the pool
@@ -69,11 +71,6 @@ class CpuNodePool(Pool):
         self._choices: dict[tuple[float, ...], tuple[int, ...]] = {}
         #: light actions wait here, for the lane (or an idle core), never behind the queue
         self.light: deque[Pending] = deque()
-
-    @property
-    def lane(self) -> LightLane | None:  # type: ignore[override]
-        """The node's light lane: this pool itself (it holds the lane's queue and slots)."""
-        return self
 
     def admit(self, p: Pending) -> None:
         (self.light if p.light and self.lane_slots else self.queue).append(p)

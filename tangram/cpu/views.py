@@ -7,15 +7,15 @@ from collections.abc import Iterable
 from types import MappingProxyType
 
 from tangram.cpu.manager import CpuManager
-from tangram.pool import PoolPoints
+from tangram.pool import PoolPoints, light_lane
 from tangram.protocol import CpuNodeView
 
 
 def cpu_views(cpu: CpuManager, pools: Iterable[PoolPoints]) -> tuple[CpuNodeView, ...]:
     """Every CPU node of ``cpu``: its cores, memory, free cores, the cores pods hold
     between actions, and its pool's light-lane slots (``pools``: every pool)."""
-    slots = {p.name.removeprefix("cpu:"): p.lane.lane_slots for p in pools
-             if p.lane is not None}
+    slots = {p.name.removeprefix("cpu:"): lane.lane_slots for p in pools
+             if (lane := light_lane(p)) is not None}
     pods: dict[str, dict[int, str]] = {}
     for trajectory, lease in cpu.held_between_actions().items():
         for c in lease.cores:

@@ -103,11 +103,6 @@ class SyncGroups:
             entry.copies.discard(copy)
             entry.last_used = time.monotonic()
 
-    def open_templates(self) -> list[str]:
-        """The templates this process holds open (prepared, not yet closed)."""
-        with self._lock:
-            return [e.template for e in self._groups.values() if e.template and not e.closed]
-
     def _retire_if_done(self, entry: _SyncGroup) -> bool:
         """(Under the lock.) Whether ``entry`` just retired: ``group_size`` copies made."""
         size = entry.setup.group_size
