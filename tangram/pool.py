@@ -192,8 +192,8 @@ class AfterPass(Protocol):
 
 @runtime_checkable
 class Resizable(Protocol):
-    """A pool whose running grants change size while they run (tangram/cpu/malleable.py,
-    issue 49): they share its units with the queue before each plan, and it chooses each
+    """A pool whose running grants change size while they run (tangram/cpu/malleable.py):
+    they share its units with the queue before each plan, and it chooses each
     started action's worker count. ``grows``: whether it does so now
     (only while the backend carries resizes out)."""
 

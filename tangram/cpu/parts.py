@@ -62,8 +62,8 @@ class SharedCores:
 
 @dataclass(frozen=True)
 class MalleableCores(SharedCores):
-    """:class:`SharedCores` whose elastic grants resize while they run (issue 49,
-    tangram/cpu/malleable.py): a running test grows onto cores that free up and shrinks
+    """:class:`SharedCores` whose elastic grants resize while they run
+    (tangram/cpu/malleable.py): a running test grows onto cores that free up and shrinks
     to admit arrivals, where the backend re-pins a running action's processes."""
 
     def _pool(self, cpu: CpuManager, node: str) -> Pool:

@@ -34,13 +34,13 @@ class CpuNodePool(Pool):
 
     An action the pool expected light may not be (a command never seen, a wrong
     declaration): one still running ``hold_s`` after it started on the lane is *moved* off
-    it (issue 30). Its place on the lane is free at once (the next light action starts),
+    it. Its place on the lane is free at once (the next light action starts),
     and it is accounted on the node's exclusive cores from then on: it takes an idle core
     now (the backend runs it there, at the exclusive actions' priority), or the first core
     that frees, before the queue (it is running: finishing it frees what it uses); until
     then it runs on at the lowest priority, yielding to every exclusive action, and
     counts on no core. We chose this over leaving it on the lane (one slow command held
-    the only slot: issue 30) and over killing and requeueing it (its work lost, and a
+    the only slot) and over killing and requeueing it (its work lost, and a
     command may not be safe to run twice). So a light action waits at most ``hold_s`` per
     ``lane_slots`` actions ahead of it on the lane, whatever runs on the cores.
     """
