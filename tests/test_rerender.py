@@ -1,6 +1,7 @@
 """report.html rendered again without running the reproduction (analysis/rerender.py): from
 report.md where a run left one, and from a page of the first renderer (which printed inline
-Markdown raw) where only that page is on record, as in docs/evidence/quick and full."""
+Markdown raw) where only that page is on record, as in docs/evidence/quick and full. The
+shipped pages are checked to be rendered."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from analysis.reproduce import FIGURE_NOTES
 from analysis.rerender import first_page_markdown, main, rerender
 
 ROOT = Path(__file__).resolve().parents[1]
+SHIPPED = [ROOT / "docs" / "evidence" / name for name in ("quick", "full")]
 
 #: a report as analysis.reproduce.report() wrote it before the figures moved up
 MD_BEFORE = """# Tangram reproduction (quick)
@@ -187,3 +189,13 @@ def test_the_command_line_runs_as_a_module(tmp_path):
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == f"wrote {run / 'report.html'}"
 
+
+@pytest.mark.parametrize("directory", SHIPPED, ids=lambda d: d.name)
+def test_the_shipped_reports_are_rendered(directory):
+    page = (directory / "report.html").read_text()
+    assert not raw_markdown(page), raw_markdown(page)[:5]
+    assert "<strong>" in page and "<code>" in page and "<table>" in page
+    assert page.index("Where the paper") < page.index("<h2>Figures</h2>") < page.index(
+        "The paper's values") < page.index("Trace parameters and sources")
+    assert page.count('src="data:image/png;base64,') == 17
+    assert FIGURE_NOTES["fig6_act"].split(";")[0] in html.unescape(page)
