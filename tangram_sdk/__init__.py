@@ -9,8 +9,9 @@
 It imports nothing of the core (tangram/, tests/test_layering.py) and, besides the standard
 library, needs only ``httpx``; each adapter also imports its own framework, which the user
 has. So a training job that only talks to a server needs neither the core nor its
-dependencies (numpy, simpy, pandas, docker...): ``pip install httpx``, then this
-distribution without its dependencies (``pip install --no-deps tangram-rl``, from a checkout
-or its URL). The old names ``tangram.client`` and ``tangram.integrations.*`` stay, as the
-same modules (tangram/client.py).
+dependencies (numpy, simpy, pandas, docker...): it installs the distribution ``tangram-sdk``
+(this directory's pyproject.toml; from a checkout, ``pip install ./tangram_sdk``), which
+needs only httpx. The main distribution, tangram-rl, ships this package too. The old names
+``tangram.client`` and ``tangram.integrations.*`` stay, as the same modules
+(tangram/client.py).
 """

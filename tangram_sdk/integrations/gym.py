@@ -63,7 +63,8 @@ try:
     import gymnasium
     from gymnasium import spaces
 except ImportError as e:  # pragma: no cover - exercised by the import test
-    raise ImportError("tangram_sdk.integrations.gym needs gymnasium: pip install gymnasium") from e
+    raise ImportError("tangram_sdk.integrations.gym needs gymnasium: pip install gymnasium "
+                      "(or tangram-sdk[gym])") from e
 
 from tangram_sdk.client import TangramSyncClient
 from tangram_sdk.integrations.common import SandboxConfig, SyncTrajectory, judge, render

@@ -51,7 +51,8 @@ try:
         ConversationType,
     )
 except ImportError as e:  # pragma: no cover - exercised by the import test
-    raise ImportError("tangram_sdk.integrations.skyrl needs skyrl-gym: pip install skyrl-gym") from e
+    raise ImportError("tangram_sdk.integrations.skyrl needs skyrl-gym: pip install skyrl-gym "
+                      "(or tangram-sdk[skyrl])") from e
 
 import httpx
 
