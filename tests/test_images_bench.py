@@ -29,6 +29,9 @@ def test_cli_live_quick_prints_live_and_simulated_latency_side_by_side():
                           "--quick"], capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert res.returncode == 0, res.stderr[-3000:]
     rows = [json.loads(line) for line in res.stdout.splitlines() if line.strip()]
+    # both halves: the simulated study first (its per-policy summaries), then the live run
+    simulated_policies = {r["policy"] for r in rows if "policy" in r and "step" not in r}
+    assert {"tangram", "k8s", "tangram-prepulled"} <= simulated_policies, rows
     steps = {r["step"]: r for r in rows if "step" in r}
     assert set(steps) == set(STEPS), rows
     for step, row in steps.items():

@@ -101,7 +101,7 @@ BENCHES: dict[str, tuple[str, str]] = {
     "images": ("images:command",
                "SWE-style rollouts with a container image per task, simulated: environment "
                "start p50/p99, step time and cache hit rate per policy, 95% intervals over "
-               "seeds; --live: a live run from a local registry beside its simulation "
+               "seeds; --live: then a live run from a local registry beside its simulation "
                "(JSON lines)."),
     "fork-sim": ("fork_sim:command",
                  "The coding workload in GRPO groups, simulated with and without forking the "

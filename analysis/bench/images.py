@@ -15,7 +15,8 @@ with a 95% interval (Student's t over the seeds' figures).
 The pull bandwidth and pulls at once come from the cluster file's ``extra``
 (``image_pull_mbps``, ``image_pulls``); the cache size is ``--cache-gb`` per node.
 
-``--live`` runs the live half instead (analysis/bench/images_live.py: a registry on
+``--live`` runs the live half too, after the simulated one, so one command prints both
+(analysis/bench/images_live.py: a registry on
 127.0.0.1, ``--live-trajectories`` over ``--live-images`` images of ``--image-mb``,
 cold, cached, then warm; needs docker and Debian's docker-registry) and its simulation
 (analysis/bench/images_replica.py): a row per step with the first-action latency p50/p99
@@ -126,8 +127,9 @@ def command(
     quick: Annotated[bool, Opt("CI size: 128 trajectories over 64 images, 2 seeds (with "
                                "--live: 8 trajectories over 2 images of 4 MB).",
                                flag="--quick")] = False,
-    live: Annotated[bool, Opt("Run the live bench (docker, a local registry) and its "
-                              "simulation, side by side.", flag="--live")] = False,
+    live: Annotated[bool, Opt("Also run the live bench (docker, a local registry) and its "
+                              "simulation, side by side, after the simulated study.",
+                              flag="--live")] = False,
     live_trajectories: Annotated[int, Opt("--live: trajectories opened at once.",
                                           min=1)] = 32,
     live_images: Annotated[int, Opt("--live: images they use (round robin).", min=1)] = 8,
@@ -136,11 +138,8 @@ def command(
 ) -> Iterator[dict[str, Any]]:
     """Environment start p50/p99, step time, mean ACT, cache hit rate and GB pulled per
     policy and seed (tangram, k8s pulling on demand, k8s with ImageLocality, every image
-    pre-pulled), then each policy's means with 95% intervals over the seeds. With --live:
-    the live run's first-action latency beside its simulation's."""
-    if live:
-        yield from live_rows(live_trajectories, live_images, image_mb, quick, progress)
-        return
+    pre-pulled), then each policy's means with 95% intervals over the seeds. With --live,
+    then the live run's first-action latency beside its simulation's."""
     if quick:
         trajectories, images, seeds = 128, 64, 2
     try:
@@ -148,6 +147,8 @@ def command(
                               progress=progress)
     except ValueError as e:
         raise BenchError(str(e)) from None
+    if live:
+        yield from live_rows(live_trajectories, live_images, image_mb, quick, progress)
 
 
 def live_rows(trajectories: int, images: int, image_mb: int, quick: bool,
