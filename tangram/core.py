@@ -73,7 +73,7 @@ from tangram.protocol import (
     Waiting,
     WorkerLost,
 )
-from tangram.sides import Owing
+from tangram.sides import Check, Learning, Owing
 from tangram.trajectory import TrajectoryState
 
 #: resources that are never counted (tangram.model.counted): the common case, decided
@@ -127,6 +127,8 @@ class Tangram:
         self._sides = (self._gpu_nodes, self._cpu_nodes)
         #: the sides that owe effects after a command (tangram/sides.py Owing)
         self._owing = tuple(side for side in self._sides if isinstance(side, Owing))
+        #: the sides that learn from how actions ended (tangram/sides.py Learning)
+        self._learning = tuple(side for side in self._sides if isinstance(side, Learning))
         #: the sides' figures in the order of the utilisation columns
         self._figured = (self._cpu_nodes, self._gpu_nodes)
         #: what a pool's own starts write in (a light lane's)
@@ -358,7 +360,10 @@ class Tangram:
                 if not all(states):  # (a TrajectoryState is true)
                     states = []
         one_by_one: list[TrajectoryState] = []
-        checks = [side.checker() for side in self._sides]
+        # a side's check is built when an action first reaches it (a GPU batch never
+        # builds the CPU side's): the first side that takes an action checks it
+        checks: list[Check] = []
+        sides = self._sides
         for action, state in (zip(actions, states, strict=True) if states
                               else zip(actions, repeat(None))):
             if state is None:  # (checked one by one)
@@ -381,8 +386,10 @@ class Tangram:
                         if demand.min > spec.limit:
                             raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
                                              f"limit {spec.limit}")
-            for check in checks:  # (the first side that takes it checks it)
-                if check(action, state):
+            for i, side in enumerate(sides):
+                if i == len(checks):
+                    checks.append(side.checker())
+                if checks[i](action, state):
                     break
         return states or one_by_one
 
@@ -440,7 +447,10 @@ class Tangram:
             pool.ended(dispatch.action.id)
             self._release(pool, lease)
         if outcome is not None:
-            self._cpu_nodes.ended(outcome)
+            extra = outcome.extra
+            for side in self._learning:
+                if not side.learns_from.isdisjoint(extra):
+                    side.ended(outcome)
         state = self._trajectories.get(action.trajectory)
         if state is not None:
             state.in_flight -= 1

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec
-from tangram.model import Action
+from tangram.model import Action, Outcome
 from tangram.pool import PoolPoints
 from tangram.protocol import Capabilities, Effect
 from tangram.trajectory import TrajectoryState
@@ -65,6 +65,20 @@ class Owing(Protocol):
 
     def owed(self, out: list[Effect]) -> None:
         """Append what is owed to ``out`` (and owe it no more)."""
+        ...
+
+
+@runtime_checkable
+class Learning(Protocol):
+    """What a side learns from how actions ended (the CPU side: an image's pull rate, from
+    the outcome of the action whose environment's start waited for the pull)."""
+
+    #: the ``Outcome.extra`` keys it learns from: the core hands it only the outcomes that
+    #: carry one, so an action's end runs no code of a side with nothing to learn from it
+    learns_from: frozenset[str]
+
+    def ended(self, outcome: Outcome) -> None:
+        """An action ended with ``outcome`` (carrying one of ``learns_from``)."""
         ...
 
 

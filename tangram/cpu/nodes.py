@@ -157,6 +157,9 @@ class CpuNodes:
         if self._cpu.images is not None:
             self._images.closed(trajectory)
 
+    #: (tangram/sides.py Learning) what a backend reports of an image's pull
+    learns_from = frozenset({"pull_s"})
+
     def ended(self, outcome: Outcome) -> None:
         """An action's outcome: where its environment's start waited for an image, what
         the pull took (the observed pull rate)."""
