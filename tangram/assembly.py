@@ -1,7 +1,8 @@
 """What a core is built of, from its policy and its cluster: the managers and pools (the
-policy's parts build them), the binding of trajectories to CPU nodes, and the two sides
-(tangram/sides.py) that carry what is CPU- or GPU-specific. Built here so the core
-(tangram/core.py) names no concrete CPU or GPU class: it holds the sides by what they do."""
+policy's parts build them) and the sides (tangram/sides.py) that carry what is CPU- or
+GPU-specific: the GPU nodes, the CPU nodes and the binding of trajectories to CPU nodes.
+Built here so the core (tangram/core.py) names no concrete CPU or GPU class: it holds the
+sides by the points they implement."""
 
 from __future__ import annotations
 
@@ -25,12 +26,14 @@ class Assembly:
     """The parts of one core."""
 
     resources: Resources
-    #: trajectories waiting for a CPU node, and their binding (tangram/cpu/binding.py)
-    binding: Binding
-    #: the CPU side: admission, lanes, membership, images, the submit check
-    cpu: CpuNodes
-    #: the GPU side: pre-restores, fences, the submit check, views
-    gpu: GpuNodes
+    #: the sides in the order the core asks them at each point: the GPU nodes first (a node
+    #: joining is a GPU node's if it is one, the CPU nodes take every other; a submitted GPU
+    #: request is the GPU side's to check), the CPU nodes (admission, lanes, membership,
+    #: images, the submit check), the binding of trajectories to CPU nodes
+    sides: tuple[object, ...]
+    #: the sides whose counters, views and figures the snapshot shows, in the order of the
+    #: utilisation columns
+    reporting: tuple[object, ...]
 
 
 def assemble(cluster: ClusterSpec, policy: Policy, trajectories: dict[str, TrajectoryState],
@@ -51,4 +54,4 @@ def assemble(cluster: ClusterSpec, policy: Policy, trajectories: dict[str, Traje
     cpu = CpuNodes(res.cpu, cluster.cpu_nodes, policy.cpu, res.pools, binding,
                    admission if admission is not None else RESERVE,
                    ImageBook.of(cluster, policy.images))
-    return Assembly(res, binding, cpu, gpu)
+    return Assembly(res, (gpu, cpu, binding), (cpu, gpu))

@@ -13,6 +13,11 @@ bound waiting in the binding queue first, API calls to the API pool). Counted
 resources (``quota:*``, ``net_mbps``) are checked inside every pool's candidate
 prefix and reserved with the action, all or nothing. What the core learns from
 completions lives in :class:`tangram.estimates.Estimates`.
+
+What a resource kind needs besides its pools (the binding of trajectories to CPU nodes,
+the lanes' overstays, the GPU pre-restores, node membership...) lives in its sides
+(tangram/sides.py): the core asks each point of the sides implementing it and names no
+side, so a new resource kind plugs in its own.
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ from dataclasses import replace
 from itertools import repeat
 from operator import attrgetter
 from types import MappingProxyType
+from typing import TypeVar
 
 from tangram.assembly import MemoryAdmission, assemble
 from tangram.cluster import ClusterSpec
@@ -73,13 +79,33 @@ from tangram.protocol import (
     Waiting,
     WorkerLost,
 )
-from tangram.sides import Check, Learning, Owing
+from tangram.sides import (
+    Admitting,
+    Attaching,
+    Check,
+    Checking,
+    Hosting,
+    Learning,
+    Locating,
+    Membership,
+    Observing,
+    Overstaying,
+    Owing,
+    Reporting,
+)
 from tangram.trajectory import TrajectoryState
 
 #: resources that are never counted (tangram.model.counted): the common case, decided
 #: without a string test per submission
 _UNCOUNTED = frozenset({"cpu", "gpu", "mem_gb", "gpu_mem_gb"})
 _ID, _TRAJECTORY = attrgetter("id"), attrgetter("trajectory")
+_P = TypeVar("_P")
+
+
+def _implementing(sides: Iterable[object], point: type[_P]) -> tuple[_P, ...]:
+    """The sides implementing ``point`` (a runtime-checkable protocol of tangram/sides.py),
+    in order: asked once, at construction."""
+    return tuple(side for side in sides if isinstance(side, point))  # type: ignore[misc]
 
 
 def _quotas(cost: Mapping[str, Demand]) -> Mapping[str, float]:
@@ -111,7 +137,7 @@ class Tangram:
         parts = assemble(cluster, self._policy, self._trajectories, self._queued,
                          self._queue_many, admission)
         res = parts.resources
-        self._gpu, self._quota, self._pools = res.gpu, res.quota, res.pools
+        self._quota, self._pools = res.quota, res.pools
         #: the optional points each pool implements (tangram/pool.py), asked once: an
         #: isinstance against a runtime-checkable Protocol walks the class's attributes
         #: every time (~14 us), and every pass asked it twice
@@ -120,20 +146,24 @@ class Tangram:
                                      if isinstance(p, AfterPass))
         self._waking = tuple(p for p in res.pools.values() if isinstance(p, Waking))
         self._resources = res
-        #: the sides (tangram/sides.py) and the CPU binding, built by tangram/assembly.py
-        self._gpu_nodes, self._cpu_nodes, self._binding = parts.gpu, parts.cpu, parts.binding
-        #: the sides, the GPU one first (a node joining is a GPU node's if it is one, the
-        #: CPU side takes every other; a submitted GPU request is the GPU side's to check)
-        self._sides = (self._gpu_nodes, self._cpu_nodes)
-        #: the sides that owe effects after a command (tangram/sides.py Owing)
-        self._owing = tuple(side for side in self._sides if isinstance(side, Owing))
-        #: the sides that learn from how actions ended (tangram/sides.py Learning)
-        self._learning = tuple(side for side in self._sides if isinstance(side, Learning))
-        #: the sides' figures in the order of the utilisation columns
-        self._figured = (self._cpu_nodes, self._gpu_nodes)
+        #: the sides (tangram/sides.py), built by tangram/assembly.py, in the order each
+        #: point asks them; every point below is asked of the sides implementing it
+        sides = parts.sides
+        self._membership = _implementing(sides, Membership)
+        self._checking = _implementing(sides, Checking)
+        self._owing = _implementing(sides, Owing)
+        self._learning = _implementing(sides, Learning)
+        self._attaching = _implementing(sides, Attaching)
+        self._hosting = _implementing(sides, Hosting)
+        self._admitting = _implementing(sides, Admitting)
+        self._observing = _implementing(sides, Observing)
+        self._locating = _implementing(sides, Locating)
+        self._overstaying = _implementing(sides, Overstaying)
+        #: the sides' counters, node views and figures, in the order of the utilisation
+        #: columns
+        self._reporting = _implementing(parts.reporting, Reporting)
         #: what a pool's own starts write in (a light lane's)
-        self._books = Books(self._queued, self._running, self._estimates,
-                            self._cpu_nodes.moved_off_lane)
+        self._books = Books(self._queued, self._running, self._estimates, self._moved_off_lane)
         #: scheduling passes that dispatched something
         self._passes = 0
 
@@ -171,7 +201,8 @@ class Tangram:
             case Poll():
                 out = list(self._poll(now))
             case Overstay():
-                out = self._schedule(now, self._cpu_nodes.overstayed(now))
+                out = self._schedule(now, [pool for side in self._overstaying
+                                           for pool in side.overstayed(now)])
             case Open(trajectory, task, mem_gb, image, image_gb):
                 out = self._open(trajectory, task, mem_gb, image, image_gb, now)
             case Cancel(action_id):
@@ -184,27 +215,31 @@ class Tangram:
                     out = [Stop(action_id)] if action_id in self._running else []
             case NodeJoined(spec):
                 out = []
-                for side in self._sides:
+                for side in self._membership:
                     touched = side.joined(spec)
                     if touched is not None:
                         out = self._schedule(now, touched)
                         break
             case NodeLost(node):
                 out = []
-                for side in self._sides:
+                for side in self._membership:
                     touched = side.lost(node)
                     if touched is not None:
                         out += self._schedule(now, touched)
             case WorkerLost(node):
-                for side in self._sides:
+                for side in self._membership:
                     side.worker_lost(node)
                 out = []
             case MemoryObserved(node, free_gb, idle_after_s):
-                out = self._binding.memory_observed(
-                    node, free_gb, idle_after_s, now,
-                    lambda: self._schedule(now, self._pools.values()))
+                if not self._observing:
+                    raise KeyError(f"node: unknown node {node!r} (no node's memory is observed)")
+                out = []
+                for side in self._observing:
+                    out += side.memory_observed(
+                        node, free_gb, idle_after_s, now,
+                        lambda: self._schedule(now, self._pools.values()))
             case Attach(capabilities):
-                for side in self._sides:
+                for side in self._attaching:
                     side.attached(capabilities)
                 out = []
             case _:
@@ -214,15 +249,19 @@ class Tangram:
     def trajectory(self, trajectory: str) -> TrajectoryView | None:
         """The open trajectory ``trajectory`` (None: not open)."""
         s = self._trajectories.get(trajectory)
-        return None if s is None else TrajectoryView(s.task, self._cpu_nodes.node_of(trajectory),
+        return None if s is None else TrajectoryView(s.task, self.node_of(trajectory),
                                                      s.in_flight, s.mem_gb)
 
     def is_running(self, action_id: str) -> bool:
         return action_id in self._running
 
     def node_of(self, trajectory: str) -> str | None:
-        """The CPU node ``trajectory`` is bound to (None: not bound, or unknown)."""
-        return self._cpu_nodes.node_of(trajectory)
+        """The node ``trajectory`` is bound to (a CPU node; None: not bound, or unknown)."""
+        for side in self._locating:
+            node = side.node_of(trajectory)
+            if node is not None:
+                return node
+        return None
 
     def why_queued(self, action_id: str) -> str:
         """Why the queued action ``action_id`` waits, when it waits for a node to admit its
@@ -232,7 +271,10 @@ class Tangram:
         if p is None:
             return ""
         state = self._trajectories.get(p.action.trajectory)
-        return "" if state is None else self._binding.why_queued(p, state)
+        if state is None:
+            return ""
+        return next((why for side in self._admitting if (why := side.why_queued(p, state))),
+                    "")
 
     def learnt_speedup(self, task: str, kind: str, command: str = "") -> Speedup | None:
         """The speedup curve learnt for an unprofiled elastic (task, kind) and its
@@ -242,28 +284,32 @@ class Tangram:
 
     def busy_fraction(self, node: str) -> float:
         """Fraction of ``node``'s cores held exclusively (what a light-lane action shares)."""
-        return self._cpu_nodes.busy_fraction(node)
+        return max((side.busy_fraction(node) for side in self._locating), default=0.0)
 
     def snapshot(self, detail: bool = True) -> Snapshot:
         """A frozen copy of the core's state for readers (status page, service, sampler,
         replay); ``detail`` False: only the counts, usage, capacity and counters."""
-        counters = {**self._gpu_nodes.counters(), "scheduler_passes": self._passes,
-                    **self._cpu_nodes.counters()}
-        binding = self._binding
+        counters: dict[str, float] = {"scheduler_passes": self._passes}
+        for side in self._reporting:
+            counters.update(side.counters())
+        unplaced = first = 0  # (what waits for a node; of those, first actions)
+        for side in self._admitting:
+            waiting, actions = side.waiting_counts()
+            unplaced, first = unplaced + waiting, first + actions
         snap = Snapshot(self._policy.label, len(self._queued), len(self._running),
-                        len(self._trajectories), len(binding.opening) + len(binding.unbound),
+                        len(self._trajectories), unplaced,
                         MappingProxyType(self._usage()), MappingProxyType(self._capacity()),
-                        MappingProxyType(counters), waiting_for_node=len(binding.unbound))
+                        MappingProxyType(counters), waiting_for_node=first)
         if not detail:
             return snap
         return replace(
             snap, detail=True,
             trajectories=MappingProxyType({
-                t: TrajectoryView(s.task, self._cpu_nodes.node_of(t), s.in_flight)
+                t: TrajectoryView(s.task, self.node_of(t), s.in_flight)
                 for t, s in self._trajectories.items()}),
             running=MappingProxyType({aid: self._as_held(p) for aid, p in self._running.items()}),
             queues=self._queue_views(), quotas=self._quota_views(),
-            **{k: v for side in self._figured for k, v in side.views().items()})  # type: ignore[arg-type]
+            **{k: v for side in self._reporting for k, v in side.views().items()})  # type: ignore[arg-type]
 
     @staticmethod
     def _as_held(p: Pending) -> Dispatch:
@@ -281,7 +327,7 @@ class Tangram:
         def waiting(q: Iterable[Pending]) -> tuple[Waiting, ...]:
             return tuple(Waiting(p.action, p.submit_s, p.key_min) for p in q)
 
-        out = [QueueView("binding", "binding", waiting(self._binding.unbound))]
+        out = [side.queue_view() for side in self._admitting]
         for name, pool in self._pools.items():
             out.append(QueueView(name, pool.key or "api", waiting(pool.queue)))
             lane = light_lane(pool)
@@ -309,14 +355,12 @@ class Tangram:
             raise ValueError(f"mem_gb: must be >= 0, got {mem_gb!r}")
         if image and not (isinstance(image_gb, int | float) and image_gb >= 0):
             raise ValueError(f"image_gb: must be a number >= 0, got {image_gb!r}")
-        self._binding.limits.check_open(mem_gb)
+        for side in self._hosting:
+            side.check_open(mem_gb)
         self._trajectories[trajectory] = TrajectoryState(task, mem_gb)
         out: list[Effect] = []
-        if image and self._cpu_nodes.nodes:
-            out = self._cpu_nodes.open_image(trajectory, mem_gb or 0.0, image, float(image_gb),
-                                             now)
-        if self._cpu_nodes.nodes:
-            self._binding.opened(trajectory)
+        for side in self._hosting:
+            out += side.opened(trajectory, mem_gb, image, image_gb, now)
         return out
 
     def _close(self, trajectory: str, now: float) -> list[Effect]:
@@ -329,12 +373,15 @@ class Tangram:
                 f"trajectory: {trajectory!r} still has {state.in_flight} action(s) in flight"
             )
         del self._trajectories[trajectory]
-        self._cpu_nodes.closed(trajectory)
+        due = False
+        for side in self._hosting:
+            due = side.closed(trajectory) or due
         if state.thinking_in is not None:  # it ended after that kind of action
             self._estimates.arrivals.stopped_thinking(state.thinking_in, state.last_kind,
                                                      state.will_continue, continued=False)
-        # freed memory can only unblock binding; cores and quotas are unchanged
-        return self._schedule(now, ()) if self._binding.closed(trajectory) else []
+        # what it held can only let a waiting trajectory in: no pool's units or quotas
+        # changed
+        return self._schedule(now, ()) if due else []
 
     # -- actions -----------------------------------------------------------------------
     def validate(self, action: Action) -> None:
@@ -363,7 +410,7 @@ class Tangram:
         # a side's check is built when an action first reaches it (a GPU batch never
         # builds the CPU side's): the first side that takes an action checks it
         checks: list[Check] = []
-        sides = self._sides
+        sides = self._checking
         for action, state in (zip(actions, states, strict=True) if states
                               else zip(actions, repeat(None))):
             if state is None:  # (checked one by one)
@@ -399,8 +446,9 @@ class Tangram:
 
         Queued a pool at a time (a burst queues thousands: each pool's lookups are done
         once per batch, ``_pendings``, ``admit_many``), in the order a submission at a time
-        would give each queue; the first CPU actions of unbound trajectories are bound
-        right here when nothing waits for a node before them (``Binding.queue_fresh``)."""
+        would give each queue; what the policy routes to no pool yet (the first CPU actions
+        of trajectories no node holds) goes to the admitting side, which may queue it at
+        once (tangram/sides.py ``Admitting.queue_fresh``)."""
         actions = list(actions)
         ids = list(map(_ID, actions)) if len(actions) > 1 else None
         if ids is not None and len(set(ids)) != len(ids):
@@ -416,8 +464,9 @@ class Tangram:
         groups, fresh = by_pool(actions, self._policy.route_many(actions, self._resources))
         for pool, group in groups.items():
             self._queue_many(pool, group, now)
-        if fresh:  # first CPU actions of trajectories not bound to a node
-            self._binding.queue_fresh(fresh, now, groups)
+        if fresh:  # routed to no pool (their trajectory is not placed): the first
+            # admitting side's (the CPU binding's first actions)
+            self._admitting[0].queue_fresh(fresh, now, groups)
         return self._schedule(now, groups)
 
     def _queue_many(self, pool: PoolPoints, actions: list[Action], submit_s: float) -> None:
@@ -486,7 +535,7 @@ class Tangram:
         if pending is None:
             return None
         again: list[PoolPoints] = []
-        if not self._binding.withdraw(pending):
+        if not any(side.withdraw(pending) for side in self._admitting):
             pool = next((p for p in self._pools.values() if p.withdraw(pending)), None)
             again = [pool] if pool is not None else []
         state = self._trajectories.get(pending.action.trajectory)
@@ -513,9 +562,14 @@ class Tangram:
     def lane_wakeup(self) -> float | None:
         """When the next action on a light lane overstays it, unless it ends first (then
         ``Overstay``; None: no lane runs anything)."""
-        return self._cpu_nodes.lane_wakeup()
+        return min((at for side in self._overstaying if (at := side.lane_wakeup()) is not None),
+                   default=None)
 
     # -- internals ---------------------------------------------------------------------
+    def _moved_off_lane(self) -> None:
+        for side in self._overstaying:
+            side.moved_off_lane()
+
     def _pending(self, action: Action, now: float, pool: PoolPoints) -> Pending:
         return self._pendings(pool, (action,), now)[0]
 
@@ -565,9 +619,9 @@ class Tangram:
         # names would follow string hashing, which differs between processes, and the
         # order matters where pools share a quota: same-seed runs must be identical)
         names = {p.name: None for p in pools}
-        binding = self._binding
-        if binding.waiting:  # (else binding has nothing to do)
-            binding.bind_waiting(names)
+        for side in self._admitting:
+            if side.waiting:  # (an attribute: else the side has nothing to do)
+                side.bind_waiting(names)
         out: list[Effect] = []
         for name in list(names):
             out.extend(self._pass(self._pools[name], now))
@@ -678,7 +732,7 @@ class Tangram:
     # -- introspection -----------------------------------------------------------------
     def _usage(self) -> dict[str, float]:
         """Units in use per resource (for utilisation sampling)."""
-        figures = [side.usage() for side in self._figured]
+        figures = [side.usage() for side in self._reporting]
         out = {k: v for f in figures for k, v in f.units.items()}
         out.update({k: v for f in figures for k, v in f.other.items()})
         for pool in self._pools.values():
@@ -688,7 +742,7 @@ class Tangram:
         return out
 
     def _capacity(self) -> dict[str, float]:
-        figures = [side.capacity() for side in self._figured]
+        figures = [side.capacity() for side in self._reporting]
         out = {k: v for f in figures for k, v in f.units.items()}
         out.update({k: v for f in figures for k, v in f.other.items()})
         out.update({q.key: q.limit for q in self._cluster.quotas})

@@ -17,14 +17,15 @@ from tangram.cpu.manager import CpuManager
 from tangram.model import Action, Pending
 from tangram.parts import EnvStart
 from tangram.pool import PoolPoints, by_pool
-from tangram.protocol import Effect, Reclaim, Shed
+from tangram.protocol import Effect, QueueView, Reclaim, Shed, Waiting
 from tangram.trajectory import TrajectoryState
 
 _TRAJECTORY = attrgetter("trajectory")
 
 
 class Binding:
-    """The trajectories waiting for a CPU node, and the binding of them."""
+    """The trajectories waiting for a CPU node, and the binding of them: a side of the core
+    (tangram/sides.py: ``Admitting``, ``Observing``)."""
 
     def __init__(self, cpu: CpuManager, cpu_nodes: Iterable[CpuNodeSpec], env: EnvStart,
                  trajectories: Mapping[str, TrajectoryState], queued: dict[str, Pending],
@@ -69,6 +70,15 @@ class Binding:
             return ""  # e.g. an API call of an unbound trajectory: it waits in its pool
         need = self._trajectory_mem(p.action) if first else (state.mem_gb or 0.0)
         return self._cpu.why_unbound(need)
+
+    def waiting_counts(self) -> tuple[int, int]:
+        """What waits for a node (environments that start at open and first actions), and
+        the first actions alone."""
+        return len(self.opening) + len(self.unbound), len(self.unbound)
+
+    def queue_view(self) -> QueueView:
+        return QueueView("binding", "binding", tuple(Waiting(p.action, p.submit_s, p.key_min)
+                                                     for p in self.unbound))
 
     # -- trajectories ------------------------------------------------------------------
     def opened(self, trajectory: str) -> None:
