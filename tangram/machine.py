@@ -459,11 +459,15 @@ class Machine:
                         if demand.min > spec.limit:
                             raise ValueError(f"cost[{res!r}]: {demand.min} exceeds the quota "
                                              f"limit {spec.limit}")
-            for i, side in enumerate(sides):
-                if i == len(checks):
-                    checks.append(side.checker())
-                if checks[i](action, state):
+            for check in checks:
+                if check(action, state):
                     break
+            else:  # no side asked so far took it: the next sides, their checks built now
+                for side in sides[len(checks):]:
+                    check = side.checker()
+                    checks.append(check)
+                    if check(action, state):
+                        break
         return states or one_by_one
 
     def _submit(self, actions: Iterable[Action], now: float) -> list[Effect]:
