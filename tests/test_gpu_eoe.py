@@ -70,7 +70,7 @@ def oldest_may_not_starve(core: Tangram, now: float) -> None:
     if not pool.queue:
         return
     head = min(pool.queue, key=lambda p: p.submit_s)
-    mgr = core._gpu
+    mgr = pool.manager
     cap = mgr.variant_restore_s(head.action.service, min(head.choices))
     largest_free = max((size for n in mgr.nodes.values() for size, starts in n.free.items()
                         if starts), default=0)

@@ -852,7 +852,7 @@ class Service:
 def effect_lines(carried: Mapping[type, int], counters: Mapping[str, float]) -> list[str]:
     """Prometheus lines: the core's effects carried out, by kind (every kind, 0 included:
     which of them a live server has seen, e.g. a lane move or a shed), and the core's own
-    counters (tangram/core.py ``snapshot``: scheduling passes, lane moves, reclaims, GPU
+    counters (tangram/machine.py ``snapshot``: scheduling passes, lane moves, reclaims, GPU
     restores), one metric each so that a counter the core adds shows up here too."""
     lines = ["# HELP tangram_effects_total Effects of the core carried out on the backend, "
              "by kind (tangram/protocol.py).",

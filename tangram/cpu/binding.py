@@ -17,14 +17,15 @@ from tangram.cpu.manager import CpuManager
 from tangram.model import Action, Pending
 from tangram.parts import EnvStart
 from tangram.pool import PoolPoints, by_pool
-from tangram.protocol import Effect, Reclaim, Shed
+from tangram.protocol import Effect, QueueView, Reclaim, Shed, Waiting
 from tangram.trajectory import TrajectoryState
 
 _TRAJECTORY = attrgetter("trajectory")
 
 
 class Binding:
-    """The trajectories waiting for a CPU node, and the binding of them."""
+    """The trajectories waiting for a CPU node, and the binding of them: a side of the core
+    (tangram/sides.py: ``Admitting``, ``Observing``)."""
 
     def __init__(self, cpu: CpuManager, cpu_nodes: Iterable[CpuNodeSpec], env: EnvStart,
                  trajectories: Mapping[str, TrajectoryState], queued: dict[str, Pending],
@@ -49,11 +50,14 @@ class Binding:
         self.evicts = False
         #: idle trajectories unbound for waiting ones (MemoryObserved)
         self.reclaimed = 0
+        #: something waits for a node (else binding has nothing to do): a plain attribute,
+        #: kept by every change of ``unbound`` and ``opening`` (``_update``), read before
+        #: every pass without calling in here (a GPU action's pass runs no CPU code)
+        self.waiting = False
 
-    @property
-    def waiting(self) -> bool:
-        """Something waits for a node (else binding has nothing to do)."""
-        return bool(self.unbound or self.opening)
+    def _update(self) -> None:
+        """``unbound`` or ``opening`` changed: whether something waits for a node."""
+        self.waiting = bool(self.unbound or self.opening)
 
     def why_queued(self, p: Pending, state: TrajectoryState) -> str:
         """Why the queued ``p`` waits, when it waits for a node to admit its trajectory
@@ -67,6 +71,15 @@ class Binding:
         need = self._trajectory_mem(p.action) if first else (state.mem_gb or 0.0)
         return self._cpu.why_unbound(need)
 
+    def waiting_counts(self) -> tuple[int, int]:
+        """What waits for a node (environments that start at open and first actions), and
+        the first actions alone."""
+        return len(self.opening) + len(self.unbound), len(self.unbound)
+
+    def queue_view(self) -> QueueView:
+        return QueueView("binding", "binding", tuple(Waiting(p.action, p.submit_s, p.key_min)
+                                                     for p in self.unbound))
+
     # -- trajectories ------------------------------------------------------------------
     def opened(self, trajectory: str) -> None:
         """``trajectory`` opened: its environment may start now (the policy's ``env``)."""
@@ -76,6 +89,7 @@ class Binding:
         """``trajectory`` closed: its memory is freed. True when that may let a waiting
         trajectory be bound (a pass is due)."""
         self.opening.pop(trajectory, None)
+        self._update()
         if self._cpu.node_of(trajectory) is None:
             return False
         self._cpu.unbind(trajectory)
@@ -86,6 +100,7 @@ class Binding:
         """Take a cancelled ``pending`` off the binding queue (False: it is not there)."""
         if pending in self.unbound:
             self.unbound.remove(pending)
+            self._update()
             return True
         return False
 
@@ -126,11 +141,13 @@ class Binding:
                 pending = Pending(action, now, int(action.cost["cpu"].choices[0]))
                 queued[action.id] = pending
                 unbound.append(pending)
+            self._update()
 
     def _request_env(self, trajectory: str) -> None:
         """The trajectory's environment starts now: bind it in open order."""
         self.opening[trajectory] = None
         self._bind_opening()
+        self._update()
 
     def _bind_opening(self) -> bool:
         """Environments that start at open (a pod per trajectory): bind them in open
@@ -153,6 +170,7 @@ class Binding:
         of the pools they are queued in are added to ``touched``."""
         newly = self._bind_opening()
         if not self.unbound or (not newly and self.unbound[0].action.trajectory in self.opening):
+            self._update()
             return
         waiting: deque[Pending] = deque()
         unbound, opening = self.unbound, self.opening
@@ -171,6 +189,7 @@ class Binding:
             self._queue_many(pool, [action], p.submit_s)
             touched[pool.name] = None
         unbound.extendleft(reversed(waiting))
+        self._update()
 
     # -- memory admission (tangram/cpu/admission.py) -----------------------------------
     def memory_observed(self, node: str, free_gb: float, idle_after_s: float, now: float,
@@ -249,6 +268,7 @@ class Binding:
         for p in requeued:
             self._queued[p.action.id] = p
         self.unbound = deque(sorted([*self.unbound, *requeued], key=lambda p: p.submit_s))
+        self._update()
 
     def nodes_changed(self, cpu_nodes: Iterable[CpuNodeSpec]) -> None:
         """The cluster's CPU nodes are now ``cpu_nodes`` (what validation holds to)."""

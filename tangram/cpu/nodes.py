@@ -26,7 +26,8 @@ from tangram.trajectory import TrajectoryState
 class CpuNodes:
     """The CPU side of a core: its manager, the cluster's CPU nodes as they join and leave,
     every pool (the core's own dict: a joining node's pool is added to it) and the binding
-    of trajectories to nodes."""
+    of trajectories to nodes (tangram/sides.py: ``Membership``, ``Checking``, ``Hosting``,
+    ``Learning``, ``Locating``, ``Overstaying``, ``Attaching``, ``Reporting``)."""
 
     def __init__(self, cpu: CpuManager, nodes: tuple[CpuNodeSpec, ...], side: CpuSide,
                  pools: dict[str, PoolPoints], binding: Binding,
@@ -137,6 +138,28 @@ class CpuNodes:
             out.update(self._images.counters())
         return out
 
+    # -- trajectories (tangram/sides.py Hosting) ----------------------------------------
+    def check_open(self, mem_gb: float | None) -> None:
+        self._binding.limits.check_open(mem_gb)
+
+    def opened(self, trajectory: str, mem_gb: float | None, image: str, image_gb: float,
+               now: float) -> list[Effect]:
+        """Its image booked (and pulled ahead: ``open_image``), its environment started
+        where the policy starts it at open (tangram/cpu/binding.py)."""
+        if not self.nodes:
+            return []
+        out = self.open_image(trajectory, mem_gb or 0.0, image, float(image_gb),
+                              now) if image else []
+        self._binding.opened(trajectory)
+        return out
+
+    def closed(self, trajectory: str) -> bool:
+        """Its image and its node's memory freed: True when a trajectory waits for a node
+        (a pass is due)."""
+        if self._cpu.images is not None:
+            self._images.closed(trajectory)
+        return self._binding.closed(trajectory)
+
     # -- images (tangram/cpu/images.py) ----------------------------------------------------
     def open_image(self, trajectory: str, mem_gb: float, image: str, image_gb: float,
                    now: float) -> list[Effect]:
@@ -153,9 +176,8 @@ class CpuNodes:
         book.prefetches += 1
         return [PullImage(node, image, trajectory)]
 
-    def closed(self, trajectory: str) -> None:
-        if self._cpu.images is not None:
-            self._images.closed(trajectory)
+    #: (tangram/sides.py Learning) what a backend reports of an image's pull
+    learns_from = frozenset({"pull_s"})
 
     def ended(self, outcome: Outcome) -> None:
         """An action's outcome: where its environment's start waited for an image, what
