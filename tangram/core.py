@@ -222,6 +222,12 @@ class Tangram:
         """The CPU node ``trajectory`` is bound to (None: not bound, or unknown)."""
         return self._cpu_nodes.node_of(trajectory)
 
+    def placed_on(self, trajectory: str) -> str | None:
+        """The CPU node ``trajectory`` is bound to, else the one a policy that places by
+        image chose when it opened (a multi-node backend pulls its image there before the
+        open returns); None: neither yet."""
+        return self._cpu_nodes.placed_on(trajectory)
+
     def why_queued(self, action_id: str) -> str:
         """Why the queued action ``action_id`` waits, when it waits for a node to admit its
         trajectory (memory: binding never waits for a core): a client can tell a full
