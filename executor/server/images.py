@@ -1,12 +1,13 @@
-"""The server's view of the docker backend's images: which backend pulls them, and the
-image cache's lines of ``/metrics`` (its counters, pulls running and queued, bytes held)."""
+"""The server's view of the docker backend's images: which backend pulls them, the image
+status shown (this machine's, or a Ray cluster's nodes summed), and the image cache's
+lines of ``/metrics`` (its counters, pulls running and queued, bytes held)."""
 
 from __future__ import annotations
 
 from collections.abc import Mapping
 from typing import Any
 
-from executor.backends.docker.pulls import ImageFetching
+from executor.backends.docker.pulls import ImageFetching, NodeImageOpening
 
 
 def image_fetcher(backend: Any) -> ImageFetching | None:
@@ -16,6 +17,17 @@ def image_fetcher(backend: Any) -> ImageFetching | None:
 
     inner = backend.env if isinstance(backend, RouterBackend) else backend
     return inner if isinstance(inner, ImageFetching) else None
+
+
+def image_status_of(backend: Any) -> dict[str, Any] | None:
+    """What /v1/status and /metrics show of images: this machine's cache, or every Ray
+    node's summed (None: the backend runs no images)."""
+    fetcher = image_fetcher(backend)
+    if fetcher is not None:
+        return fetcher.image_status()
+    if isinstance(backend, NodeImageOpening) and backend.runs_images():
+        return backend.image_status()
+    return None
 
 
 #: the image cache's counters on /metrics: name -> (metric, kind, help)
