@@ -1,0 +1,141 @@
+"""Images on a Ray cluster: a real `tangram serve --ray local:2 --backend docker` (two
+simulated nodes on this machine, each with a node agent over its own docker backend) and a
+real registry on 127.0.0.1 (tests/registry.py); images built here, pushed, and removed from
+the engine before the test pulls them. No mocks.
+
+* a trajectory naming an image opens on the node the core placed it on (the open's answer,
+  its actions' node, the trajectory's view agree), and that node's agent pulled the image
+  (its own cache's counters, under /v1/status ``images.nodes``); the other node pulled
+  nothing;
+* a second trajectory of the same image opens where it is held: a hit, no second pull;
+* a pull that fails refuses the open (502 naming the image, its registry, the node and the
+  reason) and leaves nothing: no trajectory, no container, the id free again.
+
+The two nodes share this machine's one Docker engine, so an image one node pulled is in the
+engine for the other too: what tells the nodes apart is each agent's own cache (what it
+pulled, its hits), as on a real cluster.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from conftest import TOKEN, sandbox_containers, start_server
+from helpers import until_true
+from registry import Pushed, Registry, remove_images, unique
+
+H = {"Authorization": f"Bearer {TOKEN}"}
+MB = 1_000_000
+#: a hang guard per step on a loaded 2-core machine, not a bound
+WAIT_S = 180.0
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory) -> Iterator[Registry]:
+    reg = Registry(tmp_path_factory.mktemp("registry")).start()
+    yield reg
+    reg.stop()
+
+
+@pytest.fixture(scope="module")
+def images(registry) -> Iterator[list[Pushed]]:
+    """Two small images in the registry, not in the engine."""
+    made = [registry.build_and_push(unique(f"ray-{n}"), MB) for n in ("a", "b")]
+    yield made
+    remove_images([ref for p in made for ref in (p.tag, p.digest)])
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory) -> Iterator:
+    s = start_server(tmp_path_factory.mktemp("serve-ray-images"), "docker",
+                     extra_args=("--ray", "local:2", "--image-pulls", "1"))
+    yield s
+    s.stop()
+
+
+def node_images(c: httpx.Client) -> dict[str, dict]:
+    """Each node's image status (its agent's docker cache), by node name."""
+    return c.get("/v1/status").json()["images"]["nodes"]
+
+
+def node_counter(c: httpx.Client, node: str, key: str) -> float:
+    return node_images(c).get(node, {}).get("counters", {}).get(key, 0)
+
+
+def run(c: httpx.Client, tid: str, aid: str, command: str) -> dict:
+    r = c.post(f"/v1/trajectories/{tid}/actions", params={"wait": WAIT_S},
+               json={"id": aid, "argv": ["sh", "-c", command]})
+    assert r.status_code in (200, 202), r.text
+    return r.json()
+
+
+def test_an_image_opens_on_the_node_the_core_chose_and_the_next_hits_there(server, images):
+    a, b = images
+    with httpx.Client(base_url=server.url, headers=H, timeout=WAIT_S) as c:
+        nodes = until_true(lambda: node_images(c) if len(node_images(c)) == 2 else None,
+                           WAIT_S, "both nodes' image status")
+        assert all(s["counters"].get("pulls", 0) == 0 for s in nodes.values()), nodes
+
+        r = c.post("/v1/trajectories", json={"id": "a1", "image": a.digest})
+        assert r.status_code == 201, r.text
+        opened = r.json()["image"]
+        home = opened["node"]
+        assert home in nodes and opened["image"] == a.digest and opened["pulled"], opened
+        # that node's agent pulled it; the other node pulled nothing
+        until_true(lambda: node_counter(c, home, "pulls") == 1, WAIT_S, f"a pull on {home}")
+        other = next(n for n in nodes if n != home)
+        assert node_counter(c, other, "pulls") == 0
+        assert any(i["image"] == a.digest for i in node_images(c)[home]["cached"])
+
+        # its commands run there, in its image
+        res = run(c, "a1", "a1-wc", "wc -c < /data/blob")
+        assert res["status"] == "ok" and res["output"].strip() == str(a.size), res
+        assert res["node"] == home, res
+        assert c.get("/v1/trajectories/a1").json()["node"] == home
+
+        # a second trajectory of the image opens where it is held: a hit, no pull
+        hits = node_counter(c, home, "hits")
+        r = c.post("/v1/trajectories", json={"id": "a2", "image": a.digest})
+        assert r.status_code == 201, r.text
+        assert r.json()["image"] == {"image": a.digest, "pulled": False, "node": home}
+        until_true(lambda: node_counter(c, home, "hits") == hits + 1, WAIT_S, "the hit")
+        assert node_counter(c, home, "pulls") == 1 and node_counter(c, other, "pulls") == 0
+        res = run(c, "a2", "a2-wc", "wc -c < /data/blob")
+        assert res["status"] == "ok" and res["node"] == home, res
+
+        # another image is pulled on the node the core chose for it, once
+        r = c.post("/v1/trajectories", json={"id": "b1", "image": b.tag})
+        assert r.status_code == 201, r.text
+        b_home = r.json()["image"]["node"]
+        assert r.json()["image"]["pulled"] and b_home in nodes, r.json()
+        res = run(c, "b1", "b1-wc", "wc -c < /data/blob")
+        assert res["status"] == "ok" and res["node"] == b_home, res
+        until_true(lambda: sum(s["counters"].get("pulls", 0)
+                               for s in node_images(c).values()) == 2, WAIT_S, "two pulls")
+        metrics = c.get("/metrics").text
+        assert re.search(r"^tangram_image_pulls_total 2$", metrics, re.M), metrics[-2000:]
+
+        for tid in ("a1", "a2", "b1"):
+            assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
+        until_true(lambda: not any(sandbox_containers(t) for t in ("a1", "a2", "b1")),
+                   WAIT_S, "the closed trajectories' containers gone")
+
+
+def test_a_failed_pull_refuses_the_open_and_leaves_nothing(server, registry, images):
+    missing = f"{registry.host}/{unique('ray-missing')}:1"
+    with httpx.Client(base_url=server.url, headers=H, timeout=WAIT_S) as c:
+        r = c.post("/v1/trajectories", json={"id": "bad", "image": missing})
+        assert r.status_code == 502, r.text
+        text = r.json()["detail"] if "detail" in r.json() else r.text
+        assert missing in str(text) and f"registry '{registry.host}'" in str(text), text
+        assert re.search(r"to node '[^']+'", str(text)), text
+        assert "manifest unknown" in str(text) or "not found" in str(text), text
+        assert c.get("/v1/trajectories/bad").status_code == 404
+        assert not sandbox_containers("bad")
+        # the id is free again, and a good image opens under it
+        r = c.post("/v1/trajectories", json={"id": "bad", "image": images[0].digest})
+        assert r.status_code == 201, r.text
+        assert c.delete("/v1/trajectories/bad").status_code == 200
