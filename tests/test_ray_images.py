@@ -139,3 +139,38 @@ def test_a_failed_pull_refuses_the_open_and_leaves_nothing(server, registry, ima
         r = c.post("/v1/trajectories", json={"id": "bad", "image": images[0].digest})
         assert r.status_code == 201, r.text
         assert c.delete("/v1/trajectories/bad").status_code == 200
+
+
+def test_a_policy_that_places_at_binding_pulls_at_the_first_action(tmp_path, registry, images):
+    """A policy that does not place trajectories by image (the ablation
+    ``tangram-images-on-demand``, like a Kubernetes pod) leaves the node to the first action:
+    the open answers at once (no node yet), the first action's node pulls the image as its
+    sandbox starts and runs it there; a pull that fails there fails that action (naming the
+    node), and the next action tries again rather than run in the default image."""
+    c_image = registry.build_and_push(unique("ray-c"), MB)  # not in the engine yet
+    images.append(c_image)  # (removed at the module's end)
+    s = start_server(tmp_path / "state", "docker",
+                     extra_args=("--ray", "local:2", "--policy", "tangram-images-on-demand"))
+    missing = f"{registry.host}/{unique('ray-lazy-missing')}:1"
+    try:
+        with httpx.Client(base_url=s.url, headers=H, timeout=WAIT_S) as c:
+            r = c.post("/v1/trajectories", json={"id": "lazy", "image": c_image.digest})
+            assert r.status_code == 201, r.text
+            assert r.json()["image"] == {"image": c_image.digest, "node": None}, r.json()
+            res = run(c, "lazy", "lazy-wc", "wc -c < /data/blob")
+            assert res["status"] == "ok" and res["output"].strip() == str(c_image.size), res
+            home = res["node"]
+            until_true(lambda: node_counter(c, home, "pulls") == 1, WAIT_S,
+                       f"the first action's pull on {home}")
+
+            r = c.post("/v1/trajectories", json={"id": "lazy-bad", "image": missing})
+            assert r.status_code == 201, r.text
+            for i in range(2):
+                res = run(c, "lazy-bad", f"lazy-bad-{i}", "cat /data/blob")
+                assert res["status"] == "failed", res
+                assert missing in res["error"] and "to node '" in res["error"], res
+            assert not sandbox_containers("lazy-bad")
+            for tid in ("lazy", "lazy-bad"):
+                assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
+    finally:
+        s.stop()

@@ -35,6 +35,10 @@ from tangram.cluster import CpuNodeSpec, GpuNodeSpec
 from tangram.model import Dispatch, Outcome
 from tangram.protocol import PullImage, Pulling
 
+#: an outcome's ``extra["reason"]`` when its environment could not be had: its image could
+#: not be pulled (or named) on the node, so nothing of its trajectory is open there
+IMAGE_FAILED = "image_failed"
+
 
 @dataclass(frozen=True, slots=True)
 class NodeInfo:
@@ -257,8 +261,9 @@ class NodeAgent:
             else:
                 try:
                     await self._open_image_here(trajectory, mem_gb, image)
-                except (PullFailed, ValueError) as e:
-                    return Outcome(d.action.id, "failed", None, error=str(e), extra=extra)
+                except (PullFailed, ValueError) as e:  # (its next action here tries again)
+                    return Outcome(d.action.id, "failed", None, error=str(e),
+                                   extra={**extra, "reason": IMAGE_FAILED})
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome] = loop.create_future()
 

@@ -39,7 +39,7 @@ from typing import Any
 from executor.backends.docker.limits import SandboxLimits
 from executor.backends.docker.pulls import PullDone, PullFailed, merge_node_images
 from executor.backends.http.backend import HttpBackend
-from executor.backends.ray.agent import NodeAgent, NodeInfo
+from executor.backends.ray.agent import IMAGE_FAILED, NodeAgent, NodeInfo
 from executor.backends.ray.channel import SECRET_BYTES, DriverSide
 from executor.backends.ray.cluster import CPUS_LABEL, MEM_LABEL, RayConnection, parse_cpus, require_ray
 from executor.backends.router import route
@@ -417,6 +417,10 @@ class RayBackend:
         f = self._inflight.pop(outcome.action_id, None)
         if f is None:  # already ended as node_lost
             return
+        if outcome.extra.get("reason") == IMAGE_FAILED:
+            # nothing of it is open there: its next action opens it (pulls) again, rather
+            # than run in the default image
+            f.agent.trajectories.discard(f.dispatch.action.trajectory)
         if f.state_lost:
             self._state_lost.discard(f.dispatch.action.trajectory)
             outcome = replace(outcome, extra={**outcome.extra, "state_lost": True})
