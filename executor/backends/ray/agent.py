@@ -186,9 +186,10 @@ class NodeAgent:
                               gpu_memory_gb() if gpus else 0.0, backend, self.marker, uids,
                               os.getpid())
         self._opened: set[str] = set()
-        #: trajectories whose sandbox of an image is being opened, and those of them the
-        #: driver closed meanwhile (closed as soon as their open ends)
-        self._opening: set[str] = set()
+        #: trajectories whose sandbox of an image is being opened (set when it ends: their
+        #: other actions wait for it), and those of them the driver closed meanwhile
+        #: (closed as soon as their open ends)
+        self._opening: dict[str, asyncio.Event] = {}
         self._dropped: set[str] = set()
         self._server: asyncio.Server | None = None
         self._links: set[AgentSide] = set()
@@ -254,16 +255,11 @@ class NodeAgent:
                            error="the Ray agents run CPU actions only: GPU actions need the GPU "
                                  "worker backend, which they do not wrap yet")
         trajectory = d.action.trajectory
-        if trajectory not in self._opened:
-            if image is None:
-                self.backend.open_trajectory(trajectory, mem_gb)
-                self._opened.add(trajectory)
-            else:
-                try:
-                    await self._open_image_here(trajectory, mem_gb, image)
-                except (PullFailed, ValueError) as e:  # (its next action here tries again)
-                    return Outcome(d.action.id, "failed", None, error=str(e),
-                                   extra={**extra, "reason": IMAGE_FAILED})
+        try:
+            await self._ensure_open(trajectory, mem_gb, image)
+        except (PullFailed, ValueError) as e:  # (its next action here tries again)
+            return Outcome(d.action.id, "failed", None, error=str(e),
+                           extra={**extra, "reason": IMAGE_FAILED})
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome] = loop.create_future()
 
@@ -277,6 +273,25 @@ class NodeAgent:
                            extra=extra)
         outcome = await done
         return replace(outcome, extra={**outcome.extra, **extra})
+
+    async def _ensure_open(self, trajectory: str, mem_gb: float | None,
+                           image: str | None) -> None:
+        """``trajectory``'s environment here, made now at its first action (of ``image``,
+        pulled first if need be). An action sent while another of it pulls waits for that
+        one's open: it must not make a sandbox of the default image meanwhile."""
+        opening = self._opening.get(trajectory)
+        if opening is not None:
+            await opening.wait()
+        if trajectory in self._opened:
+            return
+        if opening is not None:  # that open failed: it is not open here
+            raise ValueError(f"image: the sandbox's image could not be had on node {self.name} "
+                             "(see its first action)")
+        if image is None:
+            self.backend.open_trajectory(trajectory, mem_gb)
+            self._opened.add(trajectory)
+        else:
+            await self._open_image_here(trajectory, mem_gb, image)
 
     # -- images (the docker backend's pulls and cache: executor/backends/docker/cache.py) --
     async def open_image(self, trajectory: str, mem_gb: float | None,
@@ -296,7 +311,7 @@ class NodeAgent:
         if not isinstance(backend, ImageFetching):
             raise ValueError(f"image: node {self.name} runs the {self.info_.backend} backend, "
                              "which runs no images")
-        self._opening.add(trajectory)
+        self._opening[trajectory] = opened = asyncio.Event()
         try:
             try:  # the pull waits off the loop: other actions go on meanwhile
                 done = await asyncio.wrap_future(backend.want_image(trajectory, image))
@@ -309,7 +324,8 @@ class NodeAgent:
                 raise
             self._opened.add(trajectory)
         finally:
-            self._opening.discard(trajectory)
+            del self._opening[trajectory]
+            opened.set()
         if trajectory in self._dropped:  # closed by the driver while it opened
             self._dropped.discard(trajectory)
             self._close(trajectory)
