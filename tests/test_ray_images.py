@@ -115,8 +115,12 @@ def test_an_image_opens_on_the_node_the_core_chose_and_the_next_hits_there(serve
         assert res["status"] == "ok" and res["node"] == b_home, res
         until_true(lambda: sum(s["counters"].get("pulls", 0)
                                for s in node_images(c).values()) == 2, WAIT_S, "two pulls")
+        # /metrics: a series per node (labelled), each node's own pulls
         metrics = c.get("/metrics").text
-        assert re.search(r"^tangram_image_pulls_total 2$", metrics, re.M), metrics[-2000:]
+        pulls = {m[0]: float(m[1]) for m in re.findall(
+            r'^tangram_image_pulls_total\{node="([^"]+)"\} (\S+)$', metrics, re.M)}
+        assert set(pulls) == set(nodes) and sum(pulls.values()) == 2, metrics[-3000:]
+        assert pulls[home] >= 1 and pulls[b_home] >= 1, pulls
 
         for tid in ("a1", "a2", "b1"):
             assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
