@@ -121,6 +121,12 @@ def test_an_image_opens_on_the_node_the_core_chose_and_the_next_hits_there(serve
             r'^tangram_image_pulls_total\{node="([^"]+)"\} (\S+)$', metrics, re.M)}
         assert set(pulls) == set(nodes) and sum(pulls.values()) == 2, metrics[-3000:]
         assert pulls[home] >= 1 and pulls[b_home] >= 1, pulls
+        # the core ordered the pulls ahead (PullImage, carried to the nodes' agents) and
+        # learnt the pull rate from the first actions' outcomes, as on one machine
+        assert float(re.search(r'^tangram_effects_total\{effect="PullImage"\} (\S+)$',
+                               metrics, re.M)[1]) == 2, metrics[-3000:]
+        assert float(re.search(r"^tangram_core_image_pulls_observed (\S+)$", metrics,
+                               re.M)[1]) >= 1, metrics[-3000:]
 
         for tid in ("a1", "a2", "b1"):
             assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
