@@ -262,6 +262,8 @@ class Service:
                 raise Refused(502, str(e)) from None
             except ValueError as e:
                 raise Refused(422, str(e)) from None
+            except OSError as e:  # e.g. the node's work directory cannot be made
+                raise Refused(503, f"cannot open trajectory {tid!r}: {e}") from None
         finally:
             self.pulling.discard(tid)
         self._record_open(tid, body, image, owner)

@@ -298,12 +298,15 @@ class NodeAgent:
                          image: str) -> tuple[bool, Any]:
         """Open ``trajectory``'s sandbox of ``image`` here, pulled first if this node lacks
         it (the driver's open, where the core placed it): (True, (its size in GB, how it
-        came)), or (False, the PullFailed or ValueError) with nothing left here. Errors are
-        answered, not raised, so the driver gets them as they are, not wrapped by Ray."""
+        came)), or (False, the PullFailed, ValueError or OSError) with nothing left here.
+        Errors are answered, not raised, so the driver gets them as they are, not wrapped
+        by Ray."""
         try:
             return True, await self._open_image_here(trajectory, mem_gb, image)
         except (PullFailed, ValueError) as e:
             return False, e
+        except Exception as e:  # noqa: BLE001 - e.g. the engine: said as this node's
+            return False, OSError(f"node {self.name}: {type(e).__name__}: {e}")
 
     async def _open_image_here(self, trajectory: str, mem_gb: float | None,
                                image: str) -> tuple[float | None, PullDone]:
