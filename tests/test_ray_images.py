@@ -9,7 +9,9 @@ the engine before the test pulls them. No mocks.
   nothing;
 * a second trajectory of the same image opens where it is held: a hit, no second pull;
 * a pull that fails refuses the open (502 naming the image, its registry, the node and the
-  reason) and leaves nothing: no trajectory, no container, the id free again.
+  reason) and leaves nothing: no trajectory, no container, the id free again;
+* a policy that does not place by image leaves the pull to the first action's node; a
+  trajectory whose node is lost runs its next action in its image again.
 
 The two nodes share this machine's one Docker engine, so an image one node pulled is in the
 engine for the other too: what tells the nodes apart is each agent's own cache (what it
@@ -18,14 +20,21 @@ pulled, its hits), as on a real cluster.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 from collections.abc import Iterator
 
 import httpx
 import pytest
 from conftest import TOKEN, sandbox_containers, start_server
-from helpers import until_true
+from helpers import until, until_true
 from registry import Pushed, Registry, remove_images, unique
+
+from executor.backends.ray.backend import RayBackend
+from executor.driver import LiveExecutor
+from tangram.core import Tangram
+from tangram.model import Action, Demand
 
 H = {"Authorization": f"Bearer {TOKEN}"}
 MB = 1_000_000
@@ -184,3 +193,36 @@ def test_a_policy_that_places_at_binding_pulls_at_the_first_action(tmp_path, reg
                 assert c.delete(f"/v1/trajectories/{tid}").status_code == 200
     finally:
         s.stop()
+
+
+def test_a_trajectory_whose_node_is_lost_opens_its_image_again_on_its_next(ray_cluster,
+                                                                          images):
+    """In process, on the session's 3-node cluster with docker agents: a trajectory opened
+    with its image on the core's node, whose agent then dies, runs its next action in its
+    image again (pulled or found where it is re-bound), told ``state_lost``: never in the
+    default image."""
+    a = images[0]
+
+    def wc(aid: str) -> Action:
+        return Action(aid, "t", "lost", "shell", {"cpu": Demand.fixed(1)},
+                      payload={"command": "sh -c 'wc -c < /data/blob'"})
+
+    async def go() -> None:
+        backend = RayBackend(ray_cluster, "docker", poll_s=0.2)
+        ex = LiveExecutor(Tangram(backend.cluster()), backend)
+        try:
+            node, _ = await ex.open_trajectory_placed("lost", "t", 0.5, a.digest)
+            assert node in backend.agents
+            rec, out = await ex.run(wc("lost-0"))
+            assert (out.status, out.output.strip(), rec.node) == ("ok", str(a.size), node), out
+            backend.ray.kill(backend.agents[node].handle, no_restart=True)
+            await until(lambda: node not in backend.agents, WAIT_S, "its node lost")
+            rec, out = await ex.run(wc("lost-1"))
+            assert out.status == "ok" and out.output.strip() == str(a.size), out
+            assert out.extra.get("state_lost"), out
+        finally:
+            with contextlib.suppress(KeyError, ValueError):
+                ex.close_trajectory("lost")
+            ex.shutdown()
+
+    asyncio.run(go())
