@@ -31,7 +31,10 @@ from conftest import TOKEN, sandbox_containers, start_server
 from helpers import until, until_true
 from registry import Pushed, Registry, remove_images, unique
 
+from executor.backends.gpu.config import load_gpu_cluster
+from executor.backends.gpu.ray_worker import GPU_MEM_LABEL, GPUS_LABEL, attach_gpus
 from executor.backends.ray.backend import RayBackend
+from executor.backends.ray.cluster import CPUS_LABEL, OBJECT_STORE_BYTES
 from executor.driver import LiveExecutor
 from tangram.core import Tangram
 from tangram.model import Action, Demand
@@ -40,6 +43,9 @@ H = {"Authorization": f"Bearer {TOKEN}"}
 MB = 1_000_000
 #: a hang guard per step on a loaded 2-core machine, not a bound
 WAIT_S = 180.0
+#: the GPU service of the test with GPU workers (a random-weight model on the cpu device)
+TINY = {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
+        "num_attention_heads": 4, "num_key_value_heads": 2}
 
 
 @pytest.fixture(scope="module")
@@ -226,3 +232,38 @@ def test_a_trajectory_whose_node_is_lost_opens_its_image_again_on_its_next(ray_c
             ex.shutdown()
 
     asyncio.run(go())
+
+
+def test_with_gpu_workers_attached_images_open_on_the_cpu_nodes(ray_cluster, images):
+    """`serve --ray ... --gpu-cluster` (the Ray backend with GPU workers attached) passes
+    images on to the CPU nodes' agents: an open is placed and pulled on a CPU node, and
+    its action runs there in its image (a GPU-labelled node of its own, cpu device)."""
+    gpu_node = ray_cluster.cluster.add_node(
+        num_cpus=0, object_store_memory=OBJECT_STORE_BYTES,
+        labels={CPUS_LABEL: "none", GPUS_LABEL: "1", GPU_MEM_LABEL: "1"})
+    ray_cluster.cluster.wait_for_nodes()
+    gpu = load_gpu_cluster({"gpu_nodes": [{"gpus": 1, "gpu_mem_gb": 1}],
+                            "services": [{"name": "small", "model": {"init": "random",
+                                                                     "config": TINY}}]},
+                           "cpu")
+    b = images[1]
+
+    async def go() -> None:
+        live = attach_gpus(RayBackend(ray_cluster, "docker"), gpu, "cpu")
+        try:
+            live.gpu.wait_ready(120)
+            ex = LiveExecutor(Tangram(live.cluster()), live)
+            node, _ = await ex.open_trajectory_placed("g", "t", 0.5, b.digest)
+            cpu_nodes = {n.name for n in ex.core.snapshot().cpu_nodes}
+            assert node in cpu_nodes, (node, cpu_nodes)
+            rec, out = await ex.run(Action("g-0", "t", "g", "shell", {"cpu": Demand.fixed(1)},
+                                           payload={"command": "sh -c 'wc -c < /data/blob'"}))
+            assert (out.status, out.output.strip(), rec.node) == ("ok", str(b.size), node), out
+            ex.close_trajectory("g")
+        finally:
+            live.shutdown()
+
+    try:
+        asyncio.run(go())
+    finally:
+        ray_cluster.cluster.remove_node(gpu_node, allow_graceful=False)
