@@ -13,6 +13,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from executor.backends.docker.pulls import NodeImageOpening, PullDone
 from tangram.core import Tangram
 from tangram.model import Action, Dispatch, Outcome
 from tangram.protocol import (
@@ -136,6 +137,41 @@ class LiveExecutor:
         if self.observer is not None:
             self.observer.opened(trajectory, task, mem_gb, self.clock.now(),
                                  image=image or "", image_gb=image_gb)
+
+    async def open_trajectory_placed(self, trajectory: str, task: str, mem_gb: float | None,
+                                     image: str) -> tuple[str | None, PullDone | None]:
+        """Open a trajectory naming ``image`` on a backend whose nodes pull their own
+        (NodeImageOpening: Ray). The node must be known before the image can be had, so the
+        order is the reverse of one machine's: the core opens it first and places it (by
+        where its image is held or soonest pulled), then that node pulls the image and opens
+        its sandbox, awaited here. All or nothing: if that fails it is closed in the core
+        again and the error (PullFailed naming the node, ValueError) raised. Its node and how
+        its image came there; (None, None) where the policy places no trajectory at open
+        (its first action's node then pulls the image as its sandbox starts)."""
+        backend = self.backend
+        assert isinstance(backend, NodeImageOpening) and isinstance(backend, ImageOpening)
+        # validates (a backend whose nodes run no images refuses) and gives a learnt size
+        image_gb = backend.open_trajectory_image(trajectory, mem_gb, image) or 0.0
+        try:
+            self.runtime.open_trajectory(trajectory, task, mem_gb, image=image,
+                                         image_gb=image_gb)
+        except BaseException:
+            backend.close_trajectory(trajectory)
+            raise
+        node = self.core.placed_on(trajectory)
+        done = None
+        if node is not None:
+            try:
+                size, done = await backend.open_image_on(trajectory, mem_gb, image, node)
+            except BaseException:  # (a cancelled open too: the server stopping)
+                self.runtime.close_trajectory(trajectory)
+                backend.close_trajectory(trajectory)
+                raise
+            image_gb = size or image_gb
+        if self.observer is not None:
+            self.observer.opened(trajectory, task, mem_gb, self.clock.now(), image=image,
+                                 image_gb=image_gb)
+        return node, done
 
     def close_trajectory(self, trajectory: str) -> None:
         self.runtime.close_trajectory(trajectory)

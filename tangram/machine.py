@@ -289,6 +289,16 @@ class Machine:
                 return node
         return None
 
+    def placed_on(self, trajectory: str) -> str | None:
+        """The node ``trajectory`` is bound to, else the one a policy that places by image
+        chose when it opened (a multi-node backend pulls its image there before the open
+        returns); None: neither yet."""
+        for side in self._locating:
+            node = side.placed_on(trajectory)
+            if node is not None:
+                return node
+        return None
+
     def why_queued(self, action_id: str) -> str:
         """Why the queued action ``action_id`` waits, when it waits for a node to admit its
         trajectory (memory: binding never waits for a core): a client can tell a full

@@ -185,6 +185,11 @@ class Locating(Protocol):
         """The node ``trajectory`` is bound to (None: none of this side's)."""
         ...
 
+    def placed_on(self, trajectory: str) -> str | None:
+        """The node ``trajectory`` is bound to, else the one the side chose for it when it
+        opened (a policy that places by image; None: neither, or none of this side's)."""
+        ...
+
     def busy_fraction(self, node: str) -> float:
         """Fraction of ``node``'s units held exclusively (0.0: not this side's node)."""
         ...

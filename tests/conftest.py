@@ -24,7 +24,7 @@ TOKEN = "test-token-123"
 #: test modules that start a local Ray cluster (the session's ``ray_cluster``, or a
 #: ``--ray local:N`` server): `make test` runs the suite on two xdist workers, and these
 #: go to one of them (``--dist loadgroup``), so that two Ray clusters never start at once
-RAY_MODULES = {"test_ray", "test_gpu_ray", "test_attack_ray", "test_backends"}
+RAY_MODULES = {"test_ray", "test_gpu_ray", "test_attack_ray", "test_backends", "test_ray_images"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import httpx
+import pytest
 from conftest import TOKEN, start_server
 from helpers import cores_in_use, counts, cpus_of, queued_ids, until
 
@@ -36,6 +37,25 @@ def shell(aid: str, traj: str, command: str, kind: str = "shell") -> Action:
 
 def raylet_pids(conn) -> dict[str, int]:
     return {n.node_id: n.all_processes["raylet"][0].process.pid for n in conn.local_nodes()}
+
+
+def test_nodes_of_the_process_backend_refuse_an_image_and_open_nothing(ray_cluster):
+    """Images need docker nodes (tests/test_ray_images.py): on process nodes an open naming
+    one is refused, saying so, and nothing is opened."""
+    async def go() -> None:
+        backend = RayBackend(ray_cluster)
+        ex = LiveExecutor(Tangram(backend.cluster()), backend)
+        try:
+            with pytest.raises(ValueError, match="run the process backend, which runs no "
+                                                 r"images \(use --backend docker\)"):
+                ex.open_trajectory("img", "t", 0.5, image="127.0.0.1:5000/x:1")
+            assert not ex.has_trajectory("img")
+            ex.open_trajectory("img", "t", 0.5)  # the id is free
+            ex.close_trajectory("img")
+        finally:
+            ex.shutdown()
+
+    asyncio.run(go())
 
 
 def test_actions_spread_over_nodes_and_stay_on_their_trajectory_node(ray_cluster):

@@ -30,7 +30,7 @@ from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args
 
-from executor.backends.docker.pulls import PullDone, PullFailed
+from executor.backends.docker.pulls import NodeImageOpening, PullDone, PullFailed
 from executor.backends.http.urls import UrlRefused, check_headers, listed, parse_allow_list, parse_target
 from executor.commands import CommandError, argv_of
 from executor.driver import LiveExecutor
@@ -45,7 +45,7 @@ from executor.server.fork import (
     open_copies,
     unknown_source,
 )
-from executor.server.images import image_fetcher, image_metric_lines
+from executor.server.images import image_fetcher, image_metric_lines, image_status_of
 from executor.server.journal import RESTARTED, SHUTDOWN, Journal
 from executor.server.routes.gpus import metric_lines
 from executor.server.schemas import (
@@ -197,6 +197,9 @@ class Service:
         answer's ``image`` says what that cost. A pull that fails refuses the open (502,
         naming the image, its registry and why) and nothing is opened."""
         image = body.image or self.task_images.get(body.task)
+        if image is not None and isinstance(self.executor.backend, NodeImageOpening) \
+                and self.executor.backend.runs_images():
+            return await self.open_on_node(body, image, owner=owner)
         fetcher = image_fetcher(self.executor.backend)
         if image is None or fetcher is None:
             return self.open_trajectory(body, owner=owner)
@@ -233,6 +236,42 @@ class Service:
         answer["image"] = done.answer()
         return answer
 
+    async def open_on_node(self, body: TrajectoryIn, image: str, *,
+                           owner: str) -> dict[str, Any]:
+        """Open it on a multi-node backend (Ray): the core places it, that node pulls its
+        image and opens its sandbox (LiveExecutor.open_trajectory_placed), awaited here;
+        the answer's ``image`` says on which node and what the pull cost. A pull that fails
+        refuses the open (502, naming the image, its registry, the node and why), nothing
+        opened anywhere."""
+        tid = self._check_open(body)
+        self.pulling.add(tid)
+        try:
+            opening = asyncio.ensure_future(self.executor.open_trajectory_placed(
+                tid, body.task, body.mem_gb, image))
+            closing = asyncio.ensure_future(self.closing.wait())
+            try:
+                await asyncio.wait((opening, closing), return_when=asyncio.FIRST_COMPLETED)
+            finally:
+                closing.cancel()
+            if not opening.done():
+                opening.cancel()  # (it closes what it opened)
+                raise Refused(503, "the server is shutting down")
+            try:
+                node, done = opening.result()
+            except PullFailed as e:
+                raise Refused(502, str(e)) from None
+            except ValueError as e:
+                raise Refused(422, str(e)) from None
+            except OSError as e:  # e.g. the node's work directory cannot be made
+                raise Refused(503, f"cannot open trajectory {tid!r}: {e}") from None
+        finally:
+            self.pulling.discard(tid)
+        self._record_open(tid, body, image, owner)
+        answer: dict[str, Any] = {"id": tid, "task": body.task}
+        answer["image"] = {**(done.answer() if done is not None else {"image": image}),
+                           "node": node}
+        return answer
+
     def _check_open(self, body: TrajectoryIn) -> str:
         """The id ``body`` opens (generated when it names none), once it may be opened."""
         self._not_closing()
@@ -255,13 +294,16 @@ class Service:
             raise Refused(502, str(e)) from None
         except OSError as e:  # e.g. the work directory cannot be made
             raise Refused(503, f"cannot open trajectory {tid!r}: {e}") from None
-        image = body.image or self.task_images.get(body.task)
+        self._record_open(tid, body, body.image or self.task_images.get(body.task), owner)
+        return {"id": tid, "task": body.task}
+
+    def _record_open(self, tid: str, body: TrajectoryIn, image: str | None, owner: str) -> None:
+        """An open trajectory, ``owner``'s: journalled, listed."""
         self.journal.opened(tid, body.task, body.mem_gb, image)
         self.journal.owned(tid, owner)
         self.owners[tid] = owner
         now = time.monotonic()
         self.opened[tid] = Opened(body.task, body.mem_gb, image, now, now)
-        return {"id": tid, "task": body.task}
 
     def owns(self, tid: str, owner: str) -> bool:
         """Whether open trajectory ``tid`` is ``owner``'s (False for one not open)."""
@@ -843,9 +885,9 @@ class Service:
             lines.append(f'tangram_resource_capacity{{resource="{res}"}} {v}')
         lines += effect_lines(self.executor.runtime.carried, snap.counters)
         lines += metric_lines(self.executor.backend)
-        fetcher = image_fetcher(self.executor.backend)
-        if fetcher is not None:
-            lines += image_metric_lines(fetcher.image_status())
+        images = image_status_of(self.executor.backend)
+        if images is not None:
+            lines += image_metric_lines(images)
         return "\n".join(lines) + "\n"
 
 

@@ -23,7 +23,7 @@ from typing import Any
 from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 
-from executor.server.images import image_fetcher
+from executor.server.images import image_status_of
 from tangram.model import Dispatch
 from tangram.protocol import Snapshot
 from tangram.runtime import Record
@@ -182,9 +182,8 @@ def _live(request: Request) -> dict[str, Any]:
 def _live_app(app: Any) -> dict[str, Any]:
     service = app.state.service
     executor = service.executor
-    fetcher = image_fetcher(executor.backend)
     return snapshot(executor.snapshot(), executor.runtime.records, executor.clock.now(),
-                    service.counts, fetcher.image_status() if fetcher is not None else None)
+                    service.counts, image_status_of(executor.backend))
 
 
 class Broadcast:

@@ -71,6 +71,14 @@ class CpuNodes:
     def node_of(self, trajectory: str) -> str | None:
         return self._cpu.node_of(trajectory)
 
+    def placed_on(self, trajectory: str) -> str | None:
+        """The node ``trajectory`` is bound to, else the one its image placed it on at open
+        (None: neither yet)."""
+        bound = self._cpu.node_of(trajectory)
+        if bound is not None or self._cpu.images is None:
+            return bound
+        return self._images.planned.get(trajectory)
+
     def busy_fraction(self, node: str) -> float:
         return busy_fraction(self._cpu, node)
 

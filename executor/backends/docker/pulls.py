@@ -9,6 +9,8 @@ open's answer says what the pull cost (:meth:`PullDone.answer`).
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Mapping
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -29,12 +31,18 @@ def registry_of(image: str) -> str:
 class PullFailed(RuntimeError):
     """An image could not be pulled: the message names the image, its registry and why."""
 
-    def __init__(self, image: str, reason: str) -> None:
+    def __init__(self, image: str, reason: str, node: str | None = None) -> None:
         self.image = image
         self.registry = registry_of(image)
         self.reason = reason.strip() or "no reason given"
+        #: the node that tried (a multi-node backend's; None: this machine)
+        self.node = node
+        where = f" to node {node!r}" if node else ""
         super().__init__(f"image: {image!r} could not be pulled from registry "
-                         f"{self.registry!r}: {self.reason}")
+                         f"{self.registry!r}{where}: {self.reason}")
+
+    def __reduce__(self) -> tuple:  # (an agent's failure crosses to the server pickled)
+        return (PullFailed, (self.image, self.reason, self.node))
 
 
 @dataclass(frozen=True)
@@ -78,3 +86,51 @@ class ImageFetching(Protocol):
     def image_status(self) -> dict[str, Any]:
         """Pulls in progress, the cache and its counters (the status page, /metrics)."""
         ...
+
+
+@runtime_checkable
+class NodeImageOpening(Protocol):
+    """A multi-node backend whose nodes pull their own images (Ray): a trajectory naming an
+    image is opened in the core first, which places it; then its image is had and its
+    sandbox opened on that node, awaited (the driver's ``open_trajectory_placed``)."""
+
+    def runs_images(self) -> bool:
+        """Whether its nodes run images at all (the docker backend) or not (processes)."""
+        ...
+
+    async def open_image_on(self, trajectory: str, mem_gb: float | None, image: str,
+                            node: str) -> tuple[float | None, PullDone]:
+        """Open ``trajectory``'s sandbox of ``image`` on ``node``, pulled there first when
+        it lacks it: its size in GB (None: not known) and how it came to be there.
+        PullFailed (naming the node) or ValueError, with nothing left there, if not."""
+        ...
+
+    def image_status(self) -> dict[str, Any]:
+        """Every node's pulls, cache and counters, summed, each node's under ``nodes``."""
+        ...
+
+
+def merge_node_images(nodes: Mapping[str, Mapping[str, Any]]) -> dict[str, Any]:
+    """The image status of several nodes (each a docker backend's ``image_status``) as one
+    of the same shape: counters, bytes and counts summed, pulls and cached images listed
+    with their ``node``; each node's own under ``nodes``."""
+    counters: Counter[str] = Counter()
+    warm: Counter[str] = Counter()
+    for status in nodes.values():
+        counters.update(status.get("counters", {}))
+        warm.update(status.get("warm", {}))
+    budgets = [status.get("budget_bytes") for status in nodes.values()]
+    return {
+        "pulls_at_once": max((status.get("pulls_at_once", 0) for status in nodes.values()),
+                             default=0),
+        "budget_bytes": None if not budgets or None in budgets else sum(budgets),
+        "used_bytes": sum(status.get("used_bytes", 0) for status in nodes.values()),
+        "over_budget": any(status.get("over_budget") for status in nodes.values()),
+        "pulling": [{**p, "node": node} for node, status in nodes.items()
+                    for p in status.get("pulling", [])],
+        "cached": [{**c, "node": node} for node, status in nodes.items()
+                   for c in status.get("cached", [])],
+        "cached_count": sum(status.get("cached_count", 0) for status in nodes.values()),
+        "counters": dict(counters), "warm": dict(sorted(warm.items())),
+        "nodes": {node: dict(status) for node, status in sorted(nodes.items())},
+    }

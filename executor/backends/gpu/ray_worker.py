@@ -39,7 +39,7 @@ from executor.backends.gpu.model import ModelSource
 from executor.backends.router import route
 from tangram.cluster import ClusterSpec, GpuNodeSpec
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import Command, NodeJoined, NodeLost, PreRestore, Sink
+from tangram.protocol import Command, NodeJoined, NodeLost, PreRestore, PullImage, Sink
 
 log = logging.getLogger("tangram.gpu.ray")
 
@@ -388,6 +388,24 @@ class RayWithGpus:
 
     def close_trajectory(self, trajectory: str) -> None:
         self.ray_backend.close_trajectory(trajectory)
+
+    # -- images: the CPU nodes' sandboxes (executor/backends/ray/backend.py) -------------
+    def runs_images(self) -> bool:
+        return bool(self.ray_backend.runs_images())
+
+    def open_trajectory_image(self, trajectory: str, mem_gb: float | None,
+                              image: str) -> float | None:
+        return self.ray_backend.open_trajectory_image(trajectory, mem_gb, image)
+
+    async def open_image_on(self, trajectory: str, mem_gb: float | None, image: str,
+                            node: str) -> Any:
+        return await self.ray_backend.open_image_on(trajectory, mem_gb, image, node)
+
+    def image_status(self) -> dict[str, Any]:
+        return dict(self.ray_backend.image_status())
+
+    def pull(self, effect: PullImage) -> None:
+        self.ray_backend.pull(effect)
 
     def shutdown(self) -> None:
         self.gpu.shutdown()

@@ -23,15 +23,21 @@ import tempfile
 import uuid
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import IO
+from typing import IO, Any
 
 from executor.backends.docker.limits import SandboxLimits
+from executor.backends.docker.pulls import ImageFetching, PullDone, PullFailed
 from executor.backends.ray.channel import AgentSide
 from executor.backends.ray.guard import fence
 from executor.backends.registry import env_backend
 from executor.node.local import allowed_cpus, mem_total_gb
 from tangram.cluster import CpuNodeSpec, GpuNodeSpec
 from tangram.model import Dispatch, Outcome
+from tangram.protocol import PullImage, Pulling
+
+#: an outcome's ``extra["reason"]`` when its environment could not be had: its image could
+#: not be pulled (or named) on the node, so nothing of its trajectory is open there
+IMAGE_FAILED = "image_failed"
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,6 +186,11 @@ class NodeAgent:
                               gpu_memory_gb() if gpus else 0.0, backend, self.marker, uids,
                               os.getpid())
         self._opened: set[str] = set()
+        #: trajectories whose sandbox of an image is being opened (set when it ends: their
+        #: other actions wait for it), and those of them the driver closed meanwhile
+        #: (closed as soon as their open ends)
+        self._opening: dict[str, asyncio.Event] = {}
+        self._dropped: set[str] = set()
         self._server: asyncio.Server | None = None
         self._links: set[AgentSide] = set()
         self._tasks: set[asyncio.Task] = set()
@@ -215,10 +226,13 @@ class NodeAgent:
             self.backend.cancel(message[1])
         elif kind == "close":
             self._close(message[1])
+        elif kind == "pull":
+            self._pull_ahead(message[1])
 
-    async def _reply(self, link: AgentSide, d: Dispatch, mem_gb: float | None) -> None:
+    async def _reply(self, link: AgentSide, d: Dispatch, mem_gb: float | None,
+                     image: str | None = None) -> None:
         try:
-            outcome = await self.run(d, mem_gb)
+            outcome = await self.run(d, mem_gb, image)
         except Exception as e:  # noqa: BLE001 - e.g. the workdir cannot be made: answer it
             outcome = Outcome(d.action.id, "failed", None, error=f"agent: {type(e).__name__}: {e}",
                               extra={"node": self.name})
@@ -231,8 +245,9 @@ class NodeAgent:
                                        error=f"agent: cannot send the outcome: {e}",
                                        extra=dict(outcome.extra))))
 
-    async def run(self, d: Dispatch, mem_gb: float | None) -> Outcome:
-        """Run one dispatch to its end; its environment is created at its first action."""
+    async def run(self, d: Dispatch, mem_gb: float | None, image: str | None = None) -> Outcome:
+        """Run one dispatch to its end; its environment is created at its first action
+        here (of ``image``, pulled first if this node lacks it), unless its open made it."""
         extra = {"node": self.name, "ray_node_id": self.info_.ray_node_id,
                  "hostname": self.info_.hostname}
         if d.lease.gpus:
@@ -240,9 +255,11 @@ class NodeAgent:
                            error="the Ray agents run CPU actions only: GPU actions need the GPU "
                                  "worker backend, which they do not wrap yet")
         trajectory = d.action.trajectory
-        if trajectory not in self._opened:
-            self.backend.open_trajectory(trajectory, mem_gb)
-            self._opened.add(trajectory)
+        try:
+            await self._ensure_open(trajectory, mem_gb, image)
+        except (PullFailed, ValueError) as e:  # (its next action here tries again)
+            return Outcome(d.action.id, "failed", None, error=str(e),
+                           extra={**extra, "reason": IMAGE_FAILED})
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Outcome] = loop.create_future()
 
@@ -257,6 +274,81 @@ class NodeAgent:
         outcome = await done
         return replace(outcome, extra={**outcome.extra, **extra})
 
+    async def _ensure_open(self, trajectory: str, mem_gb: float | None,
+                           image: str | None) -> None:
+        """``trajectory``'s environment here, made now at its first action (of ``image``,
+        pulled first if need be). An action sent while another of it pulls waits for that
+        one's open: it must not make a sandbox of the default image meanwhile."""
+        opening = self._opening.get(trajectory)
+        if opening is not None:
+            await opening.wait()
+        if trajectory in self._opened:
+            return
+        if opening is not None:  # that open failed: it is not open here
+            raise ValueError(f"image: the sandbox's image could not be had on node {self.name} "
+                             "(see its first action)")
+        if image is None:
+            self.backend.open_trajectory(trajectory, mem_gb)
+            self._opened.add(trajectory)
+        else:
+            await self._open_image_here(trajectory, mem_gb, image)
+
+    # -- images (the docker backend's pulls and cache: executor/backends/docker/cache.py) --
+    async def open_image(self, trajectory: str, mem_gb: float | None,
+                         image: str) -> tuple[bool, Any]:
+        """Open ``trajectory``'s sandbox of ``image`` here, pulled first if this node lacks
+        it (the driver's open, where the core placed it): (True, (its size in GB, how it
+        came)), or (False, the PullFailed, ValueError or OSError) with nothing left here.
+        Errors are answered, not raised, so the driver gets them as they are, not wrapped
+        by Ray."""
+        try:
+            return True, await self._open_image_here(trajectory, mem_gb, image)
+        except (PullFailed, ValueError) as e:
+            return False, e
+        except Exception as e:  # noqa: BLE001 - e.g. the engine: said as this node's
+            return False, OSError(f"node {self.name}: {type(e).__name__}: {e}")
+
+    async def _open_image_here(self, trajectory: str, mem_gb: float | None,
+                               image: str) -> tuple[float | None, PullDone]:
+        backend = self.backend
+        if not isinstance(backend, ImageFetching):
+            raise ValueError(f"image: node {self.name} runs the {self.info_.backend} backend, "
+                             "which runs no images")
+        self._opening[trajectory] = opened = asyncio.Event()
+        try:
+            try:  # the pull waits off the loop: other actions go on meanwhile
+                done = await asyncio.wrap_future(backend.want_image(trajectory, image))
+                size = await asyncio.to_thread(backend.open_trajectory_image, trajectory,
+                                               mem_gb, image)
+            except BaseException as e:
+                backend.unwant_image(trajectory)
+                if isinstance(e, PullFailed):
+                    raise PullFailed(e.image, e.reason, self.name) from None
+                raise
+            self._opened.add(trajectory)
+        finally:
+            del self._opening[trajectory]
+            opened.set()
+        if trajectory in self._dropped:  # closed by the driver while it opened
+            self._dropped.discard(trajectory)
+            self._close(trajectory)
+        return size, done
+
+    def _pull_ahead(self, image: str) -> None:
+        """The core's pull ahead of the trajectories it placed here (idempotent)."""
+        if isinstance(self.backend, Pulling):  # (it asks the engine: off the loop)
+            asyncio.get_running_loop().run_in_executor(None, self.backend.pull,
+                                                       PullImage(self.name, image))
+
+    async def pull_image(self, image: str) -> None:
+        self._pull_ahead(image)
+
+    async def image_status(self) -> dict[str, Any] | None:
+        """This node's pulls, image cache and counters (None: it runs no images)."""
+        if not isinstance(self.backend, ImageFetching):
+            return None
+        return await asyncio.to_thread(self.backend.image_status)
+
     async def cancel(self, action_id: str) -> None:
         self.backend.cancel(action_id)
 
@@ -264,6 +356,8 @@ class NodeAgent:
         self._close(trajectory)
 
     def _close(self, trajectory: str) -> None:
+        if trajectory in self._opening:
+            self._dropped.add(trajectory)
         if trajectory in self._opened:
             self._opened.discard(trajectory)
             self.backend.close_trajectory(trajectory)

@@ -37,14 +37,15 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from executor.backends.docker.limits import SandboxLimits
+from executor.backends.docker.pulls import PullDone, PullFailed, merge_node_images
 from executor.backends.http.backend import HttpBackend
-from executor.backends.ray.agent import NodeAgent, NodeInfo
+from executor.backends.ray.agent import IMAGE_FAILED, NodeAgent, NodeInfo
 from executor.backends.ray.channel import SECRET_BYTES, DriverSide
 from executor.backends.ray.cluster import CPUS_LABEL, MEM_LABEL, RayConnection, parse_cpus, require_ray
 from executor.backends.router import route
 from tangram.cluster import ClusterSpec, CpuNodeSpec, QuotaSpec
 from tangram.model import Dispatch, Outcome
-from tangram.protocol import NodeJoined, NodeLost, Sink
+from tangram.protocol import NodeJoined, NodeLost, PullImage, Sink
 
 log = logging.getLogger("tangram.ray")
 
@@ -56,6 +57,9 @@ RETRY_S = 30.0
 #: seconds the driver waits for an agent's listener to accept it (an unreachable node
 #: would otherwise hold its dispatches for the kernel's SYN retries, ~2 minutes)
 CONNECT_TIMEOUT_S = 30.0
+#: seconds between two reads of the nodes' image status (a Ray call per node, ~2 ms of CPU
+#: each: the status page and /metrics show it this much behind at most)
+IMAGE_STATUS_S = 2.0
 
 
 def _hang_up_if_dead(link: DriverSide, loop: asyncio.AbstractEventLoop | None) -> None:
@@ -128,6 +132,14 @@ class RayBackend:
         self._inflight: dict[str, InFlight] = {}
         self._mem: dict[str, float | None] = {}
         self._home: dict[str, str] = {}  # trajectory -> node its environment lives on
+        #: trajectory -> the image it names (its sandbox's, on whichever node it opens)
+        self._image: dict[str, str] = {}
+        #: image -> its size in GB as a node reported it (what the core places the next by)
+        self._image_gb: dict[str, float] = {}
+        #: node -> its image status (pulls, cache, counters) as its agent last told it:
+        #: read by the monitor every IMAGE_STATUS_S, so a status read never waits on nodes
+        self._node_images: dict[str, dict[str, Any]] = {}
+        self._images_read_at = 0.0
         self._state_lost: set[str] = set()  # trajectories to tell at their next action
         self._refused: set[str] = set()  # Ray node ids whose agent could not start
         #: Ray node ids whose agent did not start in time -> when to try again (monotonic)
@@ -246,6 +258,9 @@ class RayBackend:
             for agent in list(self.agents.values()):
                 if agent.info.ray_node_id not in alive:
                     self._node_failed(agent, "Ray declared its node dead")
+            if self.runs_images() and time.monotonic() >= self._images_read_at:
+                self._images_read_at = time.monotonic() + IMAGE_STATUS_S
+                await self._read_node_images()
             known = {a.info.ray_node_id for a in self.agents.values()}
             for nid, node in alive.items():
                 if (nid not in known and nid not in self._refused and nid not in self._joining
@@ -325,13 +340,16 @@ class RayBackend:
         trajectory = d.action.trajectory
         first = trajectory not in agent.trajectories
         if first:
+            self._leave_home(trajectory, node)
             agent.trajectories.add(trajectory)
             self._home[trajectory] = node
         slim = replace(d, lease=replace(d.lease, parts=()))  # managers' leases stay here
         aid = d.action.id
         self._inflight[aid] = InFlight(d, on_done, agent, trajectory in self._state_lost)
         try:
-            self._connect(agent).send(("run", slim, self._mem.get(trajectory) if first else None))
+            # a first action opens its environment there (of its image: pulled if need be)
+            self._connect(agent).send(("run", slim, self._mem.get(trajectory) if first else None,
+                                       self._image.get(trajectory) if first else None))
         except Exception as e:  # noqa: BLE001 - e.g. a payload that cannot be pickled
             self._finish(Outcome(aid, "failed", None, error=f"ray agent: cannot send: {e}"))
 
@@ -381,14 +399,28 @@ class RayBackend:
             self._connect(agent).send(message)
         except RuntimeError:  # no running loop (e.g. closing after it ended)
             kind, arg = message
-            (agent.handle.cancel if kind == "cancel" else agent.handle.close_trajectory
-             ).remote(arg)
+            by_ray = {"cancel": agent.handle.cancel, "close": agent.handle.close_trajectory,
+                      "pull": agent.handle.pull_image}
+            by_ray[kind].remote(arg)
+
+    def _leave_home(self, trajectory: str, node: str) -> None:
+        """``trajectory`` starts on ``node``: the sandbox its open made on another node (the
+        core placed it there, then bound it elsewhere, e.g. for memory) is closed there."""
+        home = self._home.get(trajectory)
+        agent = self.agents.get(home) if home is not None and home != node else None
+        if agent is not None:
+            agent.trajectories.discard(trajectory)
+            self._send(agent, ("close", trajectory))
 
     def _finish(self, outcome: Outcome) -> None:
         """An action's outcome from its agent."""
         f = self._inflight.pop(outcome.action_id, None)
         if f is None:  # already ended as node_lost
             return
+        if outcome.extra.get("reason") == IMAGE_FAILED:
+            # nothing of it is open there: its next action opens it (pulls) again, rather
+            # than run in the default image
+            f.agent.trajectories.discard(f.dispatch.action.trajectory)
         if f.state_lost:
             self._state_lost.discard(f.dispatch.action.trajectory)
             outcome = replace(outcome, extra={**outcome.extra, "state_lost": True})
@@ -405,8 +437,74 @@ class RayBackend:
         # its node is chosen at its first CPU action; the environment is made there
         self._mem[trajectory] = mem_gb
 
+    # -- images (executor/backends/docker/pulls.py NodeImageOpening) --------------------
+    def runs_images(self) -> bool:
+        return self.env_backend == "docker"
+
+    def open_trajectory_image(self, trajectory: str, mem_gb: float | None,
+                              image: str) -> float | None:
+        """tangram.protocol.ImageOpening, before the core places it: remembered (its
+        sandbox is of ``image`` on whichever node it opens), the image's size as a node last
+        reported it (None: never seen), refused where the nodes run no images."""
+        if not self.runs_images():
+            raise ValueError(f"image: the Ray nodes run the {self.env_backend} backend, which "
+                             "runs no images (use --backend docker)")
+        self._mem[trajectory] = mem_gb
+        self._image[trajectory] = image
+        return self._image_gb.get(image)
+
+    async def open_image_on(self, trajectory: str, mem_gb: float | None, image: str,
+                            node: str) -> tuple[float | None, PullDone]:
+        """Open ``trajectory``'s sandbox of ``image`` on ``node`` (where the core placed
+        it), its agent pulling the image first when the node lacks it (joining the pull the
+        core ordered ahead, if any). PullFailed naming the node, or ValueError; the caller
+        closes it then (close_trajectory: the agent has left nothing)."""
+        from ray.exceptions import RayActorError
+
+        agent = self.agents.get(node)
+        if agent is None:
+            raise PullFailed(image, "the node left the Ray cluster", node)
+        agent.trajectories.add(trajectory)  # (a close from now on reaches it)
+        self._home[trajectory] = node
+        try:
+            ok, got = await agent.handle.open_image.remote(trajectory, mem_gb, image)
+        except RayActorError as e:
+            raise PullFailed(image, f"its agent died ({str(e).splitlines()[0]})", node) from None
+        if not ok:
+            raise got
+        size, done = got
+        if size:
+            self._image_gb[image] = size
+        return size, done
+
+    async def _read_node_images(self) -> None:
+        """Every node's image status, from its agent (one that does not answer within the
+        poll keeps its last; a lost node's is dropped)."""
+        async def read(agent: Agent) -> None:
+            with contextlib.suppress(Exception):  # (slow, or its agent died: seen elsewhere)
+                status = await asyncio.wait_for(agent.handle.image_status.remote(),
+                                                max(self.poll_s, 1.0))
+                if status is not None and self.agents.get(agent.info.name) is agent:
+                    self._node_images[agent.info.name] = status
+
+        await asyncio.gather(*(read(a) for a in list(self.agents.values())))
+        for name in set(self._node_images) - set(self.agents):
+            del self._node_images[name]
+
+    def image_status(self) -> dict[str, Any]:
+        """NodeImageOpening: every node's pulls, cache and counters, summed (each node's
+        under ``nodes``), as the monitor last read them."""
+        return merge_node_images(self._node_images)
+
+    def pull(self, effect: PullImage) -> None:
+        """tangram.protocol.Pulling: the core's pull ahead, by the agent of its node."""
+        agent = self.agents.get(effect.node)
+        if agent is not None and self.runs_images():
+            self._send(agent, ("pull", effect.image))
+
     def close_trajectory(self, trajectory: str) -> None:
         self._mem.pop(trajectory, None)
+        self._image.pop(trajectory, None)
         self._state_lost.discard(trajectory)
         node = self._home.pop(trajectory, None)
         agent = self.agents.get(node) if node else None
