@@ -220,19 +220,25 @@ class Resizable(Protocol):
         ...
 
 
-#: pool class -> whether it is Resizable (asked once per class: an isinstance against a
-#: runtime-checkable Protocol walks the class's attributes every time, ~14 us, and the
-#: core asks at every pass and every finish; a pool joining later is of a class seen)
-_RESIZABLE: dict[type, bool] = {}
+#: (pool class, optional point) -> whether the class implements it, asked once per class:
+#: an isinstance against a runtime-checkable Protocol walks the class's attributes every
+#: time (~14 us), and the core asks at every pass, every queued batch and every finish. A
+#: pool's members are set in its ``__init__``, so every instance of a class answers alike
+#: (a pool joining later is of a class seen or asked then).
+_IMPLEMENTS: dict[tuple[type, type], bool] = {}
+
+
+def _point(pool: object, point: type) -> Any:
+    key = (type(pool), point)
+    got = _IMPLEMENTS.get(key)
+    if got is None:
+        got = _IMPLEMENTS[key] = isinstance(pool, point)
+    return pool if got else None
 
 
 def resizable(pool: object) -> Resizable | None:
     """``pool`` if its grants resize (:class:`Resizable`), else None."""
-    kind = type(pool)
-    got = _RESIZABLE.get(kind)
-    if got is None:
-        got = _RESIZABLE[kind] = isinstance(pool, Resizable)
-    return pool if got else None  # type: ignore[return-value]
+    return _point(pool, Resizable)
 
 
 @runtime_checkable
@@ -275,19 +281,9 @@ class LightLane(Protocol):
         ...
 
 
-#: pool class -> whether it has a light lane, asked once per class as for Resizable (the
-#: core asks at every pass, every queued batch and every finish). A pool's lane members
-#: are set in its ``__init__``: every instance of a class answers alike.
-_LANED: dict[type, bool] = {}
-
-
 def light_lane(pool: object) -> LightLane | None:
     """``pool`` if it has a light lane (:class:`LightLane`), else None."""
-    kind = type(pool)
-    got = _LANED.get(kind)
-    if got is None:
-        got = _LANED[kind] = isinstance(pool, LightLane)
-    return pool if got else None  # type: ignore[return-value]
+    return _point(pool, LightLane)
 
 
 class PoolPoints(Queueing, Filtering[object, object], Reserving[object], Protocol):
