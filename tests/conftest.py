@@ -14,6 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from registry import Registry
 
 ROOT = Path(__file__).parent.parent
 sys.path.insert(0, str(Path(__file__).parent))
@@ -236,3 +237,12 @@ def sandbox_containers(trajectory: str, owner: str | None = None, all: bool = Tr
                 except OSError:
                     pass
     return out
+
+
+@pytest.fixture(scope="module")
+def registry(tmp_path_factory) -> Iterator[Registry]:
+    """A real registry (Debian's docker-registry) on 127.0.0.1 for one test module (the
+    image tests push to it; tests/registry.py)."""
+    reg = Registry(tmp_path_factory.mktemp("registry")).start()
+    yield reg
+    reg.stop()

@@ -41,13 +41,6 @@ WAIT_S = 180.0
 
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory) -> Iterator[Registry]:
-    reg = Registry(tmp_path_factory.mktemp("registry")).start()
-    yield reg
-    reg.stop()
-
-
-@pytest.fixture(scope="module")
 def pushed(registry) -> Iterator[list[Pushed]]:
     """The images the module's tests pushed: removed from the engine at its end."""
     made: list[Pushed] = []

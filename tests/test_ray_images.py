@@ -29,7 +29,7 @@ import httpx
 import pytest
 from conftest import TOKEN, sandbox_containers, start_server
 from helpers import until, until_true
-from registry import Pushed, Registry, remove_images, unique
+from registry import Pushed, remove_images, unique
 
 from executor.backends.gpu.config import load_gpu_cluster
 from executor.backends.gpu.ray_worker import GPU_MEM_LABEL, GPUS_LABEL, attach_gpus
@@ -46,13 +46,6 @@ WAIT_S = 180.0
 #: the GPU service of the test with GPU workers (a random-weight model on the cpu device)
 TINY = {"vocab_size": 128, "hidden_size": 32, "num_hidden_layers": 4, "intermediate_size": 64,
         "num_attention_heads": 4, "num_key_value_heads": 2}
-
-
-@pytest.fixture(scope="module")
-def registry(tmp_path_factory) -> Iterator[Registry]:
-    reg = Registry(tmp_path_factory.mktemp("registry")).start()
-    yield reg
-    reg.stop()
 
 
 @pytest.fixture(scope="module")

@@ -212,14 +212,7 @@ class Service:
                 want = asyncio.wrap_future(fetcher.want_image(tid, image))
             except ValueError as e:  # a malformed reference
                 raise Refused(422, str(e)) from None
-            closing = asyncio.ensure_future(self.closing.wait())
-            try:
-                await asyncio.wait((want, closing), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                closing.cancel()
-            if not want.done():
-                want.cancel()
-                raise Refused(503, "the server is shutting down")
+            await self._unless_closing(want)
             try:
                 done: PullDone = want.result()
             except PullFailed as e:
@@ -248,14 +241,7 @@ class Service:
         try:
             opening = asyncio.ensure_future(self.executor.open_trajectory_placed(
                 tid, body.task, body.mem_gb, image))
-            closing = asyncio.ensure_future(self.closing.wait())
-            try:
-                await asyncio.wait((opening, closing), return_when=asyncio.FIRST_COMPLETED)
-            finally:
-                closing.cancel()
-            if not opening.done():
-                opening.cancel()  # (it closes what it opened)
-                raise Refused(503, "the server is shutting down")
+            await self._unless_closing(opening)  # (a cancelled opening closes what it opened)
             try:
                 node, done = opening.result()
             except PullFailed as e:
@@ -271,6 +257,18 @@ class Service:
         answer["image"] = {**(done.answer() if done is not None else {"image": image}),
                            "node": node}
         return answer
+
+    async def _unless_closing(self, job: asyncio.Future) -> None:
+        """Wait for ``job`` (an open's pull or placement) unless the server starts shutting
+        down first: then ``job`` is cancelled and the open refused (503)."""
+        closing = asyncio.ensure_future(self.closing.wait())
+        try:
+            await asyncio.wait((job, closing), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+        if not job.done():
+            job.cancel()
+            raise Refused(503, "the server is shutting down")
 
     def _check_open(self, body: TrajectoryIn) -> str:
         """The id ``body`` opens (generated when it names none), once it may be opened."""
