@@ -452,6 +452,46 @@ def test_an_image_an_opening_trajectory_waits_for_is_not_evicted(registry, pushe
         backend.shutdown()
 
 
+def test_a_warm_sandbox_dropped_over_budget_lets_its_image_go(registry, pushed):
+    """Budget 20 MB. A (8 MB) is pulled and fits; the warm pool starts a sandbox of A.
+    While it is being made, B and C (8 MB each) are pulled for two opening trajectories:
+    their pulls' make_room must keep A (the sandbox being made holds it) and leaves the
+    cache over budget. The refill then finds A's sandbox spare (no warm pool while over
+    budget) and drops it: A, held by nothing now, is evicted without any other event."""
+    from executor.backends.docker.backend import DockerBackend
+
+    a, b, cc = (push(registry, pushed, f"warmdrop-{n}", 8 * MB) for n in "abc")
+    backend = DockerBackend(owner=unique("warmdrop").replace("/", "-"), image_cache_gb=0.02)
+    made = []
+    create = backend._create
+
+    def create_then_pull_more(trajectory, image, mem):
+        box = create(trajectory, image, mem)
+        if trajectory == "" and image == a.digest and not made:
+            made.append(box)  # the race, made certain: pulls end while A's sandbox is made
+            assert backend.want_image("t-b", b.digest).result(timeout=WAIT_S).pulled
+            assert backend.want_image("t-c", cc.digest).result(timeout=WAIT_S).pulled
+        return box
+
+    backend._create = create_then_pull_more
+    try:
+        assert backend.want_image("t-a", a.digest).result(timeout=WAIT_S).pulled
+        backend.unwant_image("t-a")  # A unheld, within the budget: it stays
+        with backend._lock:
+            backend._burst_images[a.digest] = 1  # the latest burst asked for A
+        backend._refill_soon()
+        until_true(lambda: made, WAIT_S, "a warm sandbox of A made")
+        until_true(lambda: not present(a.digest), WAIT_S,
+                   "A evicted once its spare warm sandbox was dropped")
+        st = backend.image_status()
+        assert present(b.digest) and present(cc.digest), st
+        assert st["warm"].get(a.digest, 0) == 0 and not st["over_budget"], st
+    finally:
+        backend.unwant_image("t-b")
+        backend.unwant_image("t-c")
+        backend.shutdown()
+
+
 def test_over_budget_the_warm_sandboxes_of_an_unused_image_go_and_then_the_image(
         tmp_path: Path, registry, pushed):
     """Budget 20 MB. Three trajectories of W (8 MB) leave three warm sandboxes of W; once

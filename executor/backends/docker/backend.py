@@ -1099,8 +1099,13 @@ class DockerBackend:
                         self._warm.remove(old)
                 for old in unusable:
                     self._discard(old)
+                if any(old.image != self.image for old in unusable):
+                    # its image may be unheld now: a make_room that ran while this sandbox
+                    # was being made kept the image for it, and nothing else runs one again
+                    self._make_room_soon()
             if box is not None:
                 self._discard(box)
+                self._make_room_soon()
         except Exception:  # noqa: BLE001 - a failed refill is retried at the next take
             pass
         finally:
