@@ -492,6 +492,51 @@ def test_a_warm_sandbox_dropped_over_budget_lets_its_image_go(registry, pushed):
         backend.shutdown()
 
 
+def test_an_image_whose_container_is_being_removed_is_evicted_before_a_newer_one(
+        registry, pushed):
+    """Budget 20 MB; A, B, C (8 MB each) run by three open trajectories, opened and closed
+    in that order (A the least recently used). A's container is slow to go (its removal
+    held here); B's goes at once. The make_room after B's removal must not pass over A
+    (the engine refuses it while its container exists) to evict B: A goes once its
+    container has, and B stays."""
+    import threading
+
+    from executor.backends.docker.backend import DockerBackend
+
+    a, b, cc = (push(registry, pushed, f"leaving-{n}", 8 * MB) for n in "abc")
+    owner = unique("leaving").replace("/", "-")
+    backend = DockerBackend(owner=owner, image_cache_gb=0.02)
+    held_a = threading.Event()
+    remove = backend._remove
+    try:
+        for t, p in (("t-a", a), ("t-b", b), ("t-c", cc)):
+            assert backend.want_image(t, p.digest).result(timeout=WAIT_S).pulled
+            backend.open_trajectory_image(t, None, p.digest)
+            until_true(lambda t=t: sandbox_containers(t, owner), WAIT_S, f"{t}'s container")
+        (box_a,) = sandbox_containers("t-a", owner)
+
+        def slow_for_a(cid: str) -> None:
+            if cid == box_a.id:
+                held_a.wait(WAIT_S)
+            remove(cid)
+
+        backend._remove = slow_for_a
+        backend.close_trajectory("t-a")
+        backend.close_trajectory("t-b")
+        until_true(lambda: not sandbox_containers("t-b", owner), WAIT_S, "B's container gone")
+        backend.images.make_room()  # (what B's removal asks for: here, once it is done)
+        assert present(a.digest) and present(b.digest), backend.image_status()
+        held_a.set()
+        until_true(lambda: not present(a.digest), WAIT_S, "A evicted once its container went")
+        st = backend.image_status()
+        assert present(b.digest) and present(cc.digest), st
+        assert not st["over_budget"] and st["counters"]["evictions"] == 1, st
+    finally:
+        held_a.set()
+        backend.close_trajectory("t-c")
+        backend.shutdown()
+
+
 def test_over_budget_the_warm_sandboxes_of_an_unused_image_go_and_then_the_image(
         tmp_path: Path, registry, pushed):
     """Budget 20 MB. Three trajectories of W (8 MB) leave three warm sandboxes of W; once

@@ -278,7 +278,7 @@ class DockerBackend:
         #: the removed file, so a restart on the same state directory still evicts it
         self.images = ImageCache(
             self.client, image_pulls, image_cache_gb, held=self._held_images,
-            keep={self.image}, release=self._release_warm,
+            keep={self.image}, release=self._release_warm, leaving=self._runs_image,
             state_file=removed_file.with_name(".docker-images.json") if removed_file else None)
         self.cpu_map = cpu_map or allowed_cpus()
         self.idle_ttl_s = idle_ttl_s
@@ -711,6 +711,15 @@ class DockerBackend:
                     | {b.image for b in boxes}
                     | {image for (image, _), n in self._warming.items() if n > 0})
 
+    def _runs_image(self, image_id: str) -> bool:
+        """Whether a container of this backend (any: one being removed too) runs the
+        image ``image_id`` (an engine call)."""
+        try:
+            return bool(self.client.containers.list(all=True, sparse=True, filters={
+                "label": f"{OWNER}={self.owner}", "ancestor": image_id}))
+        except docker.errors.APIError:
+            return False
+
     def _release_warm(self) -> int:
         """The cache is over its budget: drop the warm sandboxes of pulled images nothing
         else holds (a sandbox is made again in a second, an image pulled again in many), so
@@ -747,19 +756,11 @@ class DockerBackend:
             self.images.touch(image)  # (its last use: the least recently used go first)
         if box:
             try:  # ~0.1-0.3 s in the engine: off the loop
-                self._removers.submit(self._discard_then_make_room, box, image is not None)
+                self._removers.submit(self._discard, box)
             except RuntimeError:  # the pool is shut down: the server is stopping
                 self._discard(box)
         elif image is not None:
             self._make_room_soon()
-
-    def _discard_then_make_room(self, box: Sandbox, evict: bool) -> None:
-        """Remove a closed trajectory's container, then (its image may be unheld now) what
-        the image cache's budget no longer fits: in this order, as the engine refuses to
-        remove an image while a container of it exists."""
-        self._discard(box)
-        if evict and self.images.budget is not None:
-            self.images.make_room()
 
     def evict(self, trajectory: str) -> bool:
         """Remove an idle trajectory's container to free its memory (the core reclaimed
@@ -1099,13 +1100,8 @@ class DockerBackend:
                         self._warm.remove(old)
                 for old in unusable:
                     self._discard(old)
-                if any(old.image != self.image for old in unusable):
-                    # its image may be unheld now: a make_room that ran while this sandbox
-                    # was being made kept the image for it, and nothing else runs one again
-                    self._make_room_soon()
             if box is not None:
                 self._discard(box)
-                self._make_room_soon()
         except Exception:  # noqa: BLE001 - a failed refill is retried at the next take
             pass
         finally:
@@ -1654,9 +1650,17 @@ class DockerBackend:
             time.sleep(0.05)
 
     def _discard(self, box: Sandbox) -> None:
+        """Remove ``box``'s container; then, if it ran a pulled image, what the image
+        cache's budget no longer fits. Every removal asks, whatever removed it (a closed
+        trajectory, a spare or idle warm sandbox, one made for a trajectory that closed
+        while it was made): a make_room that ran while the container existed kept its
+        image (the engine refuses to remove an image a container uses), and nothing else
+        would ask again."""
         self._remove(box.container_id)
         if box.agent_dir:
             shutil.rmtree(box.agent_dir, ignore_errors=True)
+        if box.image != self.image:
+            self._make_room_soon()
 
     def _remove(self, cid: str) -> None:
         try:
@@ -1694,8 +1698,6 @@ class DockerBackend:
             stale += [("", b) for b in idle_warm]
         for _, box in stale:
             self._discard(box)
-        if idle_warm and self.images.budget is not None:
-            self.images.make_room()
 
 
     # -- files (executor/server/routes/files.py) -------------------------------------------------------

@@ -91,13 +91,16 @@ class ImageCache:
     ``held``: the images the backend holds now (its trajectories', its containers');
     ``release``: drop what holds images only to have them at hand (how many were dropped);
     ``keep``: images never removed (the default image); ``state_file``: where the images
-    this cache pulled are recorded, so a restart still knows them as its own."""
+    this cache pulled are recorded, so a restart still knows them as its own;
+    ``leaving``: whether a container of the backend's own, on its way out, runs an image
+    (by id): asked only when the engine refuses to remove one."""
 
     def __init__(self, client: docker.DockerClient, pulls: int = PULLS,
                  budget_gb: float | None = None,
                  held: Callable[[], Collection[str]] = frozenset,
                  keep: Collection[str] = (), state_file: Path | None = None,
-                 release: Callable[[], int] = lambda: 0) -> None:
+                 release: Callable[[], int] = lambda: 0,
+                 leaving: Callable[[str], bool] = lambda image_id: False) -> None:
         if pulls < 1:
             raise ValueError(f"image_pulls: at least 1 pull at once, got {pulls}")
         if budget_gb is not None and budget_gb <= 0:
@@ -107,6 +110,7 @@ class ImageCache:
         self.budget = None if budget_gb is None else int(budget_gb * 1e9)
         self._held = held
         self._release = release
+        self._leaving = leaving
         self.keep = frozenset(keep)
         self.state_file = state_file
         self._lock = threading.Lock()
@@ -362,8 +366,14 @@ class ImageCache:
                     self.client.api.remove_image(ref)
                 except docker.errors.NotFound:
                     pass
-                except docker.errors.APIError as e:  # e.g. a container the backend does
-                    log.info("image %s not evicted: %s", ref, e.explanation or e)  # not know
+                except docker.errors.APIError as e:
+                    if self._leaving(entry.image_id):
+                        # a closed trajectory's container, being removed: the make_room
+                        # that follows its removal evicts this image; passing over it now
+                        # would evict a more recently used one in its place
+                        break
+                    # a container the backend does not know of runs it: never removed
+                    log.info("image %s not evicted: %s", ref, e.explanation or e)
                     continue
                 del self._entries[ref]
                 self._known.pop(ref, None)
