@@ -70,8 +70,8 @@ class ImageBook:
         #: the planned trajectories no node had room for at open (their sandbox is not
         #: made at open: they are expected there, not placed), in open order
         self.expected: dict[str, None] = {}
-        #: of ``expected``, those whose pull ahead is not ordered yet (their node was
-        #: pulling, or its disk budget had no room for it), in open order
+        #: of ``expected``, those whose pull ahead is not ordered yet (at their open, or
+        #: their node was pulling, or its disk budget had no room for it), in open order
         self.deferred: dict[str, None] = {}
         #: before this time no deferred pull ahead can be ordered (a node's pull ends then
         #: at the observed rate; inf: only a freed image can make room: ``_freed``)
@@ -147,7 +147,8 @@ class ImageBook:
     def expect(self, trajectory: str, node: str) -> None:
         """Expect ``trajectory``, which no node has room for now, on ``node`` (its first
         action binds there when that node has room first): its image is wanted there from
-        now, and pulled there once ``pull_ahead`` finds room for the pull."""
+        now, and ordered there (pulled, where the node lacks it) once ``pull_ahead`` finds
+        room for it."""
         image, _ = self.image_of[trajectory]
         self.planned[trajectory] = node
         self.expected[trajectory] = None
@@ -156,19 +157,21 @@ class ImageBook:
         held = self.held[node]
         if image in held:
             held.move_to_end(image)
-        else:
-            self.deferred[trajectory] = None
-            self.retry_at = 0.0  # (tried at once: its node may be pulling nothing)
+        self.deferred[trajectory] = None
+        self.retry_at = 0.0  # (tried at once: its node may be pulling nothing)
 
     def pull_ahead(self, now: float) -> list[tuple[str, str, str]]:
         """The pulls ahead to order now for expected trajectories, in open order: (node,
-        image, trajectory). Bounded, as a speculative pull must be (the trajectory may
-        bind elsewhere): one is ordered only while fewer than ``AHEAD_SLOTS`` pulls are
-        believed to run on its node (so it takes no bandwidth from a pull a placed
-        trajectory waits for, and one placed later shares the node with one pull ahead at
-        most), and only when its image fits the node's disk budget beside every image in
-        use or wanted there (it never evicts those, nor keeps the cache over its budget);
-        the rest wait until the node's pulls end or images are freed there."""
+        image, trajectory). One whose image is held there (or ordered there already) is
+        ordered at once, at no cost: the node keeps the image and a warm sandbox of it for
+        the trajectory (the core believes it wanted there). A pull is bounded, as a
+        speculative one must be (the trajectory may bind elsewhere): it is ordered only
+        while fewer than ``AHEAD_SLOTS`` pulls are believed to run on its node (so it
+        takes no bandwidth from a pull a placed trajectory waits for, and one placed later
+        shares the node with one pull ahead at most), and only when its image fits the
+        node's disk budget beside every image in use or wanted there (it never evicts
+        those, nor keeps the cache over its budget); the rest wait until the node's pulls
+        end or images are freed there."""
         if not self.deferred or now < self.retry_at:
             return []
         out: list[tuple[str, str, str]] = []
@@ -181,8 +184,10 @@ class ImageBook:
             node = self.planned[trajectory]
             image, gb = self.image_of[trajectory]
             held = self.held[node]
-            if image in held:  # pulled (or ordered) there since, for another
+            if image in held:  # held there (or ordered, for another): nothing to pull,
+                # but the order tells the node to keep it for this one (and a warm sandbox)
                 del self.deferred[trajectory]
+                out.append((node, image, trajectory))
                 continue
             ends = running.get(node)
             if ends is None:
