@@ -247,6 +247,24 @@ def test_a_trajectory_no_node_has_room_for_is_pulled_ahead_where_it_will_bind():
     assert core.snapshot(detail=False).counters["image_prefetches"] == 1
 
 
+def test_a_burst_is_placed_up_to_the_nodes_room_and_the_rest_expected():
+    """A burst opens all its trajectories before any binds (memory is reserved at binding):
+    the nodes' room counts the trajectories placed there, so the ones past it are expected
+    (not placed: on Ray no sandbox is made for them at open) and their pulls wait for the
+    node's pulls to end, instead of all being ordered at once."""
+    cluster = ClusterSpec(tuple(CpuNodeSpec(f"n{i}", cores=8, numa=1, mem_gb=8,
+                                            image_cache_gb=100.0) for i in range(2)))
+    core = Tangram(cluster, make_policy("tangram"))
+    core.handle(Attach(Capabilities(pulls=True)), 0.0)
+    ordered = []
+    for i in range(6):
+        ordered += pulls(core.handle(Open(f"t{i}", "swe", 4.0, f"img-{i}", 8.0), 0.0))
+    assert [core.placed_on(f"t{i}") is not None for i in range(6)] == [True] * 4 + [False] * 2
+    assert sorted(t for _, _, t in ordered) == ["t0", "t1", "t2", "t3"]
+    later = pulls(core.handle(Poll(), 1000.0))  # (every pull ordered is over by then)
+    assert sorted(t for _, _, t in later) == ["t4", "t5"]
+
+
 def test_pulls_ahead_for_waiting_trajectories_are_bounded():
     """Speculative pulls take a node's idle bandwidth only (one at a time, none beside
     another pull there) and never its disk past the budget held by images in use or

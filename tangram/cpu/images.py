@@ -67,6 +67,12 @@ class ImageBook:
         self.image_of: dict[str, tuple[str, float]] = {}
         #: trajectory -> the node it was placed on at open, until bound
         self.planned: dict[str, str] = {}
+        #: the memory placed trajectories will take where they are placed, until bound:
+        #: trajectory -> (GB declared, GB assumed in use at start), and each node's sums
+        #: (what a later open's room is checked against beside what is bound there: memory
+        #: is reserved at binding, and a burst's opens all come before its bindings)
+        self.placed_mem: dict[str, tuple[float, float]] = {}
+        self.placed_gb: dict[str, list[float]] = {}
         #: the planned trajectories no node had room for at open (their sandbox is not
         #: made at open: they are expected there, not placed), in open order
         self.expected: dict[str, None] = {}
@@ -110,14 +116,16 @@ class ImageBook:
         self.budget[spec.name] = spec.image_cache_gb
         self.users[spec.name] = Counter()
         self.wanted[spec.name] = Counter()
+        self.placed_gb[spec.name] = [0.0, 0.0]
         self.ready_at[spec.name] = {}
         self.backlog[spec.name] = 0.0
 
     def remove_node(self, node: str) -> None:
         for table in (self.held, self.used_gb, self.budget, self.users, self.wanted,
-                      self.ready_at, self.backlog):
+                      self.ready_at, self.backlog, self.placed_gb):
             table.pop(node, None)  # type: ignore[attr-defined]
         self.planned = {t: n for t, n in self.planned.items() if n != node}
+        self.placed_mem = {t: m for t, m in self.placed_mem.items() if t in self.planned}
         self.expected = {t: None for t in self.expected if t in self.planned}
         self.deferred = {t: None for t in self.deferred if t in self.planned}
         self.bound_to = {t: n for t, n in self.bound_to.items() if n != node}
@@ -128,12 +136,19 @@ class ImageBook:
         if image:
             self.image_of[trajectory] = (image, gb)
 
-    def plan(self, trajectory: str, node: str, now: float) -> bool:
+    def plan(self, trajectory: str, node: str, now: float,
+             mem: tuple[float, float] = (0.0, 0.0)) -> bool:
         """Place ``trajectory`` on ``node`` ahead of its binding; True when its image must
         be pulled there (the node holds none of it in the core's belief): the pull is
-        expected to end after those ordered there before it, at the observed rate."""
+        expected to end after those ordered there before it, at the observed rate.
+        ``mem``: the memory it will take there (declared, assumed in use at its start),
+        counted against the node's room until it is bound."""
         image, gb = self.image_of[trajectory]
         self.planned[trajectory] = node
+        self.placed_mem[trajectory] = mem
+        taken = self.placed_gb[node]
+        taken[0] += mem[0]
+        taken[1] += mem[1]
         self.load[node] += 1
         self.wanted[node][image] += 1
         missing = image not in self.held[node]
@@ -215,6 +230,15 @@ class ImageBook:
         self.retry_at = retry
         return out
 
+    def _unplace(self, trajectory: str, node: str | None) -> None:
+        """``trajectory`` is no longer placed on ``node`` (bound, or closed): the room it
+        was counted as taking there is free."""
+        mem = self.placed_mem.pop(trajectory, None)
+        taken = self.placed_gb.get(node) if node is not None else None
+        if mem is not None and taken is not None:
+            taken[0] -= mem[0]
+            taken[1] -= mem[1]
+
     def _freed(self) -> None:
         """An image became unused or unwanted somewhere: a deferred pull ahead may fit."""
         self.retry_at = 0.0
@@ -226,6 +250,7 @@ class ImageBook:
             return
         image, gb = got
         planned = self.planned.pop(trajectory, None)
+        self._unplace(trajectory, planned)
         self.expected.pop(trajectory, None)
         self.deferred.pop(trajectory, None)
         if planned is not None and planned in self.wanted:
@@ -250,6 +275,7 @@ class ImageBook:
     def closed(self, trajectory: str) -> None:
         self.unbound(trajectory)
         planned = self.planned.pop(trajectory, None)
+        self._unplace(trajectory, planned)
         self.expected.pop(trajectory, None)
         self.deferred.pop(trajectory, None)
         got = self.image_of.pop(trajectory, None)

@@ -181,8 +181,16 @@ class CpuNodes:
         book, cpu = self._images, self._cpu
         cpu.images = book
         book.opened(trajectory, image, image_gb)
-        room = [name for name, host in cpu.nodes.items()
-                if cpu.mem_refusal(host, mem_gb) is None]
+        # room beside what is bound there and what is placed there still unbound: memory
+        # is reserved at binding, and a burst opens all its trajectories before any binds
+        # (without it a burst was placed, and its pulls ordered, far past the nodes' room)
+        admission = cpu.admission
+        room = []
+        for name, host in cpu.nodes.items():
+            taken, since = book.placed_gb[name]
+            if admission.refusal(name, host.spec.mem_gb, host.mem_reserved + taken, mem_gb,
+                                 host.mem_observed_free, host.mem_since + since) is None:
+                room.append(name)
         node = book.side.place(book, trajectory, room, now)
         if node is None:
             if not room:
@@ -192,7 +200,8 @@ class CpuNodes:
                 if node is not None:
                     book.expect(trajectory, node)
             return []
-        if not book.plan(trajectory, node, now) or not self._pulls:
+        if not book.plan(trajectory, node, now, (mem_gb, min(mem_gb, admission.start_gb))) \
+                or not self._pulls:
             return []
         book.prefetches += 1
         return [PullImage(node, image, trajectory)]
