@@ -212,7 +212,7 @@ class Machine:
         else:
             out = self._handle_other(command, now)
         for side in self._owing:
-            side.owed(out)
+            side.owed(out, now)
         return out
 
     def _handle_other(self, command: Command, now: float) -> list[Effect]:

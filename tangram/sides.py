@@ -61,11 +61,11 @@ class Checking(Protocol):
 
 @runtime_checkable
 class Owing(Protocol):
-    """Effects a side decided outside any dispatch (the GPU pre-restores), carried out
-    after every command."""
+    """Effects a side decided outside any dispatch (the GPU pre-restores, the CPU nodes'
+    pulls ahead for trajectories waiting for a node), carried out after every command."""
 
-    def owed(self, out: list[Effect]) -> None:
-        """Append what is owed to ``out`` (and owe it no more)."""
+    def owed(self, out: list[Effect], now: float) -> None:
+        """Append what is owed at ``now`` to ``out`` (and owe it no more)."""
         ...
 
 

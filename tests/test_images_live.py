@@ -351,6 +351,43 @@ def test_pull_image_pulls_ahead_once_within_the_bound(registry, pushed):
         backend.shutdown()
 
 
+def test_a_trajectory_expected_here_has_a_warm_sandbox_of_its_image(registry, pushed):
+    """DockerBackend.expect_image (a node agent's, for a trajectory the core expects on
+    this node while it waits for one): with its image pulled ahead, a warm sandbox of it
+    and of its memory limit is kept (no opening here asked for the image), which its
+    opening here takes; one expected and then closed here (it closed, or started on
+    another node) is wanted no more: its image's warm target goes back to none."""
+    from executor.backends.docker.backend import DockerBackend
+
+    e, f = (push(registry, pushed, f"expect-{n}", MB) for n in "ef")
+    backend = DockerBackend(owner=unique("expect").replace("/", "-"))
+    try:
+        for tid, image in (("t-e", e.digest), ("t-f", f.digest)):
+            backend.expect_image(tid, image, 0.5)
+            backend.pull(PullImage("local", image, tid))
+
+        def warm() -> dict[str, int]:
+            return backend.image_status()["warm"]
+
+        until_true(lambda: warm().get(e.digest) == 1 and warm().get(f.digest) == 1, WAIT_S,
+                   "a warm sandbox of each expected image")
+        made = {c.id for c in docker.from_env().containers.list(
+            all=True, filters={"ancestor": e.digest, "label": "tangram.executor"})}
+        assert len(made) == 1
+        # t-e opens here: it takes its warm sandbox (no container made for it)
+        backend.want_image("t-e", e.digest).result(timeout=WAIT_S)
+        backend.open_trajectory_image("t-e", 0.5, e.digest)
+        until_true(lambda: {c.id for c in sandbox_containers("t-e")} == made, WAIT_S,
+                   "t-e in the warm sandbox")
+        # t-f goes elsewhere (or closes): its image is no longer a warm target here
+        backend.close_trajectory("t-f")
+        with backend._lock:
+            assert f.digest not in backend.warm_targets()
+        backend.close_trajectory("t-e")
+    finally:
+        backend.shutdown()
+
+
 def test_a_registry_gone_mid_pull_refuses_the_open_after_the_engines_retries(
         server, tmp_path: Path):
     """The registry dies while a layer is half down (the status shows the pull's progress

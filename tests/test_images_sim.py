@@ -26,7 +26,10 @@ from tangram.policies import make_policy
 from tangram.protocol import (
     Attach,
     Capabilities,
+    Close,
+    Finish,
     Open,
+    Poll,
     PullImage,
     Submit,
     capabilities_of,
@@ -204,6 +207,91 @@ def test_the_core_places_by_image_and_pulls_ahead():
     assert core.snapshot(detail=False).counters["image_prefetches"] == 2
 
 
+def full_core(cache_gb: float = 20.0) -> Tangram:
+    """Two nodes of 8 GB, each held by a trajectory of 8 GB (bound by an action of 1000 s):
+    no room for another until one closes."""
+    cluster = ClusterSpec(tuple(CpuNodeSpec(f"n{i}", cores=8, numa=1, mem_gb=8,
+                                            image_cache_gb=cache_gb) for i in range(2)))
+    core = Tangram(cluster, make_policy("tangram"))
+    core.handle(Attach(Capabilities(pulls=True)), 0.0)
+    for tid in ("f0", "f1"):
+        core.handle(Open(tid, "swe", 8.0), 0.0)
+    core.handle(Submit((Action("f0#0", "swe", "f0", "shell", {"cpu": Demand.fixed(1)},
+                               t1_s=1000.0),
+                        Action("f1#0", "swe", "f1", "shell", {"cpu": Demand.fixed(1)},
+                               t1_s=1000.0))), 0.0)
+    assert {core.node_of("f0"), core.node_of("f1")} == {"n0", "n1"}
+    return core
+
+
+def pulls(effects) -> list[tuple[str, str, str]]:
+    return [(e.node, e.image, e.trajectory) for e in effects if isinstance(e, PullImage)]
+
+
+def test_a_trajectory_no_node_has_room_for_is_pulled_ahead_where_it_will_bind():
+    """No node has room for its memory: it is expected on the node the policy picks among
+    all (not placed: no sandbox is made there at open), its image pulled there ahead of
+    its first action, which binds there once that node has room."""
+    core = full_core()
+    # 8 GB at the prior 1 Gbit/s: 64 s; the node pulls nothing else, so at once
+    assert pulls(core.handle(Open("q0", "swe", 8.0, "img-0", 8.0), 0.0)) == \
+        [("n0", "img-0", "q0")]
+    assert core.placed_on("q0") is None and core.node_of("q0") is None
+    core.handle(Submit((shell("q0"),)), 1.0)
+    assert core.why_queued("q0#0").startswith("waiting for a node")
+    # f0 (on n0) ends and closes: q0 binds on n0, where its image was pulled ahead
+    core.handle(Finish("f0#0"), 100.0)
+    out = core.handle(Close("f0"), 100.0)
+    assert [d.lease.node for d in out if isinstance(d, Dispatch)] == ["n0"]
+    assert core.node_of("q0") == "n0"
+    assert core.snapshot(detail=False).counters["image_prefetches"] == 1
+
+
+def test_a_burst_is_placed_up_to_the_nodes_room_and_the_rest_expected():
+    """A burst opens all its trajectories before any binds (memory is reserved at binding):
+    the nodes' room counts the trajectories placed there, so the ones past it are expected
+    (not placed: on Ray no sandbox is made for them at open) and their pulls wait for the
+    node's pulls to end, instead of all being ordered at once."""
+    cluster = ClusterSpec(tuple(CpuNodeSpec(f"n{i}", cores=8, numa=1, mem_gb=8,
+                                            image_cache_gb=100.0) for i in range(2)))
+    core = Tangram(cluster, make_policy("tangram"))
+    core.handle(Attach(Capabilities(pulls=True)), 0.0)
+    ordered = []
+    for i in range(6):
+        ordered += pulls(core.handle(Open(f"t{i}", "swe", 4.0, f"img-{i}", 8.0), 0.0))
+    assert [core.placed_on(f"t{i}") is not None for i in range(6)] == [True] * 4 + [False] * 2
+    assert sorted(t for _, _, t in ordered) == ["t0", "t1", "t2", "t3"]
+    later = pulls(core.handle(Poll(), 1000.0))  # (every pull ordered is over by then)
+    assert sorted(t for _, _, t in later) == ["t4", "t5"]
+
+
+def test_pulls_ahead_for_waiting_trajectories_are_bounded():
+    """Speculative pulls take a node's idle bandwidth only (one at a time, none beside
+    another pull there) and never its disk past the budget held by images in use or
+    wanted there: the rest are ordered as pulls end and images are freed."""
+    core = full_core(cache_gb=20.0)
+    assert pulls(core.handle(Open("q0", "swe", 8.0, "img-0", 8.0), 0.0)) == \
+        [("n0", "img-0", "q0")]
+    assert pulls(core.handle(Open("q1", "swe", 8.0, "img-1", 8.0), 0.0)) == \
+        [("n1", "img-1", "q1")]
+    # both nodes pull (until 64 s in the core's belief): the next waits for a pull's end
+    assert pulls(core.handle(Open("q2", "swe", 8.0, "img-2", 8.0), 1.0)) == []
+    assert pulls(core.handle(Poll(), 63.0)) == []
+    [(_, image, tid)] = pulls(core.handle(Poll(), 65.0))
+    assert (image, tid) == ("img-2", "q2")
+    assert [p[1:] for p in pulls(core.handle(Open("q3", "swe", 8.0, "img-3", 8.0), 66.0))] \
+        == [("img-3", "q3")]
+    # each node now has 16 GB of images wanted by trajectories waiting for it: a fifth
+    # would take either past its 20 GB budget. Not ordered, even once every pull is
+    # over, until an image is freed
+    assert pulls(core.handle(Open("q4", "swe", 8.0, "img-4", 8.0), 67.0)) == []
+    assert pulls(core.handle(Poll(), 300.0)) == []
+    # q2 closes (its image, on the node q4 is expected on, is wanted no more): ordered
+    # with the close's effects
+    out = core.handle(Close("q2"), 301.0)
+    assert [p[1:] for p in pulls(out)] == [("img-4", "q4")]
+
+
 def test_the_ablation_places_without_images():
     core = core_with("tangram-images-on-demand")
     assert core.handle(Open("t1", "swe", 4.0, "img-a", 8.0), 0.0) == []
@@ -282,6 +370,38 @@ def test_the_core_learns_the_pull_rate_it_observes(swe_runs):
 def test_tangram_pulls_fewer_bytes_than_the_pod_baseline(swe_runs):
     assert swe_runs["tangram"].counters["image_pulled_gb"] < \
         swe_runs["k8s"].counters["image_pulled_gb"]
+
+
+def test_a_waiting_trajectorys_first_action_does_not_pay_its_pull():
+    """Two nodes with memory for one trajectory each: a and b are placed at open (their
+    images pulled ahead), c waits for a node. Its image is pulled ahead on the node it is
+    expected on once that node pulls nothing else (not beside a's pull, which would slow
+    a's first action), and when a closes there c's first action finds it held: it waits
+    only for its container. The ablation, which pulls nothing ahead, pays c's pull on its
+    first action; a's and b's are as slow in both."""
+    def rows(tid: str, thinks: list[float]) -> list[dict]:
+        return [dict(task="swe", trajectory=tid, seq=i, kind="shell", think_s=think,
+                     t1_s=1.0, cpu_cores="1", mem_gb=8.0, image=f"img-{tid}", image_gb=4.0)
+                for i, think in enumerate(thinks)]
+
+    df = validate(pd.DataFrame(rows("a", [0, 10]) + rows("b", [0, 100]) + rows("c", [0])))
+    cluster = ClusterSpec(tuple(CpuNodeSpec(f"n{i}", cores=4, numa=1, mem_gb=8.0,
+                                            image_cache_gb=40.0) for i in range(2)),
+                          extra={"image_pull_mbps": 8000, "image_pulls": 2})  # 1 GB/s
+    first, counters = {}, {}
+    for policy in ("tangram", "tangram-images-on-demand"):
+        run = simulate(df, cluster, SimConfig(policy=policy, seed=0))
+        # (its start, and its overhead: what it waited for its image and container)
+        first[policy] = {r.trajectory: (r.start_s, r.overhead_s) for r in run.records
+                         if r.action_id.endswith("#0")}
+        counters[policy] = run.counters
+        assert first[policy]["c"][0] > 10.0, policy  # it waited for a's node
+    ahead, on_demand = first["tangram"], first["tangram-images-on-demand"]
+    # c: its pull (4 GB at 1 GB/s) on its first action without the pull ahead, none with it
+    assert on_demand["c"][1] > 4.0 > 1.0 > ahead["c"][1]
+    assert counters["tangram"]["image_held"] == 1 and counters["tangram"]["image_pulls"] == 3
+    for tid in ("a", "b"):  # pulled at open either way, alone on their nodes: 4 s
+        assert ahead[tid][1] == pytest.approx(on_demand[tid][1], abs=0.1), tid
 
 
 def test_a_trace_without_images_simulates_as_before():

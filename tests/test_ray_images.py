@@ -11,7 +11,10 @@ the engine before the test pulls them. No mocks.
 * a pull that fails refuses the open (502 naming the image, its registry, the node and the
   reason) and leaves nothing: no trajectory, no container, the id free again;
 * a policy that does not place by image leaves the pull to the first action's node; a
-  trajectory whose node is lost runs its next action in its image again.
+  trajectory whose node is lost runs its next action in its image again;
+* a trajectory no node has room for yet has its image pulled ahead on the node it is
+  expected on: its first action, bound there once a trajectory there closes, pulls
+  nothing.
 
 The two nodes share this machine's one Docker engine, so an image one node pulled is in the
 engine for the other too: what tells the nodes apart is each agent's own cache (what it
@@ -25,6 +28,7 @@ import contextlib
 import re
 from collections.abc import Iterator
 
+import docker
 import httpx
 import pytest
 from conftest import TOKEN, sandbox_containers, start_server
@@ -222,6 +226,75 @@ def test_a_trajectory_whose_node_is_lost_opens_its_image_again_on_its_next(ray_c
         finally:
             with contextlib.suppress(KeyError, ValueError):
                 ex.close_trajectory("lost")
+            ex.shutdown()
+
+    asyncio.run(go())
+
+
+def test_a_trajectory_waiting_for_a_node_has_its_image_pulled_ahead(ray_cluster, registry,
+                                                                   images):
+    """In process, on the session's 3-node cluster with docker agents: every node's memory
+    held by a trajectory, a trajectory naming an image (in no node's cache) opens without
+    a node, and the core orders its image pulled ahead on the node it expects it on, whose
+    agent pulls it and keeps a warm sandbox of it for it (the latest burst there had none
+    of the image) while its first action waits for memory; once the trajectory on that
+    node closes, the first action binds there, finds its image (no pull on its time: no
+    ``pull_s`` in its outcome, and no second pull anywhere) and runs in that sandbox."""
+    d = registry.build_and_push(unique("ray-ahead"), MB)  # not in the engine yet
+    images.append(d)  # (removed at the module's end)
+
+    def action(tid: str, aid: str, command: str) -> Action:
+        return Action(aid, "t", tid, "shell", {"cpu": Demand.fixed(1)},
+                      payload={"command": command})
+
+    async def go() -> None:
+        backend = RayBackend(ray_cluster, "docker", poll_s=0.2)
+        ex = LiveExecutor(Tangram(backend.cluster()), backend)
+        fillers = [f"full-{i}" for i in range(len(ex.core.snapshot().cpu_nodes))]
+        opened: list[str] = []
+        try:
+            for tid, node in zip(fillers, ex.core.snapshot().cpu_nodes, strict=True):
+                ex.open_trajectory(tid, "t", node.mem_gb)  # its node's whole memory
+                opened.append(tid)
+            await asyncio.gather(*(ex.run(action(t, f"{t}-0", "true")) for t in fillers))
+            assert len({ex.core.node_of(t) for t in fillers}) == len(fillers)
+
+            node, _ = await ex.open_trajectory_placed("wait", "t", 0.5, d.digest)
+            opened.append("wait")
+            assert node is None  # no node has room for it: not placed, no sandbox made
+
+            def pulled() -> str | None:  # the node that pulled it, once its pull ended
+                nodes = backend.image_status()["nodes"]
+                done = [n for n, s in nodes.items() if s["counters"].get("pulls", 0)]
+                return done[0] if len(done) == 1 and not any(
+                    s.get("pulling") for s in nodes.values()) else None
+
+            await until(pulled, WAIT_S, "the pull ahead", backend.image_status)
+            home = pulled()
+            await until(lambda: backend.image_status()["nodes"][home]["warm"].get(d.digest),
+                        WAIT_S, "its warm sandbox", backend.image_status)
+            warm = {c.id for c in docker.from_env().containers.list(
+                all=True, filters={"ancestor": d.digest, "label": "tangram.executor"})}
+            assert len(warm) == 1, warm
+            run = asyncio.ensure_future(ex.run(action("wait", "wait-0",
+                                                      "sh -c 'wc -c < /data/blob'")))
+            await until(lambda: ex.core.why_queued("wait-0"), WAIT_S, "its action queued")
+            assert ex.core.why_queued("wait-0").startswith("waiting for a node")
+            there = next(t for t in fillers if ex.core.node_of(t) == home)
+            ex.close_trajectory(there)
+            opened.remove(there)
+            rec, out = await run
+            assert (out.status, out.output.strip(), rec.node) == ("ok", str(d.size), home), out
+            assert "pull_s" not in out.extra, out.extra
+            assert {c.id for c in sandbox_containers("wait")} == warm
+            # (the nodes' statuses are read every 2 s): its open there was a hit
+            await until(lambda: backend.image_status()["nodes"][home]["counters"].get(
+                "hits", 0) >= 1, WAIT_S, "its hit", backend.image_status)
+            assert backend.image_status()["counters"].get("pulls") == 1
+        finally:
+            for tid in opened:
+                with contextlib.suppress(KeyError, ValueError):
+                    ex.close_trajectory(tid)
             ex.shutdown()
 
     asyncio.run(go())

@@ -15,7 +15,11 @@ How a policy uses the book is its ``images`` part (tangram/policies.py):
 * :class:`ImageAware` (tangram): a trajectory is placed when it opens, on the node where
   its image costs the fewest pull seconds among nodes whose load stays within 1.5x the
   fair share, and its image is pulled there ahead of its first action (:class:`PullImage`)
-  while the model thinks;
+  while the model thinks. One that no node has room for yet is expected on the node the
+  same rule picks among all nodes (its first action waits in the binding queue, and binds
+  there when that node has room first), and its image is pulled there ahead too, but
+  only on a node pulling nothing else and within its disk budget
+  (``ImageBook.pull_ahead``);
 * :class:`PullOnDemand` (the Kubernetes baseline): images play no part in placement; the
   environment's start pulls what its node lacks;
 * :class:`ImageLocality`: kube-scheduler's ImageLocality score beside its resource score
@@ -42,6 +46,12 @@ RATE_WEIGHT = 0.2
 #: share before a cached image stops drawing more trajectories to it (assumption: past
 #: it, its queue would cost more than a pull elsewhere; swept by none yet)
 LOAD_SLACK = 1.5
+#: a pull ahead for a trajectory still waiting for a node (speculative: it may bind
+#: elsewhere) is ordered only while fewer pulls than this are believed to run on its
+#: node: 1, only on a node pulling nothing, since pulls at once share the node's
+#: bandwidth (sim/images.py, the engine) and one ordered beside a pull for a trajectory
+#: placed there would slow that one's first action for a trajectory that waits anyway
+AHEAD_SLOTS = 1
 #: kube-scheduler ImageLocality's bounds of a container's score (pkg/scheduler/framework/
 #: plugins/imagelocality: minThreshold 23 MB, maxContainerThreshold 1000 MB)
 _MIN_MB, _MAX_MB = 23.0, 1000.0
@@ -57,6 +67,21 @@ class ImageBook:
         self.image_of: dict[str, tuple[str, float]] = {}
         #: trajectory -> the node it was placed on at open, until bound
         self.planned: dict[str, str] = {}
+        #: the memory placed trajectories will take where they are placed, until bound:
+        #: trajectory -> (GB declared, GB assumed in use at start), and each node's sums
+        #: (what a later open's room is checked against beside what is bound there: memory
+        #: is reserved at binding, and a burst's opens all come before its bindings)
+        self.placed_mem: dict[str, tuple[float, float]] = {}
+        self.placed_gb: dict[str, list[float]] = {}
+        #: the planned trajectories no node had room for at open (their sandbox is not
+        #: made at open: they are expected there, not placed), in open order
+        self.expected: dict[str, None] = {}
+        #: of ``expected``, those whose pull ahead is not ordered yet (at their open, or
+        #: their node was pulling, or its disk budget had no room for it), in open order
+        self.deferred: dict[str, None] = {}
+        #: before this time no deferred pull ahead can be ordered (a node's pull ends then
+        #: at the observed rate; inf: only a freed image can make room: ``_freed``)
+        self.retry_at = 0.0
         #: trajectory -> the node it is bound to (for those that name an image)
         self.bound_to: dict[str, str] = {}
         self.held: dict[str, OrderedDict[str, float]] = {}
@@ -91,14 +116,18 @@ class ImageBook:
         self.budget[spec.name] = spec.image_cache_gb
         self.users[spec.name] = Counter()
         self.wanted[spec.name] = Counter()
+        self.placed_gb[spec.name] = [0.0, 0.0]
         self.ready_at[spec.name] = {}
         self.backlog[spec.name] = 0.0
 
     def remove_node(self, node: str) -> None:
         for table in (self.held, self.used_gb, self.budget, self.users, self.wanted,
-                      self.ready_at, self.backlog):
+                      self.ready_at, self.backlog, self.placed_gb):
             table.pop(node, None)  # type: ignore[attr-defined]
         self.planned = {t: n for t, n in self.planned.items() if n != node}
+        self.placed_mem = {t: m for t, m in self.placed_mem.items() if t in self.planned}
+        self.expected = {t: None for t in self.expected if t in self.planned}
+        self.deferred = {t: None for t in self.deferred if t in self.planned}
         self.bound_to = {t: n for t, n in self.bound_to.items() if n != node}
         self.load.pop(node, None)
 
@@ -107,12 +136,19 @@ class ImageBook:
         if image:
             self.image_of[trajectory] = (image, gb)
 
-    def plan(self, trajectory: str, node: str, now: float) -> bool:
+    def plan(self, trajectory: str, node: str, now: float,
+             mem: tuple[float, float] = (0.0, 0.0)) -> bool:
         """Place ``trajectory`` on ``node`` ahead of its binding; True when its image must
         be pulled there (the node holds none of it in the core's belief): the pull is
-        expected to end after those ordered there before it, at the observed rate."""
+        expected to end after those ordered there before it, at the observed rate.
+        ``mem``: the memory it will take there (declared, assumed in use at its start),
+        counted against the node's room until it is bound."""
         image, gb = self.image_of[trajectory]
         self.planned[trajectory] = node
+        self.placed_mem[trajectory] = mem
+        taken = self.placed_gb[node]
+        taken[0] += mem[0]
+        taken[1] += mem[1]
         self.load[node] += 1
         self.wanted[node][image] += 1
         missing = image not in self.held[node]
@@ -123,6 +159,90 @@ class ImageBook:
         self._hold(node, image, gb)
         return missing
 
+    def expect(self, trajectory: str, node: str) -> None:
+        """Expect ``trajectory``, which no node has room for now, on ``node`` (its first
+        action binds there when that node has room first): its image is wanted there from
+        now, and ordered there (pulled, where the node lacks it) once ``pull_ahead`` finds
+        room for it."""
+        image, _ = self.image_of[trajectory]
+        self.planned[trajectory] = node
+        self.expected[trajectory] = None
+        self.load[node] += 1
+        self.wanted[node][image] += 1
+        held = self.held[node]
+        if image in held:
+            held.move_to_end(image)
+        self.deferred[trajectory] = None
+        self.retry_at = 0.0  # (tried at once: its node may be pulling nothing)
+
+    def pull_ahead(self, now: float) -> list[tuple[str, str, str]]:
+        """The pulls ahead to order now for expected trajectories, in open order: (node,
+        image, trajectory). One whose image is held there (or ordered there already) is
+        ordered at once, at no cost: the node keeps the image and a warm sandbox of it for
+        the trajectory (the core believes it wanted there). A pull is bounded, as a
+        speculative one must be (the trajectory may bind elsewhere): it is ordered only
+        while fewer than ``AHEAD_SLOTS`` pulls are believed to run on its node (so it
+        takes no bandwidth from a pull a placed trajectory waits for, and one placed later
+        shares the node with one pull ahead at most), and only when its image fits the
+        node's disk budget beside every image in use or wanted there (it never evicts
+        those, nor keeps the cache over its budget); the rest wait until the node's pulls
+        end or images are freed there."""
+        if not self.deferred or now < self.retry_at:
+            return []
+        out: list[tuple[str, str, str]] = []
+        retry = float("inf")
+        # per node, for this call: the ends of the pulls believed running, and the GB of
+        # the images in use or wanted there (what no pull ahead may evict)
+        running: dict[str, list[float]] = {}
+        kept: dict[str, float] = {}
+        for trajectory in list(self.deferred):
+            node = self.planned[trajectory]
+            image, gb = self.image_of[trajectory]
+            held = self.held[node]
+            if image in held:  # held there (or ordered, for another): nothing to pull,
+                # but the order tells the node to keep it for this one (and a warm sandbox)
+                del self.deferred[trajectory]
+                out.append((node, image, trajectory))
+                continue
+            ends = running.get(node)
+            if ends is None:
+                ends = running[node] = [e for e in self.ready_at[node].values() if e > now]
+            if len(ends) >= AHEAD_SLOTS:
+                retry = min(retry, min(ends))
+                continue
+            budget = self.budget[node]
+            if budget is not None:
+                if node not in kept:
+                    users, wanted = self.users[node], self.wanted[node]
+                    kept[node] = sum(size for i, size in held.items()
+                                     if users[i] > 0 or wanted[i] > 0)
+                if kept[node] + gb > budget:
+                    continue  # until an image is freed there (_freed)
+                kept[node] += gb
+            del self.deferred[trajectory]
+            end = max(now, self.backlog[node]) + gb / self.rate_gbps
+            self.backlog[node] = end
+            self.ready_at[node][image] = end
+            ends.append(end)
+            self._hold(node, image, gb)
+            self.prefetches += 1
+            out.append((node, image, trajectory))
+        self.retry_at = retry
+        return out
+
+    def _unplace(self, trajectory: str, node: str | None) -> None:
+        """``trajectory`` is no longer placed on ``node`` (bound, or closed): the room it
+        was counted as taking there is free."""
+        mem = self.placed_mem.pop(trajectory, None)
+        taken = self.placed_gb.get(node) if node is not None else None
+        if mem is not None and taken is not None:
+            taken[0] -= mem[0]
+            taken[1] -= mem[1]
+
+    def _freed(self) -> None:
+        """An image became unused or unwanted somewhere: a deferred pull ahead may fit."""
+        self.retry_at = 0.0
+
     def bound(self, trajectory: str, node: str) -> None:
         """``trajectory`` was bound to ``node``: its environment holds its image there."""
         got = self.image_of.get(trajectory)
@@ -130,9 +250,13 @@ class ImageBook:
             return
         image, gb = got
         planned = self.planned.pop(trajectory, None)
+        self._unplace(trajectory, planned)
+        self.expected.pop(trajectory, None)
+        self.deferred.pop(trajectory, None)
         if planned is not None and planned in self.wanted:
             self.wanted[planned][image] -= 1
             self.load[planned] -= 1
+            self._freed()
         self.bound_to[trajectory] = node
         self.load[node] += 1
         self.users[node][image] += 1
@@ -146,14 +270,19 @@ class ImageBook:
         self.users[node][image] -= 1
         self.load[node] -= 1
         self._evict(node)
+        self._freed()
 
     def closed(self, trajectory: str) -> None:
         self.unbound(trajectory)
         planned = self.planned.pop(trajectory, None)
+        self._unplace(trajectory, planned)
+        self.expected.pop(trajectory, None)
+        self.deferred.pop(trajectory, None)
         got = self.image_of.pop(trajectory, None)
         if planned is not None and got is not None and planned in self.wanted:
             self.wanted[planned][got[0]] -= 1
             self.load[planned] -= 1
+            self._freed()
 
     def observe(self, gb: float, seconds: float) -> None:
         """A pull of ``gb`` took ``seconds`` (reported by the backend)."""

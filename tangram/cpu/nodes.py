@@ -27,7 +27,7 @@ class CpuNodes:
     """The CPU side of a core: its manager, the cluster's CPU nodes as they join and leave,
     every pool (the core's own dict: a joining node's pool is added to it) and the binding
     of trajectories to nodes (tangram/sides.py: ``Membership``, ``Checking``, ``Hosting``,
-    ``Learning``, ``Locating``, ``Overstaying``, ``Attaching``, ``Reporting``)."""
+    ``Learning``, ``Locating``, ``Overstaying``, ``Attaching``, ``Owing``, ``Reporting``)."""
 
     def __init__(self, cpu: CpuManager, nodes: tuple[CpuNodeSpec, ...], side: CpuSide,
                  pools: dict[str, PoolPoints], binding: Binding,
@@ -75,8 +75,8 @@ class CpuNodes:
         """The node ``trajectory`` is bound to, else the one its image placed it on at open
         (None: neither yet)."""
         bound = self._cpu.node_of(trajectory)
-        if bound is not None or self._cpu.images is None:
-            return bound
+        if bound is not None or self._cpu.images is None or trajectory in self._images.expected:
+            return bound  # (one only expected there has no room there yet: not placed)
         return self._images.planned.get(trajectory)
 
     def busy_fraction(self, node: str) -> float:
@@ -172,17 +172,48 @@ class CpuNodes:
     def open_image(self, trajectory: str, mem_gb: float, image: str, image_gb: float,
                    now: float) -> list[Effect]:
         """Book ``trajectory``'s image; where the policy places it at open, plan it there
-        and order the pull its node lacks (only from a backend that pulls ahead)."""
+        and order the pull its node lacks (only from a backend that pulls ahead). Where the
+        policy would place it but no node has room for its memory now, it is expected on
+        the node the policy picks among those that could ever hold it: its first action
+        waits in the binding queue, and the pull its image needs there is ordered ahead,
+        within that node's pull slots and disk budget (``owed``), rather than paid by that
+        action on its core once bound."""
         book, cpu = self._images, self._cpu
         cpu.images = book
         book.opened(trajectory, image, image_gb)
-        room = [name for name, host in cpu.nodes.items()
-                if cpu.mem_refusal(host, mem_gb) is None]
+        # room beside what is bound there and what is placed there still unbound: memory
+        # is reserved at binding, and a burst opens all its trajectories before any binds
+        # (without it a burst was placed, and its pulls ordered, far past the nodes' room)
+        admission = cpu.admission
+        room = []
+        for name, host in cpu.nodes.items():
+            taken, since = book.placed_gb[name]
+            if admission.refusal(name, host.spec.mem_gb, host.mem_reserved + taken, mem_gb,
+                                 host.mem_observed_free, host.mem_since + since) is None:
+                room.append(name)
         node = book.side.place(book, trajectory, room, now)
-        if node is None or not book.plan(trajectory, node, now) or not self._pulls:
+        if node is None:
+            if not room:
+                could = [name for name, host in cpu.nodes.items()
+                         if host.spec.mem_gb >= mem_gb]
+                node = book.side.place(book, trajectory, could, now)
+                if node is not None:
+                    book.expect(trajectory, node)
+            return []
+        if not book.plan(trajectory, node, now, (mem_gb, min(mem_gb, admission.start_gb))) \
+                or not self._pulls:
             return []
         book.prefetches += 1
         return [PullImage(node, image, trajectory)]
+
+    def owed(self, out: list[Effect], now: float) -> None:
+        """(tangram/sides.py Owing) The pulls ahead for expected trajectories that their
+        nodes have room for now (``ImageBook.pull_ahead``), after every command: a slot
+        frees as time passes, disk as images are freed."""
+        book = self._images
+        if book.deferred and now >= book.retry_at and self._pulls:
+            out += [PullImage(node, image, trajectory)
+                    for node, image, trajectory in book.pull_ahead(now)]
 
     #: (tangram/sides.py Learning) what a backend reports of an image's pull
     learns_from = frozenset({"pull_s"})

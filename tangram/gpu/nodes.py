@@ -28,7 +28,7 @@ class GpuNodes:
     nodes: tuple[GpuNodeSpec, ...]
     pools: Mapping[str, PoolPoints]
 
-    def owed(self, out: list[Effect]) -> None:
+    def owed(self, out: list[Effect], now: float) -> None:
         gpu = self.gpu
         if gpu.has_prerestores():
             for plan, at, restore_s in gpu.take_prerestores():

@@ -362,6 +362,13 @@ class DockerBackend:
         self._burst_images: Counter[str] = Counter()
         #: the most default-image trajectories one burst had so far (its pool's size)
         self._default_peak = 0
+        #: trajectory -> (image, memory limit) of one the core expects to open here, not
+        #: opened yet: it waits in the core's queue for this node's memory, and its image
+        #: was pulled ahead here (``expect_image``: a node agent's, executor/backends/ray).
+        #: A floor of its image's warm target: its first action here takes a warm sandbox
+        #: instead of making its container on its core. Until it opens here or is told
+        #: closed (it went elsewhere, or closed)
+        self._expected: dict[str, tuple[str, float]] = {}
         #: the current burst's trajectories whose first action has not started
         self._unstarted: set[str] = set()
         self._closed = False
@@ -570,6 +577,7 @@ class DockerBackend:
         still runs; if it died, the next action says ``state_lost``."""
         with self._lock:
             self._mem[trajectory] = mem_gb or 0.0
+            self._expected.pop(trajectory, None)  # (here now: counted in its burst)
             box = self._leftovers.pop(trajectory, None)
             if box is not None:
                 self._boxes[trajectory] = box
@@ -684,14 +692,34 @@ class DockerBackend:
         if image == self.image or self._closed:
             return
         try:
-            self.images.pull(image)
+            pulling = self.images.pull(image)
         except ValueError as e:
             log.warning("no pull ahead of %r: %s", image, e)
+            return
+        if pulling is not None:
+            # the warm pool keeps sandboxes of images here only: once it is, a trajectory
+            # the core expects here (expect_image) gets its warm sandbox
+            pulling.add_done_callback(lambda _: self._refill_soon())
 
     def pull(self, effect: PullImage) -> None:
         """tangram.protocol.Pulling: the core's pull ahead (this backend is one node: the
-        effect's node is this machine's)."""
+        effect's node is this machine's). On one machine its trajectory opened here
+        first (its container is made at open, whatever the core's queue)."""
         self.pull_image(effect.image)
+
+    def expect_image(self, trajectory: str, image: str, mem_gb: float | None) -> None:
+        """pulls.ImageFetching: the core expects ``trajectory`` (not opened here) to open
+        here once this node has room for it (a node agent's: executor/backends/ray): a warm
+        sandbox of ``image`` is kept of ``mem_gb`` (its limit) for its first action, which
+        would otherwise make its container on its core, once the image is here (its pull
+        ahead is ``pull``'s). No engine call: a caller on an event loop may call it."""
+        if image == self.image:
+            return
+        with self._lock:
+            if trajectory in self._mem or self._closed:
+                return  # opened here already: its container is made at its open
+            self._expected[trajectory] = (image, mem_gb or self.default_mem_gb)
+        self._refill_soon()
 
     def image_status(self) -> dict[str, Any]:
         """pulls.ImageFetching: pulls, the cache, its counters, the warm pool by image."""
@@ -703,11 +731,13 @@ class DockerBackend:
         return out
 
     def _held_images(self) -> set[str]:
-        """The images the cache must not remove: named by an open or opening trajectory,
-        or run by one of this backend's containers (or one the warm pool is making)."""
+        """The images the cache must not remove: named by an open or opening trajectory or
+        one the core expects here (``expect_image``), or run by one of this backend's containers
+        (or one the warm pool is making)."""
         with self._lock:
             boxes = [*self._boxes.values(), *self._warm, *self._leftovers.values()]
             return ({*self._images.values(), *self._opening.values()}
+                    | {image for image, _ in self._expected.values()}
                     | {b.image for b in boxes}
                     | {image for (image, _), n in self._warming.items() if n > 0})
 
@@ -745,6 +775,7 @@ class DockerBackend:
 
     def close_trajectory(self, trajectory: str) -> None:
         with self._lock:
+            self._expected.pop(trajectory, None)
             box = self._boxes.pop(trajectory, None)
             self._lost.discard(trajectory)
             self._mem.pop(trajectory, None)
@@ -1006,10 +1037,15 @@ class DockerBackend:
         groups ask again), the most common first, WARM_MAX of them in all; only of an image
         on the node (a warm sandbox never has its image pulled again), and none while held
         images keep the image cache over its budget (a warm sandbox holds its image against
-        eviction: the pool must not be what keeps the disk full). Under ``self._lock``."""
+        eviction: the pool must not be what keeps the disk full). The trajectories the core
+        expects here (``expect_image``) are a floor of their image's count: the latest burst on
+        this node did not see them. Under ``self._lock``."""
         targets = {self.image: self.warm_target}
         room = 0 if self.images.over_budget else WARM_MAX
-        for image, n in self._burst_images.most_common():
+        demand = Counter(self._burst_images)
+        for image, n in Counter(image for image, _ in self._expected.values()).items():
+            demand[image] = max(demand[image], n)
+        for image, n in demand.most_common():
             if image == self.image or room <= 0 or not self.images.has(image):
                 continue
             targets[image] = min(n, room)
@@ -1069,9 +1105,12 @@ class DockerBackend:
                     wait = max(self._last_take + WARM_QUIET_S - now,
                                0.1 if self._creating or first else 0.0)
                     if wait <= 0:
-                        mem = self._warm_mem()
                         # the default image first, then the image lacking the most
                         image = max(short, key=lambda i: (i == self.image, short[i]))
+                        mem = self._warm_mem()
+                        floor = [m for i, m in self._expected.values() if i == image]
+                        if floor:  # (none larger than an expected one's limit: it takes it)
+                            mem = min(mem, *floor)
                         self._warming[image, mem] += 1
                 if wait > 0:
                     time.sleep(min(wait, 0.1))  # short steps: shutdown ends it promptly

@@ -158,17 +158,23 @@ class ImageCache:
             self.counters.misses += 1
             return self._waiter(self._start(image, waiters=1), shared=False)
 
-    def pull(self, image: str) -> None:
+    def pull(self, image: str) -> Future[PullDone] | None:
         """Start pulling ``image`` in the background unless it is here or being pulled (a
-        pull ahead of the trajectories that will want it; bounded by the same slots)."""
+        pull ahead of the trajectories that will want it; bounded by the same slots). The
+        future of its pull (the one started, or under way), None when it is here."""
         with self._lock:
-            if image in self._pulls or image in self._known or image in self._entries:
-                return
+            pull = self._pulls.get(image)
+            if pull is not None:
+                return pull.future
+            if image in self._known or image in self._entries:
+                return None
         if self._present(image):
-            return
+            return None
         with self._lock:
-            if image not in self._pulls and not self._closed:
-                self._start(image, waiters=0)
+            pull = self._pulls.get(image)
+            if pull is None and not self._closed:
+                pull = self._start(image, waiters=0)
+            return pull.future if pull is not None else None
 
     def has(self, image: str) -> bool:
         """Whether ``image`` is known to be on the node (no engine call, and no lock: the

@@ -83,6 +83,12 @@ class ImageFetching(Protocol):
         """``trajectory`` will not open after all (its pull failed, or its open did)."""
         ...
 
+    def expect_image(self, trajectory: str, image: str, mem_gb: float | None) -> None:
+        """The core expects ``trajectory``, not opened here, to open here (of ``image``,
+        ``mem_gb``) once the node has room for it: a warm sandbox is kept for it (once its
+        image, pulled ahead, is here) until it opens here or is closed here."""
+        ...
+
     def image_status(self) -> dict[str, Any]:
         """Pulls in progress, the cache and its counters (the status page, /metrics)."""
         ...

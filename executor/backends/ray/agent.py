@@ -227,7 +227,7 @@ class NodeAgent:
         elif kind == "close":
             self._close(message[1])
         elif kind == "pull":
-            self._pull_ahead(message[1])
+            self._pull_ahead(*message[1:])
 
     async def _reply(self, link: AgentSide, d: Dispatch, mem_gb: float | None,
                      image: str | None = None) -> None:
@@ -334,14 +334,22 @@ class NodeAgent:
             self._close(trajectory)
         return size, done
 
-    def _pull_ahead(self, image: str) -> None:
-        """The core's pull ahead of the trajectories it placed here (idempotent)."""
+    def _pull_ahead(self, image: str, trajectory: str = "", mem_gb: float | None = None) -> None:
+        """The core's pull ahead of the trajectories it placed or expects here
+        (idempotent); ``trajectory``, ``mem_gb``: the one it expects here, not opened here
+        yet (its memory limit: the docker backend keeps a warm sandbox of its image for it,
+        until it opens here or is closed here)."""
+        if trajectory and isinstance(self.backend, ImageFetching):
+            # on the loop, in the order of the driver's messages: a close sent after it
+            # finds it
+            self.backend.expect_image(trajectory, image, mem_gb)
         if isinstance(self.backend, Pulling):  # (it asks the engine: off the loop)
             asyncio.get_running_loop().run_in_executor(None, self.backend.pull,
                                                        PullImage(self.name, image))
 
-    async def pull_image(self, image: str) -> None:
-        self._pull_ahead(image)
+    async def pull_image(self, image: str, trajectory: str = "",
+                         mem_gb: float | None = None) -> None:
+        self._pull_ahead(image, trajectory, mem_gb)
 
     async def image_status(self) -> dict[str, Any] | None:
         """This node's pulls, image cache and counters (None: it runs no images)."""
@@ -361,6 +369,8 @@ class NodeAgent:
         if trajectory in self._opened:
             self._opened.discard(trajectory)
             self.backend.close_trajectory(trajectory)
+        elif isinstance(self.backend, ImageFetching):  # only expected here (_pull_ahead):
+            self.backend.close_trajectory(trajectory)  # its warm sandbox is wanted no more
 
     async def shutdown(self) -> None:
         """Stop what runs, remove environments, and let the guard go."""

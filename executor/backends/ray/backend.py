@@ -132,6 +132,10 @@ class RayBackend:
         self._inflight: dict[str, InFlight] = {}
         self._mem: dict[str, float | None] = {}
         self._home: dict[str, str] = {}  # trajectory -> node its environment lives on
+        #: trajectory -> the node the core expects it on while it waits for a node (its
+        #: image pulled ahead there, PullImage): that node's agent keeps a warm sandbox for
+        #: it until it starts there, or is told it closed or started elsewhere
+        self._expected_on: dict[str, str] = {}
         #: trajectory -> the image it names (its sandbox's, on whichever node it opens)
         self._image: dict[str, str] = {}
         #: image -> its size in GB as a node reported it (what the core places the next by)
@@ -341,6 +345,7 @@ class RayBackend:
         first = trajectory not in agent.trajectories
         if first:
             self._leave_home(trajectory, node)
+            self._unexpect(trajectory, node)
             agent.trajectories.add(trajectory)
             self._home[trajectory] = node
         slim = replace(d, lease=replace(d.lease, parts=()))  # managers' leases stay here
@@ -398,10 +403,10 @@ class RayBackend:
         try:
             self._connect(agent).send(message)
         except RuntimeError:  # no running loop (e.g. closing after it ended)
-            kind, arg = message
+            kind, *args = message
             by_ray = {"cancel": agent.handle.cancel, "close": agent.handle.close_trajectory,
                       "pull": agent.handle.pull_image}
-            by_ray[kind].remote(arg)
+            by_ray[kind].remote(*args)
 
     def _leave_home(self, trajectory: str, node: str) -> None:
         """``trajectory`` starts on ``node``: the sandbox its open made on another node (the
@@ -497,12 +502,30 @@ class RayBackend:
         return merge_node_images(self._node_images)
 
     def pull(self, effect: PullImage) -> None:
-        """tangram.protocol.Pulling: the core's pull ahead, by the agent of its node."""
+        """tangram.protocol.Pulling: the core's pull ahead, by the agent of its node. For a
+        trajectory the core expects there (it waits for a node: placed nowhere yet), that
+        agent also keeps a warm sandbox of its image for it (its memory limit's)."""
         agent = self.agents.get(effect.node)
-        if agent is not None and self.runs_images():
+        if agent is None or not self.runs_images():
+            return
+        t = effect.trajectory
+        if t and t in self._image and t not in self._home:
+            self._unexpect(t, effect.node)
+            self._expected_on[t] = effect.node
+            self._send(agent, ("pull", effect.image, t, self._mem.get(t)))
+        else:
             self._send(agent, ("pull", effect.image))
 
+    def _unexpect(self, trajectory: str, node: str | None) -> None:
+        """``trajectory`` starts on ``node`` (None: it closed): the agent it was expected
+        on elsewhere drops the warm sandbox it kept for it."""
+        was = self._expected_on.pop(trajectory, None)
+        agent = self.agents.get(was) if was is not None and was != node else None
+        if agent is not None:
+            self._send(agent, ("close", trajectory))
+
     def close_trajectory(self, trajectory: str) -> None:
+        self._unexpect(trajectory, None)
         self._mem.pop(trajectory, None)
         self._image.pop(trajectory, None)
         self._state_lost.discard(trajectory)
