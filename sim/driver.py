@@ -103,10 +103,10 @@ def image_caches(clock: SimClock, cluster: ClusterSpec, policy: Policy,
     if not image_of:
         return None, {}
     sizes = {s.image: s.image_gb for specs in steps_specs for s in specs if s.image}
-    mbps, pulls = pull_settings(cluster)
+    mbps, pulls, overhead_s = pull_settings(cluster)
     held = policy.images.held_at_start(sizes)
     budgets = {n.name: None if held else n.image_cache_gb for n in cluster.cpu_nodes}
-    return ImageCaches(clock, sizes, budgets, mbps, pulls, held), image_of
+    return ImageCaches(clock, sizes, budgets, mbps, pulls, held, overhead_s), image_of
 
 
 def busy_of(core: Tangram) -> Callable[[str], float]:

@@ -53,8 +53,8 @@ def live_result(mb_per_s: float = 100.0, start_s: float = 0.3, action_s: float =
     return {"trajectories": trajectories, "images": images, "image_mb": 50,
             "image_bytes": [50_000_000] * images, "image_pulls": 2,
             "bandwidth": {"mb_per_s_median": mb_per_s},
-            "container_start": {"alone_median_s": start_s},
-            "hit": {"action_s": [action_s] * 3}}
+            "container_start": {"alone_median_s": start_s, "per_s": 2 / start_s},
+            "hit": {"action_s": [action_s] * 3, "cached_image": {"median_ms": 20.0}}}
 
 
 def test_the_simulation_of_a_live_run_is_that_run_on_this_machine():

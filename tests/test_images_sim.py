@@ -140,6 +140,12 @@ def test_a_trace_with_images_needs_the_pull_figures():
     with pytest.raises(ValueError, match=r"extra.image_pulls: must be a whole number > 0, "
                                          r"got 1.5"):
         simulate(df, bad, SimConfig())
+    full = small_cluster()
+    for overhead in (-0.1, float("inf"), "slow", True):
+        bad = replace(full, extra={**full.extra, "image_pull_overhead_s": overhead})
+        with pytest.raises(ValueError, match=r"extra.image_pull_overhead_s: must be a finite "
+                                             r"number of seconds >= 0, got "):
+            simulate(df, bad, SimConfig())
 
 
 # -- the simulator's caches ----------------------------------------------------------------
@@ -159,6 +165,23 @@ def test_pulls_share_the_bandwidth_and_wait_their_turn():
     assert ends == pytest.approx({"a": 2.0, "b": 2.0, "c": 3.0})
     assert caches.counters()["image_pulls"] == 3
     assert caches.counters()["image_held_rate"] == 0.0
+
+
+def test_a_pulls_own_cost_shares_the_node_as_its_bytes_do():
+    ends: dict[str, float] = {}
+    clock = SimClock()
+    caches = ImageCaches(clock, {"a": 1.0, "b": 1.0, "c": 0.5}, {"n": None}, 8000.0, 2,
+                         overhead_s=0.5)
+    for image in "ab":
+        caches.acquire("n", image, lambda p, i=image: ends.setdefault(i, clock.now()))
+    clock.run()
+    # each is 1 GB and 0.5 s of its own at 1 GB/s: 1.5 GB-equivalents, two sharing 1 GB/s
+    assert ends == pytest.approx({"a": 3.0, "b": 3.0})
+    caches.acquire("n", "c", lambda p: ends.setdefault("c", clock.now()))
+    clock.run()
+    assert ends["c"] == pytest.approx(4.0)  # alone: 0.5 s of its own and 0.5 s of bytes
+    # the bytes pulled are the images' own
+    assert caches.counters()["image_pulled_gb"] == pytest.approx(2.5)
 
 
 def test_lru_never_evicts_an_image_in_use_or_wanted():

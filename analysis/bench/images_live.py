@@ -11,13 +11,18 @@ them from the engine. Then:
 * **pull bandwidth**: one image of ``--bandwidth-mb`` pulled ``--repeats`` times through
   the engine (removed between): bytes of its layer / seconds of the pull (download,
   checksum and unpacking on this machine's storage driver: what a node's pull costs);
+  and a pull's own cost, whatever its size: an image of 1 MB pulled as often, its median
+  seconds less what its bytes take at that bandwidth (``overhead_s``);
 * **cold, then warm**: ``tangram serve --backend docker`` opens ``--trajectories``
   trajectories over the images (round robin, all at once: an RL step's rollouts), each
   running one action (``true``); a trajectory's *first-action latency* is from its open
   request to its first action's result. Cold: no image on the node (each pulled once,
   shared by its trajectories, ``--image-pulls`` at once). Cached: the same again under
-  new ids at once, every image cached, the warm pools not yet refilled (how many warm
-  sandboxes it found is printed). Warm: again, once the warm pool per image is full;
+  new ids at once, every image cached, on a server started anew, so no warm sandbox of
+  them exists (after the cold burst the old server's refill would hand the cached step
+  sandboxes half made, a different number each run: what that step measured then was
+  the refill's progress, not the cache); how many warm sandboxes it found is printed.
+  Warm: again, once the warm pool per image is full;
 * **a cache hit**: an open of a cached image against an open without an image, each
   ``--repeats`` times, alone (no burst): what the image costs an open once it is here;
   and its actions (``true``) after the first, alone: what an action costs here;
@@ -84,14 +89,13 @@ def load() -> float:
     return round(os.getloadavg()[0], 2)
 
 
-def pull_bandwidth(client: docker.DockerClient, reg: Registry, mb: int,
-                   repeats: int) -> dict:
-    """Pull one image of ``mb`` MB ``repeats`` times (removed between): MB/s each."""
+def timed_pulls(client: docker.DockerClient, reg: Registry, mb: int,
+                repeats: int) -> tuple[int, list[float]]:
+    """Pull one image of ``mb`` MB ``repeats`` times (removed between): the bytes of its
+    layer and the seconds of each pull."""
     p = reg.build_and_push(unique("bandwidth"), mb * MB, client)
     layer = reg.manifest(p.tag.split("/", 1)[1].rsplit(":", 1)[0], "1")["layers"][0]["size"]
-    rates, secs = [], []
-    dpid = dockerd_pid()
-    d0 = cpu_s(dpid) if dpid else None
+    secs = []
     try:
         for _ in range(repeats):
             t = time.monotonic()
@@ -99,15 +103,28 @@ def pull_bandwidth(client: docker.DockerClient, reg: Registry, mb: int,
                                          stream=True, decode=True):
                 if "error" in event:
                     raise SystemExit(f"bench: pull failed: {event['error']}")
-            dt = time.monotonic() - t
-            secs.append(round(dt, 3))
-            rates.append(round(layer / MB / dt, 1))
+            secs.append(time.monotonic() - t)
             client.api.remove_image(p.digest)
     finally:
         remove_images([p.digest, p.tag], client)
+    return layer, secs
+
+
+def pull_bandwidth(client: docker.DockerClient, reg: Registry, mb: int,
+                   repeats: int) -> dict:
+    """MB/s of pulls of an ``mb`` MB image, and a pull's own cost (the module's text)."""
+    dpid = dockerd_pid()
+    d0 = cpu_s(dpid) if dpid else None
+    layer, secs = timed_pulls(client, reg, mb, repeats)
     d1 = cpu_s(dpid) if dpid else None
-    return {"image_mb": round(layer / MB, 1), "pull_s": secs, "mb_per_s": rates,
-            "mb_per_s_median": statistics.median(rates), "load": load(),
+    rates = [round(layer / MB / dt, 1) for dt in secs]
+    bw = statistics.median(rates)
+    small, small_secs = timed_pulls(client, reg, 1, repeats)
+    overhead = max(statistics.median(small_secs) - small / MB / bw, 0.0)
+    return {"image_mb": round(layer / MB, 1), "pull_s": [round(s, 3) for s in secs],
+            "mb_per_s": rates, "mb_per_s_median": bw,
+            "small_pull_s": [round(s, 3) for s in small_secs], "overhead_s": round(overhead, 4),
+            "load": load(),
             "dockerd_cpu_s": round(d1 - d0, 2) if d0 is not None and d1 is not None else None}
 
 
@@ -235,16 +252,23 @@ def run(images: int = 8, trajectories: int = 32, image_mb: int = 16,
         digests = [p.digest for p in pushed]
         print("bench: container starts", file=sys.stderr)
         start = container_start(max(5, repeats), trajectories)
-        proc, url = start_server(scratch / "state", TOKEN, [
-            "--backend", "docker", "--image-pulls", str(image_pulls)])
+        serve = ["--backend", "docker", "--image-pulls", str(image_pulls)]
+        proc, url = start_server(scratch / "state", TOKEN, serve)
         dpid = dockerd_pid()
         before = (cpu_s(proc.pid), cpu_s(dpid) if dpid else None)
+        server_cpu = 0.0
         result: dict = {"registry": reg.host, "bandwidth": bandwidth, "images": images,
                         "image_mb": image_mb,
                         "image_bytes": [p.size for p in pushed],
                         "trajectories": trajectories, "image_pulls": image_pulls,
                         "container_start": start}
         for name in ("cold", "cached", "warm"):
+            if name == "cached":  # a server started anew (the module's text says why)
+                server_cpu += (cpu_s(proc.pid) or 0.0) - (before[0] or 0.0)
+                proc.terminate()
+                proc.wait(60)
+                proc, url = start_server(scratch / "state-cached", TOKEN, serve)
+                before = (cpu_s(proc.pid), before[1])
             if name == "warm":  # the warm pool per image is made in the quiet after a burst
                 result["warm_pool_fill_s"] = wait_warm(url, min(trajectories, 64))
             print(f"bench: {name} step", file=sys.stderr)
@@ -256,7 +280,7 @@ def run(images: int = 8, trajectories: int = 32, image_mb: int = 16,
             result[name]["warm_sandboxes_at_start"] = warm_before
         result["hit"] = asyncio.run(hit_cost(url, digests[0], max(5, repeats)))
         after = (cpu_s(proc.pid), cpu_s(dpid) if dpid else None)
-        result["server_cpu_s"] = round(after[0] - before[0], 2) if None not in (
+        result["server_cpu_s"] = round(server_cpu + after[0] - before[0], 2) if None not in (
             after[0], before[0]) else None
         result["dockerd_cpu_s"] = round(after[1] - before[1], 2) if None not in (
             after[1], before[1]) else None
