@@ -400,7 +400,9 @@ class ElasticScheduler:
         flow_cost = self.flow_cost
         total = 0.0
         for idx, (need, dur, p, arrival) in enumerate(queued):
-            if depth <= 0:  # nothing left to explore: the rest in one tight loop
+            if depth <= 0 or (p is None and _none_queued(queued, idx + 1)):
+                # nothing left to explore (no depth left, or only expected arrivals
+                # left, which are never explored): the rest in one tight loop
                 total, free, clock = ends.place_all(total, free, clock, queued, idx,
                                                     flow_cost)
                 break
@@ -489,6 +491,12 @@ class Ends:
             free -= need
         self._next = i
         return total, free, clock
+
+
+def _none_queued(queued: list[tuple[int, float, Pending | None, float]], first: int) -> bool:
+    """Whether ``queued[first:]`` holds only expected arrivals (no queued action: the
+    objective lists those after the queue, so this is asked once per walk)."""
+    return all(q[2] is None for q in islice(queued, first, None))
 
 
 def _earliest_finish(ends: Ends, free: int, clock: float, p: Pending) -> tuple[int, float]:
