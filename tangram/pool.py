@@ -60,6 +60,8 @@ from collections import deque
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
+from itertools import repeat
+from operator import add, itemgetter, sub
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tangram.api.quota import QuotaManager
@@ -321,6 +323,10 @@ def by_pool(actions: list[Action], pools: list[PoolPoints | None]
     return groups, fresh
 
 
+#: an overdue entry's units and start (``Pool.running``'s (end, units, start))
+_UNITS, _START = itemgetter(1), itemgetter(2)
+
+
 def _remove(ordered: list[tuple[float, int]], entry: tuple[float, int]) -> None:
     """Take one ``entry`` out of the sorted list ``ordered`` (it holds it)."""
     del ordered[bisect_left(ordered, entry)]
@@ -348,6 +354,9 @@ class Pool:
         self._ahead: dict[str, tuple[float, int]] = {}
         self._ahead_sorted: list[tuple[float, int]] = []
         self._overdue: dict[str, tuple[float, int, float]] = {}
+        #: the latest expected end among those moved to ``_overdue`` (from a ``now`` on,
+        #: every one of them is past its end)
+        self._overdue_end = float("-inf")
         self._by_end: list[tuple[float, str]] | None = None
         self._last_ends: tuple[float, list[tuple[float, int]]] | None = None
 
@@ -458,11 +467,19 @@ class Pool:
                 del ahead[aid]
                 _remove(self._ahead_sorted, got)
                 overdue[aid] = self.running[aid]
+                if end > self._overdue_end:
+                    self._overdue_end = end
         out = self._ahead_sorted.copy()
         if overdue:
-            # (also right if ``now`` went back: the same rule as for one not yet moved)
-            out += [(end if end > now else now + (now - start), units)
-                    for end, units, start in overdue.values()]
+            held = overdue.values()
+            if now >= self._overdue_end:  # (as ever, time going forward)
+                # each ``now + (now - start)``, in C loops: a saturated node holds hundreds
+                # past their end, and every pass at a new time computes them again
+                out.extend(zip(map(add, repeat(now), map(sub, repeat(now), map(_START, held))),
+                               map(_UNITS, held), strict=True))
+            else:  # (also right if ``now`` went back: the same rule as for one not yet moved)
+                out += [(end if end > now else now + (now - start), units)
+                        for end, units, start in held]
             out.sort()  # (a sorted run and a short one: about linear)
         self._last_ends = (now, out)
         return out.copy()

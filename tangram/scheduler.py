@@ -40,8 +40,9 @@ from __future__ import annotations
 
 import heapq
 from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from itertools import accumulate, islice
+from operator import itemgetter
 from typing import Protocol
 
 from tangram.api.quota import QuotaManager
@@ -89,6 +90,9 @@ class ShortestExpectedFirst:
 
 
 Decision = tuple[Pending, int]
+
+#: an expected end's parts: (end, units)
+_END, _UNITS = itemgetter(0), itemgetter(1)
 
 
 class ElasticScheduler:
@@ -218,12 +222,15 @@ class ElasticScheduler:
         running = pool.running
         ids = self._elastic_ids.get(pool.name)
         if ids:
-            ids.intersection_update(running)
+            # (those that ended: a set's difference with a dict walks the set, its
+            # intersection walks the dict, every action running on the node)
+            ids.difference_update(ids.difference(running))
         free = pool.free_units()
         # (in order of end: what the running actions give back by a time is a prefix)
         ends = pool.expected_ends(now)
-        end_at = [end for end, _ in ends]
-        freed_by = list(accumulate((k for _, k in ends), initial=0))
+        # (C loops: a saturated node runs hundreds)
+        end_at = list(map(_END, ends))
+        freed_by = list(accumulate(map(_UNITS, ends), initial=0))
         total = free + freed_by[-1]
         share = estimates.durations.elastic_share(pool.name)
         present = ((len(ids) if ids else 0) + len(elastic)
@@ -393,9 +400,15 @@ class ElasticScheduler:
         flow_cost = self.flow_cost
         total = 0.0
         for idx, (need, dur, p, arrival) in enumerate(queued):
+            if depth <= 0 or (p is None and _none_queued(queued, idx + 1)):
+                # nothing left to explore (no depth left, or only expected arrivals
+                # left, which are never explored): the rest in one tight loop
+                total, free, clock = ends.place_all(total, free, clock, queued, idx,
+                                                    flow_cost)
+                break
             if arrival > clock:
                 clock = arrival
-            if depth > 0 and p is not None:
+            if p is not None:
                 depth -= 1
                 opts = self._options(ends, free, clock, p) if p.elastic else ()
                 if len(opts) > 1:
@@ -447,41 +460,70 @@ class Ends:
     def copy(self) -> Ends:
         return Ends(self._base, self._next, self._started.copy())
 
-    def free_up(self, free: int, need: int, clock: float) -> tuple[int, float]:
-        """Take the entries that end first until ``need`` units are free (or none is
-        left): (units free, the clock) then, from ``free`` units free at ``clock``."""
+    def place_all(self, total: float, free: int, clock: float,
+                  queued: list[tuple[int, float, Pending | None, float]], first: int,
+                  flow_cost: Callable[[float], float]) -> tuple[float, int, float]:
+        """Start ``queued[first:]`` in order, each once it has arrived and its units are
+        free, adding each one's ``flow_cost`` to ``total``: (total, free, clock) after.
+        :func:`_place` inlined (a pass's walks place thousands of actions: most of its
+        time), with the same arithmetic in the same order as placing them one by one,
+        so the objective is the same to the last bit."""
         base, i, started = self._base, self._next, self._started
         n = len(base)
-        while free < need:
-            # the least of the two heads
-            if i < n and (not started or base[i] <= started[0]):
-                end, units = base[i]
-                i += 1
-            elif started:
-                end, units = heapq.heappop(started)
-            else:
-                break
-            free += units
-            if end > clock:
-                clock = end
+        heappush, heappop = heapq.heappush, heapq.heappop
+        for k in range(first, len(queued)):
+            need, dur, _, arrival = queued[k]
+            if arrival > clock:
+                clock = arrival
+            while free < need:  # (as _place frees them)
+                if i < n and (not started or base[i] <= started[0]):
+                    end, units = base[i]
+                    i += 1
+                elif started:
+                    end, units = heappop(started)
+                else:
+                    break
+                free += units
+                if end > clock:
+                    clock = end
+            heappush(started, (clock + dur, need))
+            total += flow_cost(clock - arrival + dur)
+            free -= need
         self._next = i
-        return free, clock
+        return total, free, clock
 
-    def push(self, entry: tuple[float, int]) -> None:
-        heapq.heappush(self._started, entry)
+
+def _none_queued(queued: list[tuple[int, float, Pending | None, float]], first: int) -> bool:
+    """Whether ``queued[first:]`` holds only expected arrivals (no queued action: the
+    objective lists those after the queue, so this is asked once per walk)."""
+    return all(q[2] is None for q in islice(queued, first, None))
 
 
 def _earliest_finish(ends: Ends, free: int, clock: float, p: Pending) -> tuple[int, float]:
     """The unit count that would finish ``p`` first given when the running actions free
-    their units (waiting for them if that pays), and when it would start."""
-    ordered = ends.copy()  # (taken from here, not by the walk: ``ends`` stays as it is)
+    their units (waiting for them if that pays), and when it would start. (``ends``
+    stays as it is: what is taken is taken from a copy of its heap.)"""
+    base, i, started = ends._base, ends._next, ends._started.copy()
+    n = len(base)
+    heappop = heapq.heappop
+    durations = p.durations
     avail, t = free, clock
     best_u, best_finish, best_start = p.key_min, float("inf"), clock
     for u in p.choices:
-        avail, t = ordered.free_up(avail, u, t)
+        while avail < u:  # (as _place frees them)
+            if i < n and (not started or base[i] <= started[0]):
+                end, units = base[i]
+                i += 1
+            elif started:
+                end, units = heappop(started)
+            else:
+                break
+            avail += units
+            if end > t:
+                t = end
         if avail < u:
             break
-        finish = t + p.durations[u]
+        finish = t + durations[u]
         if finish < best_finish:
             best_u, best_finish, best_start = u, finish, t
     return best_u, best_start
@@ -489,9 +531,26 @@ def _earliest_finish(ends: Ends, free: int, clock: float, p: Pending) -> tuple[i
 
 def _place(ends: Ends, free: int, clock: float, need: int, dur: float,
            now: float) -> tuple[float, int, float]:
-    """Start an action of ``need`` units once they are free; (cost, free, clock) after."""
-    free, clock = ends.free_up(free, need, clock)
-    ends.push((clock + dur, need))
+    """Start an action of ``need`` units once they are free; (cost, free, clock) after.
+    The units are freed by taking the entries of ``ends`` that end first (the least of
+    its two heads) until ``need`` are free, or none is left; the clock moves to the
+    last one's end. (Written out here, in :meth:`Ends.place_all` and in
+    :func:`_earliest_finish` rather than called: the walks place thousands per pass.)"""
+    base, i, started = ends._base, ends._next, ends._started
+    n = len(base)
+    while free < need:
+        if i < n and (not started or base[i] <= started[0]):
+            end, units = base[i]
+            i += 1
+        elif started:
+            end, units = heapq.heappop(started)
+        else:
+            break
+        free += units
+        if end > clock:
+            clock = end
+    ends._next = i
+    heapq.heappush(started, (clock + dur, need))
     return clock - now + dur, free - need, clock
 
 
