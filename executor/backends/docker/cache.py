@@ -93,7 +93,7 @@ class ImageCache:
     ``keep``: images never removed (the default image); ``state_file``: where the images
     this cache pulled are recorded, so a restart still knows them as its own;
     ``leaving``: whether a container of the backend's own, on its way out, runs an image
-    (by id): asked only when the engine refuses to remove one."""
+    (by id): asked of each image before it is removed."""
 
     def __init__(self, client: docker.DockerClient, pulls: int = PULLS,
                  budget_gb: float | None = None,
@@ -368,16 +368,18 @@ class ImageCache:
                 if used <= self.budget:
                     break
                 entry = self._entries[ref]
+                if self._leaving(entry.image_id):
+                    # a closed trajectory's container, being removed: the make_room that
+                    # follows its removal evicts this image; passing over it now would
+                    # evict a more recently used one in its place. (Asked before the
+                    # removal, not once the engine refuses it: by then the container may
+                    # be gone, and the pass would go on to the newer one all the same)
+                    break
                 try:
                     self.client.api.remove_image(ref)
                 except docker.errors.NotFound:
                     pass
                 except docker.errors.APIError as e:
-                    if self._leaving(entry.image_id):
-                        # a closed trajectory's container, being removed: the make_room
-                        # that follows its removal evicts this image; passing over it now
-                        # would evict a more recently used one in its place
-                        break
                     # a container the backend does not know of runs it: never removed
                     log.info("image %s not evicted: %s", ref, e.explanation or e)
                     continue
