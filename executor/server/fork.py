@@ -98,9 +98,8 @@ def check_fork(executor: LiveExecutor, source: str, copies: list[str],
     if not executor.runtime.capabilities.forks:
         raise ForkRefused(501, f"fork_of: the {executor.backend.name} backend cannot fork "
                           "a sandbox (use --backend process or docker)")
-    # (below 0 for a moment when a fork has ended in the core, which counts it out at its
-    # outcome, and its request's callback has not counted it out here yet: a second fork
-    # of the same source in that moment was refused with "-1 action(s) in flight")
+    # (the server counts a fork in and out of ``forking`` where the core counts it in and
+    # out of ``in_flight``: never below 0; were it, no action of the source's would run)
     busy = view.in_flight - forking.count(source)
     if busy > 0:
         raise ForkRefused(409, f"fork_of: trajectory {source!r} has {busy} "

@@ -403,6 +403,12 @@ class Service:
         def queued() -> None:
             self.tracked[aid] = t
             self.forks.setdefault(source, set()).add(aid)
+            # counted in here and out in _fork_ended, where the core counts the action in
+            # and out of its trajectory's in_flight: check_fork subtracts one from the
+            # other, so they must move together (counted out by the request's future, a
+            # turn of the loop after the core, a second fork of the same source in between
+            # was refused with "-1 action(s) in flight")
+            self.forking.add(source)
             opened = self.opened.get(source)
             if opened is not None:
                 opened.actions += 1
@@ -410,13 +416,11 @@ class Service:
             self.journal.submitted(aid, source, t.body, t.owner)
 
         try:
-            [done] = self.executor.submit_many([action], self._finish, queued)
+            self.executor.submit_many([action], self._finish, queued)
         except KeyError as e:
             raise Refused(404, str(e.args[0])) from None
         except ValueError as e:
             raise Refused(422, str(e)) from None
-        self.forking.add(source)
-        done.add_done_callback(lambda _: self.forking.done(source))
 
     def _drop_copies(self, t: Tracked) -> None:
         """Close a fork's copies (it did not end ``ok``): nothing half-made stays open."""
@@ -727,6 +731,7 @@ class Service:
         """A fork action's end: what it made, or (unless ``ok``) its copies closed first -
         on the loop's next turn, outside the core's callback - and only then the end told
         (a cancel's answer, the fork's own)."""
+        self.forking.done(t.trajectory)
         found = self.forks.get(t.trajectory)
         if found is not None:
             found.discard(aid)
