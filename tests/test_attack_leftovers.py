@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 from conftest import TOKEN, start_server
+from helpers import until_true
 
 H = {"Authorization": f"Bearer {TOKEN}"}
 PLACES = ("/tmp", "/var/tmp", "/dev/shm", "/run/lock")
@@ -57,6 +58,14 @@ def _on_host(state: Path, tid: str, name: str) -> Path:
     return Path(name)
 
 
+def _opened(c: httpx.Client, tid: str) -> bool:
+    """Open ``tid``: True once opened, False while every id is being cleaned up (503)."""
+    r = c.post("/v1/trajectories", json={"id": tid})
+    assert r.status_code in (201, 503), r.text
+    assert r.status_code == 201 or "sandbox user ids" in r.text, r.text
+    return r.status_code == 201
+
+
 def test_nothing_of_a_closed_trajectory_reaches_the_next_one_on_its_id(tmp_path):
     server = start_server(tmp_path / "state", extra_args=("--sandbox-uids", str(UIDS)))
     tag = secrets.token_hex(6)
@@ -86,7 +95,9 @@ def test_nothing_of_a_closed_trajectory_reaches_the_next_one_on_its_id(tmp_path)
             while True:
                 tid = f"c{tries}"
                 tries += 1
-                assert c.post("/v1/trajectories", json={"id": tid}).status_code == 201
+                # (503 while every free id is still being cleaned up: the reaper runs off
+                # the loop, and on a loaded machine it can trail this loop's opens)
+                until_true(lambda tid=tid: _opened(c, tid), 120, f"{tid} opened")
                 opened.append(tid)
                 if os.stat(work / tid).st_uid == uid:
                     break

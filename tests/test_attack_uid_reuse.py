@@ -120,7 +120,7 @@ def test_a_smaller_uid_count_rotates_the_same_way_within_its_block(tmp_path):
     try:
         got = [block.take() for _ in range(3)]
         assert got == [block.first, block.first + 1, block.first + 2]
-        with pytest.raises(RuntimeError, match="more than 3 trajectories open"):
+        with pytest.raises(OSError, match="all 3 sandbox user ids are taken"):
             block.take()
         block.give(got[1])
         block.give(got[0])

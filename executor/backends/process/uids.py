@@ -23,6 +23,7 @@ closed (last-freed-first handed it to the next open at once).
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import os
 import tempfile
@@ -87,8 +88,11 @@ class UidBlock:
 
     def take(self) -> int:
         if not self._free:
-            raise RuntimeError(f"more than {self.size} trajectories open at once (or closed "
-                               "ones still being cleaned up)")
+            # an OSError (EAGAIN): the server answers 503 (retry), not 500 - the ids of
+            # closed trajectories come back as their cleanup, off the loop, ends
+            raise OSError(errno.EAGAIN, f"all {self.size} sandbox user ids are taken by open "
+                          "trajectories or by closed ones still being cleaned up; retry "
+                          "shortly, or raise --sandbox-uids")
         return self._free.popleft()
 
     def give(self, uid: int) -> None:
