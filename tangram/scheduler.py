@@ -114,6 +114,9 @@ class ElasticScheduler:
         self._elastic_ids: dict[str, set[str]] = {}
         #: pool name -> moving average (over passes) of the elastic actions there
         self._concurrency: dict[str, float] = {}
+        #: pool name -> what the last pass weighed when it left every elastic candidate
+        #: waiting (its instant, free units, candidates, queue behind, ...)
+        self._waited: dict[str, tuple] = {}
 
     def min_units(self, choices: tuple[int, ...]) -> int:
         """Units an elastic action needs at least (its smallest feasible amount)."""
@@ -308,9 +311,32 @@ class ElasticScheduler:
                  expected: list[tuple[float, int, float]] = (), tail: int = 0
                  ) -> list[Decision]:
         """Greedy eviction over the elastic group (Alg. 1, lines 5-14)."""
-        estimate = estimates.estimate
         options = [self.option_costs(pool, p) for p in elastic]
         caps = self.width_caps(pool, elastic, rest, now, estimates, tail)
+        # A pass that started only fixed candidates is followed by another at the same
+        # instant (tangram/machine.py ``_pass``: eviction may leave units an evicted
+        # action could use). When the elastic candidates all waited, that one weighs the
+        # same candidates on the same free units behind the same queue: the same
+        # decision. Remembered, not weighed again (on a saturated node, a head waiting
+        # for a wider grant met one such pass in every seven: measured, issue 51).
+        free_after = pool.free_units() - sum(p.key_min for p in fixed)
+        seen = (now, free_after, [p.action.id for p in elastic],
+                [p.action.id for p in rest], len(expected), tail, caps)
+        if self._waited.get(pool.name) == seen:
+            return []
+        self._waited.pop(pool.name, None)
+        chosen = self._allocate(pool, fixed, elastic, rest, now, estimates, expected, tail,
+                                caps, options)
+        if not chosen:
+            self._waited[pool.name] = seen
+        return chosen
+
+    def _allocate(self, pool: Pool, fixed: list[Pending], elastic: list[Pending],
+                  rest: list[Pending], now: float, estimates: Estimates,
+                  expected: list[tuple[float, int, float]], tail: int,
+                  caps: list[int] | None, options: list[dict[int, float]]
+                  ) -> list[Decision]:
+        estimate = estimates.estimate
         if caps is not None:
             options = [{u: c for u, c in o.items() if u <= cap} for o, cap in zip(
                 options, caps, strict=True)]
