@@ -41,6 +41,7 @@ from __future__ import annotations
 import heapq
 from bisect import bisect_right
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from itertools import accumulate, islice
 from operator import itemgetter
 from typing import Protocol
@@ -90,6 +91,8 @@ class ShortestExpectedFirst:
 
 
 Decision = tuple[Pending, int]
+
+INF = float("inf")
 
 #: an expected end's parts: (end, units)
 _END, _UNITS = itemgetter(0), itemgetter(1)
@@ -313,30 +316,35 @@ class ElasticScheduler:
         """Greedy eviction over the elastic group (Alg. 1, lines 5-14)."""
         options = [self.option_costs(pool, p) for p in elastic]
         caps = self.width_caps(pool, elastic, rest, now, estimates, tail)
-        # A pass that started only fixed candidates is followed by another at the same
-        # instant (tangram/machine.py ``_pass``: eviction may leave units an evicted
-        # action could use). When the elastic candidates all waited, that one weighs the
-        # same candidates on the same free units behind the same queue (the fixed ones'
-        # ends now as the pool keeps them): remembered, not weighed again. At 4,096
-        # coding trajectories on the paper cluster that was a seventh of all weighings;
-        # the schedules were the same to the last start (coding 1,024 and 4,096).
+        # A head that waits for a wider grant is weighed again only when what it waits
+        # on changed: units freed, the candidates changed, the queue behind them changed
+        # other than by arrivals at its end, the units it waits for were expected to be
+        # free by now, or it has waited as long as its own run at the minimum
+        # (``may_wait``'s bound: nothing starves). Weighing it at every event of a
+        # saturated node was most of a large simulation's cost, and grew with the nodes'
+        # size (a pass walks the running actions' ends).
         free_after = pool.free_units() - sum(p.key_min for p in fixed)
-        seen = (now, free_after, [p.action.id for p in elastic],
-                [p.action.id for p in rest], len(expected), tail, caps)
-        if self._waited.get(pool.name) == seen:
+        head = elastic[0]
+        seen = (free_after, [p.action.id for p in elastic], [p.action.id for p in rest])
+        last = self._waited.get(pool.name)
+        if (last is not None and last.same_for(*seen) and now < last.until
+                and now - head.submit_s < head.durations[head.key_min]):
             return []
-        self._waited.pop(pool.name, None)
-        chosen = self._allocate(pool, fixed, elastic, rest, now, estimates, expected, tail,
-                                caps, options)
-        if not chosen:
-            self._waited[pool.name] = seen
+        chosen, until = self._allocate(pool, fixed, elastic, rest, now, estimates, expected,
+                                       tail, caps, options)
+        if chosen:
+            self._waited.pop(pool.name, None)
+        else:
+            self._waited[pool.name] = _Waiting(*seen, until)
         return chosen
 
     def _allocate(self, pool: Pool, fixed: list[Pending], elastic: list[Pending],
                   rest: list[Pending], now: float, estimates: Estimates,
                   expected: list[tuple[float, int, float]], tail: int,
                   caps: list[int] | None, options: list[dict[int, float]]
-                  ) -> list[Decision]:
+                  ) -> tuple[list[Decision], float]:
+        """:meth:`allocate`'s decisions, and, when every candidate waits, when the head
+        expects the units it waits for (else infinity)."""
         estimate = estimates.estimate
         if caps is not None:
             options = [{u: c for u, c in o.items() if u <= cap} for o, cap in zip(
@@ -346,7 +354,7 @@ class ElasticScheduler:
         minimum = [p.key_min for p in elastic]
         full = table.best(n)
         if full is None:  # cannot happen: the minimums were checked to fit
-            return list(zip(elastic, minimum, strict=True))
+            return list(zip(elastic, minimum, strict=True)), INF
         head = elastic[0]
         # (past its expected end: expected to run as long again as it has so far)
         ends = pool.expected_ends(now)
@@ -364,7 +372,7 @@ class ElasticScheduler:
         may_wait = ((grants is None or not grants.grows)
                     and self.may_wait(head, rest, now, running, free0))
         if n == 1 and full[1] == minimum and not may_wait:
-            return [(head, minimum[0])]  # no room to grow, nothing to evict for
+            return [(head, minimum[0])], INF  # no room to grow, nothing to evict for
         # (units, estimated duration, pending, arrival) of every action the alternatives may
         # leave waiting: the queue (already here: its age counts in ``flow_cost``), then the
         # expected arrivals
@@ -415,7 +423,9 @@ class ElasticScheduler:
             prev_obj = obj
             if obj < best_obj:
                 best_units, best_obj = cand[1], obj
-        return list(zip(elastic, best_units, strict=False))
+        if best_units:
+            return list(zip(elastic, best_units, strict=False)), INF
+        return [], _earliest_finish(running, free0, now, head)[1]
 
     # -- Alg. 2 ------------------------------------------------------------------------
     def _walk(self, ends: Ends, free: int, clock: float,
@@ -459,6 +469,23 @@ class ElasticScheduler:
         """Its minimum, and the unit count that would finish it first."""
         best_u, _ = _earliest_finish(ends, free, clock, p)
         return (p.key_min,) if best_u == p.key_min else (p.key_min, best_u)
+
+
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """What a pass weighed when it left every elastic candidate of a pool waiting, and
+    when the head expected the units it waits for."""
+
+    free: int
+    elastic: list[str]
+    rest: list[str]
+    until: float
+
+    def same_for(self, free: int, elastic: list[str], rest: list[str]) -> bool:
+        """Whether a pass that sees these would weigh what this one did: the same free
+        units and candidates, and the queue behind them the same or longer."""
+        return (free == self.free and elastic == self.elastic
+                and rest[:len(self.rest)] == self.rest)
 
 
 class Ends:

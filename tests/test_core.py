@@ -359,6 +359,48 @@ def test_width_cap_splits_with_expected_arrivals_rather_than_falling_to_the_mini
     assert 1 < d.units and d.units * (1 + coming) <= 24
 
 
+def test_a_waiting_head_is_weighed_again_only_when_what_it_waits_on_changes(monkeypatch):
+    """Weighing a waiting head at every event of a saturated node was most of a large
+    simulation's cost: it is weighed again when units free, when the units it waits for
+    were due, or when its candidates change, not when the queue grows behind it."""
+    from tangram.scheduler import ElasticScheduler
+    weighed = []
+    real = ElasticScheduler._allocate
+
+    def counted(self, pool, fixed, elastic, *args):
+        weighed.append([p.action.id for p in elastic])
+        return real(self, pool, fixed, elastic, *args)
+
+    monkeypatch.setattr(ElasticScheduler, "_allocate", counted)
+    core, shell_d, out = _waiting_case(paper_exact=False)
+    assert out == [] and weighed == [["A"]]  # A waits for the 3 cores the shell holds
+    open_trajectory(core, "b")
+    assert submit(core, shell("b", 1.0), 0.1) == []  # queued behind A: not weighed again
+    assert submit(core, shell("b", 1.0), 0.2) == []
+    assert weighed == [["A"]]
+    # the shell ends: the units A waits for are free, so A is weighed again (the two
+    # shells behind it start, and it waits for their cores: 4 cores at 1.4 s beat 2 now)
+    started = [d.action.id for d in finish(core, shell_d.action.id, 0.4)]
+    assert weighed == [["A"], ["A"]] and "A" not in started and len(started) == 2
+    out = finish(core, started[0], 1.4) + finish(core, started[1], 1.4)
+    assert [(d.action.id, d.units > 1) for d in out] == [("A", True)]
+
+
+def test_a_waiting_head_is_weighed_again_once_the_units_it_waits_for_were_due(monkeypatch):
+    from tangram.scheduler import ElasticScheduler
+    weighed = []
+    real = ElasticScheduler._allocate
+
+    def counted(self, *args):
+        weighed.append(args[4])  # now
+        return real(self, *args)
+
+    monkeypatch.setattr(ElasticScheduler, "_allocate", counted)
+    core, _, out = _waiting_case(paper_exact=False)
+    assert out == [] and poll(core, 0.3) == [] and weighed == [0.0]  # the shell is due at 0.5
+    assert poll(core, 0.6) == [] and weighed == [0.0, 0.6]  # overdue: weighed again
+
+
 def test_waiting_is_bounded_by_the_actions_own_run_at_minimum():
     core, _, out = _waiting_case(paper_exact=False)
     assert out == [] and poll(core, 1.0) == []  # overrunning shell: expected done at 2.0
