@@ -225,12 +225,7 @@ class ElasticScheduler:
         the elastic arrivals expected during its run, of what is free then. Only
         what the core observed: its grants, its queue, the learnt share of elastic
         actions, the expected ends of its grants, the trajectories now thinking."""
-        running = pool.running
-        ids = self._elastic_ids.get(pool.name)
-        if ids:
-            # (those that ended: a set's difference with a dict walks the set, its
-            # intersection walks the dict, every action running on the node)
-            ids.difference_update(ids.difference(running))
+        avg = self.count_sharing(pool, elastic, rest, estimates, tail)
         free = pool.free_units()
         # (in order of end: what the running actions give back by a time is a prefix)
         ends = pool.expected_ends(now)
@@ -239,11 +234,6 @@ class ElasticScheduler:
         freed_by = list(accumulate(map(_UNITS, ends), initial=0))
         total = free + freed_by[-1]
         share = estimates.durations.elastic_share(pool.name)
-        present = ((len(ids) if ids else 0) + len(elastic)
-                   + sum(1 for p in rest if p.elastic) + share * tail)
-        avg = self._concurrency.get(pool.name, present)
-        avg += self.CONCURRENCY_ALPHA * (present - avg)
-        self._concurrency[pool.name] = avg
         # the width an arriving elastic action should find: an equal share of the units
         # among as many as the pool holds on average
         fair = max(1.0, total / max(avg, 1.0))
@@ -272,6 +262,23 @@ class ElasticScheduler:
                     cap = u
             caps.append(cap)
         return caps
+
+    def count_sharing(self, pool: Pool, elastic: list[Pending], rest: list[Pending],
+                      estimates: Estimates, tail: int) -> float:
+        """The moving average, over passes, of the elastic actions that share ``pool``
+        (running, candidates, queued), with this pass counted in."""
+        ids = self._elastic_ids.get(pool.name)
+        if ids:
+            # (those that ended: a set's difference with a dict walks the set, its
+            # intersection walks the dict, every action running on the node)
+            ids.difference_update(ids.difference(pool.running))
+        share = estimates.durations.elastic_share(pool.name)
+        present = ((len(ids) if ids else 0) + len(elastic)
+                   + sum(1 for p in rest if p.elastic) + share * tail)
+        avg = self._concurrency.get(pool.name, present)
+        avg += self.CONCURRENCY_ALPHA * (present - avg)
+        self._concurrency[pool.name] = avg
+        return avg
 
     #: the widest grant, in fair shares (an equal share among the elastic actions the
     #: pool holds on average): uneven grants cost more than they give (speedups are
@@ -314,8 +321,6 @@ class ElasticScheduler:
                  expected: list[tuple[float, int, float]] = (), tail: int = 0
                  ) -> list[Decision]:
         """Greedy eviction over the elastic group (Alg. 1, lines 5-14)."""
-        options = [self.option_costs(pool, p) for p in elastic]
-        caps = self.width_caps(pool, elastic, rest, now, estimates, tail)
         # A head that waits for a wider grant is weighed again only when what it waits
         # on changed: units freed, the candidates changed, the queue behind them changed
         # other than by arrivals at its end, the units it waits for were expected to be
@@ -329,7 +334,12 @@ class ElasticScheduler:
         last = self._waited.get(pool.name)
         if (last is not None and last.same_for(*seen) and now < last.until
                 and now - head.submit_s < head.durations[head.key_min]):
+            # (the pass still counts in the average of the elastic actions sharing the
+            # pool, as width_caps counts every pass)
+            self.count_sharing(pool, elastic, rest, estimates, tail)
             return []
+        options = [self.option_costs(pool, p) for p in elastic]
+        caps = self.width_caps(pool, elastic, rest, now, estimates, tail)
         chosen, until = self._allocate(pool, fixed, elastic, rest, now, estimates, expected,
                                        tail, caps, options)
         if chosen:
