@@ -361,29 +361,28 @@ def test_width_cap_splits_with_expected_arrivals_rather_than_falling_to_the_mini
 
 def test_a_waiting_head_is_weighed_again_only_when_what_it_waits_on_changes(monkeypatch):
     """Weighing a waiting head at every event of a saturated node was most of a large
-    simulation's cost: it is weighed again when units free, when the units it waits for
-    were due, or when its candidates change, not when the queue grows behind it."""
+    simulation's cost: it is weighed again when what it weighs changes (units free, its
+    candidates, the queue behind it) or the units it waits for were due, not at events
+    that change none of these."""
     from tangram.scheduler import ElasticScheduler
     weighed = []
     real = ElasticScheduler._allocate
 
-    def counted(self, pool, fixed, elastic, *args):
-        weighed.append([p.action.id for p in elastic])
-        return real(self, pool, fixed, elastic, *args)
+    def counted(self, pool, fixed, elastic, rest, *args):
+        weighed.append(([p.action.id for p in elastic], [p.action.id for p in rest]))
+        return real(self, pool, fixed, elastic, rest, *args)
 
     monkeypatch.setattr(ElasticScheduler, "_allocate", counted)
     core, shell_d, out = _waiting_case(paper_exact=False)
-    assert out == [] and weighed == [["A"]]  # A waits for the 3 cores the shell holds
+    assert out == [] and weighed == [(["A"], [])]  # A waits for the 3 cores the shell holds
+    assert poll(core, 0.1) == [] and poll(core, 0.2) == []  # nothing it weighs changed
+    assert len(weighed) == 1
     open_trajectory(core, "b")
-    assert submit(core, shell("b", 1.0), 0.1) == []  # queued behind A: not weighed again
-    assert submit(core, shell("b", 1.0), 0.2) == []
-    assert weighed == [["A"]]
-    # the shell ends: the units A waits for are free, so A is weighed again (the two
-    # shells behind it start, and it waits for their cores: 4 cores at 1.4 s beat 2 now)
-    started = [d.action.id for d in finish(core, shell_d.action.id, 0.4)]
-    assert weighed == [["A"], ["A"]] and "A" not in started and len(started) == 2
-    out = finish(core, started[0], 1.4) + finish(core, started[1], 1.4)
-    assert [(d.action.id, d.units > 1) for d in out] == [("A", True)]
+    assert submit(core, shell("b", 1.0, aid="B"), 0.3) == []  # the queue behind it changed
+    assert weighed[1:] == [(["A"], ["B"])]
+    # the shell ends: the units A waits for are free, so A is weighed again and starts
+    started = {d.action.id: d.units for d in finish(core, shell_d.action.id, 0.4)}
+    assert len(weighed) == 3 and started["A"] > 1
 
 
 def test_a_waiting_head_is_weighed_again_once_the_units_it_waits_for_were_due(monkeypatch):
