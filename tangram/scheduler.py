@@ -117,9 +117,9 @@ class ElasticScheduler:
         self._elastic_ids: dict[str, set[str]] = {}
         #: pool name -> moving average (over passes) of the elastic actions there
         self._concurrency: dict[str, float] = {}
-        #: pool name -> what the last pass weighed when it left every elastic candidate
-        #: waiting (its instant, free units, candidates, queue behind, ...)
-        self._waited: dict[str, tuple] = {}
+        #: pool name -> what the last weighing saw when it left every elastic candidate
+        #: waiting, and when the head expected the units it waits for
+        self._waited: dict[str, _Waiting] = {}
 
     def min_units(self, choices: tuple[int, ...]) -> int:
         """Units an elastic action needs at least (its smallest feasible amount)."""
