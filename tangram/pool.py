@@ -61,7 +61,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from heapq import heapify, heappop, heappush
 from itertools import repeat
-from operator import add, itemgetter, sub
+from operator import add, itemgetter
 from typing import Any, Protocol, TypeVar, runtime_checkable
 
 from tangram.api.quota import QuotaManager
@@ -323,8 +323,8 @@ def by_pool(actions: list[Action], pools: list[PoolPoints | None]
     return groups, fresh
 
 
-#: an overdue entry's units and start (``Pool.running``'s (end, units, start))
-_UNITS, _START = itemgetter(1), itemgetter(2)
+#: an overdue entry's start, negated, and its units (``Pool._overdue_sorted``'s)
+_NEG_START, _UNITS = itemgetter(0), itemgetter(1)
 
 
 def _remove(ordered: list[tuple[float, int]], entry: tuple[float, int]) -> None:
@@ -354,6 +354,10 @@ class Pool:
         self._ahead: dict[str, tuple[float, int]] = {}
         self._ahead_sorted: list[tuple[float, int]] = []
         self._overdue: dict[str, tuple[float, int, float]] = {}
+        #: the same, as (-start, units), sorted: in order of the end they are expected at
+        #: (``now + (now - start)``), so a pass's answer is two sorted runs to merge, not
+        #: a run and hundreds of entries in no order to sort in
+        self._overdue_sorted: list[tuple[float, int]] = []
         #: the latest expected end among those moved to ``_overdue`` (from a ``now`` on,
         #: every one of them is past its end)
         self._overdue_end = float("-inf")
@@ -419,7 +423,7 @@ class Pool:
         old = self._ahead.pop(action_id, None)
         if old is not None:
             _remove(self._ahead_sorted, old)
-        held = old is not None or self._overdue.pop(action_id, None) is not None
+        held = old is not None or self._drop_overdue(action_id)
         if held or units:  # (what the expected ends hold changed)
             self._last_ends = None
         if not units:  # (a light lane's action frees none when it ends: the walks skip it)
@@ -439,9 +443,17 @@ class Pool:
             self._last_ends = None
             entry = self._ahead.pop(action_id, None)
             if entry is None:
-                self._overdue.pop(action_id, None)
+                self._drop_overdue(action_id)
             else:
                 _remove(self._ahead_sorted, entry)
+
+    def _drop_overdue(self, action_id: str) -> bool:
+        """Take ``action_id`` out of those past their expected end (False: not there)."""
+        entry = self._overdue.pop(action_id, None)
+        if entry is None:
+            return False
+        _remove(self._overdue_sorted, (-entry[2], entry[1]))
+        return True
 
     def expected_ends(self, now: float) -> list[tuple[float, int]]:
         """(expected end, units) of every running action holding units, for the schedulers'
@@ -466,21 +478,24 @@ class Pool:
             if got is not None and got[0] == end:  # (else: ended, a stale entry)
                 del ahead[aid]
                 _remove(self._ahead_sorted, got)
-                overdue[aid] = self.running[aid]
+                entry = overdue[aid] = self.running[aid]
+                insort(self._overdue_sorted, (-entry[2], entry[1]))
                 if end > self._overdue_end:
                     self._overdue_end = end
         out = self._ahead_sorted.copy()
         if overdue:
-            held = overdue.values()
             if now >= self._overdue_end:  # (as ever, time going forward)
-                # each ``now + (now - start)``, in C loops: a saturated node holds hundreds
-                # past their end, and every pass at a new time computes them again
-                out.extend(zip(map(add, repeat(now), map(sub, repeat(now), map(_START, held))),
-                               map(_UNITS, held), strict=True))
+                # each ``now + (now - start)`` (``now - start`` is ``now + -start`` to the
+                # bit), in C loops: a saturated node holds hundreds past their end, and every
+                # pass at a new time computes them again
+                ordered = self._overdue_sorted
+                out.extend(zip(map(add, repeat(now), map(add, repeat(now),
+                                                         map(_NEG_START, ordered))),
+                               map(_UNITS, ordered), strict=True))
             else:  # (also right if ``now`` went back: the same rule as for one not yet moved)
                 out += [(end if end > now else now + (now - start), units)
-                        for end, units, start in held]
-            out.sort()  # (a sorted run and a short one: about linear)
+                        for end, units, start in overdue.values()]
+            out.sort()  # (two sorted runs, above: a merge)
         self._last_ends = (now, out)
         return out.copy()
 
