@@ -229,8 +229,7 @@ class ElasticScheduler:
         free = pool.free_units()
         # (in order of end: what the running actions give back by a time is a prefix)
         ends = pool.expected_ends(now)
-        # (C loops: a saturated node runs hundreds)
-        end_at = list(map(_END, ends))
+        # (a C loop: a saturated node runs hundreds; the ends are bisected in place)
         freed_by = list(accumulate(map(_UNITS, ends), initial=0))
         total = free + freed_by[-1]
         share = estimates.durations.elastic_share(pool.name)
@@ -256,7 +255,7 @@ class ElasticScheduler:
                 # to the minimum when that exceeded what was free; on a pool averaging one
                 # elastic action the fair share is the whole pool, so one expected arrival
                 # left a 38 s suite on 1 core of 22 free (and the arrival got 12).
-                freed = freed_by[bisect_right(end_at, now + d)]
+                freed = freed_by[bisect_right(ends, now + d, key=_END)]
                 coming = thinking * min(1.0, d / think_s)
                 if u <= (free + freed) / (1.0 + coming):
                     cap = u
