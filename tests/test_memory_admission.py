@@ -4,7 +4,7 @@ by observed free memory with headroom; a node nobody observes reserves in full."
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from tangram.cluster import CpuNodeSpec
@@ -264,3 +264,48 @@ def test_bind_many_inline_rule_binds_as_refusal_does(requests, busy, admission):
         for name in fast.nodes:
             f, s = fast.nodes[name], slow.nodes[name]
             assert (f.mem_reserved, f.mem_since) == (s.mem_reserved, s.mem_since)
+
+
+class _Unremembering(CpuManager):
+    """Asks every node again for every request (no memory of the last refusal)."""
+
+    def bind_many(self, requests):  # type: ignore[no-untyped-def]
+        self._refused = None
+        return super().bind_many(requests)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from(["bind", "bind", "unbind", "observe", "join", "leave"]),
+                          st.sampled_from("abc"), st.sampled_from([4.0, 9.0]),
+                          st.integers(0, 4)), max_size=20),
+       st.sampled_from([RESERVE, LIVE]))
+@example([("bind", "a", 9.0, 0), ("bind", "b", 9.0, 0), ("unbind", "a", 4.0, 0),
+          ("bind", "b", 9.0, 0)], RESERVE)  # (a close frees memory)
+@example([("observe", "a", 1.0, 0), ("bind", "a", 9.0, 0), ("observe", "a", 9.0, 0),
+          ("bind", "a", 9.0, 0)], LIVE)  # (an observation finds more free)
+@example([("bind", "a", 9.0, 0), ("bind", "b", 9.0, 0), ("join", "a", 4.0, 0),
+          ("bind", "b", 9.0, 0)], RESERVE)  # (a node joins)
+def test_a_remembered_refusal_binds_as_asking_every_node_again(ops, admission):
+    """A request that every node refused is not asked of them again while no node's memory
+    changed: whatever frees, holds or observes memory, or a node joining or leaving, makes it
+    asked again, so the bindings are those of asking every time."""
+    specs = [CpuNodeSpec("n", 4, 1, 16.0), CpuNodeSpec("m", 4, 1, 8.0)]
+    fast, slow = CpuManager(specs, admission), _Unremembering(specs, admission)
+    for op, trajectory, gb, cores in ops:
+        got = [_apply(cpu, op, trajectory, gb, cores) for cpu in (fast, slow)]
+        assert got[0] == got[1], (op, trajectory, gb, cores)
+        assert fast.bound == slow.bound
+
+
+def _apply(cpu: CpuManager, op: str, trajectory: str, gb: float, cores: int) -> str | None:
+    if op == "bind":
+        return cpu.bind(trajectory, gb, cores)
+    if op == "unbind":
+        cpu.unbind(trajectory)
+    elif op == "observe":
+        cpu.observe_free("n", gb)
+    elif op == "join" and "x" not in cpu.nodes:
+        cpu.add_node(CpuNodeSpec("x", 4, 1, 12.0))
+    elif op == "leave":
+        cpu.remove_node("m")
+    return None

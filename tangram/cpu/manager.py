@@ -98,6 +98,13 @@ class CpuManager:
                  admission: MemoryAdmission = RESERVE) -> None:
         self.nodes = {s.name: CpuNode(s) for s in specs}
         self.admission = admission
+        #: counts every change to what memory admission reads (a node's memory held or
+        #: observed, a node joining or leaving), and the last request no node took, as
+        #: (mem_gb, min_cores, the count then, the admission rule): a trajectory waiting
+        #: for memory is asked for again before every pass, and on a fleet whose memory is
+        #: spoken for every node refused it the same way the last time
+        self._mem_changes = 0
+        self._refused: tuple[float, float, int, MemoryAdmission] | None = None
         #: trajectory -> the node it is bound to, and the memory it holds there
         self._binding: dict[str, str] = {}
         self._held: dict[str, float] = {}
@@ -131,6 +138,9 @@ class CpuManager:
         done: list[str] = []
         for trajectory, mem_gb, min_cores in requests:
             bound = binding.get(trajectory)
+            if bound is None and self._refused == (mem_gb, min_cores, self._mem_changes,
+                                                   self.admission):
+                break  # (no node's memory changed since every node refused the same)
             if bound is None and trajectory in planned:  # placed at open (ImageAware)
                 host = self.nodes.get(planned[trajectory])
                 if host is not None and host.spec.cores >= min_cores \
@@ -152,6 +162,7 @@ class CpuManager:
                             < best.mem_reserved / best.spec.mem_gb):
                         best, best_idle = node, idle
                 if best is None:
+                    self._refused = (mem_gb, min_cores, self._mem_changes, self.admission)
                     break
                 bound = best.name
                 self.hold_memory(trajectory, bound, mem_gb)
@@ -162,6 +173,7 @@ class CpuManager:
         """Bind ``trajectory`` to ``node``, holding ``mem_gb`` there until it is unbound
         (what ``bind`` does once it chose the node; a subclass choosing otherwise calls it)."""
         host = self.nodes[node]
+        self._mem_changes += 1
         host.mem_reserved += mem_gb
         host.mem_since += min(mem_gb, self.admission.start_gb)
         self._binding[trajectory] = node
@@ -188,6 +200,7 @@ class CpuManager:
         now on goes by it (MemoryAdmission), not by the declared limits alone."""
         host = self.nodes.get(node)
         if host is not None:
+            self._mem_changes += 1
             host.mem_observed_free = max(0.0, float(free_gb))
             host.mem_since = 0.0
 
@@ -195,6 +208,7 @@ class CpuManager:
         """Release a closed trajectory's memory (idempotent)."""
         node = self._binding.pop(trajectory, None)
         if node is not None:
+            self._mem_changes += 1
             self.nodes[node].mem_reserved -= self._held.pop(trajectory)
             if self.images is not None:
                 self.images.unbound(trajectory)
@@ -298,6 +312,7 @@ class CpuManager:
         if spec.name in self.nodes:
             raise ValueError(f"node: {spec.name!r} is already in the cluster")
         self.nodes[spec.name] = CpuNode(spec)
+        self._mem_changes += 1
         if self.images is not None:
             self.images.add_node(spec)
 
@@ -308,6 +323,7 @@ class CpuManager:
         host = self.nodes.pop(name, None)
         if host is None:
             return []
+        self._mem_changes += 1
         if self.images is not None:
             self.images.remove_node(name)
         host.domains = [[] for _ in host.domains]  # a stale holder sees no free core
