@@ -469,12 +469,12 @@ class ElasticScheduler:
                     for u in opts:
                         e = ends.copy()
                         d = p.durations[u]
-                        cost, f, clk = _place(e, free, clock, u, d, arrival)
+                        cost, f, clk = e.place(free, clock, u, d, arrival)
                         cost = flow_cost(cost) + self._walk(e, f, clk, queued[idx + 1:], now,
                                                             depth, tail)
                         best = min(best, cost)
                     return total + best
-            cost, free, clock = _place(ends, free, clock, need, dur, arrival)
+            cost, free, clock = ends.place(free, clock, need, dur, arrival)
             total += flow_cost(cost)
         return total + tail * flow_cost(clock - now)
 
@@ -528,36 +528,52 @@ class Ends:
     def copy(self) -> Ends:
         return Ends(self._base, self._next, self._started.copy())
 
+    def take(self, free: int, need: int, clock: float) -> tuple[int, float]:
+        """Free units until ``need`` are free, or none is left, taking the entries that end
+        first (the least of the two heads): (free, clock) after, the clock moved to the
+        last one's end."""
+        base, i, started = self._base, self._next, self._started
+        n = len(base)
+        while free < need:
+            if i < n and (not started or base[i] <= started[0]):
+                end, units = base[i]
+                i += 1
+            elif started:
+                end, units = heapq.heappop(started)
+            else:
+                break
+            free += units
+            if end > clock:
+                clock = end
+        self._next = i
+        return free, clock
+
+    def place(self, free: int, clock: float, need: int, dur: float,
+              now: float) -> tuple[float, int, float]:
+        """Start an action of ``need`` units once they are free (:meth:`take`), for ``dur``;
+        (its completion time from ``now``, free, clock) after."""
+        if free < need:
+            free, clock = self.take(free, need, clock)
+        heapq.heappush(self._started, (clock + dur, need))
+        return clock - now + dur, free - need, clock
+
     def place_all(self, total: float, free: int, clock: float,
                   queued: list[tuple[int, float, Pending | None, float]], first: int,
                   flow_cost: Callable[[float], float]) -> tuple[float, int, float]:
         """Start ``queued[first:]`` in order, each once it has arrived and its units are
         free, adding each one's ``flow_cost`` to ``total``: (total, free, clock) after.
-        :func:`_place` inlined (a pass's walks place thousands of actions: most of its
-        time), with the same arithmetic in the same order as placing them one by one,
-        so the objective is the same to the last bit."""
-        base, i, started = self._base, self._next, self._started
-        n = len(base)
-        heappush, heappop = heapq.heappush, heapq.heappop
+        :meth:`place` each, its three lines written out around :meth:`take` (the walks
+        place thousands of actions a pass, most needing nothing freed)."""
+        take, heappush, started = self.take, heapq.heappush, self._started
         for k in range(first, len(queued)):
             need, dur, _, arrival = queued[k]
             if arrival > clock:
                 clock = arrival
-            while free < need:  # (as _place frees them)
-                if i < n and (not started or base[i] <= started[0]):
-                    end, units = base[i]
-                    i += 1
-                elif started:
-                    end, units = heappop(started)
-                else:
-                    break
-                free += units
-                if end > clock:
-                    clock = end
+            if free < need:
+                free, clock = take(free, need, clock)
             heappush(started, (clock + dur, need))
             total += flow_cost(clock - arrival + dur)
             free -= need
-        self._next = i
         return total, free, clock
 
 
@@ -570,56 +586,20 @@ def _none_queued(queued: list[tuple[int, float, Pending | None, float]], first: 
 def _earliest_finish(ends: Ends, free: int, clock: float, p: Pending) -> tuple[int, float]:
     """The unit count that would finish ``p`` first given when the running actions free
     their units (waiting for them if that pays), and when it would start. (``ends``
-    stays as it is: what is taken is taken from a copy of its heap.)"""
-    base, i, started = ends._base, ends._next, ends._started.copy()
-    n = len(base)
-    heappop = heapq.heappop
+    stays as it is: what is taken is taken from a copy.)"""
+    mine = ends.copy()
     durations = p.durations
     avail, t = free, clock
     best_u, best_finish, best_start = p.key_min, float("inf"), clock
     for u in p.choices:
-        while avail < u:  # (as _place frees them)
-            if i < n and (not started or base[i] <= started[0]):
-                end, units = base[i]
-                i += 1
-            elif started:
-                end, units = heappop(started)
-            else:
-                break
-            avail += units
-            if end > t:
-                t = end
         if avail < u:
-            break
+            avail, t = mine.take(avail, u, t)
+            if avail < u:
+                break
         finish = t + durations[u]
         if finish < best_finish:
             best_u, best_finish, best_start = u, finish, t
     return best_u, best_start
-
-
-def _place(ends: Ends, free: int, clock: float, need: int, dur: float,
-           now: float) -> tuple[float, int, float]:
-    """Start an action of ``need`` units once they are free; (cost, free, clock) after.
-    The units are freed by taking the entries of ``ends`` that end first (the least of
-    its two heads) until ``need`` are free, or none is left; the clock moves to the
-    last one's end. (Written out here, in :meth:`Ends.place_all` and in
-    :func:`_earliest_finish` rather than called: the walks place thousands per pass.)"""
-    base, i, started = ends._base, ends._next, ends._started
-    n = len(base)
-    while free < need:
-        if i < n and (not started or base[i] <= started[0]):
-            end, units = base[i]
-            i += 1
-        elif started:
-            end, units = heapq.heappop(started)
-        else:
-            break
-        free += units
-        if end > clock:
-            clock = end
-    ends._next = i
-    heapq.heappush(started, (clock + dur, need))
-    return clock - now + dur, free - need, clock
 
 
 class PaperScheduler(ElasticScheduler):
